@@ -1,0 +1,18 @@
+//! memlock-trace's kernel side: one module per hook family.
+#![no_std]
+#![no_main]
+
+mod shared;
+mod syscalls;
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    // The verifier rejects any path that could reach here; no program can panic at run time.
+    loop {}
+}
+
+/// GPL-compatible: `bpf_probe_read_kernel` and the ring buffer helpers are GPL-only.
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";

@@ -1,0 +1,112 @@
+//! Command-line interface.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "memlock-trace",
+    version,
+    about = "Trace mlock-family calls from the kernel: who, what range, how long, what it returned, \
+             how many pages it populated and locked.",
+    args_conflicts_with_subcommands = true
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub trace: TraceArgs,
+}
+
+/// `memlock-trace [OPTIONS] [-- COMMAND ARGS...]`: system-wide unless `-p` or a command.
+#[derive(Debug, Args, Default, Clone)]
+pub struct TraceArgs {
+    /// Trace this running process and all its threads (repeatable).
+    #[arg(short = 'p', long = "pid", value_name = "PID")]
+    pub pids: Vec<u32>,
+    /// Print a summary every SECS seconds while tracing.
+    #[arg(long, value_name = "SECS", value_parser = positive_secs)]
+    pub interval: Option<f64>,
+    /// Stop after SECS seconds.
+    #[arg(long, value_name = "SECS", value_parser = positive_secs)]
+    pub duration: Option<f64>,
+    /// Print each call as it happens.
+    #[arg(long)]
+    pub events: bool,
+    /// Write JSON lines (events with --events, then the summary) instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// Launch COMMAND and trace it and its threads until it exits.
+    #[arg(last = true, value_name = "COMMAND")]
+    pub command: Vec<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a bundled workload (used by `cargo xtask run` and the tests).
+    Workload {
+        name: WorkloadName,
+        /// Write the workload's own measurements here as JSON.
+        #[arg(long, value_name = "FILE")]
+        report: Option<PathBuf>,
+    },
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum WorkloadName {
+    /// One of each mlock-family call, one of them failing.
+    Syscalls,
+}
+
+fn positive_secs(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v > 0.0 && v.is_finite() => Ok(v),
+        _ => Err(format!("`{s}` is not a positive number of seconds")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("memlock-trace").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn system_wide_by_default() {
+        let cli = parse(&[]).unwrap();
+        assert!(cli.command.is_none());
+        assert!(cli.trace.pids.is_empty() && cli.trace.command.is_empty());
+    }
+
+    #[test]
+    fn pids_repeat_and_options_parse() {
+        let cli = parse(&["-p", "1", "--pid", "2", "--interval", "0.5", "--duration", "3", "--events", "--json"]).unwrap();
+        assert_eq!(cli.trace.pids, [1, 2]);
+        assert_eq!(cli.trace.interval, Some(0.5));
+        assert_eq!(cli.trace.duration, Some(3.0));
+        assert!(cli.trace.events && cli.trace.json);
+    }
+
+    #[test]
+    fn command_after_double_dash_keeps_its_own_flags() {
+        let cli = parse(&["--events", "--", "ls", "-l", "--json"]).unwrap();
+        assert_eq!(cli.trace.command, ["ls", "-l", "--json"]);
+        assert!(!cli.trace.json);
+    }
+
+    #[test]
+    fn bad_values_are_rejected() {
+        assert!(parse(&["--pid", "abc"]).is_err());
+        assert!(parse(&["--duration", "-1"]).is_err());
+        assert!(parse(&["--interval", "0"]).is_err());
+    }
+
+    #[test]
+    fn workload_subcommand() {
+        let cli = parse(&["workload", "syscalls", "--report", "/tmp/r.json"]).unwrap();
+        assert!(matches!(cli.command, Some(Command::Workload { name: WorkloadName::Syscalls, .. })));
+    }
+}

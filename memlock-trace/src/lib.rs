@@ -1,0 +1,29 @@
+//! memlock-trace: what mlock, mlockall and page faults really do, seen from the kernel.
+//!
+//! One module per concern: [`probe`] asks the kernel what it offers, [`tracer`] loads and
+//! attaches the programs, [`decode`] turns ring-buffer records into events, [`aggregate`]
+//! keeps per-process statistics, [`render`] prints them, [`session`] runs the event loop,
+//! [`launch`] starts traced commands, [`workload`] holds the bundled workloads.
+
+pub mod aggregate;
+pub mod cli;
+pub mod decode;
+pub mod launch;
+pub mod probe;
+pub mod render;
+pub mod session;
+pub mod syscall;
+pub mod tracer;
+pub mod workload;
+
+/// An error in what the user asked for (exit code 2), as opposed to a failure while tracing.
+#[derive(Debug)]
+pub struct UsageError(pub String);
+
+impl std::fmt::Display for UsageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UsageError {}

@@ -1,0 +1,156 @@
+//! What the running kernel offers: BTF, struct offsets, privileges, tracefs.
+//!
+//! Everything here runs before any program is loaded, so that a missing piece is reported
+//! as one clear sentence naming the fix instead of a verifier dump.
+
+use std::{fs, path::Path};
+
+use anyhow::{Context as _, Result, anyhow, bail};
+use btf_rs::{Btf, Type};
+use memlock_trace_common::KernelOffsets;
+
+pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
+pub const TRACEFS: &str = "/sys/kernel/tracing";
+
+/// The running kernel's type information.
+pub struct KernelBtf {
+    btf: Btf,
+}
+
+impl KernelBtf {
+    pub fn load() -> Result<Self> {
+        if !Path::new(VMLINUX_BTF).exists() {
+            bail!(
+                "this kernel has no BTF ({VMLINUX_BTF} is missing): memlock-trace needs a kernel \
+                 built with CONFIG_DEBUG_INFO_BTF=y to find struct offsets"
+            );
+        }
+        let btf = Btf::from_file(VMLINUX_BTF).with_context(|| format!("parsing {VMLINUX_BTF}"))?;
+        Ok(Self { btf })
+    }
+
+    /// Byte offset of `field` in `struct name`, looking through anonymous struct/union
+    /// members (e.g. `mm_struct` keeps most fields in an unnamed inner struct).
+    pub fn field_offset(&self, name: &str, field: &str) -> Result<u32> {
+        let types = self
+            .btf
+            .resolve_types_by_name(name)
+            .with_context(|| format!("struct {name} is not in the kernel's BTF"))?;
+        let s = types
+            .iter()
+            .find_map(|t| match t {
+                Type::Struct(s) => Some(s),
+                _ => None,
+            })
+            .ok_or_else(|| anyhow!("{name} is not a struct in the kernel's BTF"))?;
+        self.find_member(s, field)?
+            .ok_or_else(|| anyhow!("struct {name} has no field {field} in this kernel"))
+    }
+
+    fn find_member(&self, s: &btf_rs::Struct, field: &str) -> Result<Option<u32>> {
+        for member in &s.members {
+            let offset = member.bit_offset() / 8;
+            let member_name = self.btf.resolve_name(member).unwrap_or_default();
+            if member_name == field {
+                return Ok(Some(offset));
+            }
+            if member_name.is_empty() {
+                let inner = match self.btf.resolve_chained_type(member)? {
+                    Type::Struct(inner) | Type::Union(inner) => inner,
+                    _ => continue,
+                };
+                if let Some(inner_offset) = self.find_member(&inner, field)? {
+                    return Ok(Some(offset + inner_offset));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// Whether the kernel has a function called `name` (a candidate for fentry/kprobe).
+    pub fn has_function(&self, name: &str) -> bool {
+        self.btf
+            .resolve_types_by_name(name)
+            .is_ok_and(|types| types.iter().any(|t| matches!(t, Type::Func(_))))
+    }
+
+    pub fn offsets(&self) -> Result<KernelOffsets> {
+        Ok(KernelOffsets {
+            task_mm: self.field_offset("task_struct", "mm")?,
+            task_min_flt: self.field_offset("task_struct", "min_flt")?,
+            task_maj_flt: self.field_offset("task_struct", "maj_flt")?,
+            mm_locked_vm: self.field_offset("mm_struct", "locked_vm")?,
+            mm_map_count: self.field_offset("mm_struct", "map_count")?,
+            _pad: 0,
+        })
+    }
+}
+
+const CAP_SYS_ADMIN: u32 = 21;
+const CAP_PERFMON: u32 = 38;
+const CAP_BPF: u32 = 39;
+
+/// Fails unless this process may load tracing programs: root, or CAP_BPF + CAP_PERFMON
+/// (CAP_SYS_ADMIN implies both on older kernels).
+pub fn check_privileges() -> Result<()> {
+    let status = fs::read_to_string("/proc/self/status").context("reading /proc/self/status")?;
+    let cap_eff = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .ok_or_else(|| anyhow!("no CapEff line in /proc/self/status"))?;
+    let has = |cap: u32| cap_eff & (1 << cap) != 0;
+    if has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON)) {
+        return Ok(());
+    }
+    let missing: Vec<&str> = [(CAP_BPF, "CAP_BPF"), (CAP_PERFMON, "CAP_PERFMON")]
+        .into_iter()
+        .filter(|(cap, _)| !has(*cap))
+        .map(|(_, name)| name)
+        .collect();
+    bail!(
+        "missing capabilities {}: run memlock-trace as root, or grant them with \
+         `sudo setcap cap_bpf,cap_perfmon+ep $(which memlock-trace)`",
+        missing.join(" and ")
+    )
+}
+
+/// Mounts tracefs if it is not mounted yet (a fresh machine has it unmounted, and aya reads
+/// tracepoint ids from it).
+pub fn ensure_tracefs() -> Result<()> {
+    if Path::new(TRACEFS).join("events").exists() {
+        return Ok(());
+    }
+    nix::mount::mount(
+        Some("tracefs"),
+        TRACEFS,
+        Some("tracefs"),
+        nix::mount::MsFlags::empty(),
+        None::<&str>,
+    )
+    .with_context(|| {
+        format!("tracefs is not mounted and mounting it failed: run `mount -t tracefs tracefs {TRACEFS}`")
+    })
+}
+
+/// `uname -r`.
+pub fn kernel_release() -> String {
+    nix::sys::utsname::uname()
+        .map(|u| u.release().to_string_lossy().into_owned())
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn offsets_resolve_from_running_kernel() {
+        let btf = KernelBtf::load().expect("kernel BTF");
+        let off = btf.offsets().expect("offsets");
+        // min_flt and maj_flt are adjacent `unsigned long`s in task_struct.
+        assert_eq!(off.task_maj_flt, off.task_min_flt + 8, "{off:?}");
+        assert!(off.mm_locked_vm > 0 && off.mm_map_count > 0, "{off:?}");
+        assert!(btf.field_offset("task_struct", "no_such_field").is_err());
+    }
+}

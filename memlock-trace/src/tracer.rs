@@ -1,0 +1,187 @@
+//! Loading the eBPF object into the kernel and attaching its programs.
+
+use std::{collections::BTreeMap, fmt::Write as _};
+
+use anyhow::{Context as _, Result, anyhow};
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{HashMap, MapData, PerCpuArray, RingBuf},
+    programs::{ProgramError, TracePoint},
+};
+use memlock_trace_common::{Config, counter, filter, names};
+
+use crate::{
+    probe::{self, KernelBtf},
+    syscall::Syscall,
+};
+
+/// The eBPF object built by `build.rs`, embedded so the binary is self-contained.
+static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/memlock-trace"));
+
+/// Which processes to trace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Targets {
+    /// Every process on the system.
+    All,
+    /// Only these thread groups (and ones added later with [`Tracer::add_target`]).
+    Tgids(Vec<u32>),
+}
+
+/// The tracer's own health, summed over CPUs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Health {
+    /// Events lost because the ring buffer was full.
+    pub dropped_events: u64,
+    /// Syscalls not traced because the in-flight table was full.
+    pub untracked_calls: u64,
+    /// Kernel reads that failed (fields reported as 0).
+    pub failed_reads: u64,
+}
+
+/// Loaded and attached programs; dropping it detaches everything.
+pub struct Tracer {
+    ebpf: Ebpf,
+    targets: HashMap<MapData, u32, u8>,
+    /// Hook family -> the hooks it uses on this kernel, for the user to see.
+    pub hooks: BTreeMap<&'static str, String>,
+}
+
+impl Tracer {
+    /// Checks privileges and kernel support, loads the programs with this kernel's struct
+    /// offsets and attaches them.
+    pub fn load(targets: &Targets) -> Result<Self> {
+        probe::check_privileges()?;
+        probe::ensure_tracefs()?;
+        let btf = KernelBtf::load()?;
+        let config = Config {
+            filter: match targets {
+                Targets::All => filter::ALL,
+                Targets::Tgids(_) => filter::TGIDS,
+            },
+            _pad: 0,
+            offsets: btf.offsets()?,
+        };
+        let mut ebpf = EbpfLoader::new()
+            .override_global(names::CONFIG, &config, true)
+            .load(EBPF_OBJECT)
+            .context("creating the eBPF maps failed (is RLIMIT_MEMLOCK too low on a kernel older than 5.11?)")?;
+
+        let targets_map = ebpf
+            .take_map(names::TARGET_TGIDS)
+            .ok_or_else(|| anyhow!("map {} missing from the eBPF object", names::TARGET_TGIDS))?;
+        let mut tracer = Self {
+            targets: HashMap::try_from(targets_map)?,
+            ebpf,
+            hooks: BTreeMap::new(),
+        };
+        if let Targets::Tgids(tgids) = targets {
+            for &tgid in tgids {
+                tracer.add_target(tgid)?;
+            }
+        }
+        tracer.attach_syscalls()?;
+        Ok(tracer)
+    }
+
+    /// Starts tracing thread group `tgid` (all its threads, present and future).
+    pub fn add_target(&mut self, tgid: u32) -> Result<()> {
+        self.targets
+            .insert(tgid, 1, 0)
+            .with_context(|| format!("adding pid {tgid} to the trace filter"))
+    }
+
+    fn attach_syscalls(&mut self) -> Result<()> {
+        for syscall in Syscall::ALL {
+            let enter = format!("sys_enter_{}", syscall.name());
+            self.tracepoint(&enter)?.attach("syscalls", &enter).map_err(|e| {
+                hook_refused(&enter, "tracepoint", e)
+            })?;
+        }
+        let exit_prog = "sys_exit_mlock_family";
+        for syscall in Syscall::ALL {
+            let exit = format!("sys_exit_{}", syscall.name());
+            self.tracepoint(exit_prog)?
+                .attach("syscalls", &exit)
+                .map_err(|e| hook_refused(&exit, "tracepoint", e))?;
+        }
+        self.hooks
+            .insert("syscalls", "tracepoints syscalls:sys_{enter,exit}_{mlock,mlock2,munlock,mlockall,munlockall}".into());
+        Ok(())
+    }
+
+    /// The named tracepoint program, loaded into the kernel on first use.
+    fn tracepoint(&mut self, name: &str) -> Result<&mut TracePoint> {
+        let program: &mut TracePoint = self
+            .ebpf
+            .program_mut(name)
+            .ok_or_else(|| anyhow!("program {name} missing from the eBPF object"))?
+            .try_into()?;
+        if program.fd().is_err() {
+            program.load().map_err(|e| hook_refused(name, "tracepoint", e))?;
+        }
+        Ok(program)
+    }
+
+    /// The ring buffer all events arrive on. Can be taken once.
+    pub fn take_events(&mut self) -> Result<RingBuf<MapData>> {
+        let map = self
+            .ebpf
+            .take_map(names::EVENTS)
+            .ok_or_else(|| anyhow!("the event ring buffer was already taken"))?;
+        Ok(RingBuf::try_from(map)?)
+    }
+
+    pub fn health(&self) -> Result<Health> {
+        let map = self
+            .ebpf
+            .map(names::COUNTERS)
+            .ok_or_else(|| anyhow!("map {} missing", names::COUNTERS))?;
+        let counters: PerCpuArray<&MapData, u64> = PerCpuArray::try_from(map)?;
+        let sum = |index: u32| -> Result<u64> {
+            Ok(counters.get(&index, 0)?.iter().sum())
+        };
+        Ok(Health {
+            dropped_events: sum(counter::RINGBUF_DROPPED)?,
+            untracked_calls: sum(counter::INFLIGHT_FULL)?,
+            failed_reads: sum(counter::READ_FAILED)?,
+        })
+    }
+}
+
+/// Turns a refused load or attach into a message naming the program, the kernel's reason
+/// (the last lines of the verifier log) and what to do about it.
+fn hook_refused(program: &str, kind: &str, error: ProgramError) -> anyhow::Error {
+    let mut message = format!("the kernel refused {kind} program `{program}`: ");
+    match &error {
+        ProgramError::LoadError {
+            io_error,
+            verifier_log,
+        } => {
+            let log = verifier_log.to_string();
+            let tail: Vec<&str> = log.lines().rev().take(8).collect();
+            let _ = write!(message, "{io_error}");
+            if !tail.is_empty() {
+                let _ = write!(message, "\nverifier log (last lines):");
+                for line in tail.iter().rev() {
+                    let _ = write!(message, "\n    {line}");
+                }
+            }
+        }
+        other => {
+            let _ = write!(message, "{other}");
+            if let Some(source) = std::error::Error::source(other) {
+                let _ = write!(message, ": {source}");
+            }
+        }
+    }
+    let _ = write!(
+        message,
+        "\nrun `memlock-trace probe` to see which hooks this kernel allows{}",
+        if kind == "tracepoint" {
+            "; tracepoints need tracefs mounted at /sys/kernel/tracing"
+        } else {
+            ""
+        }
+    );
+    anyhow!(message)
+}
