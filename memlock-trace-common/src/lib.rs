@@ -6,6 +6,8 @@
 //! see the same bytes.
 #![no_std]
 
+pub mod vma;
+
 /// Length of `task_struct.comm`, including the NUL.
 pub const TASK_COMM_LEN: usize = 16;
 

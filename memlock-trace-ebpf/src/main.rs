@@ -4,6 +4,7 @@
 
 mod shared;
 mod syscalls;
+mod vma;
 
 #[cfg(not(test))]
 #[panic_handler]

@@ -4,11 +4,13 @@
 use bytes::Buf as _;
 use memlock_trace_common::{SyscallEvent, event_kind};
 
-use crate::syscall::Syscall;
+use crate::{syscall::Syscall, vma};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
     Syscall(SyscallRecord),
+    /// Snapshots, stores and function events of the VMA family (see [`crate::vma`]).
+    Vma(vma::VmaRecord),
 }
 
 /// A [`SyscallEvent`] with its number resolved to a [`Syscall`].
@@ -66,11 +68,12 @@ pub fn decode(record: &[u8]) -> Result<Event, DecodeError> {
             let syscall = Syscall::from_nr(raw.nr).ok_or(DecodeError::UnknownSyscall(raw.nr))?;
             Ok(Event::Syscall(SyscallRecord { syscall, raw }))
         }
+        k if vma::is_vma_kind(k) => vma::decode(k, record).map(Event::Vma),
         other => Err(DecodeError::UnknownKind(other)),
     }
 }
 
-fn read_struct<T: Copy>(kind: u32, record: &[u8]) -> Result<T, DecodeError> {
+pub(crate) fn read_struct<T: Copy>(kind: u32, record: &[u8]) -> Result<T, DecodeError> {
     let need = size_of::<T>();
     if record.len() < need {
         return Err(DecodeError::Short { kind, len: record.len(), need });
@@ -120,7 +123,9 @@ mod tests {
     #[test]
     fn syscall_round_trip() {
         let raw = sample();
-        let Event::Syscall(rec) = decode(&bytes_of(&raw)).unwrap();
+        let Ok(Event::Syscall(rec)) = decode(&bytes_of(&raw)) else {
+            panic!("not a syscall event");
+        };
         assert_eq!(rec.raw, raw);
         assert_eq!(rec.syscall, Syscall::Mlock2);
         assert_eq!(rec.comm(), "hello");
@@ -132,7 +137,9 @@ mod tests {
     fn unaligned_record_decodes() {
         let mut buf = vec![0u8];
         buf.extend(bytes_of(&sample()));
-        let Event::Syscall(rec) = decode(&buf[1..]).unwrap();
+        let Ok(Event::Syscall(rec)) = decode(&buf[1..]) else {
+            panic!("not a syscall event");
+        };
         assert_eq!(rec.raw, sample());
     }
 

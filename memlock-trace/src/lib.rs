@@ -3,7 +3,8 @@
 //! One module per concern: [`probe`] asks the kernel what it offers, [`tracer`] loads and
 //! attaches the programs, [`decode`] turns ring-buffer records into events, [`aggregate`]
 //! keeps per-process statistics, [`render`] prints them, [`session`] runs the event loop,
-//! [`launch`] starts traced commands, [`workload`] holds the bundled workloads.
+//! [`launch`] starts traced commands, [`workload`] holds the bundled workloads, [`vma`]
+//! explains VMA events.
 
 pub mod aggregate;
 pub mod cli;
@@ -14,6 +15,7 @@ pub mod render;
 pub mod session;
 pub mod syscall;
 pub mod tracer;
+pub mod vma;
 pub mod workload;
 
 /// An error in what the user asked for (exit code 2), as opposed to a failure while tracing.

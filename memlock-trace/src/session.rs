@@ -3,6 +3,7 @@
 //! the summary.
 
 use std::{
+    collections::BTreeMap,
     io::Write as _,
     os::fd::{FromRawFd as _, OwnedFd},
     path::Path,
@@ -19,7 +20,8 @@ use crate::{
     cli::TraceArgs,
     decode::{Event, decode},
     launch, render,
-    tracer::{Targets, Tracer},
+    tracer::{Targets, Tracer, VmaHooks},
+    vma,
 };
 
 /// Why tracing stopped.
@@ -82,7 +84,13 @@ async fn event_loop(mut tracer: Tracer, args: TraceArgs, launched: Option<u32>) 
     let mut ring = unsafe { AsyncFd::register(tracer.take_events()?) }
         .map_err(std::io::Error::from)
         .context("polling the ring buffer")?;
-    let mut output = Output { json: args.json, events: args.events, aggregator: Aggregator::default(), undecodable: 0 };
+    let mut output = Output {
+        json: args.json,
+        events: args.events,
+        aggregator: Aggregator::default(),
+        undecodable: 0,
+        vma: VmaOutput { hooks: tracer.vma.clone(), ..VmaOutput::default() },
+    };
     let stop = wait_for_stop(&args, launched);
     tokio::pin!(stop);
     let mut ticker = args.interval.map(|secs| tokio::time::interval(Duration::from_secs_f64(secs)));
@@ -168,6 +176,15 @@ struct Output {
     events: bool,
     aggregator: Aggregator,
     undecodable: u64,
+    vma: VmaOutput,
+}
+
+/// VMA events: paired with their calls by the tracker, counted per process.
+#[derive(Default)]
+struct VmaOutput {
+    tracker: vma::Tracker,
+    hooks: Option<VmaHooks>,
+    counts: BTreeMap<u32, vma::ChangeCounts>,
 }
 
 impl Output {
@@ -185,6 +202,14 @@ impl Output {
                         };
                         let _ = writeln!(stdout, "{line}");
                     }
+                    if let Some(activity) = self.vma.tracker.syscall(&rec) {
+                        self.vma_activity(&activity, &mut stdout);
+                    }
+                }
+                Ok(Event::Vma(record)) => {
+                    if let Some(activity) = self.vma.tracker.record(record) {
+                        self.vma_activity(&activity, &mut stdout);
+                    }
                 }
                 Err(_) => self.undecodable += 1,
             }
@@ -192,13 +217,38 @@ impl Output {
         let _ = stdout.flush();
     }
 
+    fn vma_activity(&mut self, activity: &vma::Activity, out: &mut impl std::io::Write) {
+        if let vma::Activity::Call(call) = activity {
+            let counts = self.vma.counts.entry(activity.tgid()).or_default();
+            counts.merge(&vma::ChangeCounts::of(&call.changes));
+        }
+        if !self.events {
+            return;
+        }
+        let hooks = self.vma.hooks.as_ref();
+        if self.json {
+            let _ = writeln!(out, "{}", vma::activity_json(activity, hooks));
+        } else {
+            for line in vma::activity_lines(activity, hooks) {
+                let _ = writeln!(out, "{line}");
+            }
+        }
+    }
+
     fn summary(&self, tracer: &Tracer, kind: &'static str) -> Result<()> {
         let mut summary = self.aggregator.summary(tracer.health()?);
         summary.kind = kind;
         let mut stdout = std::io::stdout().lock();
         if self.json {
+            // Before the summary, which stays the last line.
+            if !self.vma.counts.is_empty() {
+                writeln!(stdout, "{}", vma::summary_json(&self.vma.counts))?;
+            }
             writeln!(stdout, "{}", serde_json::to_string(&summary)?)?;
         } else {
+            for (pid, counts) in &self.vma.counts {
+                writeln!(stdout, "{}", vma::summary_line(*pid, counts))?;
+            }
             if kind == "interval" {
                 writeln!(stdout, "--- interval summary ---")?;
             }

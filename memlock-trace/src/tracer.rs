@@ -8,12 +8,18 @@ use aya::{
     maps::{HashMap, MapData, PerCpuArray, RingBuf},
     programs::{ProgramError, TracePoint},
 };
-use memlock_trace_common::{Config, counter, filter, names};
+use memlock_trace_common::{
+    Config, counter, filter, names,
+    vma::{VMA_CONFIG, VmaConfig},
+};
 
 use crate::{
     probe::{self, KernelBtf},
     syscall::Syscall,
 };
+
+mod vma;
+pub use vma::{HookedFunction, VmaHooks};
 
 /// The eBPF object built by `build.rs`, embedded so the binary is self-contained.
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/memlock-trace"));
@@ -38,18 +44,34 @@ pub struct Health {
     pub failed_reads: u64,
 }
 
+/// What to load beyond the defaults.
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    /// Report every VMA store of traced processes, not only mlock-related ones.
+    pub all_vma_stores: bool,
+    /// Fail unless the VMA family attaches (`verify` needs it); otherwise it is best-effort.
+    pub require_vma: bool,
+}
+
 /// Loaded and attached programs; dropping it detaches everything.
 pub struct Tracer {
     ebpf: Ebpf,
     targets: HashMap<MapData, u32, u8>,
     /// Hook family -> the hooks it uses on this kernel, for the user to see.
     pub hooks: BTreeMap<&'static str, String>,
+    /// The VMA family's hook set, when it attached (decoding function events needs it).
+    pub vma: Option<VmaHooks>,
 }
 
 impl Tracer {
     /// Checks privileges and kernel support, loads the programs with this kernel's struct
     /// offsets and attaches them.
     pub fn load(targets: &Targets) -> Result<Self> {
+        Self::load_with(targets, &Options::default())
+    }
+
+    /// [`Tracer::load`] with [`Options`].
+    pub fn load_with(targets: &Targets, options: &Options) -> Result<Self> {
         probe::check_privileges()?;
         probe::ensure_tracefs()?;
         let btf = KernelBtf::load()?;
@@ -61,8 +83,15 @@ impl Tracer {
             _pad: 0,
             offsets: btf.offsets()?,
         };
+        // Without the fields it reads, the VMA family stays unattached (or fails if required).
+        let vma_config = vma::config(&btf, options.all_vma_stores);
+        if let (Err(error), true) = (&vma_config, options.require_vma) {
+            return Err(anyhow!("VMA tracing is not possible on this kernel: {error:#}"));
+        }
+        let vma_global = vma_config.as_ref().copied().unwrap_or(VmaConfig::ZERO);
         let mut ebpf = EbpfLoader::new()
             .override_global(names::CONFIG, &config, true)
+            .override_global(VMA_CONFIG, &vma_global, true)
             .load(EBPF_OBJECT)
             .context("creating the eBPF maps failed (is RLIMIT_MEMLOCK too low on a kernel older than 5.11?)")?;
 
@@ -73,6 +102,7 @@ impl Tracer {
             targets: HashMap::try_from(targets_map)?,
             ebpf,
             hooks: BTreeMap::new(),
+            vma: None,
         };
         if let Targets::Tgids(tgids) = targets {
             for &tgid in tgids {
@@ -80,6 +110,20 @@ impl Tracer {
             }
         }
         tracer.attach_syscalls()?;
+        let vma = match vma_config {
+            Ok(_) => tracer.attach_vma(&btf),
+            Err(error) => Err(error),
+        };
+        match vma {
+            Ok(hooks) => {
+                tracer.hooks.insert("vma", hooks.describe());
+                tracer.vma = Some(hooks);
+            }
+            Err(error) if options.require_vma => return Err(error),
+            Err(error) => {
+                tracer.hooks.insert("vma", format!("not traced: {error:#}"));
+            }
+        }
         Ok(tracer)
     }
 
