@@ -51,6 +51,13 @@ pub enum Command {
         #[arg(long, value_name = "FILE")]
         report: Option<PathBuf>,
     },
+    /// Run mlock scenarios under the tracer and check each step against /proc/PID/maps and
+    /// smaps; exits 1 on any mismatch.
+    Verify {
+        /// Also write the report as JSON to FILE.
+        #[arg(long, value_name = "FILE")]
+        json: Option<PathBuf>,
+    },
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -102,6 +109,16 @@ mod tests {
         assert!(parse(&["--pid", "abc"]).is_err());
         assert!(parse(&["--duration", "-1"]).is_err());
         assert!(parse(&["--interval", "0"]).is_err());
+    }
+
+    #[test]
+    fn verify_subcommand() {
+        let cli = parse(&["verify", "--json", "/tmp/v.json"]).unwrap();
+        let Some(Command::Verify { json }) = cli.command else {
+            panic!("not verify: {:?}", cli.command);
+        };
+        assert_eq!(json.as_deref(), Some(std::path::Path::new("/tmp/v.json")));
+        assert!(parse(&["verify", "--json"]).is_err());
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! attaches the programs, [`decode`] turns ring-buffer records into events, [`aggregate`]
 //! keeps per-process statistics, [`render`] prints them, [`session`] runs the event loop,
 //! [`launch`] starts traced commands, [`workload`] holds the bundled workloads, [`vma`]
-//! explains VMA events.
+//! explains VMA events and [`verify`] checks them against /proc.
 
 pub mod aggregate;
 pub mod cli;
@@ -15,6 +15,7 @@ pub mod render;
 pub mod session;
 pub mod syscall;
 pub mod tracer;
+pub mod verify;
 pub mod vma;
 pub mod workload;
 

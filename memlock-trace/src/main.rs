@@ -4,7 +4,7 @@ use clap::Parser as _;
 use memlock_trace::{
     UsageError,
     cli::{Cli, Command, WorkloadName},
-    session, workload,
+    session, verify, workload,
 };
 
 fn main() -> ExitCode {
@@ -12,6 +12,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         None => session::run(cli.trace),
         Some(Command::Workload { name, report }) => run_workload(name, report.as_deref()).map(|()| 0),
+        Some(Command::Verify { json }) => verify::run(json.as_deref()),
     };
     match result {
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
