@@ -44,6 +44,13 @@ pub struct TraceArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Report what the running kernel allows (fentry, kprobe, tp_btf, tracepoint, perf
+    /// events, ring buffer, BTF) and which hook set each hook family would use.
+    Probe {
+        /// Write the report as one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
     /// Run a bundled workload (used by `cargo xtask run` and the tests).
     Workload {
         name: WorkloadName,

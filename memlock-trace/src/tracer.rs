@@ -61,10 +61,7 @@ impl Tracer {
             _pad: 0,
             offsets: btf.offsets()?,
         };
-        let mut ebpf = EbpfLoader::new()
-            .override_global(names::CONFIG, &config, true)
-            .load(EBPF_OBJECT)
-            .context("creating the eBPF maps failed (is RLIMIT_MEMLOCK too low on a kernel older than 5.11?)")?;
+        let mut ebpf = load_object(&config)?;
 
         let targets_map = ebpf
             .take_map(names::TARGET_TGIDS)
@@ -148,9 +145,18 @@ impl Tracer {
     }
 }
 
+/// Creates the object's maps with `config` baked into its read-only globals; no program is
+/// loaded yet.
+pub fn load_object(config: &Config) -> Result<Ebpf> {
+    EbpfLoader::new()
+        .override_global(names::CONFIG, config, true)
+        .load(EBPF_OBJECT)
+        .context("creating the eBPF maps failed (is RLIMIT_MEMLOCK too low on a kernel older than 5.11?)")
+}
+
 /// Turns a refused load or attach into a message naming the program, the kernel's reason
 /// (the last lines of the verifier log) and what to do about it.
-fn hook_refused(program: &str, kind: &str, error: ProgramError) -> anyhow::Error {
+pub fn hook_refused(program: &str, kind: &str, error: ProgramError) -> anyhow::Error {
     let mut message = format!("the kernel refused {kind} program `{program}`: ");
     match &error {
         ProgramError::LoadError {
