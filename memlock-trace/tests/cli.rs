@@ -96,11 +96,23 @@ fn unknown_command_is_a_clear_error() {
 
 #[test]
 fn missing_capabilities_are_named() {
-    // Drop every capability (setpriv, util-linux) and become nobody.
-    let out = Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all", "--bounding-set=-all", BIN, "-p", "1"])
-        .output()
-        .expect("setpriv (util-linux) is needed for this test");
+    use std::os::unix::process::CommandExt as _;
+    // Become nobody before exec: leaving uid 0 clears every capability.
+    let mut cmd = Command::new(BIN);
+    cmd.args(["-p", "1"]);
+    // SAFETY: only async-signal-safe libc calls between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::setgroups(0, std::ptr::null()) != 0
+                || libc::setresgid(65534, 65534, 65534) != 0
+                || libc::setresuid(65534, 65534, 65534) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let out = cmd.output().expect("run memlock-trace as nobody");
     assert_eq!(out.status.code(), Some(1), "{out:?}");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("CAP_BPF") && stderr.contains("CAP_PERFMON"), "{stderr}");
