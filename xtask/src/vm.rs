@@ -48,7 +48,7 @@ pub struct VmTest {
 
 /// What to run and how.
 pub struct VmOptions {
-    /// Run in order, each as root with `/tmp` (a tmpfs) as working directory.
+    /// Run in order, each as root with `/tmp` as working directory.
     pub tests: Vec<VmTest>,
     /// Holds the cached kernel, the scratch initramfs and `console.log`.
     pub cache_dir: PathBuf,
@@ -345,6 +345,8 @@ fn build_initramfs(opts: &VmOptions, dir: &Path) -> Result<PathBuf> {
     Ok(initrd)
 }
 
+/// `/tmp` stays on the initramfs root (RAM, writable already): a tmpfs there would hide
+/// files installed under it, such as a workspace cloned into /tmp.
 fn init_script_prologue() -> String {
     format!(
         "#!{BUSYBOX} sh
@@ -352,7 +354,6 @@ fn init_script_prologue() -> String {
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
-mount -t tmpfs tmpfs /tmp
 mount -t tracefs tracefs /sys/kernel/tracing
 mount -t debugfs debugfs /sys/kernel/debug
 mount -t bpf bpf /sys/fs/bpf
