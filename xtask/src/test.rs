@@ -81,12 +81,17 @@ pub fn run(args: &Args) -> Result<()> {
 }
 
 fn build_test_binaries() -> Result<Vec<TestBinary>> {
-    let out = output_of(
-        Command::new("cargo")
-            .current_dir(workspace_root())
-            .args(["test", "--no-run", "--message-format=json"]),
-    )
-    .context("building the tests")?;
+    // Compiler progress goes to the terminal; the JSON artifact list comes back on stdout.
+    let out = Command::new("cargo")
+        .current_dir(workspace_root())
+        .args(["test", "--no-run", "--message-format=json"])
+        .stderr(Stdio::inherit())
+        .output()
+        .context("running cargo test --no-run")?;
+    if !out.status.success() {
+        bail!("building the tests failed ({})", out.status);
+    }
+    let out = String::from_utf8_lossy(&out.stdout);
     // `cargo test` builds the binary the integration tests run as CARGO_BIN_EXE_memlock-trace.
     let mut binaries = Vec::new();
     for line in out.lines() {

@@ -1,7 +1,6 @@
 //! One of each mlock-family call, including one that fails, each measured with the thread's
 //! own `getrusage` fault counters around it.
 
-use std::ptr;
 
 use anyhow::Result;
 use serde::Serialize;
@@ -64,7 +63,7 @@ pub fn run() -> Result<Vec<Call>> {
     Ok(calls)
 }
 
-fn measured(syscall: Syscall, call: impl FnOnce() -> i64) -> Call {
+pub fn measured(syscall: Syscall, call: impl FnOnce() -> i64) -> Call {
     let before = Faults::thread();
     let ret = call();
     let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
