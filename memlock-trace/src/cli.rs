@@ -51,6 +51,8 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Run every reference experiment with the tracer attached and write a report with charts.
+    Suite(crate::suite::SuiteArgs),
     /// Run one reference experiment (see SCENARIOS.md) and print its own measurements as JSON.
     Scenario {
         name: crate::workload::scenario::Scenario,

@@ -14,6 +14,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         None => session::run(cli.trace),
         Some(Command::Probe { json }) => run_probe(json).map(|()| 0),
+        Some(Command::Suite(args)) => memlock_trace::suite::run(args).map(|()| 0),
         Some(Command::Scenario { name, args, report }) => run_scenario(name, &args, report.as_deref()).map(|()| 0),
         Some(Command::Workload { name, report }) => run_workload(name, report.as_deref()).map(|()| 0),
     };

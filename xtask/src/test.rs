@@ -168,7 +168,7 @@ fn vm_stage(binaries: &[TestBinary], tracer: &std::path::Path) -> Result<Stage> 
     }));
     let report = vm::run(&vm::VmOptions {
         tests,
-        cache_dir: vm_cache_dir(),
+        cache_dir: vm::cache_dir(),
         timeout: Duration::from_secs(600),
         memory_mib: 2048,
         // Integration tests run the CLI by its absolute host path.
@@ -205,13 +205,6 @@ fn vm_stage(binaries: &[TestBinary], tracer: &std::path::Path) -> Result<Stage> 
         outcomes.push(outcome(&name, &result.output, result.exit_code));
     }
     Ok(Stage { title: "qemu guest", kernel: report.kernel_release, hooks, outcomes, secs: start.elapsed().as_secs_f64() })
-}
-
-fn vm_cache_dir() -> PathBuf {
-    std::env::var_os("HOME")
-        .map(|h| PathBuf::from(h).join(".cache"))
-        .unwrap_or_else(|| PathBuf::from("/tmp"))
-        .join("memlock-trace/vm")
 }
 
 /// Sums libtest's `test result: ok. N passed; M failed; ...` lines.

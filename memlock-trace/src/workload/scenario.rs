@@ -101,6 +101,10 @@ pub struct ScenarioArgs {
     /// Thread stack size for thread-create (KiB; glibc's default is 8 MiB).
     #[arg(long, default_value_t = 8192)]
     pub create_stack_kib: usize,
+    /// thread-create: disable glibc's thread stack cache, so every thread maps (and under
+    /// MCL_FUTURE populates) a fresh stack instead of reusing a cached one.
+    #[arg(long)]
+    pub no_stack_cache: bool,
     /// Threads for thread-stack.
     #[arg(long, default_value_t = 200)]
     pub threads: usize,
@@ -128,6 +132,58 @@ pub struct ScenarioArgs {
 }
 
 impl ScenarioArgs {
+    /// Small sizes for a quick whole-suite check (`--tiny`).
+    pub fn tiny() -> Self {
+        Self {
+            touch_mib: 1,
+            alloc_mib: 16,
+            records_mib: 8,
+            accesses: 20_000,
+            runs: 1,
+            processes: vec![1, 2],
+            seconds: 0.2,
+            create_stack_kib: 1024,
+            no_stack_cache: false,
+            threads: 8,
+            stack_mib: 2,
+            stack_used_kib: 256,
+            limit_kib: 256,
+            guest_mib: 128,
+            kernel: None,
+            variant: None,
+            worker: false,
+        }
+    }
+
+    /// The same settings as command-line arguments, for a child `scenario` process.
+    pub fn to_args(&self) -> Vec<String> {
+        let mut a: Vec<String> = [
+            ("--touch-mib", self.touch_mib.to_string()),
+            ("--alloc-mib", self.alloc_mib.to_string()),
+            ("--records-mib", self.records_mib.to_string()),
+            ("--accesses", self.accesses.to_string()),
+            ("--runs", self.runs.to_string()),
+            ("--processes", self.processes.iter().map(ToString::to_string).collect::<Vec<_>>().join(",")),
+            ("--seconds", self.seconds.to_string()),
+            ("--create-stack-kib", self.create_stack_kib.to_string()),
+            ("--threads", self.threads.to_string()),
+            ("--stack-mib", self.stack_mib.to_string()),
+            ("--stack-used-kib", self.stack_used_kib.to_string()),
+            ("--limit-kib", self.limit_kib.to_string()),
+            ("--guest-mib", self.guest_mib.to_string()),
+        ]
+        .into_iter()
+        .flat_map(|(k, v)| [k.to_string(), v])
+        .collect();
+        if self.no_stack_cache {
+            a.push("--no-stack-cache".into());
+        }
+        if let Some(k) = &self.kernel {
+            a.extend(["--kernel".into(), k.display().to_string()]);
+        }
+        a
+    }
+
     /// Refuses sizes the machine cannot hold before anything starts.
     pub fn check_limits(&self, scenario: Scenario) -> Result<()> {
         let avail_mib = available_memory_mib()?;
@@ -184,7 +240,7 @@ pub fn run(scenario: Scenario, args: &ScenarioArgs) -> Result<Value> {
     }
     let mut out = serde_json::Map::new();
     for variant in variants {
-        out.insert(variant.clone(), run_in_child(scenario, &variant)?);
+        out.insert(variant.clone(), run_in_child(scenario, &variant, args)?);
     }
     Ok(json!({ "variants": out }))
 }
@@ -212,16 +268,11 @@ fn run_variant(scenario: Scenario, variant: &str, args: &ScenarioArgs) -> Result
 
 /// Re-runs this binary as `scenario NAME --variant V` with the same sizes, and reads its
 /// JSON result from stdout.
-fn run_in_child(scenario: Scenario, variant: &str) -> Result<Value> {
+fn run_in_child(scenario: Scenario, variant: &str, args: &ScenarioArgs) -> Result<Value> {
     let exe = std::env::current_exe().context("finding our own executable")?;
-    let mut argv: Vec<String> = std::env::args().skip(1).collect();
-    // Drop a --report of the parent's: the child answers on stdout.
-    if let Some(i) = argv.iter().position(|a| a == "--report") {
-        argv.drain(i..(i + 2).min(argv.len()));
-    }
-    argv.retain(|a| !a.starts_with("--report="));
     let out = Command::new(exe)
-        .args(&argv)
+        .args(["scenario", scenario.name()])
+        .args(args.to_args())
         .args(["--variant", variant])
         .stderr(Stdio::inherit())
         .output()
@@ -231,4 +282,33 @@ fn run_in_child(scenario: Scenario, variant: &str) -> Result<Value> {
     }
     serde_json::from_slice(&out.stdout)
         .with_context(|| format!("{} variant {variant} printed no JSON result", scenario.name()))
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Wrapper {
+        #[command(flatten)]
+        args: ScenarioArgs,
+    }
+
+    #[test]
+    fn args_round_trip_through_the_command_line() {
+        let tiny = ScenarioArgs::tiny();
+        let parsed = Wrapper::parse_from(std::iter::once("x".to_string()).chain(tiny.to_args())).args;
+        assert_eq!(format!("{parsed:?}"), format!("{tiny:?}"));
+    }
+
+    #[test]
+    fn sizes_beyond_the_machine_are_refused() {
+        let mut a = ScenarioArgs::tiny();
+        a.alloc_mib = 1 << 30;
+        let err = a.check_limits(Scenario::DynamicAlloc).unwrap_err().to_string();
+        assert!(err.contains("MemAvailable"), "{err}");
+        assert!(ScenarioArgs::tiny().check_limits(Scenario::DynamicAlloc).is_ok());
+    }
 }

@@ -47,7 +47,12 @@ pub fn run(args: &ScenarioArgs) -> Result<Value> {
             }));
         }
     }
-    Ok(json!({ "stack_kib": args.create_stack_kib, "results": results, "pids": pids }))
+    Ok(json!({
+        "stack_kib": args.create_stack_kib,
+        "stack_cache": !args.no_stack_cache,
+        "results": results,
+        "pids": pids,
+    }))
 }
 
 fn spawn_worker(mode: &str, args: &ScenarioArgs) -> Result<Child> {
@@ -55,9 +60,11 @@ fn spawn_worker(mode: &str, args: &ScenarioArgs) -> Result<Child> {
         .args(["scenario", "thread-create", "--worker", "--variant", mode])
         .args(["--seconds", &args.seconds.to_string()])
         .args(["--create-stack-kib", &args.create_stack_kib.to_string()])
-        // glibc caches the stacks of joined threads; with the cache, a new thread reuses an
-        // already populated stack and MCL_FUTURE's cost would vanish from the measurement.
-        .env("GLIBC_TUNABLES", "glibc.pthread.stack_cache_size=0")
+        .args(args.no_stack_cache.then_some("--no-stack-cache"))
+        // glibc caches the stacks of joined threads (40 MiB by default, set explicitly here so
+        // the run does not depend on the environment): a new thread then reuses an already
+        // populated stack. --no-stack-cache shows the cost of a fresh stack per thread.
+        .env("GLIBC_TUNABLES", format!("glibc.pthread.stack_cache_size={}", if args.no_stack_cache { 0 } else { 40 << 20 }))
         .stdout(Stdio::piped())
         .spawn()
         .context("spawning a thread-create worker")
