@@ -7,12 +7,15 @@
 //! explains VMA events and [`verify`] checks them against /proc.
 
 pub mod aggregate;
+pub mod charts;
 pub mod cli;
 pub mod decode;
 pub mod launch;
 pub mod probe;
 pub mod render;
+pub mod report;
 pub mod session;
+pub mod suite;
 pub mod syscall;
 pub mod tracer;
 pub mod verify;

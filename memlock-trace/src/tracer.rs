@@ -89,11 +89,7 @@ impl Tracer {
             return Err(anyhow!("VMA tracing is not possible on this kernel: {error:#}"));
         }
         let vma_global = vma_config.as_ref().copied().unwrap_or(VmaConfig::ZERO);
-        let mut ebpf = EbpfLoader::new()
-            .override_global(names::CONFIG, &config, true)
-            .override_global(VMA_CONFIG, &vma_global, true)
-            .load(EBPF_OBJECT)
-            .context("creating the eBPF maps failed (is RLIMIT_MEMLOCK too low on a kernel older than 5.11?)")?;
+        let mut ebpf = load_object_with(&config, &vma_global)?;
 
         let targets_map = ebpf
             .take_map(names::TARGET_TGIDS)
@@ -192,9 +188,24 @@ impl Tracer {
     }
 }
 
+/// Creates the object's maps with `config` baked into its read-only globals; no program is
+/// loaded yet.
+pub fn load_object(config: &Config) -> Result<Ebpf> {
+    load_object_with(config, &VmaConfig::ZERO)
+}
+
+/// [`load_object`], with the VMA family's configuration too.
+pub fn load_object_with(config: &Config, vma: &VmaConfig) -> Result<Ebpf> {
+    EbpfLoader::new()
+        .override_global(names::CONFIG, config, true)
+        .override_global(VMA_CONFIG, vma, true)
+        .load(EBPF_OBJECT)
+        .context("creating the eBPF maps failed (is RLIMIT_MEMLOCK too low on a kernel older than 5.11?)")
+}
+
 /// Turns a refused load or attach into a message naming the program, the kernel's reason
 /// (the last lines of the verifier log) and what to do about it.
-fn hook_refused(program: &str, kind: &str, error: ProgramError) -> anyhow::Error {
+pub fn hook_refused(program: &str, kind: &str, error: ProgramError) -> anyhow::Error {
     let mut message = format!("the kernel refused {kind} program `{program}`: ");
     match &error {
         ProgramError::LoadError {
