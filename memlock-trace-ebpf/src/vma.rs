@@ -84,11 +84,11 @@ pub fn vma_enter_whole(ctx: TracePointContext) -> u32 {
 #[tracepoint]
 pub fn vma_exit(ctx: TracePointContext) -> u32 {
     let tid = ctx.pid();
-    let Some(call) = VMA_CALLS.get_ptr(&tid) else {
+    let Some(call) = VMA_CALLS.get_ptr(tid) else {
         return 0;
     };
     let call = unsafe { *call };
-    let _ = VMA_CALLS.remove(&tid);
+    let _ = VMA_CALLS.remove(tid);
     snapshot(ctx.tgid(), tid, phase::AFTER, &call);
     0
 }
@@ -263,7 +263,7 @@ pub fn vma_ma_write(ctx: BtfTracePointContext) -> i32 {
         VmaRange::default()
     };
     let tid = ctx.pid();
-    let in_call = VMA_CALLS.get_ptr(&tid).is_some();
+    let in_call = VMA_CALLS.get_ptr(tid).is_some();
     if !in_call && config.all_stores == 0 && range.flags & (VM_LOCKED | VM_LOCKONFAULT) == 0 {
         return 0;
     }
@@ -331,7 +331,7 @@ fn function_event(ctx: *mut c_void, hook: u32, phase: u32) {
     let config = VMA_CONFIG.load();
     // These functions run for every mmap/mprotect/munmap too: keep the mlock-family ones
     // unless the user asked for all.
-    if config.all_stores == 0 && VMA_CALLS.get_ptr(&tid).is_none() {
+    if config.all_stores == 0 && VMA_CALLS.get_ptr(tid).is_none() {
         return;
     }
     let Some(spec) = VMA_HOOKS.get_ptr(hook) else {

@@ -20,7 +20,7 @@ use std::{
 
 use anyhow::{Context as _, Result, anyhow, bail};
 use aya::maps::{MapData, RingBuf};
-use memlock_trace_common::vma::{VM_LOCKED, VM_LOCKONFAULT, VmaRange};
+use memlock_trace_common::vma::{VM_LOCKED, VM_LOCKONFAULT, VmaRange, phase};
 use nix::{
     fcntl::OFlag,
     sys::wait::{WaitStatus, waitpid},
@@ -32,7 +32,7 @@ use crate::{
     decode::{Event, decode},
     probe,
     syscall::{MCL_FUTURE, MLOCK_ONFAULT, Syscall},
-    tracer::{Options, Targets, Tracer},
+    tracer::{Options, Targets, Tracer, VmaHooks},
     vma::{Activity, ChangeCounts, PAGE_SIZE, Tracker, VmaCall, flags_str},
 };
 
@@ -132,6 +132,10 @@ pub struct StepResult {
     pub proc: String,
     pub ok: bool,
     pub mismatches: Vec<String>,
+    /// `ma_write` stores during the step's calls.
+    pub stores: usize,
+    /// Hooked kernel functions entered during the step's calls, in order (fentry kernels).
+    pub functions: Vec<String>,
     pub expected_layout: Vec<Piece>,
     pub traced_layout: Vec<Piece>,
     pub proc_layout: Vec<Piece>,
@@ -269,7 +273,7 @@ impl Runner {
                 Message::Check(cp) => {
                     self.drain();
                     let activity = self.activity.remove(&cp.pid).unwrap_or_default();
-                    let result = check(&cp, &activity, self.shows_lf);
+                    let result = check(&cp, &activity, self.shows_lf, self.tracer.vma.as_ref());
                     self.results.push(result);
                 }
                 Message::Failed { step, error } => self.failed(&step, pid, error),
@@ -290,6 +294,8 @@ impl Runner {
             proc: String::new(),
             ok: false,
             mismatches: vec![error],
+            stores: 0,
+            functions: Vec::new(),
             expected_layout: Vec::new(),
             traced_layout: Vec::new(),
             proc_layout: Vec::new(),
@@ -390,9 +396,26 @@ fn call_totals(calls: &[VmaCall]) -> ExpectCalls {
     }
 }
 
-fn check(cp: &Checkpoint, activity: &[Activity], shows_lf: bool) -> StepResult {
+fn check(
+    cp: &Checkpoint,
+    activity: &[Activity],
+    shows_lf: bool,
+    hooks: Option<&VmaHooks>,
+) -> StepResult {
     let mut bad = Vec::new();
     let traced = traced_for(cp, activity);
+    let stores: usize = traced.calls.iter().map(|c| c.stores.len()).sum();
+    let functions: Vec<String> = traced
+        .calls
+        .iter()
+        .flat_map(|c| &c.functions)
+        .filter(|f| f.phase == phase::BEFORE)
+        .map(|f| {
+            hooks
+                .and_then(|h| h.functions.get(f.hook as usize))
+                .map_or_else(|| format!("hook {}", f.hook), |h| h.name.clone())
+        })
+        .collect();
     let proc = ProcView::read(cp);
 
     // The tracer's view of the region.
@@ -529,12 +552,9 @@ fn check(cp: &Checkpoint, activity: &[Activity], shows_lf: bool) -> StepResult {
                 },
                 calls_str(&totals)
             );
-            let stores: usize = traced.calls.iter().map(|c| c.stores.len()).sum();
-            let functions: usize = traced.calls.iter().map(|c| c.functions.len()).sum();
             let _ = write!(s, " [ma_write x{stores}");
-            if functions > 0 {
-                // Entry and exit events: one pair per kernel function call.
-                let _ = write!(s, ", fentry x{}", functions / 2);
+            if !functions.is_empty() {
+                let _ = write!(s, "; fentry {}", functions.join(" "));
             }
             s.push(']');
         }
@@ -578,6 +598,8 @@ fn check(cp: &Checkpoint, activity: &[Activity], shows_lf: bool) -> StepResult {
         proc: proc_str,
         ok: bad.is_empty(),
         mismatches: bad,
+        stores,
+        functions,
         expected_layout: cp.layout.clone(),
         traced_layout: traced.layout.unwrap_or_default(),
         proc_layout,
@@ -1486,13 +1508,13 @@ VmFlags: rd ex mr mw me
             flags: rw,
         }];
         let agree = r.checkpoint("t", "", &[(16, "rw-p", N, N)], 0);
-        let result = check(&agree, &[probe_activity(&truth)], true);
+        let result = check(&agree, &[probe_activity(&truth)], true, None);
         assert!(result.ok, "{:?}", result.mismatches);
         assert_eq!(result.proc, "[16 rw] Locked 0k Rss 0k");
 
         // Expecting a lock that is not there: both the tracer and /proc disagree.
         let wrong = r.checkpoint("t", "", &[(16, "rw-p", Y, N)], 64);
-        let result = check(&wrong, &[probe_activity(&truth)], true);
+        let result = check(&wrong, &[probe_activity(&truth)], true, None);
         assert_eq!(result.mismatches.len(), 3, "{:?}", result.mismatches);
         assert!(result.mismatches[0].starts_with("traced VMAs [16 rw] != expected [16 rw lo]"));
         assert!(result.mismatches[1].starts_with("/proc VMAs [16 rw] != expected [16 rw lo]"));
@@ -1511,12 +1533,12 @@ VmFlags: rd ex mr mw me
                 flags: rw,
             },
         ];
-        let result = check(&agree, &[probe_activity(&split)], true);
+        let result = check(&agree, &[probe_activity(&split)], true, None);
         assert_eq!(
             result.mismatches,
             ["traced VMAs [8 rw][8 rw] != expected [16 rw]"]
         );
-        let result = check(&agree, &[], true);
+        let result = check(&agree, &[], true, None);
         assert_eq!(
             result.mismatches,
             ["the tracer saw no probe call, so no VMA snapshot of the region"]

@@ -52,12 +52,31 @@ fn every_step_agrees_with_the_tracer_and_proc() {
         .collect();
     assert_eq!(pages, [(4, false), (8, true), (4, false)], "{table}");
     assert_eq!(first.traced_layout, first.proc_layout, "{table}");
-    // Whichever hook set this kernel allows, the report names it.
+    // Whichever hook set this kernel allows, the report names it; where fentry loads, the
+    // kernel's own split function is seen splitting.
     assert!(
         report.hooks.contains("tp_btf maple_tree:ma_write"),
         "{}",
         report.hooks
     );
+    let fentry = probe::capabilities()
+        .expect("probing the kernel")
+        .into_iter()
+        .find(|c| c.name == "fentry")
+        .is_some_and(|c| c.usable);
+    if fentry {
+        assert!(report.hooks.starts_with("fentry+fexit"), "{}", report.hooks);
+        assert!(
+            first.functions.iter().any(|f| f.ends_with("split_vma")),
+            "no split function entered for {}: {:?}\n{table}",
+            first.step,
+            first.functions
+        );
+    } else {
+        assert!(report.hooks.contains("fentry refused"), "{}", report.hooks);
+        // Without fentry, the two splits show as the two stores of the split-off pieces.
+        assert_eq!(first.stores, 2, "{table}");
+    }
 }
 
 #[test]

@@ -64,27 +64,18 @@ impl VmaHooks {
     /// One line for the user: which hooks, and why not the others.
     pub fn describe(&self) -> String {
         let mut out = String::new();
-        if self.functions.is_empty() {
-            out.push_str("no fentry");
-        } else {
+        if !self.functions.is_empty() {
             let names: Vec<&str> = self.functions.iter().map(|f| f.name.as_str()).collect();
-            let _ = write!(out, "fentry+fexit {}", names.join(", "));
+            let _ = write!(out, "fentry+fexit {} + ", names.join(", "));
         }
         out.push_str(
-            "; tp_btf maple_tree:ma_write; VMA snapshots (bpf_find_vma) at mlock-family entry/exit",
+            "tp_btf maple_tree:ma_write + bpf_find_vma snapshots at mlock-family entry/exit",
         );
         if let Some(reason) = &self.fentry_refused {
-            let _ = write!(out, "\n  fentry refused by this kernel: {reason}");
+            let _ = write!(out, " (fentry refused: {reason})");
         }
         for (name, reason) in &self.refused {
-            let _ = write!(out, "\n  {name}: refused: {reason}");
-        }
-        if !self.missing.is_empty() && !self.functions.is_empty() {
-            let _ = write!(
-                out,
-                "\n  not in this kernel's BTF: {}",
-                self.missing.join(", ")
-            );
+            let _ = write!(out, " ({name} refused: {reason})");
         }
         out
     }
