@@ -22,7 +22,9 @@ use aya_ebpf::{
     helpers::{
         bpf_get_current_pid_tgid, bpf_get_current_task, bpf_get_current_task_btf,
         bpf_probe_read_kernel_str_bytes,
-        generated::{bpf_find_vma, bpf_get_func_arg, bpf_get_func_ret, bpf_task_pt_regs},
+        generated::{
+            self as helper, bpf_find_vma, bpf_get_func_arg, bpf_get_func_ret, bpf_task_pt_regs,
+        },
     },
     macros::{btf_tracepoint, fentry, fexit, map, tracepoint},
     maps::{Array, HashMap},
@@ -36,7 +38,7 @@ use memlock_trace_common::{
     },
 };
 
-use crate::shared::{EVENTS, count, is_target, read_kernel};
+use crate::shared::{EVENTS, count, is_target};
 
 const PAGE_SIZE: u64 = 4096;
 /// `-ENOSYS`: x86-64 `do_syscall_64` stores it in `regs->ax` before dispatching, so a task
@@ -126,75 +128,92 @@ fn enter(ctx: &TracePointContext, ranged: bool) {
     snapshot(tgid, tid, phase::BEFORE, &call);
 }
 
-/// Emits the VMAs covering `[start - 1, end]` (the range and its two neighbours).
+/// Emits the VMAs covering `[start - 1, end]` (the range and its two neighbours), written
+/// straight into the ring buffer.
 #[inline(always)]
 fn snapshot(tgid: u32, tid: u32, phase: u32, call: &CallRange) {
     let Some(mut slot) = EVENTS.reserve::<SnapshotEvent>(0) else {
         count(counter::RINGBUF_DROPPED);
         return;
     };
-    let mut event = SnapshotEvent {
-        kind: kind::SNAPSHOT,
-        phase,
-        tgid,
-        tid,
-        nr: call.nr,
-        count: 0,
-        incomplete: 0,
-        _pad: 0,
-        start: call.start,
-        end: call.end,
-        vmas: [VmaRange::default(); MAX_SNAPSHOT_VMAS],
-    };
-    if call.ranged != 0 && call.end > call.start {
-        walk(call, &mut event);
+    let event = slot.as_mut_ptr();
+    // SAFETY: `event` is the reserved, exclusively ours, ring buffer record.
+    unsafe {
+        (*event).kind = kind::SNAPSHOT;
+        (*event).phase = phase;
+        (*event).tgid = tgid;
+        (*event).tid = tid;
+        (*event).nr = call.nr;
+        (*event).count = 0;
+        (*event).incomplete = 0;
+        (*event)._pad = 0;
+        (*event).start = call.start;
+        (*event).end = call.end;
+        (*event).vmas = [VmaRange::default(); MAX_SNAPSHOT_VMAS];
+        if call.ranged != 0 && call.end > call.start {
+            walk(call, &mut *event);
+        }
     }
-    slot.write(event);
     slot.submit(0);
 }
 
+/// Walks the VMAs from the one below `start` to the one holding `end`.
+///
+/// Few branches on purpose: the verifier walks every path through this loop and the
+/// callback, and 6.1's gave up at its 1M-instruction limit when each read could fail its own
+/// way (see [`peek`]).
 #[inline(always)]
 fn walk(call: &CallRange, event: &mut SnapshotEvent) {
     let task = unsafe { bpf_get_current_task_btf() };
-    // Start one byte early to catch the VMA just below the range (a merge candidate).
-    let mut addr = call.start.saturating_sub(1);
-    let mut complete = false;
-    let mut found_count = 0usize;
-    for _ in 0..MAX_SNAPSHOT_VMAS + 1 {
-        let mut found = VmaRange::default();
-        // SAFETY: the callback only writes a VmaRange through the context pointer we pass.
-        let ret = unsafe {
-            bpf_find_vma(
-                task,
-                addr,
-                read_vma_callback as *mut c_void,
-                (&mut found as *mut VmaRange).cast(),
-                0,
-            )
-        };
-        if ret != 0 {
-            if addr < call.start {
-                // Nothing mapped just below the range: no lower neighbour.
-                addr = call.start;
-                continue;
-            }
-            // A hole (mlock fails with ENOMEM there) or the mmap lock was busy.
-            break;
+    let mut count = 0usize;
+    let mut addr = call.start;
+    // The VMA just below the range: a merge candidate (it may also hold `start`).
+    if call.start > 0 {
+        let mut below = VmaRange::default();
+        if find_vma(task, call.start - 1, &mut below) == 0 {
+            event.vmas[0] = below;
+            count = 1;
+            addr = below.end;
         }
-        let Some(entry) = event.vmas.get_mut(found_count) else {
-            break;
-        };
-        *entry = found;
-        found_count += 1;
-        // The VMA holding `end` is the upper neighbour: the walk is done.
-        if found.end > call.end || found.end <= addr {
+    }
+    let mut complete = false;
+    for _ in 0..MAX_SNAPSHOT_VMAS {
+        // The last VMA held `end`: it was the upper neighbour.
+        if addr > call.end {
             complete = true;
             break;
         }
+        let mut found = VmaRange::default();
+        if find_vma(task, addr, &mut found) != 0 {
+            // Nothing mapped right above the range: no upper neighbour, done. Otherwise a
+            // hole inside the range (mlock fails with ENOMEM) or a busy mmap lock.
+            complete = addr >= call.end;
+            break;
+        }
+        let Some(entry) = event.vmas.get_mut(count) else {
+            break;
+        };
+        *entry = found;
+        count += 1;
         addr = found.end;
     }
-    event.count = found_count as u32;
-    event.incomplete = u32::from(!complete);
+    event.count = count as u32;
+    event.incomplete = u32::from(!(complete || addr > call.end));
+}
+
+/// `bpf_find_vma` on the current task: 0 and `out` filled when a VMA holds `addr`.
+#[inline(always)]
+fn find_vma(task: *mut aya_ebpf::bindings::task_struct, addr: u64, out: &mut VmaRange) -> i64 {
+    // SAFETY: the callback only writes a VmaRange through the context pointer we pass.
+    unsafe {
+        bpf_find_vma(
+            task.cast(),
+            addr,
+            read_vma_callback as *mut c_void,
+            (out as *mut VmaRange).cast(),
+            0,
+        )
+    }
 }
 
 /// `bpf_find_vma` callback: copies the VMA's range and flags out.
@@ -210,10 +229,28 @@ extern "C" fn read_vma_callback(_task: *mut c_void, vma: *mut c_void, out: *mut 
 #[inline(always)]
 fn read_vma(vma: u64, off: &VmaOffsets) -> VmaRange {
     VmaRange {
-        start: read_kernel(vma, off.vma_start),
-        end: read_kernel(vma, off.vma_end),
-        flags: read_kernel(vma, off.vma_flags),
+        start: peek(vma, off.vma_start),
+        end: peek(vma, off.vma_end),
+        flags: peek(vma, off.vma_flags),
     }
+}
+
+/// Reads a `T` at `base + offset` of kernel memory without a branch: on failure the helper
+/// zeroes the destination, so the field reads as 0. Unlike `shared::read_kernel` a failure is
+/// not counted: each counted failure is one more path for the verifier to walk, per read, in
+/// the snapshot and slot loops.
+#[inline(always)]
+fn peek<T: Default>(base: u64, offset: u32) -> T {
+    let mut value = T::default();
+    // SAFETY: bpf_probe_read_kernel checks the source address itself.
+    unsafe {
+        helper::bpf_probe_read_kernel(
+            (&mut value as *mut T).cast(),
+            size_of::<T>() as u32,
+            base.wrapping_add(u64::from(offset)) as *const c_void,
+        )
+    };
+    value
 }
 
 /// The system call the current task is in and its first three arguments, from its saved
@@ -224,17 +261,17 @@ fn current_syscall(off: &VmaOffsets) -> (u32, [u64; 3]) {
         return (NR_UNKNOWN, [0; 3]);
     }
     let regs = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) } as u64;
-    let ax: u64 = read_kernel(regs, off.regs_ax);
+    let ax: u64 = peek(regs, off.regs_ax);
     if ax != ENOSYS_RET {
         return (NR_UNKNOWN, [0; 3]);
     }
-    let nr: u64 = read_kernel(regs, off.regs_nr);
+    let nr: u64 = peek(regs, off.regs_nr);
     (
         nr as u32,
         [
-            read_kernel(regs, off.regs_arg0),
-            read_kernel(regs, off.regs_arg1),
-            read_kernel(regs, off.regs_arg2),
+            peek(regs, off.regs_arg0),
+            peek(regs, off.regs_arg1),
+            peek(regs, off.regs_arg2),
         ],
     )
 }
@@ -252,8 +289,8 @@ pub fn vma_ma_write(ctx: BtfTracePointContext) -> i32 {
     let val: u64 = ctx.arg(3);
     // Only the task's own VMA tree: other maple trees (and other mms, e.g. a fork child's
     // being copied) are not what this task's call did to its address space.
-    let mm: u64 = read_kernel(unsafe { bpf_get_current_task() }, off.task_mm);
-    let tree: u64 = read_kernel(mas, off.mas_tree);
+    let mm: u64 = peek(unsafe { bpf_get_current_task() }, off.task_mm);
+    let tree: u64 = peek(mas, off.mas_tree);
     if mm == 0 || tree != mm + u64::from(off.mm_mt) {
         return 0;
     }
@@ -278,8 +315,8 @@ pub fn vma_ma_write(ctx: BtfTracePointContext) -> i32 {
         tid,
         nr,
         args,
-        index: read_kernel(mas, off.mas_index),
-        last: read_kernel(mas, off.mas_last),
+        index: peek(mas, off.mas_index),
+        last: peek(mas, off.mas_last),
         vma: val,
         range,
         func: [0; _],
@@ -370,7 +407,7 @@ fn function_event(ctx: *mut c_void, hook: u32, phase: u32) {
             _ => continue,
         };
         if spec.deref != 0 {
-            value = read_kernel(value, spec.offset);
+            value = peek(value, spec.offset);
         }
         event.values[i] = value;
         if spec.read_as == slot::AS_VMA && value != 0 {

@@ -554,7 +554,7 @@ fn check(
             );
             let _ = write!(s, " [ma_write x{stores}");
             if !functions.is_empty() {
-                let _ = write!(s, "; fentry {}", functions.join(" "));
+                let _ = write!(s, "; fentry {}", run_lengths(&functions));
             }
             s.push(']');
         }
@@ -604,6 +604,22 @@ fn check(
         traced_layout: traced.layout.unwrap_or_default(),
         proc_layout,
     }
+}
+
+/// `mlock_fixup x40 split_vma __split_vma`: repeats in a row counted.
+fn run_lengths(names: &[String]) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < names.len() {
+        let run = names[i..].iter().take_while(|n| **n == names[i]).count();
+        out.push(if run > 1 {
+            format!("{} x{run}", names[i])
+        } else {
+            names[i].clone()
+        });
+        i += run;
+    }
+    out.join(" ")
 }
 
 fn compare_calls(want: &ExpectCalls, got: &ExpectCalls, bad: &mut Vec<String>) {
@@ -1112,14 +1128,19 @@ fn no_calls() -> ExpectCalls {
 /// next to a locked VMA merges with it, unlocking everything merges back to one VMA.
 fn split_merge(s: &mut Subject) -> Result<()> {
     let r = Region::guarded(16, RW)?;
+    // One page touched first gives the VMA its anon_vma, which every piece then shares. On
+    // 6.1 an anon_vma-less piece does not merge with one that has an anon_vma
+    // (is_mergeable_anon_vma), newer kernels merge them: without this, munlock-all would leave
+    // three VMAs on 6.1 and one on 6.18, for reasons that are not about VM_LOCKED.
+    r.touch([0]);
     mlock(r.at(4), 8)?;
     let mut cp = r.checkpoint(
         "mlock-middle",
-        "mlock pages 4-11 of an untouched 16-page VMA",
+        "mlock pages 4-11 of an 16-page VMA (page 0 touched)",
         &[(4, "rw-p", N, N), (8, "rw-p", Y, N), (4, "rw-p", N, N)],
         32,
     );
-    cp.rss_kb = Some(32);
+    cp.rss_kb = Some(36);
     cp.calls = Some(ExpectCalls {
         splits: Some(2),
         merges: Some(0),
@@ -1138,7 +1159,7 @@ fn split_merge(s: &mut Subject) -> Result<()> {
         &[(4, "rw-p", N, N), (10, "rw-p", Y, N), (2, "rw-p", N, N)],
         40,
     );
-    cp.rss_kb = Some(40);
+    cp.rss_kb = Some(44);
     cp.calls = Some(ExpectCalls {
         splits: Some(1),
         merges: Some(1),
@@ -1157,7 +1178,7 @@ fn split_merge(s: &mut Subject) -> Result<()> {
         &[(16, "rw-p", N, N)],
         0,
     );
-    cp.rss_kb = Some(40);
+    cp.rss_kb = Some(44);
     cp.calls = Some(ExpectCalls {
         splits: Some(0),
         merges: Some(2),
@@ -1462,6 +1483,15 @@ VmFlags: rd ex mr mw me
             layout_str(r.window(), &[]),
             "(ends -16 pages off)(nothing mapped)"
         );
+    }
+
+    #[test]
+    fn repeated_functions_are_counted() {
+        let names: Vec<String> = ["mlock_fixup", "split_vma", "split_vma", "mlock_fixup"]
+            .map(String::from)
+            .to_vec();
+        assert_eq!(run_lengths(&names), "mlock_fixup split_vma x2 mlock_fixup");
+        assert_eq!(run_lengths(&[]), "");
     }
 
     #[test]

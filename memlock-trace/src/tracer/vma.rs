@@ -274,20 +274,27 @@ impl Tracer {
     }
 }
 
-/// The kernel-internal `ENOTSUPP` (include/linux/errno.h): no trampolines on this arch/config.
+/// The kernel-internal `ENOTSUPP` (include/linux/errno.h), which strerror does not know: the
+/// trampoline cannot handle this function (e.g. `vma_merge`'s 11 arguments on 6.1).
 const ENOTSUPP: i32 = 524;
 
-/// Whether the kernel refuses fentry as such (rather than this one function).
+/// Whether the kernel refuses fentry as such, rather than this one function (ENOTSUPP for
+/// one function's arguments, EBUSY for one already patched).
 fn is_permission_error(error: &ProgramError) -> bool {
     let errno = match error {
         ProgramError::LoadError { io_error, .. } => io_error.raw_os_error(),
         ProgramError::SyscallError(e) => e.io_error.raw_os_error(),
         _ => None,
     };
-    matches!(
-        errno,
-        Some(libc::EPERM | libc::EACCES | libc::EOPNOTSUPP | ENOTSUPP)
-    )
+    matches!(errno, Some(libc::EPERM | libc::EACCES))
+}
+
+/// `io::Error`'s text, naming ENOTSUPP where strerror says "Unknown error 524".
+fn errno_text(error: &std::io::Error) -> String {
+    match error.raw_os_error() {
+        Some(ENOTSUPP) => "ENOTSUPP (524): the trampoline cannot take this function".into(),
+        _ => error.to_string(),
+    }
 }
 
 /// The kernel's reason in one line: the errno, and the verifier's last words if any.
@@ -299,11 +306,15 @@ fn refusal_reason(error: &ProgramError) -> String {
         } => {
             let log = verifier_log.to_string();
             match log.lines().rev().find(|l| !l.trim().is_empty()) {
-                Some(last) => format!("BPF_PROG_LOAD: {io_error}; verifier: {}", last.trim()),
-                None => format!("BPF_PROG_LOAD: {io_error}"),
+                Some(last) => format!(
+                    "BPF_PROG_LOAD: {}; verifier: {}",
+                    errno_text(io_error),
+                    last.trim()
+                ),
+                None => format!("BPF_PROG_LOAD: {}", errno_text(io_error)),
             }
         }
-        ProgramError::SyscallError(e) => format!("{}: {}", e.call, e.io_error),
+        ProgramError::SyscallError(e) => format!("{}: {}", e.call, errno_text(&e.io_error)),
         other => other.to_string(),
     }
 }
@@ -311,6 +322,42 @@ fn refusal_reason(error: &ProgramError) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tracer::{Options, Targets};
+
+    /// 6.1's verifier gives up at 1M processed instructions and explores far more paths than
+    /// this kernel's; a snapshot program near the limit here would fail there.
+    #[test]
+    fn vma_programs_stay_far_below_the_verifier_limit() {
+        let tracer = Tracer::load_with(
+            &Targets::Tgids(Vec::new()),
+            &Options {
+                require_vma: true,
+                ..Options::default()
+            },
+        )
+        .expect("loading the tracer (needs root)");
+        let mut counts = Vec::new();
+        for (name, program) in tracer
+            .ebpf
+            .programs()
+            .filter(|(n, _)| n.starts_with("vma_"))
+        {
+            if let Ok(info) = program.info() {
+                counts.push((
+                    name.to_string(),
+                    info.verified_instruction_count().unwrap_or(0),
+                ));
+            }
+        }
+        eprintln!("verified instructions: {counts:?}");
+        assert!(
+            counts.iter().any(|(n, _)| n == "vma_enter_range"),
+            "{counts:?}"
+        );
+        for (name, count) in &counts {
+            assert!(*count < 20_000, "{name}: {count} instructions verified");
+        }
+    }
 
     #[test]
     fn hook_specs_follow_the_running_kernels_signatures() {
