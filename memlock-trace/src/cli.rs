@@ -37,6 +37,10 @@ pub struct TraceArgs {
     /// Write JSON lines (events with --events, then the summary) instead of text.
     #[arg(long)]
     pub json: bool,
+    /// With --events, also show VMA stores by mmap, mprotect, munmap, madvise, brk, ... (by
+    /// default only those of mlock-family calls and of VMAs with VM_LOCKED/VM_LOCKONFAULT).
+    #[arg(long)]
+    pub all_vma_changes: bool,
     /// Launch COMMAND and trace it and its threads until it exits.
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<String>,
@@ -108,7 +112,8 @@ mod tests {
 
     #[test]
     fn pids_repeat_and_options_parse() {
-        let cli = parse(&["-p", "1", "--pid", "2", "--interval", "0.5", "--duration", "3", "--events", "--json"]).unwrap();
+        let cli = parse(&["-p", "1", "--pid", "2", "--interval", "0.5", "--duration", "3", "--events", "--json", "--all-vma-changes"]).unwrap();
+        assert!(cli.trace.all_vma_changes);
         assert_eq!(cli.trace.pids, [1, 2]);
         assert_eq!(cli.trace.interval, Some(0.5));
         assert_eq!(cli.trace.duration, Some(3.0));

@@ -20,7 +20,7 @@ use crate::{
     cli::TraceArgs,
     decode::{Event, decode},
     launch, render,
-    tracer::{Targets, Tracer, VmaHooks},
+    tracer::{Options, Targets, Tracer, VmaHooks},
     vma,
 };
 
@@ -46,7 +46,8 @@ pub fn run(args: TraceArgs) -> Result<i32> {
     } else {
         Targets::Tgids(args.pids.clone())
     };
-    let mut tracer = Tracer::load(&targets)?;
+    let options = Options { all_vma_stores: args.all_vma_changes, ..Options::default() };
+    let mut tracer = Tracer::load_with(&targets, &options)?;
     // Fork before the runtime starts any thread; the child waits until it is in the filter.
     let launched = match args.command.first() {
         Some(program) => {

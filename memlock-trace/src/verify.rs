@@ -681,7 +681,7 @@ pub fn layout_str(window: (u64, u64), pieces: &[Piece]) -> String {
         let _ = write!(
             out,
             "{} {}",
-            (p.end - p.start) / PAGE_SIZE,
+            p.end.saturating_sub(p.start) / PAGE_SIZE,
             if prot.is_empty() { "--" } else { &prot }
         );
         if p.locked {

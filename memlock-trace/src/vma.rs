@@ -84,6 +84,10 @@ pub fn diff(before: &[VmaRange], after: &[VmaRange]) -> Vec<Change> {
         return Vec::new();
     };
     let (lo, hi) = (b0.start.max(a0.start), bn.end.min(an.end));
+    if lo >= hi {
+        // The two snapshots share no address range (lost or garbled records): nothing to say.
+        return Vec::new();
+    }
     let containing = |list: &[VmaRange], addr: u64| {
         list.iter()
             .copied()
@@ -435,7 +439,11 @@ pub fn store_func(s: &StoreEvent) -> String {
 
 fn store_str(s: &StoreEvent) -> String {
     if s.vma == 0 {
-        format!("erase {:x}-{:x}", s.index, s.last + 1)
+        // The range is inclusive; an erase can reach the top of the address space.
+        match s.last.checked_add(1) {
+            Some(end) => format!("erase {:x}-{end:x}", s.index),
+            None => format!("erase {:x}-(top)", s.index),
+        }
     } else {
         format!("store {}", range_str(&s.range))
     }
@@ -772,6 +780,8 @@ mod tests {
         );
         assert!(diff(&before, &before).is_empty());
         assert!(diff(&[], &before).is_empty());
+        // Disjoint snapshots (a garbled record) give nothing rather than nonsense.
+        assert!(diff(&before, &[v(200, 216, RW)]).is_empty());
     }
 
     fn bytes_of<T: Copy>(value: &T) -> Vec<u8> {
@@ -865,6 +875,23 @@ mod tests {
             decode(kind::SNAPSHOT, &short),
             Err(DecodeError::Short { .. })
         ));
+    }
+
+    #[test]
+    fn a_store_erasing_up_to_the_top_renders() {
+        // munmap of the stack region at exec: the tree range ends at ULONG_MAX.
+        let erase = StoreEvent {
+            kind: kind::STORE,
+            index: 0x7ffc_0000_0000,
+            last: u64::MAX,
+            ..Default::default()
+        };
+        assert_eq!(store_str(&erase), "erase 7ffc00000000-(top)");
+        let lines = activity_lines(&Activity::Store(erase), None);
+        assert!(
+            lines[0].ends_with("erase 7ffc00000000-(top) ()"),
+            "{lines:?}"
+        );
     }
 
     #[test]

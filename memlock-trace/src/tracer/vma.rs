@@ -259,6 +259,17 @@ impl Tracer {
                 }
                 Err(error) => {
                     let reason = refusal_reason(&error);
+                    // Loaded but not attached: give the kernel its memory back.
+                    if let Some(Ok(program)) =
+                        self.ebpf.program_mut(&entry).map(<&mut FEntry>::try_from)
+                    {
+                        let _ = program.unload();
+                    }
+                    if let Some(Ok(program)) =
+                        self.ebpf.program_mut(&exit).map(<&mut FExit>::try_from)
+                    {
+                        let _ = program.unload();
+                    }
                     if hooks.functions.is_empty() && is_permission_error(&error) {
                         // EPERM on the first: trampolines are forbidden here, not this function.
                         hooks.fentry_refused = Some(format!("{reason} (fentry on {name})"));
