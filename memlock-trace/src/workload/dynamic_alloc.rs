@@ -25,7 +25,8 @@ pub fn run(variant: &str, args: &ScenarioArgs) -> Result<Value> {
     let before = Faults::process();
     let t = Instant::now();
     // SAFETY: freed below; never touched, as in the reference experiment.
-    let ptr = unsafe { libc::malloc(bytes) };
+    // black_box: LLVM may otherwise delete a malloc/free pair whose memory is never used.
+    let ptr = std::hint::black_box(unsafe { libc::malloc(bytes) });
     let alloc_ns = t.elapsed().as_nanos() as u64;
     let faults = Faults::process().since(before);
     if ptr.is_null() {
