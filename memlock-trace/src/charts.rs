@@ -23,7 +23,7 @@ pub fn bars(path: &Path, title: &str, y_label: &str, bars: &[(String, f64)]) -> 
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(70)
-        .build_cartesian_2d((0..bars.len()).into_segmented(), 0.0..max)
+        .build_cartesian_2d((0..bars.len().saturating_sub(1)).into_segmented(), 0.0..max)
         .map_err(err)?;
     chart
         .configure_mesh()
@@ -61,7 +61,7 @@ pub fn lines(path: &Path, title: &str, x_label: &str, y_label: &str, series: &[(
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(80)
-        .build_cartesian_2d(0.0..x_max * 1.05, 0.0..y_max * 1.15)
+        .build_cartesian_2d(0.0..x_max + 0.5, 0.0..y_max * 1.15)
         .map_err(err)?;
     chart.configure_mesh().x_desc(x_label).y_desc(y_label).draw().map_err(err)?;
     for (i, (name, pts)) in series.iter().enumerate() {

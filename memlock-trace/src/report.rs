@@ -86,7 +86,7 @@ fn assess(run: &ScenarioRun) -> Vec<Verdict> {
             v.push(claim("MCL_CURRENT does not slow thread creation (ratio to off ~1)", "0.99, 1.01, 1.00, 1.03 for P=1,2,4,8", fmt(&a), a.iter().all(|x| (0.75..1.33).contains(x)), "MCL_CURRENT locks what exists; new stacks are not locked"));
             let falls = b.len() >= 2 && b.last() < b.first() && b.last().is_some_and(|&x| x < 0.95);
             v.push(claim("MCL_FUTURE slows thread creation more as processes are added", "0.97, 0.89, 0.61, 0.35 for P=1,2,4,8", fmt(&b), falls, "every new stack mapping is populated and locked at once; with glibc's stack cache most threads reuse a stack, so the cost grows with contention on the mm and the two cores here rather than per thread"));
-            let workers = results.iter().filter(|r| r["mode"] != "off").map(|r| r["processes"].as_u64().unwrap_or(0)).sum::<u64>();
+            let workers = results.iter().filter(|r| r["mode"] != "off").map(|r| r["workers"].as_u64().unwrap_or(0)).sum::<u64>();
             let traced: u64 = run.traced.values().map(|p| p["syscalls"]["mlockall"]["count"].as_u64().unwrap_or(0)).sum();
             v.push(check("one mlockall per MCL_CURRENT/MCL_FUTURE worker", workers.to_string(), traced.to_string(), traced == workers));
         }
@@ -173,7 +173,7 @@ fn draw(dir: &Path, run: &ScenarioRun) -> Result<Option<String>> {
     match run.scenario {
         Scenario::FirstTouch => {
             let (l, m, p) = (run.variant("lazy"), run.variant("mlock"), run.variant("populate"));
-            charts::bars(&path, "first touch: ns per 4 KiB page", "ns/page", &[bar("lazy touch", &l["touch_ns_per_page"]), bar("mlock call", &m["call_ns_per_page"]), bar("touch after mlock", &m["touch_ns_per_page"]), bar("MAP_POPULATE mmap", &p["call_ns_per_page"]), bar("touch after populate", &p["touch_ns_per_page"])])?;
+            charts::bars(&path, "first touch: ns per 4 KiB page", "ns/page", &[bar("lazy touch", &l["touch_ns_per_page"]), bar("mlock call", &m["call_ns_per_page"]), bar("touch, mlocked", &m["touch_ns_per_page"]), bar("populate mmap", &p["call_ns_per_page"]), bar("touch, populated", &p["touch_ns_per_page"])])?;
         }
         Scenario::ThreadCreate => {
             let results = run.own["results"].as_array().cloned().unwrap_or_default();

@@ -22,28 +22,25 @@ pub fn run(args: &ScenarioArgs) -> Result<Value> {
     }
     let mut results = Vec::new();
     let mut pids = Vec::new();
-    for mode in MODES {
-        for &processes in &args.processes {
-            let workers: Vec<Child> = (0..processes)
-                .map(|_| spawn_worker(mode, args))
-                .collect::<Result<_>>()?;
-            let mut threads = 0u64;
-            let mut secs = 0f64;
-            for w in workers {
-                pids.push(w.id());
-                let out = w.wait_with_output()?;
-                if !out.status.success() {
-                    bail!("thread-create worker ({mode}) failed: {}", out.status);
-                }
-                let v: Value = serde_json::from_slice(&out.stdout).context("worker result")?;
-                threads += v["threads"].as_u64().unwrap_or(0);
-                secs = secs.max(v["secs"].as_f64().unwrap_or(0.0));
+    // Modes interleave within each repetition, and each figure is the median of the
+    // repetitions, so a burst of noise on this shared machine hits one sample, not one mode.
+    let repetitions = args.runs.min(3);
+    for &processes in &args.processes {
+        for mode in MODES {
+            let mut rates = Vec::new();
+            let mut threads_total = 0;
+            for _ in 0..repetitions {
+                let (threads, secs) = measure(mode, processes, args, &mut pids)?;
+                threads_total += threads;
+                rates.push(threads as f64 / secs.max(1e-9));
             }
             results.push(json!({
                 "mode": mode,
                 "processes": processes,
-                "threads": threads,
-                "threads_per_sec": threads as f64 / secs.max(1e-9),
+                "workers": processes * repetitions,
+                "threads": threads_total,
+                "threads_per_sec": super::median(rates.iter().copied()),
+                "samples": rates,
             }));
         }
     }
@@ -53,6 +50,24 @@ pub fn run(args: &ScenarioArgs) -> Result<Value> {
         "results": results,
         "pids": pids,
     }))
+}
+
+/// P workers of one mode at once; returns threads created and the longest worker's time.
+fn measure(mode: &str, processes: usize, args: &ScenarioArgs, pids: &mut Vec<u32>) -> Result<(u64, f64)> {
+    let workers: Vec<Child> = (0..processes).map(|_| spawn_worker(mode, args)).collect::<Result<_>>()?;
+    let mut threads = 0u64;
+    let mut secs = 0f64;
+    for w in workers {
+        pids.push(w.id());
+        let out = w.wait_with_output()?;
+        if !out.status.success() {
+            bail!("thread-create worker ({mode}) failed: {}", out.status);
+        }
+        let v: Value = serde_json::from_slice(&out.stdout).context("worker result")?;
+        threads += v["threads"].as_u64().unwrap_or(0);
+        secs = secs.max(v["secs"].as_f64().unwrap_or(0.0));
+    }
+    Ok((threads, secs))
 }
 
 fn spawn_worker(mode: &str, args: &ScenarioArgs) -> Result<Child> {
