@@ -32,11 +32,11 @@ pub const NR_UNKNOWN: u32 = u32::MAX;
 pub const VM_LOCKED: u64 = 0x0000_2000;
 pub const VM_LOCKONFAULT: u64 = 0x0008_0000;
 
-/// Record tags, after the foundation's (syscall = 1) with room left for other families.
+/// Record tags: clear of the syscall family's (1) and the fault family's (16).
 pub mod kind {
-    pub const SNAPSHOT: u32 = 16;
-    pub const STORE: u32 = 17;
-    pub const FUNC: u32 = 18;
+    pub const SNAPSHOT: u32 = 32;
+    pub const STORE: u32 = 33;
+    pub const FUNC: u32 = 34;
 }
 
 /// [`SnapshotEvent::phase`] and [`FuncEvent::phase`].
