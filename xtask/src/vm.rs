@@ -50,7 +50,7 @@ pub struct VmTest {
 pub struct VmOptions {
     /// Run in order, each as root with `/tmp` as working directory.
     pub tests: Vec<VmTest>,
-    /// Holds the cached kernel, the scratch initramfs and `console.log`.
+    /// Holds the cached kernel, the scratch initramfs and `console-PID.log`.
     pub cache_dir: PathBuf,
     /// Limit for the guest, from qemu start to the guest powering off.
     pub timeout: Duration,
@@ -127,7 +127,8 @@ pub fn run(opts: &VmOptions) -> Result<VmReport> {
     let assets = ensure_assets(&opts.cache_dir)?;
     let scratch = ScratchDir::new(opts.cache_dir.join(format!("vm-run-{}", process::id())))?;
     let initrd = build_initramfs(opts, &scratch.0)?;
-    let console_log = opts.cache_dir.join("console.log");
+    // One log per run: concurrent runs (several worktrees) must not share it.
+    let console_log = opts.cache_dir.join(format!("console-{}.log", process::id()));
     let console = boot(&assets.vmlinuz, &initrd, opts, &console_log)?;
 
     let kernel_release = console.kernel_release.with_context(|| {
