@@ -6,6 +6,8 @@
 //! see the same bytes.
 #![no_std]
 
+pub mod process;
+
 /// Length of `task_struct.comm`, including the NUL.
 pub const TASK_COMM_LEN: usize = 16;
 
@@ -106,6 +108,9 @@ pub struct SyscallEvent {
     pub map_count_before: i32,
     pub map_count_after: i32,
     pub comm: [u8; TASK_COMM_LEN],
+    /// The calling process's start time ([`process::ProcessKey::start_ns`]): with `tgid`,
+    /// tells a process from a later one that reuses its pid.
+    pub process_start_ns: u64,
 }
 
 #[cfg(feature = "user")]
@@ -114,4 +119,7 @@ mod pod {
     unsafe impl aya::Pod for super::Config {}
     unsafe impl aya::Pod for super::KernelOffsets {}
     unsafe impl aya::Pod for super::SyscallEvent {}
+    unsafe impl aya::Pod for super::process::ProcessConfig {}
+    unsafe impl aya::Pod for super::process::ProcessOffsets {}
+    unsafe impl aya::Pod for super::process::ProcessKey {}
 }

@@ -32,7 +32,7 @@ pub static EVENTS: RingBuf = RingBuf::with_byte_size(EVENTS_BYTE_SIZE, 0);
 
 /// Thread groups to trace when `CONFIG.filter == filter::TGIDS`.
 #[map]
-static TARGET_TGIDS: HashMap<u32, u8> = HashMap::with_max_entries(MAX_TARGETS, 0);
+pub static TARGET_TGIDS: HashMap<u32, u8> = HashMap::with_max_entries(MAX_TARGETS, 0);
 
 /// The tracer's own health: see [`counter`].
 #[map]
@@ -43,10 +43,12 @@ pub fn offsets() -> KernelOffsets {
     CONFIG.load().offsets
 }
 
-/// Whether the thread group `tgid` is one the user asked to trace.
+/// Whether the thread group `tgid` is one the user asked to trace (and passes `--comm`
+/// and `--cgroup`, see `process.rs`).
 #[inline(always)]
 pub fn is_target(tgid: u32) -> bool {
-    CONFIG.load().filter == filter::ALL || TARGET_TGIDS.get_ptr(&tgid).is_some()
+    (CONFIG.load().filter == filter::ALL || TARGET_TGIDS.get_ptr(&tgid).is_some())
+        && crate::process::matches_filters()
 }
 
 #[inline(always)]

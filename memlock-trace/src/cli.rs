@@ -37,6 +37,8 @@ pub struct TraceArgs {
     /// Write JSON lines (events with --events, then the summary) instead of text.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub production: crate::cli_production::ProductionArgs,
     /// Launch COMMAND and trace it and its threads until it exits.
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<String>,

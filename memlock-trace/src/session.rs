@@ -6,6 +6,7 @@ use std::{
     io::Write as _,
     os::fd::{FromRawFd as _, OwnedFd},
     path::Path,
+    sync::Arc,
     time::Duration,
 };
 
@@ -18,7 +19,10 @@ use crate::{
     aggregate::Aggregator,
     cli::TraceArgs,
     decode::{Event, decode},
-    launch, render,
+    launch,
+    metrics::Metrics,
+    production::Production,
+    render,
     tracer::{Targets, Tracer},
 };
 
@@ -44,7 +48,8 @@ pub fn run(args: TraceArgs) -> Result<i32> {
     } else {
         Targets::Tgids(args.pids.clone())
     };
-    let mut tracer = Tracer::load(&targets)?;
+    let production = Production::setup(&args)?;
+    let mut tracer = Tracer::load_with(&targets, &production.filters)?;
     // Fork before the runtime starts any thread; the child waits until it is in the filter.
     let launched = match args.command.first() {
         Some(program) => {
@@ -57,12 +62,16 @@ pub fn run(args: TraceArgs) -> Result<i32> {
     for (family, hooks) in &tracer.hooks {
         eprintln!("memlock-trace: {family}: {hooks}");
     }
-    eprintln!("memlock-trace: tracing {}", describe_targets(&args, launched));
+    let mut described = describe_targets(&args, launched);
+    for filter in production.filters.describe() {
+        described = format!("{described}, {filter}");
+    }
+    eprintln!("memlock-trace: tracing {described}");
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("starting the tokio runtime")?;
-    runtime.block_on(event_loop(tracer, args, launched))
+    runtime.block_on(event_loop(tracer, args, launched, production))
 }
 
 fn describe_targets(args: &TraceArgs, launched: Option<u32>) -> String {
@@ -77,12 +86,20 @@ fn describe_targets(args: &TraceArgs, launched: Option<u32>) -> String {
     }
 }
 
-async fn event_loop(mut tracer: Tracer, args: TraceArgs, launched: Option<u32>) -> Result<i32> {
+async fn event_loop(mut tracer: Tracer, args: TraceArgs, launched: Option<u32>, production: Production) -> Result<i32> {
     // SAFETY: the ring buffer owns its fd for as long as the AsyncFd holds it.
     let mut ring = unsafe { AsyncFd::register(tracer.take_events()?) }
         .map_err(std::io::Error::from)
         .context("polling the ring buffer")?;
-    let mut output = Output { json: args.json, events: args.events, aggregator: Aggregator::default(), undecodable: 0 };
+    let mut output = Output {
+        json: args.json,
+        events: args.events,
+        aggregator: Aggregator::with_max_processes(production.max_processes),
+        undecodable: 0,
+        metrics: production.metrics.clone(),
+    };
+    // The kernel's loss counters change without any event arriving: refresh them for scrapes.
+    let mut health_ticker = tokio::time::interval(Duration::from_secs(1));
     let stop = wait_for_stop(&args, launched);
     tokio::pin!(stop);
     let mut ticker = args.interval.map(|secs| tokio::time::interval(Duration::from_secs_f64(secs)));
@@ -99,6 +116,7 @@ async fn event_loop(mut tracer: Tracer, args: TraceArgs, launched: Option<u32>) 
             _ = async { ticker.as_mut().expect("guarded").tick().await }, if ticker.is_some() => {
                 output.summary(&tracer, "interval")?;
             }
+            _ = health_ticker.tick(), if output.metrics.is_some() => output.update_health(&tracer)?,
             reason = &mut stop => break reason?,
         }
     };
@@ -168,15 +186,21 @@ struct Output {
     events: bool,
     aggregator: Aggregator,
     undecodable: u64,
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl Output {
     fn drain(&mut self, ring: &mut RingBuf<MapData>) {
         let mut stdout = std::io::stdout().lock();
+        let (mut received, undecodable_before) = (0, self.undecodable);
         while let Some(item) = ring.next() {
+            received += 1;
             match decode(&item) {
                 Ok(Event::Syscall(rec)) => {
                     self.aggregator.record_syscall(&rec);
+                    if let Some(metrics) = &self.metrics {
+                        metrics.syscalls.record(&rec);
+                    }
                     if self.events {
                         let line = if self.json {
                             render::syscall_json(&rec).to_string()
@@ -190,11 +214,27 @@ impl Output {
             }
         }
         let _ = stdout.flush();
+        if let Some(metrics) = &self.metrics {
+            metrics.health.record_events(received, self.undecodable - undecodable_before);
+        }
+    }
+
+    /// The tracer's health with the aggregator's evictions, pushed to the metrics.
+    fn update_health(&self, tracer: &Tracer) -> Result<()> {
+        if let Some(metrics) = &self.metrics {
+            let mut health = tracer.health()?;
+            health.processes.evicted_processes = self.aggregator.evicted_processes();
+            metrics.health.update(&health);
+        }
+        Ok(())
     }
 
     fn summary(&self, tracer: &Tracer, kind: &'static str) -> Result<()> {
         let mut summary = self.aggregator.summary(tracer.health()?);
         summary.kind = kind;
+        if let Some(metrics) = &self.metrics {
+            metrics.health.update(&summary.health);
+        }
         let mut stdout = std::io::stdout().lock();
         if self.json {
             writeln!(stdout, "{}", serde_json::to_string(&summary)?)?;

@@ -8,9 +8,10 @@ use aya::{
     maps::{HashMap, MapData, PerCpuArray, RingBuf},
     programs::{ProgramError, TracePoint},
 };
-use memlock_trace_common::{Config, counter, filter, names};
+use memlock_trace_common::{Config, counter, filter, names, process::ProcessConfig};
 
 use crate::{
+    filter::{Filters, ProcessHealth},
     probe::{self, KernelBtf},
     syscall::Syscall,
 };
@@ -36,11 +37,13 @@ pub struct Health {
     pub untracked_calls: u64,
     /// Kernel reads that failed (fields reported as 0).
     pub failed_reads: u64,
+    /// Fork/exit tracking and the per-process table (see `filter.rs`).
+    pub processes: ProcessHealth,
 }
 
 /// Loaded and attached programs; dropping it detaches everything.
 pub struct Tracer {
-    ebpf: Ebpf,
+    pub(crate) ebpf: Ebpf,
     targets: HashMap<MapData, u32, u8>,
     /// Hook family -> the hooks it uses on this kernel, for the user to see.
     pub hooks: BTreeMap<&'static str, String>,
@@ -50,6 +53,11 @@ impl Tracer {
     /// Checks privileges and kernel support, loads the programs with this kernel's struct
     /// offsets and attaches them.
     pub fn load(targets: &Targets) -> Result<Self> {
+        Self::load_with(targets, &Filters::default())
+    }
+
+    /// [`Tracer::load`] with `--comm`, `--cgroup` and `--follow-children`.
+    pub fn load_with(targets: &Targets, filters: &Filters) -> Result<Self> {
         probe::check_privileges()?;
         probe::ensure_tracefs()?;
         let btf = KernelBtf::load()?;
@@ -61,7 +69,8 @@ impl Tracer {
             _pad: 0,
             offsets: btf.offsets()?,
         };
-        let mut ebpf = load_object(&config)?;
+        let process = filters.process_config(&btf)?;
+        let mut ebpf = load_object_with(&config, &process, filters.max_targets)?;
 
         let targets_map = ebpf
             .take_map(names::TARGET_TGIDS)
@@ -72,6 +81,8 @@ impl Tracer {
             hooks: BTreeMap::new(),
         };
         if let Targets::Tgids(tgids) = targets {
+            let hooks = crate::filter::attach(&mut tracer.ebpf, filters)?;
+            tracer.hooks.insert("processes", hooks);
             for &tgid in tgids {
                 tracer.add_target(tgid)?;
             }
@@ -141,6 +152,7 @@ impl Tracer {
             dropped_events: sum(counter::RINGBUF_DROPPED)?,
             untracked_calls: sum(counter::INFLIGHT_FULL)?,
             failed_reads: sum(counter::READ_FAILED)?,
+            processes: crate::filter::health(&self.ebpf)?,
         })
     }
 }
@@ -148,8 +160,20 @@ impl Tracer {
 /// Creates the object's maps with `config` baked into its read-only globals; no program is
 /// loaded yet.
 pub fn load_object(config: &Config) -> Result<Ebpf> {
-    EbpfLoader::new()
+    load_object_with(config, &ProcessConfig::default(), None)
+}
+
+/// [`load_object`] with the process filters' global and, optionally, another capacity for
+/// the target set than `MAX_TARGETS`.
+pub fn load_object_with(config: &Config, process: &ProcessConfig, max_targets: Option<u32>) -> Result<Ebpf> {
+    let mut loader = EbpfLoader::new();
+    loader
         .override_global(names::CONFIG, config, true)
+        .override_global(memlock_trace_common::process::names::PROCESS_CONFIG, process, true);
+    if let Some(max) = max_targets {
+        loader.map_max_entries(names::TARGET_TGIDS, max);
+    }
+    loader
         .load(EBPF_OBJECT)
         .context("creating the eBPF maps failed (is RLIMIT_MEMLOCK too low on a kernel older than 5.11?)")
 }
