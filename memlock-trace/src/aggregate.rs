@@ -77,6 +77,7 @@ impl Aggregator {
         health.processes.evicted_processes = self.processes.evicted();
         Summary {
             kind: "summary",
+            schema: crate::render::JSON_SCHEMA,
             processes: self
                 .processes
                 .iter()
@@ -122,6 +123,7 @@ impl SyscallStats {
 pub struct Summary {
     #[serde(rename = "type")]
     pub kind: &'static str,
+    pub schema: u32,
     pub processes: Vec<ProcessSummary>,
     pub dropped_events: u64,
     pub health: Health,

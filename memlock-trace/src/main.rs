@@ -49,6 +49,7 @@ fn run_probe(json: bool) -> anyhow::Result<()> {
     if json {
         let report = serde_json::json!({
             "type": "probe",
+            "schema": memlock_trace::render::JSON_SCHEMA,
             "kernel": kernel,
             "capabilities": capabilities,
             "hooks": tracer.hooks,
