@@ -56,6 +56,8 @@ pub enum Command {
     /// Run a bundled workload (used by `cargo xtask run` and the tests).
     Workload {
         name: WorkloadName,
+        #[command(flatten)]
+        params: crate::cli_production::WorkloadParams,
         /// Write the workload's own measurements here as JSON.
         #[arg(long, value_name = "FILE")]
         report: Option<PathBuf>,
@@ -66,6 +68,10 @@ pub enum Command {
 pub enum WorkloadName {
     /// One of each mlock-family call, one of them failing.
     Syscalls,
+    /// Fork --count children that all exist at once; each makes --calls mlock calls.
+    Children,
+    /// --threads threads each making --calls failing mlock calls as fast as they can.
+    Flood,
 }
 
 fn positive_secs(s: &str) -> Result<f64, String> {

@@ -34,6 +34,23 @@ pub struct ProductionArgs {
     pub max_targets: Option<u32>,
 }
 
+/// Parameters of the `children` and `flood` workloads.
+#[derive(Debug, Args, Clone)]
+pub struct WorkloadParams {
+    /// `children`: how many children.
+    #[arg(long, default_value_t = 4)]
+    pub count: u32,
+    /// mlock calls per child (`children`) or per thread (`flood`).
+    #[arg(long, default_value_t = 1)]
+    pub calls: u32,
+    /// `flood`: how many threads.
+    #[arg(long, default_value_t = 2)]
+    pub threads: u32,
+    /// `flood`: wait for one byte on stdin before starting.
+    #[arg(long)]
+    pub wait_stdin: bool,
+}
+
 fn listen_addr(s: &str) -> Result<SocketAddr, String> {
     let full = match s.strip_prefix(':') {
         Some(port) => format!("0.0.0.0:{port}"),

@@ -14,7 +14,9 @@ fn main() -> ExitCode {
     let result = match cli.command {
         None => session::run(cli.trace),
         Some(Command::Probe { json }) => run_probe(json).map(|()| 0),
-        Some(Command::Workload { name, report }) => run_workload(name, report.as_deref()).map(|()| 0),
+        Some(Command::Workload { name, report, params }) => {
+            run_workload(name, report.as_deref(), &params).map(|()| 0)
+        }
     };
     match result {
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
@@ -29,9 +31,19 @@ fn main() -> ExitCode {
     }
 }
 
-fn run_workload(name: WorkloadName, report: Option<&std::path::Path>) -> anyhow::Result<()> {
+fn run_workload(
+    name: WorkloadName,
+    report: Option<&std::path::Path>,
+    params: &memlock_trace::cli_production::WorkloadParams,
+) -> anyhow::Result<()> {
     let calls = match name {
-        WorkloadName::Syscalls => workload::syscalls::run()?,
+        WorkloadName::Syscalls => serde_json::to_value(workload::syscalls::run()?)?,
+        WorkloadName::Children => serde_json::to_value(workload::children::run(params.count, params.calls)?)?,
+        WorkloadName::Flood => serde_json::to_value(workload::flood::run(
+            params.threads,
+            u64::from(params.calls),
+            params.wait_stdin,
+        )?)?,
     };
     let json = serde_json::to_string_pretty(&calls)?;
     match report {
