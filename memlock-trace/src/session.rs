@@ -66,12 +66,11 @@ pub fn run(args: TraceArgs) -> Result<i32> {
     for filter in production.filters.describe() {
         described = format!("{described}, {filter}");
     }
-    eprintln!("memlock-trace: tracing {described}");
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("starting the tokio runtime")?;
-    runtime.block_on(event_loop(tracer, args, launched, production))
+    runtime.block_on(event_loop(tracer, args, launched, production, described))
 }
 
 fn describe_targets(args: &TraceArgs, launched: Option<u32>) -> String {
@@ -86,7 +85,17 @@ fn describe_targets(args: &TraceArgs, launched: Option<u32>) -> String {
     }
 }
 
-async fn event_loop(mut tracer: Tracer, args: TraceArgs, launched: Option<u32>, production: Production) -> Result<i32> {
+async fn event_loop(
+    mut tracer: Tracer,
+    args: TraceArgs,
+    launched: Option<u32>,
+    production: Production,
+    described: String,
+) -> Result<i32> {
+    // Handlers first, then the "tracing" line: a Ctrl-C from then on always gets a summary.
+    let sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    eprintln!("memlock-trace: tracing {described}");
     // SAFETY: the ring buffer owns its fd for as long as the AsyncFd holds it.
     let mut ring = unsafe { AsyncFd::register(tracer.take_events()?) }
         .map_err(std::io::Error::from)
@@ -100,7 +109,7 @@ async fn event_loop(mut tracer: Tracer, args: TraceArgs, launched: Option<u32>, 
     };
     // The kernel's loss counters change without any event arriving: refresh them for scrapes.
     let mut health_ticker = tokio::time::interval(Duration::from_secs(1));
-    let stop = wait_for_stop(&args, launched);
+    let stop = wait_for_stop(&args, launched, sigint, sigterm);
     tokio::pin!(stop);
     let mut ticker = args.interval.map(|secs| tokio::time::interval(Duration::from_secs_f64(secs)));
     if let Some(t) = ticker.as_mut() {
@@ -135,9 +144,12 @@ async fn event_loop(mut tracer: Tracer, args: TraceArgs, launched: Option<u32>, 
     })
 }
 
-async fn wait_for_stop(args: &TraceArgs, launched: Option<u32>) -> Result<Stop> {
-    let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
-    let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+async fn wait_for_stop(
+    args: &TraceArgs,
+    launched: Option<u32>,
+    mut sigint: tokio::signal::unix::Signal,
+    mut sigterm: tokio::signal::unix::Signal,
+) -> Result<Stop> {
     let duration = args.duration.map(Duration::from_secs_f64);
     let command = async {
         match launched {
