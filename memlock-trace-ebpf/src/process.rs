@@ -66,7 +66,7 @@ pub fn process_fork(ctx: BtfTracePointContext) -> i32 {
         return 0;
     }
     let parent_tgid = ctx.tgid();
-    if TARGET_TGIDS.get_ptr(&parent_tgid).is_none() {
+    if TARGET_TGIDS.get_ptr(parent_tgid).is_none() {
         return 0;
     }
     let child: u64 = ctx.arg(1);
@@ -75,7 +75,7 @@ pub fn process_fork(ctx: BtfTracePointContext) -> i32 {
     if child_tgid == 0 || child_tgid == parent_tgid {
         return 0;
     }
-    if TARGET_TGIDS.insert(&child_tgid, &1, 0).is_err() {
+    if TARGET_TGIDS.insert(child_tgid, 1, 0).is_err() {
         count(counter::CHILDREN_NOT_FOLLOWED);
     } else {
         count(counter::CHILDREN_FOLLOWED);
@@ -88,7 +88,7 @@ pub fn process_fork(ctx: BtfTracePointContext) -> i32 {
 #[btf_tracepoint(function = "sched_process_exit")]
 pub fn process_exit(ctx: BtfTracePointContext) -> i32 {
     let tgid = ctx.tgid();
-    if TARGET_TGIDS.get_ptr(&tgid).is_none() {
+    if TARGET_TGIDS.get_ptr(tgid).is_none() {
         return 0;
     }
     let off = PROCESS_CONFIG.load().offsets;
@@ -97,7 +97,7 @@ pub fn process_exit(ctx: BtfTracePointContext) -> i32 {
     // do_exit() decrements signal->live before this tracepoint: 0 means the whole group is
     // exiting (kernel/exit.c, `group_dead = atomic_dec_and_test(&tsk->signal->live)`).
     let live: i32 = read_kernel(signal, off.signal_live);
-    if signal != 0 && live == 0 && TARGET_TGIDS.remove(&tgid).is_ok() {
+    if signal != 0 && live == 0 && TARGET_TGIDS.remove(tgid).is_ok() {
         count(counter::TARGETS_EXITED);
     }
     0

@@ -47,7 +47,7 @@ pub fn offsets() -> KernelOffsets {
 /// and `--cgroup`, see `process.rs`).
 #[inline(always)]
 pub fn is_target(tgid: u32) -> bool {
-    (CONFIG.load().filter == filter::ALL || TARGET_TGIDS.get_ptr(&tgid).is_some())
+    (CONFIG.load().filter == filter::ALL || TARGET_TGIDS.get_ptr(tgid).is_some())
         && crate::process::matches_filters()
 }
 

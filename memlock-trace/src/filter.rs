@@ -151,11 +151,7 @@ impl Cgroup {
             .with_context(|| format!("statfs {}", path.display()))?
             .filesystem_type()
             .0;
-        #[expect(
-            clippy::unnecessary_cast,
-            reason = "f_type is i64 or u32 depending on the libc"
-        )]
-        if fs_type as i64 != CGROUP2_SUPER_MAGIC {
+        if fs_type != CGROUP2_SUPER_MAGIC {
             return Err(UsageError(format!(
                 "`{}` is not on a cgroup v2 filesystem (cgroup v1 is not supported)",
                 path.display()
@@ -215,12 +211,11 @@ fn unescape_mountinfo(field: &str) -> String {
         if bytes[i] == b'\\'
             && i + 3 < bytes.len()
             && bytes[i + 1..i + 4].iter().all(u8::is_ascii_digit)
+            && let Ok(v) = u8::from_str_radix(&field[i + 1..i + 4], 8)
         {
-            if let Ok(v) = u8::from_str_radix(&field[i + 1..i + 4], 8) {
-                out.push(v);
-                i += 4;
-                continue;
-            }
+            out.push(v);
+            i += 4;
+            continue;
         }
         out.push(bytes[i]);
         i += 1;
