@@ -291,6 +291,23 @@ pub fn attach(ebpf: &mut Ebpf, filters: &Filters) -> Result<String> {
     Ok(hooks.join(", "))
 }
 
+/// Debian and Ubuntu patch the kernel so that `kernel.perf_event_paranoid` 3 (their default)
+/// refuses `perf_event_open` to everyone without CAP_SYS_ADMIN, CAP_PERFMON included: a
+/// least-privilege tracer then fails with EACCES attaching its first tracepoint. Says so.
+pub fn perf_paranoid_hint(refusal: &str) -> String {
+    let paranoid = std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
+        .ok()
+        .and_then(|v| v.trim().parse::<i32>().ok());
+    match paranoid {
+        Some(level) if level > 2 && refusal.contains("perf_event_open") && refusal.contains("os error 13") => format!(
+            "\nkernel.perf_event_paranoid is {level}: this kernel then lets only CAP_SYS_ADMIN \
+             open perf events (a Debian/Ubuntu patch; CAP_PERFMON is not enough). Run as root, or \
+             `sysctl kernel.perf_event_paranoid=2` to keep to CAP_BPF + CAP_PERFMON"
+        ),
+        _ => String::new(),
+    }
+}
+
 /// What fork/exit tracking did, summed over CPUs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct ProcessHealth {

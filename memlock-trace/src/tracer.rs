@@ -213,5 +213,6 @@ pub fn hook_refused(program: &str, kind: &str, error: ProgramError) -> anyhow::E
             ""
         }
     );
+    message.push_str(&crate::filter::perf_paranoid_hint(&message));
     anyhow!(message)
 }
