@@ -6,6 +6,7 @@
 //! [`launch`] starts traced commands, [`workload`] holds the bundled workloads.
 
 pub mod aggregate;
+pub mod charts;
 pub mod cli;
 pub mod cli_production;
 pub mod decode;
@@ -16,7 +17,9 @@ pub mod probe;
 pub mod processes;
 pub mod production;
 pub mod render;
+pub mod report;
 pub mod session;
+pub mod suite;
 pub mod syscall;
 pub mod tracer;
 pub mod workload;

@@ -14,6 +14,8 @@ fn main() -> ExitCode {
     let result = match cli.command {
         None => session::run(cli.trace),
         Some(Command::Probe { json }) => run_probe(json).map(|()| 0),
+        Some(Command::Suite(args)) => memlock_trace::suite::run(args).map(|()| 0),
+        Some(Command::Scenario { name, args, report }) => run_scenario(name, &args, report.as_deref()).map(|()| 0),
         Some(Command::Workload { name, report, params }) => {
             run_workload(name, report.as_deref(), &params).map(|()| 0)
         }
@@ -75,6 +77,20 @@ fn run_probe(json: bool) -> anyhow::Result<()> {
     }
     for (family, hooks) in &tracer.hooks {
         println!("hooks {family}: {hooks}");
+    }
+    Ok(())
+}
+
+fn run_scenario(
+    name: workload::scenario::Scenario,
+    args: &workload::scenario::ScenarioArgs,
+    report: Option<&std::path::Path>,
+) -> anyhow::Result<()> {
+    let result = workload::scenario::run(name, args).map_err(|e| UsageError(format!("{e:#}")))?;
+    let json = serde_json::to_string(&result)?;
+    match report {
+        Some(path) => std::fs::write(path, json)?,
+        None => println!("{json}"),
     }
     Ok(())
 }

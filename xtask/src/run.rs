@@ -1,27 +1,40 @@
-//! `cargo xtask run`: build in release mode and run the bundled workload under the tracer.
+//! `cargo xtask run`: build in release mode and run every reference experiment under the
+//! tracer (`memlock-trace suite`), writing the report to target/memlock-trace-report/.
 
 use std::{path::PathBuf, process::Command};
 
 use anyhow::Result;
 
-use crate::util::run as run_cmd;
+use crate::{util::run as run_cmd, vm};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Also print every traced call.
+    /// Run only this scenario (repeatable), e.g. `--scenario first-touch`.
     #[arg(long)]
-    events: bool,
+    scenario: Vec<String>,
+    /// Tiny sizes: a quick check rather than a measurement.
+    #[arg(long)]
+    tiny: bool,
+    /// More `memlock-trace suite` options (sizes, counts), after `--`.
+    #[arg(last = true)]
+    suite_args: Vec<String>,
 }
 
 pub fn run(args: &Args) -> Result<()> {
+    // vm-memory boots the stock kernel under qemu: the same assets as the VM test stage.
+    vm::ensure_assets(&vm::cache_dir())?;
     run_cmd(Command::new("cargo").args(["build", "--release", "-p", "memlock-trace"]))?;
     let tracer = workspace_root().join("target/release/memlock-trace");
+    let out = workspace_root().join("target/memlock-trace-report");
     let mut cmd = Command::new(&tracer);
-    if args.events {
-        cmd.arg("--events");
+    cmd.arg("suite").arg("--out").arg(&out);
+    for s in &args.scenario {
+        cmd.args(["--scenario", s]);
     }
-    cmd.arg("--").arg(&tracer).args(["workload", "syscalls"]);
-    eprintln!("xtask: {cmd:?}");
+    if args.tiny {
+        cmd.arg("--tiny");
+    }
+    cmd.args(&args.suite_args);
     run_cmd(&mut cmd)
 }
 

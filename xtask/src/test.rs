@@ -81,12 +81,17 @@ pub fn run(args: &Args) -> Result<()> {
 }
 
 fn build_test_binaries() -> Result<Vec<TestBinary>> {
-    let out = output_of(
-        Command::new("cargo")
-            .current_dir(workspace_root())
-            .args(["test", "--no-run", "--message-format=json"]),
-    )
-    .context("building the tests")?;
+    // Compiler progress goes to the terminal; the JSON artifact list comes back on stdout.
+    let out = Command::new("cargo")
+        .current_dir(workspace_root())
+        .args(["test", "--no-run", "--message-format=json"])
+        .stderr(Stdio::inherit())
+        .output()
+        .context("running cargo test --no-run")?;
+    if !out.status.success() {
+        bail!("building the tests failed ({})", out.status);
+    }
+    let out = String::from_utf8_lossy(&out.stdout);
     // `cargo test` builds the binary the integration tests run as CARGO_BIN_EXE_memlock-trace.
     let mut binaries = Vec::new();
     for line in out.lines() {
@@ -163,7 +168,7 @@ fn vm_stage(binaries: &[TestBinary], tracer: &std::path::Path) -> Result<Stage> 
     }));
     let report = vm::run(&vm::VmOptions {
         tests,
-        cache_dir: vm_cache_dir(),
+        cache_dir: vm::cache_dir(),
         timeout: Duration::from_secs(600),
         memory_mib: 2048,
         // Integration tests run the CLI by its absolute host path.
@@ -200,13 +205,6 @@ fn vm_stage(binaries: &[TestBinary], tracer: &std::path::Path) -> Result<Stage> 
         outcomes.push(outcome(&name, &result.output, result.exit_code));
     }
     Ok(Stage { title: "qemu guest", kernel: report.kernel_release, hooks, outcomes, secs: start.elapsed().as_secs_f64() })
-}
-
-fn vm_cache_dir() -> PathBuf {
-    std::env::var_os("HOME")
-        .map(|h| PathBuf::from(h).join(".cache"))
-        .unwrap_or_else(|| PathBuf::from("/tmp"))
-        .join("memlock-trace/vm")
 }
 
 /// Sums libtest's `test result: ok. N passed; M failed; ...` lines.

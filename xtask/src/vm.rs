@@ -89,6 +89,15 @@ pub struct VmAssets {
     pub kernel_release: String,
 }
 
+/// Where the kernel image and scratch files live, shared by the test stage and the
+/// vm-memory scenario.
+pub fn cache_dir() -> PathBuf {
+    std::env::var_os("HOME")
+        .map(|h| PathBuf::from(h).join(".cache"))
+        .unwrap_or_else(|| PathBuf::from("/tmp"))
+        .join("memlock-trace/vm")
+}
+
 /// Installs the host tools (qemu-system-x86, busybox-static, cpio) with
 /// apt-get if any is missing, running `apt-get update` only then, and
 /// fetches the stock cloud kernel into `cache_dir/kernel` unless it is there
@@ -359,7 +368,7 @@ mount -t debugfs debugfs /sys/kernel/debug
 mount -t bpf bpf /sys/fs/bpf
 ip link set lo up
 ulimit -l unlimited
-export PATH=/bin:/sbin:/usr/bin:/usr/sbin HOME=/tmp RUST_BACKTRACE=1
+export PATH=/bin:/sbin:/usr/bin:/usr/sbin HOME=/tmp RUST_BACKTRACE=1 MEMLOCK_TRACE_IN_VM=1
 cd /tmp
 echo {KERNEL_MARK} $(uname -r)
 "

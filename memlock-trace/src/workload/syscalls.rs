@@ -62,7 +62,7 @@ pub fn run() -> Result<Vec<Call>> {
     Ok(calls)
 }
 
-fn measured(syscall: Syscall, call: impl FnOnce() -> i64) -> Call {
+pub fn measured(syscall: Syscall, call: impl FnOnce() -> i64) -> Call {
     let before = Faults::thread();
     let ret = call();
     let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
