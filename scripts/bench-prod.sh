@@ -25,9 +25,10 @@ map_kb() { cat /proc/"$1"/fdinfo/* 2>/dev/null | awk '/^memlock:/ {s += $2} END 
 json() { sed -n "s/.*\"$1\": *\([0-9.e+-]*\).*/\1/p" "$2" | head -1; }
 
 start_tracer() { # args...; sets TPID, waits until attached
+  rm -f "$WORK/tracer.err" "$WORK/tracer.out" # else the last run's "tracing" line would do
   "$BIN" --json "$@" >"$WORK/tracer.out" 2>"$WORK/tracer.err" &
   TPID=$!
-  for _ in $(seq 500); do grep -q "memlock-trace: tracing" "$WORK/tracer.err" && return; sleep 0.02; done
+  for _ in $(seq 500); do grep -qs "memlock-trace: tracing" "$WORK/tracer.err" && return; sleep 0.02; done
   cat "$WORK/tracer.err" >&2; exit 1
 }
 stop_tracer() { kill -INT "$TPID"; wait "$TPID" || true; }

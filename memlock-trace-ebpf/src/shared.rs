@@ -2,6 +2,7 @@
 
 use aya_ebpf::{
     Global,
+    bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
     helpers::{bpf_get_current_task, bpf_probe_read_kernel},
     macros::map,
     maps::{HashMap, PerCpuArray, RingBuf},
@@ -49,6 +50,17 @@ pub fn offsets() -> KernelOffsets {
 pub fn is_target(tgid: u32) -> bool {
     (CONFIG.load().filter == filter::ALL || TARGET_TGIDS.get_ptr(tgid).is_some())
         && crate::process::matches_filters()
+}
+
+/// Flags for `submit`: wake the reader only once a batch is waiting (see
+/// [`memlock_trace_common::EVENTS_WAKEUP_BYTES`]).
+#[inline(always)]
+pub fn submit_flags() -> u64 {
+    if EVENTS.query(u64::from(BPF_RB_AVAIL_DATA)) >= memlock_trace_common::EVENTS_WAKEUP_BYTES {
+        u64::from(BPF_RB_FORCE_WAKEUP)
+    } else {
+        u64::from(BPF_RB_NO_WAKEUP)
+    }
 }
 
 #[inline(always)]

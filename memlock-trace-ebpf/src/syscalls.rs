@@ -158,5 +158,5 @@ fn exit(ctx: &TracePointContext) {
         comm: bpf_get_current_comm().unwrap_or_default(),
         process_start_ns: crate::process::current_process_start_ns(),
     });
-    slot.submit(0);
+    slot.submit(crate::shared::submit_flags());
 }

@@ -109,6 +109,9 @@ async fn event_loop(
     };
     // The kernel's loss counters change without any event arriving: refresh them for scrapes.
     let mut health_ticker = tokio::time::interval(Duration::from_secs(1));
+    // Small batches do not wake us (`EVENTS_WAKEUP_BYTES`): drain on a timer as well.
+    let mut drain_ticker =
+        tokio::time::interval(Duration::from_millis(memlock_trace_common::DRAIN_INTERVAL_MS));
     let stop = wait_for_stop(&args, launched, sigint, sigterm);
     tokio::pin!(stop);
     let mut ticker = args.interval.map(|secs| tokio::time::interval(Duration::from_secs_f64(secs)));
@@ -126,6 +129,7 @@ async fn event_loop(
                 output.summary(&tracer, "interval")?;
             }
             _ = health_ticker.tick(), if output.metrics.is_some() => output.update_health(&tracer)?,
+            _ = drain_ticker.tick() => output.drain(ring.get_mut()),
             reason = &mut stop => break reason?,
         }
     };
