@@ -24,7 +24,7 @@ pub const EVENTS_BYTE_SIZE: u32 = 1 << 20;
 /// Bytes waiting in the ring buffer past which a submit wakes the reader. Below it no
 /// wakeup is sent and the reader drains on its own timer (`DRAIN_INTERVAL_MS`): a wakeup per
 /// event costs the traced thread a cross-CPU wakeup on every call (see BENCHMARKS.md).
-pub const EVENTS_WAKEUP_BYTES: u64 = (EVENTS_BYTE_SIZE / 4) as u64;
+pub const EVENTS_WAKEUP_BYTES: u64 = (EVENTS_BYTE_SIZE / 16) as u64;
 /// How often the reader drains the ring buffer without being woken.
 pub const DRAIN_INTERVAL_MS: u64 = 20;
 /// Most processes `-p`/launch mode can follow at once.
