@@ -164,7 +164,10 @@ fn cgroup_filter_covers_the_cgroup_and_its_descendants() {
 
 /// `memlock-trace --json ARGS -- memlock-trace workload children --count N --calls K`.
 fn children_run(tracer_args: &[&str], count: u32, calls: u32) -> (serde_json::Value, Vec<u32>) {
-    let report = std::env::temp_dir().join(format!("memlock-trace-children-{}-{count}.json", std::process::id()));
+    // Tests run in parallel under plain `cargo test`: one report file per call.
+    static RUN: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let run = RUN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let report = std::env::temp_dir().join(format!("memlock-trace-children-{}-{run}.json", std::process::id()));
     let out = Command::new(BIN)
         .arg("--json")
         .args(tracer_args)
