@@ -305,6 +305,7 @@ fn build_initramfs(opts: &VmOptions, dir: &Path) -> Result<PathBuf> {
             Some(_) => {}
             None => {
                 install_file(&test.binary, &root, &guest)?;
+                strip_debug(&root.join(&guest[1..]));
                 for lib in shared_libraries(&test.binary)? {
                     install_file(&lib, &root, &lib.to_string_lossy())?;
                 }
@@ -325,6 +326,7 @@ fn build_initramfs(opts: &VmOptions, dir: &Path) -> Result<PathBuf> {
 
     for (host, guest) in &opts.extra_files {
         install_file(host, &root, guest)?;
+        strip_debug(&root.join(guest.trim_start_matches('/')));
     }
     let init = root.join("init");
     fs::write(&init, script)?;
@@ -373,6 +375,21 @@ cd /tmp
 echo {KERNEL_MARK} $(uname -r)
 "
     )
+}
+
+/// Drops the DWARF of a copied binary (symbols stay, so backtraces still name functions):
+/// a debug test binary is ~60 MB, mostly debug info, and the initramfs is unpacked into
+/// guest RAM, where a dozen of them no longer fit. Best effort: a failure keeps the copy whole.
+fn strip_debug(path: &Path) {
+    let stripped = Command::new("strip")
+        .arg("--strip-debug")
+        .arg(path)
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !stripped {
+        eprintln!("xtask: warning: could not strip {}; the guest may run out of memory", path.display());
+    }
 }
 
 /// Copies `host` to the absolute `guest` path under `root`, keeping its permissions.
