@@ -3,6 +3,7 @@
 #![no_main]
 
 mod capabilities;
+mod process;
 mod shared;
 mod syscalls;
 mod vma;

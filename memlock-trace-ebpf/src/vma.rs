@@ -133,7 +133,7 @@ fn enter(ctx: &TracePointContext, ranged: bool) {
 #[inline(always)]
 fn snapshot(tgid: u32, tid: u32, phase: u32, call: &CallRange) {
     let Some(mut slot) = EVENTS.reserve::<SnapshotEvent>(0) else {
-        count(counter::RINGBUF_DROPPED);
+        count(counter::VMA_DROPPED);
         return;
     };
     let event = slot.as_mut_ptr();
@@ -306,7 +306,7 @@ pub fn vma_ma_write(ctx: BtfTracePointContext) -> i32 {
     }
     let (nr, args) = current_syscall(&off);
     let Some(mut slot) = EVENTS.reserve::<StoreEvent>(0) else {
-        count(counter::RINGBUF_DROPPED);
+        count(counter::VMA_DROPPED);
         return 0;
     };
     let mut event = StoreEvent {
@@ -376,7 +376,7 @@ fn function_event(ctx: *mut c_void, hook: u32, phase: u32) {
     };
     let spec = unsafe { &*spec };
     let Some(mut slot) = EVENTS.reserve::<FuncEvent>(0) else {
-        count(counter::RINGBUF_DROPPED);
+        count(counter::VMA_DROPPED);
         return;
     };
     let (nr, _) = current_syscall(&config.offsets);

@@ -41,6 +41,8 @@ pub struct TraceArgs {
     /// default only those of mlock-family calls and of VMAs with VM_LOCKED/VM_LOCKONFAULT).
     #[arg(long)]
     pub all_vma_changes: bool,
+    #[command(flatten)]
+    pub production: crate::cli_production::ProductionArgs,
     /// Launch COMMAND and trace it and its threads until it exits.
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<String>,
@@ -69,6 +71,8 @@ pub enum Command {
     /// Run a bundled workload (used by `cargo xtask run` and the tests).
     Workload {
         name: WorkloadName,
+        #[command(flatten)]
+        params: crate::cli_production::WorkloadParams,
         /// Write the workload's own measurements here as JSON.
         #[arg(long, value_name = "FILE")]
         report: Option<PathBuf>,
@@ -86,6 +90,10 @@ pub enum Command {
 pub enum WorkloadName {
     /// One of each mlock-family call, one of them failing.
     Syscalls,
+    /// Fork --count children that all exist at once; each makes --calls mlock calls.
+    Children,
+    /// --threads threads each making --calls failing mlock calls as fast as they can.
+    Flood,
 }
 
 fn positive_secs(s: &str) -> Result<f64, String> {

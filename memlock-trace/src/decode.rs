@@ -117,6 +117,7 @@ mod tests {
             map_count_before: 5,
             map_count_after: 7,
             comm,
+            process_start_ns: 12_345,
         }
     }
 

@@ -9,9 +9,14 @@
 pub mod aggregate;
 pub mod charts;
 pub mod cli;
+pub mod cli_production;
 pub mod decode;
+pub mod filter;
 pub mod launch;
+pub mod metrics;
 pub mod probe;
+pub mod processes;
+pub mod production;
 pub mod render;
 pub mod report;
 pub mod session;

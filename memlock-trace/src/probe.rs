@@ -198,8 +198,15 @@ pub fn check_privileges() -> Result<()> {
 /// Mounts tracefs if it is not mounted yet (a fresh machine has it unmounted, and aya reads
 /// tracepoint ids from it).
 pub fn ensure_tracefs() -> Result<()> {
-    if Path::new(TRACEFS).join("events").exists() {
-        return Ok(());
+    match fs::metadata(Path::new(TRACEFS).join("events")) {
+        Ok(_) => return Ok(()),
+        // Mounted, but mode 0700: without root, reading tracepoint ids needs the capability.
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => bail!(
+            "cannot read tracefs at {TRACEFS} (mode 0700): run memlock-trace as root or grant \
+             CAP_DAC_READ_SEARCH too (`setcap cap_bpf,cap_perfmon,cap_dac_read_search+ep`), \
+             which it needs to read tracepoint ids"
+        ),
+        Err(_) => {}
     }
     nix::mount::mount(
         Some("tracefs"),

@@ -6,6 +6,10 @@ use serde_json::json;
 
 use crate::{aggregate::Summary, decode::SyscallRecord, syscall::errno_name};
 
+/// Version of the JSON lines (`"schema"` in every line). Adding a field keeps it; renaming,
+/// removing or retyping one bumps it. Documented in the README.
+pub const JSON_SCHEMA: u32 = 1;
+
 /// `us` with one decimal below 10 ms, then ms.
 pub fn duration(ns: u64) -> String {
     if ns < 10_000_000 {
@@ -41,6 +45,7 @@ pub fn syscall_json(rec: &SyscallRecord) -> serde_json::Value {
     let r = &rec.raw;
     json!({
         "type": "syscall",
+        "schema": JSON_SCHEMA,
         "pid": r.tgid,
         "tid": r.tid,
         "comm": rec.comm(),
@@ -67,7 +72,13 @@ pub fn summary_text(summary: &Summary) -> String {
         out.push_str("no mlock-family calls traced\n");
     }
     for p in &summary.processes {
-        let _ = writeln!(out, "pid {} ({})", p.pid, p.comm);
+        // A reused pid: the start time tells the processes apart.
+        let started = if summary.processes.iter().filter(|q| q.pid == p.pid).count() > 1 {
+            format!(", started {:.3}s after boot", p.start_ns as f64 / 1e9)
+        } else {
+            String::new()
+        };
+        let _ = writeln!(out, "pid {} ({}){started}", p.pid, p.comm);
         let _ = writeln!(
             out,
             "  {:<11} {:>7}  {:>9} {:>9} {:>9} {:>9}  {:>10} {:>10}  errors",
@@ -103,14 +114,23 @@ pub fn summary_text(summary: &Summary) -> String {
         out,
         "dropped events: {}{}",
         h.dropped_events,
-        if h.untracked_calls + h.failed_reads > 0 {
+        if h.untracked_calls + h.failed_reads + h.dropped_vma_records > 0 {
             format!(
-                " (calls not tracked: {}, failed kernel reads: {})",
-                h.untracked_calls, h.failed_reads
+                " (calls not tracked: {}, failed kernel reads: {}, VMA records dropped: {})",
+                h.untracked_calls, h.failed_reads, h.dropped_vma_records
             )
         } else {
             String::new()
         }
     );
+    let p = &h.processes;
+    if p.children_not_followed + p.evicted_processes > 0 {
+        let _ = writeln!(
+            out,
+            "children not followed (target map full): {}, processes evicted from this summary \
+             (--max-processes): {}",
+            p.children_not_followed, p.evicted_processes
+        );
+    }
     out
 }

@@ -7,6 +7,7 @@ use std::{
     io::Write as _,
     os::fd::{FromRawFd as _, OwnedFd},
     path::Path,
+    sync::Arc,
     time::Duration,
 };
 
@@ -19,7 +20,10 @@ use crate::{
     aggregate::Aggregator,
     cli::TraceArgs,
     decode::{Event, decode},
-    launch, render,
+    launch,
+    metrics::Metrics,
+    production::Production,
+    render,
     tracer::{Options, Targets, Tracer, VmaHooks},
     vma,
 };
@@ -46,7 +50,12 @@ pub fn run(args: TraceArgs) -> Result<i32> {
     } else {
         Targets::Tgids(args.pids.clone())
     };
-    let options = Options { all_vma_stores: args.all_vma_changes, ..Options::default() };
+    let production = Production::setup(&args)?;
+    let options = Options {
+        all_vma_stores: args.all_vma_changes,
+        filters: production.filters.clone(),
+        ..Options::default()
+    };
     let mut tracer = Tracer::load_with(&targets, &options)?;
     // Fork before the runtime starts any thread; the child waits until it is in the filter.
     let launched = match args.command.first() {
@@ -60,12 +69,15 @@ pub fn run(args: TraceArgs) -> Result<i32> {
     for (family, hooks) in &tracer.hooks {
         eprintln!("memlock-trace: {family}: {hooks}");
     }
-    eprintln!("memlock-trace: tracing {}", describe_targets(&args, launched));
+    let mut described = describe_targets(&args, launched);
+    for filter in production.filters.describe() {
+        described = format!("{described}, {filter}");
+    }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("starting the tokio runtime")?;
-    runtime.block_on(event_loop(tracer, args, launched))
+    runtime.block_on(event_loop(tracer, args, launched, production, described))
 }
 
 fn describe_targets(args: &TraceArgs, launched: Option<u32>) -> String {
@@ -80,7 +92,17 @@ fn describe_targets(args: &TraceArgs, launched: Option<u32>) -> String {
     }
 }
 
-async fn event_loop(mut tracer: Tracer, args: TraceArgs, launched: Option<u32>) -> Result<i32> {
+async fn event_loop(
+    mut tracer: Tracer,
+    args: TraceArgs,
+    launched: Option<u32>,
+    production: Production,
+    described: String,
+) -> Result<i32> {
+    // Handlers first, then the "tracing" line: a Ctrl-C from then on always gets a summary.
+    let sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    eprintln!("memlock-trace: tracing {described}");
     // SAFETY: the ring buffer owns its fd for as long as the AsyncFd holds it.
     let mut ring = unsafe { AsyncFd::register(tracer.take_events()?) }
         .map_err(std::io::Error::from)
@@ -88,11 +110,17 @@ async fn event_loop(mut tracer: Tracer, args: TraceArgs, launched: Option<u32>) 
     let mut output = Output {
         json: args.json,
         events: args.events,
-        aggregator: Aggregator::default(),
+        aggregator: Aggregator::with_max_processes(production.max_processes),
         undecodable: 0,
+        metrics: production.metrics.clone(),
         vma: VmaOutput { hooks: tracer.vma.clone(), ..VmaOutput::default() },
     };
-    let stop = wait_for_stop(&args, launched);
+    // The kernel's loss counters change without any event arriving: refresh them for scrapes.
+    let mut health_ticker = tokio::time::interval(Duration::from_secs(1));
+    // Small batches do not wake us (`EVENTS_WAKEUP_BYTES`): drain on a timer as well.
+    let mut drain_ticker =
+        tokio::time::interval(Duration::from_millis(memlock_trace_common::DRAIN_INTERVAL_MS));
+    let stop = wait_for_stop(&args, launched, sigint, sigterm);
     tokio::pin!(stop);
     let mut ticker = args.interval.map(|secs| tokio::time::interval(Duration::from_secs_f64(secs)));
     if let Some(t) = ticker.as_mut() {
@@ -108,6 +136,8 @@ async fn event_loop(mut tracer: Tracer, args: TraceArgs, launched: Option<u32>) 
             _ = async { ticker.as_mut().expect("guarded").tick().await }, if ticker.is_some() => {
                 output.summary(&tracer, "interval")?;
             }
+            _ = health_ticker.tick(), if output.metrics.is_some() => output.update_health(&tracer)?,
+            _ = drain_ticker.tick() => output.drain(ring.get_mut()),
             reason = &mut stop => break reason?,
         }
     };
@@ -126,9 +156,12 @@ async fn event_loop(mut tracer: Tracer, args: TraceArgs, launched: Option<u32>) 
     })
 }
 
-async fn wait_for_stop(args: &TraceArgs, launched: Option<u32>) -> Result<Stop> {
-    let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
-    let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+async fn wait_for_stop(
+    args: &TraceArgs,
+    launched: Option<u32>,
+    mut sigint: tokio::signal::unix::Signal,
+    mut sigterm: tokio::signal::unix::Signal,
+) -> Result<Stop> {
     let duration = args.duration.map(Duration::from_secs_f64);
     let command = async {
         match launched {
@@ -177,6 +210,7 @@ struct Output {
     events: bool,
     aggregator: Aggregator,
     undecodable: u64,
+    metrics: Option<Arc<Metrics>>,
     vma: VmaOutput,
 }
 
@@ -191,10 +225,15 @@ struct VmaOutput {
 impl Output {
     fn drain(&mut self, ring: &mut RingBuf<MapData>) {
         let mut stdout = std::io::stdout().lock();
+        let (mut syscalls, mut vmas, undecodable_before) = (0, 0, self.undecodable);
         while let Some(item) = ring.next() {
             match decode(&item) {
                 Ok(Event::Syscall(rec)) => {
+                    syscalls += 1;
                     self.aggregator.record_syscall(&rec);
+                    if let Some(metrics) = &self.metrics {
+                        metrics.syscalls.record(&rec);
+                    }
                     if self.events {
                         let line = if self.json {
                             render::syscall_json(&rec).to_string()
@@ -208,6 +247,7 @@ impl Output {
                     }
                 }
                 Ok(Event::Vma(record)) => {
+                    vmas += 1;
                     if let Some(activity) = self.vma.tracker.record(record) {
                         self.vma_activity(&activity, &mut stdout);
                     }
@@ -216,6 +256,21 @@ impl Output {
             }
         }
         let _ = stdout.flush();
+        if let Some(metrics) = &self.metrics {
+            metrics
+                .health
+                .record_events(&[("syscall", syscalls), ("vma", vmas)], self.undecodable - undecodable_before);
+        }
+    }
+
+    /// The tracer's health with the aggregator's evictions, pushed to the metrics.
+    fn update_health(&self, tracer: &Tracer) -> Result<()> {
+        if let Some(metrics) = &self.metrics {
+            let mut health = tracer.health()?;
+            health.processes.evicted_processes = self.aggregator.evicted_processes();
+            metrics.health.update(&health);
+        }
+        Ok(())
     }
 
     fn vma_activity(&mut self, activity: &vma::Activity, out: &mut impl std::io::Write) {
@@ -239,6 +294,9 @@ impl Output {
     fn summary(&self, tracer: &Tracer, kind: &'static str) -> Result<()> {
         let mut summary = self.aggregator.summary(tracer.health()?);
         summary.kind = kind;
+        if let Some(metrics) = &self.metrics {
+            metrics.health.update(&summary.health);
+        }
         let mut stdout = std::io::stdout().lock();
         if self.json {
             // Before the summary, which stays the last line.

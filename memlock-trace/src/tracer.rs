@@ -10,10 +10,12 @@ use aya::{
 };
 use memlock_trace_common::{
     Config, counter, filter, names,
+    process::ProcessConfig,
     vma::{VMA_CONFIG, VmaConfig},
 };
 
 use crate::{
+    filter::{Filters, ProcessHealth},
     probe::{self, KernelBtf},
     syscall::Syscall,
 };
@@ -42,6 +44,10 @@ pub struct Health {
     pub untracked_calls: u64,
     /// Kernel reads that failed (fields reported as 0).
     pub failed_reads: u64,
+    /// VMA records (snapshots, stores, function calls) lost because the ring buffer was full.
+    pub dropped_vma_records: u64,
+    /// Fork/exit tracking and the per-process table (see `filter.rs`).
+    pub processes: ProcessHealth,
 }
 
 /// What to load beyond the defaults.
@@ -51,11 +57,13 @@ pub struct Options {
     pub all_vma_stores: bool,
     /// Fail unless the VMA family attaches (`verify` needs it); otherwise it is best-effort.
     pub require_vma: bool,
+    /// `--comm`, `--cgroup`, `--follow-children`.
+    pub filters: Filters,
 }
 
 /// Loaded and attached programs; dropping it detaches everything.
 pub struct Tracer {
-    ebpf: Ebpf,
+    pub(crate) ebpf: Ebpf,
     targets: HashMap<MapData, u32, u8>,
     /// Hook family -> the hooks it uses on this kernel, for the user to see.
     pub hooks: BTreeMap<&'static str, String>,
@@ -89,7 +97,9 @@ impl Tracer {
             return Err(anyhow!("VMA tracing is not possible on this kernel: {error:#}"));
         }
         let vma_global = vma_config.as_ref().copied().unwrap_or(VmaConfig::ZERO);
-        let mut ebpf = load_object_with(&config, &vma_global)?;
+        let filters = &options.filters;
+        let process = filters.process_config(&btf)?;
+        let mut ebpf = load_object_with(&config, &Globals { vma: vma_global, process, max_targets: filters.max_targets })?;
 
         let targets_map = ebpf
             .take_map(names::TARGET_TGIDS)
@@ -101,6 +111,8 @@ impl Tracer {
             vma: None,
         };
         if let Targets::Tgids(tgids) = targets {
+            let hooks = crate::filter::attach(&mut tracer.ebpf, filters)?;
+            tracer.hooks.insert("processes", hooks);
             for &tgid in tgids {
                 tracer.add_target(tgid)?;
             }
@@ -184,6 +196,8 @@ impl Tracer {
             dropped_events: sum(counter::RINGBUF_DROPPED)?,
             untracked_calls: sum(counter::INFLIGHT_FULL)?,
             failed_reads: sum(counter::READ_FAILED)?,
+            dropped_vma_records: sum(counter::VMA_DROPPED)?,
+            processes: crate::filter::health(&self.ebpf)?,
         })
     }
 }
@@ -191,14 +205,36 @@ impl Tracer {
 /// Creates the object's maps with `config` baked into its read-only globals; no program is
 /// loaded yet.
 pub fn load_object(config: &Config) -> Result<Ebpf> {
-    load_object_with(config, &VmaConfig::ZERO)
+    load_object_with(config, &Globals::default())
 }
 
-/// [`load_object`], with the VMA family's configuration too.
-pub fn load_object_with(config: &Config, vma: &VmaConfig) -> Result<Ebpf> {
-    EbpfLoader::new()
+/// Load-time settings of the hook families beyond [`Config`].
+#[derive(Clone, Copy, Debug)]
+pub struct Globals {
+    pub vma: VmaConfig,
+    /// The process filters (`--comm`, `--cgroup`, `--follow-children`).
+    pub process: ProcessConfig,
+    /// Capacity of the target set, when not `MAX_TARGETS`.
+    pub max_targets: Option<u32>,
+}
+
+impl Default for Globals {
+    fn default() -> Self {
+        Self { vma: VmaConfig::ZERO, process: ProcessConfig::default(), max_targets: None }
+    }
+}
+
+/// [`load_object`] with every family's globals.
+pub fn load_object_with(config: &Config, globals: &Globals) -> Result<Ebpf> {
+    let mut loader = EbpfLoader::new();
+    loader
         .override_global(names::CONFIG, config, true)
-        .override_global(VMA_CONFIG, vma, true)
+        .override_global(VMA_CONFIG, &globals.vma, true)
+        .override_global(memlock_trace_common::process::names::PROCESS_CONFIG, &globals.process, true);
+    if let Some(max) = globals.max_targets {
+        loader.map_max_entries(names::TARGET_TGIDS, max);
+    }
+    loader
         .load(EBPF_OBJECT)
         .context("creating the eBPF maps failed (is RLIMIT_MEMLOCK too low on a kernel older than 5.11?)")
 }
@@ -238,5 +274,6 @@ pub fn hook_refused(program: &str, kind: &str, error: ProgramError) -> anyhow::E
             ""
         }
     );
+    message.push_str(&crate::filter::perf_paranoid_hint(&message));
     anyhow!(message)
 }

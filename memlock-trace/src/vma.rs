@@ -574,6 +574,7 @@ pub fn activity_json(a: &Activity, hooks: Option<&VmaHooks>) -> serde_json::Valu
             let r = &c.syscall.raw;
             json!({
                 "type": "vma_call",
+                "schema": crate::render::JSON_SCHEMA,
                 "pid": r.tgid,
                 "tid": r.tid,
                 "comm": c.syscall.comm(),
@@ -595,6 +596,7 @@ pub fn activity_json(a: &Activity, hooks: Option<&VmaHooks>) -> serde_json::Valu
         Activity::Store(s) => store_json(s),
         Activity::Func(f) => json!({
             "type": "vma_function",
+            "schema": crate::render::JSON_SCHEMA,
             "pid": f.tgid,
             "tid": f.tid,
             "syscall": syscall_str(f.nr, [f.args[0], f.args[1], f.args[2]]),
@@ -606,6 +608,7 @@ pub fn activity_json(a: &Activity, hooks: Option<&VmaHooks>) -> serde_json::Valu
 fn store_json(s: &StoreEvent) -> serde_json::Value {
     json!({
         "type": "vma_store",
+        "schema": crate::render::JSON_SCHEMA,
         "pid": s.tgid,
         "tid": s.tid,
         "syscall": syscall_str(s.nr, s.args),
@@ -633,7 +636,7 @@ pub fn summary_json(counts: &BTreeMap<u32, ChangeCounts>) -> serde_json::Value {
         .iter()
         .map(|(pid, c)| json!({"pid": pid, "changes": c}))
         .collect();
-    json!({"type": "vma_summary", "processes": processes})
+    json!({"type": "vma_summary", "schema": crate::render::JSON_SCHEMA, "processes": processes})
 }
 
 #[cfg(test)]

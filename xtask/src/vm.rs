@@ -306,6 +306,7 @@ fn build_initramfs(opts: &VmOptions, dir: &Path) -> Result<PathBuf> {
             Some(_) => {}
             None => {
                 install_file(&test.binary, &root, &guest)?;
+                strip_debug(&root.join(&guest[1..]));
                 for lib in shared_libraries(&test.binary)? {
                     install_file(&lib, &root, &lib.to_string_lossy())?;
                 }
@@ -326,6 +327,7 @@ fn build_initramfs(opts: &VmOptions, dir: &Path) -> Result<PathBuf> {
 
     for (host, guest) in &opts.extra_files {
         install_file(host, &root, guest)?;
+        strip_debug(&root.join(guest.trim_start_matches('/')));
     }
     let init = root.join("init");
     fs::write(&init, script)?;
@@ -367,12 +369,28 @@ mount -t devtmpfs devtmpfs /dev
 mount -t tracefs tracefs /sys/kernel/tracing
 mount -t debugfs debugfs /sys/kernel/debug
 mount -t bpf bpf /sys/fs/bpf
+ip link set lo up
 ulimit -l unlimited
 export PATH=/bin:/sbin:/usr/bin:/usr/sbin HOME=/tmp RUST_BACKTRACE=1 MEMLOCK_TRACE_IN_VM=1
 cd /tmp
 echo {KERNEL_MARK} $(uname -r)
 "
     )
+}
+
+/// Drops the DWARF of a copied binary (symbols stay, so backtraces still name functions):
+/// a debug test binary is ~60 MB, mostly debug info, and the initramfs is unpacked into
+/// guest RAM, where a dozen of them no longer fit. Best effort: a failure keeps the copy whole.
+fn strip_debug(path: &Path) {
+    let stripped = Command::new("strip")
+        .arg("--strip-debug")
+        .arg(path)
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !stripped {
+        eprintln!("xtask: warning: could not strip {}; the guest may run out of memory", path.display());
+    }
 }
 
 /// Copies `host` to the absolute `guest` path under `root`, keeping its permissions.

@@ -1,6 +1,8 @@
 //! Bundled workloads: processes that make known calls, measure themselves, and report what
 //! they did, so the tracer's view can be checked against the workload's own.
 
+pub mod children;
+pub mod flood;
 pub mod dynamic_alloc;
 pub mod first_touch;
 pub mod fork_inherit;
