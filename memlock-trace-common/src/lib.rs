@@ -6,6 +6,8 @@
 //! see the same bytes.
 #![no_std]
 
+pub mod faults;
+
 /// Length of `task_struct.comm`, including the NUL.
 pub const TASK_COMM_LEN: usize = 16;
 
@@ -74,6 +76,8 @@ pub struct Config {
 /// Tag in the first four bytes of every ring-buffer record; the decoder dispatches on it.
 pub mod event_kind {
     pub const SYSCALL: u32 = 1;
+    /// [`crate::faults::FaultEvent`]; 16 keeps clear of the kinds other hook families add.
+    pub const FAULT: u32 = 16;
 }
 
 /// One completed mlock-family system call, written at `sys_exit`.
@@ -114,4 +118,13 @@ mod pod {
     unsafe impl aya::Pod for super::Config {}
     unsafe impl aya::Pod for super::KernelOffsets {}
     unsafe impl aya::Pod for super::SyscallEvent {}
+    unsafe impl aya::Pod for super::faults::FaultConfig {}
+    unsafe impl aya::Pod for super::faults::FaultKey {}
+    unsafe impl aya::Pod for super::faults::FaultStats {}
+    unsafe impl aya::Pod for super::faults::HistKey {}
+    unsafe impl aya::Pod for super::faults::Hist {}
+    unsafe impl aya::Pod for super::faults::RegionKey {}
+    unsafe impl aya::Pod for super::faults::RegionValue {}
+    unsafe impl aya::Pod for super::faults::FaultEntry {}
+    unsafe impl aya::Pod for super::faults::FaultEvent {}
 }

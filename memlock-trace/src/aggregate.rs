@@ -8,7 +8,12 @@ use std::collections::BTreeMap;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
-use crate::{decode::SyscallRecord, syscall::Syscall, tracer::Health};
+use crate::{
+    decode::SyscallRecord,
+    faults::{FaultHealth, FaultHooks, FaultSummary},
+    syscall::Syscall,
+    tracer::Health,
+};
 
 #[derive(Default)]
 pub struct Aggregator {
@@ -76,10 +81,13 @@ impl Aggregator {
                         .iter()
                         .map(|(s, st)| (s.name(), st.summary()))
                         .collect(),
+                    faults: None,
                 })
                 .collect(),
             dropped_events: health.dropped_events,
             health,
+            fault_hooks: None,
+            fault_health: None,
         }
     }
 }
@@ -112,6 +120,11 @@ pub struct Summary {
     pub processes: Vec<ProcessSummary>,
     pub dropped_events: u64,
     pub health: Health,
+    /// The page-fault hook set used, and why better ones were refused.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fault_hooks: Option<FaultHooks>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fault_health: Option<FaultHealth>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -119,6 +132,8 @@ pub struct ProcessSummary {
     pub pid: u32,
     pub comm: String,
     pub syscalls: BTreeMap<&'static str, SyscallSummary>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub faults: Option<FaultSummary>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -155,6 +170,30 @@ impl Latency {
 impl Summary {
     pub fn process(&self, pid: u32) -> Option<&ProcessSummary> {
         self.processes.iter().find(|p| p.pid == pid)
+    }
+
+    /// Adds each process's faults, creating the processes that faulted without making a
+    /// traced syscall. The fault comm (from /proc or the kernel) fills in missing ones.
+    pub fn add_faults(
+        &mut self,
+        hooks: FaultHooks,
+        health: FaultHealth,
+        faults: BTreeMap<u32, (String, FaultSummary)>,
+    ) {
+        for (pid, (comm, summary)) in faults {
+            match self.processes.iter_mut().find(|p| p.pid == pid) {
+                Some(p) => p.faults = Some(summary),
+                None => self.processes.push(ProcessSummary {
+                    pid,
+                    comm,
+                    syscalls: BTreeMap::new(),
+                    faults: Some(summary),
+                }),
+            }
+        }
+        self.processes.sort_by_key(|p| p.pid);
+        self.fault_hooks = Some(hooks);
+        self.fault_health = Some(health);
     }
 }
 

@@ -4,6 +4,8 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::faults::{FaultOptions, HookChoice};
+
 #[derive(Debug, Parser)]
 #[command(
     name = "memlock-trace",
@@ -37,9 +39,38 @@ pub struct TraceArgs {
     /// Write JSON lines (events with --events, then the summary) instead of text.
     #[arg(long)]
     pub json: bool,
+    /// Page-fault hooks: the best the kernel allows (fentry, then kprobe, then tracepoint),
+    /// one of them forced, or off.
+    #[arg(long, value_enum, value_name = "HOOKS", default_value_t = HookChoice::Auto)]
+    pub fault_hooks: HookChoice,
+    /// Count page faults only: no start times or latency histograms (the cheapest mode).
+    #[arg(long)]
+    pub count_only: bool,
+    /// Report page faults per thread too.
+    #[arg(long)]
+    pub per_thread: bool,
+    /// With --events, print one page fault in N.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub sample: u32,
+    /// Mappings listed per process, by page faults.
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    pub top_mappings: usize,
     /// Launch COMMAND and trace it and its threads until it exits.
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<String>,
+}
+
+impl TraceArgs {
+    pub fn fault_options(&self) -> FaultOptions {
+        FaultOptions {
+            hooks: self.fault_hooks,
+            latency: !self.count_only,
+            per_thread: self.per_thread,
+            events: self.events,
+            sample_every: self.sample.max(1),
+            top_mappings: self.top_mappings,
+        }
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -102,6 +133,44 @@ mod tests {
         assert!(parse(&["--pid", "abc"]).is_err());
         assert!(parse(&["--duration", "-1"]).is_err());
         assert!(parse(&["--interval", "0"]).is_err());
+    }
+
+    #[test]
+    fn fault_options_parse() {
+        let cli = parse(&[
+            "--fault-hooks",
+            "tracepoint",
+            "--count-only",
+            "--per-thread",
+            "--events",
+            "--sample",
+            "100",
+            "--top-mappings",
+            "3",
+        ])
+        .unwrap();
+        let o = cli.trace.fault_options();
+        assert_eq!(o.hooks, HookChoice::Tracepoint);
+        assert!(!o.latency && o.per_thread && o.events);
+        assert_eq!((o.sample_every, o.top_mappings), (100, 3));
+        let d = parse(&[]).unwrap().trace.fault_options();
+        assert_eq!(
+            d,
+            FaultOptions {
+                events: false,
+                ..FaultOptions::default()
+            }
+        );
+        assert!(parse(&["--fault-hooks", "uprobe"]).is_err());
+        assert!(parse(&["--sample", "0"]).is_err());
+        assert_eq!(
+            parse(&["--fault-hooks", "off"])
+                .unwrap()
+                .trace
+                .fault_options()
+                .hooks,
+            HookChoice::Off
+        );
     }
 
     #[test]

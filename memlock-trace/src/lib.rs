@@ -8,7 +8,9 @@
 pub mod aggregate;
 pub mod cli;
 pub mod decode;
+pub mod faults;
 pub mod launch;
+pub mod mappings;
 pub mod probe;
 pub mod render;
 pub mod session;

@@ -18,9 +18,15 @@ use crate::{
     aggregate::Aggregator,
     cli::TraceArgs,
     decode::{Event, decode},
-    launch, render,
+    faults, launch,
+    mappings::MappingCache,
+    render,
     tracer::{Targets, Tracer},
 };
+
+/// How often the mappings of traced processes are re-read, so that a process that exits is
+/// still attributed with recent mappings.
+const MAPPINGS_REFRESH: Duration = Duration::from_secs(1);
 
 /// Why tracing stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,7 +50,7 @@ pub fn run(args: TraceArgs) -> Result<i32> {
     } else {
         Targets::Tgids(args.pids.clone())
     };
-    let mut tracer = Tracer::load(&targets)?;
+    let mut tracer = Tracer::load_with(&targets, &args.fault_options())?;
     // Fork before the runtime starts any thread; the child waits until it is in the filter.
     let launched = match args.command.first() {
         Some(program) => {
@@ -65,6 +71,10 @@ pub fn run(args: TraceArgs) -> Result<i32> {
     runtime.block_on(event_loop(tracer, args, launched))
 }
 
+fn targets_are_specific(args: &TraceArgs) -> bool {
+    !args.pids.is_empty() || !args.command.is_empty()
+}
+
 fn describe_targets(args: &TraceArgs, launched: Option<u32>) -> String {
     let mut parts: Vec<String> = args.pids.iter().map(|p| format!("pid {p}")).collect();
     if let (Some(pid), Some(cmd)) = (launched, args.command.first()) {
@@ -82,7 +92,18 @@ async fn event_loop(mut tracer: Tracer, args: TraceArgs, launched: Option<u32>) 
     let mut ring = unsafe { AsyncFd::register(tracer.take_events()?) }
         .map_err(std::io::Error::from)
         .context("polling the ring buffer")?;
-    let mut output = Output { json: args.json, events: args.events, aggregator: Aggregator::default(), undecodable: 0 };
+    let mut output = Output {
+        json: args.json,
+        events: args.events,
+        aggregator: Aggregator::default(),
+        undecodable: 0,
+        mappings: MappingCache::default(),
+        top_mappings: args.top_mappings,
+    };
+    // System-wide, re-reading every process's smaps each second would cost more than it
+    // tells: mappings are then read when a summary is printed.
+    let follow_mappings = targets_are_specific(&args) && tracer.fault_hooks.is_some();
+    let mut mapping_ticker = tokio::time::interval(MAPPINGS_REFRESH);
     let stop = wait_for_stop(&args, launched);
     tokio::pin!(stop);
     let mut ticker = args.interval.map(|secs| tokio::time::interval(Duration::from_secs_f64(secs)));
@@ -98,6 +119,9 @@ async fn event_loop(mut tracer: Tracer, args: TraceArgs, launched: Option<u32>) 
             }
             _ = async { ticker.as_mut().expect("guarded").tick().await }, if ticker.is_some() => {
                 output.summary(&tracer, "interval")?;
+            }
+            _ = mapping_ticker.tick(), if follow_mappings => {
+                output.refresh_mappings(&tracer, MAPPINGS_REFRESH);
             }
             reason = &mut stop => break reason?,
         }
@@ -168,6 +192,8 @@ struct Output {
     events: bool,
     aggregator: Aggregator,
     undecodable: u64,
+    mappings: MappingCache,
+    top_mappings: usize,
 }
 
 impl Output {
@@ -186,15 +212,42 @@ impl Output {
                         let _ = writeln!(stdout, "{line}");
                     }
                 }
+                Ok(Event::Fault(rec)) => {
+                    if self.events {
+                        let line = if self.json {
+                            render::fault_json(&rec).to_string()
+                        } else {
+                            render::fault_line(&rec)
+                        };
+                        let _ = writeln!(stdout, "{line}");
+                    }
+                }
                 Err(_) => self.undecodable += 1,
             }
         }
         let _ = stdout.flush();
     }
 
-    fn summary(&self, tracer: &Tracer, kind: &'static str) -> Result<()> {
+    /// Snapshots the mappings of every process that has faulted.
+    fn refresh_mappings(&mut self, tracer: &Tracer, max_age: Duration) {
+        if let Ok(pids) = tracer.fault_pids() {
+            for pid in pids {
+                self.mappings.refresh(pid, max_age);
+            }
+        }
+    }
+
+    fn summary(&mut self, tracer: &Tracer, kind: &'static str) -> Result<()> {
         let mut summary = self.aggregator.summary(tracer.health()?);
         summary.kind = kind;
+        if let (Some(hooks), Some(report)) = (&tracer.fault_hooks, tracer.fault_report()?) {
+            for &tgid in report.regions.keys() {
+                self.mappings.refresh(tgid, Duration::ZERO);
+            }
+            let per_process =
+                faults::summarize(&report, hooks, &mut self.mappings, self.top_mappings);
+            summary.add_faults(hooks.clone(), report.health, per_process);
+        }
         let mut stdout = std::io::stdout().lock();
         if self.json {
             writeln!(stdout, "{}", serde_json::to_string(&summary)?)?;

@@ -11,6 +11,7 @@ use aya::{
 use memlock_trace_common::{Config, counter, filter, names};
 
 use crate::{
+    faults::{self, FaultHooks, FaultOptions, FaultReport},
     probe::{self, KernelBtf},
     syscall::Syscall,
 };
@@ -44,12 +45,20 @@ pub struct Tracer {
     targets: HashMap<MapData, u32, u8>,
     /// Hook family -> the hooks it uses on this kernel, for the user to see.
     pub hooks: BTreeMap<&'static str, String>,
+    /// The page-fault hook set chosen for this kernel (None with `--fault-hooks off`).
+    pub fault_hooks: Option<FaultHooks>,
+    fault_options: FaultOptions,
 }
 
 impl Tracer {
+    /// [`Tracer::load_with`] with the default fault tracing (best hooks, with latency).
+    pub fn load(targets: &Targets) -> Result<Self> {
+        Self::load_with(targets, &FaultOptions::default())
+    }
+
     /// Checks privileges and kernel support, loads the programs with this kernel's struct
     /// offsets and attaches them.
-    pub fn load(targets: &Targets) -> Result<Self> {
+    pub fn load_with(targets: &Targets, fault_options: &FaultOptions) -> Result<Self> {
         probe::check_privileges()?;
         probe::ensure_tracefs()?;
         let btf = KernelBtf::load()?;
@@ -61,8 +70,11 @@ impl Tracer {
             _pad: 0,
             offsets: btf.offsets()?,
         };
-        let mut ebpf = EbpfLoader::new()
-            .override_global(names::CONFIG, &config, true)
+        let fault_config = faults::config(&btf, fault_options)?;
+        let mut loader = EbpfLoader::new();
+        loader.override_global(names::CONFIG, &config, true);
+        faults::prepare_loader(&mut loader, &fault_config)?;
+        let mut ebpf = loader
             .load(EBPF_OBJECT)
             .context("creating the eBPF maps failed (is RLIMIT_MEMLOCK too low on a kernel older than 5.11?)")?;
 
@@ -73,6 +85,8 @@ impl Tracer {
             targets: HashMap::try_from(targets_map)?,
             ebpf,
             hooks: BTreeMap::new(),
+            fault_hooks: None,
+            fault_options: fault_options.clone(),
         };
         if let Targets::Tgids(tgids) = targets {
             for &tgid in tgids {
@@ -80,6 +94,15 @@ impl Tracer {
             }
         }
         tracer.attach_syscalls()?;
+        tracer.fault_hooks = faults::attach(&mut tracer.ebpf, &btf, fault_options)?;
+        if let Some(hooks) = &tracer.fault_hooks {
+            let mut line = format!("{} ({})", hooks.hook_set.name(), hooks.hooks.join(", "));
+            for refusal in &hooks.refused {
+                let reason = refusal.reason.lines().next().unwrap_or_default();
+                let _ = write!(line, "; {} refused: {reason}", refusal.hook_set.name());
+            }
+            tracer.hooks.insert("faults", line);
+        }
         Ok(tracer)
     }
 
@@ -131,6 +154,23 @@ impl Tracer {
         Ok(RingBuf::try_from(map)?)
     }
 
+    /// The kernel's fault aggregation so far (None when faults are not traced).
+    pub fn fault_report(&self) -> Result<Option<FaultReport>> {
+        if self.fault_hooks.is_none() {
+            return Ok(None);
+        }
+        faults::read(&self.ebpf, self.fault_options.per_thread).map(Some)
+    }
+
+    /// Processes with fault statistics (cheap: keys only).
+    pub fn fault_pids(&self) -> Result<std::collections::BTreeSet<u32>> {
+        faults::pids(&self.ebpf)
+    }
+
+    pub fn fault_options(&self) -> &FaultOptions {
+        &self.fault_options
+    }
+
     pub fn health(&self) -> Result<Health> {
         let map = self
             .ebpf
@@ -150,7 +190,7 @@ impl Tracer {
 
 /// Turns a refused load or attach into a message naming the program, the kernel's reason
 /// (the last lines of the verifier log) and what to do about it.
-fn hook_refused(program: &str, kind: &str, error: ProgramError) -> anyhow::Error {
+pub(crate) fn hook_refused(program: &str, kind: &str, error: ProgramError) -> anyhow::Error {
     let mut message = format!("the kernel refused {kind} program `{program}`: ");
     match &error {
         ProgramError::LoadError {
