@@ -139,7 +139,7 @@ pub struct FaultConfig {
     /// `vm_area_struct.vm_flags` / `.vm_start` offsets.
     pub vma_vm_flags: u32,
     pub vma_vm_start: u32,
-    /// Without a VMA, fault addresses are grouped in regions of `1 << region_shift` bytes.
+    /// Without a VMA, runs of faults within `1 << region_shift` bytes are counted together.
     pub region_shift: u32,
     pub _pad: u32,
     /// This architecture's syscall numbers of the [`populate`] calls, by index
@@ -217,7 +217,9 @@ pub struct Hist {
 
 impl Default for Hist {
     fn default() -> Self {
-        Self { counts: [0; HIST_BUCKETS] }
+        Self {
+            counts: [0; HIST_BUCKETS],
+        }
     }
 }
 
@@ -258,12 +260,12 @@ pub fn bucket_range(bucket: usize) -> (u64, u64) {
 pub struct RegionKey {
     pub tgid: u32,
     /// Non-zero: `start` is the faulting VMA's `vm_start` (fentry/kprobe hooks); zero: the
-    /// fault address rounded down to `1 << region_shift`.
+    /// page of the first fault of a run of faults within `1 << region_shift` bytes.
     pub exact: u32,
     pub start: u64,
 }
 
-/// Value of `FAULT_REGIONS` (shared by all CPUs, updated atomically).
+/// Per-CPU value of `FAULT_REGIONS`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RegionValue {
@@ -360,7 +362,10 @@ mod tests {
             assert!(b >= previous, "{ns}");
             previous = b;
             let (low, high) = bucket_range(b);
-            assert!(low <= ns && ns < high, "{ns} in bucket {b} = [{low}, {high})");
+            assert!(
+                low <= ns && ns < high,
+                "{ns} in bucket {b} = [{low}, {high})"
+            );
         }
         assert_eq!(bucket_of(u64::MAX), HIST_BUCKETS - 1);
         assert_eq!(bucket_range(HIST_BUCKETS - 1).1, 1 << 37);

@@ -102,6 +102,7 @@ static HIST_ZERO: PerCpuArray<Hist> = PerCpuArray::with_max_entries(1, 0);
 static STATS_SCRATCH: PerCpuArray<FaultStats> = PerCpuArray::with_max_entries(1, 0);
 
 const NO_LATENCY: u64 = u64::MAX;
+const PAGE_MASK: u64 = !0xfff;
 const NO_SYSCALL: u32 = u32::MAX;
 
 #[inline(always)]
@@ -187,9 +188,22 @@ fn perf_completion(ctx: &PerfEventContext, major: bool) {
             }
         }
     }
-    let class = if major { class::USER_MAJOR } else { class::USER_MINOR };
-    let region = address >> config!(region_shift) << config!(region_shift);
-    account(tgid, tid, class, latency, address, region, 0, NO_SYSCALL, false);
+    let class = if major {
+        class::USER_MAJOR
+    } else {
+        class::USER_MINOR
+    };
+    account(
+        tgid,
+        tid,
+        class,
+        latency,
+        address,
+        address & PAGE_MASK,
+        0,
+        NO_SYSCALL,
+        false,
+    );
 }
 
 // ---------------------------------------------------------------------------------------
@@ -266,7 +280,17 @@ fn hook_end(ret: u32) {
     e.retried = 0;
     let (address, vm_flags, vm_start) = (e.address, e.vm_flags, e.vm_start);
     if ret & config!(vm_fault_error) != 0 {
-        account(tgid, tid, class::FAILED, latency, address, vm_start, vm_flags, NO_SYSCALL, retried);
+        account(
+            tgid,
+            tid,
+            class::FAILED,
+            latency,
+            address,
+            vm_start,
+            vm_flags,
+            NO_SYSCALL,
+            retried,
+        );
         return;
     }
     // mm_account_fault(): major if VM_FAULT_MAJOR, or if this was a retry.
@@ -276,13 +300,23 @@ fn hook_end(ret: u32) {
             Some(call) => unsafe { (*call).index },
             None => populate::OTHER as u32,
         };
-        let cls = if major { class::POPULATED_MAJOR } else { class::POPULATED_MINOR };
+        let cls = if major {
+            class::POPULATED_MAJOR
+        } else {
+            class::POPULATED_MINOR
+        };
         (cls, index)
     } else {
-        let cls = if major { class::USER_MAJOR } else { class::USER_MINOR };
+        let cls = if major {
+            class::USER_MAJOR
+        } else {
+            class::USER_MINOR
+        };
         (cls, NO_SYSCALL)
     };
-    account(tgid, tid, cls, latency, address, vm_start, vm_flags, syscall, retried);
+    account(
+        tgid, tid, cls, latency, address, vm_start, vm_flags, syscall, retried,
+    );
 }
 
 // ---------------------------------------------------------------------------------------
@@ -303,10 +337,20 @@ fn start(address: u64, flags: u32, no_regs: u32, vm_flags: u64, vm_start: u64) {
             let region = if prev_flags != 0 {
                 prev_start
             } else {
-                prev_addr >> config!(region_shift) << config!(region_shift)
+                prev_addr & PAGE_MASK
             };
             e.pending = 0;
-            account(tgid, tid, class::FAILED, NO_LATENCY, prev_addr, region, prev_flags, NO_SYSCALL, false);
+            account(
+                tgid,
+                tid,
+                class::FAILED,
+                NO_LATENCY,
+                prev_addr,
+                region,
+                prev_flags,
+                NO_SYSCALL,
+                false,
+            );
         }
         if !(e.pending != 0 && retry_of_same) {
             e.start_ns = now;
@@ -386,7 +430,10 @@ fn stats_for(tgid: u32, tid: u32) -> Option<*mut FaultStats> {
         &*scratch
     };
     // NOEXIST: another CPU may have created it meanwhile; then we use theirs.
-    if FAULT_STATS.insert(key, scratch, u64::from(BPF_NOEXIST)).is_ok() {
+    if FAULT_STATS
+        .insert(key, scratch, u64::from(BPF_NOEXIST))
+        .is_ok()
+    {
         bump(fault_counter::STATS_INSERTS);
     }
     let stats = FAULT_STATS.get_ptr_mut(key);
@@ -448,8 +495,16 @@ fn account(
             record_latency(s, tgid, tid, class::RETRIED, latency);
         }
     }
-    // Region cache: consecutive faults in one region cost one map update in total.
-    if s.region_pending != 0 && s.region_start == region {
+    // Region cache: consecutive faults in one region cost one map update in total. With a
+    // VMA the region is the VMA (`region` is its start); without, it is the 64 KiB around
+    // the run's first fault, whose page address is the key: the mapping that contains it is
+    // exact, where a rounded-down address could fall in the neighbouring mapping.
+    let same_region = if vm_flags != 0 {
+        s.region_start == region
+    } else {
+        s.region_start >> config!(region_shift) == region >> config!(region_shift)
+    };
+    if s.region_pending != 0 && same_region {
         s.region_pending += 1;
         s.region_vm_flags |= vm_flags;
     } else {
@@ -503,7 +558,10 @@ fn record_latency(s: &mut FaultStats, tgid: u32, tid: u32, cls: u32, ns: u64) {
             let Some(zero) = HIST_ZERO.get_ptr(0) else {
                 return;
             };
-            if FAULT_HIST.insert(key, unsafe { &*zero }, u64::from(BPF_NOEXIST)).is_ok() {
+            if FAULT_HIST
+                .insert(key, unsafe { &*zero }, u64::from(BPF_NOEXIST))
+                .is_ok()
+            {
                 bump(fault_counter::HIST_INSERTS);
             }
             match FAULT_HIST.get_ptr_mut(key) {
@@ -535,7 +593,10 @@ fn flush_region(tgid: u32, start: u64, faults: u64, vm_flags: u64) {
             return;
         }
         let value = RegionValue { faults, vm_flags };
-        if FAULT_REGIONS.insert(key, value, u64::from(BPF_NOEXIST)).is_ok() {
+        if FAULT_REGIONS
+            .insert(key, value, u64::from(BPF_NOEXIST))
+            .is_ok()
+        {
             bump(fault_counter::REGION_INSERTS);
             return;
         }
@@ -614,7 +675,8 @@ pub fn populate_enter(ctx: TracePointContext) -> u32 {
     for i in 0..populate::COUNT {
         // Volatile, element by element: a plain read of the static would be folded to its
         // compile-time value, not the one the loader wrote.
-        let candidate = unsafe { core::ptr::read_volatile(&raw const FAULT_CONFIG.populate_nrs[i]) };
+        let candidate =
+            unsafe { core::ptr::read_volatile(&raw const FAULT_CONFIG.populate_nrs[i]) };
         if candidate == nr {
             index = i as u32;
             break;
@@ -631,7 +693,10 @@ pub fn populate_enter(ctx: TracePointContext) -> u32 {
         exception_maj: 0,
         address: unsafe { ctx.read_at::<u64>(ARG0_OFFSET) }.unwrap_or(0),
     };
-    if POPULATE_INFLIGHT.insert(tid, call, u64::from(BPF_ANY)).is_err() {
+    if POPULATE_INFLIGHT
+        .insert(tid, call, u64::from(BPF_ANY))
+        .is_err()
+    {
         bump(fault_counter::UPDATE_FAILED);
     }
     0
@@ -679,12 +744,20 @@ pub fn populate_exit_counted(ctx: TracePointContext) -> u32 {
         call.address
     };
     if address != 0 {
-        let shift = config!(region_shift);
-        flush_region(tgid, address >> shift << shift, minor + major, 0);
+        flush_region(tgid, address & PAGE_MASK, minor + major, 0);
     }
     if config!(events) != 0 {
         let flags = fault_flags::POPULATED | if minor == 0 { fault_flags::MAJOR } else { 0 };
-        emit(tgid, tid, flags, address, NO_LATENCY, 0, minor + major, call.index);
+        emit(
+            tgid,
+            tid,
+            flags,
+            address,
+            NO_LATENCY,
+            0,
+            minor + major,
+            call.index,
+        );
     }
     0
 }

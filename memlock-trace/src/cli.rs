@@ -88,6 +88,8 @@ pub enum Command {
 pub enum WorkloadName {
     /// One of each mlock-family call, one of them failing.
     Syscalls,
+    /// Takes page faults on command (stdin), answering its own fault counters (stdout).
+    Faults,
 }
 
 fn positive_secs(s: &str) -> Result<f64, String> {

@@ -96,7 +96,7 @@ impl Default for FaultOptions {
 /// (include/linux/mm.h; unchanged since VM_LOCKONFAULT was added in 4.4).
 pub const VM_LOCKED: u64 = 0x0000_2000;
 pub const VM_LOCKONFAULT: u64 = 0x0008_0000;
-/// Without a VMA, fault addresses are grouped in 64 KiB regions: sequential faults then
+/// Without a VMA, runs of faults within 64 KiB are counted together: sequential faults then
 /// flush the per-CPU region cache once per 16 pages.
 const REGION_SHIFT: u32 = 16;
 
@@ -833,16 +833,11 @@ pub fn by_mapping(
 ) -> Vec<MappingFaults> {
     let mut per_mapping: StdHashMap<(u64, u64), MappingFaults> = StdHashMap::new();
     for (key, value) in regions {
+        // The key is a VMA start or the page of a run's first fault: the mapping that
+        // contains it.
         let found = maps.and_then(|maps| {
             maps.iter()
                 .find(|m| m.start <= key.start && key.start < m.end)
-                .or_else(|| {
-                    // A 64 KiB region that starts before its first mapping.
-                    let end = key.start + (1 << REGION_SHIFT);
-                    (key.exact == 0)
-                        .then(|| maps.iter().find(|m| m.start < end && key.start < m.end))
-                        .flatten()
-                })
         });
         let (range, mut entry) = match found {
             Some(m) => (
@@ -929,52 +924,26 @@ mod tests {
             mapping(0x10000, 0x40000, "[heap]", false),
             mapping(0x48000, 0x58000, "/lib/x.so", true),
         ];
+        let region = |start, faults| {
+            let key = RegionKey {
+                tgid: 1,
+                exact: 0,
+                start,
+            };
+            (
+                key,
+                RegionValue {
+                    faults,
+                    vm_flags: 0,
+                },
+            )
+        };
         let regions = [
-            (
-                RegionKey {
-                    tgid: 1,
-                    exact: 0,
-                    start: 0x10000,
-                },
-                RegionValue {
-                    faults: 16,
-                    vm_flags: 0,
-                },
-            ),
-            (
-                RegionKey {
-                    tgid: 1,
-                    exact: 0,
-                    start: 0x20000,
-                },
-                RegionValue {
-                    faults: 4,
-                    vm_flags: 0,
-                },
-            ),
-            // Starts in a hole, overlaps the library.
-            (
-                RegionKey {
-                    tgid: 1,
-                    exact: 0,
-                    start: 0x40000,
-                },
-                RegionValue {
-                    faults: 3,
-                    vm_flags: 0,
-                },
-            ),
-            (
-                RegionKey {
-                    tgid: 1,
-                    exact: 0,
-                    start: 0x90000,
-                },
-                RegionValue {
-                    faults: 1,
-                    vm_flags: 0,
-                },
-            ),
+            region(0x10000, 16),
+            region(0x20000, 4),
+            // The page of a run's first fault, inside the library.
+            region(0x49000, 3),
+            region(0x90000, 1),
         ];
         let list = by_mapping(&regions, Some(&maps), 10);
         assert_eq!(list.len(), 3, "{list:?}");

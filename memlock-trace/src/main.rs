@@ -29,6 +29,7 @@ fn main() -> ExitCode {
 fn run_workload(name: WorkloadName, report: Option<&std::path::Path>) -> anyhow::Result<()> {
     let calls = match name {
         WorkloadName::Syscalls => workload::syscalls::run()?,
+        WorkloadName::Faults => return workload::faults::serve(),
     };
     let json = serde_json::to_string_pretty(&calls)?;
     match report {

@@ -1,0 +1,484 @@
+//! Page-fault accuracy with the real programs loaded into the running kernel.
+//!
+//! A child (`memlock-trace workload faults`) takes known faults on command. Between commands
+//! it is blocked in `read(0)`, so for every command the window between two blocked states is
+//! closed on both sides: the tracer's counts for the child must equal the kernel's own
+//! `/proc/PID/stat` minflt/majflt deltas exactly, and each class must hold the faults the
+//! command is known to take.
+//!
+//! Every hook set the kernel allows is tested. Which sets a kernel must allow is given by
+//! `MEMLOCK_TRACE_EXPECT_FAULT_HOOKS` (comma-separated, e.g. `fentry,kprobe,tracepoint` in
+//! the stock-kernel VM, `tracepoint` on the development host); unset, only `tracepoint` is
+//! required and refusals of the others are printed. Needs root.
+
+use std::{
+    collections::BTreeMap,
+    io::{BufRead as _, BufReader, Write as _},
+    path::PathBuf,
+    process::{Child, ChildStdin, ChildStdout, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use memlock_trace::{
+    faults::{self, FaultOptions, FaultReport, FaultSummary, HookChoice, HookSet, MappingFaults},
+    mappings::MappingCache,
+    tracer::{Targets, Tracer},
+    workload::{PAGE_SIZE, faults::FILE_STRIDE},
+};
+
+fn require_root() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "\n\n*** the fault tests load eBPF programs: run them as root (sudo -E cargo test) ***\n"
+    );
+}
+
+/// Hook sets this kernel is expected to allow.
+fn expected_sets() -> Vec<HookSet> {
+    match std::env::var("MEMLOCK_TRACE_EXPECT_FAULT_HOOKS") {
+        Ok(list) => list
+            .split(',')
+            .map(|name| match name.trim() {
+                "fentry" => HookSet::Fentry,
+                "kprobe" => HookSet::Kprobe,
+                "tracepoint" => HookSet::Tracepoint,
+                other => panic!("MEMLOCK_TRACE_EXPECT_FAULT_HOOKS: unknown hook set `{other}`"),
+            })
+            .collect(),
+        Err(_) => vec![HookSet::Tracepoint],
+    }
+}
+
+fn forced(set: HookSet) -> HookChoice {
+    match set {
+        HookSet::Fentry => HookChoice::Fentry,
+        HookSet::Kprobe => HookChoice::Kprobe,
+        HookSet::Tracepoint => HookChoice::Tracepoint,
+    }
+}
+
+/// The workload child, driven line by line.
+struct Workload {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Workload {
+    fn spawn() -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_memlock-trace"))
+            .args(["workload", "faults"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawning `memlock-trace workload faults`");
+        let stdin = child.stdin.take().expect("stdin");
+        let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
+        let mut line = String::new();
+        stdout
+            .read_line(&mut line)
+            .expect("reading the workload's greeting");
+        assert_eq!(line, "ready\n");
+        Self {
+            child,
+            stdin,
+            stdout,
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends a command; returns the address it used, once the child is blocked again.
+    fn run(&mut self, command: &str) -> usize {
+        self.stdin
+            .write_all(format!("{command}\n").as_bytes())
+            .expect("writing a command");
+        let mut line = String::new();
+        self.stdout
+            .read_line(&mut line)
+            .expect("reading the answer");
+        let words: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(
+            words.first(),
+            Some(&"ok"),
+            "`{command}` failed in the workload: {line}"
+        );
+        self.wait_blocked();
+        usize::from_str_radix(words[3].trim_start_matches("0x"), 16).expect("address")
+    }
+
+    /// Waits until the child sits in `read(0, ...)`: x86_64 syscall 0 with fd 0 as the
+    /// first argument, in /proc/PID/syscall.
+    fn wait_blocked(&self) {
+        let path = format!("/proc/{}/syscall", self.pid());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let text = std::fs::read_to_string(&path).expect("reading /proc/PID/syscall");
+            if text.starts_with("0 0x0 ") {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the workload never blocked: {text}"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// The kernel's own counters: /proc/PID/stat fields 10 (minflt) and 12 (majflt).
+    fn proc_faults(&self) -> (u64, u64) {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).expect("stat");
+        // The comm may contain spaces: fields start after the last ')'.
+        let fields: Vec<&str> = stat[stat.rfind(')').expect("comm") + 2..]
+            .split(' ')
+            .collect();
+        (
+            fields[7].parse().expect("minflt"),
+            fields[9].parse().expect("majflt"),
+        )
+    }
+}
+
+impl Drop for Workload {
+    fn drop(&mut self) {
+        let _ = self.stdin.write_all(b"exit\n");
+        let _ = self.child.wait();
+    }
+}
+
+fn report(tracer: &Tracer) -> FaultReport {
+    tracer
+        .fault_report()
+        .expect("reading the fault maps")
+        .expect("faults traced")
+}
+
+/// One process's summary, with its faults attributed to the mappings in `mappings`.
+fn summary(
+    tracer: &Tracer,
+    report: &FaultReport,
+    mappings: &mut MappingCache,
+    pid: u32,
+) -> FaultSummary {
+    let hooks = tracer.fault_hooks.as_ref().expect("fault hooks");
+    let mut all = faults::summarize(report, hooks, mappings, 50);
+    all.remove(&pid).map(|(_, s)| s).unwrap_or_default()
+}
+
+/// Differences of one window.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Delta {
+    minor: u64,
+    major: u64,
+    user: u64,
+    populated: u64,
+    populated_by: BTreeMap<&'static str, u64>,
+    failed: Option<u64>,
+    in_locked_vma: Option<u64>,
+    in_lockonfault_vma: Option<u64>,
+    /// Faults timed, per latency class.
+    timed: BTreeMap<&'static str, u64>,
+    latency_unmatched: u64,
+}
+
+fn delta(before: &FaultSummary, after: &FaultSummary) -> Delta {
+    let sub = |a: Option<u64>, b: Option<u64>| a.zip(b).map(|(a, b)| a - b);
+    let mut populated_by = BTreeMap::new();
+    for (call, n) in &after.populated_by {
+        let d = n - before.populated_by.get(call).copied().unwrap_or(0);
+        if d > 0 {
+            populated_by.insert(*call, d);
+        }
+    }
+    let mut timed = BTreeMap::new();
+    for (class, l) in &after.latency_ns {
+        let d = l.count - before.latency_ns.get(class).map_or(0, |b| b.count);
+        if d > 0 {
+            timed.insert(*class, d);
+        }
+    }
+    Delta {
+        minor: after.minor - before.minor,
+        major: after.major - before.major,
+        user: after.user - before.user,
+        populated: after.populated - before.populated,
+        populated_by,
+        failed: sub(after.failed, before.failed),
+        in_locked_vma: sub(after.in_locked_vma, before.in_locked_vma),
+        in_lockonfault_vma: sub(after.in_lockonfault_vma, before.in_lockonfault_vma),
+        timed,
+        latency_unmatched: after.latency_unmatched - before.latency_unmatched,
+    }
+}
+
+/// A sparse file whose pages `i * FILE_STRIDE` hold data (and so are in the page cache).
+fn sparse_file(pages: usize) -> PathBuf {
+    use std::os::unix::fs::FileExt as _;
+    let path = std::env::temp_dir().join(format!("memlock-trace-faults-{}", std::process::id()));
+    let file = std::fs::File::create(&path).expect("creating the test file");
+    file.set_len((pages * FILE_STRIDE * PAGE_SIZE) as u64)
+        .expect("sizing the test file");
+    for i in 0..pages {
+        file.write_at(&[7u8; PAGE_SIZE], (i * FILE_STRIDE * PAGE_SIZE) as u64)
+            .expect("writing");
+    }
+    file.sync_all().expect("fsync");
+    path
+}
+
+/// Drops the file's clean pages from the page cache, so reading them is a major fault.
+fn evict(path: &PathBuf) {
+    use std::os::fd::AsRawFd as _;
+    let file = std::fs::File::open(path).expect("opening the test file");
+    let ret = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    assert_eq!(ret, 0, "posix_fadvise(DONTNEED)");
+}
+
+/// Runs every command against a tracer forced to `set` and checks each window.
+fn accuracy(set: HookSet) {
+    require_root();
+    let options = FaultOptions {
+        hooks: forced(set),
+        per_thread: true,
+        ..FaultOptions::default()
+    };
+    let mut tracer = match Tracer::load_with(&Targets::Tgids(Vec::new()), &options) {
+        Ok(tracer) => tracer,
+        Err(error) => {
+            let message = format!("{error:#}");
+            assert!(
+                !expected_sets().contains(&set),
+                "\n\n*** {} hooks are expected on this kernel ({}) but were refused:\n{message}\n",
+                set.name(),
+                memlock_trace::probe::kernel_release()
+            );
+            // A refusal must carry the kernel's reason.
+            assert!(message.contains("refused"), "{message}");
+            eprintln!(
+                "\n*** {} hooks refused by kernel {}, as this kernel may: accuracy not tested with them here.\n{message}\n",
+                set.name(),
+                memlock_trace::probe::kernel_release()
+            );
+            return;
+        }
+    };
+    assert_eq!(tracer.fault_hooks.as_ref().unwrap().hook_set, set);
+    let file_pages = 32;
+    let file = sparse_file(file_pages);
+    let mut child = Workload::spawn();
+    let pid = child.pid();
+    tracer
+        .add_target(pid)
+        .expect("adding the workload to the filter");
+
+    // Warm every path once (code, stack, libc), so each measured window holds only the
+    // faults its command is known to take.
+    for warm in [
+        "noop",
+        "noop",
+        "touch 1",
+        "mlock 1",
+        "populate 1",
+        "onfault 1",
+        "segv",
+        "mlockall 1",
+        "noop",
+    ] {
+        child.run(warm);
+    }
+    child.run(&format!("file 1 {}", file.display()));
+
+    let mut window = |command: &str| -> (Delta, usize, Vec<MappingFaults>) {
+        let proc_before = child.proc_faults();
+        let report_before = report(&tracer);
+        let addr = child.run(command);
+        let proc_after = child.proc_faults();
+        let report_after = report(&tracer);
+        // Both sides attributed to the mappings of now: addresses get reused by new mappings.
+        let mut mappings = MappingCache::default();
+        mappings.refresh(pid, Duration::ZERO);
+        let before = summary(&tracer, &report_before, &mut mappings, pid);
+        let after = summary(&tracer, &report_after, &mut mappings, pid);
+        let d = delta(&before, &after);
+        let by_mapping = after
+            .by_mapping
+            .iter()
+            .map(|m| {
+                let old = before
+                    .by_mapping
+                    .iter()
+                    .find(|b| b.start == m.start)
+                    .map_or(0, |b| b.faults);
+                MappingFaults {
+                    faults: m.faults - old,
+                    ..m.clone()
+                }
+            })
+            .collect();
+        // The kernel's count, exactly.
+        assert_eq!(
+            (d.minor, d.major),
+            (proc_after.0 - proc_before.0, proc_after.1 - proc_before.1),
+            "`{command}` with {} hooks: tracer (minor, major) vs /proc/{pid}/stat; {d:?}",
+            set.name()
+        );
+        assert_eq!(
+            d.user + d.populated,
+            d.minor + d.major,
+            "`{command}`: {d:?}"
+        );
+        // Per thread: the child is single-threaded, so its one thread holds everything.
+        assert_eq!(after.threads.len(), 1, "{:?}", after.threads);
+        assert_eq!(after.threads[0].tid, pid);
+        assert_eq!(
+            (after.threads[0].faults.minor, after.threads[0].faults.major),
+            (after.minor, after.major)
+        );
+        eprintln!("{:>10} {command:<40} {d:?}", set.name());
+        (d, addr, by_mapping)
+    };
+    let vma_hooks = set != HookSet::Tracepoint;
+    let zero_if_vma = |n: u64| vma_hooks.then_some(n);
+
+    let (d, ..) = window("noop");
+    assert_eq!(
+        d,
+        Delta {
+            failed: Some(0),
+            in_locked_vma: zero_if_vma(0),
+            in_lockonfault_vma: zero_if_vma(0),
+            ..Delta::default()
+        }
+    );
+
+    // Lazy first touch: one minor user fault per page, each timed.
+    let (d, ..) = window("touch 1000");
+    assert_eq!((d.user, d.minor, d.populated), (1000, 1000, 0), "{d:?}");
+    assert_eq!(d.timed.get("user"), Some(&1000), "{d:?}");
+    assert_eq!(d.latency_unmatched, 0);
+
+    // mlock of untouched pages: the kernel populates every page inside the call.
+    let (d, ..) = window("mlock 500");
+    assert_eq!((d.user, d.populated), (0, 500), "{d:?}");
+    assert_eq!(d.populated_by, BTreeMap::from([("mlock", 500)]));
+    assert_eq!(d.in_locked_vma, zero_if_vma(500));
+    if vma_hooks {
+        // Hooks inside handle_mm_fault time populated faults one by one too.
+        assert_eq!(d.timed.get("populated"), Some(&500), "{d:?}");
+    }
+
+    let (d, ..) = window("populate 300");
+    assert_eq!((d.user, d.populated), (0, 300), "{d:?}");
+    assert_eq!(d.populated_by, BTreeMap::from([("mmap", 300)]));
+
+    // Lock on fault: nothing populated, every touch a fault in a locked VMA.
+    let (d, onfault_addr, by_mapping) = window("onfault 64");
+    assert_eq!((d.user, d.populated), (64, 0), "{d:?}");
+    assert_eq!(
+        (d.in_locked_vma, d.in_lockonfault_vma),
+        (zero_if_vma(64), zero_if_vma(64))
+    );
+    let mapping = by_mapping
+        .iter()
+        .find(|m| m.start == format!("{onfault_addr:#x}"))
+        .unwrap_or_else(|| panic!("no mapping at {onfault_addr:#x} in {by_mapping:#?}"));
+    assert_eq!(
+        (mapping.faults, mapping.locked, mapping.lockonfault),
+        (64, Some(true), Some(true)),
+        "{mapping:?}"
+    );
+
+    // Read faults on a file mapping whose pages are cached: minor.
+    let (d, ..) = window(&format!("file {file_pages} {}", file.display()));
+    assert_eq!(
+        (d.user, d.minor, d.major),
+        (file_pages as u64, file_pages as u64, 0),
+        "{d:?}"
+    );
+
+    // Not cached: major (the kernel reads each page).
+    evict(&file);
+    let (d, ..) = window(&format!("file {file_pages} {}", file.display()));
+    // The window already matched the tracer's majors to the kernel's.
+    let proc_majors = d.major;
+    if proc_majors == 0 {
+        eprintln!(
+            "*** {} is not evictable (tmpfs?): the kernel counted no major faults, nor did the tracer",
+            file.display()
+        );
+    } else {
+        assert_eq!(
+            proc_majors, file_pages as u64,
+            "the kernel's own count of major faults"
+        );
+        assert_eq!(
+            (d.major, d.user),
+            (file_pages as u64, file_pages as u64),
+            "{d:?}"
+        );
+        assert_eq!(d.timed.get("major"), Some(&(file_pages as u64)), "{d:?}");
+    }
+
+    // A SIGSEGV then its successful restart: one failed fault (where the hooks see the
+    // exception), one completed.
+    let (d, ..) = window("segv");
+    assert_eq!(d.user, 1, "{d:?}");
+    assert_eq!(d.failed, Some(if vma_hooks { 0 } else { 1 }), "{d:?}");
+
+    // mlockall(MCL_FUTURE): a new mapping is born locked and populated by mmap.
+    let (d, ..) = window("mlockall 50");
+    assert_eq!(d.populated_by.get("mmap"), Some(&50), "{d:?}");
+
+    let _ = std::fs::remove_file(&file);
+}
+
+#[test]
+fn accuracy_fentry() {
+    accuracy(HookSet::Fentry);
+}
+
+#[test]
+fn accuracy_kprobe() {
+    accuracy(HookSet::Kprobe);
+}
+
+#[test]
+fn accuracy_tracepoint() {
+    accuracy(HookSet::Tracepoint);
+}
+
+/// `auto` picks the best set the kernel allows and says why the better ones were refused.
+#[test]
+fn auto_picks_the_best_allowed_set() {
+    require_root();
+    let tracer = Tracer::load_with(&Targets::Tgids(Vec::new()), &FaultOptions::default())
+        .expect("no fault hook set at all: even the tracepoint set was refused");
+    let hooks = tracer.fault_hooks.as_ref().expect("faults traced");
+    let refused: Vec<HookSet> = hooks.refused.iter().map(|r| r.hook_set).collect();
+    let better: Vec<HookSet> = HookSet::ALL
+        .into_iter()
+        .take_while(|&s| s != hooks.hook_set)
+        .collect();
+    assert_eq!(refused, better, "{hooks:#?}");
+    for r in &hooks.refused {
+        assert!(
+            r.reason.contains("refused"),
+            "a refusal without the kernel's reason: {r:?}"
+        );
+    }
+    let best_expected = HookSet::ALL
+        .into_iter()
+        .find(|s| expected_sets().contains(s))
+        .expect("some set");
+    if std::env::var("MEMLOCK_TRACE_EXPECT_FAULT_HOOKS").is_ok() {
+        assert_eq!(hooks.hook_set, best_expected, "{hooks:#?}");
+    }
+    eprintln!(
+        "kernel {}: {} hooks, refused {:?}",
+        memlock_trace::probe::kernel_release(),
+        hooks.hook_set.name(),
+        hooks.refused
+    );
+}
