@@ -2,6 +2,7 @@
 #![no_std]
 #![no_main]
 
+mod capabilities;
 mod faults;
 mod shared;
 mod syscalls;

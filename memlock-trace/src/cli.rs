@@ -75,6 +75,24 @@ impl TraceArgs {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Report what the running kernel allows (fentry, kprobe, tp_btf, tracepoint, perf
+    /// events, ring buffer, BTF) and which hook set each hook family would use.
+    Probe {
+        /// Write the report as one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run every reference experiment with the tracer attached and write a report with charts.
+    Suite(crate::suite::SuiteArgs),
+    /// Run one reference experiment (see SCENARIOS.md) and print its own measurements as JSON.
+    Scenario {
+        name: crate::workload::scenario::Scenario,
+        #[command(flatten)]
+        args: crate::workload::scenario::ScenarioArgs,
+        /// Write the result here instead of stdout.
+        #[arg(long, value_name = "FILE")]
+        report: Option<PathBuf>,
+    },
     /// Run a bundled workload (used by `cargo xtask run` and the tests).
     Workload {
         name: WorkloadName,

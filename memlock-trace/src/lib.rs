@@ -6,6 +6,7 @@
 //! [`launch`] starts traced commands, [`workload`] holds the bundled workloads.
 
 pub mod aggregate;
+pub mod charts;
 pub mod cli;
 pub mod decode;
 pub mod faults;
@@ -13,7 +14,9 @@ pub mod launch;
 pub mod mappings;
 pub mod probe;
 pub mod render;
+pub mod report;
 pub mod session;
+pub mod suite;
 pub mod syscall;
 pub mod tracer;
 pub mod workload;

@@ -4,13 +4,18 @@ use clap::Parser as _;
 use memlock_trace::{
     UsageError,
     cli::{Cli, Command, WorkloadName},
-    session, workload,
+    probe, session,
+    tracer::{Targets, Tracer},
+    workload,
 };
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         None => session::run(cli.trace),
+        Some(Command::Probe { json }) => run_probe(json).map(|()| 0),
+        Some(Command::Suite(args)) => memlock_trace::suite::run(args).map(|()| 0),
+        Some(Command::Scenario { name, args, report }) => run_scenario(name, &args, report.as_deref()).map(|()| 0),
         Some(Command::Workload { name, report }) => run_workload(name, report.as_deref()).map(|()| 0),
     };
     match result {
@@ -32,6 +37,45 @@ fn run_workload(name: WorkloadName, report: Option<&std::path::Path>) -> anyhow:
         WorkloadName::Faults => return workload::faults::serve(),
     };
     let json = serde_json::to_string_pretty(&calls)?;
+    match report {
+        Some(path) => std::fs::write(path, json)?,
+        None => println!("{json}"),
+    }
+    Ok(())
+}
+
+fn run_probe(json: bool) -> anyhow::Result<()> {
+    let kernel = probe::kernel_release();
+    let capabilities = probe::capabilities()?;
+    // The hook sets a real session would pick, by loading the tracer with nothing to trace.
+    let tracer = Tracer::load(&Targets::Tgids(Vec::new()))?;
+    if json {
+        let report = serde_json::json!({
+            "type": "probe",
+            "kernel": kernel,
+            "capabilities": capabilities,
+            "hooks": tracer.hooks,
+        });
+        println!("{report}");
+        return Ok(());
+    }
+    println!("kernel {kernel}");
+    for c in &capabilities {
+        println!("{:<12} {:<4} {}", c.name, if c.usable { "yes" } else { "no" }, c.detail);
+    }
+    for (family, hooks) in &tracer.hooks {
+        println!("hooks {family}: {hooks}");
+    }
+    Ok(())
+}
+
+fn run_scenario(
+    name: workload::scenario::Scenario,
+    args: &workload::scenario::ScenarioArgs,
+    report: Option<&std::path::Path>,
+) -> anyhow::Result<()> {
+    let result = workload::scenario::run(name, args).map_err(|e| UsageError(format!("{e:#}")))?;
+    let json = serde_json::to_string(&result)?;
     match report {
         Some(path) => std::fs::write(path, json)?,
         None => println!("{json}"),

@@ -8,7 +8,7 @@ use aya::{
     maps::{HashMap, MapData, PerCpuArray, RingBuf},
     programs::{ProgramError, TracePoint},
 };
-use memlock_trace_common::{Config, counter, filter, names};
+use memlock_trace_common::{Config, counter, faults::FaultConfig, filter, names};
 
 use crate::{
     faults::{self, FaultHooks, FaultOptions, FaultReport},
@@ -71,12 +71,7 @@ impl Tracer {
             offsets: btf.offsets()?,
         };
         let fault_config = faults::config(&btf, fault_options)?;
-        let mut loader = EbpfLoader::new();
-        loader.override_global(names::CONFIG, &config, true);
-        faults::prepare_loader(&mut loader, &fault_config)?;
-        let mut ebpf = loader
-            .load(EBPF_OBJECT)
-            .context("creating the eBPF maps failed (is RLIMIT_MEMLOCK too low on a kernel older than 5.11?)")?;
+        let mut ebpf = load_object_with(&config, Some(&fault_config))?;
 
         let targets_map = ebpf
             .take_map(names::TARGET_TGIDS)
@@ -188,9 +183,27 @@ impl Tracer {
     }
 }
 
+/// Creates the object's maps with `config` baked into its read-only globals; no program is
+/// loaded yet.
+pub fn load_object(config: &Config) -> Result<Ebpf> {
+    load_object_with(config, None)
+}
+
+/// [`load_object`], with the fault hooks' globals and map sizes when given.
+fn load_object_with(config: &Config, fault_config: Option<&FaultConfig>) -> Result<Ebpf> {
+    let mut loader = EbpfLoader::new();
+    loader.override_global(names::CONFIG, config, true);
+    if let Some(fault_config) = fault_config {
+        faults::prepare_loader(&mut loader, fault_config)?;
+    }
+    loader
+        .load(EBPF_OBJECT)
+        .context("creating the eBPF maps failed (is RLIMIT_MEMLOCK too low on a kernel older than 5.11?)")
+}
+
 /// Turns a refused load or attach into a message naming the program, the kernel's reason
 /// (the last lines of the verifier log) and what to do about it.
-pub(crate) fn hook_refused(program: &str, kind: &str, error: ProgramError) -> anyhow::Error {
+pub fn hook_refused(program: &str, kind: &str, error: ProgramError) -> anyhow::Error {
     let mut message = format!("the kernel refused {kind} program `{program}`: ");
     match &error {
         ProgramError::LoadError {

@@ -1,8 +1,18 @@
 //! Bundled workloads: processes that make known calls, measure themselves, and report what
 //! they did, so the tracer's view can be checked against the workload's own.
 
+pub mod dynamic_alloc;
 pub mod faults;
+pub mod first_touch;
+pub mod fork_inherit;
+pub mod malloc_vs_mmap;
+pub mod memlock_limit;
+pub mod scenario;
 pub mod syscalls;
+pub mod thread_create;
+pub mod thread_stack;
+pub mod vm_memory;
+pub mod vma_split;
 
 use std::ptr;
 
@@ -23,6 +33,17 @@ impl Faults {
         let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
         // SAFETY: valid out-pointer; RUSAGE_THREAD cannot fail for the calling thread.
         unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut usage) };
+        Self {
+            minflt: usage.ru_minflt as u64,
+            majflt: usage.ru_majflt as u64,
+        }
+    }
+
+    /// `getrusage(RUSAGE_SELF)`: every thread of the process.
+    pub fn process() -> Self {
+        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: valid out-pointer.
+        unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
         Self {
             minflt: usage.ru_minflt as u64,
             majflt: usage.ru_majflt as u64,
@@ -74,4 +95,32 @@ impl Drop for Region {
         // SAFETY: unmapping exactly the mapping we created.
         unsafe { libc::munmap(self.addr.cast(), self.len) };
     }
+}
+
+/// The median of some measurements (0 when there are none).
+pub fn median(values: impl Iterator<Item = f64>) -> f64 {
+    let mut v: Vec<f64> = values.collect();
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// A `kB` field of /proc/PID/status, e.g. `VmRSS` or `VmLck`.
+pub fn pid_status_kib(pid: u32, field: &str) -> anyhow::Result<u64> {
+    status_kib(&format!("/proc/{pid}/status"), field)
+}
+
+pub fn proc_status_kib(field: &str) -> anyhow::Result<u64> {
+    status_kib("/proc/self/status", field)
+}
+
+fn status_kib(path: &str, field: &str) -> anyhow::Result<u64> {
+    let status = std::fs::read_to_string(path)?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("no {field} in {path}"))
 }

@@ -1,0 +1,73 @@
+//! first-touch (reference 001): the cost of the first touch of each page, lazily, after
+//! `mlock`, and with `MAP_POPULATE`, then steady-state reads every 64 bytes.
+
+use std::{hint::black_box, time::Instant};
+
+use anyhow::{Result, bail};
+use serde_json::{Value, json};
+
+use super::{Faults, PAGE_SIZE, Region, scenario::ScenarioArgs};
+
+pub fn run(variant: &str, args: &ScenarioArgs) -> Result<Value> {
+    let pages = args.touch_mib * 256;
+    let rw = libc::PROT_READ | libc::PROT_WRITE;
+    let mut runs = Vec::new();
+    for _ in 0..args.runs {
+        let faults_before_call = Faults::process();
+        let t = Instant::now();
+        let region = match variant {
+            "lazy" | "mlock" => Region::anonymous(pages, rw, 0)?,
+            "populate" => Region::anonymous(pages, rw, libc::MAP_POPULATE)?,
+            other => bail!("unknown first-touch variant {other}"),
+        };
+        if variant == "mlock" {
+            // SAFETY: locking our own fresh mapping.
+            if unsafe { libc::mlock(region.addr.cast(), region.len) } != 0 {
+                bail!("mlock of {} MiB: {}", args.touch_mib, std::io::Error::last_os_error());
+            }
+        }
+        let call_ns = t.elapsed().as_nanos() as u64;
+        let call_faults = Faults::process().since(faults_before_call);
+
+        let before_touch = Faults::process();
+        let t = Instant::now();
+        for page in 0..pages {
+            // SAFETY: inside the mapping.
+            unsafe { region.page(page).write_volatile(1) };
+        }
+        let touch_ns = t.elapsed().as_nanos() as u64;
+        let touch_faults = Faults::process().since(before_touch);
+
+        let lines = region.len / 64;
+        let passes = 8;
+        let t = Instant::now();
+        let mut sum = 0u64;
+        for _ in 0..passes {
+            for line in 0..lines {
+                // SAFETY: inside the mapping.
+                sum += u64::from(unsafe { region.addr.add(line * 64).read_volatile() });
+            }
+        }
+        black_box(sum);
+        let steady_ns = t.elapsed().as_nanos() as u64;
+        runs.push(json!({
+            "call_ns": call_ns,
+            "call_ns_per_page": call_ns as f64 / pages as f64,
+            "call_faults": call_faults,
+            "touch_ns_per_page": touch_ns as f64 / pages as f64,
+            "touch_faults": touch_faults,
+            "steady_ns_per_line": steady_ns as f64 / (passes * lines) as f64,
+        }));
+    }
+    let median = |key: &str| super::median(runs.iter().map(|r| r[key].as_f64().unwrap_or(0.0)));
+    Ok(json!({
+        "pages": pages,
+        "page_size": PAGE_SIZE,
+        "runs": runs,
+        "call_ns_per_page": median("call_ns_per_page"),
+        "touch_ns_per_page": median("touch_ns_per_page"),
+        "steady_ns_per_line": median("steady_ns_per_line"),
+        "touch_faults_per_run": runs[0]["touch_faults"]["minflt"],
+        "call_faults_per_run": runs[0]["call_faults"]["minflt"],
+    }))
+}

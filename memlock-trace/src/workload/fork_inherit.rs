@@ -1,0 +1,61 @@
+//! fork-inherit (reference 000, section 1): locks are not inherited across fork, and threads
+//! share them (they share the mm). Each side reads its own `/proc/self/smaps`.
+
+use std::io::{Read as _, Write as _};
+
+use anyhow::{Result, bail};
+use nix::unistd::{ForkResult, fork, pipe};
+use serde_json::{Value, json};
+
+use super::{Region, vma_split::region_vmas};
+
+pub fn run() -> Result<Value> {
+    let region = Region::anonymous(16, libc::PROT_READ | libc::PROT_WRITE, 0)?;
+    // SAFETY: our own mapping.
+    if unsafe { libc::mlock(region.addr.cast(), region.len) } != 0 {
+        bail!("mlock: {}", std::io::Error::last_os_error());
+    }
+    let range = (region.addr as u64, region.addr as u64 + region.len as u64);
+    let parent = summarize(range)?;
+    let thread = std::thread::scope(|s| s.spawn(|| summarize(range)).join())
+        .map_err(|_| anyhow::anyhow!("thread panicked"))??;
+
+    let (r, w) = pipe()?;
+    // SAFETY: the child only reads /proc, writes a pipe and exits; no locks are held here.
+    let child_pid = match unsafe { fork() }? {
+        ForkResult::Child => {
+            drop(r);
+            let text = summarize(range).map(|v| v.to_string()).unwrap_or_else(|e| json!({ "error": e.to_string() }).to_string());
+            let mut w = std::fs::File::from(w);
+            let _ = w.write_all(text.as_bytes());
+            drop(w);
+            // SAFETY: leave without running the parent's destructors twice.
+            unsafe { libc::_exit(0) }
+        }
+        ForkResult::Parent { child } => child,
+    };
+    drop(w);
+    let mut text = String::new();
+    std::fs::File::from(r).read_to_string(&mut text)?;
+    nix::sys::wait::waitpid(child_pid, None)?;
+    let child: Value = serde_json::from_str(&text)?;
+    // SAFETY: our own mapping.
+    unsafe { libc::munlock(region.addr.cast(), region.len) };
+    Ok(json!({
+        "region_kib": region.len / 1024,
+        "parent": parent,
+        "thread": thread,
+        "child": child,
+        "pids": [std::process::id(), child_pid.as_raw()],
+    }))
+}
+
+/// Locked KiB and whether every VMA of the range has VM_LOCKED, from /proc/self/smaps.
+fn summarize(range: (u64, u64)) -> Result<Value> {
+    let vmas = region_vmas("self", range)?;
+    Ok(json!({
+        "locked_kib": vmas.iter().map(|v| v.locked_kib).sum::<u64>(),
+        "vm_locked": !vmas.is_empty() && vmas.iter().all(|v| v.flags.contains(&"lo".to_string())),
+        "vmas": vmas.len(),
+    }))
+}

@@ -1,0 +1,287 @@
+//! `cargo xtask test`: the same test binaries on this machine's kernel and inside a qemu
+//! guest booting a stock Debian kernel (where fentry/kprobes load), with a table per kernel.
+
+use std::{
+    io::{BufRead as _, BufReader},
+    path::PathBuf,
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, bail};
+
+use crate::{run::workspace_root, util::output_of, vm};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Only run the tests on this machine's kernel.
+    #[arg(long, conflicts_with = "vm_only")]
+    host_only: bool,
+    /// Only run the tests inside the qemu guest.
+    #[arg(long)]
+    vm_only: bool,
+}
+
+/// A test executable built by `cargo test --no-run`.
+struct TestBinary {
+    /// `package/target`, e.g. `memlock-trace/syscalls`.
+    name: String,
+    package: String,
+    path: PathBuf,
+}
+
+/// What one test binary did on one kernel.
+struct Outcome {
+    name: String,
+    passed: u64,
+    failed: u64,
+    exit_code: i32,
+}
+
+struct Stage {
+    title: &'static str,
+    kernel: String,
+    hooks: Vec<(String, String)>,
+    outcomes: Vec<Outcome>,
+    secs: f64,
+}
+
+impl Stage {
+    fn ok(&self) -> bool {
+        !self.outcomes.is_empty() && self.outcomes.iter().all(|o| o.exit_code == 0 && o.failed == 0)
+    }
+}
+
+/// Integration tests load programs into the kernel and filter on their own pid, so tests in
+/// one binary must not run concurrently.
+const LIBTEST_ARGS: [&str; 1] = ["--test-threads=1"];
+
+pub fn run(args: &Args) -> Result<()> {
+    let binaries = build_test_binaries()?;
+    let tracer = workspace_root().join("target/debug/memlock-trace");
+    let mut stages = Vec::new();
+    if !args.vm_only {
+        stages.push(host_stage(&binaries, &tracer)?);
+    }
+    if !args.host_only {
+        stages.push(vm_stage(&binaries, &tracer)?);
+    }
+    println!();
+    for stage in &stages {
+        print_table(stage);
+    }
+    let passed: u64 = stages.iter().flat_map(|s| &s.outcomes).map(|o| o.passed).sum();
+    let failed: u64 = stages.iter().flat_map(|s| &s.outcomes).map(|o| o.failed).sum();
+    // The plain closing line CI reads, over both kernels.
+    println!("{passed} passed, {failed} failed");
+    if let Some(bad) = stages.iter().find(|s| !s.ok()) {
+        bail!("tests failed on {} ({})", bad.title, bad.kernel);
+    }
+    Ok(())
+}
+
+fn build_test_binaries() -> Result<Vec<TestBinary>> {
+    // Compiler progress goes to the terminal; the JSON artifact list comes back on stdout.
+    let out = Command::new("cargo")
+        .current_dir(workspace_root())
+        .args(["test", "--no-run", "--message-format=json"])
+        .stderr(Stdio::inherit())
+        .output()
+        .context("running cargo test --no-run")?;
+    if !out.status.success() {
+        bail!("building the tests failed ({})", out.status);
+    }
+    let out = String::from_utf8_lossy(&out.stdout);
+    // `cargo test` builds the binary the integration tests run as CARGO_BIN_EXE_memlock-trace.
+    let mut binaries = Vec::new();
+    for line in out.lines() {
+        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        if msg["reason"] != "compiler-artifact" || msg["profile"]["test"] != true {
+            continue;
+        }
+        let Some(exe) = msg["executable"].as_str() else {
+            continue;
+        };
+        let package = msg["target"]["src_path"]
+            .as_str()
+            .and_then(|p| p.strip_prefix(&format!("{}/", workspace_root().display())))
+            .and_then(|p| p.split('/').next())
+            .unwrap_or("?")
+            .to_string();
+        let target = msg["target"]["name"].as_str().unwrap_or("?");
+        let kind = msg["target"]["kind"][0].as_str().unwrap_or("?");
+        binaries.push(TestBinary {
+            name: format!("{package}/{kind}:{target}"),
+            package,
+            path: PathBuf::from(exe),
+        });
+    }
+    if binaries.is_empty() {
+        bail!("`cargo test --no-run` produced no test binaries");
+    }
+    Ok(binaries)
+}
+
+fn host_stage(binaries: &[TestBinary], tracer: &std::path::Path) -> Result<Stage> {
+    let start = Instant::now();
+    let kernel = output_of(Command::new("uname").arg("-r"))?.trim().to_string();
+    println!("xtask: host stage on kernel {kernel}");
+    let hooks = parse_hooks(&output_of(Command::new(tracer).arg("probe")).context("memlock-trace probe")?);
+    let mut outcomes = Vec::new();
+    for binary in binaries {
+        println!("xtask: running {}", binary.name);
+        let mut child = Command::new(&binary.path)
+            .args(LIBTEST_ARGS)
+            .current_dir(workspace_root().join(&binary.package))
+            .stdout(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("running {}", binary.path.display()))?;
+        let mut output = String::new();
+        for line in BufReader::new(child.stdout.take().expect("piped")).lines() {
+            let line = line?;
+            println!("{line}");
+            output.push_str(&line);
+            output.push('\n');
+        }
+        let status = child.wait()?;
+        outcomes.push(outcome(&binary.name, &output, status.code().unwrap_or(-1)));
+    }
+    Ok(Stage { title: "host", kernel, hooks, outcomes, secs: start.elapsed().as_secs_f64() })
+}
+
+fn vm_stage(binaries: &[TestBinary], tracer: &std::path::Path) -> Result<Stage> {
+    let start = Instant::now();
+    println!("xtask: VM stage: booting a stock Debian kernel in qemu (software emulation)");
+    // Only memlock-trace's tests touch the kernel; xtask's own do not belong in the guest.
+    let guest_binaries: Vec<&TestBinary> = binaries.iter().filter(|b| b.package == "memlock-trace").collect();
+    let mut tests = vec![vm::VmTest {
+        name: "probe".into(),
+        binary: tracer.to_path_buf(),
+        args: vec!["probe".into()],
+    }];
+    tests.extend(guest_binaries.iter().map(|b| vm::VmTest {
+        name: b.name.replace([':', '/'], "-"),
+        binary: b.path.clone(),
+        args: LIBTEST_ARGS.iter().map(|s| s.to_string()).collect(),
+    }));
+    let report = vm::run(&vm::VmOptions {
+        tests,
+        cache_dir: vm::cache_dir(),
+        timeout: Duration::from_secs(600),
+        memory_mib: 2048,
+        // Integration tests run the CLI by its absolute host path.
+        extra_files: vec![(tracer.to_path_buf(), tracer.display().to_string())],
+    })?;
+    println!(
+        "xtask: guest {} booted in {:.1}s, tests done in {:.1}s; console log: {}",
+        report.kernel_release,
+        report.boot_secs,
+        report.total_secs,
+        report.console_log.display()
+    );
+    let mut hooks = Vec::new();
+    let mut outcomes = Vec::new();
+    for result in &report.results {
+        println!("--- guest: {} (exit {}) ---\n{}", result.name, result.exit_code, result.output.trim_end());
+        if result.name == "probe" {
+            hooks = parse_hooks(&result.output);
+            // The guest exists to exercise the hooks the host refuses.
+            for needed in ["fentry", "kprobe"] {
+                if !hooks.iter().any(|(name, how)| name == needed && how.starts_with("yes")) {
+                    bail!("the guest kernel {} does not offer {needed}; the VM stage cannot test that path:\n{}", report.kernel_release, result.output);
+                }
+            }
+            if result.exit_code != 0 {
+                outcomes.push(Outcome { name: "memlock-trace probe".into(), passed: 0, failed: 1, exit_code: result.exit_code });
+            }
+            continue;
+        }
+        let name = guest_binaries
+            .iter()
+            .find(|b| b.name.replace([':', '/'], "-") == result.name)
+            .map_or(result.name.clone(), |b| b.name.clone());
+        outcomes.push(outcome(&name, &result.output, result.exit_code));
+    }
+    Ok(Stage { title: "qemu guest", kernel: report.kernel_release, hooks, outcomes, secs: start.elapsed().as_secs_f64() })
+}
+
+/// Sums libtest's `test result: ok. N passed; M failed; ...` lines.
+fn outcome(name: &str, output: &str, exit_code: i32) -> Outcome {
+    let (mut passed, mut failed) = (0, 0);
+    for line in output.lines().filter(|l| l.starts_with("test result:")) {
+        for part in line.split(';') {
+            let mut words = part.split_whitespace().rev();
+            let (Some(label), Some(n)) = (words.next(), words.next()) else { continue };
+            let n: u64 = n.parse().unwrap_or(0);
+            match label {
+                "passed" => passed += n,
+                "failed" => failed += n,
+                _ => {}
+            }
+        }
+    }
+    // A crash before the summary line still counts as a failure.
+    if exit_code != 0 && failed == 0 {
+        failed = 1;
+    }
+    Outcome { name: name.to_string(), passed, failed, exit_code }
+}
+
+/// `memlock-trace probe` prints `CAPABILITY yes|no DETAIL` lines, then
+/// `hooks FAMILY: HOOK SET` lines; both go into the table.
+fn parse_hooks(probe_output: &str) -> Vec<(String, String)> {
+    const CAPABILITIES: [&str; 7] = ["btf", "ring_buffer", "fentry", "kprobe", "tp_btf", "tracepoint", "perf_event"];
+    probe_output
+        .lines()
+        .filter_map(|l| {
+            if let Some(hooks) = l.strip_prefix("hooks ") {
+                let (family, set) = hooks.split_once(": ")?;
+                return Some((family.to_string(), set.to_string()));
+            }
+            let (name, rest) = l.split_once(char::is_whitespace)?;
+            CAPABILITIES
+                .contains(&name)
+                .then(|| (name.to_string(), rest.trim().to_string()))
+        })
+        .collect()
+}
+
+fn print_table(stage: &Stage) {
+    println!("== {} — kernel {} ({:.0}s) ==", stage.title, stage.kernel, stage.secs);
+    for (family, hooks) in &stage.hooks {
+        println!("  {family:<12} {hooks}");
+    }
+    println!("  {:<44} {:>7} {:>7} {:>5}", "test binary", "passed", "failed", "exit");
+    for o in &stage.outcomes {
+        println!("  {:<44} {:>7} {:>7} {:>5}", o.name, o.passed, o.failed, o.exit_code);
+    }
+    println!();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn libtest_summaries_are_summed() {
+        let out = "test a ... ok\ntest result: ok. 3 passed; 0 failed; 1 ignored\n\
+                   test result: FAILED. 2 passed; 1 failed; 0 ignored; 0 measured\n";
+        let o = outcome("x", out, 101);
+        assert_eq!((o.passed, o.failed), (5, 1));
+        assert_eq!(outcome("y", "", 139).failed, 1, "a crash counts as a failure");
+    }
+
+    #[test]
+    fn hooks_lines_parse() {
+        let h = parse_hooks("kernel 6.1\nfentry       no   refused\nhooks faults: fentry/fexit handle_mm_fault\nother");
+        assert_eq!(
+            h,
+            [
+                ("fentry".to_string(), "no   refused".to_string()),
+                ("faults".to_string(), "fentry/fexit handle_mm_fault".to_string())
+            ]
+        );
+    }
+}
