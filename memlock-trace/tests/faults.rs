@@ -6,10 +6,8 @@
 //! `/proc/PID/stat` minflt/majflt deltas exactly, and each class must hold the faults the
 //! command is known to take.
 //!
-//! Every hook set the kernel allows is tested. Which sets a kernel must allow is given by
-//! `MEMLOCK_TRACE_EXPECT_FAULT_HOOKS` (comma-separated, e.g. `fentry,kprobe,tracepoint` in
-//! the stock-kernel VM, `tracepoint` on the development host); unset, only `tracepoint` is
-//! required and refusals of the others are printed. Needs root.
+//! Every hook set is tried: the ones the kernel allows (per the capability probe) must load
+//! and pass, the others must be refused with the kernel's reason. Needs root.
 
 use std::{
     collections::BTreeMap,
@@ -19,6 +17,8 @@ use std::{
     time::{Duration, Instant},
 };
 
+mod common;
+
 use memlock_trace::{
     faults::{self, FaultOptions, FaultReport, FaultSummary, HookChoice, HookSet, MappingFaults},
     mappings::MappingCache,
@@ -26,27 +26,22 @@ use memlock_trace::{
     workload::{PAGE_SIZE, faults::FILE_STRIDE},
 };
 
-fn require_root() {
-    assert!(
-        nix::unistd::geteuid().is_root(),
-        "\n\n*** the fault tests load eBPF programs: run them as root (sudo -E cargo test) ***\n"
-    );
-}
-
-/// Hook sets this kernel is expected to allow.
-fn expected_sets() -> Vec<HookSet> {
-    match std::env::var("MEMLOCK_TRACE_EXPECT_FAULT_HOOKS") {
-        Ok(list) => list
-            .split(',')
-            .map(|name| match name.trim() {
-                "fentry" => HookSet::Fentry,
-                "kprobe" => HookSet::Kprobe,
-                "tracepoint" => HookSet::Tracepoint,
-                other => panic!("MEMLOCK_TRACE_EXPECT_FAULT_HOOKS: unknown hook set `{other}`"),
-            })
-            .collect(),
-        Err(_) => vec![HookSet::Tracepoint],
+/// Hook sets this kernel allows, according to `memlock-trace probe`'s capability check
+/// (empty programs of each kind, independent of the fault programs under test).
+fn allowed_sets() -> Vec<HookSet> {
+    let caps = memlock_trace::probe::capabilities().expect("probing the kernel's capabilities");
+    let usable = |name: &str| caps.iter().any(|c| c.name == name && c.usable);
+    let mut sets = Vec::new();
+    if usable("fentry") {
+        sets.push(HookSet::Fentry);
     }
+    if usable("kprobe") {
+        sets.push(HookSet::Kprobe);
+    }
+    if usable("tracepoint") && usable("perf_event") {
+        sets.push(HookSet::Tracepoint);
+    }
+    sets
 }
 
 fn forced(set: HookSet) -> HookChoice {
@@ -238,7 +233,7 @@ fn evict(path: &PathBuf) {
 
 /// Runs every command against a tracer forced to `set` and checks each window.
 fn accuracy(set: HookSet) {
-    require_root();
+    common::require_privileges();
     let options = FaultOptions {
         hooks: forced(set),
         per_thread: true,
@@ -249,21 +244,26 @@ fn accuracy(set: HookSet) {
         Err(error) => {
             let message = format!("{error:#}");
             assert!(
-                !expected_sets().contains(&set),
-                "\n\n*** {} hooks are expected on this kernel ({}) but were refused:\n{message}\n",
+                !allowed_sets().contains(&set),
+                "\n\n*** kernel {} allows {} hooks (capability probe) but the fault programs were refused:\n{message}\n",
+                memlock_trace::probe::kernel_release(),
                 set.name(),
-                memlock_trace::probe::kernel_release()
             );
             // A refusal must carry the kernel's reason.
             assert!(message.contains("refused"), "{message}");
             eprintln!(
-                "\n*** {} hooks refused by kernel {}, as this kernel may: accuracy not tested with them here.\n{message}\n",
+                "\n*** kernel {} refuses {} hooks, as the capability probe says: accuracy tested with the others.\n{message}\n",
+                memlock_trace::probe::kernel_release(),
                 set.name(),
-                memlock_trace::probe::kernel_release()
             );
             return;
         }
     };
+    assert!(
+        allowed_sets().contains(&set),
+        "{} hooks loaded where the capability probe says they cannot",
+        set.name()
+    );
     assert_eq!(tracer.fault_hooks.as_ref().unwrap().hook_set, set);
     let file_pages = 32;
     let file = sparse_file(file_pages);
@@ -452,7 +452,7 @@ fn accuracy_tracepoint() {
 /// `auto` picks the best set the kernel allows and says why the better ones were refused.
 #[test]
 fn auto_picks_the_best_allowed_set() {
-    require_root();
+    common::require_privileges();
     let tracer = Tracer::load_with(&Targets::Tgids(Vec::new()), &FaultOptions::default())
         .expect("no fault hook set at all: even the tracepoint set was refused");
     let hooks = tracer.fault_hooks.as_ref().expect("faults traced");
@@ -468,13 +468,10 @@ fn auto_picks_the_best_allowed_set() {
             "a refusal without the kernel's reason: {r:?}"
         );
     }
-    let best_expected = HookSet::ALL
-        .into_iter()
-        .find(|s| expected_sets().contains(s))
-        .expect("some set");
-    if std::env::var("MEMLOCK_TRACE_EXPECT_FAULT_HOOKS").is_ok() {
-        assert_eq!(hooks.hook_set, best_expected, "{hooks:#?}");
-    }
+    let best = *allowed_sets()
+        .first()
+        .expect("the capability probe allows no fault hook set");
+    assert_eq!(hooks.hook_set, best, "{hooks:#?}");
     eprintln!(
         "kernel {}: {} hooks, refused {:?}",
         memlock_trace::probe::kernel_release(),
