@@ -157,6 +157,12 @@ pub struct FaultKey {
     pub tid: u32,
 }
 
+/// Length of the [`FaultStats`] arrays indexed at run time: a power of two, so the eBPF side
+/// indexes with `& (SLOTS - 1)`, a bound every kernel's verifier can follow (6.1's cannot
+/// follow a plain `< 13` comparison through the index arithmetic LLVM emits).
+pub const SLOTS: usize = 16;
+const _: () = assert!(populate::COUNT <= SLOTS && class::COUNT <= SLOTS);
+
 /// Per-CPU value of `FAULT_STATS`; the loader sums the CPUs.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -164,9 +170,9 @@ pub struct FaultStats {
     /// See [`stat`].
     pub counts: [u64; stat::COUNT],
     /// Populated pages by the call that populated them (see [`populate`]).
-    pub populated_by: [u64; populate::COUNT],
+    pub populated_by: [u64; SLOTS],
     /// Largest latency per [`class`], exact (the histogram has bucket resolution).
-    pub max_ns: [u64; class::COUNT],
+    pub max_ns: [u64; SLOTS],
     /// One-entry cache of the region this CPU last counted a fault in, flushed into
     /// `FAULT_REGIONS` when the next fault lands elsewhere: sequential faults then cost no
     /// extra map update. The loader adds the pending count of every CPU.
@@ -181,8 +187,8 @@ impl Default for FaultStats {
     fn default() -> Self {
         Self {
             counts: [0; stat::COUNT],
-            populated_by: [0; populate::COUNT],
-            max_ns: [0; class::COUNT],
+            populated_by: [0; SLOTS],
+            max_ns: [0; SLOTS],
             region_start: 0,
             region_pending: 0,
             region_vm_flags: 0,

@@ -18,8 +18,8 @@ use aya::{
 use hdrhistogram::Histogram;
 use memlock_trace_common::faults::{
     FaultConfig, FaultEntry, FaultKey, FaultStats, HIST_BUCKETS, Hist, HistKey, MAX_FAULT_HISTS,
-    MAX_FAULT_KEYS, MAX_FAULT_REGIONS, RegionKey, RegionValue, bucket_range, class, fault_counter,
-    names, populate, stat,
+    MAX_FAULT_KEYS, MAX_FAULT_REGIONS, RegionKey, RegionValue, SLOTS, bucket_range, class,
+    fault_counter, names, populate, stat,
 };
 use serde::Serialize;
 
@@ -443,8 +443,8 @@ pub struct FaultReport {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct KeyStats {
     pub counts: [u64; stat::COUNT],
-    pub populated_by: [u64; populate::COUNT],
-    pub max_ns: [u64; class::COUNT],
+    pub populated_by: [u64; SLOTS],
+    pub max_ns: [u64; SLOTS],
     pub comm: String,
 }
 
@@ -848,7 +848,7 @@ pub fn by_mapping(
                     end: format!("{:#x}", m.end),
                     faults: 0,
                     locked: Some(m.locked),
-                    lockonfault: Some(m.lockonfault),
+                    lockonfault: m.lockonfault,
                     locked_source: "smaps",
                 },
             ),
@@ -914,7 +914,7 @@ mod tests {
             end,
             name: name.into(),
             locked,
-            lockonfault: false,
+            lockonfault: Some(false),
         }
     }
 

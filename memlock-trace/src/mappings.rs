@@ -17,11 +17,22 @@ pub struct Mapping {
     /// `[heap]`, `[stack]`, `[vdso]`, a file path, or `anonymous`.
     pub name: String,
     pub locked: bool,
-    pub lockonfault: bool,
+    /// None where the kernel does not show `VM_LOCKONFAULT` in smaps (before 6.2).
+    pub lockonfault: Option<bool>,
 }
 
-/// Parses `/proc/PID/smaps` text.
-pub fn parse_smaps(text: &str) -> Vec<Mapping> {
+/// Whether this kernel's smaps `VmFlags` show `lf` (VM_LOCKONFAULT): added in Linux 6.2
+/// (fs/proc/task_mmu.c, commit 8614d6c5eda0).
+pub fn smaps_shows_lockonfault(release: &str) -> bool {
+    let mut parts = release
+        .split(['.', '-'])
+        .map(|p| p.parse::<u32>().unwrap_or(0));
+    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    (major, minor) >= (6, 2)
+}
+
+/// Parses `/proc/PID/smaps` text; `shows_lockonfault`: see [`smaps_shows_lockonfault`].
+pub fn parse_smaps(text: &str, shows_lockonfault: bool) -> Vec<Mapping> {
     let mut out: Vec<Mapping> = Vec::new();
     for line in text.lines() {
         if let Some(flags) = line.strip_prefix("VmFlags:") {
@@ -29,7 +40,7 @@ pub fn parse_smaps(text: &str) -> Vec<Mapping> {
                 for flag in flags.split_whitespace() {
                     match flag {
                         "lo" => last.locked = true,
-                        "lf" => last.lockonfault = true,
+                        "lf" => last.lockonfault = Some(true),
                         _ => {}
                     }
                 }
@@ -61,7 +72,7 @@ pub fn parse_smaps(text: &str) -> Vec<Mapping> {
                 name
             },
             locked: false,
-            lockonfault: false,
+            lockonfault: shows_lockonfault.then_some(false),
         });
     }
     out
@@ -93,7 +104,8 @@ impl MappingCache {
         let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/smaps")) else {
             return;
         };
-        let mappings = parse_smaps(&text);
+        let shows_lockonfault = smaps_shows_lockonfault(&crate::probe::kernel_release());
+        let mappings = parse_smaps(&text, shows_lockonfault);
         // A zombie (or a kernel thread) has no mappings: keep what we saw while it lived.
         if mappings.is_empty() && self.entries.contains_key(&pid) {
             return;
@@ -140,7 +152,7 @@ VmFlags: rd wr mr mw me gd ac
 
     #[test]
     fn parses_ranges_names_and_lock_flags() {
-        let maps = parse_smaps(SMAPS);
+        let maps = parse_smaps(SMAPS, true);
         assert_eq!(maps.len(), 4);
         assert_eq!(
             maps[0],
@@ -149,18 +161,29 @@ VmFlags: rd wr mr mw me gd ac
                 end: 0x55d0c0a21000,
                 name: "[heap]".into(),
                 locked: false,
-                lockonfault: false
+                lockonfault: Some(false)
             }
         );
         assert_eq!(
             (maps[1].name.as_str(), maps[1].locked, maps[1].lockonfault),
-            ("anonymous", true, false)
+            ("anonymous", true, Some(false))
         );
         assert_eq!(
             (maps[2].name.as_str(), maps[2].locked, maps[2].lockonfault),
-            ("/usr/lib/with space.so", false, true)
+            ("/usr/lib/with space.so", false, Some(true))
         );
         assert_eq!(maps[3].name, "[stack]");
+        // Before 6.2 a missing `lf` says nothing.
+        assert_eq!(parse_smaps(SMAPS, false)[1].lockonfault, None);
+    }
+
+    #[test]
+    fn lockonfault_shown_from_6_2() {
+        assert!(!smaps_shows_lockonfault("6.1.0-57-cloud-amd64"));
+        assert!(!smaps_shows_lockonfault("5.15.0"));
+        assert!(smaps_shows_lockonfault("6.2.0"));
+        assert!(smaps_shows_lockonfault("6.18.44-fc-v857"));
+        assert!(smaps_shows_lockonfault("7.0"));
     }
 
     #[test]

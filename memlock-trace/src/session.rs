@@ -63,12 +63,31 @@ pub fn run(args: TraceArgs) -> Result<i32> {
     for (family, hooks) in &tracer.hooks {
         eprintln!("memlock-trace: {family}: {hooks}");
     }
-    eprintln!("memlock-trace: tracing {}", describe_targets(&args, launched));
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("starting the tokio runtime")?;
-    runtime.block_on(event_loop(tracer, args, launched))
+    runtime.block_on(async {
+        // Handlers before the "tracing" line: whoever waits for that line and then sends
+        // SIGINT must get a summary, not a killed process.
+        let signals = Signals::install()?;
+        eprintln!("memlock-trace: tracing {}", describe_targets(&args, launched));
+        event_loop(tracer, args, launched, signals).await
+    })
+}
+
+struct Signals {
+    int: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> Result<Self> {
+        Ok(Self {
+            int: signal(SignalKind::interrupt()).context("installing the SIGINT handler")?,
+            term: signal(SignalKind::terminate()).context("installing the SIGTERM handler")?,
+        })
+    }
 }
 
 fn targets_are_specific(args: &TraceArgs) -> bool {
@@ -87,7 +106,12 @@ fn describe_targets(args: &TraceArgs, launched: Option<u32>) -> String {
     }
 }
 
-async fn event_loop(mut tracer: Tracer, args: TraceArgs, launched: Option<u32>) -> Result<i32> {
+async fn event_loop(
+    mut tracer: Tracer,
+    args: TraceArgs,
+    launched: Option<u32>,
+    signals: Signals,
+) -> Result<i32> {
     // SAFETY: the ring buffer owns its fd for as long as the AsyncFd holds it.
     let mut ring = unsafe { AsyncFd::register(tracer.take_events()?) }
         .map_err(std::io::Error::from)
@@ -104,7 +128,7 @@ async fn event_loop(mut tracer: Tracer, args: TraceArgs, launched: Option<u32>) 
     // tells: mappings are then read when a summary is printed.
     let follow_mappings = targets_are_specific(&args) && tracer.fault_hooks.is_some();
     let mut mapping_ticker = tokio::time::interval(MAPPINGS_REFRESH);
-    let stop = wait_for_stop(&args, launched);
+    let stop = wait_for_stop(&args, launched, signals);
     tokio::pin!(stop);
     let mut ticker = args.interval.map(|secs| tokio::time::interval(Duration::from_secs_f64(secs)));
     if let Some(t) = ticker.as_mut() {
@@ -141,9 +165,8 @@ async fn event_loop(mut tracer: Tracer, args: TraceArgs, launched: Option<u32>) 
     })
 }
 
-async fn wait_for_stop(args: &TraceArgs, launched: Option<u32>) -> Result<Stop> {
-    let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
-    let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+async fn wait_for_stop(args: &TraceArgs, launched: Option<u32>, signals: Signals) -> Result<Stop> {
+    let Signals { int: mut sigint, term: mut sigterm } = signals;
     let duration = args.duration.map(Duration::from_secs_f64);
     let command = async {
         match launched {

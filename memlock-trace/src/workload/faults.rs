@@ -1,13 +1,14 @@
 //! A process that takes page faults on command, for the fault accuracy tests.
 //!
-//! It reads one command per line on stdin, runs it, answers `ok MINFLT MAJFLT ADDR` (its own
-//! `getrusage(RUSAGE_SELF)` after the step, and the address of the region the step used) and
-//! blocks reading the next. Between commands it sits in `read(0)`, so a test can compare its
+//! It reads one command per line on stdin, runs it, answers `ok MINFLT MAJFLT ADDR NS` (its
+//! own `getrusage(RUSAGE_SELF)` after the step, the address of the region the step used, and
+//! the step's duration in ns) and blocks reading the next. Between commands it sits in `read(0)`, so a test can compare its
 //! `/proc/PID/stat` with the tracer's counts knowing neither moves.
 //!
 //! Commands (N is a page count):
 //! - `noop`: nothing (shows the protocol itself takes no fault once warm);
-//! - `touch N`: write one byte to each page of a fresh anonymous mapping;
+//! - `touch N`: write one byte to each page of a fresh anonymous mapping (no huge pages);
+//! - `mtouch N T`: the same with T threads, each touching its share at once (max fault rate);
 //! - `mlock N`: `mlock` a fresh, untouched mapping (the kernel populates it);
 //! - `populate N`: `mmap(MAP_POPULATE)`;
 //! - `onfault N`: `mlock2(MLOCK_ONFAULT)` a fresh mapping, then touch it (kept mapped);
@@ -67,6 +68,17 @@ fn map(pages: usize, flags: i32) -> Result<*mut u8> {
     Ok(addr.cast())
 }
 
+/// A fresh mapping that will take one 4 KiB fault per page: transparent huge pages off.
+fn map_small_pages(pages: usize) -> Result<*mut u8> {
+    let addr = map(pages, 0)?;
+    // SAFETY: advice on our own mapping.
+    check(
+        unsafe { libc::madvise(addr.cast(), pages * PAGE_SIZE, libc::MADV_NOHUGEPAGE) },
+        "madvise(MADV_NOHUGEPAGE)",
+    )?;
+    Ok(addr)
+}
+
 fn unmap(addr: *mut u8, pages: usize) {
     // SAFETY: unmapping a mapping this module created.
     unsafe { libc::munmap(addr.cast(), pages * PAGE_SIZE) };
@@ -94,13 +106,28 @@ fn step(command: &str, kept: &mut Vec<(*mut u8, usize)>) -> Result<usize> {
     let addr = match name {
         "noop" => ptr::null_mut(),
         "touch" => {
-            let addr = map(pages, 0)?;
+            let addr = map_small_pages(pages)?;
             touch(addr, pages);
             unmap(addr, pages);
             addr
         }
+        "mtouch" => {
+            let threads: usize = words.next().map_or(Ok(1), str::parse)?;
+            let addr = map_small_pages(pages)?;
+            let share = pages.div_ceil(threads.max(1));
+            let base = addr as usize;
+            std::thread::scope(|scope| {
+                for t in 0..threads.max(1) {
+                    let first = (t * share).min(pages);
+                    let count = share.min(pages - first);
+                    scope.spawn(move || touch((base + first * PAGE_SIZE) as *mut u8, count));
+                }
+            });
+            unmap(addr, pages);
+            addr
+        }
         "mlock" => {
-            let addr = map(pages, 0)?;
+            let addr = map_small_pages(pages)?;
             check(
                 unsafe { libc::mlock(addr.cast(), pages * PAGE_SIZE) },
                 "mlock",
@@ -114,7 +141,7 @@ fn step(command: &str, kept: &mut Vec<(*mut u8, usize)>) -> Result<usize> {
             addr
         }
         "onfault" => {
-            let addr = map(pages, 0)?;
+            let addr = map_small_pages(pages)?;
             let ret =
                 unsafe { libc::syscall(libc::SYS_mlock2, addr, pages * PAGE_SIZE, MLOCK_ONFAULT) };
             check(ret as libc::c_int, "mlock2")?;
@@ -220,12 +247,15 @@ pub fn serve() -> Result<()> {
         if line == "exit" {
             return Ok(());
         }
-        let answer = match step(line, &mut kept) {
+        let start = std::time::Instant::now();
+        let result = step(line, &mut kept);
+        let ns = start.elapsed().as_nanos();
+        let answer = match result {
             Ok(addr) => {
                 let (minflt, majflt) = rusage();
                 format_into(
                     &mut output,
-                    format_args!("ok {minflt} {majflt} {addr:#x}\n"),
+                    format_args!("ok {minflt} {majflt} {addr:#x} {ns}\n"),
                 )
             }
             Err(e) => format_into(&mut output, format_args!("error {e:#}\n")),
