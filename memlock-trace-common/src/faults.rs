@@ -17,7 +17,12 @@ pub mod names {
     pub const FAULT_ENTRY: &str = "FAULT_ENTRY";
     pub const FAULT_COUNTERS: &str = "FAULT_COUNTERS";
     pub const POPULATE_INFLIGHT: &str = "POPULATE_INFLIGHT";
+    pub const FAULT_EVENTS: &str = "FAULT_EVENTS";
 }
+
+/// Size of the fault event ring buffer, apart from the syscall events' so that a fault storm
+/// cannot crowd them out (a power of two multiple of the page size).
+pub const FAULT_EVENTS_BYTE_SIZE: u32 = 4 << 20;
 
 /// Default sizes; the loader scales the per-CPU maps to the machine (`set_max_entries`).
 pub const MAX_FAULT_KEYS: u32 = 8192;

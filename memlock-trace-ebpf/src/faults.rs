@@ -19,7 +19,7 @@ use aya_ebpf::{
         bpf_get_smp_processor_id, bpf_ktime_get_ns,
     },
     macros::{fentry, fexit, kprobe, kretprobe, map, perf_event, tracepoint},
-    maps::{LruHashMap, LruPerCpuHashMap, PerCpuArray},
+    maps::{LruHashMap, LruPerCpuHashMap, PerCpuArray, RingBuf},
     programs::{
         FEntryContext, FExitContext, PerfEventContext, ProbeContext, RetProbeContext,
         TracePointContext,
@@ -28,13 +28,14 @@ use aya_ebpf::{
 use memlock_trace_common::{
     TASK_COMM_LEN, event_kind,
     faults::{
-        FaultConfig, FaultEntry, FaultEvent, FaultKey, FaultStats, HIST_BUCKETS, Hist, HistKey,
-        MAX_FAULT_HISTS, MAX_FAULT_KEYS, MAX_FAULT_REGIONS, MAX_FAULT_THREADS, PopulateCall,
-        RegionKey, RegionValue, SLOTS, bucket_of, class, fault_counter, fault_flags, populate, stat,
+        FAULT_EVENTS_BYTE_SIZE, FaultConfig, FaultEntry, FaultEvent, FaultKey, FaultStats,
+        HIST_BUCKETS, Hist, HistKey, MAX_FAULT_HISTS, MAX_FAULT_KEYS, MAX_FAULT_REGIONS,
+        MAX_FAULT_THREADS, PopulateCall, RegionKey, RegionValue, SLOTS, bucket_of, class,
+        fault_counter, fault_flags, populate, stat,
     },
 };
 
-use crate::shared::{EVENTS, is_target, offsets, read_kernel};
+use crate::shared::{is_target, offsets, read_kernel};
 
 /// Set by the loader before load; read field by field with volatile reads (a whole-struct
 /// `Global::load` would copy ~150 bytes on every fault).
@@ -90,6 +91,11 @@ static FAULT_ENTRY: LruHashMap<u32, FaultEntry> =
 #[map]
 static POPULATE_INFLIGHT: LruHashMap<u32, PopulateCall> =
     LruHashMap::with_max_entries(MAX_FAULT_THREADS, 0);
+
+/// Sampled fault events (`--events`): their own ring, so faults never crowd out the
+/// syscall events in `EVENTS`.
+#[map]
+static FAULT_EVENTS: RingBuf = RingBuf::with_byte_size(FAULT_EVENTS_BYTE_SIZE, 0);
 
 #[map]
 static FAULT_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(fault_counter::COUNT, 0);
@@ -630,7 +636,7 @@ fn emit(
             flags |= fault_flags::VM_LOCKONFAULT;
         }
     }
-    let Some(mut slot) = EVENTS.reserve::<FaultEvent>(0) else {
+    let Some(mut slot) = FAULT_EVENTS.reserve::<FaultEvent>(0) else {
         bump(fault_counter::EVENTS_DROPPED);
         return;
     };

@@ -33,9 +33,17 @@ pub struct TraceArgs {
     /// Stop after SECS seconds.
     #[arg(long, value_name = "SECS", value_parser = positive_secs)]
     pub duration: Option<f64>,
-    /// Print each call as it happens.
-    #[arg(long)]
-    pub events: bool,
+    /// Print each call (and page fault) as it happens; `--events=syscalls` or
+    /// `--events=faults` for one kind only.
+    #[arg(
+        long,
+        value_enum,
+        value_name = "KINDS",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "all"
+    )]
+    pub events: Option<EventKinds>,
     /// Write JSON lines (events with --events, then the summary) instead of text.
     #[arg(long)]
     pub json: bool,
@@ -60,13 +68,29 @@ pub struct TraceArgs {
     pub command: Vec<String>,
 }
 
+/// What `--events` prints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum EventKinds {
+    All,
+    Syscalls,
+    Faults,
+}
+
 impl TraceArgs {
+    pub fn syscall_events(&self) -> bool {
+        matches!(self.events, Some(EventKinds::All | EventKinds::Syscalls))
+    }
+
+    pub fn fault_events(&self) -> bool {
+        matches!(self.events, Some(EventKinds::All | EventKinds::Faults))
+    }
+
     pub fn fault_options(&self) -> FaultOptions {
         FaultOptions {
             hooks: self.fault_hooks,
             latency: !self.count_only,
             per_thread: self.per_thread,
-            events: self.events,
+            events: self.fault_events(),
             sample_every: self.sample.max(1),
             top_mappings: self.top_mappings,
         }
@@ -138,7 +162,7 @@ mod tests {
         assert_eq!(cli.trace.pids, [1, 2]);
         assert_eq!(cli.trace.interval, Some(0.5));
         assert_eq!(cli.trace.duration, Some(3.0));
-        assert!(cli.trace.events && cli.trace.json);
+        assert!(cli.trace.syscall_events() && cli.trace.fault_events() && cli.trace.json);
     }
 
     #[test]
@@ -181,6 +205,11 @@ mod tests {
                 ..FaultOptions::default()
             }
         );
+        let syscalls_only = parse(&["--events=syscalls", "--json"]).unwrap().trace;
+        assert!(syscalls_only.syscall_events() && !syscalls_only.fault_events());
+        assert!(!syscalls_only.fault_options().events);
+        assert!(parse(&["--events=faults"]).unwrap().trace.fault_options().events);
+        assert!(parse(&["--events=bogus"]).is_err());
         assert!(parse(&["--fault-hooks", "uprobe"]).is_err());
         assert!(parse(&["--sample", "0"]).is_err());
         assert_eq!(

@@ -638,8 +638,9 @@ impl ClassLatency {
 /// A mapping's share of a process's faults.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct MappingFaults {
-    /// `[heap]`, `[stack]`, a file path, `anonymous`, or `unknown` when the process's maps
-    /// could not be read (it exited before a snapshot).
+    /// `[heap]`, `[stack]`, a file path, `anonymous`; `unmapped` when no current mapping holds
+    /// the address any more, `unknown` when the process's mappings could not be read (it
+    /// exited before a snapshot).
     pub mapping: String,
     pub start: String,
     pub end: String,
@@ -855,7 +856,14 @@ pub fn by_mapping(
             None => (
                 (key.start, key.start),
                 MappingFaults {
-                    mapping: "unknown".into(),
+                    // Unmapped since (a live process), or the process exited before its
+                    // mappings could be read.
+                    mapping: if maps.is_some() {
+                        "unmapped"
+                    } else {
+                        "unknown"
+                    }
+                    .into(),
                     start: format!("{:#x}", key.start),
                     end: String::new(),
                     faults: 0,
@@ -952,7 +960,7 @@ mod tests {
             (list[1].mapping.as_str(), list[1].faults, list[1].locked),
             ("/lib/x.so", 3, Some(true))
         );
-        assert_eq!((list[2].mapping.as_str(), list[2].faults), ("unknown", 1));
+        assert_eq!((list[2].mapping.as_str(), list[2].faults), ("unmapped", 1));
         assert_eq!(by_mapping(&regions, Some(&maps), 1).len(), 1);
     }
 

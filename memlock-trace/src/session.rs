@@ -26,7 +26,7 @@ use crate::{
 
 /// How often the mappings of traced processes are re-read, so that a process that exits is
 /// still attributed with recent mappings.
-const MAPPINGS_REFRESH: Duration = Duration::from_secs(1);
+const MAPPINGS_REFRESH: Duration = Duration::from_millis(250);
 
 /// Why tracing stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -116,9 +116,20 @@ async fn event_loop(
     let mut ring = unsafe { AsyncFd::register(tracer.take_events()?) }
         .map_err(std::io::Error::from)
         .context("polling the ring buffer")?;
+    // Fault events have their own ring, so a storm of faults cannot crowd out syscall events.
+    let mut fault_ring = match tracer.take_fault_events()? {
+        // SAFETY: as above.
+        Some(r) => Some(
+            unsafe { AsyncFd::register(r) }
+                .map_err(std::io::Error::from)
+                .context("polling the fault event ring buffer")?,
+        ),
+        None => None,
+    };
     let mut output = Output {
         json: args.json,
-        events: args.events,
+        syscall_events: args.syscall_events(),
+        fault_events: args.fault_events(),
         aggregator: Aggregator::default(),
         undecodable: 0,
         mappings: MappingCache::default(),
@@ -141,6 +152,11 @@ async fn event_loop(
                 output.drain(guard.get_inner_mut());
                 guard.clear_ready();
             }
+            guard = async { fault_ring.as_mut().expect("guarded").readable_mut().await }, if fault_ring.is_some() => {
+                let mut guard = guard.context("polling the fault event ring buffer")?;
+                output.drain(guard.get_inner_mut());
+                guard.clear_ready();
+            }
             _ = async { ticker.as_mut().expect("guarded").tick().await }, if ticker.is_some() => {
                 output.summary(&tracer, "interval")?;
             }
@@ -152,6 +168,9 @@ async fn event_loop(
     };
     // Everything the kernel submitted before we stopped is still in the ring: read it all.
     output.drain(ring.get_mut());
+    if let Some(fault_ring) = fault_ring.as_mut() {
+        output.drain(fault_ring.get_mut());
+    }
     if let Stop::Signal(name) = reason {
         eprintln!("memlock-trace: stopped by {name}");
     }
@@ -212,7 +231,8 @@ async fn wait_pid_exit(pid: u32) -> Result<()> {
 
 struct Output {
     json: bool,
-    events: bool,
+    syscall_events: bool,
+    fault_events: bool,
     aggregator: Aggregator,
     undecodable: u64,
     mappings: MappingCache,
@@ -226,7 +246,7 @@ impl Output {
             match decode(&item) {
                 Ok(Event::Syscall(rec)) => {
                     self.aggregator.record_syscall(&rec);
-                    if self.events {
+                    if self.syscall_events {
                         let line = if self.json {
                             render::syscall_json(&rec).to_string()
                         } else {
@@ -236,7 +256,7 @@ impl Output {
                     }
                 }
                 Ok(Event::Fault(rec)) => {
-                    if self.events {
+                    if self.fault_events {
                         let line = if self.json {
                             render::fault_json(&rec).to_string()
                         } else {

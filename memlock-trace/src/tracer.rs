@@ -149,6 +149,19 @@ impl Tracer {
         Ok(RingBuf::try_from(map)?)
     }
 
+    /// The ring buffer of sampled fault events (`--events`); None when faults are not traced.
+    /// Can be taken once.
+    pub fn take_fault_events(&mut self) -> Result<Option<RingBuf<MapData>>> {
+        if self.fault_hooks.is_none() {
+            return Ok(None);
+        }
+        let map = self
+            .ebpf
+            .take_map(memlock_trace_common::faults::names::FAULT_EVENTS)
+            .ok_or_else(|| anyhow!("the fault event ring buffer was already taken"))?;
+        Ok(Some(RingBuf::try_from(map)?))
+    }
+
     /// The kernel's fault aggregation so far (None when faults are not traced).
     pub fn fault_report(&self) -> Result<Option<FaultReport>> {
         if self.fault_hooks.is_none() {
