@@ -120,7 +120,8 @@ pub mod fault_counter {
     pub const COUNT: u32 = 6;
 }
 
-/// Load-time configuration of the fault hooks (the `FAULT_CONFIG` global).
+/// Load-time configuration of the fault hooks (the `FAULT_CONFIG` global). No implicit
+/// padding: every 8-byte field starts at a multiple of 8 (checked below).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FaultConfig {
@@ -139,6 +140,13 @@ pub struct FaultConfig {
     pub vm_fault_error: u32,
     /// `enum fault_flag` `FAULT_FLAG_TRIED`.
     pub fault_flag_tried: u32,
+    /// `FAULT_FLAG_USER`: the fault came from user mode.
+    pub fault_flag_user: u32,
+    /// `VM_FAULT_OOM`: a failure that is not signalled.
+    pub vm_fault_oom: u32,
+    /// Possible CPUs (per-CPU maps have a value for each).
+    pub nr_cpus: u32,
+    pub _pad3: u32,
     pub vm_locked: u64,
     pub vm_lockonfault: u64,
     /// `vm_area_struct.vm_flags` / `.vm_start` offsets.
@@ -152,6 +160,15 @@ pub struct FaultConfig {
     pub populate_nrs: [u32; populate::COUNT],
     pub _pad2: u32,
 }
+
+const _: () = assert!(
+    core::mem::offset_of!(FaultConfig, vm_locked).is_multiple_of(8)
+        && size_of::<FaultConfig>().is_multiple_of(8)
+);
+const _: () = assert!(
+    core::mem::offset_of!(FaultConfig, populate_nrs) + 4 * populate::COUNT + 4
+        == size_of::<FaultConfig>()
+);
 
 /// Key of `FAULT_STATS`: a process, or one of its threads with `--per-thread`.
 #[repr(C)]
@@ -186,6 +203,10 @@ pub struct FaultStats {
     /// `vm_flags` of that region's VMA when the hook has one (0 otherwise).
     pub region_vm_flags: u64,
     pub comm: [u8; crate::TASK_COMM_LEN],
+    /// The latency histogram of the commonest class, [`class::USER_MINOR`], kept here so
+    /// that the typical fault costs one map lookup, not two; the other classes live in
+    /// `FAULT_HIST`.
+    pub user_minor_hist: [u32; HIST_BUCKETS],
 }
 
 impl Default for FaultStats {
@@ -198,6 +219,7 @@ impl Default for FaultStats {
             region_pending: 0,
             region_vm_flags: 0,
             comm: [0; crate::TASK_COMM_LEN],
+            user_minor_hist: [0; HIST_BUCKETS],
         }
     }
 }

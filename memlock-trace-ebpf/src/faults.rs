@@ -16,12 +16,12 @@ use aya_ebpf::{
     bindings::{BPF_ANY, BPF_NOEXIST},
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_task,
-        bpf_get_smp_processor_id, bpf_ktime_get_ns,
+        bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_map_lookup_percpu_elem,
     },
-    macros::{fentry, fexit, kprobe, kretprobe, map, perf_event, tracepoint},
+    macros::{btf_tracepoint, fentry, fexit, kprobe, kretprobe, map, perf_event, tracepoint},
     maps::{LruHashMap, LruPerCpuHashMap, PerCpuArray, RingBuf},
     programs::{
-        FEntryContext, FExitContext, PerfEventContext, ProbeContext, RetProbeContext,
+        BtfTracePointContext, FEntryContext, FExitContext, PerfEventContext, ProbeContext, RetProbeContext,
         TracePointContext,
     },
 };
@@ -49,6 +49,10 @@ static FAULT_CONFIG: FaultConfig = FaultConfig {
     vm_fault_retry: 0,
     vm_fault_error: 0,
     fault_flag_tried: 0,
+    fault_flag_user: 0,
+    vm_fault_oom: 0,
+    nr_cpus: 1,
+    _pad3: 0,
     vm_locked: 0,
     vm_lockonfault: 0,
     vma_vm_flags: 0,
@@ -145,8 +149,123 @@ fn current_ids() -> (u32, u32) {
 #[tracepoint]
 pub fn fault_exception_entry(ctx: TracePointContext) -> u32 {
     let address = unsafe { ctx.read_at::<u64>(8) }.unwrap_or(0);
-    start(address, 0, 0, 0, 0);
+    record_start(address);
     0
+}
+
+/// The same two tracepoints as BTF-typed raw tracepoints, preferred where the kernel allows
+/// them: no record is formatted for the program, which roughly halves the hook's cost.
+/// `TP_PROTO(unsigned long address, struct pt_regs *regs, unsigned long error_code)`.
+#[btf_tracepoint(function = "page_fault_user")]
+pub fn fault_entry_user_btf(ctx: BtfTracePointContext) -> i32 {
+    record_start(ctx.arg(0));
+    0
+}
+
+#[btf_tracepoint(function = "page_fault_kernel")]
+pub fn fault_entry_kernel_btf(ctx: BtfTracePointContext) -> i32 {
+    record_start(ctx.arg(0));
+    0
+}
+
+/// A traced task's fault starts: its start goes in this CPU's ring.
+#[inline(always)]
+fn record_start(address: u64) {
+    let (tgid, tid) = current_ids();
+    if !is_target(tgid) {
+        return;
+    }
+    if let Some(ring) = FAULT_SLOTS.get_ptr_mut(0) {
+        let r = unsafe { &mut *ring };
+        let i = r.next as usize & (START_SLOTS - 1);
+        r.next = r.next.wrapping_add(1);
+        r.slots[i] = StartSlot {
+            tid,
+            _pad: 0,
+            address,
+            start_ns: unsafe { bpf_ktime_get_ns() },
+        };
+    }
+}
+
+/// A fault's start, until its completion on the same CPU (tracepoint hook set).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct StartSlot {
+    tid: u32,
+    _pad: u32,
+    address: u64,
+    start_ns: u64,
+}
+
+/// Why a per-CPU ring of start slots rather than a per-thread hash entry: a fault starts and
+/// completes on one CPU unless it sleeps, so a per-CPU array (no hashing, hot cache lines)
+/// serves nearly every fault; measured here it halved the start hook's cost. The ring keeps
+/// the last few starts so a fault that sleeps (a major fault's I/O) survives a few others
+/// starting meanwhile; one that migrates, or is overtaken by more, is counted in
+/// `latency_unmatched` instead of getting a wrong latency.
+const START_SLOTS: usize = 4;
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct StartRing {
+    next: u32,
+    _pad: u32,
+    slots: [StartSlot; START_SLOTS],
+}
+
+#[map]
+static FAULT_SLOTS: PerCpuArray<StartRing> = PerCpuArray::with_max_entries(1, 0);
+
+/// The latency of `tid`'s fault at `address`: its start is in this CPU's ring, or, for a
+/// fault that slept and woke on another CPU, in that CPU's (the only case that pays for the
+/// search).
+#[inline(always)]
+fn slot_latency(tid: u32, address: u64) -> Option<u64> {
+    let ring = FAULT_SLOTS.get_ptr_mut(0)?;
+    if let Some(ns) = take_start(unsafe { &mut *ring }, tid, address) {
+        return Some(ns);
+    }
+    let cpus = config!(nr_cpus).min(MAX_CPUS);
+    let this_cpu = unsafe { bpf_get_smp_processor_id() };
+    let key = 0u32;
+    for cpu in 0..MAX_CPUS {
+        if cpu >= cpus {
+            break;
+        }
+        if cpu == this_cpu {
+            continue;
+        }
+        // SAFETY: the helper returns NULL or a pointer to `cpu`'s value of this map.
+        let other = unsafe {
+            bpf_map_lookup_percpu_elem(
+                (&raw const FAULT_SLOTS).cast_mut().cast(),
+                (&raw const key).cast(),
+                cpu,
+            )
+        };
+        if other.is_null() {
+            continue;
+        }
+        if let Some(ns) = take_start(unsafe { &mut *other.cast::<StartRing>() }, tid, address) {
+            return Some(ns);
+        }
+    }
+    None
+}
+
+/// CPUs searched for a migrated fault's start (a bound for the verifier).
+const MAX_CPUS: u32 = 256;
+
+#[inline(always)]
+fn take_start(ring: &mut StartRing, tid: u32, address: u64) -> Option<u64> {
+    for slot in &mut ring.slots {
+        if slot.tid == tid && slot.address == address {
+            slot.tid = 0;
+            return Some(unsafe { bpf_ktime_get_ns() }.wrapping_sub(slot.start_ns));
+        }
+    }
+    None
 }
 
 /// `PERF_COUNT_SW_PAGE_FAULTS_MIN`, fired by `mm_account_fault()` after `min_flt++` for a
@@ -170,15 +289,11 @@ fn perf_completion(ctx: &PerfEventContext, major: bool) {
     // x86: the privilege level of the faulting code is the low two bits of CS.
     let user_mode = unsafe { (*data).regs.cs } & 3 != 0;
     let (tgid, tid) = current_ids();
-    let latency = match finish(tid, address) {
-        Finish::Timed(ns) => ns,
-        Finish::Untimed => NO_LATENCY,
-        Finish::NotTraced => {
-            if !is_target(tgid) {
-                return;
-            }
-            NO_LATENCY
-        }
+    // A start found in the ring also says the task is traced (only targets fill it).
+    let latency = if config!(latency) != 0 {
+        slot_latency(tid, address)
+    } else {
+        None
     };
     if !user_mode {
         // The kernel touched user memory (copy_to_user, exec's clear_user): if that happened
@@ -194,22 +309,22 @@ fn perf_completion(ctx: &PerfEventContext, major: bool) {
             }
         }
     }
-    let class = if major {
-        class::USER_MAJOR
-    } else {
-        class::USER_MINOR
-    };
-    account(
+    account(Fault {
         tgid,
         tid,
-        class,
-        latency,
+        cls: if major {
+            class::USER_MAJOR
+        } else {
+            class::USER_MINOR
+        },
+        latency: latency.unwrap_or(NO_LATENCY),
         address,
-        address & PAGE_MASK,
-        0,
-        NO_SYSCALL,
-        false,
-    );
+        region: address & PAGE_MASK,
+        vm_flags: 0,
+        syscall: NO_SYSCALL,
+        retried: false,
+        known_target: latency.is_some(),
+    });
 }
 
 // ---------------------------------------------------------------------------------------
@@ -285,18 +400,31 @@ fn hook_end(ret: u32) {
     let retried = e.retried != 0;
     e.retried = 0;
     let (address, vm_flags, vm_start) = (e.address, e.vm_flags, e.vm_start);
+    let fault = Fault {
+        tgid,
+        tid,
+        cls: class::FAILED,
+        latency,
+        address,
+        region: vm_start,
+        vm_flags,
+        syscall: NO_SYSCALL,
+        retried,
+        known_target: true,
+    };
     if ret & config!(vm_fault_error) != 0 {
-        account(
-            tgid,
-            tid,
-            class::FAILED,
-            latency,
-            address,
-            vm_start,
-            vm_flags,
-            NO_SYSCALL,
-            retried,
-        );
+        // A user-mode fault that fails is signalled (SIGSEGV/SIGBUS) and counted by
+        // `fault_signal`, like those refused before handle_mm_fault; count here only the
+        // others (EFAULT to the kernel, get_user_pages errors, OOM), timing them all.
+        let signalled = e.flags & config!(fault_flag_user) != 0 && ret & config!(vm_fault_oom) == 0;
+        account(Fault {
+            cls: if signalled {
+                FAILED_SIGNALLED
+            } else {
+                class::FAILED
+            },
+            ..fault
+        });
         return;
     }
     // mm_account_fault(): major if VM_FAULT_MAJOR, or if this was a retry.
@@ -320,17 +448,20 @@ fn hook_end(ret: u32) {
         };
         (cls, NO_SYSCALL)
     };
-    account(
-        tgid, tid, cls, latency, address, vm_start, vm_flags, syscall, retried,
-    );
+    account(Fault {
+        cls,
+        syscall,
+        ..fault
+    });
 }
 
 // ---------------------------------------------------------------------------------------
 // Shared by all hook sets.
 // ---------------------------------------------------------------------------------------
 
-/// A fault begins: remember when, per thread. A thread with a fault still pending was left
-/// by a fault that never completed (SIGSEGV, SIGBUS, EFAULT, an abandoned retry): failed.
+/// fentry/kprobe: a fault begins; remember it per thread (it may sleep, migrate and retry
+/// before it completes). A thread with a fault still pending was left by one that never
+/// completed (a retry abandoned for a fatal signal): failed.
 #[inline(always)]
 fn start(address: u64, flags: u32, no_regs: u32, vm_flags: u64, vm_start: u64) {
     let (tgid, tid) = current_ids();
@@ -346,17 +477,18 @@ fn start(address: u64, flags: u32, no_regs: u32, vm_flags: u64, vm_start: u64) {
                 prev_addr & PAGE_MASK
             };
             e.pending = 0;
-            account(
+            account(Fault {
                 tgid,
                 tid,
-                class::FAILED,
-                NO_LATENCY,
-                prev_addr,
+                cls: class::FAILED,
+                latency: NO_LATENCY,
+                address: prev_addr,
                 region,
-                prev_flags,
-                NO_SYSCALL,
-                false,
-            );
+                vm_flags: prev_flags,
+                syscall: NO_SYSCALL,
+                retried: false,
+                known_target: true,
+            });
         }
         if !(e.pending != 0 && retry_of_same) {
             e.start_ns = now;
@@ -391,44 +523,19 @@ fn start(address: u64, flags: u32, no_regs: u32, vm_flags: u64, vm_start: u64) {
     }
 }
 
-enum Finish {
-    /// The thread's start was seen: latency in ns.
-    Timed(u64),
-    /// A traced thread, but its start was not seen.
-    Untimed,
-    /// No entry: not traced, or latency is off.
-    NotTraced,
-}
-
+/// The stats slot of a task, created on its first fault if it is traced. Looked up before
+/// the target filter: only traced tasks have one, so a traced task's fault skips the filter.
 #[inline(always)]
-fn finish(tid: u32, address: u64) -> Finish {
-    if config!(latency) == 0 {
-        return Finish::NotTraced;
-    }
-    let Some(entry) = FAULT_ENTRY.get_ptr_mut(tid) else {
-        return Finish::NotTraced;
-    };
-    let e = unsafe { &mut *entry };
-    if e.pending == 0 {
-        return Finish::Untimed;
-    }
-    e.pending = 0;
-    if e.address != address {
-        return Finish::Untimed;
-    }
-    Finish::Timed(unsafe { bpf_ktime_get_ns() }.wrapping_sub(e.start_ns))
-}
-
-/// The stats slot of a traced task, created on its first fault. Callers have already
-/// established that the task is traced.
-#[inline(always)]
-fn stats_for(tgid: u32, tid: u32) -> Option<*mut FaultStats> {
+fn stats_for(tgid: u32, tid: u32, known_target: bool) -> Option<*mut FaultStats> {
     let key = FaultKey {
         tgid,
         tid: if config!(per_thread) != 0 { tid } else { 0 },
     };
     if let Some(stats) = FAULT_STATS.get_ptr_mut(key) {
         return Some(stats);
+    }
+    if !known_target && !is_target(tgid) {
+        return None;
     }
     let scratch = STATS_SCRATCH.get_ptr_mut(0)?;
     let scratch = unsafe {
@@ -449,21 +556,46 @@ fn stats_for(tgid: u32, tid: u32) -> Option<*mut FaultStats> {
     stats
 }
 
-/// Counts one completed (or failed) fault of class `cls`.
-#[expect(clippy::too_many_arguments, reason = "one call per hook, all inlined")]
-#[inline(always)]
-fn account(
+/// One fault, as a hook saw it.
+#[derive(Clone, Copy)]
+struct Fault {
     tgid: u32,
     tid: u32,
+    /// A [`class`], or [`FAILED_SIGNALLED`].
     cls: u32,
+    /// ns, or [`NO_LATENCY`].
     latency: u64,
     address: u64,
+    /// The VMA start (with `vm_flags`), or the page address.
     region: u64,
+    /// The VMA's flags, 0 when the hook has no VMA.
     vm_flags: u64,
+    /// The populating call, or [`NO_SYSCALL`].
     syscall: u32,
     retried: bool,
-) {
-    let Some(stats) = stats_for(tgid, tid) else {
+    /// The hook already knows the task is traced.
+    known_target: bool,
+}
+
+/// A failed fault that `fault_signal` counts: only its latency is recorded here.
+const FAILED_SIGNALLED: u32 = 0x100;
+
+/// Counts one completed (or failed) fault.
+#[inline(always)]
+fn account(f: Fault) {
+    let Fault {
+        tgid,
+        tid,
+        cls,
+        latency,
+        address,
+        region,
+        vm_flags,
+        syscall,
+        retried,
+        known_target,
+    } = f;
+    let Some(stats) = stats_for(tgid, tid, known_target) else {
         return;
     };
     let s = unsafe { &mut *stats };
@@ -473,8 +605,14 @@ fn account(
         class::USER_MAJOR => s.counts[stat::USER_MAJOR] += 1,
         class::POPULATED_MINOR => s.counts[stat::POPULATED_MINOR] += 1,
         class::POPULATED_MAJOR => s.counts[stat::POPULATED_MAJOR] += 1,
+        FAILED_SIGNALLED => {}
         _ => s.counts[stat::FAILED] += 1,
     }
+    let cls = if cls == FAILED_SIGNALLED {
+        class::FAILED
+    } else {
+        cls
+    };
     if retried {
         s.counts[stat::RETRIED] += 1;
     }
@@ -547,6 +685,11 @@ fn record_latency(s: &mut FaultStats, tgid: u32, tid: u32, cls: u32, ns: u64) {
     if ns > *max {
         *max = ns;
     }
+    let bucket = bucket_of(ns) & (HIST_BUCKETS - 1);
+    if cls == class::USER_MINOR {
+        s.user_minor_hist[bucket] += 1;
+        return;
+    }
     let key = HistKey {
         key: FaultKey {
             tgid,
@@ -576,7 +719,6 @@ fn record_latency(s: &mut FaultStats, tgid: u32, tid: u32, cls: u32, ns: u64) {
             }
         }
     };
-    let bucket = bucket_of(ns) & (HIST_BUCKETS - 1);
     unsafe { (*hist).counts[bucket] += 1 };
 }
 
@@ -656,6 +798,58 @@ fn emit(
     slot.submit(0);
 }
 
+/// `signal:signal_generate` (include/trace/events/signal.h), after the common fields:
+///
+/// ```text
+/// field:int sig;   offset:8;  size:4
+/// field:int errno; offset:12; size:4
+/// field:int code;  offset:16; size:4
+/// field:char comm[16]; offset:20; size:16
+/// field:pid_t pid; offset:36; size:4
+/// ```
+///
+/// A page fault the kernel cannot resolve for user mode ends in `force_sig_fault()` on the
+/// faulting task: SIGSEGV with `SEGV_MAPERR`/`SEGV_ACCERR`/`SEGV_PKUERR`, or SIGBUS with
+/// `BUS_ADRERR`/`BUS_MCEERR_AR`. That is the one place every hook set sees a failed fault,
+/// including those refused before `handle_mm_fault` (no VMA, access error). Signals are rare,
+/// so this costs nothing per fault.
+#[tracepoint]
+pub fn fault_signal(ctx: TracePointContext) -> u32 {
+    const SIGBUS: i32 = 7;
+    const SIGSEGV: i32 = 11;
+    let sig = unsafe { ctx.read_at::<i32>(8) }.unwrap_or(0);
+    let code = unsafe { ctx.read_at::<i32>(16) }.unwrap_or(0);
+    let from_fault = match sig {
+        // SEGV_MAPERR 1, SEGV_ACCERR 2, SEGV_PKUERR 4
+        SIGSEGV => matches!(code, 1 | 2 | 4),
+        // BUS_ADRERR 2, BUS_MCEERR_AR 4
+        SIGBUS => matches!(code, 2 | 4),
+        _ => false,
+    };
+    let target = unsafe { ctx.read_at::<i32>(36) }.unwrap_or(-1) as u32;
+    let (tgid, tid) = current_ids();
+    // Self-inflicted: the faulting task signals itself.
+    if !from_fault || target != tid {
+        return 0;
+    }
+    if let Some(stats) = stats_for(tgid, tid, false) {
+        unsafe { (*stats).counts[stat::FAILED] += 1 };
+    }
+    if config!(events) != 0 && is_target(tgid) {
+        emit(
+            tgid,
+            tid,
+            fault_flags::FAILED,
+            0,
+            NO_LATENCY,
+            0,
+            1,
+            NO_SYSCALL,
+        );
+    }
+    0
+}
+
 // ---------------------------------------------------------------------------------------
 // Populating system calls: the pages the kernel faulted in without an exception.
 // ---------------------------------------------------------------------------------------
@@ -725,7 +919,7 @@ pub fn populate_exit_counted(ctx: TracePointContext) -> u32 {
     if minor == 0 && major == 0 {
         return 0;
     }
-    let Some(stats) = stats_for(tgid, tid) else {
+    let Some(stats) = stats_for(tgid, tid, true) else {
         return 0;
     };
     let s = unsafe { &mut *stats };

@@ -11,7 +11,7 @@ use aya::{
     Ebpf, EbpfLoader,
     maps::{HashMap, MapData, PerCpuArray, PerCpuHashMap},
     programs::{
-        FEntry, FExit, KProbe, PerfEvent, TracePoint,
+        BtfTracePoint, FEntry, FExit, KProbe, PerfEvent, TracePoint,
         perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
     },
 };
@@ -145,6 +145,11 @@ pub fn config(btf: &KernelBtf, options: &FaultOptions) -> Result<FaultConfig> {
         vm_fault_retry: reason("VM_FAULT_RETRY")? as u32,
         vm_fault_error: error as u32,
         fault_flag_tried: btf.enum_value("fault_flag", "FAULT_FLAG_TRIED")? as u32,
+        fault_flag_user: btf.enum_value("fault_flag", "FAULT_FLAG_USER")? as u32,
+        vm_fault_oom: reason("VM_FAULT_OOM")? as u32,
+        nr_cpus: u32::try_from(aya::util::nr_cpus().map_err(|(what, e)| anyhow!("{what}: {e}"))?)
+            .unwrap_or(u32::MAX),
+        _pad3: 0,
         vm_locked: VM_LOCKED,
         vm_lockonfault: VM_LOCKONFAULT,
         vma_vm_flags: btf.field_offset("vm_area_struct", "vm_flags")?,
@@ -184,6 +189,13 @@ pub fn prepare_loader<'a>(loader: &mut EbpfLoader<'a>, config: &'a FaultConfig) 
     Ok(())
 }
 
+/// Whether count-only mode on the tracepoint set can use counting perf events on the
+/// targets' threads (see `fault_counting`) instead of a BPF program per fault: it needs
+/// specific processes, and nothing per fault (no latency, events or per-thread keys).
+fn counting(options: &FaultOptions, specific_targets: bool) -> bool {
+    specific_targets && !options.latency && !options.events && !options.per_thread
+}
+
 /// A better hook set the kernel refused, and its reason.
 #[derive(Clone, Debug, Serialize)]
 pub struct Refusal {
@@ -200,6 +212,9 @@ pub struct FaultHooks {
     /// Better sets tried first and refused.
     pub refused: Vec<Refusal>,
     pub latency: bool,
+    /// Faults taken through the exception are counted by counting perf events on the
+    /// targets' threads, not by a BPF program per fault (count-only, specific targets).
+    pub counting: bool,
     /// Fault classes this hook set cannot observe (reported as null).
     pub unobserved: Vec<&'static str>,
 }
@@ -209,11 +224,14 @@ const FEXIT: &str = "handle_mm_fault_fexit";
 const KPROBE: &str = "handle_mm_fault_kprobe";
 const KRETPROBE: &str = "handle_mm_fault_kretprobe";
 const EXCEPTION_ENTRY: &str = "fault_exception_entry";
+const ENTRY_USER_BTF: &str = "fault_entry_user_btf";
+const ENTRY_KERNEL_BTF: &str = "fault_entry_kernel_btf";
 const PERF_MIN: &str = "fault_perf_min";
 const PERF_MAJ: &str = "fault_perf_maj";
 const POPULATE_ENTER: &str = "populate_enter";
 const POPULATE_EXIT_COUNTED: &str = "populate_exit_counted";
 const POPULATE_EXIT: &str = "populate_exit";
+const FAULT_SIGNAL: &str = "fault_signal";
 const FAULT_FUNCTION: &str = "handle_mm_fault";
 
 /// Tries the hook sets `options.hooks` allows, best first, and attaches the first the kernel
@@ -222,6 +240,7 @@ pub fn attach(
     ebpf: &mut Ebpf,
     btf: &KernelBtf,
     options: &FaultOptions,
+    specific_targets: bool,
 ) -> Result<Option<FaultHooks>> {
     let candidates: &[HookSet] = match options.hooks {
         HookChoice::Off => return Ok(None),
@@ -235,21 +254,23 @@ pub fn attach(
         let attached = match set {
             HookSet::Fentry => attach_fentry(ebpf, btf),
             HookSet::Kprobe => attach_kprobe(ebpf),
-            HookSet::Tracepoint => attach_tracepoints(ebpf, options),
+            HookSet::Tracepoint => {
+                attach_tracepoints(ebpf, options, counting(options, specific_targets))
+            }
         };
         match attached {
             Ok(mut hooks) => {
                 hooks.extend(attach_populate(ebpf, set)?);
+                hooks.push(attach_signal(ebpf)?);
                 let mut unobserved = Vec::new();
                 if set == HookSet::Tracepoint {
                     // page_fault_user + perf events see neither the VM_FAULT_RETRY results
                     // nor the VMA.
                     unobserved.extend(["retried", "in_locked_vma"]);
-                    if !options.latency {
-                        unobserved.push("failed");
-                    }
                 }
+                let counting = set == HookSet::Tracepoint && counting(options, specific_targets);
                 return Ok(Some(FaultHooks {
+                    counting,
                     hook_set: set,
                     hooks,
                     refused,
@@ -320,19 +341,19 @@ fn attach_kprobe(ebpf: &mut Ebpf) -> Result<Vec<String>> {
     ])
 }
 
-fn attach_tracepoints(ebpf: &mut Ebpf, options: &FaultOptions) -> Result<Vec<String>> {
+fn attach_tracepoints(
+    ebpf: &mut Ebpf,
+    options: &FaultOptions,
+    counting: bool,
+) -> Result<Vec<String>> {
     let mut hooks = Vec::new();
+    if counting {
+        return Ok(vec![
+            "perf counting events software:PAGE_FAULTS_MIN/MAJ on each target thread (no BPF per fault)".into(),
+        ]);
+    }
     if options.latency {
-        let entry: &mut TracePoint = program(ebpf, EXCEPTION_ENTRY)?.try_into()?;
-        entry
-            .load()
-            .map_err(|e| hook_refused(EXCEPTION_ENTRY, "tracepoint", e))?;
-        for tp in ["page_fault_user", "page_fault_kernel"] {
-            entry
-                .attach("exceptions", tp)
-                .map_err(|e| hook_refused(&format!("exceptions:{tp}"), "tracepoint", e))?;
-            hooks.push(format!("tracepoint/exceptions:{tp}"));
-        }
+        hooks.extend(attach_fault_entry(ebpf)?);
     }
     let cpus = aya::util::online_cpus().map_err(|(what, e)| anyhow!("{what}: {e}"))?;
     for (name, event, label) in [
@@ -354,6 +375,58 @@ fn attach_tracepoints(ebpf: &mut Ebpf, options: &FaultOptions) -> Result<Vec<Str
             .map_err(|e| hook_refused(&format!("{name} on cpu {cpu}"), "perf_event", e))?;
         }
         hooks.push(format!("perf_event/software:{label} x{} cpus", cpus.len()));
+    }
+    Ok(hooks)
+}
+
+/// `signal:signal_generate`, where failed faults are counted (every hook set).
+fn attach_signal(ebpf: &mut Ebpf) -> Result<String> {
+    let program: &mut TracePoint = program(ebpf, FAULT_SIGNAL)?.try_into()?;
+    program
+        .load()
+        .map_err(|e| hook_refused(FAULT_SIGNAL, "tracepoint", e))?;
+    program
+        .attach("signal", "signal_generate")
+        .map_err(|e| hook_refused("signal:signal_generate", "tracepoint", e))?;
+    Ok("tracepoint/signal:signal_generate".into())
+}
+
+/// The fault-start tracepoints: BTF-typed (tp_btf, cheaper) where the kernel allows it,
+/// else classic.
+fn attach_fault_entry(ebpf: &mut Ebpf) -> Result<Vec<String>> {
+    let btf_attempt = (|| -> Result<Vec<String>> {
+        let btf = aya::Btf::from_sys_fs().context("reading the kernel's BTF")?;
+        let mut hooks = Vec::new();
+        for (name, tp) in [
+            (ENTRY_USER_BTF, "page_fault_user"),
+            (ENTRY_KERNEL_BTF, "page_fault_kernel"),
+        ] {
+            let p: &mut BtfTracePoint = program(ebpf, name)?.try_into()?;
+            p.load(tp, &btf)
+                .map_err(|e| hook_refused(name, "tp_btf", e))?;
+            p.attach().map_err(|e| hook_refused(name, "tp_btf", e))?;
+            hooks.push(format!("tp_btf/{tp}"));
+        }
+        Ok(hooks)
+    })();
+    if let Ok(hooks) = btf_attempt {
+        return Ok(hooks);
+    }
+    for name in [ENTRY_USER_BTF, ENTRY_KERNEL_BTF] {
+        if let Some(aya::programs::Program::BtfTracePoint(p)) = ebpf.program_mut(name) {
+            let _ = p.unload();
+        }
+    }
+    let entry: &mut TracePoint = program(ebpf, EXCEPTION_ENTRY)?.try_into()?;
+    entry
+        .load()
+        .map_err(|e| hook_refused(EXCEPTION_ENTRY, "tracepoint", e))?;
+    let mut hooks = Vec::new();
+    for tp in ["page_fault_user", "page_fault_kernel"] {
+        entry
+            .attach("exceptions", tp)
+            .map_err(|e| hook_refused(&format!("exceptions:{tp}"), "tracepoint", e))?;
+        hooks.push(format!("tracepoint/exceptions:{tp}"));
     }
     Ok(hooks)
 }
@@ -409,7 +482,13 @@ fn unload(ebpf: &mut Ebpf, set: HookSet) {
     let names: &[&str] = match set {
         HookSet::Fentry => &[FENTRY, FEXIT],
         HookSet::Kprobe => &[KPROBE, KRETPROBE],
-        HookSet::Tracepoint => &[EXCEPTION_ENTRY, PERF_MIN, PERF_MAJ],
+        HookSet::Tracepoint => &[
+            EXCEPTION_ENTRY,
+            ENTRY_USER_BTF,
+            ENTRY_KERNEL_BTF,
+            PERF_MIN,
+            PERF_MAJ,
+        ],
     };
     for name in names {
         if let Some(program) = ebpf.program_mut(name) {
@@ -419,6 +498,7 @@ fn unload(ebpf: &mut Ebpf, set: HookSet) {
                 aya::programs::Program::KProbe(p) => p.unload(),
                 aya::programs::Program::TracePoint(p) => p.unload(),
                 aya::programs::Program::PerfEvent(p) => p.unload(),
+                aya::programs::Program::BtfTracePoint(p) => p.unload(),
                 _ => Ok(()),
             };
         }
@@ -437,6 +517,17 @@ pub struct FaultReport {
     /// Faults per region, per process.
     pub regions: BTreeMap<u32, Vec<(RegionKey, RegionValue)>>,
     pub health: FaultHealth,
+}
+
+impl FaultReport {
+    /// Adds the faults counting perf events counted per process (count-only mode).
+    pub fn add_counted(&mut self, counted: BTreeMap<u32, (u64, u64)>) {
+        for (tgid, (minor, major)) in counted {
+            let s = self.stats.entry(FaultKey { tgid, tid: 0 }).or_default();
+            s.counts[stat::USER_MINOR] += minor;
+            s.counts[stat::USER_MAJOR] += major;
+        }
+    }
 }
 
 /// One key's counters, summed over CPUs.
@@ -488,6 +579,7 @@ pub fn read(ebpf: &Ebpf, per_thread: bool) -> Result<FaultReport> {
     let stats: PerCpuHashMap<&MapData, FaultKey, FaultStats> =
         PerCpuHashMap::try_from(map(names::FAULT_STATS)?)?;
     let mut pending_regions: Vec<(u32, u64, u64, u64)> = Vec::new();
+    let mut user_minor: BTreeMap<FaultKey, [u64; HIST_BUCKETS]> = BTreeMap::new();
     for item in stats.iter() {
         let Ok((key, values)) = item else { continue };
         let entry = report.stats.entry(key).or_default();
@@ -503,6 +595,12 @@ pub fn read(ebpf: &Ebpf, per_thread: bool) -> Result<FaultReport> {
             }
             if entry.comm.is_empty() {
                 entry.comm = comm_of(&v.comm);
+            }
+            if v.user_minor_hist.iter().any(|&n| n > 0) {
+                let hist = user_minor.entry(key).or_insert([0; HIST_BUCKETS]);
+                for (h, &n) in hist.iter_mut().zip(v.user_minor_hist.iter()) {
+                    *h += u64::from(n);
+                }
             }
             if v.region_pending > 0 {
                 pending_regions.push((
@@ -524,6 +622,20 @@ pub fn read(ebpf: &Ebpf, per_thread: bool) -> Result<FaultReport> {
             for (s, &c) in sum.iter_mut().zip(v.counts.iter()) {
                 *s += u64::from(c);
             }
+        }
+    }
+
+    for (key, buckets) in user_minor {
+        let slot = report
+            .hists
+            .entry(HistKey {
+                key,
+                class: class::USER_MINOR,
+                _pad: 0,
+            })
+            .or_insert([0; HIST_BUCKETS]);
+        for (h, n) in slot.iter_mut().zip(buckets) {
+            *h += n;
         }
     }
 

@@ -9,6 +9,7 @@ pub mod aggregate;
 pub mod charts;
 pub mod cli;
 pub mod decode;
+pub mod fault_counting;
 pub mod faults;
 pub mod launch;
 pub mod mappings;

@@ -11,6 +11,7 @@ use aya::{
 use memlock_trace_common::{Config, counter, faults::FaultConfig, filter, names};
 
 use crate::{
+    fault_counting::FaultCounters,
     faults::{self, FaultHooks, FaultOptions, FaultReport},
     probe::{self, KernelBtf},
     syscall::Syscall,
@@ -47,6 +48,8 @@ pub struct Tracer {
     pub hooks: BTreeMap<&'static str, String>,
     /// The page-fault hook set chosen for this kernel (None with `--fault-hooks off`).
     pub fault_hooks: Option<FaultHooks>,
+    /// Count-only on the tracepoint set: the targets' perf counters.
+    fault_counters: Option<FaultCounters>,
     fault_options: FaultOptions,
 }
 
@@ -81,6 +84,7 @@ impl Tracer {
             ebpf,
             hooks: BTreeMap::new(),
             fault_hooks: None,
+            fault_counters: None,
             fault_options: fault_options.clone(),
         };
         if let Targets::Tgids(tgids) = targets {
@@ -89,7 +93,17 @@ impl Tracer {
             }
         }
         tracer.attach_syscalls()?;
-        tracer.fault_hooks = faults::attach(&mut tracer.ebpf, &btf, fault_options)?;
+        let specific_targets = matches!(targets, Targets::Tgids(_));
+        tracer.fault_hooks = faults::attach(&mut tracer.ebpf, &btf, fault_options, specific_targets)?;
+        if tracer.fault_hooks.as_ref().is_some_and(|h| h.counting) {
+            let mut counters = FaultCounters::default();
+            if let Targets::Tgids(tgids) = targets {
+                for &tgid in tgids {
+                    counters.add(tgid)?;
+                }
+            }
+            tracer.fault_counters = Some(counters);
+        }
         if let Some(hooks) = &tracer.fault_hooks {
             let mut line = format!("{} ({})", hooks.hook_set.name(), hooks.hooks.join(", "));
             for refusal in &hooks.refused {
@@ -105,7 +119,11 @@ impl Tracer {
     pub fn add_target(&mut self, tgid: u32) -> Result<()> {
         self.targets
             .insert(tgid, 1, 0)
-            .with_context(|| format!("adding pid {tgid} to the trace filter"))
+            .with_context(|| format!("adding pid {tgid} to the trace filter"))?;
+        if let Some(counters) = &mut self.fault_counters {
+            counters.add(tgid)?;
+        }
+        Ok(())
     }
 
     fn attach_syscalls(&mut self) -> Result<()> {
@@ -167,7 +185,11 @@ impl Tracer {
         if self.fault_hooks.is_none() {
             return Ok(None);
         }
-        faults::read(&self.ebpf, self.fault_options.per_thread).map(Some)
+        let mut report = faults::read(&self.ebpf, self.fault_options.per_thread)?;
+        if let Some(counters) = &self.fault_counters {
+            report.add_counted(counters.read());
+        }
+        Ok(Some(report))
     }
 
     /// Processes with fault statistics (cheap: keys only).
