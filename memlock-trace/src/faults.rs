@@ -391,10 +391,18 @@ fn attach_signal(ebpf: &mut Ebpf) -> Result<String> {
     Ok("tracepoint/signal:signal_generate".into())
 }
 
+/// Set to attach the fault-start tracepoints the classic way even where tp_btf works: how
+/// bpftrace 0.17 attaches them, for a like-for-like benchmark.
+pub const CLASSIC_TRACEPOINTS_ENV: &str = "MEMLOCK_TRACE_CLASSIC_TRACEPOINTS";
+
 /// The fault-start tracepoints: BTF-typed (tp_btf, cheaper) where the kernel allows it,
 /// else classic.
 fn attach_fault_entry(ebpf: &mut Ebpf) -> Result<Vec<String>> {
+    let classic = std::env::var_os(CLASSIC_TRACEPOINTS_ENV).is_some();
     let btf_attempt = (|| -> Result<Vec<String>> {
+        if classic {
+            bail!("{CLASSIC_TRACEPOINTS_ENV} is set");
+        }
         let btf = aya::Btf::from_sys_fs().context("reading the kernel's BTF")?;
         let mut hooks = Vec::new();
         for (name, tp) in [
