@@ -21,8 +21,8 @@ use aya_ebpf::{
     macros::{btf_tracepoint, fentry, fexit, kprobe, kretprobe, map, perf_event, tracepoint},
     maps::{LruHashMap, LruPerCpuHashMap, PerCpuArray, RingBuf},
     programs::{
-        BtfTracePointContext, FEntryContext, FExitContext, PerfEventContext, ProbeContext, RetProbeContext,
-        TracePointContext,
+        BtfTracePointContext, FEntryContext, FExitContext, PerfEventContext, ProbeContext,
+        RetProbeContext, TracePointContext,
     },
 };
 use memlock_trace_common::{
@@ -396,7 +396,11 @@ fn hook_end(ret: u32) {
         return;
     }
     e.pending = 0;
-    let latency = unsafe { bpf_ktime_get_ns() }.wrapping_sub(e.start_ns);
+    let latency = if config!(latency) != 0 {
+        unsafe { bpf_ktime_get_ns() }.wrapping_sub(e.start_ns)
+    } else {
+        NO_LATENCY
+    };
     let retried = e.retried != 0;
     e.retried = 0;
     let (address, vm_flags, vm_start) = (e.address, e.vm_flags, e.vm_start);

@@ -23,7 +23,10 @@ fn json_lines(stdout: &[u8]) -> Vec<Value> {
         .collect()
 }
 
-/// Runs `memlock-trace ARGS -- memlock-trace workload faults` with `commands` on its stdin.
+/// Runs `memlock-trace ARGS -- memlock-trace workload faults` with `commands` on its stdin,
+/// one at a time: each is sent once the previous one was answered (the workload answers on
+/// the stdout it shares with the tracer), so none runs before the tracer is ready, however
+/// slow the machine. `sleep` is not a workload command: it keeps the workload alive 300 ms.
 fn traced_workload(args: &[&str], commands: &str) -> std::process::Output {
     let mut child = Command::new(BIN)
         .args(args)
@@ -33,24 +36,49 @@ fn traced_workload(args: &[&str], commands: &str) -> std::process::Output {
         .stderr(Stdio::piped())
         .spawn()
         .expect("run memlock-trace");
-    // `sleep` is not a workload command: it keeps the workload alive (waiting for input).
+    let stdout = child.stdout.take().unwrap();
+    let (lines_tx, lines_rx) = std::sync::mpsc::channel::<String>();
+    let reader = std::thread::spawn(move || {
+        let mut all = Vec::new();
+        for line in BufReader::new(stdout).lines() {
+            let line = line.expect("tracer stdout");
+            let _ = lines_tx.send(line.clone());
+            all.extend_from_slice(line.as_bytes());
+            all.push(b'\n');
+        }
+        all
+    });
+    let wait_for = |prefix: &str| loop {
+        let line = lines_rx
+            .recv_timeout(Duration::from_secs(300))
+            .unwrap_or_else(|_| panic!("no `{prefix}` from the workload"));
+        assert!(!line.starts_with("error"), "{line}");
+        if line.starts_with(prefix) {
+            break;
+        }
+    };
+    wait_for("ready");
     let mut stdin = child.stdin.take().unwrap();
     for line in commands.lines() {
         if line == "sleep" {
             std::thread::sleep(Duration::from_millis(300));
-        } else {
-            stdin.write_all(format!("{line}\n").as_bytes()).unwrap();
+            continue;
+        }
+        stdin.write_all(format!("{line}\n").as_bytes()).unwrap();
+        if line != "exit" {
+            wait_for("ok ");
         }
     }
     drop(stdin);
-    let out = child.wait_with_output().expect("memlock-trace output");
-    assert!(
-        out.status.success(),
-        "exit {:?}\nstderr: {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
+    let status = child.wait().expect("memlock-trace");
+    let mut stderr = String::new();
+    let _ = std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr);
+    assert!(status.success(), "exit {status:?}\nstderr: {stderr}");
+    std::process::Output {
+        status,
+        stdout: reader.join().unwrap(),
+        stderr: stderr.into_bytes(),
+    }
 }
 
 #[test]
