@@ -6,6 +6,7 @@
 //! see the same bytes.
 #![no_std]
 
+pub mod faults;
 pub mod process;
 pub mod vma;
 
@@ -86,6 +87,8 @@ pub struct Config {
 /// Tag in the first four bytes of every ring-buffer record; the decoder dispatches on it.
 pub mod event_kind {
     pub const SYSCALL: u32 = 1;
+    /// [`crate::faults::FaultEvent`]; 16 keeps clear of the kinds other hook families add.
+    pub const FAULT: u32 = 16;
 }
 
 /// One completed mlock-family system call, written at `sys_exit`.
@@ -132,4 +135,13 @@ mod pod {
     unsafe impl aya::Pod for super::process::ProcessConfig {}
     unsafe impl aya::Pod for super::process::ProcessOffsets {}
     unsafe impl aya::Pod for super::process::ProcessKey {}
+    unsafe impl aya::Pod for super::faults::FaultConfig {}
+    unsafe impl aya::Pod for super::faults::FaultKey {}
+    unsafe impl aya::Pod for super::faults::FaultStats {}
+    unsafe impl aya::Pod for super::faults::HistKey {}
+    unsafe impl aya::Pod for super::faults::Hist {}
+    unsafe impl aya::Pod for super::faults::RegionKey {}
+    unsafe impl aya::Pod for super::faults::RegionValue {}
+    unsafe impl aya::Pod for super::faults::FaultEntry {}
+    unsafe impl aya::Pod for super::faults::FaultEvent {}
 }

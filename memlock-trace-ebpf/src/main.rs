@@ -3,6 +3,7 @@
 #![no_main]
 
 mod capabilities;
+mod faults;
 mod process;
 mod shared;
 mod syscalls;

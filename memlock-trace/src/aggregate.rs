@@ -8,7 +8,13 @@ use std::collections::BTreeMap;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
-use crate::{decode::SyscallRecord, processes::ProcessTable, syscall::Syscall, tracer::Health};
+use crate::{
+    decode::SyscallRecord,
+    faults::{FaultHealth, FaultHooks, FaultSummary},
+    processes::ProcessTable,
+    syscall::Syscall,
+    tracer::Health,
+};
 
 /// Per process, keyed by (pid, start time) so a reused pid never mixes two processes.
 #[derive(Default)]
@@ -90,10 +96,13 @@ impl Aggregator {
                         .iter()
                         .map(|(s, st)| (s.name(), st.summary()))
                         .collect(),
+                    faults: None,
                 })
                 .collect(),
             dropped_events: health.dropped_events,
             health,
+            fault_hooks: None,
+            fault_health: None,
         }
     }
 }
@@ -127,6 +136,11 @@ pub struct Summary {
     pub processes: Vec<ProcessSummary>,
     pub dropped_events: u64,
     pub health: Health,
+    /// The page-fault hook set used, and why better ones were refused.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fault_hooks: Option<FaultHooks>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fault_health: Option<FaultHealth>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -136,6 +150,8 @@ pub struct ProcessSummary {
     pub start_ns: u64,
     pub comm: String,
     pub syscalls: BTreeMap<&'static str, SyscallSummary>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub faults: Option<FaultSummary>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -172,6 +188,32 @@ impl Latency {
 impl Summary {
     pub fn process(&self, pid: u32) -> Option<&ProcessSummary> {
         self.processes.iter().find(|p| p.pid == pid)
+    }
+
+    /// Adds each process's faults, creating the processes that faulted without making a
+    /// traced syscall. The fault comm (from /proc or the kernel) fills in missing ones.
+    pub fn add_faults(
+        &mut self,
+        hooks: FaultHooks,
+        health: FaultHealth,
+        faults: BTreeMap<u32, (String, FaultSummary)>,
+    ) {
+        for (pid, (comm, summary)) in faults {
+            match self.processes.iter_mut().find(|p| p.pid == pid) {
+                Some(p) => p.faults = Some(summary),
+                None => self.processes.push(ProcessSummary {
+                    pid,
+                    // Fault counts are kept per tgid in the kernel: no start time to show.
+                    start_ns: 0,
+                    comm,
+                    syscalls: BTreeMap::new(),
+                    faults: Some(summary),
+                }),
+            }
+        }
+        self.processes.sort_by_key(|p| p.pid);
+        self.fault_hooks = Some(hooks);
+        self.fault_health = Some(health);
     }
 }
 

@@ -4,6 +4,8 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::faults::{FaultOptions, HookChoice};
+
 #[derive(Debug, Parser)]
 #[command(
     name = "memlock-trace",
@@ -31,9 +33,17 @@ pub struct TraceArgs {
     /// Stop after SECS seconds.
     #[arg(long, value_name = "SECS", value_parser = positive_secs)]
     pub duration: Option<f64>,
-    /// Print each call as it happens.
-    #[arg(long)]
-    pub events: bool,
+    /// Print each call (and page fault) as it happens; `--events=syscalls` or
+    /// `--events=faults` for one kind only.
+    #[arg(
+        long,
+        value_enum,
+        value_name = "KINDS",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "all"
+    )]
+    pub events: Option<EventKinds>,
     /// Write JSON lines (events with --events, then the summary) instead of text.
     #[arg(long)]
     pub json: bool,
@@ -43,9 +53,54 @@ pub struct TraceArgs {
     pub all_vma_changes: bool,
     #[command(flatten)]
     pub production: crate::cli_production::ProductionArgs,
+    /// Page-fault hooks: the best the kernel allows (fentry, then kprobe, then tracepoint),
+    /// one of them forced, or off.
+    #[arg(long, value_enum, value_name = "HOOKS", default_value_t = HookChoice::Auto)]
+    pub fault_hooks: HookChoice,
+    /// Count page faults only: no start times or latency histograms (the cheapest mode).
+    #[arg(long)]
+    pub count_only: bool,
+    /// Report page faults per thread too.
+    #[arg(long)]
+    pub per_thread: bool,
+    /// With --events, print one page fault in N.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub sample: u32,
+    /// Mappings listed per process, by page faults.
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    pub top_mappings: usize,
     /// Launch COMMAND and trace it and its threads until it exits.
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<String>,
+}
+
+/// What `--events` prints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum EventKinds {
+    All,
+    Syscalls,
+    Faults,
+}
+
+impl TraceArgs {
+    pub fn syscall_events(&self) -> bool {
+        matches!(self.events, Some(EventKinds::All | EventKinds::Syscalls))
+    }
+
+    pub fn fault_events(&self) -> bool {
+        matches!(self.events, Some(EventKinds::All | EventKinds::Faults))
+    }
+
+    pub fn fault_options(&self) -> FaultOptions {
+        FaultOptions {
+            hooks: self.fault_hooks,
+            latency: !self.count_only,
+            per_thread: self.per_thread,
+            events: self.fault_events(),
+            sample_every: self.sample.max(1),
+            top_mappings: self.top_mappings,
+        }
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -94,6 +149,8 @@ pub enum WorkloadName {
     Children,
     /// --threads threads each making --calls failing mlock calls as fast as they can.
     Flood,
+    /// Takes page faults on command (stdin), answering its own fault counters (stdout).
+    Faults,
 }
 
 fn positive_secs(s: &str) -> Result<f64, String> {
@@ -125,7 +182,7 @@ mod tests {
         assert_eq!(cli.trace.pids, [1, 2]);
         assert_eq!(cli.trace.interval, Some(0.5));
         assert_eq!(cli.trace.duration, Some(3.0));
-        assert!(cli.trace.events && cli.trace.json);
+        assert!(cli.trace.syscall_events() && cli.trace.fault_events() && cli.trace.json);
     }
 
     #[test]
@@ -150,6 +207,49 @@ mod tests {
         };
         assert_eq!(json.as_deref(), Some(std::path::Path::new("/tmp/v.json")));
         assert!(parse(&["verify", "--json"]).is_err());
+    }
+
+    #[test]
+    fn fault_options_parse() {
+        let cli = parse(&[
+            "--fault-hooks",
+            "tracepoint",
+            "--count-only",
+            "--per-thread",
+            "--events",
+            "--sample",
+            "100",
+            "--top-mappings",
+            "3",
+        ])
+        .unwrap();
+        let o = cli.trace.fault_options();
+        assert_eq!(o.hooks, HookChoice::Tracepoint);
+        assert!(!o.latency && o.per_thread && o.events);
+        assert_eq!((o.sample_every, o.top_mappings), (100, 3));
+        let d = parse(&[]).unwrap().trace.fault_options();
+        assert_eq!(
+            d,
+            FaultOptions {
+                events: false,
+                ..FaultOptions::default()
+            }
+        );
+        let syscalls_only = parse(&["--events=syscalls", "--json"]).unwrap().trace;
+        assert!(syscalls_only.syscall_events() && !syscalls_only.fault_events());
+        assert!(!syscalls_only.fault_options().events);
+        assert!(parse(&["--events=faults"]).unwrap().trace.fault_options().events);
+        assert!(parse(&["--events=bogus"]).is_err());
+        assert!(parse(&["--fault-hooks", "uprobe"]).is_err());
+        assert!(parse(&["--sample", "0"]).is_err());
+        assert_eq!(
+            parse(&["--fault-hooks", "off"])
+                .unwrap()
+                .trace
+                .fault_options()
+                .hooks,
+            HookChoice::Off
+        );
     }
 
     #[test]

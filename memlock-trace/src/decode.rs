@@ -2,7 +2,10 @@
 //! read of the `#[repr(C)]` struct (never a transmute into an enum).
 
 use bytes::Buf as _;
-use memlock_trace_common::{SyscallEvent, event_kind};
+use memlock_trace_common::{
+    SyscallEvent, event_kind,
+    faults::{FaultEvent, fault_flags, populate},
+};
 
 use crate::{syscall::Syscall, vma};
 
@@ -11,6 +14,54 @@ pub enum Event {
     Syscall(SyscallRecord),
     /// Snapshots, stores and function events of the VMA family (see [`crate::vma`]).
     Vma(vma::VmaRecord),
+    Fault(FaultRecord),
+}
+
+/// A sampled fault (`--events`), or the pages one call populated (tracepoint hooks).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FaultRecord {
+    pub raw: FaultEvent,
+}
+
+impl FaultRecord {
+    pub fn comm(&self) -> String {
+        comm_str(&self.raw.comm)
+    }
+
+    pub fn has(&self, flag: u32) -> bool {
+        self.raw.flags & flag != 0
+    }
+
+    /// `minor`, `major`, `failed`.
+    pub fn kind(&self) -> &'static str {
+        if self.has(fault_flags::FAILED) {
+            "failed"
+        } else if self.has(fault_flags::MAJOR) {
+            "major"
+        } else {
+            "minor"
+        }
+    }
+
+    pub fn latency_ns(&self) -> Option<u64> {
+        self.has(fault_flags::HAS_LATENCY)
+            .then_some(self.raw.latency_ns)
+    }
+
+    /// The call that populated the page, for populated faults.
+    pub fn syscall(&self) -> Option<&'static str> {
+        populate::NAMES.get(self.raw.syscall as usize).copied()
+    }
+
+    /// Whether the faulting VMA was VM_LOCKED / VM_LOCKONFAULT, when the hook saw it.
+    pub fn locked(&self) -> Option<(bool, bool)> {
+        self.has(fault_flags::HAS_VMA).then(|| {
+            (
+                self.has(fault_flags::VM_LOCKED),
+                self.has(fault_flags::VM_LOCKONFAULT),
+            )
+        })
+    }
 }
 
 /// A [`SyscallEvent`] with its number resolved to a [`Syscall`].
@@ -69,6 +120,9 @@ pub fn decode(record: &[u8]) -> Result<Event, DecodeError> {
             Ok(Event::Syscall(SyscallRecord { syscall, raw }))
         }
         k if vma::is_vma_kind(k) => vma::decode(k, record).map(Event::Vma),
+        event_kind::FAULT => Ok(Event::Fault(FaultRecord {
+            raw: read_struct(event_kind::FAULT, record)?,
+        })),
         other => Err(DecodeError::UnknownKind(other)),
     }
 }
@@ -142,6 +196,54 @@ mod tests {
             panic!("not a syscall event");
         };
         assert_eq!(rec.raw, sample());
+    }
+
+    #[test]
+    fn fault_round_trip() {
+        let raw = FaultEvent {
+            kind: event_kind::FAULT,
+            flags: fault_flags::MAJOR
+                | fault_flags::HAS_LATENCY
+                | fault_flags::HAS_VMA
+                | fault_flags::VM_LOCKED,
+            tgid: 5,
+            tid: 6,
+            address: 0x7f00_0000_1000,
+            latency_ns: 1234,
+            time_ns: 99,
+            count: 1,
+            syscall: u32::MAX,
+            cpu: 1,
+            comm: *b"faulty\0\0\0\0\0\0\0\0\0\0",
+        };
+        let Ok(Event::Fault(rec)) = decode(&bytes_of(&raw)) else {
+            panic!("not a fault")
+        };
+        assert_eq!(rec.raw, raw);
+        assert_eq!(rec.kind(), "major");
+        assert_eq!(rec.latency_ns(), Some(1234));
+        assert_eq!(rec.locked(), Some((true, false)));
+        assert_eq!(rec.syscall(), None);
+        assert_eq!(rec.comm(), "faulty");
+        let populated = FaultEvent {
+            flags: fault_flags::POPULATED,
+            syscall: populate::MLOCK as u32,
+            ..raw
+        };
+        let Ok(Event::Fault(rec)) = decode(&bytes_of(&populated)) else {
+            panic!("not a fault")
+        };
+        assert_eq!(
+            (rec.kind(), rec.syscall(), rec.latency_ns(), rec.locked()),
+            ("minor", Some("mlock"), None, None)
+        );
+        assert!(matches!(
+            decode(&bytes_of(&raw)[..40]),
+            Err(DecodeError::Short {
+                kind: event_kind::FAULT,
+                ..
+            })
+        ));
     }
 
     #[test]

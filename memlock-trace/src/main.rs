@@ -41,6 +41,7 @@ fn run_workload(
 ) -> anyhow::Result<()> {
     let calls = match name {
         WorkloadName::Syscalls => serde_json::to_value(workload::syscalls::run()?)?,
+        WorkloadName::Faults => return workload::faults::serve(),
         WorkloadName::Children => serde_json::to_value(workload::children::run(params.count, params.calls)?)?,
         WorkloadName::Flood => serde_json::to_value(workload::flood::run(
             params.threads,

@@ -134,6 +134,34 @@ impl KernelBtf {
         }
     }
 
+    /// Value of `member` of `enum name` (e.g. `VM_FAULT_MAJOR` of `vm_fault_reason`).
+    pub fn enum_value(&self, name: &str, member: &str) -> Result<u64> {
+        let types = self
+            .btf
+            .resolve_types_by_name(name)
+            .with_context(|| format!("enum {name} is not in the kernel's BTF"))?;
+        for t in &types {
+            match t {
+                Type::Enum(e) => {
+                    for m in &e.members {
+                        if self.btf.resolve_name(m).is_ok_and(|n| n == member) {
+                            return Ok(u64::from(m.val()));
+                        }
+                    }
+                }
+                Type::Enum64(e) => {
+                    for m in &e.members {
+                        if self.btf.resolve_name(m).is_ok_and(|n| n == member) {
+                            return Ok(m.val());
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        bail!("enum {name} has no member {member} in this kernel")
+    }
+
     pub fn offsets(&self) -> Result<KernelOffsets> {
         Ok(KernelOffsets {
             task_mm: self.field_offset("task_struct", "mm")?,

@@ -20,13 +20,18 @@ use crate::{
     aggregate::Aggregator,
     cli::TraceArgs,
     decode::{Event, decode},
-    launch,
+    faults, launch,
+    mappings::MappingCache,
     metrics::Metrics,
     production::Production,
     render,
     tracer::{Options, Targets, Tracer, VmaHooks},
     vma,
 };
+
+/// How often the mappings of traced processes are re-read, so that a process that exits is
+/// still attributed with recent mappings.
+const MAPPINGS_REFRESH: Duration = Duration::from_millis(250);
 
 /// Why tracing stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,6 +59,7 @@ pub fn run(args: TraceArgs) -> Result<i32> {
     let options = Options {
         all_vma_stores: args.all_vma_changes,
         filters: production.filters.clone(),
+        faults: args.fault_options(),
         ..Options::default()
     };
     let mut tracer = Tracer::load_with(&targets, &options)?;
@@ -78,6 +84,10 @@ pub fn run(args: TraceArgs) -> Result<i32> {
         .build()
         .context("starting the tokio runtime")?;
     runtime.block_on(event_loop(tracer, args, launched, production, described))
+}
+
+fn targets_are_specific(args: &TraceArgs) -> bool {
+    !args.pids.is_empty() || !args.command.is_empty()
 }
 
 fn describe_targets(args: &TraceArgs, launched: Option<u32>) -> String {
@@ -107,19 +117,36 @@ async fn event_loop(
     let mut ring = unsafe { AsyncFd::register(tracer.take_events()?) }
         .map_err(std::io::Error::from)
         .context("polling the ring buffer")?;
+    // Fault events have their own ring, so a storm of faults cannot crowd out syscall events.
+    let mut fault_ring = match tracer.take_fault_events()? {
+        // SAFETY: as above.
+        Some(r) => Some(
+            unsafe { AsyncFd::register(r) }
+                .map_err(std::io::Error::from)
+                .context("polling the fault event ring buffer")?,
+        ),
+        None => None,
+    };
     let mut output = Output {
         json: args.json,
-        events: args.events,
+        syscall_events: args.syscall_events(),
+        fault_events: args.fault_events(),
         aggregator: Aggregator::with_max_processes(production.max_processes),
         undecodable: 0,
         metrics: production.metrics.clone(),
         vma: VmaOutput { hooks: tracer.vma.clone(), ..VmaOutput::default() },
+        mappings: MappingCache::default(),
+        top_mappings: args.top_mappings,
     };
     // The kernel's loss counters change without any event arriving: refresh them for scrapes.
     let mut health_ticker = tokio::time::interval(Duration::from_secs(1));
     // Small batches do not wake us (`EVENTS_WAKEUP_BYTES`): drain on a timer as well.
     let mut drain_ticker =
         tokio::time::interval(Duration::from_millis(memlock_trace_common::DRAIN_INTERVAL_MS));
+    // System-wide, re-reading every process's smaps each second would cost more than it
+    // tells: mappings are then read when a summary is printed.
+    let follow_mappings = targets_are_specific(&args) && tracer.fault_hooks.is_some();
+    let mut mapping_ticker = tokio::time::interval(MAPPINGS_REFRESH);
     let stop = wait_for_stop(&args, launched, sigint, sigterm);
     tokio::pin!(stop);
     let mut ticker = args.interval.map(|secs| tokio::time::interval(Duration::from_secs_f64(secs)));
@@ -133,16 +160,27 @@ async fn event_loop(
                 output.drain(guard.get_inner_mut());
                 guard.clear_ready();
             }
+            guard = async { fault_ring.as_mut().expect("guarded").readable_mut().await }, if fault_ring.is_some() => {
+                let mut guard = guard.context("polling the fault event ring buffer")?;
+                output.drain(guard.get_inner_mut());
+                guard.clear_ready();
+            }
             _ = async { ticker.as_mut().expect("guarded").tick().await }, if ticker.is_some() => {
                 output.summary(&tracer, "interval")?;
             }
             _ = health_ticker.tick(), if output.metrics.is_some() => output.update_health(&tracer)?,
             _ = drain_ticker.tick() => output.drain(ring.get_mut()),
+            _ = mapping_ticker.tick(), if follow_mappings => {
+                output.refresh_mappings(&tracer, MAPPINGS_REFRESH);
+            }
             reason = &mut stop => break reason?,
         }
     };
     // Everything the kernel submitted before we stopped is still in the ring: read it all.
     output.drain(ring.get_mut());
+    if let Some(fault_ring) = fault_ring.as_mut() {
+        output.drain(fault_ring.get_mut());
+    }
     if let Stop::Signal(name) = reason {
         eprintln!("memlock-trace: stopped by {name}");
     }
@@ -207,11 +245,14 @@ async fn wait_pid_exit(pid: u32) -> Result<()> {
 
 struct Output {
     json: bool,
-    events: bool,
+    syscall_events: bool,
+    fault_events: bool,
     aggregator: Aggregator,
     undecodable: u64,
     metrics: Option<Arc<Metrics>>,
     vma: VmaOutput,
+    mappings: MappingCache,
+    top_mappings: usize,
 }
 
 /// VMA events: paired with their calls by the tracker, counted per process.
@@ -234,7 +275,7 @@ impl Output {
                     if let Some(metrics) = &self.metrics {
                         metrics.syscalls.record(&rec);
                     }
-                    if self.events {
+                    if self.syscall_events {
                         let line = if self.json {
                             render::syscall_json(&rec).to_string()
                         } else {
@@ -250,6 +291,16 @@ impl Output {
                     vmas += 1;
                     if let Some(activity) = self.vma.tracker.record(record) {
                         self.vma_activity(&activity, &mut stdout);
+                    }
+                }
+                Ok(Event::Fault(rec)) => {
+                    if self.fault_events {
+                        let line = if self.json {
+                            render::fault_json(&rec).to_string()
+                        } else {
+                            render::fault_line(&rec)
+                        };
+                        let _ = writeln!(stdout, "{line}");
                     }
                 }
                 Err(_) => self.undecodable += 1,
@@ -278,7 +329,8 @@ impl Output {
             let counts = self.vma.counts.entry(activity.tgid()).or_default();
             counts.merge(&vma::ChangeCounts::of(&call.changes));
         }
-        if !self.events {
+        // VMA changes are shown with the syscall events that caused them.
+        if !self.syscall_events {
             return;
         }
         let hooks = self.vma.hooks.as_ref();
@@ -291,9 +343,26 @@ impl Output {
         }
     }
 
-    fn summary(&self, tracer: &Tracer, kind: &'static str) -> Result<()> {
+    /// Snapshots the mappings of every process that has faulted.
+    fn refresh_mappings(&mut self, tracer: &Tracer, max_age: Duration) {
+        if let Ok(pids) = tracer.fault_pids() {
+            for pid in pids {
+                self.mappings.refresh(pid, max_age);
+            }
+        }
+    }
+
+    fn summary(&mut self, tracer: &Tracer, kind: &'static str) -> Result<()> {
         let mut summary = self.aggregator.summary(tracer.health()?);
         summary.kind = kind;
+        if let (Some(hooks), Some(report)) = (&tracer.fault_hooks, tracer.fault_report()?) {
+            for &tgid in report.regions.keys() {
+                self.mappings.refresh(tgid, Duration::ZERO);
+            }
+            let per_process =
+                faults::summarize(&report, hooks, &mut self.mappings, self.top_mappings);
+            summary.add_faults(hooks.clone(), report.health, per_process);
+        }
         if let Some(metrics) = &self.metrics {
             metrics.health.update(&summary.health);
         }

@@ -154,7 +154,8 @@ struct TracerProcess {
 impl TracerProcess {
     fn start() -> Result<Self> {
         let mut child = Command::new(std::env::current_exe()?)
-            .args(["--json", "--events"])
+            // Syscall events only: streaming every fault of the machine would load it.
+            .args(["--json", "--events=syscalls"])
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()

@@ -9,12 +9,16 @@ use aya::{
     programs::{ProgramError, TracePoint},
 };
 use memlock_trace_common::{
-    Config, counter, filter, names,
+    Config, counter,
+    faults::FaultConfig,
+    filter, names,
     process::ProcessConfig,
     vma::{VMA_CONFIG, VmaConfig},
 };
 
 use crate::{
+    fault_counting::FaultCounters,
+    faults::{self, FaultHooks, FaultOptions, FaultReport},
     filter::{Filters, ProcessHealth},
     probe::{self, KernelBtf},
     syscall::Syscall,
@@ -59,6 +63,8 @@ pub struct Options {
     pub require_vma: bool,
     /// `--comm`, `--cgroup`, `--follow-children`.
     pub filters: Filters,
+    /// Page-fault hooks and what they record.
+    pub faults: FaultOptions,
 }
 
 /// Loaded and attached programs; dropping it detaches everything.
@@ -69,15 +75,21 @@ pub struct Tracer {
     pub hooks: BTreeMap<&'static str, String>,
     /// The VMA family's hook set, when it attached (decoding function events needs it).
     pub vma: Option<VmaHooks>,
+    /// The page-fault hook set chosen for this kernel (None with `--fault-hooks off`).
+    pub fault_hooks: Option<FaultHooks>,
+    /// Count-only on the tracepoint set: the targets' perf counters.
+    fault_counters: Option<FaultCounters>,
+    fault_options: FaultOptions,
 }
 
 impl Tracer {
-    /// Checks privileges and kernel support, loads the programs with this kernel's struct
-    /// offsets and attaches them.
+    /// [`Tracer::load_with`] with the defaults (best fault hooks, with latency).
     pub fn load(targets: &Targets) -> Result<Self> {
         Self::load_with(targets, &Options::default())
     }
 
+    /// Checks privileges and kernel support, loads the programs with this kernel's struct
+    /// offsets and attaches them.
     /// [`Tracer::load`] with [`Options`].
     pub fn load_with(targets: &Targets, options: &Options) -> Result<Self> {
         probe::check_privileges()?;
@@ -98,8 +110,15 @@ impl Tracer {
         }
         let vma_global = vma_config.as_ref().copied().unwrap_or(VmaConfig::ZERO);
         let filters = &options.filters;
-        let process = filters.process_config(&btf)?;
-        let mut ebpf = load_object_with(&config, &Globals { vma: vma_global, process, max_targets: filters.max_targets })?;
+        let fault_options = &options.faults;
+        let fault_config = faults::config(&btf, fault_options)?;
+        let globals = Globals {
+            vma: vma_global,
+            process: filters.process_config(&btf)?,
+            max_targets: filters.max_targets,
+            faults: Some(fault_config),
+        };
+        let mut ebpf = load_object_with(&config, &globals)?;
 
         let targets_map = ebpf
             .take_map(names::TARGET_TGIDS)
@@ -109,6 +128,9 @@ impl Tracer {
             ebpf,
             hooks: BTreeMap::new(),
             vma: None,
+            fault_hooks: None,
+            fault_counters: None,
+            fault_options: fault_options.clone(),
         };
         if let Targets::Tgids(tgids) = targets {
             let hooks = crate::filter::attach(&mut tracer.ebpf, filters)?;
@@ -132,6 +154,25 @@ impl Tracer {
                 tracer.hooks.insert("vma", format!("not traced: {error:#}"));
             }
         }
+        let specific_targets = matches!(targets, Targets::Tgids(_));
+        tracer.fault_hooks = faults::attach(&mut tracer.ebpf, &btf, fault_options, specific_targets)?;
+        if tracer.fault_hooks.as_ref().is_some_and(|h| h.counting) {
+            let mut counters = FaultCounters::default();
+            if let Targets::Tgids(tgids) = targets {
+                for &tgid in tgids {
+                    counters.add(tgid)?;
+                }
+            }
+            tracer.fault_counters = Some(counters);
+        }
+        if let Some(hooks) = &tracer.fault_hooks {
+            let mut line = format!("{} ({})", hooks.hook_set.name(), hooks.hooks.join(", "));
+            for refusal in &hooks.refused {
+                let reason = refusal.reason.lines().next().unwrap_or_default();
+                let _ = write!(line, "; {} refused: {reason}", refusal.hook_set.name());
+            }
+            tracer.hooks.insert("faults", line);
+        }
         Ok(tracer)
     }
 
@@ -139,7 +180,11 @@ impl Tracer {
     pub fn add_target(&mut self, tgid: u32) -> Result<()> {
         self.targets
             .insert(tgid, 1, 0)
-            .with_context(|| format!("adding pid {tgid} to the trace filter"))
+            .with_context(|| format!("adding pid {tgid} to the trace filter"))?;
+        if let Some(counters) = &mut self.fault_counters {
+            counters.add(tgid)?;
+        }
+        Ok(())
     }
 
     fn attach_syscalls(&mut self) -> Result<()> {
@@ -183,6 +228,40 @@ impl Tracer {
         Ok(RingBuf::try_from(map)?)
     }
 
+    /// The ring buffer of sampled fault events (`--events`); None when faults are not traced.
+    /// Can be taken once.
+    pub fn take_fault_events(&mut self) -> Result<Option<RingBuf<MapData>>> {
+        if self.fault_hooks.is_none() {
+            return Ok(None);
+        }
+        let map = self
+            .ebpf
+            .take_map(memlock_trace_common::faults::names::FAULT_EVENTS)
+            .ok_or_else(|| anyhow!("the fault event ring buffer was already taken"))?;
+        Ok(Some(RingBuf::try_from(map)?))
+    }
+
+    /// The kernel's fault aggregation so far (None when faults are not traced).
+    pub fn fault_report(&self) -> Result<Option<FaultReport>> {
+        if self.fault_hooks.is_none() {
+            return Ok(None);
+        }
+        let mut report = faults::read(&self.ebpf, self.fault_options.per_thread)?;
+        if let Some(counters) = &self.fault_counters {
+            report.add_counted(counters.read());
+        }
+        Ok(Some(report))
+    }
+
+    /// Processes with fault statistics (cheap: keys only).
+    pub fn fault_pids(&self) -> Result<std::collections::BTreeSet<u32>> {
+        faults::pids(&self.ebpf)
+    }
+
+    pub fn fault_options(&self) -> &FaultOptions {
+        &self.fault_options
+    }
+
     pub fn health(&self) -> Result<Health> {
         let map = self
             .ebpf
@@ -216,11 +295,13 @@ pub struct Globals {
     pub process: ProcessConfig,
     /// Capacity of the target set, when not `MAX_TARGETS`.
     pub max_targets: Option<u32>,
+    /// The fault hooks' globals and map sizes.
+    pub faults: Option<FaultConfig>,
 }
 
 impl Default for Globals {
     fn default() -> Self {
-        Self { vma: VmaConfig::ZERO, process: ProcessConfig::default(), max_targets: None }
+        Self { vma: VmaConfig::ZERO, process: ProcessConfig::default(), max_targets: None, faults: None }
     }
 }
 
@@ -233,6 +314,9 @@ pub fn load_object_with(config: &Config, globals: &Globals) -> Result<Ebpf> {
         .override_global(memlock_trace_common::process::names::PROCESS_CONFIG, &globals.process, true);
     if let Some(max) = globals.max_targets {
         loader.map_max_entries(names::TARGET_TGIDS, max);
+    }
+    if let Some(fault_config) = &globals.faults {
+        faults::prepare_loader(&mut loader, fault_config)?;
     }
     loader
         .load(EBPF_OBJECT)

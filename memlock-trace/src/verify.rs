@@ -308,7 +308,7 @@ impl Runner {
             let activity = match decode(&item) {
                 Ok(Event::Syscall(rec)) => self.tracker.syscall(&rec),
                 Ok(Event::Vma(rec)) => self.tracker.record(rec),
-                Err(_) => None,
+                Ok(Event::Fault(_)) | Err(_) => None,
             };
             if let Some(a) = activity {
                 self.activity.entry(a.tgid()).or_default().push(a);

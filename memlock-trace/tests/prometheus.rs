@@ -179,7 +179,7 @@ fn pid_label_only_when_asked() {
     drop(tracer.child.stdin.take());
     let done = tracer.finish();
     let s = summary(&done.stdout);
-    let pid = s["processes"][0]["pid"].as_u64().unwrap().to_string();
+    let pid = support::with_syscalls(&s)[0]["pid"].as_u64().unwrap().to_string();
     let pid_str = pid.as_str();
     assert_eq!(
         value(&samples, "memlock_trace_syscalls_total", &[("comm", "memlock-trace"), ("pid", pid_str), ("syscall", "mlock")]),

@@ -1,6 +1,7 @@
 //! Project tasks cargo cannot do by itself: toolchain set-up, the bundled run, the host and
 //! VM test stages. `cargo xtask --help`.
 
+mod bench;
 mod run;
 mod setup;
 mod test;
@@ -26,6 +27,9 @@ enum Task {
     Run(run::Args),
     /// Run the tests on this kernel and inside a qemu VM booting a stock Debian kernel.
     Test(test::Args),
+    /// Measure what tracing page faults costs (untraced vs memlock-trace vs bpftrace) and
+    /// write BENCHMARKS.md.
+    Bench(bench::Args),
 }
 
 fn main() -> ExitCode {
@@ -34,6 +38,7 @@ fn main() -> ExitCode {
         Task::Setup => setup::ensure(),
         Task::Run(args) => setup::ensure().and_then(|()| run::run(&args)),
         Task::Test(args) => setup::ensure().and_then(|()| test::run(&args)),
+        Task::Bench(args) => setup::ensure().and_then(|()| bench::run(&args)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

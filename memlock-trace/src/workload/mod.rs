@@ -4,6 +4,7 @@
 pub mod children;
 pub mod flood;
 pub mod dynamic_alloc;
+pub mod faults;
 pub mod first_touch;
 pub mod fork_inherit;
 pub mod malloc_vs_mmap;

@@ -23,6 +23,8 @@ pub fn drain_syscalls(ring: &mut RingBuf<MapData>) -> Vec<SyscallRecord> {
             Event::Syscall(rec) => out.push(rec),
             // VMA snapshots and stores ride the same ring buffer.
             Event::Vma(_) => {}
+            // Sampled faults appear only with `--events`.
+            Event::Fault(_) => {}
         }
     }
     out

@@ -221,3 +221,14 @@ pub fn calls_of(summary: &Value, pid: u32, syscall: &str) -> u64 {
         .map(|p| p["syscalls"][syscall]["count"].as_u64().unwrap_or(0))
         .sum()
 }
+
+/// The processes of a summary that made traced system calls (page faults add processes
+/// that made none, such as a parent that only forks).
+pub fn with_syscalls(summary: &Value) -> Vec<&Value> {
+    summary["processes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|p| p["syscalls"].as_object().is_some_and(|m| !m.is_empty()))
+        .collect()
+}

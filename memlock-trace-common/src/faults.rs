@@ -1,0 +1,411 @@
+//! The page-fault part of the contract: per-process statistics aggregated in the kernel,
+//! the latency histogram layout both sides compute buckets with, and the sampled
+//! [`FaultEvent`] streamed with `--events`.
+//!
+//! Counting rules follow `mm_account_fault()` in mm/memory.c, the function that increments
+//! `task_struct.min_flt`/`maj_flt` (what `getrusage` reports): a fault is counted once it
+//! completes without `VM_FAULT_ERROR` or `VM_FAULT_RETRY`, and is major when its result has
+//! `VM_FAULT_MAJOR` or it was a retry (`FAULT_FLAG_TRIED`).
+//! <https://git.kernel.org/pub/scm/linux/kernel/git/torvalds/linux.git/tree/mm/memory.c?h=v6.1#n5084>
+
+/// Names of the maps and globals of the fault hooks.
+pub mod names {
+    pub const FAULT_CONFIG: &str = "FAULT_CONFIG";
+    pub const FAULT_STATS: &str = "FAULT_STATS";
+    pub const FAULT_HIST: &str = "FAULT_HIST";
+    pub const FAULT_REGIONS: &str = "FAULT_REGIONS";
+    pub const FAULT_ENTRY: &str = "FAULT_ENTRY";
+    pub const FAULT_COUNTERS: &str = "FAULT_COUNTERS";
+    pub const POPULATE_INFLIGHT: &str = "POPULATE_INFLIGHT";
+    pub const FAULT_EVENTS: &str = "FAULT_EVENTS";
+}
+
+/// Size of the fault event ring buffer, apart from the syscall events' so that a fault storm
+/// cannot crowd them out (a power of two multiple of the page size).
+pub const FAULT_EVENTS_BYTE_SIZE: u32 = 4 << 20;
+
+/// Default sizes; the loader scales the per-CPU maps to the machine (`set_max_entries`).
+pub const MAX_FAULT_KEYS: u32 = 8192;
+pub const MAX_FAULT_HISTS: u32 = 8192;
+pub const MAX_FAULT_REGIONS: u32 = 65536;
+/// Threads with a fault or a populating call in progress (LRU: exited threads age out).
+pub const MAX_FAULT_THREADS: u32 = 65536;
+
+/// Indices of [`FaultStats::counts`].
+pub mod stat {
+    /// Completed faults taken through the page-fault exception (`regs != NULL`): the access
+    /// came from user mode, or from the kernel touching user memory (`copy_to_user`).
+    pub const USER_MINOR: usize = 0;
+    pub const USER_MAJOR: usize = 1;
+    /// Completed faults the kernel took on the task's behalf without an exception
+    /// (get_user_pages: mlock, `MAP_POPULATE`, `MADV_POPULATE_*`, exec argument pages).
+    pub const POPULATED_MINOR: usize = 2;
+    pub const POPULATED_MAJOR: usize = 3;
+    /// Faults that returned `VM_FAULT_RETRY` at least once before completing (counted once).
+    pub const RETRIED: usize = 4;
+    /// Faults the kernel could not resolve (`VM_FAULT_ERROR`, or an exception that never
+    /// reached the accounting: SIGSEGV, SIGBUS, EFAULT).
+    pub const FAILED: usize = 5;
+    /// Completions whose start was not seen (tracing began mid-fault, or the entry table
+    /// was full): counted, but without a latency.
+    pub const LATENCY_UNMATCHED: usize = 6;
+    /// Completed faults in a VMA with `VM_LOCKED` / `VM_LOCKONFAULT` (hooks with a VMA only).
+    pub const IN_LOCKED: usize = 7;
+    pub const IN_LOCKONFAULT: usize = 8;
+    pub const COUNT: usize = 9;
+}
+
+/// Latency histogram classes (second half of [`HistKey`]); the loader merges them into the
+/// reported classes (minor = user minor + populated minor, ...).
+pub mod class {
+    pub const USER_MINOR: u32 = 0;
+    pub const USER_MAJOR: u32 = 1;
+    pub const POPULATED_MINOR: u32 = 2;
+    pub const POPULATED_MAJOR: u32 = 3;
+    pub const FAILED: u32 = 4;
+    /// Retried faults, again: a retried fault is also in its final class.
+    pub const RETRIED: u32 = 5;
+    pub const COUNT: usize = 6;
+}
+
+/// System calls whose page population the tracepoint hooks measure from the task's
+/// `min_flt`/`maj_flt` deltas (index into [`FaultStats::populated_by`]).
+pub mod populate {
+    pub const MLOCK: usize = 0;
+    pub const MLOCK2: usize = 1;
+    pub const MLOCKALL: usize = 2;
+    pub const MMAP: usize = 3;
+    pub const MREMAP: usize = 4;
+    pub const BRK: usize = 5;
+    pub const MADVISE: usize = 6;
+    pub const MPROTECT: usize = 7;
+    pub const PKEY_MPROTECT: usize = 8;
+    pub const REMAP_FILE_PAGES: usize = 9;
+    pub const EXECVE: usize = 10;
+    pub const EXECVEAT: usize = 11;
+    /// Populated outside the calls above (seen only by the fentry/kprobe hooks).
+    pub const OTHER: usize = 12;
+    pub const COUNT: usize = 13;
+    /// The hooked calls, in index order.
+    pub const NAMES: [&str; COUNT] = [
+        "mlock",
+        "mlock2",
+        "mlockall",
+        "mmap",
+        "mremap",
+        "brk",
+        "madvise",
+        "mprotect",
+        "pkey_mprotect",
+        "remap_file_pages",
+        "execve",
+        "execveat",
+        "other",
+    ];
+}
+
+/// Indices of the per-CPU `FAULT_COUNTERS` (the fault hooks' own health).
+pub mod fault_counter {
+    /// New keys inserted into `FAULT_STATS`: minus the keys present, that is how many the
+    /// LRU evicted (processes whose counts were lost to the map's bound).
+    pub const STATS_INSERTS: u32 = 0;
+    pub const HIST_INSERTS: u32 = 1;
+    pub const REGION_INSERTS: u32 = 2;
+    /// A map update failed outright (not an eviction): that fault was not counted.
+    pub const UPDATE_FAILED: u32 = 3;
+    /// Sequence for `--sample N` (per CPU).
+    pub const SAMPLE_SEQ: u32 = 4;
+    /// Sampled fault events lost because the ring buffer was full.
+    pub const EVENTS_DROPPED: u32 = 5;
+    pub const COUNT: u32 = 6;
+}
+
+/// Load-time configuration of the fault hooks (the `FAULT_CONFIG` global). No implicit
+/// padding: every 8-byte field starts at a multiple of 8 (checked below).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FaultConfig {
+    /// Non-zero: statistics are keyed by thread, not only by process.
+    pub per_thread: u32,
+    /// Non-zero: record start times and latency histograms (zero: counts only).
+    pub latency: u32,
+    /// Non-zero: stream sampled [`FaultEvent`]s.
+    pub events: u32,
+    /// Keep one fault event in this many (1 = all).
+    pub sample_every: u32,
+    /// `enum vm_fault_reason` values, from the running kernel's BTF.
+    pub vm_fault_major: u32,
+    pub vm_fault_retry: u32,
+    /// `VM_FAULT_ERROR`: OOM | SIGBUS | SIGSEGV | HWPOISON | HWPOISON_LARGE | FALLBACK.
+    pub vm_fault_error: u32,
+    /// `enum fault_flag` `FAULT_FLAG_TRIED`.
+    pub fault_flag_tried: u32,
+    /// `FAULT_FLAG_USER`: the fault came from user mode.
+    pub fault_flag_user: u32,
+    /// `VM_FAULT_OOM`: a failure that is not signalled.
+    pub vm_fault_oom: u32,
+    /// Possible CPUs (per-CPU maps have a value for each).
+    pub nr_cpus: u32,
+    pub _pad3: u32,
+    pub vm_locked: u64,
+    pub vm_lockonfault: u64,
+    /// `vm_area_struct.vm_flags` / `.vm_start` offsets.
+    pub vma_vm_flags: u32,
+    pub vma_vm_start: u32,
+    /// Without a VMA, runs of faults within `1 << region_shift` bytes are counted together.
+    pub region_shift: u32,
+    pub _pad: u32,
+    /// This architecture's syscall numbers of the [`populate`] calls, by index
+    /// (`u32::MAX` where the architecture has no such call).
+    pub populate_nrs: [u32; populate::COUNT],
+    pub _pad2: u32,
+}
+
+const _: () = assert!(
+    core::mem::offset_of!(FaultConfig, vm_locked).is_multiple_of(8)
+        && size_of::<FaultConfig>().is_multiple_of(8)
+);
+const _: () = assert!(
+    core::mem::offset_of!(FaultConfig, populate_nrs) + 4 * populate::COUNT + 4
+        == size_of::<FaultConfig>()
+);
+
+/// Key of `FAULT_STATS`: a process, or one of its threads with `--per-thread`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FaultKey {
+    pub tgid: u32,
+    /// 0 unless statistics are per thread.
+    pub tid: u32,
+}
+
+/// Length of the [`FaultStats`] arrays indexed at run time: a power of two, so the eBPF side
+/// indexes with `& (SLOTS - 1)`, a bound every kernel's verifier can follow (6.1's cannot
+/// follow a plain `< 13` comparison through the index arithmetic LLVM emits).
+pub const SLOTS: usize = 16;
+const _: () = assert!(populate::COUNT <= SLOTS && class::COUNT <= SLOTS);
+
+/// Per-CPU value of `FAULT_STATS`; the loader sums the CPUs.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FaultStats {
+    /// See [`stat`].
+    pub counts: [u64; stat::COUNT],
+    /// Populated pages by the call that populated them (see [`populate`]).
+    pub populated_by: [u64; SLOTS],
+    /// Largest latency per [`class`], exact (the histogram has bucket resolution).
+    pub max_ns: [u64; SLOTS],
+    /// One-entry cache of the region this CPU last counted a fault in, flushed into
+    /// `FAULT_REGIONS` when the next fault lands elsewhere: sequential faults then cost no
+    /// extra map update. The loader adds the pending count of every CPU.
+    pub region_start: u64,
+    pub region_pending: u64,
+    /// `vm_flags` of that region's VMA when the hook has one (0 otherwise).
+    pub region_vm_flags: u64,
+    pub comm: [u8; crate::TASK_COMM_LEN],
+    /// The latency histogram of the commonest class, [`class::USER_MINOR`], kept here so
+    /// that the typical fault costs one map lookup, not two; the other classes live in
+    /// `FAULT_HIST`.
+    pub user_minor_hist: [u32; HIST_BUCKETS],
+}
+
+impl Default for FaultStats {
+    fn default() -> Self {
+        Self {
+            counts: [0; stat::COUNT],
+            populated_by: [0; SLOTS],
+            max_ns: [0; SLOTS],
+            region_start: 0,
+            region_pending: 0,
+            region_vm_flags: 0,
+            comm: [0; crate::TASK_COMM_LEN],
+            user_minor_hist: [0; HIST_BUCKETS],
+        }
+    }
+}
+
+/// Key of `FAULT_HIST`: one latency class of one process (or thread).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct HistKey {
+    pub key: FaultKey,
+    pub class: u32,
+    pub _pad: u32,
+}
+
+/// Log-linear latency buckets: 8 linear buckets of 8 ns below 64 ns, then 8 sub-buckets per
+/// power of two up to 2^36 ns (69 s); so a bucket is at most 1/8 of its lower bound wide.
+pub const HIST_BUCKETS: usize = 256;
+const SUB_BITS: u32 = 3;
+const SUB: u64 = 1 << SUB_BITS;
+/// Values below this use the linear buckets.
+const LINEAR_LIMIT: u64 = 64;
+
+/// Per-CPU value of `FAULT_HIST`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Hist {
+    pub counts: [u32; HIST_BUCKETS],
+}
+
+impl Default for Hist {
+    fn default() -> Self {
+        Self {
+            counts: [0; HIST_BUCKETS],
+        }
+    }
+}
+
+/// The bucket of a latency in ns. Written without loops so the eBPF side can use it.
+#[inline(always)]
+pub fn bucket_of(ns: u64) -> usize {
+    if ns < LINEAR_LIMIT {
+        return (ns / (LINEAR_LIMIT / SUB)) as usize;
+    }
+    let msb = 63 - u64::from(ns.leading_zeros());
+    let sub = (ns >> (msb - u64::from(SUB_BITS))) & (SUB - 1);
+    // msb 6 (64..127 ns) starts at bucket 8.
+    let bucket = (msb - 5) * SUB + sub;
+    if bucket >= HIST_BUCKETS as u64 {
+        HIST_BUCKETS - 1
+    } else {
+        bucket as usize
+    }
+}
+
+/// The values `[low, high)` that fall in `bucket`.
+pub fn bucket_range(bucket: usize) -> (u64, u64) {
+    let b = bucket as u64;
+    if b < SUB {
+        let width = LINEAR_LIMIT / SUB;
+        return (b * width, (b + 1) * width);
+    }
+    let msb = b / SUB + 5;
+    let sub = b % SUB;
+    let width = 1u64 << (msb - u64::from(SUB_BITS));
+    let low = (1u64 << msb) + sub * width;
+    (low, low + width)
+}
+
+/// Key of `FAULT_REGIONS`: where a process's faults land.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RegionKey {
+    pub tgid: u32,
+    /// Non-zero: `start` is the faulting VMA's `vm_start` (fentry/kprobe hooks); zero: the
+    /// page of the first fault of a run of faults within `1 << region_shift` bytes.
+    pub exact: u32,
+    pub start: u64,
+}
+
+/// Per-CPU value of `FAULT_REGIONS`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RegionValue {
+    pub faults: u64,
+    /// OR of the `vm_flags` seen (0 when the hook has no VMA).
+    pub vm_flags: u64,
+}
+
+/// Per-thread state in `FAULT_ENTRY`: the fault in progress, so its completion can be
+/// timed and a fault that never completes can be counted as failed.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FaultEntry {
+    pub tgid: u32,
+    /// 1 while a fault is between its start and its completion.
+    pub pending: u32,
+    pub start_ns: u64,
+    pub address: u64,
+    /// fentry/kprobe only: `handle_mm_fault` flags and the VMA's `vm_flags` / `vm_start`.
+    pub flags: u32,
+    /// Non-zero: `regs` was NULL (get_user_pages), i.e. a populated fault.
+    pub no_regs: u32,
+    pub vm_flags: u64,
+    pub vm_start: u64,
+    /// Non-zero: this fault already returned `VM_FAULT_RETRY` once.
+    pub retried: u32,
+    pub _pad: u32,
+}
+
+/// A populating system call in progress (`POPULATE_INFLIGHT`, keyed by tid).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PopulateCall {
+    /// Index in [`populate`].
+    pub index: u32,
+    pub _pad: u32,
+    pub start_ns: u64,
+    pub min_flt: u64,
+    pub maj_flt: u64,
+    /// Faults taken through the exception (kernel touching user memory) during the call:
+    /// already counted as `USER_*`, so subtracted from the delta.
+    pub exception_min: u64,
+    pub exception_maj: u64,
+    /// The range's start (first argument), for attributing the pages to a mapping.
+    pub address: u64,
+}
+
+/// Bits of [`FaultEvent::flags`].
+pub mod fault_flags {
+    pub const MAJOR: u32 = 1 << 0;
+    pub const POPULATED: u32 = 1 << 1;
+    pub const RETRIED: u32 = 1 << 2;
+    pub const FAILED: u32 = 1 << 3;
+    /// `latency_ns` is meaningful.
+    pub const HAS_LATENCY: u32 = 1 << 4;
+    pub const VM_LOCKED: u32 = 1 << 5;
+    pub const VM_LOCKONFAULT: u32 = 1 << 6;
+    /// The hook saw the VMA, so the two bits above are known.
+    pub const HAS_VMA: u32 = 1 << 7;
+}
+
+/// One fault (or, for tracepoint hooks, the pages one call populated), sampled with
+/// `--events --sample N`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FaultEvent {
+    /// Always [`crate::event_kind::FAULT`].
+    pub kind: u32,
+    /// See [`fault_flags`].
+    pub flags: u32,
+    pub tgid: u32,
+    pub tid: u32,
+    pub address: u64,
+    pub latency_ns: u64,
+    /// `bpf_ktime_get_ns()` at completion.
+    pub time_ns: u64,
+    /// Faults this record stands for: 1, or the pages a populating call faulted in.
+    pub count: u64,
+    /// Index in [`populate`] of the call that populated, `u32::MAX` when none.
+    pub syscall: u32,
+    pub cpu: u32,
+    pub comm: [u8; crate::TASK_COMM_LEN],
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_cover_every_value_in_order() {
+        let mut previous = 0;
+        for ns in (0..5000u64).chain([1 << 20, (1 << 36) - 1]) {
+            let b = bucket_of(ns);
+            assert!(b >= previous, "{ns}");
+            previous = b;
+            let (low, high) = bucket_range(b);
+            assert!(
+                low <= ns && ns < high,
+                "{ns} in bucket {b} = [{low}, {high})"
+            );
+        }
+        assert_eq!(bucket_of(u64::MAX), HIST_BUCKETS - 1);
+        assert_eq!(bucket_range(HIST_BUCKETS - 1).1, 1 << 37);
+        // Resolution: 1/8 of the value or better above 64 ns.
+        for b in 8..HIST_BUCKETS {
+            let (low, high) = bucket_range(b);
+            assert!((high - low) * 8 <= low, "{b}");
+        }
+    }
+}

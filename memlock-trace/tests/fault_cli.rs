@@ -1,0 +1,232 @@
+//! Page faults through the `memlock-trace` binary: the JSON summary's `faults` object and
+//! `fault_hooks`, sampled `--events`, the text summary, and a traced pid that exits mid-run.
+
+mod common;
+
+use std::{
+    io::{BufRead as _, BufReader, Write as _},
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+use common::require_privileges;
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_memlock-trace");
+
+/// The tracer's JSON lines (the launched workload shares its stdout: skip its answers).
+fn json_lines(stdout: &[u8]) -> Vec<Value> {
+    String::from_utf8_lossy(stdout)
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON: {l:?}: {e}")))
+        .collect()
+}
+
+/// Runs `memlock-trace ARGS -- memlock-trace workload faults` with `commands` on its stdin,
+/// one at a time: each is sent once the previous one was answered (the workload answers on
+/// the stdout it shares with the tracer), so none runs before the tracer is ready, however
+/// slow the machine. `sleep` is not a workload command: it keeps the workload alive 300 ms.
+fn traced_workload(args: &[&str], commands: &str) -> std::process::Output {
+    let mut child = Command::new(BIN)
+        .args(args)
+        .args(["--", BIN, "workload", "faults"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run memlock-trace");
+    let stdout = child.stdout.take().unwrap();
+    let (lines_tx, lines_rx) = std::sync::mpsc::channel::<String>();
+    let reader = std::thread::spawn(move || {
+        let mut all = Vec::new();
+        for line in BufReader::new(stdout).lines() {
+            let line = line.expect("tracer stdout");
+            let _ = lines_tx.send(line.clone());
+            all.extend_from_slice(line.as_bytes());
+            all.push(b'\n');
+        }
+        all
+    });
+    let wait_for = |prefix: &str| loop {
+        let line = lines_rx
+            .recv_timeout(Duration::from_secs(300))
+            .unwrap_or_else(|_| panic!("no `{prefix}` from the workload"));
+        assert!(!line.starts_with("error"), "{line}");
+        if line.starts_with(prefix) {
+            break;
+        }
+    };
+    wait_for("ready");
+    let mut stdin = child.stdin.take().unwrap();
+    for line in commands.lines() {
+        if line == "sleep" {
+            std::thread::sleep(Duration::from_millis(300));
+            continue;
+        }
+        stdin.write_all(format!("{line}\n").as_bytes()).unwrap();
+        if line != "exit" {
+            wait_for("ok ");
+        }
+    }
+    drop(stdin);
+    let status = child.wait().expect("memlock-trace");
+    let mut stderr = String::new();
+    let _ = std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr);
+    assert!(status.success(), "exit {status:?}\nstderr: {stderr}");
+    std::process::Output {
+        status,
+        stdout: reader.join().unwrap(),
+        stderr: stderr.into_bytes(),
+    }
+}
+
+#[test]
+fn json_summary_has_faults_and_sampled_events() {
+    require_privileges();
+    let out = traced_workload(
+        &["--json", "--events", "--sample", "10"],
+        // The workload lives on after onfault (sleep), so its mappings are read meanwhile.
+        "touch 2000\nmlock 300\nonfault 100\nsleep\nsleep\nsleep\nsleep\nsleep\nexit",
+    );
+    let lines = json_lines(&out.stdout);
+    let summary = lines.last().expect("a summary line");
+    assert_eq!(summary["type"], "summary");
+
+    let hooks = &summary["fault_hooks"];
+    assert!(
+        ["fentry", "kprobe", "tracepoint"].contains(&hooks["hook_set"].as_str().unwrap()),
+        "{hooks}"
+    );
+    assert!(!hooks["hooks"].as_array().unwrap().is_empty());
+
+    let processes = summary["processes"].as_array().unwrap();
+    assert_eq!(processes.len(), 1, "only the launched command");
+    let f = &processes[0]["faults"];
+    let n = |key: &str| {
+        f[key]
+            .as_u64()
+            .unwrap_or_else(|| panic!("faults.{key}: {f}"))
+    };
+    // The workload's own steps, plus its start-up: at least these.
+    assert!(n("user") >= 2000, "{f}");
+    assert!(n("populated") >= 300, "{f}");
+    assert!(f["populated_by"]["mlock"].as_u64().unwrap() >= 300, "{f}");
+    assert_eq!(n("minor") + n("major"), n("user") + n("populated"), "{f}");
+    for key in ["retried", "failed", "in_locked_vma"] {
+        assert!(
+            f.get(key).is_some(),
+            "faults.{key} present (null when unobservable): {f}"
+        );
+    }
+    let minor = &f["latency_ns"]["minor"];
+    assert!(minor["count"].as_u64().unwrap() >= 2000, "{minor}");
+    let p = |k: &str| minor[k].as_u64().unwrap();
+    assert!(
+        0 < p("p50") && p("p50") <= p("p90") && p("p90") <= p("p99"),
+        "{minor}"
+    );
+    assert!(p("p99") <= p("p99_9") && p("p99_9") <= p("max"), "{minor}");
+    let by_mapping = f["by_mapping"].as_array().unwrap();
+    for m in by_mapping {
+        assert!(
+            m["mapping"].is_string() && m["faults"].as_u64().unwrap() > 0,
+            "{m}"
+        );
+    }
+    // The lock-on-fault region is still mapped: attributed, and locked.
+    assert!(
+        by_mapping.iter().any(|m| m["mapping"] == "anonymous"
+            && m["faults"].as_u64().unwrap() >= 100
+            && m["locked"] == true),
+        "{f}"
+    );
+
+    // --sample 10: about one fault in ten streamed, never more than the faults counted.
+    let events: Vec<&Value> = lines.iter().filter(|l| l["type"] == "fault").collect();
+    let streamed: u64 = events.iter().map(|e| e["pages"].as_u64().unwrap()).sum();
+    let total = n("minor") + n("major");
+    assert!(!events.is_empty());
+    assert!(streamed <= total, "{streamed} streamed of {total}");
+    let health = &summary["fault_health"];
+    assert_eq!(health["events_dropped"], 0, "{health}");
+    assert_eq!(health["stats_evicted"], 0, "{health}");
+    for e in &events {
+        assert!(
+            ["minor", "major", "failed"].contains(&e["kind"].as_str().unwrap()),
+            "{e}"
+        );
+        assert!(e["address"].as_str().unwrap().starts_with("0x"), "{e}");
+    }
+}
+
+#[test]
+fn text_summary_names_the_hooks_and_the_faults() {
+    require_privileges();
+    let out = traced_workload(&["--per-thread"], "touch 500\nexit");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("page faults traced with"), "{text}");
+    assert!(text.contains("page faults:"), "{text}");
+    assert!(text.contains("latency"), "{text}");
+    assert!(
+        text.contains("thread "),
+        "--per-thread lists threads: {text}"
+    );
+}
+
+/// `-p PID` of a process that exits mid-run: the tracer stops with it and still reports
+/// the faults it took up to its exit.
+#[test]
+fn traced_pid_that_exits_is_summarised_up_to_its_exit() {
+    require_privileges();
+    let mut workload = Command::new(BIN)
+        .args(["workload", "faults"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("workload");
+    let pid = workload.id();
+    let mut answers = BufReader::new(workload.stdout.take().unwrap());
+    let mut line = String::new();
+    answers.read_line(&mut line).unwrap();
+    let mut tracer = Command::new(BIN)
+        .args(["--json", "-p", &pid.to_string()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("tracer");
+    // Wait until it is attached.
+    let mut stderr = BufReader::new(tracer.stderr.take().unwrap());
+    loop {
+        line.clear();
+        assert!(
+            stderr.read_line(&mut line).unwrap() > 0,
+            "tracer exited early"
+        );
+        if line.contains("tracing pid") {
+            break;
+        }
+    }
+    let mut stdin = workload.stdin.take().unwrap();
+    stdin.write_all(b"touch 700\n").unwrap();
+    line.clear();
+    answers.read_line(&mut line).unwrap();
+    assert!(line.starts_with("ok "), "{line}");
+    stdin.write_all(b"exit\n").unwrap();
+    workload.wait().unwrap();
+
+    let out = tracer.wait_with_output().expect("tracer output");
+    assert!(out.status.success(), "{:?}", out.status);
+    let lines = json_lines(&out.stdout);
+    let summary = lines.last().unwrap();
+    let process = summary["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pid"] == pid)
+        .unwrap_or_else(|| panic!("pid {pid} missing after its exit: {summary}"));
+    assert!(
+        process["faults"]["user"].as_u64().unwrap() >= 700,
+        "{process}"
+    );
+}

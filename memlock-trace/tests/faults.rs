@@ -1,0 +1,513 @@
+//! Page-fault accuracy with the real programs loaded into the running kernel.
+//!
+//! A child (`memlock-trace workload faults`) takes known faults on command. Between commands
+//! it is blocked in `read(0)`, so for every command the window between two blocked states is
+//! closed on both sides: the tracer's counts for the child must equal the kernel's own
+//! `/proc/PID/stat` minflt/majflt deltas exactly, and each class must hold the faults the
+//! command is known to take.
+//!
+//! Every hook set is tried: the ones the kernel allows (per the capability probe) must load
+//! and pass, the others must be refused with the kernel's reason. Needs root.
+
+use std::{
+    collections::BTreeMap,
+    io::{BufRead as _, BufReader, Write as _},
+    path::PathBuf,
+    process::{Child, ChildStdin, ChildStdout, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+mod common;
+
+use memlock_trace::{
+    faults::{self, FaultOptions, FaultReport, FaultSummary, HookChoice, HookSet, MappingFaults},
+    mappings::MappingCache,
+    tracer::{Options, Targets, Tracer},
+    workload::{PAGE_SIZE, faults::FILE_STRIDE},
+};
+
+/// Hook sets this kernel allows, according to `memlock-trace probe`'s capability check
+/// (empty programs of each kind, independent of the fault programs under test).
+fn allowed_sets() -> Vec<HookSet> {
+    let caps = memlock_trace::probe::capabilities().expect("probing the kernel's capabilities");
+    let usable = |name: &str| caps.iter().any(|c| c.name == name && c.usable);
+    let mut sets = Vec::new();
+    if usable("fentry") {
+        sets.push(HookSet::Fentry);
+    }
+    if usable("kprobe") {
+        sets.push(HookSet::Kprobe);
+    }
+    if usable("tracepoint") && usable("perf_event") {
+        sets.push(HookSet::Tracepoint);
+    }
+    sets
+}
+
+fn forced(set: HookSet) -> HookChoice {
+    match set {
+        HookSet::Fentry => HookChoice::Fentry,
+        HookSet::Kprobe => HookChoice::Kprobe,
+        HookSet::Tracepoint => HookChoice::Tracepoint,
+    }
+}
+
+/// The workload child, driven line by line.
+struct Workload {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Workload {
+    fn spawn() -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_memlock-trace"))
+            .args(["workload", "faults"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawning `memlock-trace workload faults`");
+        let stdin = child.stdin.take().expect("stdin");
+        let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
+        let mut line = String::new();
+        stdout
+            .read_line(&mut line)
+            .expect("reading the workload's greeting");
+        assert_eq!(line, "ready\n");
+        Self {
+            child,
+            stdin,
+            stdout,
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends a command; returns the address it used, once the child is blocked again.
+    fn run(&mut self, command: &str) -> usize {
+        self.stdin
+            .write_all(format!("{command}\n").as_bytes())
+            .expect("writing a command");
+        let mut line = String::new();
+        self.stdout
+            .read_line(&mut line)
+            .expect("reading the answer");
+        let words: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(
+            words.first(),
+            Some(&"ok"),
+            "`{command}` failed in the workload: {line}"
+        );
+        self.wait_blocked();
+        usize::from_str_radix(words[3].trim_start_matches("0x"), 16).expect("address")
+    }
+
+    /// Waits until the child sits in `read(0, ...)`: x86_64 syscall 0 with fd 0 as the
+    /// first argument, in /proc/PID/syscall.
+    fn wait_blocked(&self) {
+        let path = format!("/proc/{}/syscall", self.pid());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let text = std::fs::read_to_string(&path).expect("reading /proc/PID/syscall");
+            if text.starts_with("0 0x0 ") {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the workload never blocked: {text}"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// The kernel's own counters: /proc/PID/stat fields 10 (minflt) and 12 (majflt).
+    fn proc_faults(&self) -> (u64, u64) {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).expect("stat");
+        // The comm may contain spaces: fields start after the last ')'.
+        let fields: Vec<&str> = stat[stat.rfind(')').expect("comm") + 2..]
+            .split(' ')
+            .collect();
+        (
+            fields[7].parse().expect("minflt"),
+            fields[9].parse().expect("majflt"),
+        )
+    }
+}
+
+impl Drop for Workload {
+    fn drop(&mut self) {
+        let _ = self.stdin.write_all(b"exit\n");
+        let _ = self.child.wait();
+    }
+}
+
+fn report(tracer: &Tracer) -> FaultReport {
+    tracer
+        .fault_report()
+        .expect("reading the fault maps")
+        .expect("faults traced")
+}
+
+/// One process's summary, with its faults attributed to the mappings in `mappings`.
+fn summary(
+    tracer: &Tracer,
+    report: &FaultReport,
+    mappings: &mut MappingCache,
+    pid: u32,
+) -> FaultSummary {
+    let hooks = tracer.fault_hooks.as_ref().expect("fault hooks");
+    let mut all = faults::summarize(report, hooks, mappings, 50);
+    all.remove(&pid).map(|(_, s)| s).unwrap_or_default()
+}
+
+/// Differences of one window.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Delta {
+    minor: u64,
+    major: u64,
+    user: u64,
+    populated: u64,
+    populated_by: BTreeMap<&'static str, u64>,
+    failed: Option<u64>,
+    in_locked_vma: Option<u64>,
+    in_lockonfault_vma: Option<u64>,
+    /// Faults timed, per latency class.
+    timed: BTreeMap<&'static str, u64>,
+    latency_unmatched: u64,
+}
+
+fn delta(before: &FaultSummary, after: &FaultSummary) -> Delta {
+    let sub = |a: Option<u64>, b: Option<u64>| a.zip(b).map(|(a, b)| a - b);
+    let mut populated_by = BTreeMap::new();
+    for (call, n) in &after.populated_by {
+        let d = n - before.populated_by.get(call).copied().unwrap_or(0);
+        if d > 0 {
+            populated_by.insert(*call, d);
+        }
+    }
+    let mut timed = BTreeMap::new();
+    for (class, l) in &after.latency_ns {
+        let d = l.count - before.latency_ns.get(class).map_or(0, |b| b.count);
+        if d > 0 {
+            timed.insert(*class, d);
+        }
+    }
+    Delta {
+        minor: after.minor - before.minor,
+        major: after.major - before.major,
+        user: after.user - before.user,
+        populated: after.populated - before.populated,
+        populated_by,
+        failed: sub(after.failed, before.failed),
+        in_locked_vma: sub(after.in_locked_vma, before.in_locked_vma),
+        in_lockonfault_vma: sub(after.in_lockonfault_vma, before.in_lockonfault_vma),
+        timed,
+        latency_unmatched: after.latency_unmatched - before.latency_unmatched,
+    }
+}
+
+/// A sparse file whose pages `i * FILE_STRIDE` hold data (and so are in the page cache).
+fn sparse_file(pages: usize) -> PathBuf {
+    use std::os::unix::fs::FileExt as _;
+    let path = std::env::temp_dir().join(format!("memlock-trace-faults-{}", std::process::id()));
+    let file = std::fs::File::create(&path).expect("creating the test file");
+    file.set_len((pages * FILE_STRIDE * PAGE_SIZE) as u64)
+        .expect("sizing the test file");
+    for i in 0..pages {
+        file.write_at(&[7u8; PAGE_SIZE], (i * FILE_STRIDE * PAGE_SIZE) as u64)
+            .expect("writing");
+    }
+    file.sync_all().expect("fsync");
+    path
+}
+
+/// Drops the file's clean pages from the page cache, so reading them is a major fault.
+fn evict(path: &PathBuf) {
+    use std::os::fd::AsRawFd as _;
+    let file = std::fs::File::open(path).expect("opening the test file");
+    let ret = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    assert_eq!(ret, 0, "posix_fadvise(DONTNEED)");
+}
+
+/// Runs every command against a tracer forced to `set` and checks each window.
+/// `count_only`: no latency, per process (on the tracepoint set that means the targets'
+/// counting perf events rather than a program per fault); otherwise latency, per thread.
+fn accuracy(set: HookSet, count_only: bool) {
+    common::require_privileges();
+    let options = FaultOptions {
+        hooks: forced(set),
+        latency: !count_only,
+        per_thread: !count_only,
+        ..FaultOptions::default()
+    };
+    let mut tracer = match Tracer::load_with(&Targets::Tgids(Vec::new()), &Options { faults: options.clone(), ..Options::default() }) {
+        Ok(tracer) => tracer,
+        Err(error) => {
+            let message = format!("{error:#}");
+            assert!(
+                !allowed_sets().contains(&set),
+                "\n\n*** kernel {} allows {} hooks (capability probe) but the fault programs were refused:\n{message}\n",
+                memlock_trace::probe::kernel_release(),
+                set.name(),
+            );
+            // A refusal must carry the kernel's reason.
+            assert!(message.contains("refused"), "{message}");
+            eprintln!(
+                "\n*** kernel {} refuses {} hooks, as the capability probe says: accuracy tested with the others.\n{message}\n",
+                memlock_trace::probe::kernel_release(),
+                set.name(),
+            );
+            return;
+        }
+    };
+    assert!(
+        allowed_sets().contains(&set),
+        "{} hooks loaded where the capability probe says they cannot",
+        set.name()
+    );
+    assert_eq!(tracer.fault_hooks.as_ref().unwrap().hook_set, set);
+    let file_pages = 32;
+    let file = sparse_file(file_pages);
+    let mut child = Workload::spawn();
+    let pid = child.pid();
+    tracer
+        .add_target(pid)
+        .expect("adding the workload to the filter");
+
+    // Warm every path once (code, stack, libc), so each measured window holds only the
+    // faults its command is known to take.
+    for warm in [
+        "noop",
+        "noop",
+        "touch 1",
+        "mlock 1",
+        "populate 1",
+        "onfault 1",
+        "segv",
+        "mlockall 1",
+        "noop",
+    ] {
+        child.run(warm);
+    }
+    child.run(&format!("file 1 {}", file.display()));
+
+    let mut window = |command: &str| -> (Delta, usize, Vec<MappingFaults>) {
+        let proc_before = child.proc_faults();
+        let report_before = report(&tracer);
+        let addr = child.run(command);
+        let proc_after = child.proc_faults();
+        let report_after = report(&tracer);
+        // Both sides attributed to the mappings of now: addresses get reused by new mappings.
+        let mut mappings = MappingCache::default();
+        mappings.refresh(pid, Duration::ZERO);
+        let before = summary(&tracer, &report_before, &mut mappings, pid);
+        let after = summary(&tracer, &report_after, &mut mappings, pid);
+        let d = delta(&before, &after);
+        let by_mapping = after
+            .by_mapping
+            .iter()
+            .map(|m| {
+                let old = before
+                    .by_mapping
+                    .iter()
+                    .find(|b| b.start == m.start)
+                    .map_or(0, |b| b.faults);
+                MappingFaults {
+                    faults: m.faults - old,
+                    ..m.clone()
+                }
+            })
+            .collect();
+        // The kernel's count, exactly.
+        assert_eq!(
+            (d.minor, d.major),
+            (proc_after.0 - proc_before.0, proc_after.1 - proc_before.1),
+            "`{command}` with {} hooks: tracer (minor, major) vs /proc/{pid}/stat; {d:?}",
+            set.name()
+        );
+        assert_eq!(
+            d.user + d.populated,
+            d.minor + d.major,
+            "`{command}`: {d:?}"
+        );
+        // Per thread: the child is single-threaded, so its one thread holds everything.
+        if !count_only {
+            assert_eq!(after.threads.len(), 1, "{:?}", after.threads);
+            assert_eq!(after.threads[0].tid, pid);
+            assert_eq!(
+                (after.threads[0].faults.minor, after.threads[0].faults.major),
+                (after.minor, after.major)
+            );
+        }
+        eprintln!("{:>10} {command:<40} {d:?}", set.name());
+        (d, addr, by_mapping)
+    };
+    let vma_hooks = set != HookSet::Tracepoint;
+    // Faults timed: all of them, or none in count-only mode.
+    let timed = |n: u64| (!count_only).then_some(n);
+    let zero_if_vma = |n: u64| vma_hooks.then_some(n);
+
+    let (d, ..) = window("noop");
+    assert_eq!(
+        d,
+        Delta {
+            failed: Some(0),
+            in_locked_vma: zero_if_vma(0),
+            in_lockonfault_vma: zero_if_vma(0),
+            ..Delta::default()
+        }
+    );
+
+    // Lazy first touch: one minor user fault per page, each timed.
+    let (d, ..) = window("touch 1000");
+    assert_eq!((d.user, d.minor, d.populated), (1000, 1000, 0), "{d:?}");
+    assert_eq!(d.timed.get("user").copied(), timed(1000), "{d:?}");
+    assert_eq!(d.latency_unmatched, 0);
+
+    // mlock of untouched pages: the kernel populates every page inside the call.
+    let (d, ..) = window("mlock 500");
+    assert_eq!((d.user, d.populated), (0, 500), "{d:?}");
+    assert_eq!(d.populated_by, BTreeMap::from([("mlock", 500)]));
+    assert_eq!(d.in_locked_vma, zero_if_vma(500));
+    if vma_hooks {
+        // Hooks inside handle_mm_fault time populated faults one by one too.
+        assert_eq!(d.timed.get("populated").copied(), timed(500), "{d:?}");
+    }
+
+    let (d, ..) = window("populate 300");
+    assert_eq!((d.user, d.populated), (0, 300), "{d:?}");
+    assert_eq!(d.populated_by, BTreeMap::from([("mmap", 300)]));
+
+    // Lock on fault: nothing populated, every touch a fault in a locked VMA.
+    let (d, onfault_addr, by_mapping) = window("onfault 64");
+    assert_eq!((d.user, d.populated), (64, 0), "{d:?}");
+    assert_eq!(
+        (d.in_locked_vma, d.in_lockonfault_vma),
+        (zero_if_vma(64), zero_if_vma(64))
+    );
+    // Counting events see no addresses: nothing to attribute.
+    let counting = tracer.fault_hooks.as_ref().unwrap().counting;
+    assert_eq!(counting, count_only && set == HookSet::Tracepoint);
+    if !counting {
+        let mapping = by_mapping
+            .iter()
+            .find(|m| m.start == format!("{onfault_addr:#x}"))
+            .unwrap_or_else(|| panic!("no mapping at {onfault_addr:#x} in {by_mapping:#?}"));
+        // smaps shows VM_LOCKONFAULT only from Linux 6.2; the VMA hooks always see it.
+        let lockonfault_known = vma_hooks
+            || memlock_trace::mappings::smaps_shows_lockonfault(
+                &memlock_trace::probe::kernel_release(),
+            );
+        assert_eq!(
+            (mapping.faults, mapping.locked, mapping.lockonfault),
+            (64, Some(true), lockonfault_known.then_some(true)),
+            "{mapping:?}"
+        );
+    }
+
+    // Read faults on a file mapping whose pages are cached: minor.
+    let (d, ..) = window(&format!("file {file_pages} {}", file.display()));
+    assert_eq!(
+        (d.user, d.minor, d.major),
+        (file_pages as u64, file_pages as u64, 0),
+        "{d:?}"
+    );
+
+    // Not cached: major (the kernel reads each page).
+    evict(&file);
+    let (d, ..) = window(&format!("file {file_pages} {}", file.display()));
+    // The window already matched the tracer's majors to the kernel's.
+    let proc_majors = d.major;
+    if proc_majors == 0 {
+        eprintln!(
+            "*** {} is not evictable (tmpfs?): the kernel counted no major faults, nor did the tracer",
+            file.display()
+        );
+    } else {
+        assert_eq!(
+            proc_majors, file_pages as u64,
+            "the kernel's own count of major faults"
+        );
+        assert_eq!(
+            (d.major, d.user),
+            (file_pages as u64, file_pages as u64),
+            "{d:?}"
+        );
+        assert_eq!(
+            d.timed.get("major").copied(),
+            timed(file_pages as u64),
+            "{d:?}"
+        );
+    }
+
+    // A SIGSEGV then its successful restart: one failed fault (every hook set counts it at
+    // the signal, though fentry/kprobe never see it reach handle_mm_fault), one completed.
+    let (d, ..) = window("segv");
+    assert_eq!(d.user, 1, "{d:?}");
+    assert_eq!(d.failed, Some(1), "{d:?}");
+
+    // mlockall(MCL_FUTURE): a new mapping is born locked and populated by mmap.
+    let (d, ..) = window("mlockall 50");
+    assert_eq!(d.populated_by.get("mmap"), Some(&50), "{d:?}");
+
+    let _ = std::fs::remove_file(&file);
+}
+
+#[test]
+fn accuracy_fentry() {
+    accuracy(HookSet::Fentry, false);
+}
+
+#[test]
+fn accuracy_fentry_count_only() {
+    accuracy(HookSet::Fentry, true);
+}
+
+#[test]
+fn accuracy_kprobe() {
+    accuracy(HookSet::Kprobe, false);
+}
+
+#[test]
+fn accuracy_tracepoint() {
+    accuracy(HookSet::Tracepoint, false);
+}
+
+/// Count-only on the tracepoint set: the targets' counting perf events.
+#[test]
+fn accuracy_tracepoint_count_only() {
+    accuracy(HookSet::Tracepoint, true);
+}
+
+/// `auto` picks the best set the kernel allows and says why the better ones were refused.
+#[test]
+fn auto_picks_the_best_allowed_set() {
+    common::require_privileges();
+    let tracer = Tracer::load_with(&Targets::Tgids(Vec::new()), &Options::default())
+        .expect("no fault hook set at all: even the tracepoint set was refused");
+    let hooks = tracer.fault_hooks.as_ref().expect("faults traced");
+    let refused: Vec<HookSet> = hooks.refused.iter().map(|r| r.hook_set).collect();
+    let better: Vec<HookSet> = HookSet::ALL
+        .into_iter()
+        .take_while(|&s| s != hooks.hook_set)
+        .collect();
+    assert_eq!(refused, better, "{hooks:#?}");
+    for r in &hooks.refused {
+        assert!(
+            r.reason.contains("refused"),
+            "a refusal without the kernel's reason: {r:?}"
+        );
+    }
+    let best = *allowed_sets()
+        .first()
+        .expect("the capability probe allows no fault hook set");
+    assert_eq!(hooks.hook_set, best, "{hooks:#?}");
+    eprintln!(
+        "kernel {}: {} hooks, refused {:?}",
+        memlock_trace::probe::kernel_release(),
+        hooks.hook_set.name(),
+        hooks.refused
+    );
+}
