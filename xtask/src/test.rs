@@ -169,7 +169,8 @@ fn vm_stage(binaries: &[TestBinary], tracer: &std::path::Path) -> Result<Stage> 
     let report = vm::run(&vm::VmOptions {
         tests,
         cache_dir: vm::cache_dir(),
-        timeout: Duration::from_secs(600),
+        // A hang guard, not a target: software emulation on a loaded machine is slow.
+        timeout: Duration::from_secs(1500),
         memory_mib: 2048,
         // Integration tests run the CLI by its absolute host path.
         extra_files: vec![(tracer.to_path_buf(), tracer.display().to_string())],
