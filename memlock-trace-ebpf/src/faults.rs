@@ -677,12 +677,14 @@ fn account(f: Fault) {
 }
 
 /// Why per-CPU log-linear slots in the kernel rather than streaming every fault to an
-/// HdrHistogram in user space: a fault costs ~1.5 us untraced here, and streaming means a
-/// ring buffer reserve + submit + wakeup bookkeeping per fault plus user-space decoding that
-/// competes for the same two cores; the in-kernel slot is one per-CPU hash lookup and an
-/// increment. BENCHMARKS.md measures both on the same workload: `--events --sample 1` is
-/// the streaming design. Slots cost resolution (1/8 of the value, max kept exact), which is
-/// finer than fault latency varies between runs.
+/// HdrHistogram in user space, measured (BENCHMARKS.md, `cargo xtask bench`, first touch of
+/// 256 MiB, ~1.9 us per untraced fault): streaming every fault (`--events`, the same
+/// aggregation plus a ring buffer record per fault) added 736 ns per fault to the faulting
+/// task against 566 ns for the slots, and the wall time per fault went from 2.6 to 5.1 us,
+/// because decoding 65536 records competes with the workload for the two CPUs. The slots
+/// cost resolution (a bucket is 1/8 of its value wide, the max is kept exact), far below how
+/// much fault latency varies; so slots by default, streaming (`--events --sample N`) on
+/// request.
 #[inline(always)]
 fn record_latency(s: &mut FaultStats, tgid: u32, tid: u32, cls: u32, ns: u64) {
     let max = &mut s.max_ns[cls as usize & (SLOTS - 1)];
