@@ -7,6 +7,8 @@
 #![no_std]
 
 pub mod faults;
+pub mod process;
+pub mod vma;
 
 /// Length of `task_struct.comm`, including the NUL.
 pub const TASK_COMM_LEN: usize = 16;
@@ -21,6 +23,12 @@ pub mod names {
 
 /// Size of the shared ring buffer (must be a power of two multiple of the page size).
 pub const EVENTS_BYTE_SIZE: u32 = 1 << 20;
+/// Bytes waiting in the ring buffer past which a submit wakes the reader. Below it no
+/// wakeup is sent and the reader drains on its own timer (`DRAIN_INTERVAL_MS`): a wakeup per
+/// event costs the traced thread a cross-CPU wakeup on every call (see BENCHMARKS.md).
+pub const EVENTS_WAKEUP_BYTES: u64 = (EVENTS_BYTE_SIZE / 16) as u64;
+/// How often the reader drains the ring buffer without being woken.
+pub const DRAIN_INTERVAL_MS: u64 = 20;
 /// Most processes `-p`/launch mode can follow at once.
 pub const MAX_TARGETS: u32 = 4096;
 /// Most threads that can be inside a traced syscall at the same time.
@@ -34,7 +42,10 @@ pub mod counter {
     pub const INFLIGHT_FULL: u32 = 1;
     /// A kernel read (`bpf_probe_read_kernel`) failed; the field was reported as 0.
     pub const READ_FAILED: u32 = 2;
-    pub const COUNT: u32 = 3;
+    /// A VMA record (snapshot, store, function call) could not be reserved: dropped.
+    /// Counted apart from syscall events so each family's totals stay exact.
+    pub const VMA_DROPPED: u32 = 3;
+    pub const COUNT: u32 = 4;
 }
 
 /// How the programs decide whether a task is traced.
@@ -110,6 +121,9 @@ pub struct SyscallEvent {
     pub map_count_before: i32,
     pub map_count_after: i32,
     pub comm: [u8; TASK_COMM_LEN],
+    /// The calling process's start time ([`process::ProcessKey::start_ns`]): with `tgid`,
+    /// tells a process from a later one that reuses its pid.
+    pub process_start_ns: u64,
 }
 
 #[cfg(feature = "user")]
@@ -118,6 +132,9 @@ mod pod {
     unsafe impl aya::Pod for super::Config {}
     unsafe impl aya::Pod for super::KernelOffsets {}
     unsafe impl aya::Pod for super::SyscallEvent {}
+    unsafe impl aya::Pod for super::process::ProcessConfig {}
+    unsafe impl aya::Pod for super::process::ProcessOffsets {}
+    unsafe impl aya::Pod for super::process::ProcessKey {}
     unsafe impl aya::Pod for super::faults::FaultConfig {}
     unsafe impl aya::Pod for super::faults::FaultKey {}
     unsafe impl aya::Pod for super::faults::FaultStats {}

@@ -4,8 +4,10 @@
 
 mod capabilities;
 mod faults;
+mod process;
 mod shared;
 mod syscalls;
+mod vma;
 
 #[cfg(not(test))]
 #[panic_handler]

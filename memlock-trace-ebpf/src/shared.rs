@@ -2,6 +2,7 @@
 
 use aya_ebpf::{
     Global,
+    bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
     helpers::{bpf_get_current_task, bpf_probe_read_kernel},
     macros::map,
     maps::{HashMap, PerCpuArray, RingBuf},
@@ -32,7 +33,7 @@ pub static EVENTS: RingBuf = RingBuf::with_byte_size(EVENTS_BYTE_SIZE, 0);
 
 /// Thread groups to trace when `CONFIG.filter == filter::TGIDS`.
 #[map]
-static TARGET_TGIDS: HashMap<u32, u8> = HashMap::with_max_entries(MAX_TARGETS, 0);
+pub static TARGET_TGIDS: HashMap<u32, u8> = HashMap::with_max_entries(MAX_TARGETS, 0);
 
 /// The tracer's own health: see [`counter`].
 #[map]
@@ -43,10 +44,23 @@ pub fn offsets() -> KernelOffsets {
     CONFIG.load().offsets
 }
 
-/// Whether the thread group `tgid` is one the user asked to trace.
+/// Whether the thread group `tgid` is one the user asked to trace (and passes `--comm`
+/// and `--cgroup`, see `process.rs`).
 #[inline(always)]
 pub fn is_target(tgid: u32) -> bool {
-    CONFIG.load().filter == filter::ALL || TARGET_TGIDS.get_ptr(&tgid).is_some()
+    (CONFIG.load().filter == filter::ALL || TARGET_TGIDS.get_ptr(tgid).is_some())
+        && crate::process::matches_filters()
+}
+
+/// Flags for `submit`: wake the reader only once a batch is waiting (see
+/// [`memlock_trace_common::EVENTS_WAKEUP_BYTES`]).
+#[inline(always)]
+pub fn submit_flags() -> u64 {
+    if EVENTS.query(u64::from(BPF_RB_AVAIL_DATA)) >= memlock_trace_common::EVENTS_WAKEUP_BYTES {
+        u64::from(BPF_RB_FORCE_WAKEUP)
+    } else {
+        u64::from(BPF_RB_NO_WAKEUP)
+    }
 }
 
 #[inline(always)]

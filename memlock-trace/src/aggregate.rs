@@ -11,13 +11,15 @@ use serde::Serialize;
 use crate::{
     decode::SyscallRecord,
     faults::{FaultHealth, FaultHooks, FaultSummary},
+    processes::ProcessTable,
     syscall::Syscall,
     tracer::Health,
 };
 
+/// Per process, keyed by (pid, start time) so a reused pid never mixes two processes.
 #[derive(Default)]
 pub struct Aggregator {
-    processes: BTreeMap<u32, ProcessStats>,
+    processes: ProcessTable<ProcessStats>,
 }
 
 struct ProcessStats {
@@ -47,8 +49,13 @@ impl SyscallStats {
 }
 
 impl Aggregator {
+    /// Keeps at most `max` processes (`--max-processes`).
+    pub fn with_max_processes(max: usize) -> Self {
+        Self { processes: ProcessTable::with_capacity(max) }
+    }
+
     pub fn record_syscall(&mut self, rec: &SyscallRecord) {
-        let process = self.processes.entry(rec.raw.tgid).or_insert_with(|| ProcessStats {
+        let process = self.processes.get_or_insert_with(rec.process(), || ProcessStats {
             comm: String::new(),
             syscalls: BTreeMap::new(),
         });
@@ -67,14 +74,22 @@ impl Aggregator {
         stats.pages_locked += rec.pages_locked();
     }
 
-    pub fn summary(&self, health: Health) -> Summary {
+    /// Processes evicted from the table so far (`--max-processes`).
+    pub fn evicted_processes(&self) -> u64 {
+        self.processes.evicted()
+    }
+
+    pub fn summary(&self, mut health: Health) -> Summary {
+        health.processes.evicted_processes = self.processes.evicted();
         Summary {
             kind: "summary",
+            schema: crate::render::JSON_SCHEMA,
             processes: self
                 .processes
                 .iter()
-                .map(|(&pid, p)| ProcessSummary {
-                    pid,
+                .map(|(key, p)| ProcessSummary {
+                    pid: key.tgid,
+                    start_ns: key.start_ns,
                     comm: p.comm.clone(),
                     syscalls: p
                         .syscalls
@@ -117,6 +132,7 @@ impl SyscallStats {
 pub struct Summary {
     #[serde(rename = "type")]
     pub kind: &'static str,
+    pub schema: u32,
     pub processes: Vec<ProcessSummary>,
     pub dropped_events: u64,
     pub health: Health,
@@ -130,6 +146,8 @@ pub struct Summary {
 #[derive(Clone, Debug, Serialize)]
 pub struct ProcessSummary {
     pub pid: u32,
+    /// Process start, ns since boot (`/proc/PID/stat` field 22 is this in clock ticks).
+    pub start_ns: u64,
     pub comm: String,
     pub syscalls: BTreeMap<&'static str, SyscallSummary>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -185,6 +203,8 @@ impl Summary {
                 Some(p) => p.faults = Some(summary),
                 None => self.processes.push(ProcessSummary {
                     pid,
+                    // Fault counts are kept per tgid in the kernel: no start time to show.
+                    start_ns: 0,
                     comm,
                     syscalls: BTreeMap::new(),
                     faults: Some(summary),

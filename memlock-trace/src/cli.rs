@@ -47,6 +47,12 @@ pub struct TraceArgs {
     /// Write JSON lines (events with --events, then the summary) instead of text.
     #[arg(long)]
     pub json: bool,
+    /// With --events, also show VMA stores by mmap, mprotect, munmap, madvise, brk, ... (by
+    /// default only those of mlock-family calls and of VMAs with VM_LOCKED/VM_LOCKONFAULT).
+    #[arg(long)]
+    pub all_vma_changes: bool,
+    #[command(flatten)]
+    pub production: crate::cli_production::ProductionArgs,
     /// Page-fault hooks: the best the kernel allows (fentry, then kprobe, then tracepoint),
     /// one of them forced, or off.
     #[arg(long, value_enum, value_name = "HOOKS", default_value_t = HookChoice::Auto)]
@@ -120,9 +126,18 @@ pub enum Command {
     /// Run a bundled workload (used by `cargo xtask run` and the tests).
     Workload {
         name: WorkloadName,
+        #[command(flatten)]
+        params: crate::cli_production::WorkloadParams,
         /// Write the workload's own measurements here as JSON.
         #[arg(long, value_name = "FILE")]
         report: Option<PathBuf>,
+    },
+    /// Run mlock scenarios under the tracer and check each step against /proc/PID/maps and
+    /// smaps; exits 1 on any mismatch.
+    Verify {
+        /// Also write the report as JSON to FILE.
+        #[arg(long, value_name = "FILE")]
+        json: Option<PathBuf>,
     },
 }
 
@@ -130,6 +145,10 @@ pub enum Command {
 pub enum WorkloadName {
     /// One of each mlock-family call, one of them failing.
     Syscalls,
+    /// Fork --count children that all exist at once; each makes --calls mlock calls.
+    Children,
+    /// --threads threads each making --calls failing mlock calls as fast as they can.
+    Flood,
     /// Takes page faults on command (stdin), answering its own fault counters (stdout).
     Faults,
 }
@@ -158,7 +177,8 @@ mod tests {
 
     #[test]
     fn pids_repeat_and_options_parse() {
-        let cli = parse(&["-p", "1", "--pid", "2", "--interval", "0.5", "--duration", "3", "--events", "--json"]).unwrap();
+        let cli = parse(&["-p", "1", "--pid", "2", "--interval", "0.5", "--duration", "3", "--events", "--json", "--all-vma-changes"]).unwrap();
+        assert!(cli.trace.all_vma_changes);
         assert_eq!(cli.trace.pids, [1, 2]);
         assert_eq!(cli.trace.interval, Some(0.5));
         assert_eq!(cli.trace.duration, Some(3.0));
@@ -177,6 +197,16 @@ mod tests {
         assert!(parse(&["--pid", "abc"]).is_err());
         assert!(parse(&["--duration", "-1"]).is_err());
         assert!(parse(&["--interval", "0"]).is_err());
+    }
+
+    #[test]
+    fn verify_subcommand() {
+        let cli = parse(&["verify", "--json", "/tmp/v.json"]).unwrap();
+        let Some(Command::Verify { json }) = cli.command else {
+            panic!("not verify: {:?}", cli.command);
+        };
+        assert_eq!(json.as_deref(), Some(std::path::Path::new("/tmp/v.json")));
+        assert!(parse(&["verify", "--json"]).is_err());
     }
 
     #[test]

@@ -7,11 +7,13 @@ use memlock_trace_common::{
     faults::{FaultEvent, fault_flags, populate},
 };
 
-use crate::syscall::Syscall;
+use crate::{syscall::Syscall, vma};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
     Syscall(SyscallRecord),
+    /// Snapshots, stores and function events of the VMA family (see [`crate::vma`]).
+    Vma(vma::VmaRecord),
     Fault(FaultRecord),
 }
 
@@ -117,6 +119,7 @@ pub fn decode(record: &[u8]) -> Result<Event, DecodeError> {
             let syscall = Syscall::from_nr(raw.nr).ok_or(DecodeError::UnknownSyscall(raw.nr))?;
             Ok(Event::Syscall(SyscallRecord { syscall, raw }))
         }
+        k if vma::is_vma_kind(k) => vma::decode(k, record).map(Event::Vma),
         event_kind::FAULT => Ok(Event::Fault(FaultRecord {
             raw: read_struct(event_kind::FAULT, record)?,
         })),
@@ -124,7 +127,7 @@ pub fn decode(record: &[u8]) -> Result<Event, DecodeError> {
     }
 }
 
-fn read_struct<T: Copy>(kind: u32, record: &[u8]) -> Result<T, DecodeError> {
+pub(crate) fn read_struct<T: Copy>(kind: u32, record: &[u8]) -> Result<T, DecodeError> {
     let need = size_of::<T>();
     if record.len() < need {
         return Err(DecodeError::Short { kind, len: record.len(), need });
@@ -168,6 +171,7 @@ mod tests {
             map_count_before: 5,
             map_count_after: 7,
             comm,
+            process_start_ns: 12_345,
         }
     }
 
@@ -175,7 +179,7 @@ mod tests {
     fn syscall_round_trip() {
         let raw = sample();
         let Ok(Event::Syscall(rec)) = decode(&bytes_of(&raw)) else {
-            panic!("not a syscall")
+            panic!("not a syscall event");
         };
         assert_eq!(rec.raw, raw);
         assert_eq!(rec.syscall, Syscall::Mlock2);
@@ -189,7 +193,7 @@ mod tests {
         let mut buf = vec![0u8];
         buf.extend(bytes_of(&sample()));
         let Ok(Event::Syscall(rec)) = decode(&buf[1..]) else {
-            panic!("not a syscall")
+            panic!("not a syscall event");
         };
         assert_eq!(rec.raw, sample());
     }

@@ -60,6 +60,8 @@ fn child_exec(gate: OwnedFd, err: OwnedFd, argv: &[CString]) -> ! {
     if nix::unistd::read(&gate, &mut byte) != Ok(1) {
         unsafe { libc::_exit(126) };
     }
+    // The tracer's capabilities are not the command's: ambient ones would survive exec.
+    unsafe { libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) };
     let errno = match execvp(&argv[0], argv) {
         Err(e) => e as i32,
         Ok(never) => match never {},

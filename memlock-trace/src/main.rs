@@ -6,7 +6,7 @@ use memlock_trace::{
     cli::{Cli, Command, WorkloadName},
     probe, session,
     tracer::{Targets, Tracer},
-    workload,
+    verify, workload,
 };
 
 fn main() -> ExitCode {
@@ -16,7 +16,10 @@ fn main() -> ExitCode {
         Some(Command::Probe { json }) => run_probe(json).map(|()| 0),
         Some(Command::Suite(args)) => memlock_trace::suite::run(args).map(|()| 0),
         Some(Command::Scenario { name, args, report }) => run_scenario(name, &args, report.as_deref()).map(|()| 0),
-        Some(Command::Workload { name, report }) => run_workload(name, report.as_deref()).map(|()| 0),
+        Some(Command::Workload { name, report, params }) => {
+            run_workload(name, report.as_deref(), &params).map(|()| 0)
+        }
+        Some(Command::Verify { json }) => verify::run(json.as_deref()),
     };
     match result {
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
@@ -31,10 +34,20 @@ fn main() -> ExitCode {
     }
 }
 
-fn run_workload(name: WorkloadName, report: Option<&std::path::Path>) -> anyhow::Result<()> {
+fn run_workload(
+    name: WorkloadName,
+    report: Option<&std::path::Path>,
+    params: &memlock_trace::cli_production::WorkloadParams,
+) -> anyhow::Result<()> {
     let calls = match name {
-        WorkloadName::Syscalls => workload::syscalls::run()?,
+        WorkloadName::Syscalls => serde_json::to_value(workload::syscalls::run()?)?,
         WorkloadName::Faults => return workload::faults::serve(),
+        WorkloadName::Children => serde_json::to_value(workload::children::run(params.count, params.calls)?)?,
+        WorkloadName::Flood => serde_json::to_value(workload::flood::run(
+            params.threads,
+            u64::from(params.calls),
+            params.wait_stdin,
+        )?)?,
     };
     let json = serde_json::to_string_pretty(&calls)?;
     match report {
@@ -52,6 +65,7 @@ fn run_probe(json: bool) -> anyhow::Result<()> {
     if json {
         let report = serde_json::json!({
             "type": "probe",
+            "schema": memlock_trace::render::JSON_SCHEMA,
             "kernel": kernel,
             "capabilities": capabilities,
             "hooks": tracer.hooks,

@@ -74,6 +74,66 @@ impl KernelBtf {
             .is_ok_and(|types| types.iter().any(|t| matches!(t, Type::Func(_))))
     }
 
+    /// The parameters and return type of kernel function `name`, or `None` if this kernel
+    /// has no such function (or it was inlined everywhere, so BTF does not list it).
+    pub fn function_signature(&self, name: &str) -> Result<Option<Signature>> {
+        let Ok(types) = self.btf.resolve_types_by_name(name) else {
+            return Ok(None);
+        };
+        let Some(func) = types.iter().find_map(|t| match t {
+            Type::Func(f) => Some(f.clone()),
+            _ => None,
+        }) else {
+            return Ok(None);
+        };
+        let Type::FuncProto(proto) = self.btf.resolve_chained_type(&func)? else {
+            bail!("BTF function {name} has no prototype");
+        };
+        let mut params = Vec::new();
+        for param in &proto.parameters {
+            let param_name = self.btf.resolve_name(param).unwrap_or_default();
+            let shape = self.shape(self.btf.resolve_chained_type(param)?)?;
+            params.push((param_name, shape));
+        }
+        let ret = match proto.return_type_id() {
+            0 => TypeShape::Other,
+            id => self.shape(self.btf.resolve_type_by_id(id)?)?,
+        };
+        Ok(Some(Signature { params, ret }))
+    }
+
+    /// What a C type is, for the purposes of reading it: a pointer to a named struct, a
+    /// pointer to such a pointer, or something else.
+    fn shape(&self, t: Type) -> Result<TypeShape> {
+        let Type::Ptr(ptr) = self.strip(t)? else {
+            return Ok(TypeShape::Other);
+        };
+        Ok(match self.strip(self.btf.resolve_chained_type(&ptr)?)? {
+            Type::Struct(s) => TypeShape::PtrTo(self.btf.resolve_name(&s).unwrap_or_default()),
+            Type::Ptr(inner) => match self.strip(self.btf.resolve_chained_type(&inner)?)? {
+                Type::Struct(s) => {
+                    TypeShape::PtrPtrTo(self.btf.resolve_name(&s).unwrap_or_default())
+                }
+                _ => TypeShape::Other,
+            },
+            _ => TypeShape::PtrToOther,
+        })
+    }
+
+    /// Skips typedefs and qualifiers.
+    fn strip(&self, mut t: Type) -> Result<Type> {
+        loop {
+            t = match &t {
+                Type::Typedef(x) => self.btf.resolve_chained_type(x)?,
+                Type::Const(x) | Type::Volatile(x) | Type::Restrict(x) => {
+                    self.btf.resolve_chained_type(x)?
+                }
+                Type::TypeTag(x) => self.btf.resolve_chained_type(x)?,
+                _ => return Ok(t),
+            };
+        }
+    }
+
     /// Value of `member` of `enum name` (e.g. `VM_FAULT_MAJOR` of `vm_fault_reason`).
     pub fn enum_value(&self, name: &str, member: &str) -> Result<u64> {
         let types = self
@@ -114,6 +174,26 @@ impl KernelBtf {
     }
 }
 
+/// A kernel function's parameters (name, shape) and return type, from BTF.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Signature {
+    pub params: Vec<(String, TypeShape)>,
+    pub ret: TypeShape,
+}
+
+/// How to read a value of some C type.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TypeShape {
+    /// `struct NAME *`
+    PtrTo(String),
+    /// `struct NAME **`
+    PtrPtrTo(String),
+    /// A pointer to anything else (`unsigned long *`, ...).
+    PtrToOther,
+    /// Integers, enums, `void`, ...
+    Other,
+}
+
 const CAP_SYS_ADMIN: u32 = 21;
 const CAP_PERFMON: u32 = 38;
 const CAP_BPF: u32 = 39;
@@ -146,8 +226,15 @@ pub fn check_privileges() -> Result<()> {
 /// Mounts tracefs if it is not mounted yet (a fresh machine has it unmounted, and aya reads
 /// tracepoint ids from it).
 pub fn ensure_tracefs() -> Result<()> {
-    if Path::new(TRACEFS).join("events").exists() {
-        return Ok(());
+    match fs::metadata(Path::new(TRACEFS).join("events")) {
+        Ok(_) => return Ok(()),
+        // Mounted, but mode 0700: without root, reading tracepoint ids needs the capability.
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => bail!(
+            "cannot read tracefs at {TRACEFS} (mode 0700): run memlock-trace as root or grant \
+             CAP_DAC_READ_SEARCH too (`setcap cap_bpf,cap_perfmon,cap_dac_read_search+ep`), \
+             which it needs to read tracepoint ids"
+        ),
+        Err(_) => {}
     }
     nix::mount::mount(
         Some("tracefs"),

@@ -11,6 +11,10 @@ use crate::{
     syscall::errno_name,
 };
 
+/// Version of the JSON lines (`"schema"` in every line). Adding a field keeps it; renaming,
+/// removing or retyping one bumps it. Documented in the README.
+pub const JSON_SCHEMA: u32 = 1;
+
 /// `us` with one decimal below 10 ms, then ms.
 pub fn duration(ns: u64) -> String {
     if ns < 10_000_000 {
@@ -46,6 +50,7 @@ pub fn syscall_json(rec: &SyscallRecord) -> serde_json::Value {
     let r = &rec.raw;
     json!({
         "type": "syscall",
+        "schema": JSON_SCHEMA,
         "pid": r.tgid,
         "tid": r.tid,
         "comm": rec.comm(),
@@ -104,6 +109,7 @@ pub fn fault_json(rec: &FaultRecord) -> serde_json::Value {
     use memlock_trace_common::faults::fault_flags;
     json!({
         "type": "fault",
+        "schema": JSON_SCHEMA,
         "pid": r.tgid,
         "tid": r.tid,
         "comm": rec.comm(),
@@ -240,7 +246,13 @@ pub fn summary_text(summary: &Summary) -> String {
         out.push_str("no mlock-family calls or page faults traced\n");
     }
     for p in &summary.processes {
-        let _ = writeln!(out, "pid {} ({})", p.pid, p.comm);
+        // A reused pid: the start time tells the processes apart.
+        let started = if summary.processes.iter().filter(|q| q.pid == p.pid).count() > 1 {
+            format!(", started {:.3}s after boot", p.start_ns as f64 / 1e9)
+        } else {
+            String::new()
+        };
+        let _ = writeln!(out, "pid {} ({}){started}", p.pid, p.comm);
         if let Some(f) = &p.faults {
             faults_text(&mut out, f, "  ");
             for t in &f.threads {
@@ -286,15 +298,25 @@ pub fn summary_text(summary: &Summary) -> String {
         out,
         "dropped events: {}{}",
         h.dropped_events,
-        if h.untracked_calls + h.failed_reads > 0 {
+        if h.untracked_calls + h.failed_reads + h.dropped_vma_records > 0 {
             format!(
-                " (calls not tracked: {}, failed kernel reads: {})",
-                h.untracked_calls, h.failed_reads
+                " (calls not tracked: {}, failed kernel reads: {}, VMA records dropped: {})",
+                h.untracked_calls, h.failed_reads, h.dropped_vma_records
             )
         } else {
             String::new()
         }
     );
+    let p = &h.processes;
+    if p.children_not_followed + p.evicted_processes > 0 {
+        let _ = writeln!(
+            out,
+            "children not followed (target map full): {}, processes evicted from this summary \
+             (--max-processes): {}",
+            p.children_not_followed, p.evicted_processes
+
+        );
+    }
     if let Some(f) = &summary.fault_health {
         let _ = writeln!(
             out,

@@ -53,6 +53,16 @@ impl ScenarioRun {
         pid.and_then(|p| self.traced.get(&p)).map_or(Value::Null, |p| p["syscalls"][syscall].clone())
     }
 
+    /// The tracer's page-fault summary of `pid` (Null when fault tracing was off).
+    fn faults(&self, pid: Option<u32>) -> Value {
+        pid.and_then(|p| self.traced.get(&p)).map_or(Value::Null, |p| p["faults"].clone())
+    }
+
+    /// Pages the kernel populated for `pid` inside `syscall` calls, as the tracer counted them.
+    fn populated_by(&self, pid: Option<u32>, syscall: &str) -> u64 {
+        self.faults(pid)["populated_by"][syscall].as_u64().unwrap_or(0)
+    }
+
     fn traced_count(&self, pid: Option<u32>, syscall: &str) -> u64 {
         self.traced(pid, syscall)["count"].as_u64().unwrap_or(0)
     }
@@ -74,6 +84,12 @@ fn assess(run: &ScenarioRun) -> Vec<Verdict> {
             v.push(check("pages populated inside mlock = pages mlocked", pages.to_string(), traced.to_string(), traced == pages));
             let calls = run.traced_count(run.pid_of("lazy"), "mlock") + run.traced_count(run.pid_of("populate"), "mlock");
             v.push(check("no mlock calls in the lazy and MAP_POPULATE runs", "0".into(), calls.to_string(), calls == 0));
+            let user = run.faults(run.pid_of("lazy"))["user"].as_u64().unwrap_or(0);
+            v.push(check("lazy: at least one user fault per page touched", format!(">= {pages}"), user.to_string(), user >= pages));
+            let by_mmap = run.populated_by(run.pid_of("populate"), "mmap");
+            v.push(check("MAP_POPULATE: every page populated inside mmap", format!(">= {pages}"), by_mmap.to_string(), by_mmap >= pages));
+            let by_mlock = run.populated_by(run.pid_of("mlock"), "mlock");
+            v.push(check("mlock: the fault family counts the same pages populated inside mlock", pages.to_string(), by_mlock.to_string(), by_mlock == pages));
             let _ = pop;
         }
         Scenario::ThreadCreate => {
@@ -99,6 +115,9 @@ fn assess(run: &ScenarioRun) -> Vec<Verdict> {
             let t = f(&fut["create_and_touch_ms"]) / f(&off["create_and_touch_ms"]).max(1e-9);
             v.push(claim("creating the threads takes about 10x longer under mlockall", "2000 ms vs 200 ms for 2000 threads", format!("{:.0} ms vs {:.0} ms for {} threads ({t:.1}x)", f(&fut["create_and_touch_ms"]), f(&off["create_and_touch_ms"]), fut["threads"]), t > 2.0, ""));
             v.push(check("under MCL_FUTURE each thread faults at least its whole stack", format!(">= {stack_pages:.0} pages/thread"), format!("{:.0}", f(&fut["faults_per_thread"])), f(&fut["faults_per_thread"]) >= stack_pages));
+            let populated = run.faults(run.pid_of("future"))["populated"].as_u64().unwrap_or(0) as f64;
+            let threads = f(&fut["threads"]);
+            v.push(check("under MCL_FUTURE the kernel populated each thread's whole stack", format!(">= {:.0} pages", threads * stack_pages), format!("{populated:.0}"), populated >= threads * stack_pages));
             let locked = run.traced(run.pid_of("future"), "mlockall")["pages_locked"].as_i64().unwrap_or(0);
             v.push(check("the MCL_FUTURE run's mlockall locked pages", "> 0".into(), locked.to_string(), locked > 0));
         }
@@ -109,6 +128,8 @@ fn assess(run: &ScenarioRun) -> Vec<Verdict> {
             v.push(claim("MCL_FUTURE turns a large allocation into one fault per page", "5,020,288 vs 20,263 faults for 20 GB (248x)", format!("{ff:.0} vs {fo:.0} faults for {} MiB ({:.0}x; {pages:.0} pages)", f(&fut["bytes"]) / 1048576.0, ff / fo.max(1.0)), ff >= pages * 0.95 && ff / fo.max(1.0) > 50.0, "under MCL_FUTURE the kernel populates the new mapping inside mmap, on the task's behalf"));
             let traced = run.traced_count(run.pid_of("future"), "mlockall");
             v.push(check("the MCL_FUTURE run made one mlockall", "1".into(), traced.to_string(), traced == 1));
+            let populated = run.faults(run.pid_of("future"))["populated"].as_u64().unwrap_or(0);
+            v.push(check("under MCL_FUTURE the kernel populated the allocation itself (populated, not user, faults)", format!(">= {pages:.0}"), populated.to_string(), populated as f64 >= pages));
         }
         Scenario::VmaSplit => {
             let steps = run.own["steps"].as_array().cloned().unwrap_or_default();
@@ -135,6 +156,10 @@ fn assess(run: &ScenarioRun) -> Vec<Verdict> {
             v.push(claim("random writes are much faster in mmap(MAP_LOCKED) memory than in fresh malloc memory", "156k vs 942k us (0.17x)", format!("{:.0} vs {:.0} us ({w:.2}x)", f(&l["write_us"]), f(&m["write_us"])), w < 0.7, "malloc's writes take the page faults; MAP_LOCKED took them all inside mmap"));
             let r = f(&l["read_us"]) / f(&m["read_us"]);
             v.push(claim("random reads cost about the same", "223k vs 264k us (0.84x)", format!("{:.0} vs {:.0} us ({r:.2}x)", f(&l["read_us"]), f(&m["read_us"])), (0.5..1.5).contains(&r), "by then both regions are resident"));
+            let runs = m["runs"].as_array().map_or(0, Vec::len) as f64;
+            let malloc_user = run.faults(run.pid_of("malloc"))["user"].as_u64().unwrap_or(0) as f64;
+            let locked_mmap = run.populated_by(run.pid_of("mmap-locked"), "mmap") as f64;
+            v.push(check("malloc: the write loops' faults are user faults; MAP_LOCKED: populated inside mmap", format!("malloc >= {:.0} user, mmap-locked >= {:.0} in mmap", f(&m["write_faults"]) * runs, f(&l["alloc_faults"]) * runs * 0.99), format!("{malloc_user:.0} user, {locked_mmap:.0} in mmap"), malloc_user >= f(&m["write_faults"]) * runs && locked_mmap >= f(&l["alloc_faults"]) * runs * 0.99));
             v.push(claim("the malloc run pays its page faults inside the timed loop, MAP_LOCKED pays them in mmap", "implied by the timings", format!("malloc: {:.0} faults while writing; MAP_LOCKED: {:.0} in mmap, {:.0} while writing", f(&m["write_faults"]), f(&l["alloc_faults"]), f(&l["write_faults"])), f(&m["write_faults"]) > 0.0 && f(&l["write_faults"]) == 0.0 && f(&l["alloc_faults"]) > 0.0, "getrusage around each phase"));
         }
         Scenario::MemlockLimit => {
@@ -201,6 +226,27 @@ fn draw(dir: &Path, run: &ScenarioRun) -> Result<Option<String>> {
     Ok(Some(file))
 }
 
+/// Minor-fault latency percentiles of the lazy first touch and the malloc run, as the fault
+/// family measured them in the kernel.
+fn fault_latency_chart(dir: &Path, runs: &[ScenarioRun]) -> Result<Option<String>> {
+    let mut bars = Vec::new();
+    for (scenario, variant) in [(Scenario::FirstTouch, "lazy"), (Scenario::MallocVsMmap, "malloc")] {
+        let Some(run) = runs.iter().find(|r| r.scenario == scenario) else { continue };
+        let lat = &run.faults(run.pid_of(variant))["latency_ns"]["minor"];
+        for q in ["p50", "p90", "p99", "p99_9"] {
+            if let Some(ns) = lat[q].as_f64() {
+                bars.push((format!("{variant} {q}"), ns / 1000.0));
+            }
+        }
+    }
+    if bars.is_empty() {
+        return Ok(None);
+    }
+    let file = "fault-latency.svg".to_string();
+    charts::bars(&dir.join(&file), "minor page fault latency (us)", "us", &bars)?;
+    Ok(Some(file))
+}
+
 /// Latency distribution of every traced mlock-family call in the suite, in log2 buckets.
 fn latency_chart(dir: &Path, runs: &[ScenarioRun]) -> Result<Option<String>> {
     let mut buckets = [0u64; 32];
@@ -242,9 +288,22 @@ pub fn write(dir: &Path, runs: &[ScenarioRun], health: &Value, tiny: bool) -> Re
                 let _ = writeln!(md, "| {pid} | {} | {name} | {} | {} | {} | {} | {} | {} |", p["comm"].as_str().unwrap_or(""), s["count"], s["errors"], crate::render::duration(s["latency_ns"]["p50"].as_u64().unwrap_or(0)), crate::render::duration(s["latency_ns"]["max"].as_u64().unwrap_or(0)), s["pages_populated"], s["pages_locked"]);
             }
         }
+        let faulted: Vec<(&u32, &Value)> = run.traced.iter().filter(|(_, p)| p["faults"].is_object()).collect();
+        if !faulted.is_empty() {
+            let _ = writeln!(md, "\nPage faults, per process of this scenario:\n");
+            let _ = writeln!(md, "| pid | minor | major | user | populated | populated by | minor p50 | minor p99 |\n|---|---|---|---|---|---|---|---|");
+            for (pid, p) in faulted {
+                let fl = &p["faults"];
+                let lat = |q: &str| crate::render::duration(fl["latency_ns"]["minor"][q].as_u64().unwrap_or(0));
+                let _ = writeln!(md, "| {pid} | {} | {} | {} | {} | {} | {} | {} |", fl["minor"], fl["major"], fl["user"], fl["populated"], fl["populated_by"], lat("p50"), lat("p99"));
+            }
+        }
         let _ = writeln!(md, "\n<details><summary>the workload's own measurements</summary>\n\n```json\n{}\n```\n</details>\n", serde_json::to_string_pretty(&run.own)?);
         json_runs.push(json!({ "scenario": run.scenario.name(), "secs": run.secs, "workload": run.own, "tracer": run.traced, "events": run.events, "verdicts": v }));
         verdicts.push((run.scenario.name(), v));
+    }
+    if let Some(chart) = fault_latency_chart(dir, runs)? {
+        let _ = writeln!(md, "## Page fault latency\n\n![fault latency]({chart})\n");
     }
     if let Some(chart) = latency_chart(dir, runs)? {
         let _ = writeln!(md, "## mlock-family call latency, all scenarios\n\n![latency]({chart})\n");

@@ -3,9 +3,11 @@
 //! the summary.
 
 use std::{
+    collections::BTreeMap,
     io::Write as _,
     os::fd::{FromRawFd as _, OwnedFd},
     path::Path,
+    sync::Arc,
     time::Duration,
 };
 
@@ -20,8 +22,11 @@ use crate::{
     decode::{Event, decode},
     faults, launch,
     mappings::MappingCache,
+    metrics::Metrics,
+    production::Production,
     render,
-    tracer::{Targets, Tracer},
+    tracer::{Options, Targets, Tracer, VmaHooks},
+    vma,
 };
 
 /// How often the mappings of traced processes are re-read, so that a process that exits is
@@ -50,7 +55,14 @@ pub fn run(args: TraceArgs) -> Result<i32> {
     } else {
         Targets::Tgids(args.pids.clone())
     };
-    let mut tracer = Tracer::load_with(&targets, &args.fault_options())?;
+    let production = Production::setup(&args)?;
+    let options = Options {
+        all_vma_stores: args.all_vma_changes,
+        filters: production.filters.clone(),
+        faults: args.fault_options(),
+        ..Options::default()
+    };
+    let mut tracer = Tracer::load_with(&targets, &options)?;
     // Fork before the runtime starts any thread; the child waits until it is in the filter.
     let launched = match args.command.first() {
         Some(program) => {
@@ -63,31 +75,15 @@ pub fn run(args: TraceArgs) -> Result<i32> {
     for (family, hooks) in &tracer.hooks {
         eprintln!("memlock-trace: {family}: {hooks}");
     }
+    let mut described = describe_targets(&args, launched);
+    for filter in production.filters.describe() {
+        described = format!("{described}, {filter}");
+    }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("starting the tokio runtime")?;
-    runtime.block_on(async {
-        // Handlers before the "tracing" line: whoever waits for that line and then sends
-        // SIGINT must get a summary, not a killed process.
-        let signals = Signals::install()?;
-        eprintln!("memlock-trace: tracing {}", describe_targets(&args, launched));
-        event_loop(tracer, args, launched, signals).await
-    })
-}
-
-struct Signals {
-    int: tokio::signal::unix::Signal,
-    term: tokio::signal::unix::Signal,
-}
-
-impl Signals {
-    fn install() -> Result<Self> {
-        Ok(Self {
-            int: signal(SignalKind::interrupt()).context("installing the SIGINT handler")?,
-            term: signal(SignalKind::terminate()).context("installing the SIGTERM handler")?,
-        })
-    }
+    runtime.block_on(event_loop(tracer, args, launched, production, described))
 }
 
 fn targets_are_specific(args: &TraceArgs) -> bool {
@@ -110,8 +106,13 @@ async fn event_loop(
     mut tracer: Tracer,
     args: TraceArgs,
     launched: Option<u32>,
-    signals: Signals,
+    production: Production,
+    described: String,
 ) -> Result<i32> {
+    // Handlers first, then the "tracing" line: a Ctrl-C from then on always gets a summary.
+    let sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    eprintln!("memlock-trace: tracing {described}");
     // SAFETY: the ring buffer owns its fd for as long as the AsyncFd holds it.
     let mut ring = unsafe { AsyncFd::register(tracer.take_events()?) }
         .map_err(std::io::Error::from)
@@ -130,16 +131,23 @@ async fn event_loop(
         json: args.json,
         syscall_events: args.syscall_events(),
         fault_events: args.fault_events(),
-        aggregator: Aggregator::default(),
+        aggregator: Aggregator::with_max_processes(production.max_processes),
         undecodable: 0,
+        metrics: production.metrics.clone(),
+        vma: VmaOutput { hooks: tracer.vma.clone(), ..VmaOutput::default() },
         mappings: MappingCache::default(),
         top_mappings: args.top_mappings,
     };
+    // The kernel's loss counters change without any event arriving: refresh them for scrapes.
+    let mut health_ticker = tokio::time::interval(Duration::from_secs(1));
+    // Small batches do not wake us (`EVENTS_WAKEUP_BYTES`): drain on a timer as well.
+    let mut drain_ticker =
+        tokio::time::interval(Duration::from_millis(memlock_trace_common::DRAIN_INTERVAL_MS));
     // System-wide, re-reading every process's smaps each second would cost more than it
     // tells: mappings are then read when a summary is printed.
     let follow_mappings = targets_are_specific(&args) && tracer.fault_hooks.is_some();
     let mut mapping_ticker = tokio::time::interval(MAPPINGS_REFRESH);
-    let stop = wait_for_stop(&args, launched, signals);
+    let stop = wait_for_stop(&args, launched, sigint, sigterm);
     tokio::pin!(stop);
     let mut ticker = args.interval.map(|secs| tokio::time::interval(Duration::from_secs_f64(secs)));
     if let Some(t) = ticker.as_mut() {
@@ -160,6 +168,8 @@ async fn event_loop(
             _ = async { ticker.as_mut().expect("guarded").tick().await }, if ticker.is_some() => {
                 output.summary(&tracer, "interval")?;
             }
+            _ = health_ticker.tick(), if output.metrics.is_some() => output.update_health(&tracer)?,
+            _ = drain_ticker.tick() => output.drain(ring.get_mut()),
             _ = mapping_ticker.tick(), if follow_mappings => {
                 output.refresh_mappings(&tracer, MAPPINGS_REFRESH);
             }
@@ -184,8 +194,12 @@ async fn event_loop(
     })
 }
 
-async fn wait_for_stop(args: &TraceArgs, launched: Option<u32>, signals: Signals) -> Result<Stop> {
-    let Signals { int: mut sigint, term: mut sigterm } = signals;
+async fn wait_for_stop(
+    args: &TraceArgs,
+    launched: Option<u32>,
+    mut sigint: tokio::signal::unix::Signal,
+    mut sigterm: tokio::signal::unix::Signal,
+) -> Result<Stop> {
     let duration = args.duration.map(Duration::from_secs_f64);
     let command = async {
         match launched {
@@ -235,17 +249,32 @@ struct Output {
     fault_events: bool,
     aggregator: Aggregator,
     undecodable: u64,
+    metrics: Option<Arc<Metrics>>,
+    vma: VmaOutput,
     mappings: MappingCache,
     top_mappings: usize,
+}
+
+/// VMA events: paired with their calls by the tracker, counted per process.
+#[derive(Default)]
+struct VmaOutput {
+    tracker: vma::Tracker,
+    hooks: Option<VmaHooks>,
+    counts: BTreeMap<u32, vma::ChangeCounts>,
 }
 
 impl Output {
     fn drain(&mut self, ring: &mut RingBuf<MapData>) {
         let mut stdout = std::io::stdout().lock();
+        let (mut syscalls, mut vmas, undecodable_before) = (0, 0, self.undecodable);
         while let Some(item) = ring.next() {
             match decode(&item) {
                 Ok(Event::Syscall(rec)) => {
+                    syscalls += 1;
                     self.aggregator.record_syscall(&rec);
+                    if let Some(metrics) = &self.metrics {
+                        metrics.syscalls.record(&rec);
+                    }
                     if self.syscall_events {
                         let line = if self.json {
                             render::syscall_json(&rec).to_string()
@@ -253,6 +282,15 @@ impl Output {
                             render::syscall_line(&rec)
                         };
                         let _ = writeln!(stdout, "{line}");
+                    }
+                    if let Some(activity) = self.vma.tracker.syscall(&rec) {
+                        self.vma_activity(&activity, &mut stdout);
+                    }
+                }
+                Ok(Event::Vma(record)) => {
+                    vmas += 1;
+                    if let Some(activity) = self.vma.tracker.record(record) {
+                        self.vma_activity(&activity, &mut stdout);
                     }
                 }
                 Ok(Event::Fault(rec)) => {
@@ -269,6 +307,40 @@ impl Output {
             }
         }
         let _ = stdout.flush();
+        if let Some(metrics) = &self.metrics {
+            metrics
+                .health
+                .record_events(&[("syscall", syscalls), ("vma", vmas)], self.undecodable - undecodable_before);
+        }
+    }
+
+    /// The tracer's health with the aggregator's evictions, pushed to the metrics.
+    fn update_health(&self, tracer: &Tracer) -> Result<()> {
+        if let Some(metrics) = &self.metrics {
+            let mut health = tracer.health()?;
+            health.processes.evicted_processes = self.aggregator.evicted_processes();
+            metrics.health.update(&health);
+        }
+        Ok(())
+    }
+
+    fn vma_activity(&mut self, activity: &vma::Activity, out: &mut impl std::io::Write) {
+        if let vma::Activity::Call(call) = activity {
+            let counts = self.vma.counts.entry(activity.tgid()).or_default();
+            counts.merge(&vma::ChangeCounts::of(&call.changes));
+        }
+        // VMA changes are shown with the syscall events that caused them.
+        if !self.syscall_events {
+            return;
+        }
+        let hooks = self.vma.hooks.as_ref();
+        if self.json {
+            let _ = writeln!(out, "{}", vma::activity_json(activity, hooks));
+        } else {
+            for line in vma::activity_lines(activity, hooks) {
+                let _ = writeln!(out, "{line}");
+            }
+        }
     }
 
     /// Snapshots the mappings of every process that has faulted.
@@ -291,10 +363,20 @@ impl Output {
                 faults::summarize(&report, hooks, &mut self.mappings, self.top_mappings);
             summary.add_faults(hooks.clone(), report.health, per_process);
         }
+        if let Some(metrics) = &self.metrics {
+            metrics.health.update(&summary.health);
+        }
         let mut stdout = std::io::stdout().lock();
         if self.json {
+            // Before the summary, which stays the last line.
+            if !self.vma.counts.is_empty() {
+                writeln!(stdout, "{}", vma::summary_json(&self.vma.counts))?;
+            }
             writeln!(stdout, "{}", serde_json::to_string(&summary)?)?;
         } else {
+            for (pid, counts) in &self.vma.counts {
+                writeln!(stdout, "{}", vma::summary_line(*pid, counts))?;
+            }
             if kind == "interval" {
                 writeln!(stdout, "--- interval summary ---")?;
             }

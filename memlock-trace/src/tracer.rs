@@ -8,14 +8,24 @@ use aya::{
     maps::{HashMap, MapData, PerCpuArray, RingBuf},
     programs::{ProgramError, TracePoint},
 };
-use memlock_trace_common::{Config, counter, faults::FaultConfig, filter, names};
+use memlock_trace_common::{
+    Config, counter,
+    faults::FaultConfig,
+    filter, names,
+    process::ProcessConfig,
+    vma::{VMA_CONFIG, VmaConfig},
+};
 
 use crate::{
     fault_counting::FaultCounters,
     faults::{self, FaultHooks, FaultOptions, FaultReport},
+    filter::{Filters, ProcessHealth},
     probe::{self, KernelBtf},
     syscall::Syscall,
 };
+
+mod vma;
+pub use vma::{HookedFunction, VmaHooks};
 
 /// The eBPF object built by `build.rs`, embedded so the binary is self-contained.
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/memlock-trace"));
@@ -38,14 +48,33 @@ pub struct Health {
     pub untracked_calls: u64,
     /// Kernel reads that failed (fields reported as 0).
     pub failed_reads: u64,
+    /// VMA records (snapshots, stores, function calls) lost because the ring buffer was full.
+    pub dropped_vma_records: u64,
+    /// Fork/exit tracking and the per-process table (see `filter.rs`).
+    pub processes: ProcessHealth,
+}
+
+/// What to load beyond the defaults.
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    /// Report every VMA store of traced processes, not only mlock-related ones.
+    pub all_vma_stores: bool,
+    /// Fail unless the VMA family attaches (`verify` needs it); otherwise it is best-effort.
+    pub require_vma: bool,
+    /// `--comm`, `--cgroup`, `--follow-children`.
+    pub filters: Filters,
+    /// Page-fault hooks and what they record.
+    pub faults: FaultOptions,
 }
 
 /// Loaded and attached programs; dropping it detaches everything.
 pub struct Tracer {
-    ebpf: Ebpf,
+    pub(crate) ebpf: Ebpf,
     targets: HashMap<MapData, u32, u8>,
     /// Hook family -> the hooks it uses on this kernel, for the user to see.
     pub hooks: BTreeMap<&'static str, String>,
+    /// The VMA family's hook set, when it attached (decoding function events needs it).
+    pub vma: Option<VmaHooks>,
     /// The page-fault hook set chosen for this kernel (None with `--fault-hooks off`).
     pub fault_hooks: Option<FaultHooks>,
     /// Count-only on the tracepoint set: the targets' perf counters.
@@ -54,14 +83,15 @@ pub struct Tracer {
 }
 
 impl Tracer {
-    /// [`Tracer::load_with`] with the default fault tracing (best hooks, with latency).
+    /// [`Tracer::load_with`] with the defaults (best fault hooks, with latency).
     pub fn load(targets: &Targets) -> Result<Self> {
-        Self::load_with(targets, &FaultOptions::default())
+        Self::load_with(targets, &Options::default())
     }
 
     /// Checks privileges and kernel support, loads the programs with this kernel's struct
     /// offsets and attaches them.
-    pub fn load_with(targets: &Targets, fault_options: &FaultOptions) -> Result<Self> {
+    /// [`Tracer::load`] with [`Options`].
+    pub fn load_with(targets: &Targets, options: &Options) -> Result<Self> {
         probe::check_privileges()?;
         probe::ensure_tracefs()?;
         let btf = KernelBtf::load()?;
@@ -73,8 +103,22 @@ impl Tracer {
             _pad: 0,
             offsets: btf.offsets()?,
         };
+        // Without the fields it reads, the VMA family stays unattached (or fails if required).
+        let vma_config = vma::config(&btf, options.all_vma_stores);
+        if let (Err(error), true) = (&vma_config, options.require_vma) {
+            return Err(anyhow!("VMA tracing is not possible on this kernel: {error:#}"));
+        }
+        let vma_global = vma_config.as_ref().copied().unwrap_or(VmaConfig::ZERO);
+        let filters = &options.filters;
+        let fault_options = &options.faults;
         let fault_config = faults::config(&btf, fault_options)?;
-        let mut ebpf = load_object_with(&config, Some(&fault_config))?;
+        let globals = Globals {
+            vma: vma_global,
+            process: filters.process_config(&btf)?,
+            max_targets: filters.max_targets,
+            faults: Some(fault_config),
+        };
+        let mut ebpf = load_object_with(&config, &globals)?;
 
         let targets_map = ebpf
             .take_map(names::TARGET_TGIDS)
@@ -83,16 +127,33 @@ impl Tracer {
             targets: HashMap::try_from(targets_map)?,
             ebpf,
             hooks: BTreeMap::new(),
+            vma: None,
             fault_hooks: None,
             fault_counters: None,
             fault_options: fault_options.clone(),
         };
         if let Targets::Tgids(tgids) = targets {
+            let hooks = crate::filter::attach(&mut tracer.ebpf, filters)?;
+            tracer.hooks.insert("processes", hooks);
             for &tgid in tgids {
                 tracer.add_target(tgid)?;
             }
         }
         tracer.attach_syscalls()?;
+        let vma = match vma_config {
+            Ok(_) => tracer.attach_vma(&btf),
+            Err(error) => Err(error),
+        };
+        match vma {
+            Ok(hooks) => {
+                tracer.hooks.insert("vma", hooks.describe());
+                tracer.vma = Some(hooks);
+            }
+            Err(error) if options.require_vma => return Err(error),
+            Err(error) => {
+                tracer.hooks.insert("vma", format!("not traced: {error:#}"));
+            }
+        }
         let specific_targets = matches!(targets, Targets::Tgids(_));
         tracer.fault_hooks = faults::attach(&mut tracer.ebpf, &btf, fault_options, specific_targets)?;
         if tracer.fault_hooks.as_ref().is_some_and(|h| h.counting) {
@@ -214,6 +275,8 @@ impl Tracer {
             dropped_events: sum(counter::RINGBUF_DROPPED)?,
             untracked_calls: sum(counter::INFLIGHT_FULL)?,
             failed_reads: sum(counter::READ_FAILED)?,
+            dropped_vma_records: sum(counter::VMA_DROPPED)?,
+            processes: crate::filter::health(&self.ebpf)?,
         })
     }
 }
@@ -221,14 +284,38 @@ impl Tracer {
 /// Creates the object's maps with `config` baked into its read-only globals; no program is
 /// loaded yet.
 pub fn load_object(config: &Config) -> Result<Ebpf> {
-    load_object_with(config, None)
+    load_object_with(config, &Globals::default())
 }
 
-/// [`load_object`], with the fault hooks' globals and map sizes when given.
-fn load_object_with(config: &Config, fault_config: Option<&FaultConfig>) -> Result<Ebpf> {
+/// Load-time settings of the hook families beyond [`Config`].
+#[derive(Clone, Copy, Debug)]
+pub struct Globals {
+    pub vma: VmaConfig,
+    /// The process filters (`--comm`, `--cgroup`, `--follow-children`).
+    pub process: ProcessConfig,
+    /// Capacity of the target set, when not `MAX_TARGETS`.
+    pub max_targets: Option<u32>,
+    /// The fault hooks' globals and map sizes.
+    pub faults: Option<FaultConfig>,
+}
+
+impl Default for Globals {
+    fn default() -> Self {
+        Self { vma: VmaConfig::ZERO, process: ProcessConfig::default(), max_targets: None, faults: None }
+    }
+}
+
+/// [`load_object`] with every family's globals.
+pub fn load_object_with(config: &Config, globals: &Globals) -> Result<Ebpf> {
     let mut loader = EbpfLoader::new();
-    loader.override_global(names::CONFIG, config, true);
-    if let Some(fault_config) = fault_config {
+    loader
+        .override_global(names::CONFIG, config, true)
+        .override_global(VMA_CONFIG, &globals.vma, true)
+        .override_global(memlock_trace_common::process::names::PROCESS_CONFIG, &globals.process, true);
+    if let Some(max) = globals.max_targets {
+        loader.map_max_entries(names::TARGET_TGIDS, max);
+    }
+    if let Some(fault_config) = &globals.faults {
         faults::prepare_loader(&mut loader, fault_config)?;
     }
     loader
@@ -271,5 +358,6 @@ pub fn hook_refused(program: &str, kind: &str, error: ProgramError) -> anyhow::E
             ""
         }
     );
+    message.push_str(&crate::filter::perf_paranoid_hint(&message));
     anyhow!(message)
 }

@@ -22,7 +22,7 @@ mod common;
 use memlock_trace::{
     faults::{self, FaultOptions, FaultReport, FaultSummary, HookChoice, HookSet, MappingFaults},
     mappings::MappingCache,
-    tracer::{Targets, Tracer},
+    tracer::{Options, Targets, Tracer},
     workload::{PAGE_SIZE, faults::FILE_STRIDE},
 };
 
@@ -242,7 +242,7 @@ fn accuracy(set: HookSet, count_only: bool) {
         per_thread: !count_only,
         ..FaultOptions::default()
     };
-    let mut tracer = match Tracer::load_with(&Targets::Tgids(Vec::new()), &options) {
+    let mut tracer = match Tracer::load_with(&Targets::Tgids(Vec::new()), &Options { faults: options.clone(), ..Options::default() }) {
         Ok(tracer) => tracer,
         Err(error) => {
             let message = format!("{error:#}");
@@ -485,7 +485,7 @@ fn accuracy_tracepoint_count_only() {
 #[test]
 fn auto_picks_the_best_allowed_set() {
     common::require_privileges();
-    let tracer = Tracer::load_with(&Targets::Tgids(Vec::new()), &FaultOptions::default())
+    let tracer = Tracer::load_with(&Targets::Tgids(Vec::new()), &Options::default())
         .expect("no fault hook set at all: even the tracepoint set was refused");
     let hooks = tracer.fault_hooks.as_ref().expect("faults traced");
     let refused: Vec<HookSet> = hooks.refused.iter().map(|r| r.hook_set).collect();

@@ -191,7 +191,9 @@ pub fn run(args: &Args) -> Result<()> {
     env.load_after = load_average();
     let report = report(args, pages, &env, &samples, &max_rate, &costs);
     let out = workspace_root().join(&args.out);
-    std::fs::write(&out, &report).with_context(|| format!("writing {}", out.display()))?;
+    let existing = std::fs::read_to_string(&out).unwrap_or_default();
+    std::fs::write(&out, replace_section(&existing, &report))
+        .with_context(|| format!("writing {}", out.display()))?;
     println!("{report}");
     println!("xtask bench: wrote {}", out.display());
     let lost: Vec<String> = samples
@@ -204,6 +206,23 @@ pub fn run(args: &Args) -> Result<()> {
         bail!("tracers lost or invented faults:\n{}", lost.join("\n"));
     }
     Ok(())
+}
+
+/// BENCHMARKS.md holds other benchmarks too: this one owns the text between these markers.
+const SECTION_BEGIN: &str = "<!-- cargo xtask bench: page faults (generated, do not edit) -->";
+const SECTION_END: &str = "<!-- end of cargo xtask bench -->";
+
+/// `existing` with the bench section replaced by `report` (appended if absent).
+fn replace_section(existing: &str, report: &str) -> String {
+    let section = format!("{SECTION_BEGIN}\n{}\n{SECTION_END}\n", report.trim_end());
+    match (existing.find(SECTION_BEGIN), existing.find(SECTION_END)) {
+        (Some(begin), Some(end)) if begin < end => {
+            let after = &existing[end + SECTION_END.len()..];
+            format!("{}{section}{}", &existing[..begin], after.strip_prefix('\n').unwrap_or(after))
+        }
+        _ if existing.trim().is_empty() => format!("# Benchmarks\n\n{section}"),
+        _ => format!("{}\n\n{section}", existing.trim_end()),
+    }
 }
 
 fn which(name: &str) -> Option<PathBuf> {
@@ -549,7 +568,7 @@ fn report(
     };
     let cpus = env.cpus;
     let mut out = String::new();
-    let _ = writeln!(out, "# Benchmarks: the cost of tracing page faults\n");
+    let _ = writeln!(out, "## Page faults: the cost of tracing them (`cargo xtask bench`)\n");
     let _ = writeln!(
         out,
         "Produced by `cargo xtask bench --mib {} --runs {}` on kernel {}, {cpus} CPUs; \
@@ -557,7 +576,7 @@ fn report(
          Load average before / after: {} / {}.\n",
         args.mib, args.runs, env.kernel, env.thp, env.load_before, env.load_after
     );
-    let _ = writeln!(out, "## Method\n");
+    let _ = writeln!(out, "### Method\n");
     let _ = writeln!(
         out,
         "- Workload: `memlock-trace workload faults`, command `touch {pages}`: mmap {mib} MiB \
@@ -594,7 +613,7 @@ fn report(
         runs = args.runs,
         bpftrace = env.bpftrace_version,
     );
-    let _ = writeln!(out, "## Results: first touch, {} runs per mode\n", args.runs);
+    let _ = writeln!(out, "### Results: first touch, {} runs per mode\n", args.runs);
     let _ = writeln!(
         out,
         "| mode | CPU ns/fault | min | max | added | vs untraced | wall ns/fault | faults lost |"
@@ -626,7 +645,7 @@ fn report(
     let bpf = added(Mode::Bpftrace);
     let count_only = added(Mode::CountOnly);
     let streaming = added(Mode::Streaming);
-    let _ = writeln!(out, "\n## Against the targets\n");
+    let _ = writeln!(out, "\n### Against the targets\n");
     let _ = writeln!(
         out,
         "- Added cost, memlock-trace / bpftrace doing the same job on the same hooks: \
@@ -660,7 +679,7 @@ fn report(
     );
     let _ = writeln!(
         out,
-        "\n## Maximum fault rate: {cpus} threads faulting at once (`mtouch {pages} {cpus}`)\n"
+        "\n### Maximum fault rate: {cpus} threads faulting at once (`mtouch {pages} {cpus}`)\n"
     );
     let _ = writeln!(out, "| mode | wall ns/fault | CPU ns/fault | faults (kernel) | faults (tracer) | lost |");
     let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|");
@@ -679,7 +698,7 @@ fn report(
     }
     let _ = writeln!(
         out,
-        "\n## Where the cost goes: BPF program run time per call (`kernel.bpf_stats_enabled`, one \
+        "\n### Where the cost goes: BPF program run time per call (`kernel.bpf_stats_enabled`, one \
          extra run each)\n\nPrograms that ran during the {pages}-fault run (other processes' \
          faults included, which the target filter rejects early). The kernel's timing adds two \
          clock reads to each run. What the table does not show is the hooks' own cost (the perf \
@@ -702,4 +721,20 @@ struct Environment {
     bpftrace_version: String,
     load_before: String,
     load_after: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_section_is_replaced_in_place_and_the_rest_kept() {
+        let first = replace_section("# Benchmarks\n\n## Other\ntext\n", "## Faults\nv1\n");
+        assert!(first.starts_with("# Benchmarks\n\n## Other\ntext\n\n"), "{first}");
+        assert!(first.contains("## Faults\nv1"));
+        let second = replace_section(&format!("{first}\n## Later\n"), "## Faults\nv2\n");
+        assert!(second.contains("## Faults\nv2") && !second.contains("v1"), "{second}");
+        assert!(second.contains("## Other\ntext") && second.contains("## Later"), "{second}");
+        assert!(replace_section("", "## F\n").starts_with("# Benchmarks\n\n"));
+    }
 }

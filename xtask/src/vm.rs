@@ -50,7 +50,7 @@ pub struct VmTest {
 pub struct VmOptions {
     /// Run in order, each as root with `/tmp` as working directory.
     pub tests: Vec<VmTest>,
-    /// Holds the cached kernel, the scratch initramfs and `console.log`.
+    /// Holds the cached kernel, the scratch initramfs and `console-PID.log`.
     pub cache_dir: PathBuf,
     /// Limit for the guest, from qemu start to the guest powering off.
     pub timeout: Duration,
@@ -127,7 +127,8 @@ pub fn run(opts: &VmOptions) -> Result<VmReport> {
     let assets = ensure_assets(&opts.cache_dir)?;
     let scratch = ScratchDir::new(opts.cache_dir.join(format!("vm-run-{}", process::id())))?;
     let initrd = build_initramfs(opts, &scratch.0)?;
-    let console_log = opts.cache_dir.join("console.log");
+    // One log per run: concurrent runs (several worktrees) must not share it.
+    let console_log = opts.cache_dir.join(format!("console-{}.log", process::id()));
     let console = boot(&assets.vmlinuz, &initrd, opts, &console_log)?;
 
     let kernel_release = console.kernel_release.with_context(|| {
@@ -305,6 +306,7 @@ fn build_initramfs(opts: &VmOptions, dir: &Path) -> Result<PathBuf> {
             Some(_) => {}
             None => {
                 install_file(&test.binary, &root, &guest)?;
+                strip_debug(&root.join(&guest[1..]));
                 for lib in shared_libraries(&test.binary)? {
                     install_file(&lib, &root, &lib.to_string_lossy())?;
                 }
@@ -325,6 +327,7 @@ fn build_initramfs(opts: &VmOptions, dir: &Path) -> Result<PathBuf> {
 
     for (host, guest) in &opts.extra_files {
         install_file(host, &root, guest)?;
+        strip_debug(&root.join(guest.trim_start_matches('/')));
     }
     let init = root.join("init");
     fs::write(&init, script)?;
@@ -366,12 +369,28 @@ mount -t devtmpfs devtmpfs /dev
 mount -t tracefs tracefs /sys/kernel/tracing
 mount -t debugfs debugfs /sys/kernel/debug
 mount -t bpf bpf /sys/fs/bpf
+ip link set lo up
 ulimit -l unlimited
 export PATH=/bin:/sbin:/usr/bin:/usr/sbin HOME=/tmp RUST_BACKTRACE=1 MEMLOCK_TRACE_IN_VM=1
 cd /tmp
 echo {KERNEL_MARK} $(uname -r)
 "
     )
+}
+
+/// Drops the DWARF of a copied binary (symbols stay, so backtraces still name functions):
+/// a debug test binary is ~60 MB, mostly debug info, and the initramfs is unpacked into
+/// guest RAM, where a dozen of them no longer fit. Best effort: a failure keeps the copy whole.
+fn strip_debug(path: &Path) {
+    let stripped = Command::new("strip")
+        .arg("--strip-debug")
+        .arg(path)
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !stripped {
+        eprintln!("xtask: warning: could not strip {}; the guest may run out of memory", path.display());
+    }
 }
 
 /// Copies `host` to the absolute `guest` path under `root`, keeping its permissions.

@@ -8,19 +8,9 @@ use anyhow::{Result, bail};
 use serde_json::{Value, json};
 
 use super::{Faults, scenario::ScenarioArgs};
-use crate::syscall::{MCL_CURRENT, MCL_FUTURE};
 
 pub fn run(variant: &str, args: &ScenarioArgs) -> Result<Value> {
-    match variant {
-        "off" => {}
-        // SAFETY: plain syscall.
-        "future" => {
-            if unsafe { libc::mlockall((MCL_CURRENT | MCL_FUTURE) as i32) } != 0 {
-                bail!("mlockall: {}", std::io::Error::last_os_error());
-            }
-        }
-        other => bail!("unknown dynamic-alloc variant {other}"),
-    }
+    super::lock_all_for(variant, "dynamic-alloc")?;
     let bytes = args.alloc_mib << 20;
     let before = Faults::process();
     let t = Instant::now();
@@ -34,10 +24,6 @@ pub fn run(variant: &str, args: &ScenarioArgs) -> Result<Value> {
     }
     // SAFETY: the pointer malloc returned.
     unsafe { libc::free(ptr) };
-    if variant == "future" {
-        // SAFETY: plain syscall.
-        unsafe { libc::munlockall() };
-    }
     Ok(json!({
         "bytes": bytes,
         "pages": bytes / super::PAGE_SIZE,

@@ -1,6 +1,8 @@
 //! Bundled workloads: processes that make known calls, measure themselves, and report what
 //! they did, so the tracer's view can be checked against the workload's own.
 
+pub mod children;
+pub mod flood;
 pub mod dynamic_alloc;
 pub mod faults;
 pub mod first_touch;
@@ -123,4 +125,19 @@ fn status_kib(path: &str, field: &str) -> anyhow::Result<u64> {
         .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .ok_or_else(|| anyhow::anyhow!("no {field} in {path}"))
+}
+
+/// The `off` / `future` variants shared by several scenarios: `future` runs under
+/// `mlockall(MCL_CURRENT | MCL_FUTURE)` (until the variant's process exits).
+pub fn lock_all_for(variant: &str, scenario: &str) -> anyhow::Result<()> {
+    use crate::syscall::{MCL_CURRENT, MCL_FUTURE};
+    match variant {
+        "off" => Ok(()),
+        // SAFETY: plain syscall.
+        "future" => match unsafe { libc::mlockall((MCL_CURRENT | MCL_FUTURE) as i32) } {
+            0 => Ok(()),
+            _ => anyhow::bail!("mlockall: {}", std::io::Error::last_os_error()),
+        },
+        other => anyhow::bail!("unknown {scenario} variant {other}"),
+    }
 }

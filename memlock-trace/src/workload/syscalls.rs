@@ -1,7 +1,6 @@
 //! One of each mlock-family call, including one that fails, each measured with the thread's
 //! own `getrusage` fault counters around it.
 
-
 use anyhow::Result;
 use serde::Serialize;
 

@@ -8,23 +8,13 @@ use std::{
     time::Instant,
 };
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::{Context as _, Result};
 use serde_json::{Value, json};
 
 use super::{Faults, scenario::ScenarioArgs};
-use crate::syscall::{MCL_CURRENT, MCL_FUTURE};
 
 pub fn run(variant: &str, args: &ScenarioArgs) -> Result<Value> {
-    match variant {
-        "off" => {}
-        "future" => {
-            // SAFETY: plain syscall.
-            if unsafe { libc::mlockall((MCL_CURRENT | MCL_FUTURE) as i32) } != 0 {
-                bail!("mlockall: {}", std::io::Error::last_os_error());
-            }
-        }
-        other => bail!("unknown thread-stack variant {other}"),
-    }
+    super::lock_all_for(variant, "thread-stack")?;
     let n = args.threads;
     let used_kib = args.stack_used_kib;
     let ready = Arc::new(Barrier::new(n + 1));
@@ -52,10 +42,6 @@ pub fn run(variant: &str, args: &ScenarioArgs) -> Result<Value> {
     release.wait();
     for h in handles {
         h.join().map_err(|_| anyhow::anyhow!("a thread panicked"))?;
-    }
-    if variant == "future" {
-        // SAFETY: plain syscall.
-        unsafe { libc::munlockall() };
     }
     Ok(json!({
         "threads": n,

@@ -21,6 +21,8 @@ pub fn drain_syscalls(ring: &mut RingBuf<MapData>) -> Vec<SyscallRecord> {
     while let Some(item) = ring.next() {
         match decode(&item).expect("every record decodes") {
             Event::Syscall(rec) => out.push(rec),
+            // VMA snapshots and stores ride the same ring buffer.
+            Event::Vma(_) => {}
             // Sampled faults appear only with `--events`.
             Event::Fault(_) => {}
         }

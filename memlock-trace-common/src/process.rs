@@ -1,0 +1,75 @@
+//! Process identity and the filters beyond "these tgids": the contract of the eBPF
+//! `process` module (fork/exit tracking, comm and cgroup filters) and the loader's
+//! `filter` module.
+
+use crate::TASK_COMM_LEN;
+
+/// Names of this module's globals and counters, looked up by the loader.
+pub mod names {
+    pub const PROCESS_CONFIG: &str = "PROCESS_CONFIG";
+    pub const PROCESS_COUNTERS: &str = "PROCESS_COUNTERS";
+}
+
+/// Indices of the per-CPU counters of fork/exit tracking (`PROCESS_COUNTERS`).
+pub mod counter {
+    /// `--follow-children`: a child of a target could not be added because `TARGET_TGIDS`
+    /// was full; that child is not traced.
+    pub const CHILDREN_NOT_FOLLOWED: u32 = 0;
+    /// Children of targets added to `TARGET_TGIDS`.
+    pub const CHILDREN_FOLLOWED: u32 = 1;
+    /// Targets removed from `TARGET_TGIDS` when their last thread exited.
+    pub const TARGETS_EXITED: u32 = 2;
+    pub const COUNT: u32 = 3;
+}
+
+/// Byte offsets of the kernel fields fork/exit tracking and the filters read, from the
+/// running kernel's BTF.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProcessOffsets {
+    /// `task_struct.tgid`
+    pub task_tgid: u32,
+    /// `task_struct.group_leader`
+    pub task_group_leader: u32,
+    /// `task_struct.start_boottime` (ns since boot, suspend included: the clock of
+    /// `/proc/PID/stat` field 22)
+    pub task_start_boottime: u32,
+    /// `task_struct.comm`
+    pub task_comm: u32,
+    /// `task_struct.signal`
+    pub task_signal: u32,
+    /// `signal_struct.live` (an `atomic_t`: threads of the group not yet exiting)
+    pub signal_live: u32,
+}
+
+/// Load-time configuration of the process filters (the `PROCESS_CONFIG` global). Each
+/// filter that is on must match, on top of `Config::filter`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProcessConfig {
+    /// Non-zero: add the children (fork/clone without `CLONE_THREAD`) of traced processes to
+    /// `TARGET_TGIDS`.
+    pub follow_children: u32,
+    /// Non-zero: only processes whose group leader's comm equals `comm`.
+    pub match_comm: u32,
+    /// NUL-padded.
+    pub comm: [u8; TASK_COMM_LEN],
+    /// Non-zero: only tasks in the cgroup v2 `cgroup_id` or below it.
+    pub match_cgroup: u32,
+    /// Depth of that cgroup below the root (the root is level 0), for
+    /// `bpf_get_current_ancestor_cgroup_id`.
+    pub cgroup_level: u32,
+    /// The cgroup's id: its kernfs node id, the directory's file handle on cgroup2.
+    pub cgroup_id: u64,
+    pub offsets: ProcessOffsets,
+}
+
+/// Identifies a process for its whole life: pids are reused, (tgid, start time) is not.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ProcessKey {
+    pub tgid: u32,
+    pub _pad: u32,
+    /// The group leader's `start_boottime`, in ns.
+    pub start_ns: u64,
+}

@@ -1,0 +1,231 @@
+//! The VMA part of the kernel/user contract: how mlock splits, merges and re-flags VMAs.
+//!
+//! Three records, all tagged with a kind from [`kind`] in their first four bytes:
+//! - [`SnapshotEvent`]: the VMAs around an mlock-family call's range, read with
+//!   `bpf_find_vma` at `sys_enter` and again at `sys_exit`. Diffing the two gives the
+//!   splits, merges and flag changes on every kernel, whatever its internal functions.
+//! - [`StoreEvent`]: one `maple_tree:ma_write` store into the task's own VMA tree (the
+//!   mechanism; fires on every kernel with BTF, fentry or not).
+//! - [`FuncEvent`]: entry or exit of one of the kernel's split/merge/modify functions
+//!   (fentry/fexit, where the kernel allows trampolines).
+
+/// Name of the [`VmaConfig`] global the loader sets before load.
+pub const VMA_CONFIG: &str = "VMA_CONFIG";
+/// Name of the array map of [`HookSpec`]s, filled by the loader before attaching (a map, not
+/// a global, so a program reads its own entry instead of copying all of them).
+pub const VMA_HOOKS: &str = "VMA_HOOKS";
+/// Most VMAs one snapshot carries: the range's VMAs plus one neighbour on each side.
+pub const MAX_SNAPSHOT_VMAS: usize = 8;
+/// Most kernel functions hooked with fentry/fexit at once (one program pair each).
+pub const MAX_FN_HOOKS: usize = 10;
+/// Value slots read per function event.
+pub const FN_SLOTS: usize = 4;
+/// Arguments recorded per function event.
+pub const FN_ARGS: usize = 6;
+/// Bytes of the `ma_write` caller name kept (`mas_store_prealloc` and the like).
+pub const STORE_FN_LEN: usize = 24;
+/// `nr` of a VMA event whose system call could not be read.
+pub const NR_UNKNOWN: u32 = u32::MAX;
+
+/// `vm_flags` bits, from include/linux/mm.h (unchanged since VM_LOCKONFAULT was added in 4.4):
+/// `#define VM_LOCKED 0x00002000`, `#define VM_LOCKONFAULT 0x00080000`.
+pub const VM_LOCKED: u64 = 0x0000_2000;
+pub const VM_LOCKONFAULT: u64 = 0x0008_0000;
+
+/// Record tags: clear of the syscall family's (1) and the fault family's (16).
+pub mod kind {
+    pub const SNAPSHOT: u32 = 32;
+    pub const STORE: u32 = 33;
+    pub const FUNC: u32 = 34;
+}
+
+/// [`SnapshotEvent::phase`] and [`FuncEvent::phase`].
+pub mod phase {
+    pub const BEFORE: u32 = 0;
+    pub const AFTER: u32 = 1;
+}
+
+/// Byte offsets of the fields the VMA programs read, from the running kernel's BTF.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VmaOffsets {
+    /// `task_struct.mm`
+    pub task_mm: u32,
+    /// `mm_struct.mm_mt`: the maple tree of the mm's VMAs.
+    pub mm_mt: u32,
+    /// `vm_area_struct.vm_start`, `.vm_end`, `.vm_flags`
+    pub vma_start: u32,
+    pub vma_end: u32,
+    pub vma_flags: u32,
+    /// `ma_state.tree`, `.index`, `.last`
+    pub mas_tree: u32,
+    pub mas_index: u32,
+    pub mas_last: u32,
+    /// `pt_regs.orig_ax`, `.di`, `.si`, `.dx` (x86-64 syscall number and first arguments).
+    pub regs_nr: u32,
+    pub regs_arg0: u32,
+    pub regs_arg1: u32,
+    pub regs_arg2: u32,
+    /// `pt_regs.ax`: `-ENOSYS` while the task is inside a system call.
+    pub regs_ax: u32,
+    /// 1 when the `regs_*` offsets are valid (the syscall of a VMA store can be read).
+    pub regs_valid: u32,
+}
+
+/// Where one [`FuncEvent`] slot value comes from.
+pub mod slot {
+    /// Unused slot.
+    pub const NONE: u8 = 0;
+    /// Argument number `arg`.
+    pub const ARG: u8 = 1;
+    /// The return value (fexit only).
+    pub const RET: u8 = 2;
+    /// A pointer to a `vm_area_struct`: snapshot it.
+    pub const AS_VMA: u8 = 1;
+    /// A plain value.
+    pub const AS_VALUE: u8 = 2;
+}
+
+/// One value a function hook reads: `source` ([`slot::ARG`] number `arg`, or [`slot::RET`]),
+/// optionally dereferenced (`deref != 0`: read the 8 bytes at `value + offset`), then
+/// recorded as-is or snapshotted as a VMA (`read_as`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SlotSpec {
+    pub source: u8,
+    pub arg: u8,
+    pub deref: u8,
+    pub read_as: u8,
+    pub offset: u32,
+}
+
+/// What the loader found out about one hooked function's parameters from BTF
+/// (entry `N` of `VMA_HOOKS` describes the `vma_fn{N}_entry`/`vma_fn{N}_exit` programs).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HookSpec {
+    pub slots: [SlotSpec; FN_SLOTS],
+}
+
+/// Load-time configuration of the VMA programs (the `VMA_CONFIG` global).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VmaConfig {
+    pub offsets: VmaOffsets,
+    /// 1: report every VMA store of traced processes (mmap, mprotect, munmap, brk, ...);
+    /// 0: only stores during mlock-family calls or of VMAs with VM_LOCKED/VM_LOCKONFAULT.
+    pub all_stores: u32,
+    pub _pad: u32,
+}
+
+impl VmaConfig {
+    /// All zero: what the programs see if the loader sets nothing.
+    pub const ZERO: Self = Self {
+        offsets: VmaOffsets {
+            task_mm: 0,
+            mm_mt: 0,
+            vma_start: 0,
+            vma_end: 0,
+            vma_flags: 0,
+            mas_tree: 0,
+            mas_index: 0,
+            mas_last: 0,
+            regs_nr: 0,
+            regs_arg0: 0,
+            regs_arg1: 0,
+            regs_arg2: 0,
+            regs_ax: 0,
+            regs_valid: 0,
+        },
+        all_stores: 0,
+        _pad: 0,
+    };
+}
+
+/// One VMA as the kernel had it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VmaRange {
+    pub start: u64,
+    pub end: u64,
+    pub flags: u64,
+}
+
+/// The VMAs covering `[start - 1, end]` of an mlock-family call (so the neighbours a merge
+/// may absorb are included), in address order. Empty for `mlockall`/`munlockall`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SnapshotEvent {
+    /// Always [`kind::SNAPSHOT`].
+    pub kind: u32,
+    /// [`phase::BEFORE`] (at `sys_enter`) or [`phase::AFTER`] (at `sys_exit`).
+    pub phase: u32,
+    pub tgid: u32,
+    pub tid: u32,
+    /// The system call number.
+    pub nr: u32,
+    /// Valid entries of `vmas`.
+    pub count: u32,
+    /// 1 when the range holds more VMAs than fit, or a hole stopped the walk early.
+    pub incomplete: u32,
+    pub _pad: u32,
+    /// The call's range, page-aligned like the kernel does (`end` exclusive).
+    pub start: u64,
+    pub end: u64,
+    pub vmas: [VmaRange; MAX_SNAPSHOT_VMAS],
+}
+
+/// One store into the task's VMA tree (`trace_ma_write(fn, mas, piv, val)`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StoreEvent {
+    /// Always [`kind::STORE`].
+    pub kind: u32,
+    pub tgid: u32,
+    pub tid: u32,
+    /// The system call the task is in (`pt_regs.orig_ax`), or [`NR_UNKNOWN`].
+    pub nr: u32,
+    /// Its first three arguments.
+    pub args: [u64; 3],
+    /// The tree range written, inclusive (`mas->index`, `mas->last`).
+    pub index: u64,
+    pub last: u64,
+    /// The stored entry: a `vm_area_struct *`, or 0 when the range is erased.
+    pub vma: u64,
+    /// The stored VMA's fields at the time of the store (0 when erased).
+    pub range: VmaRange,
+    /// The maple tree function that stored it, NUL-terminated.
+    pub func: [u8; STORE_FN_LEN],
+}
+
+/// One entry to or exit from a hooked kernel function.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FuncEvent {
+    /// Always [`kind::FUNC`].
+    pub kind: u32,
+    /// Index into [`VmaConfig::hooks`]; the loader knows which function it is.
+    pub hook: u32,
+    /// [`phase::BEFORE`] (fentry) or [`phase::AFTER`] (fexit).
+    pub phase: u32,
+    pub tgid: u32,
+    pub tid: u32,
+    /// The system call the task is in, or [`NR_UNKNOWN`].
+    pub nr: u32,
+    /// Raw arguments (those past the function's arity are 0) and the return value (fexit).
+    pub args: [u64; FN_ARGS],
+    pub ret: u64,
+    /// Per [`HookSpec`] slot: the value read, and the VMA it points to for VMA slots.
+    pub values: [u64; FN_SLOTS],
+    pub vmas: [VmaRange; FN_SLOTS],
+}
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: plain `#[repr(C)]` integers with explicit padding: every bit pattern is valid.
+    unsafe impl aya::Pod for super::VmaConfig {}
+    unsafe impl aya::Pod for super::HookSpec {}
+    unsafe impl aya::Pod for super::SnapshotEvent {}
+    unsafe impl aya::Pod for super::StoreEvent {}
+    unsafe impl aya::Pod for super::FuncEvent {}
+}

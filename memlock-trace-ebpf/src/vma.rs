@@ -1,0 +1,419 @@
+//! VMA splits, merges and flag changes, three ways:
+//!
+//! 1. **Snapshots** (every kernel >= 5.17): at `sys_enter` and `sys_exit` of each mlock-family
+//!    call, the VMAs around its range, read with `bpf_find_vma`. The loader diffs the two, so
+//!    the semantics never depend on which internal functions a kernel version has.
+//! 2. **`maple_tree:ma_write`** (tp_btf): each store into the current task's own VMA tree,
+//!    with the stored VMA's range and flags, and the system call the task is in.
+//! 3. **fentry/fexit** on the kernel's split/merge/modify functions, where the kernel allows
+//!    trampolines; the loader picks the functions from BTF and says which argument is what.
+//!
+//! Tracepoint formats (`/sys/kernel/tracing/events/syscalls/<name>/format`):
+//! `sys_enter_mlock{,2}`, `sys_enter_munlock`: `__syscall_nr` at 8, `start` at 16, `len` at 24.
+//! `sys_enter_mlockall`: `flags` at 16. `sys_enter_munlockall`: no arguments.
+//!
+//! `ma_write` (include/trace/events/maple_tree.h, 6.1 to 6.18):
+//! `TP_PROTO(const char *fn, struct ma_state *mas, unsigned long piv, void *val)`.
+
+use core::ffi::c_void;
+
+use aya_ebpf::{
+    EbpfContext as _, Global,
+    helpers::{
+        bpf_get_current_pid_tgid, bpf_get_current_task, bpf_get_current_task_btf,
+        bpf_probe_read_kernel_str_bytes,
+        generated::{
+            self as helper, bpf_find_vma, bpf_get_func_arg, bpf_get_func_ret, bpf_task_pt_regs,
+        },
+    },
+    macros::{btf_tracepoint, fentry, fexit, map, tracepoint},
+    maps::{Array, HashMap},
+    programs::{BtfTracePointContext, FEntryContext, FExitContext, TracePointContext},
+};
+use memlock_trace_common::{
+    MAX_INFLIGHT, counter,
+    vma::{
+        FN_SLOTS, FuncEvent, HookSpec, MAX_FN_HOOKS, MAX_SNAPSHOT_VMAS, NR_UNKNOWN, SnapshotEvent,
+        StoreEvent, VM_LOCKED, VM_LOCKONFAULT, VmaConfig, VmaOffsets, VmaRange, kind, phase, slot,
+    },
+};
+
+use crate::shared::{EVENTS, count, is_target};
+
+const PAGE_SIZE: u64 = 4096;
+/// `-ENOSYS`: x86-64 `do_syscall_64` stores it in `regs->ax` before dispatching, so a task
+/// whose `ax` holds it is inside a system call (and not, say, a page fault, whose `orig_ax`
+/// would be the fault's error code rather than a syscall number).
+const ENOSYS_RET: u64 = -38i64 as u64;
+
+/// Offsets and options, set by the loader (`EbpfLoader::override_global`).
+#[unsafe(no_mangle)]
+static VMA_CONFIG: Global<VmaConfig> = Global::new(VmaConfig::ZERO);
+
+/// Per hooked function, which arguments are VMAs: filled by the loader before attaching.
+#[map]
+static VMA_HOOKS: Array<HookSpec> = Array::with_max_entries(MAX_FN_HOOKS as u32, 0);
+
+/// The range of the mlock-family call a thread is in, kept from entry to exit.
+#[derive(Clone, Copy)]
+#[repr(C)]
+struct CallRange {
+    nr: u32,
+    /// 0 for `mlockall`/`munlockall`: no range, no snapshot.
+    ranged: u32,
+    start: u64,
+    end: u64,
+}
+
+#[map]
+static VMA_CALLS: HashMap<u32, CallRange> = HashMap::with_max_entries(MAX_INFLIGHT, 0);
+
+/// Attached to `sys_enter_{mlock,mlock2,munlock}`.
+#[tracepoint]
+pub fn vma_enter_range(ctx: TracePointContext) -> u32 {
+    enter(&ctx, true);
+    0
+}
+
+/// Attached to `sys_enter_{mlockall,munlockall}`.
+#[tracepoint]
+pub fn vma_enter_whole(ctx: TracePointContext) -> u32 {
+    enter(&ctx, false);
+    0
+}
+
+/// Attached to the five `sys_exit_*` tracepoints.
+#[tracepoint]
+pub fn vma_exit(ctx: TracePointContext) -> u32 {
+    let tid = ctx.pid();
+    let Some(call) = VMA_CALLS.get_ptr(tid) else {
+        return 0;
+    };
+    let call = unsafe { *call };
+    let _ = VMA_CALLS.remove(tid);
+    snapshot(ctx.tgid(), tid, phase::AFTER, &call);
+    0
+}
+
+#[inline(always)]
+fn enter(ctx: &TracePointContext, ranged: bool) {
+    let tgid = ctx.tgid();
+    if !is_target(tgid) {
+        return;
+    }
+    let nr = unsafe { ctx.read_at::<i32>(8) }.unwrap_or(-1) as u32;
+    let (start, end) = if ranged {
+        let start = unsafe { ctx.read_at::<u64>(16) }.unwrap_or(0);
+        let len = unsafe { ctx.read_at::<u64>(24) }.unwrap_or(0);
+        // What mm/mlock.c does first: len = PAGE_ALIGN(len + offset_in_page(start)),
+        // start &= PAGE_MASK.
+        let offset = start & (PAGE_SIZE - 1);
+        let len = len.wrapping_add(offset).wrapping_add(PAGE_SIZE - 1) & !(PAGE_SIZE - 1);
+        let start = start - offset;
+        (start, start.wrapping_add(len))
+    } else {
+        (0, 0)
+    };
+    let call = CallRange {
+        nr,
+        ranged: u32::from(ranged),
+        start,
+        end,
+    };
+    let tid = ctx.pid();
+    if VMA_CALLS.insert(tid, call, 0).is_err() {
+        count(counter::INFLIGHT_FULL);
+        return;
+    }
+    snapshot(tgid, tid, phase::BEFORE, &call);
+}
+
+/// Emits the VMAs covering `[start - 1, end]` (the range and its two neighbours), written
+/// straight into the ring buffer.
+#[inline(always)]
+fn snapshot(tgid: u32, tid: u32, phase: u32, call: &CallRange) {
+    let Some(mut slot) = EVENTS.reserve::<SnapshotEvent>(0) else {
+        count(counter::VMA_DROPPED);
+        return;
+    };
+    let event = slot.as_mut_ptr();
+    // SAFETY: `event` is the reserved, exclusively ours, ring buffer record.
+    unsafe {
+        (*event).kind = kind::SNAPSHOT;
+        (*event).phase = phase;
+        (*event).tgid = tgid;
+        (*event).tid = tid;
+        (*event).nr = call.nr;
+        (*event).count = 0;
+        (*event).incomplete = 0;
+        (*event)._pad = 0;
+        (*event).start = call.start;
+        (*event).end = call.end;
+        (*event).vmas = [VmaRange::default(); MAX_SNAPSHOT_VMAS];
+        if call.ranged != 0 && call.end > call.start {
+            walk(call, &mut *event);
+        }
+    }
+    slot.submit(0);
+}
+
+/// Walks the VMAs from the one below `start` to the one holding `end`.
+///
+/// Few branches on purpose: the verifier walks every path through this loop and the
+/// callback, and 6.1's gave up at its 1M-instruction limit when each read could fail its own
+/// way (see [`peek`]).
+#[inline(always)]
+fn walk(call: &CallRange, event: &mut SnapshotEvent) {
+    let task = unsafe { bpf_get_current_task_btf() };
+    let mut count = 0usize;
+    let mut addr = call.start;
+    // The VMA just below the range: a merge candidate (it may also hold `start`).
+    if call.start > 0 {
+        let mut below = VmaRange::default();
+        if find_vma(task, call.start - 1, &mut below) == 0 {
+            event.vmas[0] = below;
+            count = 1;
+            addr = below.end;
+        }
+    }
+    let mut complete = false;
+    for _ in 0..MAX_SNAPSHOT_VMAS {
+        // The last VMA held `end`: it was the upper neighbour.
+        if addr > call.end {
+            complete = true;
+            break;
+        }
+        let mut found = VmaRange::default();
+        if find_vma(task, addr, &mut found) != 0 {
+            // Nothing mapped right above the range: no upper neighbour, done. Otherwise a
+            // hole inside the range (mlock fails with ENOMEM) or a busy mmap lock.
+            complete = addr >= call.end;
+            break;
+        }
+        let Some(entry) = event.vmas.get_mut(count) else {
+            break;
+        };
+        *entry = found;
+        count += 1;
+        addr = found.end;
+    }
+    event.count = count as u32;
+    event.incomplete = u32::from(!(complete || addr > call.end));
+}
+
+/// `bpf_find_vma` on the current task: 0 and `out` filled when a VMA holds `addr`.
+#[inline(always)]
+fn find_vma(task: *mut aya_ebpf::bindings::task_struct, addr: u64, out: &mut VmaRange) -> i64 {
+    // SAFETY: the callback only writes a VmaRange through the context pointer we pass.
+    unsafe {
+        bpf_find_vma(
+            task.cast(),
+            addr,
+            read_vma_callback as *mut c_void,
+            (out as *mut VmaRange).cast(),
+            0,
+        )
+    }
+}
+
+/// `bpf_find_vma` callback: copies the VMA's range and flags out.
+#[inline(never)]
+extern "C" fn read_vma_callback(_task: *mut c_void, vma: *mut c_void, out: *mut c_void) -> i64 {
+    let off = VMA_CONFIG.load().offsets;
+    let range = read_vma(vma as u64, &off);
+    // SAFETY: `out` is the VmaRange on the caller's stack passed to bpf_find_vma.
+    unsafe { *out.cast::<VmaRange>() = range };
+    0
+}
+
+#[inline(always)]
+fn read_vma(vma: u64, off: &VmaOffsets) -> VmaRange {
+    VmaRange {
+        start: peek(vma, off.vma_start),
+        end: peek(vma, off.vma_end),
+        flags: peek(vma, off.vma_flags),
+    }
+}
+
+/// Reads a `T` at `base + offset` of kernel memory without a branch: on failure the helper
+/// zeroes the destination, so the field reads as 0. Unlike `shared::read_kernel` a failure is
+/// not counted: each counted failure is one more path for the verifier to walk, per read, in
+/// the snapshot and slot loops.
+#[inline(always)]
+fn peek<T: Default>(base: u64, offset: u32) -> T {
+    let mut value = T::default();
+    // SAFETY: bpf_probe_read_kernel checks the source address itself.
+    unsafe {
+        helper::bpf_probe_read_kernel(
+            (&mut value as *mut T).cast(),
+            size_of::<T>() as u32,
+            base.wrapping_add(u64::from(offset)) as *const c_void,
+        )
+    };
+    value
+}
+
+/// The system call the current task is in and its first three arguments, from its saved
+/// user registers; [`NR_UNKNOWN`] outside a system call.
+#[inline(always)]
+fn current_syscall(off: &VmaOffsets) -> (u32, [u64; 3]) {
+    if off.regs_valid == 0 {
+        return (NR_UNKNOWN, [0; 3]);
+    }
+    let regs = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) } as u64;
+    let ax: u64 = peek(regs, off.regs_ax);
+    if ax != ENOSYS_RET {
+        return (NR_UNKNOWN, [0; 3]);
+    }
+    let nr: u64 = peek(regs, off.regs_nr);
+    (
+        nr as u32,
+        [
+            peek(regs, off.regs_arg0),
+            peek(regs, off.regs_arg1),
+            peek(regs, off.regs_arg2),
+        ],
+    )
+}
+
+#[btf_tracepoint(function = "ma_write")]
+pub fn vma_ma_write(ctx: BtfTracePointContext) -> i32 {
+    let tgid = ctx.tgid();
+    if !is_target(tgid) {
+        return 0;
+    }
+    let config = VMA_CONFIG.load();
+    let off = config.offsets;
+    let func: u64 = ctx.arg(0);
+    let mas: u64 = ctx.arg(1);
+    let val: u64 = ctx.arg(3);
+    // Only the task's own VMA tree: other maple trees (and other mms, e.g. a fork child's
+    // being copied) are not what this task's call did to its address space.
+    let mm: u64 = peek(unsafe { bpf_get_current_task() }, off.task_mm);
+    let tree: u64 = peek(mas, off.mas_tree);
+    if mm == 0 || tree != mm + u64::from(off.mm_mt) {
+        return 0;
+    }
+    let range = if val != 0 {
+        read_vma(val, &off)
+    } else {
+        VmaRange::default()
+    };
+    let tid = ctx.pid();
+    let in_call = VMA_CALLS.get_ptr(tid).is_some();
+    if !in_call && config.all_stores == 0 && range.flags & (VM_LOCKED | VM_LOCKONFAULT) == 0 {
+        return 0;
+    }
+    let (nr, args) = current_syscall(&off);
+    let Some(mut slot) = EVENTS.reserve::<StoreEvent>(0) else {
+        count(counter::VMA_DROPPED);
+        return 0;
+    };
+    let mut event = StoreEvent {
+        kind: kind::STORE,
+        tgid,
+        tid,
+        nr,
+        args,
+        index: peek(mas, off.mas_index),
+        last: peek(mas, off.mas_last),
+        vma: val,
+        range,
+        func: [0; _],
+    };
+    let _ = unsafe { bpf_probe_read_kernel_str_bytes(func as *const u8, &mut event.func) };
+    slot.write(event);
+    slot.submit(0);
+    0
+}
+
+/// One fentry/fexit pair per hookable function; the loader attaches pair `N` to the function
+/// described by `VMA_HOOKS[N]`.
+macro_rules! function_hooks {
+    ($($index:literal => $entry:ident, $exit:ident;)*) => {$(
+        #[fentry]
+        pub fn $entry(ctx: FEntryContext) -> i32 {
+            function_event(ctx.as_ptr(), $index, phase::BEFORE);
+            0
+        }
+
+        #[fexit]
+        pub fn $exit(ctx: FExitContext) -> i32 {
+            function_event(ctx.as_ptr(), $index, phase::AFTER);
+            0
+        }
+    )*};
+}
+
+function_hooks! {
+    0 => vma_fn0_entry, vma_fn0_exit;
+    1 => vma_fn1_entry, vma_fn1_exit;
+    2 => vma_fn2_entry, vma_fn2_exit;
+    3 => vma_fn3_entry, vma_fn3_exit;
+    4 => vma_fn4_entry, vma_fn4_exit;
+    5 => vma_fn5_entry, vma_fn5_exit;
+    6 => vma_fn6_entry, vma_fn6_exit;
+    7 => vma_fn7_entry, vma_fn7_exit;
+    8 => vma_fn8_entry, vma_fn8_exit;
+    9 => vma_fn9_entry, vma_fn9_exit;
+}
+
+#[inline(always)]
+fn function_event(ctx: *mut c_void, hook: u32, phase: u32) {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    let (tgid, tid) = ((pid_tgid >> 32) as u32, pid_tgid as u32);
+    if !is_target(tgid) {
+        return;
+    }
+    let config = VMA_CONFIG.load();
+    // These functions run for every mmap/mprotect/munmap too: keep the mlock-family ones
+    // unless the user asked for all.
+    if config.all_stores == 0 && VMA_CALLS.get_ptr(tid).is_none() {
+        return;
+    }
+    let Some(spec) = VMA_HOOKS.get_ptr(hook) else {
+        return;
+    };
+    let spec = unsafe { &*spec };
+    let Some(mut slot) = EVENTS.reserve::<FuncEvent>(0) else {
+        count(counter::VMA_DROPPED);
+        return;
+    };
+    let (nr, _) = current_syscall(&config.offsets);
+    let mut event = FuncEvent {
+        kind: kind::FUNC,
+        hook,
+        phase,
+        tgid,
+        tid,
+        nr,
+        ..FuncEvent::default()
+    };
+    for (i, arg) in event.args.iter_mut().enumerate() {
+        // Fails (leaving 0) past the function's arity.
+        let _ = unsafe { bpf_get_func_arg(ctx, i as u32, arg) };
+    }
+    if phase == phase::AFTER {
+        let _ = unsafe { bpf_get_func_ret(ctx, &mut event.ret) };
+    }
+    for i in 0..FN_SLOTS {
+        let spec = spec.slots[i];
+        let mut value = match spec.source {
+            slot::ARG => match event.args.get(spec.arg as usize) {
+                Some(&v) => v,
+                None => continue,
+            },
+            slot::RET => event.ret,
+            _ => continue,
+        };
+        if spec.deref != 0 {
+            value = peek(value, spec.offset);
+        }
+        event.values[i] = value;
+        if spec.read_as == slot::AS_VMA && value != 0 {
+            event.vmas[i] = read_vma(value, &config.offsets);
+        }
+    }
+    slot.write(event);
+    slot.submit(0);
+}

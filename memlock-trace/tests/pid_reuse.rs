@@ -1,0 +1,89 @@
+//! A traced process exits and another one gets its pid: the two never mix. The pid is reused
+//! on purpose through `/proc/sys/kernel/ns_last_pid`.
+
+mod common;
+mod support;
+
+use common::{drain_syscalls, require_privileges};
+use memlock_trace::{
+    aggregate::Aggregator,
+    launch::{self, Launched},
+    tracer::{Targets, Tracer, Health},
+};
+use support::BIN;
+
+/// Forks `memlock-trace workload ARGS`, held before exec; with `pid`, retries until the
+/// child gets exactly that pid.
+fn spawn_workload(args: &[&str], pid: Option<u32>) -> Launched {
+    let argv: Vec<String> = [BIN, "workload"].iter().chain(args).map(|s| s.to_string()).collect();
+    for _ in 0..50 {
+        if let Some(pid) = pid {
+            std::fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string()).expect("write ns_last_pid");
+        }
+        let held = launch::spawn_held(&argv).expect("fork");
+        if pid.is_none_or(|p| p == held.pid) {
+            return held;
+        }
+        // Another process on the machine took the pid first: let this one run untraced.
+        let other = held.pid;
+        held.release(BIN).unwrap();
+        launch::wait_exit(other).unwrap();
+    }
+    panic!("could not get pid {pid:?} back in 50 tries");
+}
+
+fn run(held: Launched) {
+    let pid = held.pid;
+    held.release(BIN).expect("exec");
+    assert_eq!(launch::wait_exit(pid).unwrap(), 0);
+}
+
+/// Field 22 of /proc/PID/stat: start time in clock ticks since boot.
+fn start_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // The comm may contain spaces: count fields after its closing parenthesis.
+    let after_comm = &stat[stat.rfind(')').unwrap() + 2..];
+    after_comm.split_whitespace().nth(22 - 3).unwrap().parse().unwrap()
+}
+
+#[test]
+fn a_reused_pid_is_a_new_process_and_an_exited_target_leaves_the_filter() {
+    require_privileges();
+    let mut tracer = Tracer::load(&Targets::Tgids(Vec::new())).expect("load");
+    let mut ring = tracer.take_events().expect("ring");
+    let ticks_per_sec = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
+
+    // 1. A traced process: one of each call (9).
+    let first = spawn_workload(&["syscalls", "--report", "/dev/null"], None);
+    let pid = first.pid;
+    tracer.add_target(pid).unwrap();
+    let first_ticks = start_ticks(pid);
+    run(first);
+
+    // 2. Same pid, not added: the exit hook removed the first one from the filter.
+    let stranger = spawn_workload(&["flood", "--threads", "1", "--calls", "3", "--report", "/dev/null"], Some(pid));
+    run(stranger);
+
+    // 3. Same pid again, added: 5 failing mlock calls.
+    let second = spawn_workload(&["flood", "--threads", "1", "--calls", "5", "--report", "/dev/null"], Some(pid));
+    tracer.add_target(pid).unwrap();
+    let second_ticks = start_ticks(pid);
+    run(second);
+
+    let events = drain_syscalls(&mut ring);
+    let mut aggregator = Aggregator::default();
+    for rec in events.iter().filter(|r| r.raw.tgid == pid) {
+        aggregator.record_syscall(rec);
+    }
+    let summary = aggregator.summary(Health::default());
+    let entries: Vec<_> = summary.processes.iter().filter(|p| p.pid == pid).collect();
+    assert_eq!(entries.len(), 2, "two processes with pid {pid}, the untraced one not among them: {entries:#?}");
+    let (a, b) = (entries[0], entries[1]);
+    assert!(a.start_ns < b.start_ns);
+    let count = |p: &memlock_trace::aggregate::ProcessSummary| p.syscalls.values().map(|s| s.count).sum::<u64>();
+    assert_eq!(count(a), 9, "the first process: one of each call");
+    assert_eq!((count(b), b.syscalls["mlock"].errors["ENOMEM"]), (5, 5), "the second: 5 failing mlocks only");
+    // The key is the kernel's own start time: /proc/PID/stat field 22, in ticks.
+    assert_eq!(a.start_ns / (1_000_000_000 / ticks_per_sec), first_ticks);
+    assert_eq!(b.start_ns / (1_000_000_000 / ticks_per_sec), second_ticks);
+}

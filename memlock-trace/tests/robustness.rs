@@ -1,0 +1,106 @@
+//! Stopping and overload: SIGINT/SIGTERM print the summary and leave nothing in the kernel;
+//! SIGKILL leaves nothing either (every program, map and link is held by a file
+//! descriptor, which the kernel closes); a ring-buffer overflow is counted exactly.
+
+mod common;
+mod support;
+
+use std::{
+    io::Write as _,
+    os::unix::process::ExitStatusExt as _,
+    process::{Command, Stdio},
+};
+
+use common::require_privileges;
+use support::{BIN, Tracer, bpf_ids, calls_of, summary, wait_all_unloaded};
+
+/// Traces a sleeping process with every hook kind attached (tracepoints and tp_btf),
+/// notes the eBPF objects the tracer holds, then sends `signal`.
+fn stop_with(signal: i32) -> (support::Finished, support::BpfIds) {
+    let mut sleeper = Command::new("sleep").arg("60").spawn().unwrap();
+    let pid = sleeper.id().to_string();
+    let mut tracer = Tracer::spawn(&["--json", "--follow-children", "-p", &pid]);
+    tracer.wait_for_stderr("memlock-trace: tracing");
+    let ids = bpf_ids(tracer.pid());
+    // At least: 5 sys_enter programs, 1 shared sys_exit, fork and exit (8 programs), each
+    // attachment (10 syscall tracepoints, 2 tp_btf) a link; other hook families add more.
+    // What matters below is that every one of them is gone afterwards.
+    assert!(ids.programs.len() >= 8, "{ids:?}");
+    assert!(ids.links.len() >= 12, "{ids:?}");
+    assert!(ids.maps.len() >= 5, "{ids:?}");
+    tracer.signal(signal);
+    let done = tracer.finish();
+    let _ = sleeper.kill();
+    let _ = sleeper.wait();
+    (done, ids)
+}
+
+#[test]
+fn sigint_prints_the_summary_and_unloads_everything() {
+    require_privileges();
+    let (done, ids) = stop_with(libc::SIGINT);
+    assert_eq!(done.status.code(), Some(0), "{}", done.stderr);
+    assert!(done.stderr.contains("stopped by SIGINT"), "{}", done.stderr);
+    assert_eq!(summary(&done.stdout)["schema"], 1);
+    let took = wait_all_unloaded(&ids);
+    eprintln!("SIGINT: {} programs, {} links, {} maps gone {took:?} after exit", ids.programs.len(), ids.links.len(), ids.maps.len());
+}
+
+#[test]
+fn sigterm_prints_the_summary_and_unloads_everything() {
+    require_privileges();
+    let (done, ids) = stop_with(libc::SIGTERM);
+    assert_eq!(done.status.code(), Some(0), "{}", done.stderr);
+    assert!(done.stderr.contains("stopped by SIGTERM"), "{}", done.stderr);
+    summary(&done.stdout);
+    wait_all_unloaded(&ids);
+}
+
+#[test]
+fn sigkill_leaves_no_program_map_or_link_behind() {
+    require_privileges();
+    let (done, ids) = stop_with(libc::SIGKILL);
+    assert_eq!(done.status.signal(), Some(libc::SIGKILL));
+    assert!(done.stdout.is_empty(), "killed: no summary");
+    // Nothing pinned, nothing held elsewhere: closing the fds releases everything.
+    let took = wait_all_unloaded(&ids);
+    eprintln!("SIGKILL: {} programs, {} links, {} maps gone {took:?} after exit", ids.programs.len(), ids.links.len(), ids.maps.len());
+}
+
+#[test]
+fn ring_buffer_overflow_is_counted_exactly() {
+    require_privileges();
+    const THREADS: u64 = 4;
+    const CALLS: u64 = 25_000;
+    // The flood waits for a byte on stdin, so it starts only once the tracer is frozen.
+    let mut flood = Command::new(BIN)
+        .args(["workload", "flood", "--threads", &THREADS.to_string(), "--calls", &CALLS.to_string(), "--wait-stdin"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = flood.id();
+    let mut tracer = Tracer::spawn(&["--json", "-p", &pid.to_string()]);
+    tracer.wait_for_stderr("memlock-trace: tracing");
+    // A stopped tracer reads nothing: the 1 MiB ring fills and the kernel counts the rest.
+    tracer.signal(libc::SIGSTOP);
+    flood.stdin.take().unwrap().write_all(b"go").unwrap();
+    let out = flood.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["calls"], THREADS * CALLS);
+    assert_eq!(report["enomem"], THREADS * CALLS, "every flood call failed with ENOMEM");
+    tracer.signal(libc::SIGCONT);
+    // The flood has exited, so the tracer drains what the ring holds and stops.
+    let done = tracer.finish();
+    assert!(done.status.success(), "{}", done.stderr);
+    let s = summary(&done.stdout);
+    let received = calls_of(&s, pid, "mlock");
+    let dropped = s["dropped_events"].as_u64().unwrap();
+    eprintln!("flood: {} calls, {received} received, {dropped} dropped", THREADS * CALLS);
+    assert!(dropped > 0, "the ring never overflowed: {received} received");
+    assert_eq!(received + dropped, THREADS * CALLS, "every call is either received or counted as dropped");
+    assert_eq!(s["health"]["dropped_events"], dropped);
+    let p = s["processes"].as_array().unwrap().iter().find(|p| p["pid"] == pid).unwrap();
+    assert_eq!(p["syscalls"]["mlock"]["errors"]["ENOMEM"], received);
+}

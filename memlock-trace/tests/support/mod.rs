@@ -1,0 +1,234 @@
+//! Helpers for the production-use tests: running the CLI in the background, reading its
+//! stderr as it comes, and listing the eBPF objects a process holds.
+
+#![allow(dead_code, reason = "each test binary uses a different subset")]
+
+use std::{
+    collections::BTreeSet,
+    io::{BufRead as _, BufReader, Read as _},
+    process::{Child, Command, ExitStatus, Stdio},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_memlock-trace");
+
+pub fn json_lines(stdout: &str) -> Vec<Value> {
+    stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON: {l:?}: {e}")))
+        .collect()
+}
+
+/// The last `"summary"` line.
+pub fn summary(stdout: &str) -> Value {
+    json_lines(stdout)
+        .into_iter()
+        .rev()
+        .find(|l| l["type"] == "summary")
+        .unwrap_or_else(|| panic!("no summary line in:\n{stdout}"))
+}
+
+/// memlock-trace running in the background.
+pub struct Tracer {
+    pub child: Child,
+    stderr: Arc<Mutex<String>>,
+    stdout: Option<std::thread::JoinHandle<String>>,
+}
+
+pub struct Finished {
+    pub status: ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Tracer {
+    pub fn spawn(args: &[&str]) -> Self {
+        Self::spawn_command(Command::new(BIN).args(args))
+    }
+
+    pub fn spawn_command(cmd: &mut Command) -> Self {
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start memlock-trace");
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let sink = Arc::clone(&stderr);
+        let err = child.stderr.take().expect("piped");
+        std::thread::spawn(move || {
+            for line in BufReader::new(err).lines().map_while(Result::ok) {
+                let mut s = sink.lock().unwrap();
+                s.push_str(&line);
+                s.push('\n');
+            }
+        });
+        let mut out = child.stdout.take().expect("piped");
+        let stdout = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = out.read_to_string(&mut s);
+            s
+        });
+        Self { child, stderr, stdout: Some(stdout) }
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    pub fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
+    /// Waits until stderr contains `needle` (the tracer prints "tracing ..." once attached).
+    pub fn wait_for_stderr(&mut self, needle: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let err = self.stderr();
+            if let Some(line) = err.lines().find(|l| l.contains(needle)) {
+                return line.to_string();
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("memlock-trace exited ({status}) before printing {needle:?}:\n{err}");
+            }
+            assert!(Instant::now() < deadline, "no {needle:?} on stderr within 30 s:\n{err}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn signal(&self, signal: i32) {
+        // SAFETY: plain kill(2) on our own child.
+        assert_eq!(unsafe { libc::kill(self.pid(), signal) }, 0, "kill({}, {signal})", self.pid());
+    }
+
+    /// Waits (at most 60 s) for the tracer to exit.
+    pub fn finish(mut self) -> Finished {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let status = loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                break status;
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                panic!("memlock-trace did not exit within 60 s:\n{}", self.stderr());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let stdout = self.stdout.take().expect("once").join().expect("stdout reader");
+        // Let the stderr reader see EOF.
+        std::thread::sleep(Duration::from_millis(50));
+        Finished { status, stdout, stderr: self.stderr() }
+    }
+}
+
+impl Drop for Tracer {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// The ids of the eBPF programs, maps and links a process holds file descriptors to,
+/// from `/proc/PID/fdinfo` (`prog_id:`, `map_id:`, `link_id:` lines).
+#[derive(Debug, Default, Clone)]
+pub struct BpfIds {
+    pub programs: BTreeSet<u32>,
+    pub maps: BTreeSet<u32>,
+    pub links: BTreeSet<u32>,
+}
+
+pub fn bpf_ids(pid: i32) -> BpfIds {
+    let mut ids = BpfIds::default();
+    let dir = format!("/proc/{pid}/fdinfo");
+    for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{dir}: {e}")) {
+        let Ok(info) = std::fs::read_to_string(entry.unwrap().path()) else { continue };
+        let is_link = info.lines().any(|l| l.starts_with("link_type:"));
+        for line in info.lines() {
+            let Some((key, value)) = line.split_once(':') else { continue };
+            let Ok(id) = value.trim().parse::<u32>() else { continue };
+            match key {
+                "link_id" => {
+                    ids.links.insert(id);
+                }
+                // A link's fdinfo also names its program, which the program's own fd covers.
+                "prog_id" if !is_link => {
+                    ids.programs.insert(id);
+                }
+                "map_id" => {
+                    ids.maps.insert(id);
+                }
+                _ => {}
+            }
+        }
+    }
+    ids
+}
+
+/// Which of `ids` still exist in the kernel (by walking every loaded program, map and link).
+pub fn still_loaded(ids: &BpfIds) -> BpfIds {
+    let programs = aya::programs::loaded_programs()
+        .filter_map(Result::ok)
+        .map(|p| p.id())
+        .filter(|id| ids.programs.contains(id))
+        .collect();
+    let maps = aya::maps::loaded_maps()
+        .filter_map(Result::ok)
+        .map(|m| m.id())
+        .filter(|id| ids.maps.contains(id))
+        .collect();
+    let links = aya::programs::loaded_links()
+        .filter_map(Result::ok)
+        .map(|l| l.id())
+        .filter(|id| ids.links.contains(id))
+        .collect();
+    BpfIds { programs, maps, links }
+}
+
+impl BpfIds {
+    pub fn is_empty(&self) -> bool {
+        self.programs.is_empty() && self.maps.is_empty() && self.links.is_empty()
+    }
+}
+
+/// Polls until none of `ids` is loaded; the kernel frees programs and maps after an RCU
+/// grace period, so "gone" may take a moment. Returns how long it took.
+pub fn wait_all_unloaded(ids: &BpfIds) -> Duration {
+    let start = Instant::now();
+    loop {
+        let left = still_loaded(ids);
+        if left.is_empty() {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "still in the kernel 10 s after the tracer exited: {left:?} (of {ids:?})"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// How many mlock-family calls of `syscall` the summary counts for `pid` (all its entries).
+pub fn calls_of(summary: &Value, pid: u32, syscall: &str) -> u64 {
+    summary["processes"]
+        .as_array()
+        .expect("processes")
+        .iter()
+        .filter(|p| p["pid"] == pid)
+        .map(|p| p["syscalls"][syscall]["count"].as_u64().unwrap_or(0))
+        .sum()
+}
+
+/// The processes of a summary that made traced system calls (page faults add processes
+/// that made none, such as a parent that only forks).
+pub fn with_syscalls(summary: &Value) -> Vec<&Value> {
+    summary["processes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|p| p["syscalls"].as_object().is_some_and(|m| !m.is_empty()))
+        .collect()
+}
