@@ -10,6 +10,7 @@
 //! faults from every CPU at once and must lose nothing either. Results go to BENCHMARKS.md.
 
 use std::{
+    collections::BTreeMap,
     fmt::Write as _,
     io::{BufRead as _, BufReader, Write as _},
     path::{Path, PathBuf},
@@ -178,10 +179,21 @@ pub fn run(args: &Args) -> Result<()> {
         max_rate.push((mode, sample));
     }
 
+    // Where the cost goes: one more run of each BPF mode with the kernel timing every program.
+    let mut costs = Vec::new();
+    with_bpf_stats(|| {
+        for mode in [Mode::Default, Mode::Bpftrace] {
+            measure_with(&tracer, &bpftrace, mode, &format!("touch {pages}"), Some(&mut costs))
+                .with_context(|| format!("profiled run, {}", mode.label()))?;
+        }
+        Ok(())
+    })?;
     env.load_after = load_average();
-    let report = report(args, pages, &env, &samples, &max_rate);
+    let report = report(args, pages, &env, &samples, &max_rate, &costs);
     let out = workspace_root().join(&args.out);
-    std::fs::write(&out, &report).with_context(|| format!("writing {}", out.display()))?;
+    let existing = std::fs::read_to_string(&out).unwrap_or_default();
+    std::fs::write(&out, replace_section(&existing, &report))
+        .with_context(|| format!("writing {}", out.display()))?;
     println!("{report}");
     println!("xtask bench: wrote {}", out.display());
     let lost: Vec<String> = samples
@@ -194,6 +206,23 @@ pub fn run(args: &Args) -> Result<()> {
         bail!("tracers lost or invented faults:\n{}", lost.join("\n"));
     }
     Ok(())
+}
+
+/// BENCHMARKS.md holds other benchmarks too: this one owns the text between these markers.
+const SECTION_BEGIN: &str = "<!-- cargo xtask bench: page faults (generated, do not edit) -->";
+const SECTION_END: &str = "<!-- end of cargo xtask bench -->";
+
+/// `existing` with the bench section replaced by `report` (appended if absent).
+fn replace_section(existing: &str, report: &str) -> String {
+    let section = format!("{SECTION_BEGIN}\n{}\n{SECTION_END}\n", report.trim_end());
+    match (existing.find(SECTION_BEGIN), existing.find(SECTION_END)) {
+        (Some(begin), Some(end)) if begin < end => {
+            let after = &existing[end + SECTION_END.len()..];
+            format!("{}{section}{}", &existing[..begin], after.strip_prefix('\n').unwrap_or(after))
+        }
+        _ if existing.trim().is_empty() => format!("# Benchmarks\n\n{section}"),
+        _ => format!("{}\n\n{section}", existing.trim_end()),
+    }
 }
 
 fn which(name: &str) -> Option<PathBuf> {
@@ -348,10 +377,26 @@ impl Attached {
 /// One run of `command` in a fresh workload, traced as `mode` from after a warm-up to after
 /// the run, so the traced window holds exactly that run.
 fn measure(tracer: &Path, bpftrace: &Path, mode: Mode, command: &str) -> Result<Sample> {
+    measure_with(tracer, bpftrace, mode, command, None)
+}
+
+/// [`measure`]; with `costs`, also the run time of every BPF program the tracer loaded
+/// (kernel.bpf_stats_enabled), appended there.
+fn measure_with(
+    tracer: &Path,
+    bpftrace: &Path,
+    mode: Mode,
+    command: &str,
+    costs: Option<&mut Vec<ProgramCost>>,
+) -> Result<Sample> {
     let mut workload = Workload::spawn(tracer)?;
     // Warm the code paths and the workload's own buffers before anything is measured.
     workload.run("touch 256")?;
     let pid = workload.child.id().to_string();
+    let programs_before = match costs {
+        Some(_) => program_stats()?.into_keys().collect(),
+        None => std::collections::BTreeSet::new(),
+    };
     let attached = match mode {
         Mode::Untraced => None,
         Mode::Bpftrace => {
@@ -380,6 +425,13 @@ fn measure(tracer: &Path, bpftrace: &Path, mode: Mode, command: &str) -> Result<
     let before = workload.kernel_faults()?;
     let (wall_ns, cpu_ns) = workload.run(command)?;
     let kernel_faults = workload.kernel_faults()? - before;
+    if let Some(costs) = costs {
+        for (id, cost) in program_stats()? {
+            if !programs_before.contains(&id) && cost.runs > 0 {
+                costs.push(ProgramCost { mode, ..cost });
+            }
+        }
+    }
     let traced_faults = match attached {
         None => None,
         Some(attached) => {
@@ -399,6 +451,48 @@ fn measure(tracer: &Path, bpftrace: &Path, mode: Mode, command: &str) -> Result<
         kernel_faults,
         traced_faults,
     })
+}
+
+/// One BPF program's share: runs and average run time (bpf_stats).
+#[derive(Clone, Debug)]
+struct ProgramCost {
+    mode: Mode,
+    name: String,
+    runs: u64,
+    avg_ns: f64,
+}
+
+/// Every loaded BPF program's run statistics, by id (`bpftool prog show -j`).
+fn program_stats() -> Result<BTreeMap<u64, ProgramCost>> {
+    let out = crate::util::output_of(Command::new("bpftool").args(["prog", "show", "-j"]))
+        .context("bpftool (apt-get install bpftool) lists the programs' run times")?;
+    let programs: serde_json::Value = serde_json::from_str(&out)?;
+    let mut stats = BTreeMap::new();
+    for p in programs.as_array().into_iter().flatten() {
+        let (Some(id), Some(runs), Some(ns)) = (p["id"].as_u64(), p["run_cnt"].as_u64(), p["run_time_ns"].as_u64()) else {
+            continue;
+        };
+        stats.insert(
+            id,
+            ProgramCost {
+                mode: Mode::Untraced,
+                name: p["name"].as_str().unwrap_or("?").to_string(),
+                runs,
+                avg_ns: ns as f64 / runs.max(1) as f64,
+            },
+        );
+    }
+    Ok(stats)
+}
+
+/// Runs `f` with kernel.bpf_stats_enabled on, restoring the setting after.
+fn with_bpf_stats<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
+    const KNOB: &str = "/proc/sys/kernel/bpf_stats_enabled";
+    let old = std::fs::read_to_string(KNOB).with_context(|| format!("reading {KNOB}"))?;
+    std::fs::write(KNOB, "1").with_context(|| format!("enabling {KNOB}"))?;
+    let result = f();
+    let _ = std::fs::write(KNOB, old.trim());
+    result
 }
 
 /// minor + major of `pid` in memlock-trace's JSON summary line.
@@ -450,6 +544,7 @@ fn report(
     env: &Environment,
     samples: &[(Mode, Sample)],
     max_rate: &[(Mode, Sample)],
+    costs: &[ProgramCost],
 ) -> String {
     let values = |mode: Mode, wall: bool| -> Vec<f64> {
         samples
@@ -459,10 +554,21 @@ fn report(
             .collect()
     };
     let untraced = median(values(Mode::Untraced, false));
-    let added = |mode: Mode| median(values(mode, false)) - untraced;
+    // Added cost: the median over rounds of (mode - untraced) within the same round, which
+    // cancels the drift of a shared machine better than a difference of medians.
+    let added = |mode: Mode| -> f64 {
+        let paired: Vec<f64> = samples
+            .chunks(Mode::ALL.len())
+            .filter_map(|round| {
+                let of = |m: Mode| round.iter().find(|(x, _)| *x == m).map(|(_, s)| s.ns_per_fault);
+                Some(of(mode)? - of(Mode::Untraced)?)
+            })
+            .collect();
+        median(paired)
+    };
     let cpus = env.cpus;
     let mut out = String::new();
-    let _ = writeln!(out, "# Benchmarks: the cost of tracing page faults\n");
+    let _ = writeln!(out, "## Page faults: the cost of tracing them (`cargo xtask bench`)\n");
     let _ = writeln!(
         out,
         "Produced by `cargo xtask bench --mib {} --runs {}` on kernel {}, {cpus} CPUs; \
@@ -470,7 +576,7 @@ fn report(
          Load average before / after: {} / {}.\n",
         args.mib, args.runs, env.kernel, env.thp, env.load_before, env.load_after
     );
-    let _ = writeln!(out, "## Method\n");
+    let _ = writeln!(out, "### Method\n");
     let _ = writeln!(
         out,
         "- Workload: `memlock-trace workload faults`, command `touch {pages}`: mmap {mib} MiB \
@@ -486,8 +592,9 @@ fn report(
          interval probe attached after the others) after the warm-up, and stops (SIGINT) after \
          the run, so its count must equal the kernel's for the window: \"faults lost\".\n\
          - Modes are interleaved within each of the {runs} rounds, so drift hits them alike; \
-         the tables give medians (min and max beside). Added ns/fault = mode median - untraced \
-         median.\n\
+         the tables give medians (min and max beside). \"Added\" is the median over rounds of \
+         (mode - untraced) in the same round; the min column shows the same story with the \
+         least interference.\n\
          - memlock-trace runs with `--fault-hooks tracepoint`, the set this kernel allows \
          (fentry: EPERM, no kprobes): `exceptions:page_fault_{{user,kernel}}` mark the start, \
          the `PAGE_FAULTS_MIN/MAJ` software perf events (period 1, one per CPU) the completion; \
@@ -506,7 +613,7 @@ fn report(
         runs = args.runs,
         bpftrace = env.bpftrace_version,
     );
-    let _ = writeln!(out, "## Results: first touch, {} runs per mode\n", args.runs);
+    let _ = writeln!(out, "### Results: first touch, {} runs per mode\n", args.runs);
     let _ = writeln!(
         out,
         "| mode | CPU ns/fault | min | max | added | vs untraced | wall ns/fault | faults lost |"
@@ -527,8 +634,8 @@ fn report(
             out,
             "| {} | {med:.0} | {min:.0} | {max:.0} | {} | {} | {:.0} | {} |",
             mode.label(),
-            dash(format!("{:+.0}", med - untraced)),
-            dash(format!("{:+.1}%", (med - untraced) / untraced * 100.0)),
+            dash(format!("{:+.0}", added(mode))),
+            dash(format!("{:+.1}%", added(mode) / untraced * 100.0)),
             median(values(mode, true)),
             dash(lost.to_string()),
         );
@@ -538,7 +645,7 @@ fn report(
     let bpf = added(Mode::Bpftrace);
     let count_only = added(Mode::CountOnly);
     let streaming = added(Mode::Streaming);
-    let _ = writeln!(out, "\n## Against the targets\n");
+    let _ = writeln!(out, "\n### Against the targets\n");
     let _ = writeln!(
         out,
         "- Added cost, memlock-trace / bpftrace doing the same job on the same hooks: \
@@ -554,6 +661,16 @@ fn report(
          **{:.1}%** (target: at most 5%).",
         count_only / untraced * 100.0
     );
+    if ours / bpf > 1.0 / 3.0 {
+        let _ = writeln!(
+            out,
+            "- The 1/3 target is missed here: part of the cost is the hooks themselves, \
+             which both tools pay per fault (a perf sample at every completion, a tracepoint at \
+             every start), and memlock-trace's two programs still do a few map lookups and two \
+             clock reads per fault (see the last table). Sampling the latency (timing one fault \
+             in N) would meet it, but would no longer be the same job."
+        );
+    }
     let _ = writeln!(
         out,
         "- Streaming every fault (`--events`) instead of aggregating in per-CPU slots: \
@@ -562,7 +679,7 @@ fn report(
     );
     let _ = writeln!(
         out,
-        "\n## Maximum fault rate: {cpus} threads faulting at once (`mtouch {pages} {cpus}`)\n"
+        "\n### Maximum fault rate: {cpus} threads faulting at once (`mtouch {pages} {cpus}`)\n"
     );
     let _ = writeln!(out, "| mode | wall ns/fault | CPU ns/fault | faults (kernel) | faults (tracer) | lost |");
     let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|");
@@ -579,6 +696,20 @@ fn report(
                 .map_or("-".into(), |t| (s.kernel_faults as i64 - t as i64).to_string()),
         );
     }
+    let _ = writeln!(
+        out,
+        "\n### Where the cost goes: BPF program run time per call (`kernel.bpf_stats_enabled`, one \
+         extra run each)\n\nPrograms that ran during the {pages}-fault run (other processes' \
+         faults included, which the target filter rejects early). The kernel's timing adds two \
+         clock reads to each run. What the table does not show is the hooks' own cost (the perf \
+         overflow path, tracepoint dispatch) and, for bpftrace, work deferred out of its \
+         programs (map element allocation and freeing).\n"
+    );
+    let _ = writeln!(out, "| tracer | program | runs | avg ns/run |");
+    let _ = writeln!(out, "|---|---|---:|---:|");
+    for c in costs {
+        let _ = writeln!(out, "| {} | `{}` | {} | {:.0} |", c.mode.label(), c.name, c.runs, c.avg_ns);
+    }
     out
 }
 
@@ -590,4 +721,20 @@ struct Environment {
     bpftrace_version: String,
     load_before: String,
     load_after: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_section_is_replaced_in_place_and_the_rest_kept() {
+        let first = replace_section("# Benchmarks\n\n## Other\ntext\n", "## Faults\nv1\n");
+        assert!(first.starts_with("# Benchmarks\n\n## Other\ntext\n\n"), "{first}");
+        assert!(first.contains("## Faults\nv1"));
+        let second = replace_section(&format!("{first}\n## Later\n"), "## Faults\nv2\n");
+        assert!(second.contains("## Faults\nv2") && !second.contains("v1"), "{second}");
+        assert!(second.contains("## Other\ntext") && second.contains("## Later"), "{second}");
+        assert!(replace_section("", "## F\n").starts_with("# Benchmarks\n\n"));
+    }
 }
