@@ -184,7 +184,7 @@ pub fn run_suite() -> Result<Report> {
         ring,
         tracker: Tracker::default(),
         activity: HashMap::new(),
-        shows_lf: smaps_shows_lf(&kernel),
+        shows_lf: crate::mappings::smaps_shows_lockonfault(&kernel),
         results: Vec::new(),
     };
     for (name, scenario) in SCENARIOS {
@@ -202,17 +202,6 @@ pub fn run_suite() -> Result<Report> {
     })
 }
 
-/// `lf` appeared in smaps `VmFlags` in 6.2 (fs/proc/task_mmu.c, "mm: add VM_DROPPABLE"-era
-/// mnemonic table gained `[ilog2(VM_LOCKONFAULT)] = "lf"` in 2022-12); older kernels keep
-/// the flag but do not show it.
-fn smaps_shows_lf(release: &str) -> bool {
-    let mut parts = release
-        .split(|c: char| !c.is_ascii_digit())
-        .filter(|p| !p.is_empty());
-    let major: u32 = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
-    let minor: u32 = parts.next().and_then(|p| p.parse().ok()).unwrap_or(0);
-    (major, minor) >= (6, 2)
-}
 
 struct Runner {
     tracer: Tracer,
@@ -1496,10 +1485,11 @@ VmFlags: rd ex mr mw me
 
     #[test]
     fn lf_shows_from_6_2() {
-        assert!(smaps_shows_lf("6.18.44-fc-v857"));
-        assert!(smaps_shows_lf("6.2.0"));
-        assert!(!smaps_shows_lf("6.1.0-37-cloud-amd64"));
-        assert!(!smaps_shows_lf("5.15.0"));
+        use crate::mappings::smaps_shows_lockonfault;
+        assert!(smaps_shows_lockonfault("6.18.44-fc-v857"));
+        assert!(smaps_shows_lockonfault("6.2.0"));
+        assert!(!smaps_shows_lockonfault("6.1.0-37-cloud-amd64"));
+        assert!(!smaps_shows_lockonfault("5.15.0"));
     }
 
     /// A probe call as the tracker would hand it over, whose entry snapshot is `before`.

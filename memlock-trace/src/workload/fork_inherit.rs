@@ -54,8 +54,8 @@ pub fn run() -> Result<Value> {
 fn summarize(range: (u64, u64)) -> Result<Value> {
     let vmas = region_vmas("self", range)?;
     Ok(json!({
-        "locked_kib": vmas.iter().map(|v| v.locked_kib).sum::<u64>(),
-        "vm_locked": !vmas.is_empty() && vmas.iter().all(|v| v.flags.contains(&"lo".to_string())),
+        "locked_kib": vmas.iter().map(|v| v.locked_kb).sum::<u64>(),
+        "vm_locked": !vmas.is_empty() && vmas.iter().all(|v| v.vm_flags.iter().any(|f| f == "lo")),
         "vmas": vmas.len(),
     }))
 }

@@ -6,37 +6,13 @@ use anyhow::{Context as _, Result, bail};
 use serde_json::{Value, json};
 
 use super::{PAGE_SIZE, Region};
-
-/// One VMA of /proc/PID/smaps.
-#[derive(Clone, Debug, serde::Serialize)]
-pub struct Vma {
-    pub start: u64,
-    pub end: u64,
-    pub perms: String,
-    pub locked_kib: u64,
-    pub flags: Vec<String>,
-}
+use crate::verify::{SmapsEntry, parse_smaps};
 
 /// The VMAs of `pid` ("self" or a number) that overlap `range`.
-pub fn region_vmas(pid: &str, range: (u64, u64)) -> Result<Vec<Vma>> {
-    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).with_context(|| format!("reading /proc/{pid}/smaps"))?;
-    let mut vmas: Vec<Vma> = Vec::new();
-    for line in smaps.lines() {
-        let mut words = line.split_whitespace();
-        let first = words.next().unwrap_or("");
-        if let Some((s, e)) = first.split_once('-')
-            && let (Ok(start), Ok(end)) = (u64::from_str_radix(s, 16), u64::from_str_radix(e, 16))
-        {
-            vmas.push(Vma { start, end, perms: words.next().unwrap_or("").to_string(), locked_kib: 0, flags: Vec::new() });
-        } else if let Some(vma) = vmas.last_mut() {
-            match first {
-                "Locked:" => vma.locked_kib = words.next().and_then(|v| v.parse().ok()).unwrap_or(0),
-                "VmFlags:" => vma.flags = words.map(str::to_string).collect(),
-                _ => {}
-            }
-        }
-    }
-    Ok(vmas.into_iter().filter(|v| v.start < range.1 && v.end > range.0).collect())
+pub fn region_vmas(pid: &str, range: (u64, u64)) -> Result<Vec<SmapsEntry>> {
+    let path = format!("/proc/{pid}/smaps");
+    let smaps = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+    Ok(parse_smaps(&smaps)?.into_iter().filter(|v| v.start < range.1 && v.end > range.0).collect())
 }
 
 const PAGES: usize = 16;
@@ -65,14 +41,14 @@ pub fn run() -> Result<Value> {
     let mut steps = Vec::new();
     let mut step = |name: &str, expected_vmas: usize, expected_locked_pages: usize| -> Result<()> {
         let vmas = region_vmas("self", range)?;
-        let locked_kib: u64 = vmas.iter().map(|v| v.locked_kib).sum();
+        let locked_kib: u64 = vmas.iter().map(|v| v.locked_kb).sum();
         steps.push(json!({
             "step": name,
             "expected_vmas": expected_vmas,
             "expected_locked_kib": expected_locked_pages * PAGE_SIZE / 1024,
             "vmas": vmas.len(),
             "locked_kib": locked_kib,
-            "layout": vmas.iter().map(|v| format!("{}{}{}", (v.end - v.start) / PAGE_SIZE as u64, v.perms, if v.flags.contains(&"lo".to_string()) { "L" } else { "" })).collect::<Vec<_>>(),
+            "layout": vmas.iter().map(|v| format!("{}{}{}", (v.end - v.start) / PAGE_SIZE as u64, v.perms, if v.vm_flags.iter().any(|f| f == "lo") { "L" } else { "" })).collect::<Vec<_>>(),
         }));
         Ok(())
     };
