@@ -52,6 +52,10 @@ pub fn run() -> Result<Value> {
         }));
         Ok(())
     };
+    // Give the VMA its anon_vma before it is split, so every piece shares it: kernels before
+    // 6.x's relaxed rules (6.1 among them) do not merge a VMA without anon_vma into one with.
+    // SAFETY: inside our own writable mapping.
+    unsafe { base.write_volatile(1) };
     step("initial", 1, 0)?;
     // SAFETY (all calls below): ranges inside our own mapping.
     check(unsafe { libc::mlock(page(4), len(4)) }, "mlock middle")?;
