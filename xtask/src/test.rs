@@ -57,6 +57,9 @@ impl Stage {
 const LIBTEST_ARGS: [&str; 1] = ["--test-threads=1"];
 
 pub fn run(args: &Args) -> Result<()> {
+    // Both stages need them: the guest's kernel, and on the host the suite test's
+    // vm-memory scenario boots the same kernel under qemu.
+    vm::ensure_assets(&vm::cache_dir())?;
     let binaries = build_test_binaries()?;
     let tracer = workspace_root().join("target/debug/memlock-trace");
     let mut stages = Vec::new();
