@@ -29,6 +29,13 @@ use memlock_trace::{
 /// Hook sets this kernel allows, according to `memlock-trace probe`'s capability check
 /// (empty programs of each kind, independent of the fault programs under test).
 fn allowed_sets() -> Vec<HookSet> {
+    // Probed once per test binary: each probe loads the whole object, which the emulated
+    // VM stage pays for in seconds.
+    static ALLOWED: std::sync::OnceLock<Vec<HookSet>> = std::sync::OnceLock::new();
+    ALLOWED.get_or_init(probe_allowed_sets).clone()
+}
+
+fn probe_allowed_sets() -> Vec<HookSet> {
     let caps = memlock_trace::probe::capabilities().expect("probing the kernel's capabilities");
     let usable = |name: &str| caps.iter().any(|c| c.name == name && c.usable);
     let mut sets = Vec::new();
