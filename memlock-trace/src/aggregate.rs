@@ -219,26 +219,10 @@ impl Summary {
 
 #[cfg(test)]
 mod tests {
-    use memlock_trace_common::{SyscallEvent, event_kind};
-
     use super::*;
 
     fn rec(syscall: Syscall, tgid: u32, ret: i64, duration_ns: u64, pages: u64) -> SyscallRecord {
-        SyscallRecord {
-            syscall,
-            raw: SyscallEvent {
-                kind: event_kind::SYSCALL,
-                nr: syscall.nr(),
-                tgid,
-                tid: tgid,
-                duration_ns,
-                ret,
-                min_flt: pages,
-                locked_vm_after: if ret == 0 { pages } else { 0 },
-                comm: *b"work\0\0\0\0\0\0\0\0\0\0\0\0",
-                ..Default::default()
-            },
-        }
+        SyscallRecord::fixture(syscall, tgid, ret, duration_ns, pages, if ret == 0 { pages } else { 0 }, "work")
     }
 
     #[test]

@@ -87,6 +87,30 @@ impl SyscallRecord {
     }
 }
 
+#[cfg(test)]
+impl SyscallRecord {
+    /// A record as the kernel would write it, for unit tests of the layers above decoding.
+    pub fn fixture(syscall: Syscall, tgid: u32, ret: i64, duration_ns: u64, min_flt: u64, locked_vm_after: u64, comm: &str) -> Self {
+        let mut name = [0u8; memlock_trace_common::TASK_COMM_LEN];
+        name[..comm.len()].copy_from_slice(comm.as_bytes());
+        Self {
+            syscall,
+            raw: SyscallEvent {
+                kind: event_kind::SYSCALL,
+                nr: syscall.nr(),
+                tgid,
+                tid: tgid,
+                duration_ns,
+                ret,
+                min_flt,
+                locked_vm_after,
+                comm: name,
+                ..Default::default()
+            },
+        }
+    }
+}
+
 #[derive(Debug, PartialEq, Eq)]
 pub enum DecodeError {
     Short { kind: u32, len: usize, need: usize },

@@ -64,27 +64,11 @@ pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; cha
 
 #[cfg(test)]
 mod tests {
-    use memlock_trace_common::{SyscallEvent, event_kind};
-
     use super::*;
     use crate::{decode::SyscallRecord, syscall::Syscall, tracer::Health};
 
     fn rec(syscall: Syscall, tgid: u32, ret: i64, duration_ns: u64) -> SyscallRecord {
-        SyscallRecord {
-            syscall,
-            raw: SyscallEvent {
-                kind: event_kind::SYSCALL,
-                nr: syscall.nr(),
-                tgid,
-                tid: tgid,
-                duration_ns,
-                ret,
-                min_flt: 4,
-                locked_vm_after: 4,
-                comm: *b"db\0\0\0\0\0\0\0\0\0\0\0\0\0\0",
-                ..Default::default()
-            },
-        }
+        SyscallRecord::fixture(syscall, tgid, ret, duration_ns, 4, 4, "db")
     }
 
     #[test]
