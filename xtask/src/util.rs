@@ -13,12 +13,23 @@ pub fn run(cmd: &mut Command) -> Result<()> {
     Ok(())
 }
 
-/// Runs `cmd` and returns its stdout; fails on a non-zero exit with its stderr.
+/// Runs `cmd` and returns its stdout; errors name the command line (and, when it cannot
+/// start, the program to install).
 pub fn output_of(cmd: &mut Command) -> Result<String> {
-    let out = cmd.output().with_context(|| format!("cannot run {cmd:?}"))?;
+    let line = std::iter::once(cmd.get_program())
+        .chain(cmd.get_args())
+        .map(|arg| arg.to_string_lossy())
+        .collect::<Vec<_>>()
+        .join(" ");
+    let out = cmd.output().with_context(|| {
+        format!(
+            "cannot run `{line}` (is `{}` installed?)",
+            cmd.get_program().display()
+        )
+    })?;
     if !out.status.success() {
         bail!(
-            "{cmd:?} failed: {}: {}",
+            "`{line}` failed ({}): {}",
             out.status,
             String::from_utf8_lossy(&out.stderr).trim()
         );

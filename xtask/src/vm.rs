@@ -181,8 +181,8 @@ fn install_missing_packages() -> Result<()> {
     if missing.is_empty() {
         return Ok(());
     }
-    run_tool(Command::new("apt-get").arg("update"))?;
-    run_tool(
+    crate::util::output_of(Command::new("apt-get").arg("update"))?;
+    crate::util::output_of(
         Command::new("apt-get")
             .args(["install", "-y", "--no-install-recommends"])
             .args(&missing)
@@ -214,13 +214,13 @@ fn fetch_kernel(cache_dir: &Path, kernel_dir: &Path) -> Result<()> {
     // Package lists may be missing or name a version the mirror has since
     // dropped: refresh them once and retry.
     let deb = download_kernel_package(&scratch.0).or_else(|first_error| {
-        run_tool(Command::new("apt-get").arg("update"))
+        crate::util::output_of(Command::new("apt-get").arg("update"))
             .with_context(|| format!("refreshing package lists after: {first_error:#}"))?;
         download_kernel_package(&scratch.0)
     })?;
 
     let extracted = scratch.0.join("extracted");
-    run_tool(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&extracted))?;
+    crate::util::output_of(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&extracted))?;
     // Only the kernel image is kept: everything needed is built in (see module docs).
     let boot = extracted.join("boot");
     let vmlinuz = fs::read_dir(&boot)
@@ -241,7 +241,7 @@ fn fetch_kernel(cache_dir: &Path, kernel_dir: &Path) -> Result<()> {
 
 /// Resolves the cloud metapackage's image package and downloads its .deb into `dir`.
 fn download_kernel_package(dir: &Path) -> Result<PathBuf> {
-    let depends = run_tool(Command::new("apt-cache").args(["depends", KERNEL_METAPACKAGE]))?;
+    let depends = crate::util::output_of(Command::new("apt-cache").args(["depends", KERNEL_METAPACKAGE]))?;
     let package = depends
         .lines()
         .filter_map(|line| line.trim().strip_prefix("Depends: "))
@@ -249,7 +249,7 @@ fn download_kernel_package(dir: &Path) -> Result<PathBuf> {
         .with_context(|| {
             format!("`apt-cache depends {KERNEL_METAPACKAGE}` names no linux-image-* package")
         })?;
-    run_tool(
+    crate::util::output_of(
         Command::new("apt-get")
             .args(["download", package])
             .current_dir(dir),
@@ -341,7 +341,7 @@ fn build_initramfs(opts: &VmOptions, dir: &Path) -> Result<PathBuf> {
         .spawn()
         .context("cannot run `find`")?;
     let names = find.stdout.take().context("no stdout from `find`")?;
-    let packed = run_tool(
+    let packed = crate::util::output_of(
         Command::new("cpio")
             .args(["-o", "-H", "newc", "--quiet"])
             .current_dir(&root)
@@ -578,28 +578,6 @@ fn tail(path: &Path, count: usize) -> String {
     }
 }
 
-/// Runs a tool to completion, returning its stdout; errors name the command line.
-fn run_tool(cmd: &mut Command) -> Result<String> {
-    let line = std::iter::once(cmd.get_program())
-        .chain(cmd.get_args())
-        .map(|arg| arg.to_string_lossy())
-        .collect::<Vec<_>>()
-        .join(" ");
-    let out = cmd.output().with_context(|| {
-        format!(
-            "cannot run `{line}` (is `{}` installed?)",
-            cmd.get_program().display()
-        )
-    })?;
-    if !out.status.success() {
-        bail!(
-            "`{line}` failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
 
 fn sh_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
