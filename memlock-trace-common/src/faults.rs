@@ -18,6 +18,8 @@ pub mod names {
     pub const FAULT_COUNTERS: &str = "FAULT_COUNTERS";
     pub const POPULATE_INFLIGHT: &str = "POPULATE_INFLIGHT";
     pub const FAULT_EVENTS: &str = "FAULT_EVENTS";
+    pub const FAULT_SOLE_TGID: &str = "FAULT_SOLE_TGID";
+    pub const FAULT_SOLE_STATS: &str = "FAULT_SOLE_STATS";
 }
 
 /// Size of the fault event ring buffer, apart from the syscall events' so that a fault storm

@@ -565,6 +565,16 @@ fn comm_of(bytes: &[u8]) -> String {
     crate::decode::comm_str(bytes)
 }
 
+/// Points the fault hooks' single-process fast path at `tgid` (0 turns it off).
+pub fn set_sole_target(ebpf: &mut Ebpf, tgid: u32) -> Result<()> {
+    let map = ebpf
+        .map_mut(names::FAULT_SOLE_TGID)
+        .ok_or_else(|| anyhow!("map {} missing", names::FAULT_SOLE_TGID))?;
+    let mut sole: aya::maps::Array<&mut MapData, u32> = aya::maps::Array::try_from(map)?;
+    sole.set(0, tgid, 0)
+        .with_context(|| format!("setting the fault fast path's target to {tgid}"))
+}
+
 /// The processes that have fault statistics.
 pub fn pids(ebpf: &Ebpf) -> Result<std::collections::BTreeSet<u32>> {
     let map = ebpf
@@ -580,7 +590,8 @@ pub fn pids(ebpf: &Ebpf) -> Result<std::collections::BTreeSet<u32>> {
 
 /// Reads every fault map. Pending region caches are folded into their regions, and faults
 /// still pending in threads that no longer exist are counted as failed.
-pub fn read(ebpf: &Ebpf, per_thread: bool) -> Result<FaultReport> {
+/// `sole`: the process the single-process fast path counted for, if it was used.
+pub fn read(ebpf: &Ebpf, per_thread: bool, sole: Option<u32>) -> Result<FaultReport> {
     let map = |name: &str| ebpf.map(name).ok_or_else(|| anyhow!("map {name} missing"));
     let mut report = FaultReport::default();
 
@@ -588,10 +599,9 @@ pub fn read(ebpf: &Ebpf, per_thread: bool) -> Result<FaultReport> {
         PerCpuHashMap::try_from(map(names::FAULT_STATS)?)?;
     let mut pending_regions: Vec<(u32, u64, u64, u64)> = Vec::new();
     let mut user_minor: BTreeMap<FaultKey, [u64; HIST_BUCKETS]> = BTreeMap::new();
-    for item in stats.iter() {
-        let Ok((key, values)) = item else { continue };
+    let mut add = |key: FaultKey, values: &[FaultStats]| {
         let entry = report.stats.entry(key).or_default();
-        for v in values.iter() {
+        for v in values {
             for (sum, x) in entry.counts.iter_mut().zip(v.counts) {
                 *sum += x;
             }
@@ -618,6 +628,21 @@ pub fn read(ebpf: &Ebpf, per_thread: bool) -> Result<FaultReport> {
                     v.region_vm_flags,
                 ));
             }
+        }
+    };
+    let mut hashed = 0u64;
+    for item in stats.iter() {
+        let Ok((key, values)) = item else { continue };
+        add(key, &values);
+        hashed += 1;
+    }
+    if let Some(tgid) = sole {
+        // The single-process fast path's statistics: the same process's, by another road.
+        let fast: PerCpuArray<&MapData, FaultStats> =
+            PerCpuArray::try_from(map(names::FAULT_SOLE_STATS)?)?;
+        let values = fast.get(&0, 0)?;
+        if values.iter().any(|v| v.comm[0] != 0) {
+            add(FaultKey { tgid, tid: 0 }, &values);
         }
     }
 
@@ -696,7 +721,7 @@ pub fn read(ebpf: &Ebpf, per_thread: bool) -> Result<FaultReport> {
     let sum = |index: u32| -> u64 { counters.get(&index, 0).map(|v| v.iter().sum()).unwrap_or(0) };
     let regions_present: usize = report.regions.values().map(Vec::len).sum();
     report.health = FaultHealth {
-        stats_evicted: sum(fault_counter::STATS_INSERTS).saturating_sub(report.stats.len() as u64),
+        stats_evicted: sum(fault_counter::STATS_INSERTS).saturating_sub(hashed),
         histograms_evicted: sum(fault_counter::HIST_INSERTS)
             .saturating_sub(report.hists.len() as u64),
         regions_evicted: sum(fault_counter::REGION_INSERTS).saturating_sub(regions_present as u64),

@@ -80,6 +80,20 @@ pub struct Tracer {
     /// Count-only on the tracepoint set: the targets' perf counters.
     fault_counters: Option<FaultCounters>,
     fault_options: FaultOptions,
+    /// The fault hooks' fast path for a single traced process (see `FAULT_SOLE_TGID` in the
+    /// eBPF crate).
+    sole: SoleTarget,
+}
+
+/// Whether the fault hooks may use their single-process fast path, and for whom.
+#[derive(Clone, Copy, Debug)]
+struct SoleTarget {
+    /// Nothing can make a second process a target, nor filter the one there is.
+    allowed: bool,
+    targets: usize,
+    /// The process whose statistics the fast path has held, if any: they stay there when a
+    /// second target ends the fast path.
+    tgid: Option<u32>,
 }
 
 impl Tracer {
@@ -106,7 +120,9 @@ impl Tracer {
         // Without the fields it reads, the VMA family stays unattached (or fails if required).
         let vma_config = vma::config(&btf, options.all_vma_stores);
         if let (Err(error), true) = (&vma_config, options.require_vma) {
-            return Err(anyhow!("VMA tracing is not possible on this kernel: {error:#}"));
+            return Err(anyhow!(
+                "VMA tracing is not possible on this kernel: {error:#}"
+            ));
         }
         let vma_global = vma_config.as_ref().copied().unwrap_or(VmaConfig::ZERO);
         let filters = &options.filters;
@@ -131,6 +147,15 @@ impl Tracer {
             fault_hooks: None,
             fault_counters: None,
             fault_options: fault_options.clone(),
+            sole: SoleTarget {
+                allowed: matches!(targets, Targets::Tgids(_))
+                    && !filters.follow_children
+                    && filters.comm.is_none()
+                    && filters.cgroup.is_none()
+                    && !fault_options.per_thread,
+                targets: 0,
+                tgid: None,
+            },
         };
         if let Targets::Tgids(tgids) = targets {
             let hooks = crate::filter::attach(&mut tracer.ebpf, filters)?;
@@ -155,7 +180,8 @@ impl Tracer {
             }
         }
         let specific_targets = matches!(targets, Targets::Tgids(_));
-        tracer.fault_hooks = faults::attach(&mut tracer.ebpf, &btf, fault_options, specific_targets)?;
+        tracer.fault_hooks =
+            faults::attach(&mut tracer.ebpf, &btf, fault_options, specific_targets)?;
         if tracer.fault_hooks.as_ref().is_some_and(|h| h.counting) {
             let mut counters = FaultCounters::default();
             if let Targets::Tgids(tgids) = targets {
@@ -184,15 +210,22 @@ impl Tracer {
         if let Some(counters) = &mut self.fault_counters {
             counters.add(tgid)?;
         }
+        self.sole.targets += 1;
+        if self.sole.allowed && self.sole.targets <= 2 {
+            // The first target takes the fast path, a second one ends it.
+            let sole = if self.sole.targets == 1 { tgid } else { 0 };
+            faults::set_sole_target(&mut self.ebpf, sole)?;
+            self.sole.tgid.get_or_insert(tgid);
+        }
         Ok(())
     }
 
     fn attach_syscalls(&mut self) -> Result<()> {
         for syscall in Syscall::ALL {
             let enter = format!("sys_enter_{}", syscall.name());
-            self.tracepoint(&enter)?.attach("syscalls", &enter).map_err(|e| {
-                hook_refused(&enter, "tracepoint", e)
-            })?;
+            self.tracepoint(&enter)?
+                .attach("syscalls", &enter)
+                .map_err(|e| hook_refused(&enter, "tracepoint", e))?;
         }
         let exit_prog = "sys_exit_mlock_family";
         for syscall in Syscall::ALL {
@@ -201,8 +234,11 @@ impl Tracer {
                 .attach("syscalls", &exit)
                 .map_err(|e| hook_refused(&exit, "tracepoint", e))?;
         }
-        self.hooks
-            .insert("syscalls", "tracepoints syscalls:sys_{enter,exit}_{mlock,mlock2,munlock,mlockall,munlockall}".into());
+        self.hooks.insert(
+            "syscalls",
+            "tracepoints syscalls:sys_{enter,exit}_{mlock,mlock2,munlock,mlockall,munlockall}"
+                .into(),
+        );
         Ok(())
     }
 
@@ -214,7 +250,9 @@ impl Tracer {
             .ok_or_else(|| anyhow!("program {name} missing from the eBPF object"))?
             .try_into()?;
         if program.fd().is_err() {
-            program.load().map_err(|e| hook_refused(name, "tracepoint", e))?;
+            program
+                .load()
+                .map_err(|e| hook_refused(name, "tracepoint", e))?;
         }
         Ok(program)
     }
@@ -246,7 +284,7 @@ impl Tracer {
         if self.fault_hooks.is_none() {
             return Ok(None);
         }
-        let mut report = faults::read(&self.ebpf, self.fault_options.per_thread)?;
+        let mut report = faults::read(&self.ebpf, self.fault_options.per_thread, self.sole.tgid)?;
         if let Some(counters) = &self.fault_counters {
             report.add_counted(counters.read());
         }
@@ -255,7 +293,14 @@ impl Tracer {
 
     /// Processes with fault statistics (cheap: keys only).
     pub fn fault_pids(&self) -> Result<std::collections::BTreeSet<u32>> {
-        faults::pids(&self.ebpf)
+        let mut pids = faults::pids(&self.ebpf)?;
+        pids.extend(self.sole.tgid);
+        Ok(pids)
+    }
+
+    /// The process the fault hooks' single-process fast path counts for, while it is on.
+    pub fn fault_fast_path(&self) -> Option<u32> {
+        self.sole.tgid.filter(|_| self.sole.targets == 1)
     }
 
     pub fn fault_options(&self) -> &FaultOptions {
@@ -268,9 +313,7 @@ impl Tracer {
             .map(names::COUNTERS)
             .ok_or_else(|| anyhow!("map {} missing", names::COUNTERS))?;
         let counters: PerCpuArray<&MapData, u64> = PerCpuArray::try_from(map)?;
-        let sum = |index: u32| -> Result<u64> {
-            Ok(counters.get(&index, 0)?.iter().sum())
-        };
+        let sum = |index: u32| -> Result<u64> { Ok(counters.get(&index, 0)?.iter().sum()) };
         Ok(Health {
             dropped_events: sum(counter::RINGBUF_DROPPED)?,
             untracked_calls: sum(counter::INFLIGHT_FULL)?,
@@ -301,7 +344,12 @@ pub struct Globals {
 
 impl Default for Globals {
     fn default() -> Self {
-        Self { vma: VmaConfig::ZERO, process: ProcessConfig::default(), max_targets: None, faults: None }
+        Self {
+            vma: VmaConfig::ZERO,
+            process: ProcessConfig::default(),
+            max_targets: None,
+            faults: None,
+        }
     }
 }
 
@@ -311,16 +359,20 @@ pub fn load_object_with(config: &Config, globals: &Globals) -> Result<Ebpf> {
     loader
         .override_global(names::CONFIG, config, true)
         .override_global(VMA_CONFIG, &globals.vma, true)
-        .override_global(memlock_trace_common::process::names::PROCESS_CONFIG, &globals.process, true);
+        .override_global(
+            memlock_trace_common::process::names::PROCESS_CONFIG,
+            &globals.process,
+            true,
+        );
     if let Some(max) = globals.max_targets {
         loader.map_max_entries(names::TARGET_TGIDS, max);
     }
     if let Some(fault_config) = &globals.faults {
         faults::prepare_loader(&mut loader, fault_config)?;
     }
-    loader
-        .load(EBPF_OBJECT)
-        .context("creating the eBPF maps failed (is RLIMIT_MEMLOCK too low on a kernel older than 5.11?)")
+    loader.load(EBPF_OBJECT).context(
+        "creating the eBPF maps failed (is RLIMIT_MEMLOCK too low on a kernel older than 5.11?)",
+    )
 }
 
 /// Turns a refused load or attach into a message naming the program, the kernel's reason

@@ -238,18 +238,35 @@ fn evict(path: &PathBuf) {
     assert_eq!(ret, 0, "posix_fadvise(DONTNEED)");
 }
 
+/// What the tracer records, which decides the road each fault takes through the maps.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Recording {
+    /// Latency, per thread: statistics in the per-key hash maps.
+    PerThread,
+    /// Latency, per process, one target: the single-process fast path.
+    PerProcess,
+    /// No latency, per process (on the tracepoint set: the targets' counting perf events
+    /// rather than a program per fault).
+    CountOnly,
+}
+
 /// Runs every command against a tracer forced to `set` and checks each window.
-/// `count_only`: no latency, per process (on the tracepoint set that means the targets'
-/// counting perf events rather than a program per fault); otherwise latency, per thread.
-fn accuracy(set: HookSet, count_only: bool) {
+fn accuracy(set: HookSet, recording: Recording) {
     common::require_privileges();
+    let count_only = recording == Recording::CountOnly;
     let options = FaultOptions {
         hooks: forced(set),
         latency: !count_only,
-        per_thread: !count_only,
+        per_thread: recording == Recording::PerThread,
         ..FaultOptions::default()
     };
-    let mut tracer = match Tracer::load_with(&Targets::Tgids(Vec::new()), &Options { faults: options.clone(), ..Options::default() }) {
+    let mut tracer = match Tracer::load_with(
+        &Targets::Tgids(Vec::new()),
+        &Options {
+            faults: options.clone(),
+            ..Options::default()
+        },
+    ) {
         Ok(tracer) => tracer,
         Err(error) => {
             let message = format!("{error:#}");
@@ -282,6 +299,11 @@ fn accuracy(set: HookSet, count_only: bool) {
     tracer
         .add_target(pid)
         .expect("adding the workload to the filter");
+    assert_eq!(
+        tracer.fault_fast_path(),
+        (recording != Recording::PerThread).then_some(pid),
+        "the single-process fast path is used exactly when one process is traced per process"
+    );
 
     // Warm every path once (code, stack, libc), so each measured window holds only the
     // faults its command is known to take.
@@ -340,7 +362,7 @@ fn accuracy(set: HookSet, count_only: bool) {
             "`{command}`: {d:?}"
         );
         // Per thread: the child is single-threaded, so its one thread holds everything.
-        if !count_only {
+        if recording == Recording::PerThread {
             assert_eq!(after.threads.len(), 1, "{:?}", after.threads);
             assert_eq!(after.threads[0].tid, pid);
             assert_eq!(
@@ -464,28 +486,38 @@ fn accuracy(set: HookSet, count_only: bool) {
 
 #[test]
 fn accuracy_fentry() {
-    accuracy(HookSet::Fentry, false);
+    accuracy(HookSet::Fentry, Recording::PerThread);
+}
+
+#[test]
+fn accuracy_fentry_per_process() {
+    accuracy(HookSet::Fentry, Recording::PerProcess);
 }
 
 #[test]
 fn accuracy_fentry_count_only() {
-    accuracy(HookSet::Fentry, true);
+    accuracy(HookSet::Fentry, Recording::CountOnly);
 }
 
 #[test]
 fn accuracy_kprobe() {
-    accuracy(HookSet::Kprobe, false);
+    accuracy(HookSet::Kprobe, Recording::PerThread);
 }
 
 #[test]
 fn accuracy_tracepoint() {
-    accuracy(HookSet::Tracepoint, false);
+    accuracy(HookSet::Tracepoint, Recording::PerThread);
+}
+
+#[test]
+fn accuracy_tracepoint_per_process() {
+    accuracy(HookSet::Tracepoint, Recording::PerProcess);
 }
 
 /// Count-only on the tracepoint set: the targets' counting perf events.
 #[test]
 fn accuracy_tracepoint_count_only() {
-    accuracy(HookSet::Tracepoint, true);
+    accuracy(HookSet::Tracepoint, Recording::CountOnly);
 }
 
 /// `auto` picks the best set the kernel allows and says why the better ones were refused.
