@@ -349,6 +349,29 @@ fn perf_completion(ctx: &PerfEventContext, major: bool) {
     });
 }
 
+/// The benchmark's floor (`cargo xtask bench`, `MEMLOCK_TRACE_BENCH_EMPTY_PROGRAMS`): the
+/// per-fault hooks above with programs that do nothing, so the hooks' own cost (tracepoint
+/// dispatch, perf overflow) can be told apart from the programs'.
+#[btf_tracepoint(function = "page_fault_user")]
+pub fn bench_empty_entry_user(_ctx: BtfTracePointContext) -> i32 {
+    0
+}
+
+#[btf_tracepoint(function = "page_fault_kernel")]
+pub fn bench_empty_entry_kernel(_ctx: BtfTracePointContext) -> i32 {
+    0
+}
+
+#[perf_event]
+pub fn bench_empty_perf_min(_ctx: PerfEventContext) -> u32 {
+    0
+}
+
+#[perf_event]
+pub fn bench_empty_perf_maj(_ctx: PerfEventContext) -> u32 {
+    0
+}
+
 // ---------------------------------------------------------------------------------------
 // Hook sets 1 and 2: fentry/fexit or kprobe/kretprobe on handle_mm_fault.
 // ---------------------------------------------------------------------------------------

@@ -228,6 +228,11 @@ const ENTRY_USER_BTF: &str = "fault_entry_user_btf";
 const ENTRY_KERNEL_BTF: &str = "fault_entry_kernel_btf";
 const PERF_MIN: &str = "fault_perf_min";
 const PERF_MAJ: &str = "fault_perf_maj";
+/// The same hooks with programs that return at once: see [`EMPTY_PROGRAMS_ENV`].
+const EMPTY_ENTRY_USER: &str = "bench_empty_entry_user";
+const EMPTY_ENTRY_KERNEL: &str = "bench_empty_entry_kernel";
+const EMPTY_PERF_MIN: &str = "bench_empty_perf_min";
+const EMPTY_PERF_MAJ: &str = "bench_empty_perf_maj";
 const POPULATE_ENTER: &str = "populate_enter";
 const POPULATE_EXIT_COUNTED: &str = "populate_exit_counted";
 const POPULATE_EXIT: &str = "populate_exit";
@@ -356,9 +361,14 @@ fn attach_tracepoints(
         hooks.extend(attach_fault_entry(ebpf)?);
     }
     let cpus = aya::util::online_cpus().map_err(|(what, e)| anyhow!("{what}: {e}"))?;
+    let (min, maj) = if empty_programs() {
+        (EMPTY_PERF_MIN, EMPTY_PERF_MAJ)
+    } else {
+        (PERF_MIN, PERF_MAJ)
+    };
     for (name, event, label) in [
-        (PERF_MIN, SoftwareEvent::PageFaultsMin, "PAGE_FAULTS_MIN"),
-        (PERF_MAJ, SoftwareEvent::PageFaultsMaj, "PAGE_FAULTS_MAJ"),
+        (min, SoftwareEvent::PageFaultsMin, "PAGE_FAULTS_MIN"),
+        (maj, SoftwareEvent::PageFaultsMaj, "PAGE_FAULTS_MAJ"),
     ] {
         let perf: &mut PerfEvent = program(ebpf, name)?.try_into()?;
         perf.load()
@@ -395,6 +405,15 @@ fn attach_signal(ebpf: &mut Ebpf) -> Result<String> {
 /// bpftrace 0.17 attaches them, for a like-for-like benchmark.
 pub const CLASSIC_TRACEPOINTS_ENV: &str = "MEMLOCK_TRACE_CLASSIC_TRACEPOINTS";
 
+/// Set to attach the tracepoint set's per-fault hooks (tp_btf start, perf completion) with
+/// programs that do nothing: what the hooks alone cost, the floor under any tool using
+/// them, for `cargo xtask bench`. Nothing is counted.
+pub const EMPTY_PROGRAMS_ENV: &str = "MEMLOCK_TRACE_BENCH_EMPTY_PROGRAMS";
+
+fn empty_programs() -> bool {
+    std::env::var_os(EMPTY_PROGRAMS_ENV).is_some()
+}
+
 /// The fault-start tracepoints: BTF-typed (tp_btf, cheaper) where the kernel allows it,
 /// else classic.
 fn attach_fault_entry(ebpf: &mut Ebpf) -> Result<Vec<String>> {
@@ -405,10 +424,12 @@ fn attach_fault_entry(ebpf: &mut Ebpf) -> Result<Vec<String>> {
         }
         let btf = aya::Btf::from_sys_fs().context("reading the kernel's BTF")?;
         let mut hooks = Vec::new();
-        for (name, tp) in [
-            (ENTRY_USER_BTF, "page_fault_user"),
-            (ENTRY_KERNEL_BTF, "page_fault_kernel"),
-        ] {
+        let (user, kernel) = if empty_programs() {
+            (EMPTY_ENTRY_USER, EMPTY_ENTRY_KERNEL)
+        } else {
+            (ENTRY_USER_BTF, ENTRY_KERNEL_BTF)
+        };
+        for (name, tp) in [(user, "page_fault_user"), (kernel, "page_fault_kernel")] {
             let p: &mut BtfTracePoint = program(ebpf, name)?.try_into()?;
             p.load(tp, &btf)
                 .map_err(|e| hook_refused(name, "tp_btf", e))?;
