@@ -192,14 +192,14 @@ pub fn prepare_loader<'a>(loader: &mut EbpfLoader<'a>, config: &'a FaultConfig) 
             names::FAULT_REGIONS,
             fit(8 << 20, size_of::<RegionValue>(), MAX_FAULT_REGIONS),
         );
-    // Each entry preallocates its 520-byte key: without --stacks none is used, so keep the
-    // map at its smallest.
+    // Each entry preallocates its 520-byte key once (plus ~64 bytes of element) and an
+    // 8-byte count per CPU: 16 MiB is ~28000 entries on 2 CPUs, ~15000 on 64. Without
+    // --stacks none is used, so keep the map at its smallest.
     let stack_counts = if config.stacks != 0 {
-        fit(
-            16 << 20,
-            size_of::<StackKey>() + size_of::<u64>(),
-            MAX_FAULT_STACK_COUNTS,
-        )
+        let entry = size_of::<StackKey>() + 64 + cpus * size_of::<u64>();
+        u32::try_from((16 << 20) / entry)
+            .unwrap_or(u32::MAX)
+            .clamp(256, MAX_FAULT_STACK_COUNTS)
     } else {
         1
     };
