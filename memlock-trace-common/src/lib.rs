@@ -144,4 +144,5 @@ mod pod {
     unsafe impl aya::Pod for super::faults::RegionValue {}
     unsafe impl aya::Pod for super::faults::FaultEntry {}
     unsafe impl aya::Pod for super::faults::FaultEvent {}
+    unsafe impl aya::Pod for super::faults::StackKey {}
 }

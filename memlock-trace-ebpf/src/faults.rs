@@ -13,6 +13,7 @@
 //! for why slots rather than streaming).
 
 use aya_ebpf::{
+    EbpfContext,
     bindings::{BPF_ANY, BPF_NOEXIST},
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_current_task,
@@ -35,7 +36,10 @@ use memlock_trace_common::{
     },
 };
 
-use crate::shared::{is_target, offsets, read_kernel};
+use crate::{
+    shared::{is_target, offsets, read_kernel},
+    stacks,
+};
 
 /// Set by the loader before load; read field by field with volatile reads (a whole-struct
 /// `Global::load` would copy ~150 bytes on every fault).
@@ -52,7 +56,7 @@ static FAULT_CONFIG: FaultConfig = FaultConfig {
     fault_flag_user: 0,
     vm_fault_oom: 0,
     nr_cpus: 1,
-    _pad3: 0,
+    stacks: 0,
     vm_locked: 0,
     vm_lockonfault: 0,
     vma_vm_flags: 0,
@@ -331,7 +335,7 @@ fn perf_completion(ctx: &PerfEventContext, major: bool) {
             }
         }
     }
-    account(Fault {
+    let counted = account(Fault {
         tgid,
         tid,
         cls: if major {
@@ -347,6 +351,16 @@ fn perf_completion(ctx: &PerfEventContext, major: bool) {
         retried: false,
         known_target: latency.is_some(),
     });
+    if config!(stacks) != 0 && counted {
+        record_stack(ctx, tgid, tid, 1);
+    }
+}
+
+/// `--stacks`: the counted faults' user stack (see `stacks.rs`).
+#[inline(always)]
+fn record_stack<C: EbpfContext>(ctx: &C, tgid: u32, tid: u32, count: u64) {
+    let tid = if config!(per_thread) != 0 { tid } else { 0 };
+    stacks::record(ctx, tgid, tid, count);
 }
 
 /// The benchmark's floor (`cargo xtask bench`, `MEMLOCK_TRACE_BENCH_EMPTY_PROGRAMS`): the
@@ -394,7 +408,7 @@ pub fn handle_mm_fault_fentry(ctx: FEntryContext) -> u32 {
 pub fn handle_mm_fault_fexit(ctx: FExitContext) -> u32 {
     // fexit sees the arguments, then the return value.
     let ret: u64 = ctx.arg(4);
-    hook_end(ret as u32);
+    hook_end(&ctx, ret as u32);
     0
 }
 
@@ -411,7 +425,7 @@ pub fn handle_mm_fault_kprobe(ctx: ProbeContext) -> u32 {
 #[kretprobe]
 pub fn handle_mm_fault_kretprobe(ctx: RetProbeContext) -> u32 {
     let ret: u64 = ctx.ret();
-    hook_end(ret as u32);
+    hook_end(&ctx, ret as u32);
     0
 }
 
@@ -425,7 +439,7 @@ fn hook_start(vma: u64, address: u64, flags: u32, no_regs: bool) {
 }
 
 #[inline(always)]
-fn hook_end(ret: u32) {
+fn hook_end<C: EbpfContext>(ctx: &C, ret: u32) {
     let (tgid, tid) = current_ids();
     let Some(entry) = FAULT_ENTRY.get_ptr_mut(tid) else {
         return;
@@ -497,11 +511,14 @@ fn hook_end(ret: u32) {
         };
         (cls, NO_SYSCALL)
     };
-    account(Fault {
+    let counted = account(Fault {
         cls,
         syscall,
         ..fault
     });
+    if config!(stacks) != 0 && counted {
+        record_stack(ctx, tgid, tid, 1);
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -642,9 +659,9 @@ struct Fault {
 /// A failed fault that `fault_signal` counts: only its latency is recorded here.
 const FAILED_SIGNALLED: u32 = 0x100;
 
-/// Counts one completed (or failed) fault.
+/// Counts one completed (or failed) fault; false when the task is not traced.
 #[inline(always)]
-fn account(f: Fault) {
+fn account(f: Fault) -> bool {
     let Fault {
         tgid,
         tid,
@@ -658,7 +675,7 @@ fn account(f: Fault) {
         known_target,
     } = f;
     let Some(stats) = stats_for(tgid, tid, known_target) else {
-        return;
+        return false;
     };
     let s = unsafe { &mut *stats };
     // Constant indices in every arm: nothing for the verifier to bound.
@@ -732,6 +749,7 @@ fn account(f: Fault) {
         }
         emit(tgid, tid, flags, address, latency, vm_flags, 1, syscall);
     }
+    true
 }
 
 /// Why per-CPU log-linear slots in the kernel rather than streaming every fault to an
@@ -994,6 +1012,10 @@ pub fn populate_exit_counted(ctx: TracePointContext) -> u32 {
     s.counts[stat::POPULATED_MINOR] += minor;
     s.counts[stat::POPULATED_MAJOR] += major;
     s.populated_by[call.index as usize & (SLOTS - 1)] += minor + major;
+    if config!(stacks) != 0 {
+        // The call site of the system call that populated them.
+        record_stack(&ctx, tgid, tid, minor + major);
+    }
     // Where: mmap and mremap return the mapping; the others take it as first argument.
     let ret = unsafe { ctx.read_at::<i64>(RET_OFFSET) }.unwrap_or(-1);
     let address = if call.index == populate::MMAP as u32 || call.index == populate::MREMAP as u32 {

@@ -6,6 +6,7 @@ mod capabilities;
 mod faults;
 mod process;
 mod shared;
+mod stacks;
 mod syscalls;
 mod vma;
 

@@ -69,6 +69,13 @@ pub struct TraceArgs {
     /// Mappings listed per process, by page faults.
     #[arg(long, value_name = "N", default_value_t = 10)]
     pub top_mappings: usize,
+    /// Count page faults per user call stack and list each process's top stacks,
+    /// symbolized (pages populated inside mlock, MAP_POPULATE, ... count at the call site).
+    #[arg(long)]
+    pub stacks: bool,
+    /// Stacks listed per process with --stacks, by page faults.
+    #[arg(long, value_name = "N", default_value_t = 10, requires = "stacks")]
+    pub stacks_top: usize,
     /// Launch COMMAND and trace it and its threads until it exits.
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<String>,
@@ -99,6 +106,8 @@ impl TraceArgs {
             events: self.fault_events(),
             sample_every: self.sample.max(1),
             top_mappings: self.top_mappings,
+            stacks: self.stacks,
+            top_stacks: self.stacks_top,
         }
     }
 }
@@ -221,11 +230,16 @@ mod tests {
             "100",
             "--top-mappings",
             "3",
+            "--stacks",
+            "--stacks-top",
+            "4",
         ])
         .unwrap();
         let o = cli.trace.fault_options();
         assert_eq!(o.hooks, HookChoice::Tracepoint);
         assert!(!o.latency && o.per_thread && o.events);
+        assert!(o.stacks && o.top_stacks == 4);
+        assert!(parse(&["--stacks-top", "4"]).is_err(), "--stacks-top needs --stacks");
         assert_eq!((o.sample_every, o.top_mappings), (100, 3));
         let d = parse(&[]).unwrap().trace.fault_options();
         assert_eq!(

@@ -18,8 +18,8 @@ use aya::{
 use hdrhistogram::Histogram;
 use memlock_trace_common::faults::{
     FaultConfig, FaultEntry, FaultKey, FaultStats, HIST_BUCKETS, Hist, HistKey, MAX_FAULT_HISTS,
-    MAX_FAULT_KEYS, MAX_FAULT_REGIONS, RegionKey, RegionValue, SLOTS, bucket_range, class,
-    fault_counter, names, populate, stat,
+    MAX_FAULT_KEYS, MAX_FAULT_REGIONS, MAX_FAULT_STACK_COUNTS, RegionKey, RegionValue, SLOTS,
+    StackKey, bucket_range, class, fault_counter, names, populate, stat,
 };
 use serde::Serialize;
 
@@ -77,6 +77,10 @@ pub struct FaultOptions {
     pub sample_every: u32,
     /// Mappings listed per process.
     pub top_mappings: usize,
+    /// Count faults per user call stack (`--stacks`).
+    pub stacks: bool,
+    /// Stacks listed per process.
+    pub top_stacks: usize,
 }
 
 impl Default for FaultOptions {
@@ -88,6 +92,8 @@ impl Default for FaultOptions {
             events: false,
             sample_every: 1,
             top_mappings: 10,
+            stacks: false,
+            top_stacks: 10,
         }
     }
 }
@@ -149,7 +155,7 @@ pub fn config(btf: &KernelBtf, options: &FaultOptions) -> Result<FaultConfig> {
         vm_fault_oom: reason("VM_FAULT_OOM")? as u32,
         nr_cpus: u32::try_from(aya::util::nr_cpus().map_err(|(what, e)| anyhow!("{what}: {e}"))?)
             .unwrap_or(u32::MAX),
-        _pad3: 0,
+        stacks: u32::from(options.stacks),
         vm_locked: VM_LOCKED,
         vm_lockonfault: VM_LOCKONFAULT,
         vma_vm_flags: btf.field_offset("vm_area_struct", "vm_flags")?,
@@ -186,14 +192,30 @@ pub fn prepare_loader<'a>(loader: &mut EbpfLoader<'a>, config: &'a FaultConfig) 
             names::FAULT_REGIONS,
             fit(8 << 20, size_of::<RegionValue>(), MAX_FAULT_REGIONS),
         );
+    // Each entry preallocates its 520-byte key once (plus ~64 bytes of element) and an
+    // 8-byte count per CPU: 16 MiB is ~28000 entries on 2 CPUs, ~15000 on 64. Without
+    // --stacks none is used, so keep the map at its smallest.
+    let stack_counts = if config.stacks != 0 {
+        let entry = size_of::<StackKey>() + 64 + cpus * size_of::<u64>();
+        u32::try_from((16 << 20) / entry)
+            .unwrap_or(u32::MAX)
+            .clamp(256, MAX_FAULT_STACK_COUNTS)
+    } else {
+        1
+    };
+    loader.map_max_entries(names::FAULT_STACK_COUNTS, stack_counts);
     Ok(())
 }
 
 /// Whether count-only mode on the tracepoint set can use counting perf events on the
 /// targets' threads (see `fault_counting`) instead of a BPF program per fault: it needs
-/// specific processes, and nothing per fault (no latency, events or per-thread keys).
+/// specific processes, and nothing per fault (no latency, events, per-thread keys or stacks).
 fn counting(options: &FaultOptions, specific_targets: bool) -> bool {
-    specific_targets && !options.latency && !options.events && !options.per_thread
+    specific_targets
+        && !options.latency
+        && !options.events
+        && !options.per_thread
+        && !options.stacks
 }
 
 /// A better hook set the kernel refused, and its reason.
@@ -545,6 +567,8 @@ pub struct FaultReport {
     pub hists: BTreeMap<HistKey, [u64; HIST_BUCKETS]>,
     /// Faults per region, per process.
     pub regions: BTreeMap<u32, Vec<(RegionKey, RegionValue)>>,
+    /// Faults per user call stack (`--stacks`).
+    pub stacks: Option<crate::stacks::StackReport>,
     pub health: FaultHealth,
 }
 
@@ -580,6 +604,13 @@ pub struct FaultHealth {
     pub update_failed: u64,
     /// Sampled fault events lost to a full ring buffer.
     pub events_dropped: u64,
+    /// `--stacks` only: faults whose call stack could not be recorded (stack map bucket
+    /// collision or full, no user stack, count map update failed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stacks_dropped: Option<u64>,
+    /// `--stacks` only: (process, stack) counts the bounded LRU map evicted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stacks_evicted: Option<u64>,
 }
 
 fn comm_of(bytes: &[u8]) -> String {
@@ -748,6 +779,9 @@ pub fn read(ebpf: &Ebpf, per_thread: bool, sole: Option<u32>) -> Result<FaultRep
         regions_evicted: sum(fault_counter::REGION_INSERTS).saturating_sub(regions_present as u64),
         update_failed: sum(fault_counter::UPDATE_FAILED),
         events_dropped: sum(fault_counter::EVENTS_DROPPED),
+        // Set by the tracer with --stacks.
+        stacks_dropped: None,
+        stacks_evicted: None,
     };
     Ok(report)
 }
@@ -839,6 +873,9 @@ pub struct FaultSummary {
     /// Faults counted without a latency (their start was not seen).
     pub latency_unmatched: u64,
     pub by_mapping: Vec<MappingFaults>,
+    /// `--stacks`: the top user call stacks by faults.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stacks: Option<Vec<crate::stacks::StackFaults>>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub threads: Vec<ThreadFaults>,
 }
@@ -910,6 +947,7 @@ fn summarize_key(
         latency_ns,
         latency_unmatched: c[stat::LATENCY_UNMATCHED],
         by_mapping: Vec::new(),
+        stacks: None,
         threads: Vec::new(),
     }
 }
@@ -1086,6 +1124,7 @@ mod tests {
         Mapping {
             start,
             end,
+            offset: 0,
             name: name.into(),
             locked,
             lockonfault: Some(false),

@@ -23,6 +23,7 @@ pub mod production;
 pub mod render;
 pub mod report;
 pub mod session;
+pub mod stacks;
 pub mod suite;
 pub mod syscall;
 pub mod tracer;

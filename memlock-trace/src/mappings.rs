@@ -14,6 +14,8 @@ use std::{
 pub struct Mapping {
     pub start: u64,
     pub end: u64,
+    /// Offset in the mapped file of `start` (0 for anonymous mappings).
+    pub offset: u64,
     /// `[heap]`, `[stack]`, `[vdso]`, a file path, or `anonymous`.
     pub name: String,
     pub locked: bool,
@@ -66,6 +68,7 @@ pub fn parse_smaps(text: &str, shows_lockonfault: bool) -> Vec<Mapping> {
         out.push(Mapping {
             start,
             end,
+            offset: u64::from_str_radix(rest[1], 16).unwrap_or(0),
             name: if name.is_empty() {
                 "anonymous".into()
             } else {
@@ -144,7 +147,7 @@ VmFlags: rd wr mr mw me ac sd
 Size:               1024 kB
 Locked:             1024 kB
 VmFlags: rd wr mr mw me lo ac sd
-7f00ab000000-7f00ab010000 r--p 00000000 08:01 1234                       /usr/lib/with space.so
+7f00ab000000-7f00ab010000 r--p 0001a000 08:01 1234                       /usr/lib/with space.so
 VmFlags: rd mr mw me lf sd
 7ffc00000000-7ffc00021000 rw-p 00000000 00:00 0                          [stack]
 VmFlags: rd wr mr mw me gd ac
@@ -159,6 +162,7 @@ VmFlags: rd wr mr mw me gd ac
             Mapping {
                 start: 0x55d0c0a00000,
                 end: 0x55d0c0a21000,
+                offset: 0,
                 name: "[heap]".into(),
                 locked: false,
                 lockonfault: Some(false)
@@ -172,6 +176,7 @@ VmFlags: rd wr mr mw me gd ac
             (maps[2].name.as_str(), maps[2].locked, maps[2].lockonfault),
             ("/usr/lib/with space.so", false, Some(true))
         );
+        assert_eq!(maps[2].offset, 0x1a000);
         assert_eq!(maps[3].name, "[stack]");
         // Before 6.2 a missing `lf` says nothing.
         assert_eq!(parse_smaps(SMAPS, false)[1].lockonfault, None);

@@ -237,6 +237,39 @@ pub fn faults_text(out: &mut String, f: &FaultSummary, indent: &str) {
     }
 }
 
+/// Frames of a stack shown in the text summary (the JSON has them all).
+const TEXT_FRAMES: usize = 16;
+
+/// `--stacks`: a process's top stacks, innermost frame first.
+fn stacks_text(out: &mut String, stacks: &[crate::stacks::StackFaults], indent: &str) {
+    let _ = writeln!(out, "{indent}  {:>9}  user call stack (innermost first)", "faults");
+    if stacks.is_empty() {
+        let _ = writeln!(out, "{indent}  {:>9}  (no stack recorded)", "-");
+    }
+    for stack in stacks {
+        let mut count = stack.faults.to_string();
+        for frame in stack.frames.iter().take(TEXT_FRAMES) {
+            let place = match (&frame.file, frame.line) {
+                (Some(file), Some(line)) => format!("  {file}:{line}"),
+                (Some(file), None) => format!("  {file}"),
+                _ => String::new(),
+            };
+            let inlined = if frame.inlined { " (inlined)" } else { "" };
+            let _ = writeln!(out, "{indent}  {count:>9}  {}{inlined}{place}", frame.symbol);
+            count.clear();
+        }
+        if stack.frames.len() > TEXT_FRAMES {
+            let _ = writeln!(
+                out,
+                "{indent}  {count:>9}  ... {} more frames",
+                stack.frames.len() - TEXT_FRAMES
+            );
+        } else if stack.frames.is_empty() {
+            let _ = writeln!(out, "{indent}  {count:>9}  (stack not found)");
+        }
+    }
+}
+
 pub fn summary_text(summary: &Summary) -> String {
     let mut out = String::new();
     if let Some(hooks) = &summary.fault_hooks {
@@ -255,6 +288,9 @@ pub fn summary_text(summary: &Summary) -> String {
         let _ = writeln!(out, "pid {} ({}){started}", p.pid, p.comm);
         if let Some(f) = &p.faults {
             faults_text(&mut out, f, "  ");
+            if let Some(stacks) = &f.stacks {
+                stacks_text(&mut out, stacks, "  ");
+            }
             for t in &f.threads {
                 let _ = writeln!(out, "  thread {} ({})", t.tid, t.comm);
                 faults_text(&mut out, &t.faults, "    ");
@@ -327,6 +363,12 @@ pub fn summary_text(summary: &Summary) -> String {
             f.update_failed,
             f.events_dropped
         );
+        if let (Some(dropped), Some(evicted)) = (f.stacks_dropped, f.stacks_evicted) {
+            let _ = writeln!(
+                out,
+                "fault stacks: {dropped} faults without a recorded stack, {evicted} stack counts evicted"
+            );
+        }
     }
     out
 }

@@ -25,6 +25,7 @@ use crate::{
     metrics::Metrics,
     production::Production,
     render,
+    stacks::StackSymbolizer,
     tracer::{Options, Targets, Tracer, VmaHooks},
     vma,
 };
@@ -137,6 +138,8 @@ async fn event_loop(
         vma: VmaOutput { hooks: tracer.vma.clone(), ..VmaOutput::default() },
         mappings: MappingCache::default(),
         top_mappings: args.top_mappings,
+        top_stacks: args.stacks_top,
+        symbolizer: StackSymbolizer::default(),
     };
     // The kernel's loss counters change without any event arriving: refresh them for scrapes.
     let mut health_ticker = tokio::time::interval(Duration::from_secs(1));
@@ -253,6 +256,9 @@ struct Output {
     vma: VmaOutput,
     mappings: MappingCache,
     top_mappings: usize,
+    top_stacks: usize,
+    /// Keeps the files it parsed from one summary to the next.
+    symbolizer: StackSymbolizer,
 }
 
 /// VMA events: paired with their calls by the tracker, counted per process.
@@ -359,8 +365,17 @@ impl Output {
             for &tgid in report.regions.keys() {
                 self.mappings.refresh(tgid, Duration::ZERO);
             }
-            let per_process =
+            let mut per_process =
                 faults::summarize(&report, hooks, &mut self.mappings, self.top_mappings);
+            if let Some(stacks) = &report.stacks {
+                crate::stacks::add_to(
+                    &mut per_process,
+                    stacks,
+                    &mut self.mappings,
+                    self.top_stacks,
+                    &self.symbolizer,
+                );
+            }
             summary.add_faults(hooks.clone(), report.health, per_process);
         }
         if let Some(metrics) = &self.metrics {

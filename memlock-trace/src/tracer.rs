@@ -288,6 +288,12 @@ impl Tracer {
         if let Some(counters) = &self.fault_counters {
             report.add_counted(counters.read());
         }
+        if self.fault_options.stacks {
+            let stacks = crate::stacks::read(&self.ebpf)?;
+            report.health.stacks_dropped = Some(stacks.dropped);
+            report.health.stacks_evicted = Some(stacks.evicted);
+            report.stacks = Some(stacks);
+        }
         Ok(Some(report))
     }
 

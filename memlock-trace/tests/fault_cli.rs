@@ -230,3 +230,130 @@ fn traced_pid_that_exits_is_summarised_up_to_its_exit() {
         "{process}"
     );
 }
+
+/// The workload's own `getrusage` minflt after each command, from its `ok MINFLT ...`
+/// answers (they share the tracer's stdout), in command order.
+fn answered_minflt(stdout: &[u8]) -> Vec<u64> {
+    String::from_utf8_lossy(stdout)
+        .lines()
+        .filter_map(|l| l.strip_prefix("ok "))
+        .map(|rest| rest.split_whitespace().next().unwrap().parse().unwrap())
+        .collect()
+}
+
+/// The stacks of the (one) traced process whose frames name `function`, most faults first.
+fn stacks_naming<'a>(stacks: &'a [Value], function: &str) -> Vec<&'a Value> {
+    stacks
+        .iter()
+        .filter(|s| {
+            s["frames"].as_array().unwrap().iter().any(|f| {
+                f["symbol"]
+                    .as_str()
+                    .unwrap()
+                    .ends_with(&format!("::{function}"))
+            })
+        })
+        .collect()
+}
+
+/// `--stacks`: the faults of two distinct call sites, and the pages an mlock populated, each
+/// counted on its own stack exactly (equal to the kernel's own minflt delta of the command)
+/// and named by function, symbolized after the workload exited.
+#[test]
+fn stacks_name_each_call_site_with_its_exact_count() {
+    require_privileges();
+    // Each site runs once with 0 pages first, so its code is faulted in before the measured
+    // run; the sleeps leave the tracer time to read the mappings before the exit.
+    let commands = "noop\nsite_a 0\nsite_b 0\nsite_mlock 0\nnoop\n\
+                    site_a 1000\nsite_b 300\nsite_mlock 200\nsleep\nsleep\nexit";
+    let out = traced_workload(&["--json", "--stacks"], commands);
+    let minflt = answered_minflt(&out.stdout);
+    assert_eq!(minflt.len(), 8, "{}", String::from_utf8_lossy(&out.stdout));
+    // The kernel's count of each measured command (its own getrusage before and after).
+    let (touched_a, touched_b, populated) = (
+        minflt[5] - minflt[4],
+        minflt[6] - minflt[5],
+        minflt[7] - minflt[6],
+    );
+    assert_eq!((touched_a, touched_b, populated), (1000, 300, 200));
+
+    let lines = json_lines(&out.stdout);
+    let summary = lines.last().expect("a summary line");
+    let f = &summary["processes"][0]["faults"];
+    let stacks = f["stacks"]
+        .as_array()
+        .unwrap_or_else(|| panic!("faults.stacks with --stacks: {f}"));
+    assert!(stacks.len() <= 10, "--stacks-top defaults to 10");
+    let hook_set = summary["fault_hooks"]["hook_set"].as_str().unwrap();
+    let shown: Vec<(u64, Vec<&str>)> = stacks
+        .iter()
+        .map(|s| {
+            let frames = s["frames"].as_array().unwrap();
+            (
+                s["faults"].as_u64().unwrap(),
+                frames
+                    .iter()
+                    .map(|f| f["symbol"].as_str().unwrap())
+                    .collect(),
+            )
+        })
+        .collect();
+    eprintln!("{hook_set} hooks, top stacks: {shown:#?}");
+
+    // The top stack: the 1000 first touches, in fault_site_alpha.
+    assert!(
+        stacks_naming(&stacks[..1], "fault_site_alpha").len() == 1,
+        "the top stack is not fault_site_alpha's: {shown:#?}"
+    );
+    assert_eq!(stacks[0]["faults"], touched_a, "{shown:#?}");
+    let beta = stacks_naming(stacks, "fault_site_beta");
+    assert!(
+        !beta.is_empty(),
+        "no stack names fault_site_beta: {shown:#?}"
+    );
+    assert_eq!(beta[0]["faults"], touched_b, "{shown:#?}");
+    // Pages mlock populated: on the stack of its call site.
+    let gamma = stacks_naming(stacks, "mlock_site_gamma");
+    assert!(
+        !gamma.is_empty(),
+        "no stack names mlock_site_gamma: {shown:#?}"
+    );
+    assert_eq!(gamma[0]["faults"], populated, "{shown:#?}");
+    assert_eq!(f["populated_by"]["mlock"], populated, "{f}");
+
+    // The innermost frame of each named stack is in the workload's binary, resolved.
+    for stack in [&stacks[0], beta[0], gamma[0]] {
+        let frame = &stack["frames"][0];
+        assert_eq!(frame["resolved"], true, "{frame}");
+        assert_eq!(frame["module"], BIN, "{frame}");
+        assert!(frame["addr"].as_str().unwrap().starts_with("0x"), "{frame}");
+    }
+    let health = &summary["fault_health"];
+    assert_eq!(
+        (
+            health["stacks_dropped"].as_u64(),
+            health["stacks_evicted"].as_u64()
+        ),
+        (Some(0), Some(0)),
+        "{health}"
+    );
+}
+
+#[test]
+fn text_summary_lists_the_stacks() {
+    require_privileges();
+    let out = traced_workload(
+        &["--stacks", "--stacks-top", "3"],
+        "site_a 0\nsite_a 200\nsleep\nexit",
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("user call stack (innermost first)"), "{text}");
+    assert!(
+        text.contains("workload::faults::fault_site_alpha"),
+        "{text}"
+    );
+    assert!(
+        text.contains("fault stacks: 0 faults without a recorded stack"),
+        "{text}"
+    );
+}

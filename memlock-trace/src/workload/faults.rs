@@ -15,6 +15,10 @@
 //! - `file N PATH`: read one byte of each of N pages of PATH, `FILE_STRIDE` pages apart;
 //! - `segv`: touch a `PROT_NONE` page whose SIGSEGV handler makes it readable;
 //! - `mlockall N`: `mlockall(MCL_CURRENT|MCL_FUTURE)`, map N new pages, `munlockall`;
+//! - `site_a N`, `site_b N`: `touch N`, the touches made in [`fault_site_alpha`] or
+//!   [`fault_site_beta`] (distinct call sites for `--stacks`); N may be 0, to fault in their
+//!   code before a measured run;
+//! - `site_mlock N`: `mlock N`, the system call made in [`mlock_site_gamma`];
 //! - `exit`.
 //!
 //! Everything uses raw syscalls and fixed buffers, so no allocation faults mid-step.
@@ -107,6 +111,68 @@ fn check(ret: libc::c_int, what: &str) -> Result<()> {
     Ok(())
 }
 
+/// Writes one byte to each of `pages` pages from `addr`, the store itself in this function:
+/// a user fault's stack starts at the faulting instruction, and without frame pointers
+/// (debug builds omit them) only that frame is certain, so no helper may do the store.
+#[inline(always)]
+fn store_each_page(addr: *mut u8, pages: usize) {
+    for i in 0..pages {
+        // SAFETY: inside the caller's mapping.
+        let page = unsafe { addr.add(i * PAGE_SIZE) };
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: a one-byte store to a page of the caller's writable mapping.
+        unsafe {
+            std::arch::asm!("mov byte ptr [{page}], 1", page = in(reg) page, options(nostack, preserves_flags));
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        // SAFETY: as above.
+        unsafe {
+            ptr::write_volatile(page, 1)
+        };
+    }
+}
+
+/// `site_a`: a call site `--stacks` must name (see the `fault_cli` tests).
+#[inline(never)]
+pub fn fault_site_alpha(addr: *mut u8, pages: usize) {
+    store_each_page(addr, pages);
+}
+
+/// `site_b`: a second call site, with its own count.
+#[inline(never)]
+pub fn fault_site_beta(addr: *mut u8, pages: usize) {
+    store_each_page(addr, pages);
+}
+
+/// `site_mlock`: `mlock(addr, len)`, the `syscall` instruction in this function. Through
+/// libc's `mlock` the kernel's frame-pointer unwinding would start in that leaf wrapper and
+/// skip its caller (the wrapper pushes no frame), so the call site would be libc's.
+#[inline(never)]
+pub fn mlock_site_gamma(addr: *mut u8, len: usize) -> i64 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let ret: i64;
+        // SAFETY: the mlock system call on the caller's mapping; `syscall` clobbers rcx, r11.
+        unsafe {
+            std::arch::asm!(
+                "syscall",
+                inlateout("rax") libc::SYS_mlock => ret,
+                in("rdi") addr,
+                in("rsi") len,
+                lateout("rcx") _,
+                lateout("r11") _,
+                options(nostack),
+            );
+        }
+        ret
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    // SAFETY: as above.
+    unsafe {
+        i64::from(libc::mlock(addr.cast(), len))
+    }
+}
+
 /// Runs one command; returns the address of the region used (0 when none).
 fn step(command: &str, kept: &mut Vec<(*mut u8, usize)>) -> Result<usize> {
     let mut words = command.split_whitespace();
@@ -142,6 +208,37 @@ fn step(command: &str, kept: &mut Vec<(*mut u8, usize)>) -> Result<usize> {
                 "mlock",
             )?;
             unmap(addr, pages);
+            addr
+        }
+        "site_a" | "site_b" => {
+            let addr = if pages > 0 {
+                map_small_pages(pages)?
+            } else {
+                ptr::null_mut()
+            };
+            if name == "site_a" {
+                fault_site_alpha(addr, pages);
+            } else {
+                fault_site_beta(addr, pages);
+            }
+            if pages > 0 {
+                unmap(addr, pages);
+            }
+            addr
+        }
+        "site_mlock" => {
+            let addr = if pages > 0 {
+                map_small_pages(pages)?
+            } else {
+                ptr::null_mut()
+            };
+            let ret = mlock_site_gamma(addr, pages * PAGE_SIZE);
+            if ret != 0 {
+                bail!("mlock: {}", std::io::Error::from_raw_os_error(-ret as i32));
+            }
+            if pages > 0 {
+                unmap(addr, pages);
+            }
             addr
         }
         "populate" => {
