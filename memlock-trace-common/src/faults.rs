@@ -20,6 +20,7 @@ pub mod names {
     pub const FAULT_EVENTS: &str = "FAULT_EVENTS";
     pub const FAULT_SOLE_TGID: &str = "FAULT_SOLE_TGID";
     pub const FAULT_SOLE_STATS: &str = "FAULT_SOLE_STATS";
+    pub const FAULT_REGION_SLOTS: &str = "FAULT_REGION_SLOTS";
     pub const FAULT_STACK_COUNTS: &str = "FAULT_STACK_COUNTS";
     pub const STACK_COUNTERS: &str = "STACK_COUNTERS";
 }
@@ -159,7 +160,9 @@ pub struct FaultConfig {
     pub vma_vm_start: u32,
     /// Without a VMA, runs of faults within `1 << region_shift` bytes are counted together.
     pub region_shift: u32,
-    pub _pad: u32,
+    /// Slots of `FAULT_REGION_SLOTS` in use, minus one (a power of two, at most
+    /// [`REGION_SLOTS`]).
+    pub region_slots_mask: u32,
     /// This architecture's syscall numbers of the [`populate`] calls, by index
     /// (`u32::MAX` where the architecture has no such call).
     pub populate_nrs: [u32; populate::COUNT],
@@ -200,13 +203,6 @@ pub struct FaultStats {
     pub populated_by: [u64; SLOTS],
     /// Largest latency per [`class`], exact (the histogram has bucket resolution).
     pub max_ns: [u64; SLOTS],
-    /// One-entry cache of the region this CPU last counted a fault in, flushed into
-    /// `FAULT_REGIONS` when the next fault lands elsewhere: sequential faults then cost no
-    /// extra map update. The loader adds the pending count of every CPU.
-    pub region_start: u64,
-    pub region_pending: u64,
-    /// `vm_flags` of that region's VMA when the hook has one (0 otherwise).
-    pub region_vm_flags: u64,
     pub comm: [u8; crate::TASK_COMM_LEN],
     /// The latency histogram of the commonest class, [`class::USER_MINOR`], kept here so
     /// that the typical fault costs one map lookup, not two; the other classes live in
@@ -220,9 +216,6 @@ impl Default for FaultStats {
             counts: [0; stat::COUNT],
             populated_by: [0; SLOTS],
             max_ns: [0; SLOTS],
-            region_start: 0,
-            region_pending: 0,
-            region_vm_flags: 0,
             comm: [0; crate::TASK_COMM_LEN],
             user_minor_hist: [0; HIST_BUCKETS],
         }
@@ -301,6 +294,20 @@ pub struct RegionKey {
     /// page of the first fault of a run of faults within `1 << region_shift` bytes.
     pub exact: u32,
     pub start: u64,
+}
+
+/// Slots of the per-CPU region table `FAULT_REGION_SLOTS` (the most; the loader may use
+/// fewer on machines with many CPUs).
+pub const REGION_SLOTS: u32 = 4096;
+
+/// One slot of `FAULT_REGION_SLOTS`: the faults this CPU counted in one region
+/// ([`RegionKey`]) since the slot was taken. A fault in another region that maps to the same
+/// slot moves the count to `FAULT_REGIONS`; the loader adds what the slots still hold.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RegionSlot {
+    pub key: RegionKey,
+    pub value: RegionValue,
 }
 
 /// Per-CPU value of `FAULT_REGIONS`.

@@ -142,6 +142,7 @@ mod pod {
     unsafe impl aya::Pod for super::faults::Hist {}
     unsafe impl aya::Pod for super::faults::RegionKey {}
     unsafe impl aya::Pod for super::faults::RegionValue {}
+    unsafe impl aya::Pod for super::faults::RegionSlot {}
     unsafe impl aya::Pod for super::faults::FaultEntry {}
     unsafe impl aya::Pod for super::faults::FaultEvent {}
     unsafe impl aya::Pod for super::faults::StackKey {}

@@ -18,7 +18,7 @@ use aya::{
 use hdrhistogram::Histogram;
 use memlock_trace_common::faults::{
     FaultConfig, FaultEntry, FaultKey, FaultStats, HIST_BUCKETS, Hist, HistKey, MAX_FAULT_HISTS,
-    MAX_FAULT_KEYS, MAX_FAULT_REGIONS, MAX_FAULT_STACK_COUNTS, RegionKey, RegionValue, SLOTS,
+    MAX_FAULT_KEYS, MAX_FAULT_REGIONS, MAX_FAULT_STACK_COUNTS, REGION_SLOTS, RegionKey, RegionSlot, RegionValue, SLOTS,
     StackKey, bucket_range, class, fault_counter, names, populate, stat,
 };
 use serde::Serialize;
@@ -102,9 +102,17 @@ impl Default for FaultOptions {
 /// (include/linux/mm.h; unchanged since VM_LOCKONFAULT was added in 4.4).
 pub const VM_LOCKED: u64 = 0x0000_2000;
 pub const VM_LOCKONFAULT: u64 = 0x0008_0000;
-/// Without a VMA, runs of faults within 64 KiB are counted together: sequential faults then
-/// flush the per-CPU region cache once per 16 pages.
+/// Without a VMA, faults within 64 KiB are counted together (one region-table slot each).
 const REGION_SHIFT: u32 = 16;
+
+/// Slots of the per-CPU region table: [`REGION_SLOTS`], fewer where that would take more
+/// than 8 MiB over all CPUs.
+fn region_slots(cpus: usize) -> u32 {
+    let fit = (8 << 20) / (cpus.max(1) * size_of::<RegionSlot>());
+    let fit = u32::try_from(fit).unwrap_or(u32::MAX).clamp(256, REGION_SLOTS);
+    // A power of two: the programs index with a mask.
+    1 << (31 - fit.leading_zeros())
+}
 
 /// This architecture's numbers for the [`populate`] calls.
 fn populate_nrs() -> [u32; populate::COUNT] {
@@ -161,7 +169,7 @@ pub fn config(btf: &KernelBtf, options: &FaultOptions) -> Result<FaultConfig> {
         vma_vm_flags: btf.field_offset("vm_area_struct", "vm_flags")?,
         vma_vm_start: btf.field_offset("vm_area_struct", "vm_start")?,
         region_shift: REGION_SHIFT,
-        _pad: 0,
+        region_slots_mask: region_slots(aya::util::nr_cpus().unwrap_or(1)) - 1,
         populate_nrs: populate_nrs(),
         _pad2: 0,
     })
@@ -188,6 +196,7 @@ pub fn prepare_loader<'a>(loader: &mut EbpfLoader<'a>, config: &'a FaultConfig) 
             names::FAULT_HIST,
             fit(16 << 20, size_of::<Hist>(), MAX_FAULT_HISTS),
         )
+        .map_max_entries(names::FAULT_REGION_SLOTS, region_slots(cpus))
         .map_max_entries(
             names::FAULT_REGIONS,
             fit(8 << 20, size_of::<RegionValue>(), MAX_FAULT_REGIONS),
@@ -649,7 +658,6 @@ pub fn read(ebpf: &Ebpf, per_thread: bool, sole: Option<u32>) -> Result<FaultRep
 
     let stats: PerCpuHashMap<&MapData, FaultKey, FaultStats> =
         PerCpuHashMap::try_from(map(names::FAULT_STATS)?)?;
-    let mut pending_regions: Vec<(u32, u64, u64, u64)> = Vec::new();
     let mut user_minor: BTreeMap<FaultKey, [u64; HIST_BUCKETS]> = BTreeMap::new();
     let mut add = |key: FaultKey, values: &[FaultStats]| {
         let entry = report.stats.entry(key).or_default();
@@ -671,14 +679,6 @@ pub fn read(ebpf: &Ebpf, per_thread: bool, sole: Option<u32>) -> Result<FaultRep
                 for (h, &n) in hist.iter_mut().zip(v.user_minor_hist.iter()) {
                     *h += u64::from(n);
                 }
-            }
-            if v.region_pending > 0 {
-                pending_regions.push((
-                    key.tgid,
-                    v.region_start,
-                    v.region_pending,
-                    v.region_vm_flags,
-                ));
             }
         }
     };
@@ -735,15 +735,18 @@ pub fn read(ebpf: &Ebpf, per_thread: bool, sole: Option<u32>) -> Result<FaultRep
             sum.vm_flags |= v.vm_flags;
         }
     }
-    for (tgid, start, faults, vm_flags) in pending_regions {
-        let key = RegionKey {
-            tgid,
-            exact: u32::from(vm_flags != 0),
-            start,
-        };
-        let sum = region_sums.entry(key).or_default();
-        sum.faults += faults;
-        sum.vm_flags |= vm_flags;
+    let regions_hashed = region_sums.len() as u64;
+    // What the per-CPU region tables hold and have not moved to the hash map yet.
+    let slots: PerCpuArray<&MapData, RegionSlot> =
+        PerCpuArray::try_from(map(names::FAULT_REGION_SLOTS)?)?;
+    for index in 0..slots.len() {
+        for slot in slots.get(&index, 0)?.iter() {
+            if slot.value.faults > 0 {
+                let sum = region_sums.entry(slot.key).or_default();
+                sum.faults += slot.value.faults;
+                sum.vm_flags |= slot.value.vm_flags;
+            }
+        }
     }
     for (key, value) in region_sums {
         report
@@ -771,12 +774,11 @@ pub fn read(ebpf: &Ebpf, per_thread: bool, sole: Option<u32>) -> Result<FaultRep
 
     let counters: PerCpuArray<&MapData, u64> = PerCpuArray::try_from(map(names::FAULT_COUNTERS)?)?;
     let sum = |index: u32| -> u64 { counters.get(&index, 0).map(|v| v.iter().sum()).unwrap_or(0) };
-    let regions_present: usize = report.regions.values().map(Vec::len).sum();
     report.health = FaultHealth {
         stats_evicted: sum(fault_counter::STATS_INSERTS).saturating_sub(hashed),
         histograms_evicted: sum(fault_counter::HIST_INSERTS)
             .saturating_sub(report.hists.len() as u64),
-        regions_evicted: sum(fault_counter::REGION_INSERTS).saturating_sub(regions_present as u64),
+        regions_evicted: sum(fault_counter::REGION_INSERTS).saturating_sub(regions_hashed),
         update_failed: sum(fault_counter::UPDATE_FAILED),
         events_dropped: sum(fault_counter::EVENTS_DROPPED),
         // Set by the tracer with --stacks.
