@@ -386,6 +386,43 @@ pub fn bench_empty_perf_maj(_ctx: PerfEventContext) -> u32 {
     0
 }
 
+/// The benchmark's second floor (`MEMLOCK_TRACE_BENCH_EMPTY_PROGRAMS=clock`): the same hooks
+/// with programs that do only what timing a fault cannot do without, a clock read at each end
+/// (kept in a per-CPU slot so that neither read can be optimized away).
+#[map]
+static BENCH_CLOCK: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+#[btf_tracepoint(function = "page_fault_user")]
+pub fn bench_clock_entry_user(_ctx: BtfTracePointContext) -> i32 {
+    bench_clock_read();
+    0
+}
+
+#[btf_tracepoint(function = "page_fault_kernel")]
+pub fn bench_clock_entry_kernel(_ctx: BtfTracePointContext) -> i32 {
+    bench_clock_read();
+    0
+}
+
+#[perf_event]
+pub fn bench_clock_perf_min(_ctx: PerfEventContext) -> u32 {
+    bench_clock_read();
+    0
+}
+
+#[perf_event]
+pub fn bench_clock_perf_maj(_ctx: PerfEventContext) -> u32 {
+    bench_clock_read();
+    0
+}
+
+#[inline(always)]
+fn bench_clock_read() {
+    if let Some(slot) = BENCH_CLOCK.get_ptr_mut(0) {
+        unsafe { *slot = bpf_ktime_get_ns().wrapping_sub(*slot) };
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // Hook sets 1 and 2: fentry/fexit or kprobe/kretprobe on handle_mm_fault.
 // ---------------------------------------------------------------------------------------
@@ -735,13 +772,13 @@ fn account(f: Fault) -> bool {
 
 /// Why per-CPU log-linear slots in the kernel rather than streaming every fault to an
 /// HdrHistogram in user space, measured (BENCHMARKS.md, `cargo xtask bench`, first touch of
-/// 256 MiB, ~1.9 us per untraced fault): streaming every fault (`--events`, the same
-/// aggregation plus a ring buffer record per fault) added 736 ns per fault to the faulting
-/// task against 566 ns for the slots, and the wall time per fault went from 2.6 to 5.1 us,
-/// because decoding 65536 records competes with the workload for the two CPUs. The slots
-/// cost resolution (a bucket is 1/8 of its value wide, the max is kept exact), far below how
-/// much fault latency varies; so slots by default, streaming (`--events --sample N`) on
-/// request.
+/// 256 MiB, ~1.8 us per untraced fault): streaming every fault (`--events`, the same
+/// aggregation plus a ring buffer record per fault) added 501 ns per fault to the faulting
+/// task against 399 ns for the slots, and its user space decodes 65536 records per 256 MiB
+/// on a CPU the workload could use (the first measurement, unpinned, doubled the wall time
+/// per fault). The slots cost resolution (a bucket is 1/8 of its value wide, the max is kept
+/// exact), far below how much fault latency varies; so slots by default, streaming
+/// (`--events --sample N`) on request.
 #[inline(always)]
 fn record_latency(s: &mut FaultStats, tgid: u32, tid: u32, cls: u32, ns: u64) {
     let max = &mut s.max_ns[cls as usize & (SLOTS - 1)];

@@ -259,11 +259,20 @@ const ENTRY_USER_BTF: &str = "fault_entry_user_btf";
 const ENTRY_KERNEL_BTF: &str = "fault_entry_kernel_btf";
 const PERF_MIN: &str = "fault_perf_min";
 const PERF_MAJ: &str = "fault_perf_maj";
-/// The same hooks with programs that return at once: see [`EMPTY_PROGRAMS_ENV`].
-const EMPTY_ENTRY_USER: &str = "bench_empty_entry_user";
-const EMPTY_ENTRY_KERNEL: &str = "bench_empty_entry_kernel";
-const EMPTY_PERF_MIN: &str = "bench_empty_perf_min";
-const EMPTY_PERF_MAJ: &str = "bench_empty_perf_maj";
+/// The same hooks with programs that return at once, or only read the clock: see
+/// [`EMPTY_PROGRAMS_ENV`]. Entry user, entry kernel, perf min, perf maj.
+const EMPTY_PROGRAMS: [&str; 4] = [
+    "bench_empty_entry_user",
+    "bench_empty_entry_kernel",
+    "bench_empty_perf_min",
+    "bench_empty_perf_maj",
+];
+const CLOCK_PROGRAMS: [&str; 4] = [
+    "bench_clock_entry_user",
+    "bench_clock_entry_kernel",
+    "bench_clock_perf_min",
+    "bench_clock_perf_maj",
+];
 const POPULATE_ENTER: &str = "populate_enter";
 const POPULATE_EXIT_COUNTED: &str = "populate_exit_counted";
 const POPULATE_EXIT: &str = "populate_exit";
@@ -392,11 +401,7 @@ fn attach_tracepoints(
         hooks.extend(attach_fault_entry(ebpf)?);
     }
     let cpus = aya::util::online_cpus().map_err(|(what, e)| anyhow!("{what}: {e}"))?;
-    let (min, maj) = if empty_programs() {
-        (EMPTY_PERF_MIN, EMPTY_PERF_MAJ)
-    } else {
-        (PERF_MIN, PERF_MAJ)
-    };
+    let (min, maj) = floor_programs().map_or((PERF_MIN, PERF_MAJ), |p| (p[2], p[3]));
     for (name, event, label) in [
         (min, SoftwareEvent::PageFaultsMin, "PAGE_FAULTS_MIN"),
         (maj, SoftwareEvent::PageFaultsMaj, "PAGE_FAULTS_MAJ"),
@@ -437,12 +442,17 @@ fn attach_signal(ebpf: &mut Ebpf) -> Result<String> {
 pub const CLASSIC_TRACEPOINTS_ENV: &str = "MEMLOCK_TRACE_CLASSIC_TRACEPOINTS";
 
 /// Set to attach the tracepoint set's per-fault hooks (tp_btf start, perf completion) with
-/// programs that do nothing: what the hooks alone cost, the floor under any tool using
-/// them, for `cargo xtask bench`. Nothing is counted.
+/// programs that do nothing (`1`), or only read the clock at each end (`clock`): what the
+/// hooks alone cost, and what timing a fault on them cannot go below, the floors under any
+/// tool doing this job, for `cargo xtask bench`. Nothing is counted.
 pub const EMPTY_PROGRAMS_ENV: &str = "MEMLOCK_TRACE_BENCH_EMPTY_PROGRAMS";
 
-fn empty_programs() -> bool {
-    std::env::var_os(EMPTY_PROGRAMS_ENV).is_some()
+/// The benchmark's floor programs, when [`EMPTY_PROGRAMS_ENV`] asks for them.
+fn floor_programs() -> Option<[&'static str; 4]> {
+    match std::env::var(EMPTY_PROGRAMS_ENV).ok()?.as_str() {
+        "clock" => Some(CLOCK_PROGRAMS),
+        _ => Some(EMPTY_PROGRAMS),
+    }
 }
 
 /// The fault-start tracepoints: BTF-typed (tp_btf, cheaper) where the kernel allows it,
@@ -455,11 +465,8 @@ fn attach_fault_entry(ebpf: &mut Ebpf) -> Result<Vec<String>> {
         }
         let btf = aya::Btf::from_sys_fs().context("reading the kernel's BTF")?;
         let mut hooks = Vec::new();
-        let (user, kernel) = if empty_programs() {
-            (EMPTY_ENTRY_USER, EMPTY_ENTRY_KERNEL)
-        } else {
-            (ENTRY_USER_BTF, ENTRY_KERNEL_BTF)
-        };
+        let (user, kernel) =
+            floor_programs().map_or((ENTRY_USER_BTF, ENTRY_KERNEL_BTF), |p| (p[0], p[1]));
         for (name, tp) in [(user, "page_fault_user"), (kernel, "page_fault_kernel")] {
             let p: &mut BtfTracePoint = program(ebpf, name)?.try_into()?;
             p.load(tp, &btf)
