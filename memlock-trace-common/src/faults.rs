@@ -20,6 +20,7 @@ pub mod names {
     pub const FAULT_EVENTS: &str = "FAULT_EVENTS";
     pub const FAULT_SOLE_TGID: &str = "FAULT_SOLE_TGID";
     pub const FAULT_SOLE_STATS: &str = "FAULT_SOLE_STATS";
+    pub const FAULT_REGION_RUN: &str = "FAULT_REGION_RUN";
     pub const FAULT_REGION_SLOTS: &str = "FAULT_REGION_SLOTS";
     pub const FAULT_STACK_COUNTS: &str = "FAULT_STACK_COUNTS";
     pub const STACK_COUNTERS: &str = "STACK_COUNTERS";
@@ -300,9 +301,9 @@ pub struct RegionKey {
 /// fewer on machines with many CPUs).
 pub const REGION_SLOTS: u32 = 4096;
 
-/// One slot of `FAULT_REGION_SLOTS`: the faults this CPU counted in one region
-/// ([`RegionKey`]) since the slot was taken. A fault in another region that maps to the same
-/// slot moves the count to `FAULT_REGIONS`; the loader adds what the slots still hold.
+/// One slot of `FAULT_REGION_SLOTS` (or the run in `FAULT_REGION_RUN`): faults this CPU
+/// counted under one [`RegionKey`] and has not moved to `FAULT_REGIONS` yet; the loader adds
+/// what the slots and runs still hold.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RegionSlot {

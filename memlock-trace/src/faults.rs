@@ -743,15 +743,16 @@ pub fn read(ebpf: &Ebpf, per_thread: bool, sole: Option<u32>) -> Result<FaultRep
         }
     }
     let regions_hashed = region_sums.len() as u64;
-    // What the per-CPU region tables hold and have not moved to the hash map yet.
-    let slots: PerCpuArray<&MapData, RegionSlot> =
-        PerCpuArray::try_from(map(names::FAULT_REGION_SLOTS)?)?;
-    for index in 0..slots.len() {
-        for slot in slots.get(&index, 0)?.iter() {
-            if slot.value.faults > 0 {
-                let sum = region_sums.entry(slot.key).or_default();
-                sum.faults += slot.value.faults;
-                sum.vm_flags |= slot.value.vm_flags;
+    // What the per-CPU runs and region tables hold and have not moved to the hash map yet.
+    for name in [names::FAULT_REGION_RUN, names::FAULT_REGION_SLOTS] {
+        let slots: PerCpuArray<&MapData, RegionSlot> = PerCpuArray::try_from(map(name)?)?;
+        for index in 0..slots.len() {
+            for slot in slots.get(&index, 0)?.iter() {
+                if slot.value.faults > 0 {
+                    let sum = region_sums.entry(slot.key).or_default();
+                    sum.faults += slot.value.faults;
+                    sum.vm_flags |= slot.value.vm_flags;
+                }
             }
         }
     }
