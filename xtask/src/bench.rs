@@ -169,8 +169,15 @@ pub fn run(args: &Args) -> Result<()> {
     let mut samples: Vec<(Mode, Sample)> = Vec::new();
     for round in 1..=args.runs {
         for mode in Mode::ALL {
-            let sample =
-                measure(&tracer, &bpftrace, mode, &format!("touch {pages}"), pinned, args.repeats)
+            let sample = measure(
+                &tracer,
+                &bpftrace,
+                mode,
+                &format!("touch {pages}"),
+                pinned,
+                args.repeats,
+                None,
+            )
                 .with_context(|| format!("round {round}, {}", mode.label()))?;
             eprintln!(
                 "xtask bench: round {round}/{} {:<48} {:>7.0} ns/fault{}",
@@ -195,6 +202,7 @@ pub fn run(args: &Args) -> Result<()> {
             &format!("mtouch {pages} {cpus}"),
             Placement::Anywhere,
             1,
+            None,
         )
             .with_context(|| format!("max-rate run, {}", mode.label()))?;
         eprintln!(
@@ -209,7 +217,7 @@ pub fn run(args: &Args) -> Result<()> {
     let mut costs = Vec::new();
     with_bpf_stats(|| {
         for mode in [Mode::Default, Mode::Bpftrace] {
-            measure_with(&tracer, &bpftrace, mode, &format!("touch {pages}"), pinned, 1, Some(&mut costs))
+            measure(&tracer, &bpftrace, mode, &format!("touch {pages}"), pinned, 1, Some(&mut costs))
                 .with_context(|| format!("profiled run, {}", mode.label()))?;
         }
         Ok(())
@@ -426,21 +434,9 @@ impl Attached {
 }
 
 /// One run of `command` in a fresh workload, traced as `mode` from after a warm-up to after
-/// the run, so the traced window holds exactly that run.
+/// the run, so the traced window holds exactly that run; with `costs`, also the run time of
+/// every BPF program the tracer loaded (kernel.bpf_stats_enabled), appended there.
 fn measure(
-    tracer: &Path,
-    bpftrace: &Path,
-    mode: Mode,
-    command: &str,
-    placement: Placement,
-    repeats: usize,
-) -> Result<Sample> {
-    measure_with(tracer, bpftrace, mode, command, placement, repeats, None)
-}
-
-/// [`measure`]; with `costs`, also the run time of every BPF program the tracer loaded
-/// (kernel.bpf_stats_enabled), appended there.
-fn measure_with(
     tracer: &Path,
     bpftrace: &Path,
     mode: Mode,
