@@ -108,10 +108,17 @@ const REGION_SHIFT: u32 = 16;
 /// Slots of the per-CPU region table: [`REGION_SLOTS`], fewer where that would take more
 /// than 8 MiB over all CPUs.
 fn region_slots(cpus: usize) -> u32 {
-    let fit = (8 << 20) / (cpus.max(1) * size_of::<RegionSlot>());
-    let fit = u32::try_from(fit).unwrap_or(u32::MAX).clamp(256, REGION_SLOTS);
+    let fit = entries_within(8 << 20, cpus, size_of::<RegionSlot>(), REGION_SLOTS);
     // A power of two: the programs index with a mask.
     1 << (31 - fit.leading_zeros())
+}
+
+/// Entries of a per-CPU map with `value`-byte values that fit `budget` bytes over `cpus`
+/// CPUs, between 256 and `most`.
+fn entries_within(budget: usize, cpus: usize, value: usize, most: u32) -> u32 {
+    u32::try_from(budget / (cpus.max(1) * value))
+        .unwrap_or(u32::MAX)
+        .clamp(256, most)
 }
 
 /// This architecture's numbers for the [`populate`] calls.
@@ -137,8 +144,16 @@ fn populate_nrs() -> [u32; populate::COUNT] {
     nrs
 }
 
+/// Possible CPUs: how many values each per-CPU map holds.
+fn possible_cpus() -> Result<usize> {
+    Ok(aya::util::nr_cpus()
+        .map_err(|(what, e)| anyhow!("{what}: {e}"))?
+        .max(1))
+}
+
 /// The `FAULT_CONFIG` global for this kernel: result and flag bits from its BTF.
 pub fn config(btf: &KernelBtf, options: &FaultOptions) -> Result<FaultConfig> {
+    let cpus = possible_cpus()?;
     let reason = |member: &str| btf.enum_value("vm_fault_reason", member);
     let error = [
         "VM_FAULT_OOM",
@@ -161,15 +176,14 @@ pub fn config(btf: &KernelBtf, options: &FaultOptions) -> Result<FaultConfig> {
         fault_flag_tried: btf.enum_value("fault_flag", "FAULT_FLAG_TRIED")? as u32,
         fault_flag_user: btf.enum_value("fault_flag", "FAULT_FLAG_USER")? as u32,
         vm_fault_oom: reason("VM_FAULT_OOM")? as u32,
-        nr_cpus: u32::try_from(aya::util::nr_cpus().map_err(|(what, e)| anyhow!("{what}: {e}"))?)
-            .unwrap_or(u32::MAX),
+        nr_cpus: u32::try_from(cpus).unwrap_or(u32::MAX),
         stacks: u32::from(options.stacks),
         vm_locked: VM_LOCKED,
         vm_lockonfault: VM_LOCKONFAULT,
         vma_vm_flags: btf.field_offset("vm_area_struct", "vm_flags")?,
         vma_vm_start: btf.field_offset("vm_area_struct", "vm_start")?,
         region_shift: REGION_SHIFT,
-        region_slots_mask: region_slots(aya::util::nr_cpus().unwrap_or(1)) - 1,
+        region_slots_mask: region_slots(cpus) - 1,
         populate_nrs: populate_nrs(),
         _pad2: 0,
     })
@@ -178,14 +192,8 @@ pub fn config(btf: &KernelBtf, options: &FaultOptions) -> Result<FaultConfig> {
 /// Sets the fault globals and sizes the per-CPU maps for this machine before load: an LRU
 /// per-CPU hash preallocates `max_entries` x possible CPUs values.
 pub fn prepare_loader<'a>(loader: &mut EbpfLoader<'a>, config: &'a FaultConfig) -> Result<()> {
-    let cpus = aya::util::nr_cpus()
-        .map_err(|(what, e)| anyhow!("{what}: {e}"))?
-        .max(1);
-    let fit = |budget: usize, value: usize, most: u32| -> u32 {
-        u32::try_from(budget / (cpus * value))
-            .unwrap_or(u32::MAX)
-            .clamp(256, most)
-    };
+    let cpus = possible_cpus()?;
+    let fit = |budget: usize, value: usize, most: u32| entries_within(budget, cpus, value, most);
     loader
         .override_global(names::FAULT_CONFIG, config, true)
         .map_max_entries(
