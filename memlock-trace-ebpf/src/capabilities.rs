@@ -3,7 +3,9 @@
 
 use aya_ebpf::{
     macros::{btf_tracepoint, fentry, kprobe, perf_event, tracepoint},
-    programs::{BtfTracePointContext, FEntryContext, PerfEventContext, ProbeContext, TracePointContext},
+    programs::{
+        BtfTracePointContext, FEntryContext, PerfEventContext, ProbeContext, TracePointContext,
+    },
 };
 
 #[fentry(function = "handle_mm_fault")]

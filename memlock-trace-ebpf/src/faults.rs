@@ -31,8 +31,8 @@ use memlock_trace_common::{
     faults::{
         FAULT_EVENTS_BYTE_SIZE, FaultConfig, FaultEntry, FaultEvent, FaultKey, FaultStats,
         HIST_BUCKETS, Hist, HistKey, MAX_FAULT_HISTS, MAX_FAULT_KEYS, MAX_FAULT_REGIONS,
-        MAX_FAULT_THREADS, PopulateCall, REGION_SLOTS, RegionKey, RegionSlot, RegionValue, SLOTS, bucket_of, class,
-        fault_counter, fault_flags, populate, stat,
+        MAX_FAULT_THREADS, PopulateCall, REGION_SLOTS, RegionKey, RegionSlot, RegionValue, SLOTS,
+        bucket_of, class, fault_counter, fault_flags, populate, stat,
     },
 };
 
@@ -842,8 +842,7 @@ static FAULT_REGION_RUN: PerCpuArray<RegionSlot> = PerCpuArray::with_max_entries
 /// touch (256 MiB) stay in the table; a slot's occupant moves to the hash map only when
 /// another run needs the slot.
 #[map]
-static FAULT_REGION_SLOTS: PerCpuArray<RegionSlot> =
-    PerCpuArray::with_max_entries(REGION_SLOTS, 0);
+static FAULT_REGION_SLOTS: PerCpuArray<RegionSlot> = PerCpuArray::with_max_entries(REGION_SLOTS, 0);
 
 /// Counts one fault in `region` (a VMA start when `vm_flags` is set, else a page address).
 #[inline(always)]

@@ -7,9 +7,7 @@ use aya_ebpf::{
     macros::map,
     maps::{HashMap, PerCpuArray, RingBuf},
 };
-use memlock_trace_common::{
-    Config, EVENTS_BYTE_SIZE, KernelOffsets, MAX_TARGETS, counter, filter,
-};
+use memlock_trace_common::{Config, EVENTS_BYTE_SIZE, KernelOffsets, MAX_TARGETS, counter, filter};
 
 /// Set by the loader before load (`EbpfLoader::override_global`): filter mode and the
 /// running kernel's struct offsets.

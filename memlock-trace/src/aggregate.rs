@@ -51,14 +51,18 @@ impl SyscallStats {
 impl Aggregator {
     /// Keeps at most `max` processes (`--max-processes`).
     pub fn with_max_processes(max: usize) -> Self {
-        Self { processes: ProcessTable::with_capacity(max) }
+        Self {
+            processes: ProcessTable::with_capacity(max),
+        }
     }
 
     pub fn record_syscall(&mut self, rec: &SyscallRecord) {
-        let process = self.processes.get_or_insert_with(rec.process(), || ProcessStats {
-            comm: String::new(),
-            syscalls: BTreeMap::new(),
-        });
+        let process = self
+            .processes
+            .get_or_insert_with(rec.process(), || ProcessStats {
+                comm: String::new(),
+                syscalls: BTreeMap::new(),
+            });
         // The comm of the last event wins: it follows an exec.
         process.comm = rec.comm();
         let stats = process
@@ -222,7 +226,15 @@ mod tests {
     use super::*;
 
     fn rec(syscall: Syscall, tgid: u32, ret: i64, duration_ns: u64, pages: u64) -> SyscallRecord {
-        SyscallRecord::fixture(syscall, tgid, ret, duration_ns, pages, if ret == 0 { pages } else { 0 }, "work")
+        SyscallRecord::fixture(
+            syscall,
+            tgid,
+            ret,
+            duration_ns,
+            pages,
+            if ret == 0 { pages } else { 0 },
+            "work",
+        )
     }
 
     #[test]
@@ -234,7 +246,10 @@ mod tests {
         agg.record_syscall(&rec(Syscall::Mlock, 7, -12, 500, 0));
         agg.record_syscall(&rec(Syscall::Mlock, 7, -1, 500, 0));
         agg.record_syscall(&rec(Syscall::Munlockall, 8, 0, 10, 0));
-        let s = agg.summary(Health { dropped_events: 3, ..Default::default() });
+        let s = agg.summary(Health {
+            dropped_events: 3,
+            ..Default::default()
+        });
         assert_eq!(s.dropped_events, 3);
         assert_eq!(s.processes.len(), 2);
         let mlock = &s.process(7).unwrap().syscalls["mlock"];
@@ -245,8 +260,16 @@ mod tests {
         assert_eq!(mlock.pages_locked, 400);
         // 102 samples (two of 500 ns, then 1..=100 us): the median is the 51st, 49 us.
         // 3 significant digits: within 0.1 %.
-        assert!(mlock.latency_ns.p50.abs_diff(49_000) <= 49, "{:?}", mlock.latency_ns);
-        assert!(mlock.latency_ns.max.abs_diff(100_000) <= 100, "{:?}", mlock.latency_ns);
+        assert!(
+            mlock.latency_ns.p50.abs_diff(49_000) <= 49,
+            "{:?}",
+            mlock.latency_ns
+        );
+        assert!(
+            mlock.latency_ns.max.abs_diff(100_000) <= 100,
+            "{:?}",
+            mlock.latency_ns
+        );
         assert_eq!(s.process(8).unwrap().syscalls["munlockall"].count, 1);
         assert_eq!(s.process(7).unwrap().comm, "work");
     }

@@ -6,7 +6,13 @@ use anyhow::{Result, anyhow};
 use plotters::prelude::*;
 
 const SIZE: (u32, u32) = (720, 420);
-const COLORS: [RGBColor; 5] = [RGBColor(31, 119, 180), RGBColor(255, 127, 14), RGBColor(44, 160, 44), RGBColor(214, 39, 40), RGBColor(148, 103, 189)];
+const COLORS: [RGBColor; 5] = [
+    RGBColor(31, 119, 180),
+    RGBColor(255, 127, 14),
+    RGBColor(44, 160, 44),
+    RGBColor(214, 39, 40),
+    RGBColor(148, 103, 189),
+];
 
 fn err<E: std::fmt::Display>(e: E) -> anyhow::Error {
     anyhow!("drawing a chart: {e}")
@@ -39,7 +45,10 @@ pub fn bars(path: &Path, title: &str, y_label: &str, bars: &[(String, f64)]) -> 
         .draw_series(bars.iter().enumerate().map(|(i, (_, v))| {
             let color = COLORS[i % COLORS.len()];
             let mut bar = Rectangle::new(
-                [(SegmentValue::Exact(i), 0.0), (SegmentValue::Exact(i + 1), *v)],
+                [
+                    (SegmentValue::Exact(i), 0.0),
+                    (SegmentValue::Exact(i + 1), *v),
+                ],
                 color.filled(),
             );
             bar.set_margin(0, 0, 12, 12);
@@ -51,7 +60,13 @@ pub fn bars(path: &Path, title: &str, y_label: &str, bars: &[(String, f64)]) -> 
 }
 
 /// One line per series of `(x, y)` points.
-pub fn lines(path: &Path, title: &str, x_label: &str, y_label: &str, series: &[(String, Vec<(f64, f64)>)]) -> Result<()> {
+pub fn lines(
+    path: &Path,
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    series: &[(String, Vec<(f64, f64)>)],
+) -> Result<()> {
     let root = SVGBackend::new(path, SIZE).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
     let points = series.iter().flat_map(|s| s.1.iter());
@@ -63,15 +78,24 @@ pub fn lines(path: &Path, title: &str, x_label: &str, y_label: &str, series: &[(
         .y_label_area_size(80)
         .build_cartesian_2d(0.0..x_max + 0.5, 0.0..y_max * 1.15)
         .map_err(err)?;
-    chart.configure_mesh().x_desc(x_label).y_desc(y_label).draw().map_err(err)?;
+    chart
+        .configure_mesh()
+        .x_desc(x_label)
+        .y_desc(y_label)
+        .draw()
+        .map_err(err)?;
     for (i, (name, pts)) in series.iter().enumerate() {
         let color = COLORS[i % COLORS.len()];
         chart
             .draw_series(LineSeries::new(pts.iter().copied(), color.stroke_width(2)))
             .map_err(err)?
             .label(name.as_str())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
-        chart.draw_series(pts.iter().map(|&p| Circle::new(p, 4, color.filled()))).map_err(err)?;
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
+        chart
+            .draw_series(pts.iter().map(|&p| Circle::new(p, 4, color.filled())))
+            .map_err(err)?;
     }
     chart
         .configure_series_labels()

@@ -186,7 +186,20 @@ mod tests {
 
     #[test]
     fn pids_repeat_and_options_parse() {
-        let cli = parse(&["-p", "1", "--pid", "2", "--interval", "0.5", "--duration", "3", "--events", "--json", "--all-vma-changes"]).unwrap();
+        let cli = parse(&[
+            "-p",
+            "1",
+            "--pid",
+            "2",
+            "--interval",
+            "0.5",
+            "--duration",
+            "3",
+            "--events",
+            "--json",
+            "--all-vma-changes",
+        ])
+        .unwrap();
         assert!(cli.trace.all_vma_changes);
         assert_eq!(cli.trace.pids, [1, 2]);
         assert_eq!(cli.trace.interval, Some(0.5));
@@ -239,7 +252,10 @@ mod tests {
         assert_eq!(o.hooks, HookChoice::Tracepoint);
         assert!(!o.latency && o.per_thread && o.events);
         assert!(o.stacks && o.top_stacks == 4);
-        assert!(parse(&["--stacks-top", "4"]).is_err(), "--stacks-top needs --stacks");
+        assert!(
+            parse(&["--stacks-top", "4"]).is_err(),
+            "--stacks-top needs --stacks"
+        );
         assert_eq!((o.sample_every, o.top_mappings), (100, 3));
         let d = parse(&[]).unwrap().trace.fault_options();
         assert_eq!(
@@ -252,7 +268,13 @@ mod tests {
         let syscalls_only = parse(&["--events=syscalls", "--json"]).unwrap().trace;
         assert!(syscalls_only.syscall_events() && !syscalls_only.fault_events());
         assert!(!syscalls_only.fault_options().events);
-        assert!(parse(&["--events=faults"]).unwrap().trace.fault_options().events);
+        assert!(
+            parse(&["--events=faults"])
+                .unwrap()
+                .trace
+                .fault_options()
+                .events
+        );
         assert!(parse(&["--events=bogus"]).is_err());
         assert!(parse(&["--fault-hooks", "uprobe"]).is_err());
         assert!(parse(&["--sample", "0"]).is_err());
@@ -269,6 +291,12 @@ mod tests {
     #[test]
     fn workload_subcommand() {
         let cli = parse(&["workload", "syscalls", "--report", "/tmp/r.json"]).unwrap();
-        assert!(matches!(cli.command, Some(Command::Workload { name: WorkloadName::Syscalls, .. })));
+        assert!(matches!(
+            cli.command,
+            Some(Command::Workload {
+                name: WorkloadName::Syscalls,
+                ..
+            })
+        ));
     }
 }

@@ -83,14 +83,24 @@ impl SyscallRecord {
 
     /// Change of `mm->locked_vm` across the call, in pages (negative for unlocks).
     pub fn pages_locked(&self) -> i64 {
-        self.raw.locked_vm_after.wrapping_sub(self.raw.locked_vm_before) as i64
+        self.raw
+            .locked_vm_after
+            .wrapping_sub(self.raw.locked_vm_before) as i64
     }
 }
 
 #[cfg(test)]
 impl SyscallRecord {
     /// A record as the kernel would write it, for unit tests of the layers above decoding.
-    pub fn fixture(syscall: Syscall, tgid: u32, ret: i64, duration_ns: u64, min_flt: u64, locked_vm_after: u64, comm: &str) -> Self {
+    pub fn fixture(
+        syscall: Syscall,
+        tgid: u32,
+        ret: i64,
+        duration_ns: u64,
+        min_flt: u64,
+        locked_vm_after: u64,
+        comm: &str,
+    ) -> Self {
         let mut name = [0u8; memlock_trace_common::TASK_COMM_LEN];
         name[..comm.len()].copy_from_slice(comm.as_bytes());
         Self {
@@ -135,7 +145,11 @@ impl std::error::Error for DecodeError {}
 pub fn decode(record: &[u8]) -> Result<Event, DecodeError> {
     let mut peek = record;
     if peek.remaining() < 4 {
-        return Err(DecodeError::Short { kind: 0, len: record.len(), need: 4 });
+        return Err(DecodeError::Short {
+            kind: 0,
+            len: record.len(),
+            need: 4,
+        });
     }
     match peek.get_u32_ne() {
         event_kind::SYSCALL => {
@@ -154,7 +168,11 @@ pub fn decode(record: &[u8]) -> Result<Event, DecodeError> {
 pub(crate) fn read_struct<T: Copy>(kind: u32, record: &[u8]) -> Result<T, DecodeError> {
     let need = size_of::<T>();
     if record.len() < need {
-        return Err(DecodeError::Short { kind, len: record.len(), need });
+        return Err(DecodeError::Short {
+            kind,
+            len: record.len(),
+            need,
+        });
     }
     // SAFETY: length checked above; T is a plain #[repr(C)] integer struct from the common
     // crate, for which any bit pattern is valid.
@@ -273,9 +291,22 @@ mod tests {
     #[test]
     fn bad_records_are_errors() {
         let bytes = bytes_of(&sample());
-        assert!(matches!(decode(&bytes[..20]), Err(DecodeError::Short { .. })));
-        assert_eq!(decode(&[1, 2]), Err(DecodeError::Short { kind: 0, len: 2, need: 4 }));
-        assert_eq!(decode(&99u32.to_ne_bytes()), Err(DecodeError::UnknownKind(99)));
+        assert!(matches!(
+            decode(&bytes[..20]),
+            Err(DecodeError::Short { .. })
+        ));
+        assert_eq!(
+            decode(&[1, 2]),
+            Err(DecodeError::Short {
+                kind: 0,
+                len: 2,
+                need: 4
+            })
+        );
+        assert_eq!(
+            decode(&99u32.to_ne_bytes()),
+            Err(DecodeError::UnknownKind(99))
+        );
         let mut bad = sample();
         bad.nr = 0;
         assert_eq!(decode(&bytes_of(&bad)), Err(DecodeError::UnknownSyscall(0)));

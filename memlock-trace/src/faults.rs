@@ -18,8 +18,8 @@ use aya::{
 use hdrhistogram::Histogram;
 use memlock_trace_common::faults::{
     FaultConfig, FaultEntry, FaultKey, FaultStats, HIST_BUCKETS, Hist, HistKey, MAX_FAULT_HISTS,
-    MAX_FAULT_KEYS, MAX_FAULT_REGIONS, MAX_FAULT_STACK_COUNTS, REGION_SLOTS, RegionKey, RegionSlot, RegionValue, SLOTS,
-    StackKey, bucket_range, class, fault_counter, names, populate, stat,
+    MAX_FAULT_KEYS, MAX_FAULT_REGIONS, MAX_FAULT_STACK_COUNTS, REGION_SLOTS, RegionKey, RegionSlot,
+    RegionValue, SLOTS, StackKey, bucket_range, class, fault_counter, names, populate, stat,
 };
 use serde::Serialize;
 

@@ -299,11 +299,17 @@ pub fn perf_paranoid_hint(refusal: &str) -> String {
         .ok()
         .and_then(|v| v.trim().parse::<i32>().ok());
     match paranoid {
-        Some(level) if level > 2 && refusal.contains("perf_event_open") && refusal.contains("os error 13") => format!(
-            "\nkernel.perf_event_paranoid is {level}: this kernel then lets only CAP_SYS_ADMIN \
+        Some(level)
+            if level > 2
+                && refusal.contains("perf_event_open")
+                && refusal.contains("os error 13") =>
+        {
+            format!(
+                "\nkernel.perf_event_paranoid is {level}: this kernel then lets only CAP_SYS_ADMIN \
              open perf events (a Debian/Ubuntu patch; CAP_PERFMON is not enough). Run as root, or \
              `sysctl kernel.perf_event_paranoid=2` to keep to CAP_BPF + CAP_PERFMON"
-        ),
+            )
+        }
         _ => String::new(),
     }
 }

@@ -61,7 +61,15 @@ fn child_exec(gate: OwnedFd, err: OwnedFd, argv: &[CString]) -> ! {
         unsafe { libc::_exit(126) };
     }
     // The tracer's capabilities are not the command's: ambient ones would survive exec.
-    unsafe { libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) };
+    unsafe {
+        libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_CLEAR_ALL,
+            0,
+            0,
+            0,
+        )
+    };
     let errno = match execvp(&argv[0], argv) {
         Err(e) => e as i32,
         Ok(never) => match never {},
@@ -73,11 +81,15 @@ fn child_exec(gate: OwnedFd, err: OwnedFd, argv: &[CString]) -> ! {
 impl Launched {
     /// Lets the child exec; fails (and reaps it) if the command could not be executed.
     pub fn release(mut self, program: &str) -> Result<u32> {
-        self.gate.write_all(&[1]).context("releasing the launched command")?;
+        self.gate
+            .write_all(&[1])
+            .context("releasing the launched command")?;
         drop(self.gate);
         let mut buf = Vec::new();
         // The CLOEXEC pipe closes on a successful exec: EOF with no bytes means it ran.
-        self.exec_error.read_to_end(&mut buf).context("waiting for exec")?;
+        self.exec_error
+            .read_to_end(&mut buf)
+            .context("waiting for exec")?;
         if buf.len() >= 4 {
             let errno = i32::from_ne_bytes([buf[0], buf[1], buf[2], buf[3]]);
             let _ = waitpid(Pid::from_raw(self.pid as i32), None);

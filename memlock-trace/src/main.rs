@@ -15,10 +15,14 @@ fn main() -> ExitCode {
         None => session::run(cli.trace),
         Some(Command::Probe { json }) => run_probe(json).map(|()| 0),
         Some(Command::Suite(args)) => memlock_trace::suite::run(args).map(|()| 0),
-        Some(Command::Scenario { name, args, report }) => run_scenario(name, &args, report.as_deref()).map(|()| 0),
-        Some(Command::Workload { name, report, params }) => {
-            run_workload(name, report.as_deref(), &params).map(|()| 0)
+        Some(Command::Scenario { name, args, report }) => {
+            run_scenario(name, &args, report.as_deref()).map(|()| 0)
         }
+        Some(Command::Workload {
+            name,
+            report,
+            params,
+        }) => run_workload(name, report.as_deref(), &params).map(|()| 0),
         Some(Command::Verify { json }) => verify::run(json.as_deref()),
     };
     match result {
@@ -42,7 +46,9 @@ fn run_workload(
     let calls = match name {
         WorkloadName::Syscalls => serde_json::to_value(workload::syscalls::run()?)?,
         WorkloadName::Faults => return workload::faults::serve(),
-        WorkloadName::Children => serde_json::to_value(workload::children::run(params.count, params.calls)?)?,
+        WorkloadName::Children => {
+            serde_json::to_value(workload::children::run(params.count, params.calls)?)?
+        }
         WorkloadName::Flood => serde_json::to_value(workload::flood::run(
             params.threads,
             u64::from(params.calls),
@@ -75,7 +81,12 @@ fn run_probe(json: bool) -> anyhow::Result<()> {
     }
     println!("kernel {kernel}");
     for c in &capabilities {
-        println!("{:<12} {:<4} {}", c.name, if c.usable { "yes" } else { "no" }, c.detail);
+        println!(
+            "{:<12} {:<4} {}",
+            c.name,
+            if c.usable { "yes" } else { "no" },
+            c.detail
+        );
     }
     for (family, hooks) in &tracer.hooks {
         println!("hooks {family}: {hooks}");

@@ -332,11 +332,23 @@ pub fn capabilities() -> Result<Vec<Capability>> {
             .load("handle_mm_fault", &btf)
             .and_then(|()| fentry.attach().map(drop)),
     );
-    caps.push(Capability { name: "fentry", usable, detail: with_target(usable, detail, "fentry/fexit on handle_mm_fault") });
+    caps.push(Capability {
+        name: "fentry",
+        usable,
+        detail: with_target(usable, detail, "fentry/fexit on handle_mm_fault"),
+    });
 
     let kprobe: &mut KProbe = program(&mut ebpf, "can_kprobe")?.try_into()?;
-    let (usable, detail) = outcome(kprobe.load().and_then(|()| kprobe.attach("handle_mm_fault", 0).map(drop)));
-    caps.push(Capability { name: "kprobe", usable, detail: with_target(usable, detail, "kprobe on handle_mm_fault") });
+    let (usable, detail) = outcome(
+        kprobe
+            .load()
+            .and_then(|()| kprobe.attach("handle_mm_fault", 0).map(drop)),
+    );
+    caps.push(Capability {
+        name: "kprobe",
+        usable,
+        detail: with_target(usable, detail, "kprobe on handle_mm_fault"),
+    });
 
     let tp_btf: &mut BtfTracePoint = program(&mut ebpf, "can_tp_btf")?.try_into()?;
     let (usable, detail) = outcome(
@@ -344,7 +356,11 @@ pub fn capabilities() -> Result<Vec<Capability>> {
             .load("sched_process_exit", &btf)
             .and_then(|()| tp_btf.attach().map(drop)),
     );
-    caps.push(Capability { name: "tp_btf", usable, detail: with_target(usable, detail, "tp_btf sched_process_exit") });
+    caps.push(Capability {
+        name: "tp_btf",
+        usable,
+        detail: with_target(usable, detail, "tp_btf sched_process_exit"),
+    });
 
     let tracepoint: &mut TracePoint = program(&mut ebpf, "can_tracepoint")?.try_into()?;
     let (usable, detail) = outcome(
@@ -352,7 +368,11 @@ pub fn capabilities() -> Result<Vec<Capability>> {
             .load()
             .and_then(|()| tracepoint.attach("exceptions", "page_fault_user").map(drop)),
     );
-    caps.push(Capability { name: "tracepoint", usable, detail: with_target(usable, detail, "tracepoint exceptions:page_fault_user") });
+    caps.push(Capability {
+        name: "tracepoint",
+        usable,
+        detail: with_target(usable, detail, "tracepoint exceptions:page_fault_user"),
+    });
 
     let perf: &mut PerfEvent = program(&mut ebpf, "can_perf_event")?.try_into()?;
     let (usable, detail) = outcome(perf.load().and_then(|()| {
@@ -364,7 +384,11 @@ pub fn capabilities() -> Result<Vec<Capability>> {
         )
         .map(drop)
     }));
-    caps.push(Capability { name: "perf_event", usable, detail: with_target(usable, detail, "software event PAGE_FAULTS_MIN") });
+    caps.push(Capability {
+        name: "perf_event",
+        usable,
+        detail: with_target(usable, detail, "software event PAGE_FAULTS_MIN"),
+    });
     Ok(caps)
 }
 

@@ -242,7 +242,11 @@ const TEXT_FRAMES: usize = 16;
 
 /// `--stacks`: a process's top stacks, innermost frame first.
 fn stacks_text(out: &mut String, stacks: &[crate::stacks::StackFaults], indent: &str) {
-    let _ = writeln!(out, "{indent}  {:>9}  user call stack (innermost first)", "faults");
+    let _ = writeln!(
+        out,
+        "{indent}  {:>9}  user call stack (innermost first)",
+        "faults"
+    );
     if stacks.is_empty() {
         let _ = writeln!(out, "{indent}  {:>9}  (no stack recorded)", "-");
     }
@@ -255,7 +259,11 @@ fn stacks_text(out: &mut String, stacks: &[crate::stacks::StackFaults], indent: 
                 _ => String::new(),
             };
             let inlined = if frame.inlined { " (inlined)" } else { "" };
-            let _ = writeln!(out, "{indent}  {count:>9}  {}{inlined}{place}", frame.symbol);
+            let _ = writeln!(
+                out,
+                "{indent}  {count:>9}  {}{inlined}{place}",
+                frame.symbol
+            );
             count.clear();
         }
         if stack.frames.len() > TEXT_FRAMES {
@@ -350,7 +358,6 @@ pub fn summary_text(summary: &Summary) -> String {
             "children not followed (target map full): {}, processes evicted from this summary \
              (--max-processes): {}",
             p.children_not_followed, p.evicted_processes
-
         );
     }
     if let Some(f) = &summary.fault_health {

@@ -13,7 +13,10 @@ use std::{
 
 use anyhow::{Context as _, Result};
 use aya::maps::{MapData, RingBuf};
-use tokio::{io::unix::AsyncFd, signal::unix::{SignalKind, signal}};
+use tokio::{
+    io::unix::AsyncFd,
+    signal::unix::{SignalKind, signal},
+};
 
 use crate::{
     UsageError,
@@ -69,7 +72,10 @@ pub fn run(args: TraceArgs) -> Result<i32> {
         Some(program) => {
             let held = launch::spawn_held(&args.command)?;
             tracer.add_target(held.pid)?;
-            Some(held.release(program).map_err(|e| UsageError(format!("{e:#}")))?)
+            Some(
+                held.release(program)
+                    .map_err(|e| UsageError(format!("{e:#}")))?,
+            )
         }
         None => None,
     };
@@ -135,7 +141,10 @@ async fn event_loop(
         aggregator: Aggregator::with_max_processes(production.max_processes),
         undecodable: 0,
         metrics: production.metrics.clone(),
-        vma: VmaOutput { hooks: tracer.vma.clone(), ..VmaOutput::default() },
+        vma: VmaOutput {
+            hooks: tracer.vma.clone(),
+            ..VmaOutput::default()
+        },
         mappings: MappingCache::default(),
         top_mappings: args.top_mappings,
         top_stacks: args.stacks_top,
@@ -144,15 +153,18 @@ async fn event_loop(
     // The kernel's loss counters change without any event arriving: refresh them for scrapes.
     let mut health_ticker = tokio::time::interval(Duration::from_secs(1));
     // Small batches do not wake us (`EVENTS_WAKEUP_BYTES`): drain on a timer as well.
-    let mut drain_ticker =
-        tokio::time::interval(Duration::from_millis(memlock_trace_common::DRAIN_INTERVAL_MS));
+    let mut drain_ticker = tokio::time::interval(Duration::from_millis(
+        memlock_trace_common::DRAIN_INTERVAL_MS,
+    ));
     // System-wide, re-reading every process's smaps each second would cost more than it
     // tells: mappings are then read when a summary is printed.
     let follow_mappings = targets_are_specific(&args) && tracer.fault_hooks.is_some();
     let mut mapping_ticker = tokio::time::interval(MAPPINGS_REFRESH);
     let stop = wait_for_stop(&args, launched, sigint, sigterm);
     tokio::pin!(stop);
-    let mut ticker = args.interval.map(|secs| tokio::time::interval(Duration::from_secs_f64(secs)));
+    let mut ticker = args
+        .interval
+        .map(|secs| tokio::time::interval(Duration::from_secs_f64(secs)));
     if let Some(t) = ticker.as_mut() {
         t.tick().await; // the first tick is immediate
     }
@@ -189,7 +201,10 @@ async fn event_loop(
     }
     output.summary(&tracer, "summary")?;
     if output.undecodable > 0 {
-        eprintln!("memlock-trace: warning: {} ring buffer records could not be decoded", output.undecodable);
+        eprintln!(
+            "memlock-trace: warning: {} ring buffer records could not be decoded",
+            output.undecodable
+        );
     }
     Ok(match reason {
         Stop::CommandExited(code) => code,
@@ -314,9 +329,10 @@ impl Output {
         }
         let _ = stdout.flush();
         if let Some(metrics) = &self.metrics {
-            metrics
-                .health
-                .record_events(&[("syscall", syscalls), ("vma", vmas)], self.undecodable - undecodable_before);
+            metrics.health.record_events(
+                &[("syscall", syscalls), ("vma", vmas)],
+                self.undecodable - undecodable_before,
+            );
         }
     }
 

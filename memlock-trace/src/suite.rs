@@ -52,15 +52,24 @@ pub struct ScenarioRun {
 }
 
 pub fn run(args: SuiteArgs) -> Result<()> {
-    let sizes = if args.tiny { ScenarioArgs::tiny() } else { args.sizes.clone() };
-    let scenarios = if args.scenarios.is_empty() { Scenario::ALL.to_vec() } else { args.scenarios.clone() };
+    let sizes = if args.tiny {
+        ScenarioArgs::tiny()
+    } else {
+        args.sizes.clone()
+    };
+    let scenarios = if args.scenarios.is_empty() {
+        Scenario::ALL.to_vec()
+    } else {
+        args.scenarios.clone()
+    };
     // Refuse impossible sizes before anything starts.
     for &s in &scenarios {
         sizes
             .check_limits(s)
             .map_err(|e| crate::UsageError(format!("{e:#}")))?;
     }
-    std::fs::create_dir_all(&args.out).with_context(|| format!("creating {}", args.out.display()))?;
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("creating {}", args.out.display()))?;
 
     let tracer = TracerProcess::start()?;
     let bar = ProgressBar::new(scenarios.len() as u64).with_style(
@@ -72,7 +81,8 @@ pub fn run(args: SuiteArgs) -> Result<()> {
     for &scenario in &scenarios {
         bar.set_message(scenario.name());
         let start = Instant::now();
-        let own = run_scenario(scenario, &sizes).with_context(|| format!("scenario {}", scenario.name()))?;
+        let own = run_scenario(scenario, &sizes)
+            .with_context(|| format!("scenario {}", scenario.name()))?;
         runs.push((scenario, start.elapsed().as_secs_f64(), own));
         bar.inc(1);
     }
@@ -94,10 +104,20 @@ pub fn run(args: SuiteArgs) -> Result<()> {
                 .collect();
             let events = events
                 .iter()
-                .filter(|e| e["pid"].as_u64().is_some_and(|pid| pids.contains(&(pid as u32))))
+                .filter(|e| {
+                    e["pid"]
+                        .as_u64()
+                        .is_some_and(|pid| pids.contains(&(pid as u32)))
+                })
                 .cloned()
                 .collect();
-            ScenarioRun { scenario, secs, own, traced, events }
+            ScenarioRun {
+                scenario,
+                secs,
+                own,
+                traced,
+                events,
+            }
         })
         .collect();
     let health = summary["health"].clone();
@@ -109,7 +129,10 @@ pub fn run(args: SuiteArgs) -> Result<()> {
         }
     }
     if written.inconsistent > 0 {
-        bail!("{} tracer/workload consistency checks failed (see the report)", written.inconsistent);
+        bail!(
+            "{} tracer/workload consistency checks failed (see the report)",
+            written.inconsistent
+        );
     }
     Ok(())
 }
@@ -133,7 +156,14 @@ fn collect_pids(v: &Value) -> Vec<u32> {
         Value::Object(map) => {
             for (k, child) in map {
                 if k == "pids" {
-                    pids.extend(child.as_array().into_iter().flatten().filter_map(|p| p.as_u64()).map(|p| p as u32));
+                    pids.extend(
+                        child
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .filter_map(|p| p.as_u64())
+                            .map(|p| p as u32),
+                    );
                 } else {
                     pids.extend(collect_pids(child));
                 }
@@ -202,7 +232,8 @@ impl TracerProcess {
         let mut summary = Value::Null;
         // The reader thread ends at EOF, after the tracer's last line.
         for line in self.lines.iter() {
-            let v: Value = serde_json::from_str(&line).with_context(|| format!("tracer output: {line}"))?;
+            let v: Value =
+                serde_json::from_str(&line).with_context(|| format!("tracer output: {line}"))?;
             match v["type"].as_str() {
                 Some("summary") => summary = v,
                 Some("syscall") => events.push(v),

@@ -202,7 +202,6 @@ pub fn run_suite() -> Result<Report> {
     })
 }
 
-
 struct Runner {
     tracer: Tracer,
     ring: RingBuf<MapData>,

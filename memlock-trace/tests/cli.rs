@@ -29,12 +29,22 @@ fn launched_workload_is_traced_exactly_and_summarised_in_json() {
         .arg(&report)
         .output()
         .expect("run memlock-trace");
-    assert!(out.status.success(), "exit {:?}\nstderr: {}", out.status, String::from_utf8_lossy(&out.stderr));
-    let calls: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    assert!(
+        out.status.success(),
+        "exit {:?}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let calls: Vec<Value> =
+        serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
     let lines = json_lines(&out.stdout);
 
     let events: Vec<&Value> = lines.iter().filter(|l| l["type"] == "syscall").collect();
-    assert_eq!(events.len(), calls.len(), "one event per call the workload made");
+    assert_eq!(
+        events.len(),
+        calls.len(),
+        "one event per call the workload made"
+    );
     for (event, call) in events.iter().zip(&calls) {
         assert_eq!(event["syscall"], call["syscall"]);
         let errno = event["errno"].as_str().unwrap_or("0");
@@ -52,10 +62,23 @@ fn launched_workload_is_traced_exactly_and_summarised_in_json() {
         let made: Vec<&Value> = calls.iter().filter(|c| c["syscall"] == name).collect();
         let s = &syscalls[name];
         assert_eq!(s["count"], made.len(), "{name} count");
-        let populated: u64 = made.iter().map(|c| c["faults"]["minflt"].as_u64().unwrap() + c["faults"]["majflt"].as_u64().unwrap()).sum();
-        assert_eq!(s["pages_populated"], populated, "{name} pages populated vs getrusage");
-        assert!(s["latency_ns"]["max"].as_u64().unwrap() >= s["latency_ns"]["p50"].as_u64().unwrap());
-        assert!(s["latency_ns"]["p50"].as_u64().unwrap() > 0, "{name} latency");
+        let populated: u64 = made
+            .iter()
+            .map(|c| {
+                c["faults"]["minflt"].as_u64().unwrap() + c["faults"]["majflt"].as_u64().unwrap()
+            })
+            .sum();
+        assert_eq!(
+            s["pages_populated"], populated,
+            "{name} pages populated vs getrusage"
+        );
+        assert!(
+            s["latency_ns"]["max"].as_u64().unwrap() >= s["latency_ns"]["p50"].as_u64().unwrap()
+        );
+        assert!(
+            s["latency_ns"]["p50"].as_u64().unwrap() > 0,
+            "{name} latency"
+        );
     }
     assert_eq!(syscalls["mlock"]["errors"]["ENOMEM"], 1);
     assert_eq!(syscalls["mlock"]["pages_locked"], 24);
@@ -65,10 +88,23 @@ fn launched_workload_is_traced_exactly_and_summarised_in_json() {
 #[test]
 fn text_summary_names_every_call() {
     require_privileges();
-    let out = Command::new(BIN).arg("--").arg(BIN).args(["workload", "syscalls", "--report", "/dev/null"]).output().unwrap();
+    let out = Command::new(BIN)
+        .arg("--")
+        .arg(BIN)
+        .args(["workload", "syscalls", "--report", "/dev/null"])
+        .output()
+        .unwrap();
     assert!(out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
-    for name in ["mlock ", "mlock2", "munlock ", "mlockall", "munlockall", "ENOMEM x1", "dropped events: 0"] {
+    for name in [
+        "mlock ",
+        "mlock2",
+        "munlock ",
+        "mlockall",
+        "munlockall",
+        "ENOMEM x1",
+        "dropped events: 0",
+    ] {
         assert!(text.contains(name), "{name:?} missing from:\n{text}");
     }
 }
@@ -76,18 +112,28 @@ fn text_summary_names_every_call() {
 #[test]
 fn no_such_pid_is_a_usage_error() {
     require_privileges();
-    let pid_max: u64 = std::fs::read_to_string("/proc/sys/kernel/pid_max").unwrap().trim().parse().unwrap();
+    let pid_max: u64 = std::fs::read_to_string("/proc/sys/kernel/pid_max")
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
     let missing = (pid_max + 1).to_string();
     let out = Command::new(BIN).args(["-p", &missing]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains(&format!("no process with pid {missing}")), "{stderr}");
+    assert!(
+        stderr.contains(&format!("no process with pid {missing}")),
+        "{stderr}"
+    );
 }
 
 #[test]
 fn unknown_command_is_a_clear_error() {
     require_privileges();
-    let out = Command::new(BIN).args(["--", "/nonexistent/memlock-trace-no-such-command"]).output().unwrap();
+    let out = Command::new(BIN)
+        .args(["--", "/nonexistent/memlock-trace-no-such-command"])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("command not found"), "{stderr}");
@@ -115,7 +161,10 @@ fn missing_capabilities_are_named() {
     let out = cmd.output().expect("run memlock-trace as nobody");
     assert_eq!(out.status.code(), Some(1), "{out:?}");
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("CAP_BPF") && stderr.contains("CAP_PERFMON"), "{stderr}");
+    assert!(
+        stderr.contains("CAP_BPF") && stderr.contains("CAP_PERFMON"),
+        "{stderr}"
+    );
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
 
@@ -123,7 +172,10 @@ fn missing_capabilities_are_named() {
 fn traced_pid_ends_the_session_when_it_exits() {
     require_privileges();
     let mut sleeper = Command::new("sleep").arg("1").spawn().unwrap();
-    let out = Command::new(BIN).args(["--json", "-p", &sleeper.id().to_string()]).output().unwrap();
+    let out = Command::new(BIN)
+        .args(["--json", "-p", &sleeper.id().to_string()])
+        .output()
+        .unwrap();
     sleeper.wait().unwrap();
     assert!(out.status.success(), "{out:?}");
     let lines = json_lines(&out.stdout);

@@ -38,14 +38,27 @@ fn threads_started_after_attach_are_traced() {
     })
     .join()
     .unwrap();
-    let from_thread: Vec<_> = drain_syscalls(&mut ring).into_iter().filter(|r| r.raw.tid == tid).collect();
-    assert_eq!(from_thread.len(), 3, "3 mlock calls from a thread started after attach");
-    assert!(from_thread.iter().all(|r| r.syscall == Syscall::Mlock && r.raw.tgid == std::process::id()));
+    let from_thread: Vec<_> = drain_syscalls(&mut ring)
+        .into_iter()
+        .filter(|r| r.raw.tid == tid)
+        .collect();
+    assert_eq!(
+        from_thread.len(),
+        3,
+        "3 mlock calls from a thread started after attach"
+    );
+    assert!(
+        from_thread
+            .iter()
+            .all(|r| r.syscall == Syscall::Mlock && r.raw.tgid == std::process::id())
+    );
 }
 
 /// Runs `memlock-trace workload syscalls` (9 calls), held until `before_release` ran.
 fn run_workload(before_release: impl FnOnce(u32)) -> u32 {
-    let argv: Vec<String> = [BIN, "workload", "syscalls", "--report", "/dev/null"].map(String::from).to_vec();
+    let argv: Vec<String> = [BIN, "workload", "syscalls", "--report", "/dev/null"]
+        .map(String::from)
+        .to_vec();
     let held = launch::spawn_held(&argv).expect("fork workload");
     let pid = held.pid;
     before_release(pid);
@@ -59,10 +72,20 @@ const WORKLOAD_CALLS: usize = 9;
 #[test]
 fn comm_filter_matches_the_process_name_even_in_renamed_threads() {
     require_privileges();
-    let own_comm = std::fs::read_to_string("/proc/self/comm").unwrap().trim().to_string();
+    let own_comm = std::fs::read_to_string("/proc/self/comm")
+        .unwrap()
+        .trim()
+        .to_string();
     let mut filters = Filters::default();
     filters.set_comm(&own_comm, &mut |n| panic!("{n}")).unwrap();
-    let mut tracer = Tracer::load_with(&Targets::All, &Options { filters, ..Options::default() }).expect("load");
+    let mut tracer = Tracer::load_with(
+        &Targets::All,
+        &Options {
+            filters,
+            ..Options::default()
+        },
+    )
+    .expect("load");
     let mut ring = tracer.take_events().expect("ring");
 
     let tid = std::thread::spawn(|| {
@@ -75,19 +98,45 @@ fn comm_filter_matches_the_process_name_even_in_renamed_threads() {
     .unwrap();
     let other = run_workload(|_| {});
     let events = drain_syscalls(&mut ring);
-    assert_eq!(events.iter().filter(|r| r.raw.tid == tid).count(), 3, "renamed thread of `{own_comm}`");
-    assert_eq!(events.iter().filter(|r| r.raw.tgid == other).count(), 0, "a `memlock-trace` process");
+    assert_eq!(
+        events.iter().filter(|r| r.raw.tid == tid).count(),
+        3,
+        "renamed thread of `{own_comm}`"
+    );
+    assert_eq!(
+        events.iter().filter(|r| r.raw.tgid == other).count(),
+        0,
+        "a `memlock-trace` process"
+    );
 
     // And the other way round.
     let mut filters = Filters::default();
-    filters.set_comm("memlock-trace", &mut |n| panic!("{n}")).unwrap();
-    let mut tracer = Tracer::load_with(&Targets::All, &Options { filters, ..Options::default() }).expect("load");
+    filters
+        .set_comm("memlock-trace", &mut |n| panic!("{n}"))
+        .unwrap();
+    let mut tracer = Tracer::load_with(
+        &Targets::All,
+        &Options {
+            filters,
+            ..Options::default()
+        },
+    )
+    .expect("load");
     let mut ring = tracer.take_events().expect("ring");
     mlock_pages(2);
     let other = run_workload(|_| {});
     let events = drain_syscalls(&mut ring);
-    assert_eq!(events.iter().filter(|r| r.raw.tgid == other).count(), WORKLOAD_CALLS);
-    assert_eq!(events.iter().filter(|r| r.raw.tgid == std::process::id()).count(), 0);
+    assert_eq!(
+        events.iter().filter(|r| r.raw.tgid == other).count(),
+        WORKLOAD_CALLS
+    );
+    assert_eq!(
+        events
+            .iter()
+            .filter(|r| r.raw.tgid == std::process::id())
+            .count(),
+        0
+    );
 }
 
 /// A cgroup v2 directory for the test, removed on drop.
@@ -109,17 +158,32 @@ impl TestCgroup {
             Some(root) => (root, None),
             None => {
                 // The VM guest has no cgroup2 mounted: mount one for the test.
-                let root = std::env::temp_dir().join(format!("memlock-trace-cgroup2-{}", std::process::id()));
+                let root = std::env::temp_dir()
+                    .join(format!("memlock-trace-cgroup2-{}", std::process::id()));
                 std::fs::create_dir_all(&root).unwrap();
-                nix::mount::mount(Some("cgroup2"), &root, Some("cgroup2"), nix::mount::MsFlags::empty(), None::<&str>)
-                    .expect("mount cgroup2");
+                nix::mount::mount(
+                    Some("cgroup2"),
+                    &root,
+                    Some("cgroup2"),
+                    nix::mount::MsFlags::empty(),
+                    None::<&str>,
+                )
+                .expect("mount cgroup2");
                 (root.clone(), Some(root))
             }
         };
         let outer = root.join(format!("memlock-trace-test-{}", std::process::id()));
         let inner = outer.join("inner");
-        std::fs::create_dir_all(&inner).unwrap_or_else(|e| panic!("mkdir {}: {e}", inner.display()));
-        (Self { dirs: vec![inner.clone(), outer.clone()], mounted }, outer, inner)
+        std::fs::create_dir_all(&inner)
+            .unwrap_or_else(|e| panic!("mkdir {}: {e}", inner.display()));
+        (
+            Self {
+                dirs: vec![inner.clone(), outer.clone()],
+                mounted,
+            },
+            outer,
+            inner,
+        )
     }
 }
 
@@ -140,15 +204,32 @@ fn cgroup_filter_covers_the_cgroup_and_its_descendants() {
     require_privileges();
     let (_guard, outer, inner) = TestCgroup::create();
     let cgroup = Cgroup::resolve(&outer).expect("resolve the test cgroup");
-    assert_eq!(cgroup.id, std::fs::metadata(&outer).map(|m| std::os::unix::fs::MetadataExt::ino(&m)).unwrap(),
-        "on 64-bit kernels the cgroup id is the directory's inode number");
-    let filters = Filters { cgroup: Some(cgroup), ..Default::default() };
-    let mut tracer = Tracer::load_with(&Targets::All, &Options { filters, ..Options::default() }).expect("load");
+    assert_eq!(
+        cgroup.id,
+        std::fs::metadata(&outer)
+            .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
+            .unwrap(),
+        "on 64-bit kernels the cgroup id is the directory's inode number"
+    );
+    let filters = Filters {
+        cgroup: Some(cgroup),
+        ..Default::default()
+    };
+    let mut tracer = Tracer::load_with(
+        &Targets::All,
+        &Options {
+            filters,
+            ..Options::default()
+        },
+    )
+    .expect("load");
     let mut ring = tracer.take_events().expect("ring");
 
     let move_into = |dir: &Path| {
         let dir = dir.to_path_buf();
-        move |pid: u32| std::fs::write(dir.join("cgroup.procs"), pid.to_string()).expect("move into cgroup")
+        move |pid: u32| {
+            std::fs::write(dir.join("cgroup.procs"), pid.to_string()).expect("move into cgroup")
+        }
     };
     let in_outer = run_workload(move_into(&outer));
     let in_inner = run_workload(move_into(&inner));
@@ -156,10 +237,29 @@ fn cgroup_filter_covers_the_cgroup_and_its_descendants() {
     mlock_pages(1);
 
     let events = drain_syscalls(&mut ring);
-    assert_eq!(events.iter().filter(|r| r.raw.tgid == in_outer).count(), WORKLOAD_CALLS, "in the cgroup");
-    assert_eq!(events.iter().filter(|r| r.raw.tgid == in_inner).count(), WORKLOAD_CALLS, "in a child cgroup");
-    assert_eq!(events.iter().filter(|r| r.raw.tgid == outside).count(), 0, "outside");
-    assert_eq!(events.iter().filter(|r| r.raw.tgid == std::process::id()).count(), 0, "the test itself");
+    assert_eq!(
+        events.iter().filter(|r| r.raw.tgid == in_outer).count(),
+        WORKLOAD_CALLS,
+        "in the cgroup"
+    );
+    assert_eq!(
+        events.iter().filter(|r| r.raw.tgid == in_inner).count(),
+        WORKLOAD_CALLS,
+        "in a child cgroup"
+    );
+    assert_eq!(
+        events.iter().filter(|r| r.raw.tgid == outside).count(),
+        0,
+        "outside"
+    );
+    assert_eq!(
+        events
+            .iter()
+            .filter(|r| r.raw.tgid == std::process::id())
+            .count(),
+        0,
+        "the test itself"
+    );
 }
 
 /// `memlock-trace --json ARGS -- memlock-trace workload children --count N --calls K`.
@@ -167,32 +267,58 @@ fn children_run(tracer_args: &[&str], count: u32, calls: u32) -> (serde_json::Va
     // Tests run in parallel under plain `cargo test`: one report file per call.
     static RUN: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let run = RUN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let report = std::env::temp_dir().join(format!("memlock-trace-children-{}-{run}.json", std::process::id()));
+    let report = std::env::temp_dir().join(format!(
+        "memlock-trace-children-{}-{run}.json",
+        std::process::id()
+    ));
     let out = Command::new(BIN)
         .arg("--json")
         .args(tracer_args)
-        .args(["--", BIN, "workload", "children", "--count", &count.to_string(), "--calls", &calls.to_string(), "--report"])
+        .args([
+            "--",
+            BIN,
+            "workload",
+            "children",
+            "--count",
+            &count.to_string(),
+            "--calls",
+            &calls.to_string(),
+            "--report",
+        ])
         .arg(&report)
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
-    let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
     std::fs::remove_file(&report).ok();
-    let children = r["children"].as_array().unwrap().iter().map(|c| c.as_u64().unwrap() as u32).collect();
+    let children = r["children"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_u64().unwrap() as u32)
+        .collect();
     (summary(&String::from_utf8_lossy(&out.stdout)), children)
 }
 
 /// Pids of the processes that made traced calls.
 fn pids(summary: &serde_json::Value) -> Vec<u32> {
-    support::with_syscalls(summary).iter().map(|p| p["pid"].as_u64().unwrap() as u32).collect()
+    support::with_syscalls(summary)
+        .iter()
+        .map(|p| p["pid"].as_u64().unwrap() as u32)
+        .collect()
 }
 
 #[test]
 fn follow_children_traces_each_child_from_its_start() {
     require_privileges();
     let (s, children) = children_run(&["--follow-children"], 5, 2);
-    assert_eq!(pids(&s), children, "every child, nothing else (the parent makes no calls)");
+    assert_eq!(
+        pids(&s),
+        children,
+        "every child, nothing else (the parent makes no calls)"
+    );
     for &child in &children {
         assert_eq!(calls_of(&s, child, "mlock"), 2, "child {child}");
     }
@@ -200,7 +326,11 @@ fn follow_children_traces_each_child_from_its_start() {
     assert_eq!(s["health"]["processes"]["children_not_followed"], 0);
 
     let (s, _) = children_run(&[], 5, 2);
-    assert_eq!(pids(&s), Vec::<u32>::new(), "without --follow-children only the command itself");
+    assert_eq!(
+        pids(&s),
+        Vec::<u32>::new(),
+        "without --follow-children only the command itself"
+    );
     assert_eq!(s["health"]["processes"]["children_followed"], 0);
 }
 
@@ -222,7 +352,10 @@ fn full_process_table_evicts_and_counts() {
     assert_eq!(s["health"]["processes"]["children_followed"], 5);
     let kept = pids(&s);
     assert_eq!(kept.len(), 2);
-    assert!(kept.iter().all(|p| children.contains(p)), "{kept:?} of {children:?}");
+    assert!(
+        kept.iter().all(|p| children.contains(p)),
+        "{kept:?} of {children:?}"
+    );
 }
 
 #[test]
@@ -230,22 +363,48 @@ fn bad_filters_are_clear_usage_errors() {
     require_privileges();
     let run = |args: &[&str]| {
         let out = Command::new(BIN).args(args).output().unwrap();
-        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
     };
     let (code, err) = run(&["--cgroup", "/no/such/cgroup", "--duration", "1"]);
-    assert_eq!((code, err.contains("no cgroup at `/no/such/cgroup`")), (Some(2), true), "{err}");
+    assert_eq!(
+        (code, err.contains("no cgroup at `/no/such/cgroup`")),
+        (Some(2), true),
+        "{err}"
+    );
     let (code, err) = run(&["--cgroup", "/proc", "--duration", "1"]);
-    assert_eq!((code, err.contains("not on a cgroup v2 filesystem")), (Some(2), true), "{err}");
+    assert_eq!(
+        (code, err.contains("not on a cgroup v2 filesystem")),
+        (Some(2), true),
+        "{err}"
+    );
     let (code, err) = run(&["--comm", "", "--duration", "1"]);
-    assert_eq!((code, err.contains("--comm needs a non-empty")), (Some(2), true), "{err}");
+    assert_eq!(
+        (code, err.contains("--comm needs a non-empty")),
+        (Some(2), true),
+        "{err}"
+    );
     let (code, err) = run(&["--follow-children", "--duration", "1"]);
-    assert_eq!((code, err.contains("--follow-children needs")), (Some(2), true), "{err}");
+    assert_eq!(
+        (code, err.contains("--follow-children needs")),
+        (Some(2), true),
+        "{err}"
+    );
     let (code, err) = run(&["--prometheus", "nowhere", "--duration", "1"]);
-    assert_eq!((code, err.contains("is not a listen address")), (Some(2), true), "{err}");
+    assert_eq!(
+        (code, err.contains("is not a listen address")),
+        (Some(2), true),
+        "{err}"
+    );
     assert!(!err.contains("panicked"));
 
     // Too long a comm: traced with the kernel's 15 bytes, and said so.
     let (code, err) = run(&["--comm", "a-very-long-process-name", "--duration", "0.2"]);
     assert_eq!(code, Some(0), "{err}");
-    assert!(err.contains("keeps only the first 15") && err.contains("`a-very-long-pro`"), "{err}");
+    assert!(
+        err.contains("keeps only the first 15") && err.contains("`a-very-long-pro`"),
+        "{err}"
+    );
 }

@@ -12,41 +12,95 @@ use support::{BIN, json_lines};
 fn every_json_line_has_the_schema_version() {
     require_privileges();
     let out = Command::new(BIN)
-        .args(["--json", "--events", "--stacks", "--interval", "0.05", "--", BIN, "workload", "syscalls", "--report", "/dev/null"])
+        .args([
+            "--json",
+            "--events",
+            "--stacks",
+            "--interval",
+            "0.05",
+            "--",
+            BIN,
+            "workload",
+            "syscalls",
+            "--report",
+            "/dev/null",
+        ])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let lines = json_lines(&String::from_utf8_lossy(&out.stdout));
-    let kinds: std::collections::BTreeSet<&str> = lines.iter().map(|l| l["type"].as_str().unwrap()).collect();
-    assert!(kinds.contains("syscall") && kinds.contains("summary"), "{kinds:?}");
+    let kinds: std::collections::BTreeSet<&str> =
+        lines.iter().map(|l| l["type"].as_str().unwrap()).collect();
+    assert!(
+        kinds.contains("syscall") && kinds.contains("summary"),
+        "{kinds:?}"
+    );
     for line in &lines {
         assert_eq!(line["schema"], memlock_trace::render::JSON_SCHEMA, "{line}");
     }
-    assert_eq!(memlock_trace::render::JSON_SCHEMA, 1, "the README documents schema 1");
+    assert_eq!(
+        memlock_trace::render::JSON_SCHEMA,
+        1,
+        "the README documents schema 1"
+    );
 
     // --stacks: each process's "faults" has "stacks", each {"faults", "frames": [...]}, and
     // "fault_health" the stack losses (README, JSON output).
     let summary = lines.iter().rev().find(|l| l["type"] == "summary").unwrap();
     let health = &summary["fault_health"];
-    assert!(health["stacks_dropped"].is_u64() && health["stacks_evicted"].is_u64(), "{health}");
+    assert!(
+        health["stacks_dropped"].is_u64() && health["stacks_evicted"].is_u64(),
+        "{health}"
+    );
     let process = &summary["processes"][0];
-    let stacks = process["faults"]["stacks"].as_array().unwrap_or_else(|| panic!("{process}"));
+    let stacks = process["faults"]["stacks"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{process}"));
     assert!(!stacks.is_empty(), "the workload faults: {process}");
     for stack in stacks {
         assert!(stack["faults"].as_u64().unwrap() > 0, "{stack}");
         let frames = stack["frames"].as_array().unwrap();
         assert!(!frames.is_empty(), "{stack}");
         for frame in frames {
-            let keys: Vec<&str> = frame.as_object().unwrap().keys().map(String::as_str).collect();
-            assert_eq!(keys, ["addr", "file", "inlined", "line", "module", "offset", "resolved", "symbol"], "{frame}");
+            let keys: Vec<&str> = frame
+                .as_object()
+                .unwrap()
+                .keys()
+                .map(String::as_str)
+                .collect();
+            assert_eq!(
+                keys,
+                [
+                    "addr", "file", "inlined", "line", "module", "offset", "resolved", "symbol"
+                ],
+                "{frame}"
+            );
             assert!(frame["addr"].as_str().unwrap().starts_with("0x"), "{frame}");
-            assert!(frame["symbol"].is_string() && frame["resolved"].is_boolean() && frame["inlined"].is_boolean(), "{frame}");
-            assert!(frame["module"].is_string() || frame["module"].is_null(), "{frame}");
+            assert!(
+                frame["symbol"].is_string()
+                    && frame["resolved"].is_boolean()
+                    && frame["inlined"].is_boolean(),
+                "{frame}"
+            );
+            assert!(
+                frame["module"].is_string() || frame["module"].is_null(),
+                "{frame}"
+            );
             assert!(frame["line"].is_u64() || frame["line"].is_null(), "{frame}");
         }
     }
 
-    let probe = Command::new(BIN).args(["probe", "--json"]).output().unwrap();
+    let probe = Command::new(BIN)
+        .args(["probe", "--json"])
+        .output()
+        .unwrap();
     let probe: serde_json::Value = serde_json::from_slice(&probe.stdout).unwrap();
-    assert_eq!((probe["type"].as_str(), probe["schema"].as_u64()), (Some("probe"), Some(1)));
+    assert_eq!(
+        (probe["type"].as_str(), probe["schema"].as_u64()),
+        (Some("probe"), Some(1))
+    );
 }

@@ -38,13 +38,22 @@ fn as_nobody_with(cmd: &mut Command, caps: &'static [u32]) {
     // SAFETY: only raw syscalls between fork and exec, on stack data.
     unsafe {
         cmd.pre_exec(move || {
-            let check = |rc: libc::c_int| if rc == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) };
+            let check = |rc: libc::c_int| {
+                if rc == 0 {
+                    Ok(())
+                } else {
+                    Err(std::io::Error::last_os_error())
+                }
+            };
             // Keep the permitted set across the uid change, then trim it to `caps`.
             check(libc::prctl(libc::PR_SET_KEEPCAPS, 1, 0, 0, 0))?;
             check(libc::setgroups(0, std::ptr::null()))?;
             check(libc::setresgid(NOBODY, NOBODY, NOBODY))?;
             check(libc::setresuid(NOBODY, NOBODY, NOBODY))?;
-            let header = CapHeader { version: 0x2008_0522, pid: 0 }; // _LINUX_CAPABILITY_VERSION_3
+            let header = CapHeader {
+                version: 0x2008_0522,
+                pid: 0,
+            }; // _LINUX_CAPABILITY_VERSION_3
             let mut data = [CapData::default(); 2];
             for &cap in caps {
                 let (word, bit) = ((cap / 32) as usize, 1u32 << (cap % 32));
@@ -54,7 +63,13 @@ fn as_nobody_with(cmd: &mut Command, caps: &'static [u32]) {
             }
             check(libc::syscall(libc::SYS_capset, &header, data.as_ptr()) as libc::c_int)?;
             for &cap in caps {
-                check(libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_RAISE as libc::c_ulong, cap as libc::c_ulong, 0, 0))?;
+                check(libc::prctl(
+                    libc::PR_CAP_AMBIENT,
+                    libc::PR_CAP_AMBIENT_RAISE as libc::c_ulong,
+                    cap as libc::c_ulong,
+                    0,
+                    0,
+                ))?;
             }
             Ok(())
         });
@@ -91,7 +106,11 @@ impl Drop for Paranoid {
 #[test]
 fn unprivileged_user_with_three_capabilities_traces_exactly() {
     require_privileges();
-    let paranoid: i32 = std::fs::read_to_string(PARANOID).unwrap().trim().parse().unwrap();
+    let paranoid: i32 = std::fs::read_to_string(PARANOID)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
     let _restore = (paranoid > 2).then(|| {
         // Debian's kernels refuse perf_event_open to all but CAP_SYS_ADMIN at level 3; the
         // tracer must say so, and level 2 is the documented least-privilege setting.
@@ -103,8 +122,13 @@ fn unprivileged_user_with_three_capabilities_traces_exactly() {
         if out.status.success() {
             eprintln!("perf_event_paranoid {paranoid}: CAP_PERFMON is enough on this kernel");
         } else {
-            assert!(stderr.contains(&format!("kernel.perf_event_paranoid is {paranoid}")), "{stderr}");
-            eprintln!("perf_event_paranoid {paranoid}: refused as expected, with the hint; testing at 2");
+            assert!(
+                stderr.contains(&format!("kernel.perf_event_paranoid is {paranoid}")),
+                "{stderr}"
+            );
+            eprintln!(
+                "perf_event_paranoid {paranoid}: refused as expected, with the hint; testing at 2"
+            );
         }
         Paranoid::set("2")
     });
@@ -121,9 +145,13 @@ fn unprivileged_user_with_three_capabilities_traces_exactly() {
     as_nobody_with(&mut cmd, &[CAP_BPF, CAP_PERFMON, CAP_DAC_READ_SEARCH]);
     let out = cmd.output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "as nobody with CAP_BPF, CAP_PERFMON, CAP_DAC_READ_SEARCH: {stderr}");
+    assert!(
+        out.status.success(),
+        "as nobody with CAP_BPF, CAP_PERFMON, CAP_DAC_READ_SEARCH: {stderr}"
+    );
 
-    let calls: Vec<serde_json::Value> = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    let calls: Vec<serde_json::Value> =
+        serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
     let s = summary(&String::from_utf8_lossy(&out.stdout));
     let processes = support::with_syscalls(&s);
     assert_eq!(processes.len(), 1, "{s}");
@@ -150,24 +178,40 @@ fn each_capability_is_needed() {
         cmd.args(["--duration", "0.2"]);
         as_nobody_with(&mut cmd, caps);
         let out = cmd.output().unwrap();
-        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
     };
     let (code, err) = run(&[CAP_PERFMON, CAP_DAC_READ_SEARCH]);
     assert_eq!(code, Some(1), "{err}");
-    assert!(err.contains("missing capabilities CAP_BPF") && !err.contains("CAP_PERFMON"), "{err}");
+    assert!(
+        err.contains("missing capabilities CAP_BPF") && !err.contains("CAP_PERFMON"),
+        "{err}"
+    );
     let (code, err) = run(&[CAP_BPF, CAP_DAC_READ_SEARCH]);
     assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("missing capabilities CAP_PERFMON"), "{err}");
 
     // tracefs is mode 0700 on current kernels; where it is world-searchable the third
     // capability is not needed, and the tracer must work without it.
-    let mode = std::fs::metadata("/sys/kernel/tracing").unwrap().permissions().mode();
+    let mode = std::fs::metadata("/sys/kernel/tracing")
+        .unwrap()
+        .permissions()
+        .mode();
     let (code, err) = run(&[CAP_BPF, CAP_PERFMON]);
     if mode & 0o001 == 0 {
         assert_eq!(code, Some(1), "tracefs mode {mode:o}: {err}");
-        assert!(err.contains("CAP_DAC_READ_SEARCH") && err.contains("tracefs"), "{err}");
+        assert!(
+            err.contains("CAP_DAC_READ_SEARCH") && err.contains("tracefs"),
+            "{err}"
+        );
     } else {
-        assert_eq!(code, Some(0), "tracefs mode {mode:o} is world-searchable: {err}");
+        assert_eq!(
+            code,
+            Some(0),
+            "tracefs mode {mode:o} is world-searchable: {err}"
+        );
     }
     assert!(!err.contains("panicked"), "{err}");
 }

@@ -8,17 +8,22 @@ use common::{drain_syscalls, require_privileges};
 use memlock_trace::{
     aggregate::Aggregator,
     launch::{self, Launched},
-    tracer::{Targets, Tracer, Health},
+    tracer::{Health, Targets, Tracer},
 };
 use support::BIN;
 
 /// Forks `memlock-trace workload ARGS`, held before exec; with `pid`, retries until the
 /// child gets exactly that pid.
 fn spawn_workload(args: &[&str], pid: Option<u32>) -> Launched {
-    let argv: Vec<String> = [BIN, "workload"].iter().chain(args).map(|s| s.to_string()).collect();
+    let argv: Vec<String> = [BIN, "workload"]
+        .iter()
+        .chain(args)
+        .map(|s| s.to_string())
+        .collect();
     for _ in 0..50 {
         if let Some(pid) = pid {
-            std::fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string()).expect("write ns_last_pid");
+            std::fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string())
+                .expect("write ns_last_pid");
         }
         let held = launch::spawn_held(&argv).expect("fork");
         if pid.is_none_or(|p| p == held.pid) {
@@ -43,7 +48,12 @@ fn start_ticks(pid: u32) -> u64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
     // The comm may contain spaces: count fields after its closing parenthesis.
     let after_comm = &stat[stat.rfind(')').unwrap() + 2..];
-    after_comm.split_whitespace().nth(22 - 3).unwrap().parse().unwrap()
+    after_comm
+        .split_whitespace()
+        .nth(22 - 3)
+        .unwrap()
+        .parse()
+        .unwrap()
 }
 
 #[test]
@@ -61,11 +71,33 @@ fn a_reused_pid_is_a_new_process_and_an_exited_target_leaves_the_filter() {
     run(first);
 
     // 2. Same pid, not added: the exit hook removed the first one from the filter.
-    let stranger = spawn_workload(&["flood", "--threads", "1", "--calls", "3", "--report", "/dev/null"], Some(pid));
+    let stranger = spawn_workload(
+        &[
+            "flood",
+            "--threads",
+            "1",
+            "--calls",
+            "3",
+            "--report",
+            "/dev/null",
+        ],
+        Some(pid),
+    );
     run(stranger);
 
     // 3. Same pid again, added: 5 failing mlock calls.
-    let second = spawn_workload(&["flood", "--threads", "1", "--calls", "5", "--report", "/dev/null"], Some(pid));
+    let second = spawn_workload(
+        &[
+            "flood",
+            "--threads",
+            "1",
+            "--calls",
+            "5",
+            "--report",
+            "/dev/null",
+        ],
+        Some(pid),
+    );
     tracer.add_target(pid).unwrap();
     let second_ticks = start_ticks(pid);
     run(second);
@@ -77,12 +109,22 @@ fn a_reused_pid_is_a_new_process_and_an_exited_target_leaves_the_filter() {
     }
     let summary = aggregator.summary(Health::default());
     let entries: Vec<_> = summary.processes.iter().filter(|p| p.pid == pid).collect();
-    assert_eq!(entries.len(), 2, "two processes with pid {pid}, the untraced one not among them: {entries:#?}");
+    assert_eq!(
+        entries.len(),
+        2,
+        "two processes with pid {pid}, the untraced one not among them: {entries:#?}"
+    );
     let (a, b) = (entries[0], entries[1]);
     assert!(a.start_ns < b.start_ns);
-    let count = |p: &memlock_trace::aggregate::ProcessSummary| p.syscalls.values().map(|s| s.count).sum::<u64>();
+    let count = |p: &memlock_trace::aggregate::ProcessSummary| {
+        p.syscalls.values().map(|s| s.count).sum::<u64>()
+    };
     assert_eq!(count(a), 9, "the first process: one of each call");
-    assert_eq!((count(b), b.syscalls["mlock"].errors["ENOMEM"]), (5, 5), "the second: 5 failing mlocks only");
+    assert_eq!(
+        (count(b), b.syscalls["mlock"].errors["ENOMEM"]),
+        (5, 5),
+        "the second: 5 failing mlocks only"
+    );
     // The key is the kernel's own start time: /proc/PID/stat field 22, in ticks.
     assert_eq!(a.start_ns / (1_000_000_000 / ticks_per_sec), first_ticks);
     assert_eq!(b.start_ns / (1_000_000_000 / ticks_per_sec), second_ticks);

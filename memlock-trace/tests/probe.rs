@@ -10,7 +10,9 @@ use common::require_privileges;
 use memlock_trace::probe::{Capability, capabilities};
 
 fn find<'a>(caps: &'a [Capability], name: &str) -> &'a Capability {
-    caps.iter().find(|c| c.name == name).unwrap_or_else(|| panic!("no {name} in {caps:?}"))
+    caps.iter()
+        .find(|c| c.name == name)
+        .unwrap_or_else(|| panic!("no {name} in {caps:?}"))
 }
 
 #[test]
@@ -20,19 +22,31 @@ fn capabilities_match_the_kernel() {
     let kernel = memlock_trace::probe::kernel_release();
 
     for always in ["btf", "ring_buffer", "tracepoint", "tp_btf", "perf_event"] {
-        assert!(find(&caps, always).usable, "{always} refused on {kernel}: {caps:?}");
+        assert!(
+            find(&caps, always).usable,
+            "{always} refused on {kernel}: {caps:?}"
+        );
     }
 
     let kprobe_pmu = Path::new("/sys/bus/event_source/devices/kprobe").exists();
     let kprobe = find(&caps, "kprobe");
     assert_eq!(kprobe.usable, kprobe_pmu, "kprobe on {kernel}: {kprobe:?}");
 
-    let ftrace_functions = std::fs::read_to_string("/sys/kernel/tracing/available_filter_functions")
-        .is_ok_and(|f| f.lines().any(|l| l.split_whitespace().next() == Some("handle_mm_fault")));
+    let ftrace_functions =
+        std::fs::read_to_string("/sys/kernel/tracing/available_filter_functions").is_ok_and(|f| {
+            f.lines()
+                .any(|l| l.split_whitespace().next() == Some("handle_mm_fault"))
+        });
     let fentry = find(&caps, "fentry");
-    assert_eq!(fentry.usable, ftrace_functions, "fentry on {kernel}: {fentry:?}");
+    assert_eq!(
+        fentry.usable, ftrace_functions,
+        "fentry on {kernel}: {fentry:?}"
+    );
 
     for refused in caps.iter().filter(|c| !c.usable) {
-        assert!(refused.detail.contains("refused: "), "a refusal carries the kernel's reason: {refused:?}");
+        assert!(
+            refused.detail.contains("refused: "),
+            "a refusal carries the kernel's reason: {refused:?}"
+        );
     }
 }

@@ -26,17 +26,28 @@ struct Sample {
 /// Parses the text exposition (`name{k="v",...} value` lines; `#` lines are metadata).
 fn parse(text: &str) -> Vec<Sample> {
     let mut samples = Vec::new();
-    for line in text.lines().filter(|l| !l.starts_with('#') && !l.is_empty()) {
-        let (series, value) = line.rsplit_once(' ').unwrap_or_else(|| panic!("bad line {line:?}"));
-        let value: f64 = value.parse().unwrap_or_else(|e| panic!("bad value in {line:?}: {e}"));
+    for line in text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+    {
+        let (series, value) = line
+            .rsplit_once(' ')
+            .unwrap_or_else(|| panic!("bad line {line:?}"));
+        let value: f64 = value
+            .parse()
+            .unwrap_or_else(|e| panic!("bad value in {line:?}: {e}"));
         let (name, labels) = match series.split_once('{') {
             Some((name, rest)) => {
-                let body = rest.strip_suffix('}').unwrap_or_else(|| panic!("bad labels in {line:?}"));
+                let body = rest
+                    .strip_suffix('}')
+                    .unwrap_or_else(|| panic!("bad labels in {line:?}"));
                 let labels = body
                     .split("\",")
                     .filter(|kv| !kv.is_empty())
                     .map(|kv| {
-                        let (k, v) = kv.split_once("=\"").unwrap_or_else(|| panic!("bad label {kv:?} in {line:?}"));
+                        let (k, v) = kv
+                            .split_once("=\"")
+                            .unwrap_or_else(|| panic!("bad label {kv:?} in {line:?}"));
                         (k.to_string(), v.trim_end_matches('"').to_string())
                     })
                     .collect();
@@ -44,16 +55,30 @@ fn parse(text: &str) -> Vec<Sample> {
             }
             None => (series, BTreeMap::new()),
         };
-        samples.push(Sample { name: name.to_string(), labels, value });
+        samples.push(Sample {
+            name: name.to_string(),
+            labels,
+            value,
+        });
     }
     samples
 }
 
 /// The value of the one sample named `name` whose labels are exactly `labels`.
 fn value(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-    let want: BTreeMap<String, String> = labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-    let found: Vec<&Sample> = samples.iter().filter(|s| s.name == name && s.labels == want).collect();
-    assert!(found.len() <= 1, "{name} {labels:?} appears {} times", found.len());
+    let want: BTreeMap<String, String> = labels
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let found: Vec<&Sample> = samples
+        .iter()
+        .filter(|s| s.name == name && s.labels == want)
+        .collect();
+    assert!(
+        found.len() <= 1,
+        "{name} {labels:?} appears {} times",
+        found.len()
+    );
     found.first().map(|s| s.value)
 }
 
@@ -69,7 +94,10 @@ fn agent() -> ureq::Agent {
 /// sh -c "memlock-trace workload syscalls --report R; read x"`: the workload runs at once,
 /// then the command waits for stdin to close (and exits 0).
 fn start(extra: &[&str], report: &std::path::Path) -> (Tracer, String) {
-    let script = format!("{BIN} workload syscalls --report {}; read x || true", report.display());
+    let script = format!(
+        "{BIN} workload syscalls --report {}; read x || true",
+        report.display()
+    );
     let mut cmd = Command::new(BIN);
     cmd.args(["--json", "--prometheus", "127.0.0.1:0", "--follow-children"])
         .args(extra)
@@ -85,10 +113,16 @@ fn start(extra: &[&str], report: &std::path::Path) -> (Tracer, String) {
 fn workload_report(path: &std::path::Path) -> Vec<Value> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        if let Ok(Ok(v)) = std::fs::read_to_string(path).map(|s| serde_json::from_str::<Vec<Value>>(&s)) {
+        if let Ok(Ok(v)) =
+            std::fs::read_to_string(path).map(|s| serde_json::from_str::<Vec<Value>>(&s))
+        {
             return v;
         }
-        assert!(Instant::now() < deadline, "the workload never wrote {}", path.display());
+        assert!(
+            Instant::now() < deadline,
+            "the workload never wrote {}",
+            path.display()
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -99,15 +133,27 @@ fn scrape_until(url: &str, ready: impl Fn(&[Sample]) -> bool) -> (Vec<Sample>, S
     loop {
         let mut response = agent().get(url).call().expect("GET /metrics");
         assert_eq!(response.status(), 200);
-        let content_type = response.headers().get("content-type").unwrap().to_str().unwrap().to_string();
+        let content_type = response
+            .headers()
+            .get("content-type")
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .to_string();
         let text = response.body_mut().read_to_string().unwrap();
         let samples = parse(&text);
         if ready(&samples) {
             assert!(text.ends_with("# EOF\n"), "OpenMetrics ends with # EOF");
-            assert!(content_type.starts_with("application/openmetrics-text"), "{content_type}");
+            assert!(
+                content_type.starts_with("application/openmetrics-text"),
+                "{content_type}"
+            );
             return (samples, text);
         }
-        assert!(Instant::now() < deadline, "metrics never showed the workload:\n{text}");
+        assert!(
+            Instant::now() < deadline,
+            "metrics never showed the workload:\n{text}"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -115,7 +161,8 @@ fn scrape_until(url: &str, ready: impl Fn(&[Sample]) -> bool) -> (Vec<Sample>, S
 #[test]
 fn scraped_metrics_count_exactly_the_calls_made() {
     require_privileges();
-    let report = std::env::temp_dir().join(format!("memlock-trace-prom-{}.json", std::process::id()));
+    let report =
+        std::env::temp_dir().join(format!("memlock-trace-prom-{}.json", std::process::id()));
     let _ = std::fs::remove_file(&report);
     let (mut tracer, url) = start(&[], &report);
     let calls = workload_report(&report);
@@ -126,39 +173,140 @@ fn scraped_metrics_count_exactly_the_calls_made() {
 
     for syscall in ["mlock", "mlock2", "munlock", "mlockall", "munlockall"] {
         let made: Vec<&Value> = calls.iter().filter(|c| c["syscall"] == syscall).collect();
-        assert_eq!(value(&samples, "memlock_trace_syscalls_total", &labels(syscall)), Some(made.len() as f64), "{syscall}");
+        assert_eq!(
+            value(&samples, "memlock_trace_syscalls_total", &labels(syscall)),
+            Some(made.len() as f64),
+            "{syscall}"
+        );
         // The histogram holds every call, and its buckets are cumulative.
-        assert_eq!(value(&samples, "memlock_trace_syscall_latency_seconds_count", &labels(syscall)), Some(made.len() as f64));
-        let inf = [("comm", "memlock-trace"), ("syscall", syscall), ("le", "+Inf")];
-        assert_eq!(value(&samples, "memlock_trace_syscall_latency_seconds_bucket", &inf), Some(made.len() as f64));
-        let sum = value(&samples, "memlock_trace_syscall_latency_seconds_sum", &labels(syscall)).unwrap();
+        assert_eq!(
+            value(
+                &samples,
+                "memlock_trace_syscall_latency_seconds_count",
+                &labels(syscall)
+            ),
+            Some(made.len() as f64)
+        );
+        let inf = [
+            ("comm", "memlock-trace"),
+            ("syscall", syscall),
+            ("le", "+Inf"),
+        ];
+        assert_eq!(
+            value(
+                &samples,
+                "memlock_trace_syscall_latency_seconds_bucket",
+                &inf
+            ),
+            Some(made.len() as f64)
+        );
+        let sum = value(
+            &samples,
+            "memlock_trace_syscall_latency_seconds_sum",
+            &labels(syscall),
+        )
+        .unwrap();
         assert!(sum > 0.0 && sum < 60.0, "{syscall} latency sum {sum}");
-        let populated: u64 = made.iter().map(|c| c["faults"]["minflt"].as_u64().unwrap() + c["faults"]["majflt"].as_u64().unwrap()).sum();
-        let got = value(&samples, "memlock_trace_syscall_pages_populated_total", &labels(syscall)).unwrap_or(0.0);
-        assert_eq!(got, populated as f64, "{syscall} pages populated vs the workload's getrusage");
+        let populated: u64 = made
+            .iter()
+            .map(|c| {
+                c["faults"]["minflt"].as_u64().unwrap() + c["faults"]["majflt"].as_u64().unwrap()
+            })
+            .sum();
+        let got = value(
+            &samples,
+            "memlock_trace_syscall_pages_populated_total",
+            &labels(syscall),
+        )
+        .unwrap_or(0.0);
+        assert_eq!(
+            got, populated as f64,
+            "{syscall} pages populated vs the workload's getrusage"
+        );
     }
     let buckets: Vec<f64> = samples
         .iter()
-        .filter(|s| s.name == "memlock_trace_syscall_latency_seconds_bucket" && s.labels["syscall"] == "mlock")
+        .filter(|s| {
+            s.name == "memlock_trace_syscall_latency_seconds_bucket"
+                && s.labels["syscall"] == "mlock"
+        })
         .map(|s| s.value)
         .collect();
-    assert!(buckets.len() > 10 && buckets.windows(2).all(|w| w[0] <= w[1]), "{buckets:?}");
-    let enomem = [("comm", "memlock-trace"), ("errno", "ENOMEM"), ("syscall", "mlock")];
-    assert_eq!(value(&samples, "memlock_trace_syscall_errors_total", &enomem), Some(1.0));
+    assert!(
+        buckets.len() > 10 && buckets.windows(2).all(|w| w[0] <= w[1]),
+        "{buckets:?}"
+    );
+    let enomem = [
+        ("comm", "memlock-trace"),
+        ("errno", "ENOMEM"),
+        ("syscall", "mlock"),
+    ];
+    assert_eq!(
+        value(&samples, "memlock_trace_syscall_errors_total", &enomem),
+        Some(1.0)
+    );
     // 16 + 8 pages locked by the two successful mlocks, then unlocked by the munlocks.
-    assert_eq!(value(&samples, "memlock_trace_syscall_pages_locked_total", &labels("mlock")), Some(24.0));
-    assert_eq!(value(&samples, "memlock_trace_syscall_pages_unlocked_total", &labels("munlock")), Some(40.0));
+    assert_eq!(
+        value(
+            &samples,
+            "memlock_trace_syscall_pages_locked_total",
+            &labels("mlock")
+        ),
+        Some(24.0)
+    );
+    assert_eq!(
+        value(
+            &samples,
+            "memlock_trace_syscall_pages_unlocked_total",
+            &labels("munlock")
+        ),
+        Some(40.0)
+    );
     // The tracer's health.
-    assert_eq!(value(&samples, "memlock_trace_events_received_total", &[("kind", "syscall")]), Some(calls.len() as f64));
-    for counter in ["dropped_events", "untracked_calls", "undecodable_records", "children_not_followed", "evicted_processes"] {
-        assert_eq!(value(&samples, &format!("memlock_trace_{counter}_total"), &[]), Some(0.0), "{counter}");
+    assert_eq!(
+        value(
+            &samples,
+            "memlock_trace_events_received_total",
+            &[("kind", "syscall")]
+        ),
+        Some(calls.len() as f64)
+    );
+    for counter in [
+        "dropped_events",
+        "untracked_calls",
+        "undecodable_records",
+        "children_not_followed",
+        "evicted_processes",
+    ] {
+        assert_eq!(
+            value(&samples, &format!("memlock_trace_{counter}_total"), &[]),
+            Some(0.0),
+            "{counter}"
+        );
     }
-    assert!(text.contains("# TYPE memlock_trace_syscall_latency_seconds histogram"), "{text}");
-    assert!(text.contains("# UNIT memlock_trace_syscall_latency_seconds seconds"), "{text}");
-    assert!(!text.contains("pid=\""), "no pid label unless asked:\n{text}");
+    assert!(
+        text.contains("# TYPE memlock_trace_syscall_latency_seconds histogram"),
+        "{text}"
+    );
+    assert!(
+        text.contains("# UNIT memlock_trace_syscall_latency_seconds seconds"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("pid=\""),
+        "no pid label unless asked:\n{text}"
+    );
 
-    let mut missing = agent().get(url.replace("/metrics", "/nope")).call().unwrap();
-    assert_eq!(missing.status(), 404, "{}", missing.body_mut().read_to_string().unwrap());
+    let mut missing = agent()
+        .get(url.replace("/metrics", "/nope"))
+        .call()
+        .unwrap();
+    assert_eq!(
+        missing.status(),
+        404,
+        "{}",
+        missing.body_mut().read_to_string().unwrap()
+    );
 
     // Closing stdin ends the command, then the tracer, which still prints its summary.
     drop(tracer.child.stdin.take());
@@ -171,18 +319,37 @@ fn scraped_metrics_count_exactly_the_calls_made() {
 #[test]
 fn pid_label_only_when_asked() {
     require_privileges();
-    let report = std::env::temp_dir().join(format!("memlock-trace-prom-pid-{}.json", std::process::id()));
+    let report = std::env::temp_dir().join(format!(
+        "memlock-trace-prom-pid-{}.json",
+        std::process::id()
+    ));
     let _ = std::fs::remove_file(&report);
     let (mut tracer, url) = start(&["--prometheus-pid-label"], &report);
     workload_report(&report);
-    let (samples, _) = scrape_until(&url, |s| s.iter().any(|s| s.name == "memlock_trace_syscalls_total" && s.labels.get("syscall").map(String::as_str) == Some("munlockall")));
+    let (samples, _) = scrape_until(&url, |s| {
+        s.iter().any(|s| {
+            s.name == "memlock_trace_syscalls_total"
+                && s.labels.get("syscall").map(String::as_str) == Some("munlockall")
+        })
+    });
     drop(tracer.child.stdin.take());
     let done = tracer.finish();
     let s = summary(&done.stdout);
-    let pid = support::with_syscalls(&s)[0]["pid"].as_u64().unwrap().to_string();
+    let pid = support::with_syscalls(&s)[0]["pid"]
+        .as_u64()
+        .unwrap()
+        .to_string();
     let pid_str = pid.as_str();
     assert_eq!(
-        value(&samples, "memlock_trace_syscalls_total", &[("comm", "memlock-trace"), ("pid", pid_str), ("syscall", "mlock")]),
+        value(
+            &samples,
+            "memlock_trace_syscalls_total",
+            &[
+                ("comm", "memlock-trace"),
+                ("pid", pid_str),
+                ("syscall", "mlock")
+            ]
+        ),
         Some(3.0)
     );
 }
@@ -192,9 +359,15 @@ fn a_taken_address_is_a_clear_error() {
     require_privileges();
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = taken.local_addr().unwrap().to_string();
-    let out = Command::new(BIN).args(["--prometheus", &addr, "--duration", "1"]).output().unwrap();
+    let out = Command::new(BIN)
+        .args(["--prometheus", &addr, "--duration", "1"])
+        .output()
+        .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
-    assert!(stderr.contains(&format!("cannot serve Prometheus metrics on {addr}")), "{stderr}");
+    assert!(
+        stderr.contains(&format!("cannot serve Prometheus metrics on {addr}")),
+        "{stderr}"
+    );
     let _ = std::io::stderr().flush();
 }

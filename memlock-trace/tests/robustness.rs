@@ -43,7 +43,12 @@ fn sigint_prints_the_summary_and_unloads_everything() {
     assert!(done.stderr.contains("stopped by SIGINT"), "{}", done.stderr);
     assert_eq!(summary(&done.stdout)["schema"], 1);
     let took = wait_all_unloaded(&ids);
-    eprintln!("SIGINT: {} programs, {} links, {} maps gone {took:?} after exit", ids.programs.len(), ids.links.len(), ids.maps.len());
+    eprintln!(
+        "SIGINT: {} programs, {} links, {} maps gone {took:?} after exit",
+        ids.programs.len(),
+        ids.links.len(),
+        ids.maps.len()
+    );
 }
 
 #[test]
@@ -51,7 +56,11 @@ fn sigterm_prints_the_summary_and_unloads_everything() {
     require_privileges();
     let (done, ids) = stop_with(libc::SIGTERM);
     assert_eq!(done.status.code(), Some(0), "{}", done.stderr);
-    assert!(done.stderr.contains("stopped by SIGTERM"), "{}", done.stderr);
+    assert!(
+        done.stderr.contains("stopped by SIGTERM"),
+        "{}",
+        done.stderr
+    );
     summary(&done.stdout);
     wait_all_unloaded(&ids);
 }
@@ -64,7 +73,12 @@ fn sigkill_leaves_no_program_map_or_link_behind() {
     assert!(done.stdout.is_empty(), "killed: no summary");
     // Nothing pinned, nothing held elsewhere: closing the fds releases everything.
     let took = wait_all_unloaded(&ids);
-    eprintln!("SIGKILL: {} programs, {} links, {} maps gone {took:?} after exit", ids.programs.len(), ids.links.len(), ids.maps.len());
+    eprintln!(
+        "SIGKILL: {} programs, {} links, {} maps gone {took:?} after exit",
+        ids.programs.len(),
+        ids.links.len(),
+        ids.maps.len()
+    );
 }
 
 #[test]
@@ -74,7 +88,15 @@ fn ring_buffer_overflow_is_counted_exactly() {
     const CALLS: u64 = 25_000;
     // The flood waits for a byte on stdin, so it starts only once the tracer is frozen.
     let mut flood = Command::new(BIN)
-        .args(["workload", "flood", "--threads", &THREADS.to_string(), "--calls", &CALLS.to_string(), "--wait-stdin"])
+        .args([
+            "workload",
+            "flood",
+            "--threads",
+            &THREADS.to_string(),
+            "--calls",
+            &CALLS.to_string(),
+            "--wait-stdin",
+        ])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
@@ -89,7 +111,11 @@ fn ring_buffer_overflow_is_counted_exactly() {
     assert!(out.status.success());
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["calls"], THREADS * CALLS);
-    assert_eq!(report["enomem"], THREADS * CALLS, "every flood call failed with ENOMEM");
+    assert_eq!(
+        report["enomem"],
+        THREADS * CALLS,
+        "every flood call failed with ENOMEM"
+    );
     tracer.signal(libc::SIGCONT);
     // The flood has exited, so the tracer drains what the ring holds and stops.
     let done = tracer.finish();
@@ -97,10 +123,25 @@ fn ring_buffer_overflow_is_counted_exactly() {
     let s = summary(&done.stdout);
     let received = calls_of(&s, pid, "mlock");
     let dropped = s["dropped_events"].as_u64().unwrap();
-    eprintln!("flood: {} calls, {received} received, {dropped} dropped", THREADS * CALLS);
-    assert!(dropped > 0, "the ring never overflowed: {received} received");
-    assert_eq!(received + dropped, THREADS * CALLS, "every call is either received or counted as dropped");
+    eprintln!(
+        "flood: {} calls, {received} received, {dropped} dropped",
+        THREADS * CALLS
+    );
+    assert!(
+        dropped > 0,
+        "the ring never overflowed: {received} received"
+    );
+    assert_eq!(
+        received + dropped,
+        THREADS * CALLS,
+        "every call is either received or counted as dropped"
+    );
     assert_eq!(s["health"]["dropped_events"], dropped);
-    let p = s["processes"].as_array().unwrap().iter().find(|p| p["pid"] == pid).unwrap();
+    let p = s["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pid"] == pid)
+        .unwrap();
     assert_eq!(p["syscalls"]["mlock"]["errors"]["ENOMEM"], received);
 }

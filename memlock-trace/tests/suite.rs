@@ -25,23 +25,41 @@ fn every_scenario_runs_and_the_tracer_agrees_with_the_workload() {
         .filter(|&name| !(in_vm && name == "vm-memory"))
         .collect();
     if in_vm {
-        eprintln!("NOTE: inside the test VM: running every scenario but vm-memory (no nested qemu); the host stage runs vm-memory");
+        eprintln!(
+            "NOTE: inside the test VM: running every scenario but vm-memory (no nested qemu); the host stage runs vm-memory"
+        );
         for name in &expected {
             cmd.args(["--scenario", name]);
         }
     }
     let out = cmd.output().expect("run memlock-trace suite");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "suite failed: {:?}\nstdout:\n{stdout}\nstderr:\n{}", out.status, String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "suite failed: {:?}\nstdout:\n{stdout}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
 
-    let report: Value = serde_json::from_str(&std::fs::read_to_string(out_dir.join("report.json")).unwrap()).unwrap();
+    let report: Value =
+        serde_json::from_str(&std::fs::read_to_string(out_dir.join("report.json")).unwrap())
+            .unwrap();
     let scenarios = report["scenarios"].as_array().unwrap();
-    let names: Vec<&str> = scenarios.iter().map(|s| s["scenario"].as_str().unwrap()).collect();
+    let names: Vec<&str> = scenarios
+        .iter()
+        .map(|s| s["scenario"].as_str().unwrap())
+        .collect();
     assert_eq!(names, expected);
     for s in scenarios {
         let name = s["scenario"].as_str().unwrap();
-        assert!(s["workload"].as_object().is_some_and(|w| !w.is_empty()), "{name} produced no numbers");
-        assert!(!s["tracer"].as_object().unwrap().is_empty() || name == "malloc-vs-mmap", "{name}: the tracer saw none of its processes");
+        assert!(
+            s["workload"].as_object().is_some_and(|w| !w.is_empty()),
+            "{name} produced no numbers"
+        );
+        assert!(
+            !s["tracer"].as_object().unwrap().is_empty() || name == "malloc-vs-mmap",
+            "{name}: the tracer saw none of its processes"
+        );
         let verdicts = s["verdicts"].as_array().unwrap();
         assert!(!verdicts.is_empty(), "{name} has no verdicts");
         for v in verdicts {
@@ -49,6 +67,10 @@ fn every_scenario_runs_and_the_tracer_agrees_with_the_workload() {
         }
     }
     assert_eq!(report["health"]["dropped_events"], 0);
-    assert!(std::fs::read_to_string(out_dir.join("report.md")).unwrap().contains("![thread-create](thread-create.svg)"));
+    assert!(
+        std::fs::read_to_string(out_dir.join("report.md"))
+            .unwrap()
+            .contains("![thread-create](thread-create.svg)")
+    );
     std::fs::remove_dir_all(&out_dir).ok();
 }

@@ -19,7 +19,10 @@ fn every_call_is_traced_with_its_result_and_populated_pages() {
     let calls = syscalls::run().expect("workload");
 
     let tid = gettid();
-    let traced: Vec<_> = drain_syscalls(&mut ring).into_iter().filter(|r| r.raw.tid == tid).collect();
+    let traced: Vec<_> = drain_syscalls(&mut ring)
+        .into_iter()
+        .filter(|r| r.raw.tid == tid)
+        .collect();
     let names: Vec<&str> = traced.iter().map(|r| r.syscall.name()).collect();
     let expected: Vec<&str> = calls.iter().map(|c| c.syscall).collect();
     assert_eq!(names, expected, "calls traced vs calls made");
@@ -38,26 +41,56 @@ fn every_call_is_traced_with_its_result_and_populated_pages() {
     }
 
     // The workload's known shape (see workload/syscalls.rs), checked figure by figure.
-    let mlocks: Vec<_> = traced.iter().filter(|r| r.syscall == Syscall::Mlock).collect();
+    let mlocks: Vec<_> = traced
+        .iter()
+        .filter(|r| r.syscall == Syscall::Mlock)
+        .collect();
     assert_eq!(mlocks.len(), 3);
-    assert_eq!((mlocks[0].pages_populated(), mlocks[0].pages_locked()), (16, 16), "whole region");
-    assert_eq!((mlocks[1].pages_populated(), mlocks[1].pages_locked()), (8, 8), "middle 8 pages");
+    assert_eq!(
+        (mlocks[0].pages_populated(), mlocks[0].pages_locked()),
+        (16, 16),
+        "whole region"
+    );
+    assert_eq!(
+        (mlocks[1].pages_populated(), mlocks[1].pages_locked()),
+        (8, 8),
+        "middle 8 pages"
+    );
     assert_eq!(
         mlocks[1].raw.map_count_after - mlocks[1].raw.map_count_before,
         2,
         "locking the middle of a VMA splits it in three"
     );
-    assert_eq!(memlock_trace::syscall::errno_name(mlocks[2].raw.ret).as_deref(), Some("ENOMEM"));
+    assert_eq!(
+        memlock_trace::syscall::errno_name(mlocks[2].raw.ret).as_deref(),
+        Some("ENOMEM")
+    );
     assert_eq!(mlocks[2].pages_locked(), 0);
 
-    let mlock2 = traced.iter().find(|r| r.syscall == Syscall::Mlock2).unwrap();
+    let mlock2 = traced
+        .iter()
+        .find(|r| r.syscall == Syscall::Mlock2)
+        .unwrap();
     assert_eq!(mlock2.raw.args[2], memlock_trace::syscall::MLOCK_ONFAULT);
-    assert_eq!((mlock2.pages_populated(), mlock2.pages_locked()), (0, 16), "MLOCK_ONFAULT locks, populates nothing");
+    assert_eq!(
+        (mlock2.pages_populated(), mlock2.pages_locked()),
+        (0, 16),
+        "MLOCK_ONFAULT locks, populates nothing"
+    );
 
-    let mlockall = traced.iter().find(|r| r.syscall == Syscall::Mlockall).unwrap();
-    let munlockall = traced.iter().find(|r| r.syscall == Syscall::Munlockall).unwrap();
+    let mlockall = traced
+        .iter()
+        .find(|r| r.syscall == Syscall::Mlockall)
+        .unwrap();
+    let munlockall = traced
+        .iter()
+        .find(|r| r.syscall == Syscall::Munlockall)
+        .unwrap();
     assert!(mlockall.pages_locked() > 0);
-    assert_eq!(munlockall.raw.locked_vm_after, 0, "munlockall unlocks everything");
+    assert_eq!(
+        munlockall.raw.locked_vm_after, 0,
+        "munlockall unlocks everything"
+    );
 
     let health = tracer.health().expect("counters");
     assert_eq!(health.dropped_events, 0);
@@ -70,8 +103,12 @@ fn other_processes_are_filtered_out() {
     // Trace only a pid that is not us: our calls must not appear.
     let mut tracer = Tracer::load(&Targets::Tgids(vec![1])).expect("load tracer");
     let mut ring = tracer.take_events().expect("ring buffer");
-    let page = memlock_trace::workload::Region::anonymous(1, libc::PROT_READ | libc::PROT_WRITE, 0).unwrap();
+    let page = memlock_trace::workload::Region::anonymous(1, libc::PROT_READ | libc::PROT_WRITE, 0)
+        .unwrap();
     assert_eq!(unsafe { libc::mlock(page.addr.cast(), page.len) }, 0);
-    let ours = drain_syscalls(&mut ring).into_iter().filter(|r| r.raw.tgid == std::process::id()).count();
+    let ours = drain_syscalls(&mut ring)
+        .into_iter()
+        .filter(|r| r.raw.tgid == std::process::id())
+        .count();
     assert_eq!(ours, 0);
 }

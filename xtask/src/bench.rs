@@ -147,7 +147,10 @@ pub fn run(args: &Args) -> Result<()> {
     let pages = args.mib * 1024 * 1024 / PAGE;
     let cpus = std::thread::available_parallelism().map_or(1, usize::from);
     let mut env = Environment {
-        kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().into(),
+        kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .unwrap_or_default()
+            .trim()
+            .into(),
         thp: std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
             .unwrap_or_else(|_| "unknown".into())
             .trim()
@@ -162,7 +165,9 @@ pub fn run(args: &Args) -> Result<()> {
     };
 
     let pinned = if cpus >= 2 {
-        Placement::Pinned { workload_cpu: cpus - 1 }
+        Placement::Pinned {
+            workload_cpu: cpus - 1,
+        }
     } else {
         Placement::Anywhere
     };
@@ -178,7 +183,7 @@ pub fn run(args: &Args) -> Result<()> {
                 args.repeats,
                 None,
             )
-                .with_context(|| format!("round {round}, {}", mode.label()))?;
+            .with_context(|| format!("round {round}, {}", mode.label()))?;
             eprintln!(
                 "xtask bench: round {round}/{} {:<48} {:>7.0} ns/fault{}",
                 args.runs,
@@ -204,7 +209,7 @@ pub fn run(args: &Args) -> Result<()> {
             1,
             None,
         )
-            .with_context(|| format!("max-rate run, {}", mode.label()))?;
+        .with_context(|| format!("max-rate run, {}", mode.label()))?;
         eprintln!(
             "xtask bench: max rate, {cpus} threads, {:<36} {:>7.0} wall ns/fault",
             mode.label(),
@@ -217,8 +222,16 @@ pub fn run(args: &Args) -> Result<()> {
     let mut costs = Vec::new();
     with_bpf_stats(|| {
         for mode in [Mode::Default, Mode::Bpftrace] {
-            measure(&tracer, &bpftrace, mode, &format!("touch {pages}"), pinned, 1, Some(&mut costs))
-                .with_context(|| format!("profiled run, {}", mode.label()))?;
+            measure(
+                &tracer,
+                &bpftrace,
+                mode,
+                &format!("touch {pages}"),
+                pinned,
+                1,
+                Some(&mut costs),
+            )
+            .with_context(|| format!("profiled run, {}", mode.label()))?;
         }
         Ok(())
     })?;
@@ -234,7 +247,14 @@ pub fn run(args: &Args) -> Result<()> {
         .iter()
         .chain(&max_rate)
         .filter(|(_, s)| s.traced_faults.is_some_and(|t| t != s.kernel_faults))
-        .map(|(m, s)| format!("{}: {:?} of {}", m.label(), s.traced_faults, s.kernel_faults))
+        .map(|(m, s)| {
+            format!(
+                "{}: {:?} of {}",
+                m.label(),
+                s.traced_faults,
+                s.kernel_faults
+            )
+        })
         .collect();
     if !lost.is_empty() {
         bail!("tracers lost or invented faults:\n{}", lost.join("\n"));
@@ -252,7 +272,11 @@ fn replace_section(existing: &str, report: &str) -> String {
     match (existing.find(SECTION_BEGIN), existing.find(SECTION_END)) {
         (Some(begin), Some(end)) if begin < end => {
             let after = &existing[end + SECTION_END.len()..];
-            format!("{}{section}{}", &existing[..begin], after.strip_prefix('\n').unwrap_or(after))
+            format!(
+                "{}{section}{}",
+                &existing[..begin],
+                after.strip_prefix('\n').unwrap_or(after)
+            )
         }
         _ if existing.trim().is_empty() => format!("# Benchmarks\n\n{section}"),
         _ => format!("{}\n\n{section}", existing.trim_end()),
@@ -314,7 +338,11 @@ impl Workload {
         if line != "ready\n" {
             bail!("the workload said {line:?}");
         }
-        Ok(Self { child, stdin, stdout })
+        Ok(Self {
+            child,
+            stdin,
+            stdout,
+        })
     }
 
     /// Runs a command; returns its wall and CPU time in ns once the child is blocked again.
@@ -346,7 +374,9 @@ impl Workload {
     /// minflt + majflt from /proc/PID/stat.
     fn kernel_faults(&self) -> Result<u64> {
         let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id()))?;
-        let fields: Vec<&str> = stat[stat.rfind(')').context("stat")? + 2..].split(' ').collect();
+        let fields: Vec<&str> = stat[stat.rfind(')').context("stat")? + 2..]
+            .split(' ')
+            .collect();
         Ok(fields[7].parse::<u64>()? + fields[9].parse::<u64>()?)
     }
 }
@@ -408,12 +438,19 @@ fn attach(mut cmd: Command, marker: &'static str, marker_on_stderr: bool) -> Res
     };
     collect(stdout, on_out, out_tx);
     collect(stderr, on_err, err_tx);
-    let attached = Attached { child, stdout: out_rx, stderr: err_rx };
+    let attached = Attached {
+        child,
+        stdout: out_rx,
+        stderr: err_rx,
+    };
     if ready_rx.recv_timeout(Duration::from_secs(60)).is_err() {
         let mut attached = attached;
         let _ = attached.child.kill();
         let _ = attached.child.wait();
-        let err = attached.stderr.recv_timeout(Duration::from_secs(5)).unwrap_or_default();
+        let err = attached
+            .stderr
+            .recv_timeout(Duration::from_secs(5))
+            .unwrap_or_default();
         bail!("{cmd:?} did not attach: {}", err.trim());
     }
     Ok(attached)
@@ -424,9 +461,15 @@ impl Attached {
     fn stop(mut self) -> Result<String> {
         run_cmd(Command::new("kill").args(["-INT", &self.child.id().to_string()]))?;
         let status = self.child.wait()?;
-        let out = self.stdout.recv_timeout(Duration::from_secs(60)).context("tracer stdout")?;
+        let out = self
+            .stdout
+            .recv_timeout(Duration::from_secs(60))
+            .context("tracer stdout")?;
         if !status.success() {
-            let err = self.stderr.recv_timeout(Duration::from_secs(5)).unwrap_or_default();
+            let err = self
+                .stderr
+                .recv_timeout(Duration::from_secs(5))
+                .unwrap_or_default();
             bail!("the tracer exited with {status}: {}", err.trim());
         }
         Ok(out)
@@ -541,7 +584,11 @@ fn program_stats() -> Result<BTreeMap<u64, ProgramCost>> {
     let programs: serde_json::Value = serde_json::from_str(&out)?;
     let mut stats = BTreeMap::new();
     for p in programs.as_array().into_iter().flatten() {
-        let (Some(id), Some(runs), Some(ns)) = (p["id"].as_u64(), p["run_cnt"].as_u64(), p["run_time_ns"].as_u64()) else {
+        let (Some(id), Some(runs), Some(ns)) = (
+            p["id"].as_u64(),
+            p["run_cnt"].as_u64(),
+            p["run_time_ns"].as_u64(),
+        ) else {
             continue;
         };
         stats.insert(
@@ -572,11 +619,18 @@ fn memlock_trace_faults(out: &str, pid: &str) -> Result<u64> {
     let summary = out
         .lines()
         .rev()
-        .find_map(|l| serde_json::from_str::<serde_json::Value>(l).ok().filter(|v| v["type"] == "summary"))
+        .find_map(|l| {
+            serde_json::from_str::<serde_json::Value>(l)
+                .ok()
+                .filter(|v| v["type"] == "summary")
+        })
         .ok_or_else(|| anyhow!("no JSON summary in memlock-trace's output"))?;
     let process = summary["processes"]
         .as_array()
-        .and_then(|ps| ps.iter().find(|p| p["pid"].as_u64().is_some_and(|p| p.to_string() == pid)))
+        .and_then(|ps| {
+            ps.iter()
+                .find(|p| p["pid"].as_u64().is_some_and(|p| p.to_string() == pid))
+        })
         .ok_or_else(|| anyhow!("pid {pid} missing from the summary"))?;
     let faults = &process["faults"];
     Ok(faults["minor"].as_u64().unwrap_or(0) + faults["major"].as_u64().unwrap_or(0))
@@ -601,7 +655,11 @@ fn bpftrace_faults(out: &str, pid: &str) -> Result<u64> {
 fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
     let n = values.len();
-    if n % 2 == 1 { values[n / 2] } else { (values[n / 2 - 1] + values[n / 2]) / 2.0 }
+    if n % 2 == 1 {
+        values[n / 2]
+    } else {
+        (values[n / 2 - 1] + values[n / 2]) / 2.0
+    }
 }
 
 fn load_average() -> String {
@@ -622,7 +680,13 @@ fn report(
         samples
             .iter()
             .filter(|(m, _)| *m == mode)
-            .map(|(_, s)| if wall { s.wall_ns_per_fault } else { s.ns_per_fault })
+            .map(|(_, s)| {
+                if wall {
+                    s.wall_ns_per_fault
+                } else {
+                    s.ns_per_fault
+                }
+            })
             .collect()
     };
     let untraced = median(values(Mode::Untraced, false));
@@ -632,7 +696,12 @@ fn report(
         let paired: Vec<f64> = samples
             .chunks(Mode::ALL.len())
             .filter_map(|round| {
-                let of = |m: Mode| round.iter().find(|(x, _)| *x == m).map(|(_, s)| s.ns_per_fault);
+                let of = |m: Mode| {
+                    round
+                        .iter()
+                        .find(|(x, _)| *x == m)
+                        .map(|(_, s)| s.ns_per_fault)
+                };
                 Some(of(mode)? - of(Mode::Untraced)?)
             })
             .collect();
@@ -640,7 +709,10 @@ fn report(
     };
     let cpus = env.cpus;
     let mut out = String::new();
-    let _ = writeln!(out, "## Page faults: the cost of tracing them (`cargo xtask bench`)\n");
+    let _ = writeln!(
+        out,
+        "## Page faults: the cost of tracing them (`cargo xtask bench`)\n"
+    );
     let _ = writeln!(
         out,
         "Produced by `cargo xtask bench --mib {} --runs {} --repeats {}` on kernel {}, {cpus} CPUs; \
@@ -703,7 +775,11 @@ fn report(
         repeats = args.repeats,
         bpftrace = env.bpftrace_version,
     );
-    let _ = writeln!(out, "### Results: first touch, {} runs per mode\n", args.runs);
+    let _ = writeln!(
+        out,
+        "### Results: first touch, {} runs per mode\n",
+        args.runs
+    );
     let _ = writeln!(
         out,
         "| mode | CPU ns/fault | min | max | added | vs untraced | wall ns/fault | faults lost |"
@@ -719,7 +795,13 @@ fn report(
         let min = cpu.iter().copied().fold(f64::INFINITY, f64::min);
         let max = cpu.iter().copied().fold(0.0, f64::max);
         let med = median(cpu);
-        let dash = |v: String| if mode == Mode::Untraced { "-".to_string() } else { v };
+        let dash = |v: String| {
+            if mode == Mode::Untraced {
+                "-".to_string()
+            } else {
+                v
+            }
+        };
         let _ = writeln!(
             out,
             "| {} | {med:.0} | {min:.0} | {max:.0} | {} | {} | {:.0} | {} |",
@@ -787,7 +869,10 @@ fn report(
         out,
         "\n### Maximum fault rate: {cpus} threads faulting at once (`mtouch {pages} {cpus}`)\n"
     );
-    let _ = writeln!(out, "| mode | wall ns/fault | CPU ns/fault | faults (kernel) | faults (tracer) | lost |");
+    let _ = writeln!(
+        out,
+        "| mode | wall ns/fault | CPU ns/fault | faults (kernel) | faults (tracer) | lost |"
+    );
     let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|");
     for (mode, s) in max_rate {
         let _ = writeln!(
@@ -799,7 +884,8 @@ fn report(
             s.kernel_faults,
             s.traced_faults.map_or("-".into(), |t| t.to_string()),
             s.traced_faults
-                .map_or("-".into(), |t| (s.kernel_faults as i64 - t as i64).to_string()),
+                .map_or("-".into(), |t| (s.kernel_faults as i64 - t as i64)
+                    .to_string()),
         );
     }
     let _ = writeln!(
@@ -814,7 +900,14 @@ fn report(
     let _ = writeln!(out, "| tracer | program | runs | avg ns/run |");
     let _ = writeln!(out, "|---|---|---:|---:|");
     for c in costs {
-        let _ = writeln!(out, "| {} | `{}` | {} | {:.0} |", c.mode.label(), c.name, c.runs, c.avg_ns);
+        let _ = writeln!(
+            out,
+            "| {} | `{}` | {} | {:.0} |",
+            c.mode.label(),
+            c.name,
+            c.runs,
+            c.avg_ns
+        );
     }
     out
 }
@@ -836,11 +929,20 @@ mod tests {
     #[test]
     fn the_section_is_replaced_in_place_and_the_rest_kept() {
         let first = replace_section("# Benchmarks\n\n## Other\ntext\n", "## Faults\nv1\n");
-        assert!(first.starts_with("# Benchmarks\n\n## Other\ntext\n\n"), "{first}");
+        assert!(
+            first.starts_with("# Benchmarks\n\n## Other\ntext\n\n"),
+            "{first}"
+        );
         assert!(first.contains("## Faults\nv1"));
         let second = replace_section(&format!("{first}\n## Later\n"), "## Faults\nv2\n");
-        assert!(second.contains("## Faults\nv2") && !second.contains("v1"), "{second}");
-        assert!(second.contains("## Other\ntext") && second.contains("## Later"), "{second}");
+        assert!(
+            second.contains("## Faults\nv2") && !second.contains("v1"),
+            "{second}"
+        );
+        assert!(
+            second.contains("## Other\ntext") && second.contains("## Later"),
+            "{second}"
+        );
         assert!(replace_section("", "## F\n").starts_with("# Benchmarks\n\n"));
     }
 }

@@ -42,7 +42,9 @@ fn ensure_rust_src() -> Result<()> {
     }
     eprintln!("xtask: installing rust-src for the nightly toolchain");
     run(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]))
-        .context("installing rust-src failed: run `rustup component add rust-src --toolchain nightly`")
+        .context(
+            "installing rust-src failed: run `rustup component add rust-src --toolchain nightly`",
+        )
 }
 
 fn nightly_sysroot() -> Result<PathBuf> {
@@ -111,7 +113,12 @@ fn link_rustc_llvm(sysroot_lib: &Path, prefix_lib: &Path) -> Result<()> {
                 .and_then(|n| n.to_str())
                 .is_some_and(|n| n.starts_with("libLLVM.so."))
         })
-        .ok_or_else(|| anyhow!("no libLLVM.so.* in {}: is this a rustup nightly toolchain?", sysroot_lib.display()))?;
+        .ok_or_else(|| {
+            anyhow!(
+                "no libLLVM.so.* in {}: is this a rustup nightly toolchain?",
+                sysroot_lib.display()
+            )
+        })?;
     fs::create_dir_all(prefix_lib)?;
     let soname = libllvm.file_name().expect("a file");
     for name in [Path::new("libLLVM.so"), Path::new(soname)] {

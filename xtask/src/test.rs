@@ -48,7 +48,11 @@ struct Stage {
 
 impl Stage {
     fn ok(&self) -> bool {
-        !self.outcomes.is_empty() && self.outcomes.iter().all(|o| o.exit_code == 0 && o.failed == 0)
+        !self.outcomes.is_empty()
+            && self
+                .outcomes
+                .iter()
+                .all(|o| o.exit_code == 0 && o.failed == 0)
     }
 }
 
@@ -73,8 +77,16 @@ pub fn run(args: &Args) -> Result<()> {
     for stage in &stages {
         print_table(stage);
     }
-    let passed: u64 = stages.iter().flat_map(|s| &s.outcomes).map(|o| o.passed).sum();
-    let failed: u64 = stages.iter().flat_map(|s| &s.outcomes).map(|o| o.failed).sum();
+    let passed: u64 = stages
+        .iter()
+        .flat_map(|s| &s.outcomes)
+        .map(|o| o.passed)
+        .sum();
+    let failed: u64 = stages
+        .iter()
+        .flat_map(|s| &s.outcomes)
+        .map(|o| o.failed)
+        .sum();
     // The plain closing line CI reads, over both kernels.
     println!("{passed} passed, {failed} failed");
     if let Some(bad) = stages.iter().find(|s| !s.ok()) {
@@ -129,9 +141,12 @@ fn build_test_binaries() -> Result<Vec<TestBinary>> {
 
 fn host_stage(binaries: &[TestBinary], tracer: &std::path::Path) -> Result<Stage> {
     let start = Instant::now();
-    let kernel = output_of(Command::new("uname").arg("-r"))?.trim().to_string();
+    let kernel = output_of(Command::new("uname").arg("-r"))?
+        .trim()
+        .to_string();
     println!("xtask: host stage on kernel {kernel}");
-    let hooks = parse_hooks(&output_of(Command::new(tracer).arg("probe")).context("memlock-trace probe")?);
+    let hooks =
+        parse_hooks(&output_of(Command::new(tracer).arg("probe")).context("memlock-trace probe")?);
     let mut outcomes = Vec::new();
     for binary in binaries {
         println!("xtask: running {}", binary.name);
@@ -151,14 +166,23 @@ fn host_stage(binaries: &[TestBinary], tracer: &std::path::Path) -> Result<Stage
         let status = child.wait()?;
         outcomes.push(outcome(&binary.name, &output, status.code().unwrap_or(-1)));
     }
-    Ok(Stage { title: "host", kernel, hooks, outcomes, secs: start.elapsed().as_secs_f64() })
+    Ok(Stage {
+        title: "host",
+        kernel,
+        hooks,
+        outcomes,
+        secs: start.elapsed().as_secs_f64(),
+    })
 }
 
 fn vm_stage(binaries: &[TestBinary], tracer: &std::path::Path) -> Result<Stage> {
     let start = Instant::now();
     println!("xtask: VM stage: booting a stock Debian kernel in qemu (software emulation)");
     // Only memlock-trace's tests touch the kernel; xtask's own do not belong in the guest.
-    let guest_binaries: Vec<&TestBinary> = binaries.iter().filter(|b| b.package == "memlock-trace").collect();
+    let guest_binaries: Vec<&TestBinary> = binaries
+        .iter()
+        .filter(|b| b.package == "memlock-trace")
+        .collect();
     let mut tests = vec![vm::VmTest {
         name: "probe".into(),
         binary: tracer.to_path_buf(),
@@ -188,17 +212,34 @@ fn vm_stage(binaries: &[TestBinary], tracer: &std::path::Path) -> Result<Stage> 
     let mut hooks = Vec::new();
     let mut outcomes = Vec::new();
     for result in &report.results {
-        println!("--- guest: {} (exit {}) ---\n{}", result.name, result.exit_code, result.output.trim_end());
+        println!(
+            "--- guest: {} (exit {}) ---\n{}",
+            result.name,
+            result.exit_code,
+            result.output.trim_end()
+        );
         if result.name == "probe" {
             hooks = parse_hooks(&result.output);
             // The guest exists to exercise the hooks the host refuses.
             for needed in ["fentry", "kprobe"] {
-                if !hooks.iter().any(|(name, how)| name == needed && how.starts_with("yes")) {
-                    bail!("the guest kernel {} does not offer {needed}; the VM stage cannot test that path:\n{}", report.kernel_release, result.output);
+                if !hooks
+                    .iter()
+                    .any(|(name, how)| name == needed && how.starts_with("yes"))
+                {
+                    bail!(
+                        "the guest kernel {} does not offer {needed}; the VM stage cannot test that path:\n{}",
+                        report.kernel_release,
+                        result.output
+                    );
                 }
             }
             if result.exit_code != 0 {
-                outcomes.push(Outcome { name: "memlock-trace probe".into(), passed: 0, failed: 1, exit_code: result.exit_code });
+                outcomes.push(Outcome {
+                    name: "memlock-trace probe".into(),
+                    passed: 0,
+                    failed: 1,
+                    exit_code: result.exit_code,
+                });
             }
             continue;
         }
@@ -208,7 +249,13 @@ fn vm_stage(binaries: &[TestBinary], tracer: &std::path::Path) -> Result<Stage> 
             .map_or(result.name.clone(), |b| b.name.clone());
         outcomes.push(outcome(&name, &result.output, result.exit_code));
     }
-    Ok(Stage { title: "qemu guest", kernel: report.kernel_release, hooks, outcomes, secs: start.elapsed().as_secs_f64() })
+    Ok(Stage {
+        title: "qemu guest",
+        kernel: report.kernel_release,
+        hooks,
+        outcomes,
+        secs: start.elapsed().as_secs_f64(),
+    })
 }
 
 /// Sums libtest's `test result: ok. N passed; M failed; ...` lines.
@@ -217,7 +264,9 @@ fn outcome(name: &str, output: &str, exit_code: i32) -> Outcome {
     for line in output.lines().filter(|l| l.starts_with("test result:")) {
         for part in line.split(';') {
             let mut words = part.split_whitespace().rev();
-            let (Some(label), Some(n)) = (words.next(), words.next()) else { continue };
+            let (Some(label), Some(n)) = (words.next(), words.next()) else {
+                continue;
+            };
             let n: u64 = n.parse().unwrap_or(0);
             match label {
                 "passed" => passed += n,
@@ -230,13 +279,26 @@ fn outcome(name: &str, output: &str, exit_code: i32) -> Outcome {
     if exit_code != 0 && failed == 0 {
         failed = 1;
     }
-    Outcome { name: name.to_string(), passed, failed, exit_code }
+    Outcome {
+        name: name.to_string(),
+        passed,
+        failed,
+        exit_code,
+    }
 }
 
 /// `memlock-trace probe` prints `CAPABILITY yes|no DETAIL` lines, then
 /// `hooks FAMILY: HOOK SET` lines; both go into the table.
 fn parse_hooks(probe_output: &str) -> Vec<(String, String)> {
-    const CAPABILITIES: [&str; 7] = ["btf", "ring_buffer", "fentry", "kprobe", "tp_btf", "tracepoint", "perf_event"];
+    const CAPABILITIES: [&str; 7] = [
+        "btf",
+        "ring_buffer",
+        "fentry",
+        "kprobe",
+        "tp_btf",
+        "tracepoint",
+        "perf_event",
+    ];
     probe_output
         .lines()
         .filter_map(|l| {
@@ -253,13 +315,22 @@ fn parse_hooks(probe_output: &str) -> Vec<(String, String)> {
 }
 
 fn print_table(stage: &Stage) {
-    println!("== {} — kernel {} ({:.0}s) ==", stage.title, stage.kernel, stage.secs);
+    println!(
+        "== {} — kernel {} ({:.0}s) ==",
+        stage.title, stage.kernel, stage.secs
+    );
     for (family, hooks) in &stage.hooks {
         println!("  {family:<12} {hooks}");
     }
-    println!("  {:<44} {:>7} {:>7} {:>5}", "test binary", "passed", "failed", "exit");
+    println!(
+        "  {:<44} {:>7} {:>7} {:>5}",
+        "test binary", "passed", "failed", "exit"
+    );
     for o in &stage.outcomes {
-        println!("  {:<44} {:>7} {:>7} {:>5}", o.name, o.passed, o.failed, o.exit_code);
+        println!(
+            "  {:<44} {:>7} {:>7} {:>5}",
+            o.name, o.passed, o.failed, o.exit_code
+        );
     }
     println!();
 }
@@ -274,17 +345,26 @@ mod tests {
                    test result: FAILED. 2 passed; 1 failed; 0 ignored; 0 measured\n";
         let o = outcome("x", out, 101);
         assert_eq!((o.passed, o.failed), (5, 1));
-        assert_eq!(outcome("y", "", 139).failed, 1, "a crash counts as a failure");
+        assert_eq!(
+            outcome("y", "", 139).failed,
+            1,
+            "a crash counts as a failure"
+        );
     }
 
     #[test]
     fn hooks_lines_parse() {
-        let h = parse_hooks("kernel 6.1\nfentry       no   refused\nhooks faults: fentry/fexit handle_mm_fault\nother");
+        let h = parse_hooks(
+            "kernel 6.1\nfentry       no   refused\nhooks faults: fentry/fexit handle_mm_fault\nother",
+        );
         assert_eq!(
             h,
             [
                 ("fentry".to_string(), "no   refused".to_string()),
-                ("faults".to_string(), "fentry/fexit handle_mm_fault".to_string())
+                (
+                    "faults".to_string(),
+                    "fentry/fexit handle_mm_fault".to_string()
+                )
             ]
         );
     }

@@ -6,7 +6,9 @@ use anyhow::{Context as _, Result, bail};
 
 /// Runs `cmd` with inherited stdio; fails on a non-zero exit, naming the command.
 pub fn run(cmd: &mut Command) -> Result<()> {
-    let status = cmd.status().with_context(|| format!("cannot run {cmd:?}"))?;
+    let status = cmd
+        .status()
+        .with_context(|| format!("cannot run {cmd:?}"))?;
     if !status.success() {
         bail!("{cmd:?} failed: {status}");
     }

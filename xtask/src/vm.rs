@@ -128,7 +128,9 @@ pub fn run(opts: &VmOptions) -> Result<VmReport> {
     let scratch = ScratchDir::new(opts.cache_dir.join(format!("vm-run-{}", process::id())))?;
     let initrd = build_initramfs(opts, &scratch.0)?;
     // One log per run: concurrent runs (several worktrees) must not share it.
-    let console_log = opts.cache_dir.join(format!("console-{}.log", process::id()));
+    let console_log = opts
+        .cache_dir
+        .join(format!("console-{}.log", process::id()));
     let console = boot(&assets.vmlinuz, &initrd, opts, &console_log)?;
 
     let kernel_release = console.kernel_release.with_context(|| {
@@ -241,7 +243,8 @@ fn fetch_kernel(cache_dir: &Path, kernel_dir: &Path) -> Result<()> {
 
 /// Resolves the cloud metapackage's image package and downloads its .deb into `dir`.
 fn download_kernel_package(dir: &Path) -> Result<PathBuf> {
-    let depends = crate::util::output_of(Command::new("apt-cache").args(["depends", KERNEL_METAPACKAGE]))?;
+    let depends =
+        crate::util::output_of(Command::new("apt-cache").args(["depends", KERNEL_METAPACKAGE]))?;
     let package = depends
         .lines()
         .filter_map(|line| line.trim().strip_prefix("Depends: "))
@@ -389,7 +392,10 @@ fn strip_debug(path: &Path) {
         .status()
         .is_ok_and(|s| s.success());
     if !stripped {
-        eprintln!("xtask: warning: could not strip {}; the guest may run out of memory", path.display());
+        eprintln!(
+            "xtask: warning: could not strip {}; the guest may run out of memory",
+            path.display()
+        );
     }
 }
 
@@ -577,7 +583,6 @@ fn tail(path: &Path, count: usize) -> String {
         Err(e) => format!("(cannot read it: {e})"),
     }
 }
-
 
 fn sh_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))

@@ -76,19 +76,41 @@ mod tests {
         let m = Metrics::new(false);
         m.syscalls.record(&rec(Syscall::Mlock, 7, 0, 3_000));
         m.syscalls.record(&rec(Syscall::Mlock, 8, -12, 1_500));
-        m.health.update(&Health { dropped_events: 5, ..Default::default() });
-        m.health.update(&Health { dropped_events: 7, ..Default::default() });
+        m.health.update(&Health {
+            dropped_events: 5,
+            ..Default::default()
+        });
+        m.health.update(&Health {
+            dropped_events: 7,
+            ..Default::default()
+        });
         let text = m.encode();
         // Two pids, one comm: one series without a pid label.
-        assert!(text.contains("memlock_trace_syscalls_total{comm=\"db\",syscall=\"mlock\"} 2\n"), "{text}");
+        assert!(
+            text.contains("memlock_trace_syscalls_total{comm=\"db\",syscall=\"mlock\"} 2\n"),
+            "{text}"
+        );
         assert!(text.contains("memlock_trace_syscall_errors_total{comm=\"db\",syscall=\"mlock\",errno=\"ENOMEM\"} 1\n"), "{text}");
-        assert!(text.contains("memlock_trace_syscall_latency_seconds_count{comm=\"db\",syscall=\"mlock\"} 2\n"), "{text}");
+        assert!(
+            text.contains(
+                "memlock_trace_syscall_latency_seconds_count{comm=\"db\",syscall=\"mlock\"} 2\n"
+            ),
+            "{text}"
+        );
         // 1.5 us and 3 us: one below the 2 us bound, both below 4 us.
         assert!(text.contains("memlock_trace_syscall_latency_seconds_bucket{le=\"2e-6\",comm=\"db\",syscall=\"mlock\"} 1\n")
             || text.contains("memlock_trace_syscall_latency_seconds_bucket{le=\"0.000002\",comm=\"db\",syscall=\"mlock\"} 1\n"), "{text}");
-        assert!(text.contains("memlock_trace_syscall_pages_populated_total{comm=\"db\",syscall=\"mlock\"} 8\n"), "{text}");
+        assert!(
+            text.contains(
+                "memlock_trace_syscall_pages_populated_total{comm=\"db\",syscall=\"mlock\"} 8\n"
+            ),
+            "{text}"
+        );
         // The kernel's running total, not the sum of the updates.
-        assert!(text.contains("memlock_trace_dropped_events_total 7\n"), "{text}");
+        assert!(
+            text.contains("memlock_trace_dropped_events_total 7\n"),
+            "{text}"
+        );
         assert!(text.ends_with("# EOF\n"));
     }
 
@@ -96,6 +118,8 @@ mod tests {
     fn pid_label_when_asked() {
         let m = Metrics::new(true);
         m.syscalls.record(&rec(Syscall::Munlock, 42, 0, 1_000));
-        assert!(m.encode().contains("memlock_trace_syscalls_total{comm=\"db\",pid=\"42\",syscall=\"munlock\"} 1\n"));
+        assert!(m.encode().contains(
+            "memlock_trace_syscalls_total{comm=\"db\",pid=\"42\",syscall=\"munlock\"} 1\n"
+        ));
     }
 }

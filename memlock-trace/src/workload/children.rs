@@ -1,7 +1,6 @@
 //! Forks N children that all exist at once, then each makes K mlock calls and exits: the
 //! scenario for `--follow-children`, a full target map and a full per-process table.
 
-
 use anyhow::{Context as _, Result, bail};
 use nix::{
     sys::wait::{WaitStatus, waitpid},
@@ -50,5 +49,8 @@ pub fn run(count: u32, calls: u32) -> Result<Report> {
             other => bail!("child {pid} did not make its calls: {other:?}"),
         }
     }
-    Ok(Report { children, calls_per_child: calls })
+    Ok(Report {
+        children,
+        calls_per_child: calls,
+    })
 }

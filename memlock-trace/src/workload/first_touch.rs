@@ -23,7 +23,11 @@ pub fn run(variant: &str, args: &ScenarioArgs) -> Result<Value> {
         if variant == "mlock" {
             // SAFETY: locking our own fresh mapping.
             if unsafe { libc::mlock(region.addr.cast(), region.len) } != 0 {
-                bail!("mlock of {} MiB: {}", args.touch_mib, std::io::Error::last_os_error());
+                bail!(
+                    "mlock of {} MiB: {}",
+                    args.touch_mib,
+                    std::io::Error::last_os_error()
+                );
             }
         }
         let call_ns = t.elapsed().as_nanos() as u64;

@@ -25,7 +25,9 @@ pub fn run() -> Result<Value> {
     let child_pid = match unsafe { fork() }? {
         ForkResult::Child => {
             drop(r);
-            let text = summarize(range).map(|v| v.to_string()).unwrap_or_else(|e| json!({ "error": e.to_string() }).to_string());
+            let text = summarize(range)
+                .map(|v| v.to_string())
+                .unwrap_or_else(|e| json!({ "error": e.to_string() }).to_string());
             let mut w = std::fs::File::from(w);
             let _ = w.write_all(text.as_bytes());
             drop(w);

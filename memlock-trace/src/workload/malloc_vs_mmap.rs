@@ -44,8 +44,19 @@ pub fn run(variant: &str, args: &ScenarioArgs) -> Result<Value> {
             match variant {
                 "malloc" => libc::malloc(bytes).cast(),
                 "mmap-locked" => {
-                    let p = libc::mmap(std::ptr::null_mut(), bytes, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_LOCKED, -1, 0);
-                    if p == libc::MAP_FAILED { std::ptr::null_mut() } else { p.cast() }
+                    let p = libc::mmap(
+                        std::ptr::null_mut(),
+                        bytes,
+                        libc::PROT_READ | libc::PROT_WRITE,
+                        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_LOCKED,
+                        -1,
+                        0,
+                    );
+                    if p == libc::MAP_FAILED {
+                        std::ptr::null_mut()
+                    } else {
+                        p.cast()
+                    }
                 }
                 other => bail!("unknown malloc-vs-mmap variant {other}"),
             }
@@ -53,13 +64,22 @@ pub fn run(variant: &str, args: &ScenarioArgs) -> Result<Value> {
         let alloc_us = t.elapsed().as_secs_f64() * 1e6;
         let alloc_faults = Faults::process().since(before_alloc);
         if ptr.is_null() {
-            bail!("{variant} of {} MiB failed: {}", args.records_mib, std::io::Error::last_os_error());
+            bail!(
+                "{variant} of {} MiB failed: {}",
+                args.records_mib,
+                std::io::Error::last_os_error()
+            );
         }
         let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ run as u64);
         let before_write = Faults::process();
         let t = Instant::now();
         for i in 0..args.accesses {
-            let rec = Record { name: *b"memlock-trace-00", a: i as i32, b: (i * 2) as i32, c: (i * 3) as i32 };
+            let rec = Record {
+                name: *b"memlock-trace-00",
+                a: i as i32,
+                b: (i * 2) as i32,
+                c: (i * 3) as i32,
+            };
             // SAFETY: index below `count`, inside the allocation; unaligned write of a packed struct.
             unsafe { ptr.add(rng.below(count)).write_unaligned(rec) };
         }
@@ -78,7 +98,11 @@ pub fn run(variant: &str, args: &ScenarioArgs) -> Result<Value> {
         let read_faults = Faults::process().since(before_read);
         // SAFETY: releasing what was allocated above.
         unsafe {
-            if variant == "malloc" { libc::free(ptr.cast()) } else { libc::munmap(ptr.cast(), bytes); }
+            if variant == "malloc" {
+                libc::free(ptr.cast())
+            } else {
+                libc::munmap(ptr.cast(), bytes);
+            }
         }
         runs.push(json!({
             "alloc_us": alloc_us, "write_us": write_us, "read_us": read_us,

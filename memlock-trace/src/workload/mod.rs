@@ -2,10 +2,10 @@
 //! they did, so the tracer's view can be checked against the workload's own.
 
 pub mod children;
-pub mod flood;
 pub mod dynamic_alloc;
 pub mod faults;
 pub mod first_touch;
+pub mod flood;
 pub mod fork_inherit;
 pub mod malloc_vs_mmap;
 pub mod memlock_limit;
@@ -83,7 +83,10 @@ impl Region {
         if addr == libc::MAP_FAILED {
             bail!("mmap of {pages} pages: {}", std::io::Error::last_os_error());
         }
-        Ok(Self { addr: addr.cast(), len })
+        Ok(Self {
+            addr: addr.cast(),
+            len,
+        })
     }
 
     pub fn page(&self, index: usize) -> *mut u8 {

@@ -14,8 +14,8 @@ use clap::{Args, ValueEnum};
 use serde_json::{Value, json};
 
 use super::{
-    dynamic_alloc, first_touch, fork_inherit, malloc_vs_mmap, memlock_limit, thread_create, thread_stack,
-    vm_memory, vma_split,
+    dynamic_alloc, first_touch, fork_inherit, malloc_vs_mmap, memlock_limit, thread_create,
+    thread_stack, vm_memory, vma_split,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -68,7 +68,9 @@ impl Scenario {
             Scenario::VmMemory => v(&["mem-lock-off", "mem-lock-on"]),
             // thread-create spawns its own worker processes per (mode, P).
             Scenario::ThreadCreate
-            | Scenario::VmaSplit | Scenario::ForkInherit | Scenario::MemlockLimit => Vec::new(),
+            | Scenario::VmaSplit
+            | Scenario::ForkInherit
+            | Scenario::MemlockLimit => Vec::new(),
         }
     }
 }
@@ -163,7 +165,14 @@ impl ScenarioArgs {
             ("--records-mib", self.records_mib.to_string()),
             ("--accesses", self.accesses.to_string()),
             ("--runs", self.runs.to_string()),
-            ("--processes", self.processes.iter().map(ToString::to_string).collect::<Vec<_>>().join(",")),
+            (
+                "--processes",
+                self.processes
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(","),
+            ),
             ("--seconds", self.seconds.to_string()),
             ("--create-stack-kib", self.create_stack_kib.to_string()),
             ("--threads", self.threads.to_string()),
@@ -204,7 +213,10 @@ impl ScenarioArgs {
             );
         }
         if scenario == Scenario::ThreadStack && self.stack_used_kib > self.stack_mib * 1024 - 64 {
-            bail!("--stack-used-kib must leave room in the {} MiB stack", self.stack_mib);
+            bail!(
+                "--stack-used-kib must leave room in the {} MiB stack",
+                self.stack_mib
+            );
         }
         if self.runs == 0 || self.processes.is_empty() || self.processes.contains(&0) {
             bail!("--runs and --processes must be positive");
@@ -278,10 +290,18 @@ fn run_in_child(scenario: Scenario, variant: &str, args: &ScenarioArgs) -> Resul
         .output()
         .with_context(|| format!("running {} variant {variant}", scenario.name()))?;
     if !out.status.success() {
-        bail!("{} variant {variant} failed ({})", scenario.name(), out.status);
+        bail!(
+            "{} variant {variant} failed ({})",
+            scenario.name(),
+            out.status
+        );
     }
-    serde_json::from_slice(&out.stdout)
-        .with_context(|| format!("{} variant {variant} printed no JSON result", scenario.name()))
+    serde_json::from_slice(&out.stdout).with_context(|| {
+        format!(
+            "{} variant {variant} printed no JSON result",
+            scenario.name()
+        )
+    })
 }
 
 #[cfg(test)]
@@ -299,7 +319,8 @@ mod tests {
     #[test]
     fn args_round_trip_through_the_command_line() {
         let tiny = ScenarioArgs::tiny();
-        let parsed = Wrapper::parse_from(std::iter::once("x".to_string()).chain(tiny.to_args())).args;
+        let parsed =
+            Wrapper::parse_from(std::iter::once("x".to_string()).chain(tiny.to_args())).args;
         assert_eq!(format!("{parsed:?}"), format!("{tiny:?}"));
     }
 
@@ -307,8 +328,15 @@ mod tests {
     fn sizes_beyond_the_machine_are_refused() {
         let mut a = ScenarioArgs::tiny();
         a.alloc_mib = 1 << 30;
-        let err = a.check_limits(Scenario::DynamicAlloc).unwrap_err().to_string();
+        let err = a
+            .check_limits(Scenario::DynamicAlloc)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("MemAvailable"), "{err}");
-        assert!(ScenarioArgs::tiny().check_limits(Scenario::DynamicAlloc).is_ok());
+        assert!(
+            ScenarioArgs::tiny()
+                .check_limits(Scenario::DynamicAlloc)
+                .is_ok()
+        );
     }
 }

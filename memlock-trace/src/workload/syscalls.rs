@@ -28,9 +28,10 @@ pub fn run() -> Result<Vec<Call>> {
     let _ = measured(Syscall::Munlock, || unsafe { libc::getpid() }.into());
 
     // mlock a whole region: all 16 pages are populated and locked.
-    calls.push(measured(Syscall::Mlock, || unsafe {
-        libc::mlock(region.addr.cast(), region.len)
-    } as i64));
+    calls.push(measured(
+        Syscall::Mlock,
+        || unsafe { libc::mlock(region.addr.cast(), region.len) } as i64,
+    ));
     // mlock the middle 8 pages of another: the VMA splits in three.
     calls.push(measured(Syscall::Mlock, || unsafe {
         libc::mlock(middle.page(4).cast(), 8 * PAGE_SIZE)
@@ -51,14 +52,18 @@ pub fn run() -> Result<Vec<Call>> {
     calls.push(measured(Syscall::Mlockall, || unsafe {
         libc::mlockall((MCL_CURRENT | MCL_FUTURE) as i32)
     } as i64));
-    calls.push(measured(Syscall::Munlockall, || unsafe { libc::munlockall() } as i64));
+    calls.push(measured(
+        Syscall::Munlockall,
+        || unsafe { libc::munlockall() } as i64,
+    ));
     // An unmapped range: ENOMEM.
     let hole = Region::anonymous(1, libc::PROT_NONE, 0)?;
     let hole_addr = hole.addr;
     drop(hole);
-    calls.push(measured(Syscall::Mlock, || unsafe {
-        libc::mlock(hole_addr.cast(), PAGE_SIZE)
-    } as i64));
+    calls.push(measured(
+        Syscall::Mlock,
+        || unsafe { libc::mlock(hole_addr.cast(), PAGE_SIZE) } as i64,
+    ));
     Ok(calls)
 }
 

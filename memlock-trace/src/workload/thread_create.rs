@@ -53,8 +53,15 @@ pub fn run(args: &ScenarioArgs) -> Result<Value> {
 }
 
 /// P workers of one mode at once; returns threads created and the longest worker's time.
-fn measure(mode: &str, processes: usize, args: &ScenarioArgs, pids: &mut Vec<u32>) -> Result<(u64, f64)> {
-    let workers: Vec<Child> = (0..processes).map(|_| spawn_worker(mode, args)).collect::<Result<_>>()?;
+fn measure(
+    mode: &str,
+    processes: usize,
+    args: &ScenarioArgs,
+    pids: &mut Vec<u32>,
+) -> Result<(u64, f64)> {
+    let workers: Vec<Child> = (0..processes)
+        .map(|_| spawn_worker(mode, args))
+        .collect::<Result<_>>()?;
     let mut threads = 0u64;
     let mut secs = 0f64;
     for w in workers {
@@ -79,7 +86,13 @@ fn spawn_worker(mode: &str, args: &ScenarioArgs) -> Result<Child> {
         // glibc caches the stacks of joined threads (40 MiB by default, set explicitly here so
         // the run does not depend on the environment): a new thread then reuses an already
         // populated stack. --no-stack-cache shows the cost of a fresh stack per thread.
-        .env("GLIBC_TUNABLES", format!("glibc.pthread.stack_cache_size={}", if args.no_stack_cache { 0 } else { 40 << 20 }))
+        .env(
+            "GLIBC_TUNABLES",
+            format!(
+                "glibc.pthread.stack_cache_size={}",
+                if args.no_stack_cache { 0 } else { 40 << 20 }
+            ),
+        )
         .stdout(Stdio::piped())
         .spawn()
         .context("spawning a thread-create worker")

@@ -59,7 +59,10 @@ pub fn run(variant: &str, args: &ScenarioArgs) -> Result<Value> {
             let _ = qemu.kill();
             bail!("the qemu guest did not power off within 180 s");
         }
-        if let (Ok(rss), Ok(lck)) = (super::pid_status_kib(pid, "VmRSS"), super::pid_status_kib(pid, "VmLck")) {
+        if let (Ok(rss), Ok(lck)) = (
+            super::pid_status_kib(pid, "VmRSS"),
+            super::pid_status_kib(pid, "VmLck"),
+        ) {
             rss_max = rss_max.max(rss);
             lck_max = lck_max.max(lck);
         }
@@ -85,7 +88,10 @@ pub fn run(variant: &str, args: &ScenarioArgs) -> Result<Value> {
 }
 
 fn cached_kernel() -> Result<PathBuf> {
-    let dir = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| "/root".into()).join(".cache/memlock-trace/vm/kernel");
+    let dir = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| "/root".into())
+        .join(".cache/memlock-trace/vm/kernel");
     fs::read_dir(&dir)
         .ok()
         .and_then(|entries| {
@@ -101,15 +107,24 @@ fn build_initramfs(dir: &Path) -> Result<PathBuf> {
     for d in ["bin", "proc", "sys", "dev"] {
         fs::create_dir_all(root.join(d))?;
     }
-    fs::copy(BUSYBOX, root.join("bin/busybox")).context("copying /bin/busybox (apt-get install busybox-static)")?;
+    fs::copy(BUSYBOX, root.join("bin/busybox"))
+        .context("copying /bin/busybox (apt-get install busybox-static)")?;
     let init = root.join("init");
-    fs::write(&init, format!("#!/bin/busybox sh\n/bin/busybox sleep {GUEST_SECONDS}\n/bin/busybox poweroff -f\n"))?;
+    fs::write(
+        &init,
+        format!(
+            "#!/bin/busybox sh\n/bin/busybox sleep {GUEST_SECONDS}\n/bin/busybox poweroff -f\n"
+        ),
+    )?;
     use std::os::unix::fs::PermissionsExt as _;
     fs::set_permissions(&init, fs::Permissions::from_mode(0o755))?;
     let initrd = dir.join("initramfs.cpio");
     let status = Command::new("sh")
         .arg("-c")
-        .arg(format!("find . | cpio -o -H newc --quiet > {}", initrd.display()))
+        .arg(format!(
+            "find . | cpio -o -H newc --quiet > {}",
+            initrd.display()
+        ))
         .current_dir(&root)
         .status()
         .context("running cpio (apt-get install cpio)")?;

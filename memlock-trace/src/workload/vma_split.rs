@@ -12,7 +12,10 @@ use crate::verify::{SmapsEntry, parse_smaps};
 pub fn region_vmas(pid: &str, range: (u64, u64)) -> Result<Vec<SmapsEntry>> {
     let path = format!("/proc/{pid}/smaps");
     let smaps = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
-    Ok(parse_smaps(&smaps)?.into_iter().filter(|v| v.start < range.1 && v.end > range.0).collect())
+    Ok(parse_smaps(&smaps)?
+        .into_iter()
+        .filter(|v| v.start < range.1 && v.end > range.0)
+        .collect())
 }
 
 const PAGES: usize = 16;
@@ -24,7 +27,14 @@ pub fn run() -> Result<Value> {
     let base = reservation.page(1);
     // SAFETY: MAP_FIXED inside our own reservation.
     let addr = unsafe {
-        libc::mmap(base.cast(), PAGES * PAGE_SIZE, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED, -1, 0)
+        libc::mmap(
+            base.cast(),
+            PAGES * PAGE_SIZE,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+            -1,
+            0,
+        )
     };
     if addr == libc::MAP_FAILED {
         bail!("mmap: {}", std::io::Error::last_os_error());
@@ -61,18 +71,37 @@ pub fn run() -> Result<Value> {
     check(unsafe { libc::mlock(page(4), len(4)) }, "mlock middle")?;
     step("mlock pages 4-7 (middle): split 1 -> 3", 3, 4)?;
     check(unsafe { libc::mlock(page(8), len(4)) }, "mlock adjacent")?;
-    step("mlock pages 8-11 (adjacent): merges with the locked VMA", 3, 8)?;
+    step(
+        "mlock pages 8-11 (adjacent): merges with the locked VMA",
+        3,
+        8,
+    )?;
     check(unsafe { libc::munlock(page(0), len(PAGES)) }, "munlock")?;
     step("munlock all: back to 1", 1, 0)?;
-    check(unsafe { libc::mprotect(page(12), len(4), libc::PROT_READ | libc::PROT_EXEC) }, "mprotect")?;
+    check(
+        unsafe { libc::mprotect(page(12), len(4), libc::PROT_READ | libc::PROT_EXEC) },
+        "mprotect",
+    )?;
     step("mprotect pages 12-15 PROT_EXEC: 2 VMAs", 2, 0)?;
-    check(unsafe { libc::mlock(page(8), len(8)) }, "mlock across the boundary")?;
+    check(
+        unsafe { libc::mlock(page(8), len(8)) },
+        "mlock across the boundary",
+    )?;
     // Only the 4 writable pages count as Locked: mlock populates the read-only private pages
     // with the shared zero page, which smaps does not count.
-    step("mlock pages 8-15 across the PROT_EXEC boundary: no merge", 3, 4)?;
+    step(
+        "mlock pages 8-15 across the PROT_EXEC boundary: no merge",
+        3,
+        4,
+    )?;
     check(unsafe { libc::munlock(page(0), len(PAGES)) }, "munlock")?;
-    check(unsafe { libc::mprotect(page(12), len(4), libc::PROT_READ | libc::PROT_WRITE) }, "mprotect back")?;
+    check(
+        unsafe { libc::mprotect(page(12), len(4), libc::PROT_READ | libc::PROT_WRITE) },
+        "mprotect back",
+    )?;
     step("munlock all, PROT_WRITE again: merges back to 1", 1, 0)?;
-    let ok = steps.iter().all(|s| s["vmas"] == s["expected_vmas"] && s["locked_kib"] == s["expected_locked_kib"]);
+    let ok = steps
+        .iter()
+        .all(|s| s["vmas"] == s["expected_vmas"] && s["locked_kib"] == s["expected_locked_kib"]);
     Ok(json!({ "steps": steps, "all_as_expected": ok }))
 }

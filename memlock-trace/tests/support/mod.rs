@@ -71,7 +71,11 @@ impl Tracer {
             let _ = out.read_to_string(&mut s);
             s
         });
-        Self { child, stderr, stdout: Some(stdout) }
+        Self {
+            child,
+            stderr,
+            stdout: Some(stdout),
+        }
     }
 
     pub fn pid(&self) -> i32 {
@@ -93,14 +97,22 @@ impl Tracer {
             if let Ok(Some(status)) = self.child.try_wait() {
                 panic!("memlock-trace exited ({status}) before printing {needle:?}:\n{err}");
             }
-            assert!(Instant::now() < deadline, "no {needle:?} on stderr within 30 s:\n{err}");
+            assert!(
+                Instant::now() < deadline,
+                "no {needle:?} on stderr within 30 s:\n{err}"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
 
     pub fn signal(&self, signal: i32) {
         // SAFETY: plain kill(2) on our own child.
-        assert_eq!(unsafe { libc::kill(self.pid(), signal) }, 0, "kill({}, {signal})", self.pid());
+        assert_eq!(
+            unsafe { libc::kill(self.pid(), signal) },
+            0,
+            "kill({}, {signal})",
+            self.pid()
+        );
     }
 
     /// Waits (at most 60 s) for the tracer to exit.
@@ -116,10 +128,19 @@ impl Tracer {
             }
             std::thread::sleep(Duration::from_millis(20));
         };
-        let stdout = self.stdout.take().expect("once").join().expect("stdout reader");
+        let stdout = self
+            .stdout
+            .take()
+            .expect("once")
+            .join()
+            .expect("stdout reader");
         // Let the stderr reader see EOF.
         std::thread::sleep(Duration::from_millis(50));
-        Finished { status, stdout, stderr: self.stderr() }
+        Finished {
+            status,
+            stdout,
+            stderr: self.stderr(),
+        }
     }
 }
 
@@ -145,11 +166,17 @@ pub fn bpf_ids(pid: i32) -> BpfIds {
     let mut ids = BpfIds::default();
     let dir = format!("/proc/{pid}/fdinfo");
     for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{dir}: {e}")) {
-        let Ok(info) = std::fs::read_to_string(entry.unwrap().path()) else { continue };
+        let Ok(info) = std::fs::read_to_string(entry.unwrap().path()) else {
+            continue;
+        };
         let is_link = info.lines().any(|l| l.starts_with("link_type:"));
         for line in info.lines() {
-            let Some((key, value)) = line.split_once(':') else { continue };
-            let Ok(id) = value.trim().parse::<u32>() else { continue };
+            let Some((key, value)) = line.split_once(':') else {
+                continue;
+            };
+            let Ok(id) = value.trim().parse::<u32>() else {
+                continue;
+            };
             match key {
                 "link_id" => {
                     ids.links.insert(id);
@@ -185,7 +212,11 @@ pub fn still_loaded(ids: &BpfIds) -> BpfIds {
         .map(|l| l.id())
         .filter(|id| ids.links.contains(id))
         .collect();
-    BpfIds { programs, maps, links }
+    BpfIds {
+        programs,
+        maps,
+        links,
+    }
 }
 
 impl BpfIds {
