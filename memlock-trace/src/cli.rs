@@ -1,10 +1,15 @@
-//! Command-line interface.
-
-use std::path::PathBuf;
+//! The command line: every clap type of the tool, in one place. The lab's subcommands
+//! exist only with the `lab` feature.
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use std::path::PathBuf;
 
-use crate::faults::{FaultOptions, HookChoice};
+use std::net::SocketAddr;
+
+use crate::{
+    faults::{BenchFloor, FaultOptions, HookChoice},
+    process::DEFAULT_MAX_PROCESSES,
+};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -52,7 +57,7 @@ pub struct TraceArgs {
     #[arg(long)]
     pub all_vma_changes: bool,
     #[command(flatten)]
-    pub production: crate::cli_production::ProductionArgs,
+    pub production: ProductionArgs,
     /// Page-fault hooks: the best the kernel allows (fentry, then kprobe, then tracepoint),
     /// one of them forced, or off.
     #[arg(long, value_enum, value_name = "HOOKS", default_value_t = HookChoice::Auto)]
@@ -76,6 +81,14 @@ pub struct TraceArgs {
     /// Stacks listed per process with --stacks, by page faults.
     #[arg(long, value_name = "N", default_value_t = 10, requires = "stacks")]
     pub stacks_top: usize,
+    /// Benchmark only: attach the fault-start tracepoints the classic way even where tp_btf
+    /// works (as bpftrace does).
+    #[arg(long, hide = true)]
+    pub classic_tracepoints: bool,
+    /// Benchmark only: the tracepoint set's per-fault hooks with programs that do nothing
+    /// (`empty`) or only read the clock (`clock`); nothing is counted.
+    #[arg(long, hide = true, value_enum, value_name = "FLOOR")]
+    pub bench_floor: Option<BenchFloor>,
     /// Launch COMMAND and trace it and its threads until it exits.
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<String>,
@@ -108,6 +121,8 @@ impl TraceArgs {
             top_mappings: self.top_mappings,
             stacks: self.stacks,
             top_stacks: self.stacks_top,
+            classic_tracepoints: self.classic_tracepoints,
+            bench_floor: self.bench_floor,
         }
     }
 }
@@ -121,26 +136,30 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    #[cfg(feature = "lab")]
     /// Run every reference experiment with the tracer attached and write a report with charts.
-    Suite(crate::suite::SuiteArgs),
+    Suite(crate::lab::suite::SuiteArgs),
+    #[cfg(feature = "lab")]
     /// Run one reference experiment (see SCENARIOS.md) and print its own measurements as JSON.
     Scenario {
-        name: crate::workload::scenario::Scenario,
+        name: crate::lab::workload::scenario::Scenario,
         #[command(flatten)]
-        args: crate::workload::scenario::ScenarioArgs,
+        args: crate::lab::workload::scenario::ScenarioArgs,
         /// Write the result here instead of stdout.
         #[arg(long, value_name = "FILE")]
         report: Option<PathBuf>,
     },
+    #[cfg(feature = "lab")]
     /// Run a bundled workload (used by `cargo xtask run` and the tests).
     Workload {
         name: WorkloadName,
         #[command(flatten)]
-        params: crate::cli_production::WorkloadParams,
+        params: WorkloadParams,
         /// Write the workload's own measurements here as JSON.
         #[arg(long, value_name = "FILE")]
         report: Option<PathBuf>,
     },
+    #[cfg(feature = "lab")]
     /// Run mlock scenarios under the tracer and check each step against /proc/PID/maps and
     /// smaps; exits 1 on any mismatch.
     Verify {
@@ -150,6 +169,7 @@ pub enum Command {
     },
 }
 
+#[cfg(feature = "lab")]
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub enum WorkloadName {
     /// One of each mlock-family call, one of them failing.
@@ -160,6 +180,65 @@ pub enum WorkloadName {
     Flood,
     /// Takes page faults on command (stdin), answering its own fault counters (stdout).
     Faults,
+}
+
+/// Options for production use: the process filters, Prometheus export and the bounds on
+/// per-process state.
+#[derive(Debug, Args, Default, Clone)]
+pub struct ProductionArgs {
+    /// Only processes whose name (the comm of the main thread, at most 15 bytes) is NAME.
+    #[arg(long, value_name = "NAME")]
+    pub comm: Option<String>,
+    /// Only processes in this cgroup v2 or below it (a path under the cgroup2 mount, or
+    /// relative to it, e.g. `system.slice/nginx.service`).
+    #[arg(long, value_name = "PATH")]
+    pub cgroup: Option<PathBuf>,
+    /// Also trace the processes that traced processes fork, from their first instruction.
+    #[arg(long)]
+    pub follow_children: bool,
+    /// Serve Prometheus metrics at http://ADDR/metrics (`IP:PORT`, or `:PORT` for all
+    /// interfaces; port 0 picks a free one, printed on stderr).
+    #[arg(long, value_name = "ADDR", value_parser = listen_addr)]
+    pub prometheus: Option<SocketAddr>,
+    /// Add a `pid` label to per-process metrics (one series per process: use with care).
+    #[arg(long, requires = "prometheus")]
+    pub prometheus_pid_label: bool,
+    /// Most processes the summary keeps; past that the least recently seen is evicted and
+    /// counted (`evicted_processes`).
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_PROCESSES, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_processes: u32,
+    /// Most processes traced at once by pid (`-p`, a command, its children); children past
+    /// that are counted as not followed.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_targets: Option<u32>,
+}
+
+/// Parameters of the `children` and `flood` workloads.
+#[cfg(feature = "lab")]
+#[derive(Debug, Args, Clone)]
+pub struct WorkloadParams {
+    /// `children`: how many children.
+    #[arg(long, default_value_t = 4)]
+    pub count: u32,
+    /// mlock calls per child (`children`) or per thread (`flood`).
+    #[arg(long, default_value_t = 1)]
+    pub calls: u32,
+    /// `flood`: how many threads.
+    #[arg(long, default_value_t = 2)]
+    pub threads: u32,
+    /// `flood`: wait for one byte on stdin before starting.
+    #[arg(long)]
+    pub wait_stdin: bool,
+}
+
+fn listen_addr(s: &str) -> Result<SocketAddr, String> {
+    let full = match s.strip_prefix(':') {
+        Some(port) => format!("0.0.0.0:{port}"),
+        None => s.to_string(),
+    };
+    full.parse().map_err(|_| {
+        format!("`{s}` is not a listen address: use IP:PORT (127.0.0.1:9464, [::1]:9464) or :PORT")
+    })
 }
 
 fn positive_secs(s: &str) -> Result<f64, String> {
@@ -298,5 +377,57 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    #[test]
+    fn production_options_parse() {
+        let cli = parse(&[
+            "--comm",
+            "postgres",
+            "--cgroup",
+            "system.slice",
+            "--follow-children",
+            "--prometheus",
+            ":9464",
+            "--prometheus-pid-label",
+            "--max-processes",
+            "10",
+            "--max-targets",
+            "5",
+        ])
+        .unwrap();
+        let p = &cli.trace.production;
+        assert_eq!(p.comm.as_deref(), Some("postgres"));
+        assert_eq!(
+            p.cgroup.as_deref(),
+            Some(std::path::Path::new("system.slice"))
+        );
+        assert!(p.follow_children && p.prometheus_pid_label);
+        assert_eq!(p.prometheus, Some("0.0.0.0:9464".parse().unwrap()));
+        assert_eq!((p.max_processes, p.max_targets), (10, Some(5)));
+        let p = parse(&["--prometheus", "[::1]:0"])
+            .unwrap()
+            .trace
+            .production;
+        assert_eq!(p.prometheus, Some("[::1]:0".parse().unwrap()));
+        assert_eq!(
+            p.max_processes,
+            crate::process::table::DEFAULT_MAX_PROCESSES
+        );
+    }
+
+    #[test]
+    fn bad_production_options_are_rejected() {
+        let e = parse(&["--prometheus", "localhost"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("is not a listen address"), "{e}");
+        assert!(parse(&["--prometheus", "1.2.3.4:99999"]).is_err());
+        assert!(
+            parse(&["--prometheus-pid-label"]).is_err(),
+            "needs --prometheus"
+        );
+        assert!(parse(&["--max-processes", "0"]).is_err());
+        assert!(parse(&["--max-targets", "-1"]).is_err());
     }
 }

@@ -1,35 +1,38 @@
 //! memlock-trace: what mlock, mlockall and page faults really do, seen from the kernel.
 //!
-//! One module per concern: [`probe`] asks the kernel what it offers, [`tracer`] loads and
-//! attaches the programs, [`decode`] turns ring-buffer records into events, [`aggregate`]
-//! keeps per-process statistics, [`render`] prints them, [`session`] runs the event loop,
-//! [`launch`] starts traced commands, [`workload`] holds the bundled workloads, [`vma`]
-//! explains VMA events and [`verify`] checks them against /proc.
+//! The layout follows the hook families, with shared layers below them and the session on
+//! top. Families never import each other.
+//!
+//! - Shared layers: [`probe`] asks the kernel what it offers; [`object`] loads the eBPF
+//!   object and gives every family one attach signature; [`event`] decodes ring-buffer
+//!   records; [`process`] holds the target set, filters and the per-process table;
+//!   [`procfs`] parses `/proc/PID/smaps`; [`latency`] and [`output`] are shared by every
+//!   family's figures and rendering.
+//! - Hook families, each owning its attach, read-back and summary: [`syscalls`], [`faults`],
+//!   [`vma`].
+//! - On top: [`tracer`] attaches the families; [`session`] runs the event loop and prints
+//!   the summary; [`metrics`] serves Prometheus; [`cli`] is the one clap definition.
+//! - [`lab`] (cargo feature `lab`, on by default): the bundled workloads, `verify`, `suite`
+//!   and its report. The tracer does not know it.
+#![warn(clippy::undocumented_unsafe_blocks)]
 
-pub mod aggregate;
-pub mod charts;
 pub mod cli;
-pub mod cli_production;
-pub mod decode;
-pub mod fault_counting;
+pub mod event;
 pub mod faults;
-pub mod filter;
-pub mod launch;
-pub mod mappings;
+pub mod latency;
 pub mod metrics;
+pub mod object;
+pub mod output;
 pub mod probe;
-pub mod processes;
-pub mod production;
-pub mod render;
-pub mod report;
+pub mod process;
+pub mod procfs;
 pub mod session;
-pub mod stacks;
-pub mod suite;
-pub mod syscall;
+pub mod syscalls;
 pub mod tracer;
-pub mod verify;
 pub mod vma;
-pub mod workload;
+
+#[cfg(feature = "lab")]
+pub mod lab;
 
 /// An error in what the user asked for (exit code 2), as opposed to a failure while tracing.
 #[derive(Debug)]

@@ -3,10 +3,17 @@ use std::process::ExitCode;
 use clap::Parser as _;
 use memlock_trace::{
     UsageError,
-    cli::{Cli, Command, WorkloadName},
-    probe, session,
-    tracer::{Targets, Tracer},
-    verify, workload,
+    cli::{Cli, Command},
+    output::JSON_SCHEMA,
+    probe,
+    process::Targets,
+    session,
+    tracer::Tracer,
+};
+#[cfg(feature = "lab")]
+use memlock_trace::{
+    cli::{WorkloadName, WorkloadParams},
+    lab::{suite, verify, workload},
 };
 
 fn main() -> ExitCode {
@@ -14,15 +21,19 @@ fn main() -> ExitCode {
     let result = match cli.command {
         None => session::run(cli.trace),
         Some(Command::Probe { json }) => run_probe(json).map(|()| 0),
-        Some(Command::Suite(args)) => memlock_trace::suite::run(args).map(|()| 0),
+        #[cfg(feature = "lab")]
+        Some(Command::Suite(args)) => suite::run(args).map(|()| 0),
+        #[cfg(feature = "lab")]
         Some(Command::Scenario { name, args, report }) => {
             run_scenario(name, &args, report.as_deref()).map(|()| 0)
         }
+        #[cfg(feature = "lab")]
         Some(Command::Workload {
             name,
             report,
             params,
         }) => run_workload(name, report.as_deref(), &params).map(|()| 0),
+        #[cfg(feature = "lab")]
         Some(Command::Verify { json }) => verify::run(json.as_deref()),
     };
     match result {
@@ -38,10 +49,11 @@ fn main() -> ExitCode {
     }
 }
 
+#[cfg(feature = "lab")]
 fn run_workload(
     name: WorkloadName,
     report: Option<&std::path::Path>,
-    params: &memlock_trace::cli_production::WorkloadParams,
+    params: &WorkloadParams,
 ) -> anyhow::Result<()> {
     let calls = match name {
         WorkloadName::Syscalls => serde_json::to_value(workload::syscalls::run()?)?,
@@ -71,7 +83,7 @@ fn run_probe(json: bool) -> anyhow::Result<()> {
     if json {
         let report = serde_json::json!({
             "type": "probe",
-            "schema": memlock_trace::render::JSON_SCHEMA,
+            "schema": JSON_SCHEMA,
             "kernel": kernel,
             "capabilities": capabilities,
             "hooks": tracer.hooks,
@@ -94,6 +106,7 @@ fn run_probe(json: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
+#[cfg(feature = "lab")]
 fn run_scenario(
     name: workload::scenario::Scenario,
     args: &workload::scenario::ScenarioArgs,

@@ -1,43 +1,28 @@
-//! Loading the eBPF object into the kernel and attaching its programs.
+//! The tracer: loads the eBPF object with this kernel's offsets and every family's globals,
+//! attaches each hook family through [`HookFamily::attach`], and reads back what they
+//! share (the event rings, the health counters, the target set).
 
-use std::{collections::BTreeMap, fmt::Write as _};
+use std::collections::BTreeMap;
 
 use anyhow::{Context as _, Result, anyhow};
 use aya::{
-    Ebpf, EbpfLoader,
+    Ebpf,
     maps::{HashMap, MapData, PerCpuArray, RingBuf},
-    programs::{ProgramError, TracePoint},
 };
 use memlock_trace_common::{
-    Config, counter,
-    faults::FaultConfig,
-    filter, names,
-    process::ProcessConfig,
+    Config, counter, filter, names,
+    process::names::PROCESS_CONFIG,
     vma::{VMA_CONFIG, VmaConfig},
 };
 
 use crate::{
-    fault_counting::FaultCounters,
-    faults::{self, FaultHooks, FaultOptions, FaultReport},
-    filter::{Filters, ProcessHealth},
+    faults::{self, FaultHooks, FaultOptions, FaultReport, HookChoice, counting::FaultCounters},
+    object::{self, AttachContext, HookFamily},
     probe::{self, KernelBtf},
-    syscall::Syscall,
+    process::{Filters, ProcessHealth, ProcessHooks, Targets, filters},
+    syscalls::SyscallHooks,
+    vma::{self, VmaHooks},
 };
-
-mod vma;
-pub use vma::{HookedFunction, VmaHooks};
-
-/// The eBPF object built by `build.rs`, embedded so the binary is self-contained.
-static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/memlock-trace"));
-
-/// Which processes to trace.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Targets {
-    /// Every process on the system.
-    All,
-    /// Only these thread groups (and ones added later with [`Tracer::add_target`]).
-    Tgids(Vec<u32>),
-}
 
 /// The tracer's own health, summed over CPUs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
@@ -110,15 +95,16 @@ impl Tracer {
         probe::ensure_tracefs()?;
         let btf = KernelBtf::load()?;
         let config = Config {
-            filter: match targets {
-                Targets::All => filter::ALL,
-                Targets::Tgids(_) => filter::TGIDS,
+            filter: if targets.specific() {
+                filter::TGIDS
+            } else {
+                filter::ALL
             },
             _pad: 0,
             offsets: btf.offsets()?,
         };
         // Without the fields it reads, the VMA family stays unattached (or fails if required).
-        let vma_config = vma::config(&btf, options.all_vma_stores);
+        let vma_config = vma::attach::config(&btf, options.all_vma_stores);
         if let (Err(error), true) = (&vma_config, options.require_vma) {
             return Err(anyhow!(
                 "VMA tracing is not possible on this kernel: {error:#}"
@@ -126,15 +112,18 @@ impl Tracer {
         }
         let vma_global = vma_config.as_ref().copied().unwrap_or(VmaConfig::ZERO);
         let filters = &options.filters;
+        let process_config = filters.process_config(&btf)?;
         let fault_options = &options.faults;
-        let fault_config = faults::config(&btf, fault_options)?;
-        let globals = Globals {
-            vma: vma_global,
-            process: filters.process_config(&btf)?,
-            max_targets: filters.max_targets,
-            faults: Some(fault_config),
-        };
-        let mut ebpf = load_object_with(&config, &globals)?;
+        let fault_config = faults::sizing::config(&btf, fault_options)?;
+        let mut ebpf = object::load(&config, |loader| {
+            loader
+                .override_global(VMA_CONFIG, &vma_global, true)
+                .override_global(PROCESS_CONFIG, &process_config, true);
+            if let Some(max) = filters.max_targets {
+                loader.map_max_entries(names::TARGET_TGIDS, max);
+            }
+            faults::sizing::prepare_loader(loader, &fault_config)
+        })?;
 
         let targets_map = ebpf
             .take_map(names::TARGET_TGIDS)
@@ -148,7 +137,7 @@ impl Tracer {
             fault_counters: None,
             fault_options: fault_options.clone(),
             sole: SoleTarget {
-                allowed: matches!(targets, Targets::Tgids(_))
+                allowed: targets.specific()
                     && !filters.follow_children
                     && filters.comm.is_none()
                     && filters.cgroup.is_none()
@@ -157,31 +146,35 @@ impl Tracer {
                 tgid: None,
             },
         };
+        // Targets first, so that nothing they do after the hooks attach is missed.
         if let Targets::Tgids(tgids) = targets {
-            let hooks = crate::filter::attach(&mut tracer.ebpf, filters)?;
-            tracer.hooks.insert("processes", hooks);
+            let mut cx = AttachContext::new(&mut tracer.ebpf, &btf, true);
+            let hooks = ProcessHooks::attach(&mut cx, filters)?;
+            tracer.hooks.insert(ProcessHooks::NAME, hooks.describe());
             for &tgid in tgids {
                 tracer.add_target(tgid)?;
             }
         }
-        tracer.attach_syscalls()?;
-        let vma = match vma_config {
-            Ok(_) => tracer.attach_vma(&btf),
-            Err(error) => Err(error),
-        };
-        match vma {
+        let mut cx = AttachContext::new(&mut tracer.ebpf, &btf, targets.specific());
+        let syscalls = SyscallHooks::attach(&mut cx, &())?;
+        tracer.hooks.insert(SyscallHooks::NAME, syscalls.describe());
+        match vma_config.and_then(|_| VmaHooks::attach(&mut cx, &())) {
             Ok(hooks) => {
-                tracer.hooks.insert("vma", hooks.describe());
+                tracer.hooks.insert(VmaHooks::NAME, hooks.describe());
                 tracer.vma = Some(hooks);
             }
             Err(error) if options.require_vma => return Err(error),
             Err(error) => {
-                tracer.hooks.insert("vma", format!("not traced: {error:#}"));
+                tracer
+                    .hooks
+                    .insert(VmaHooks::NAME, format!("not traced: {error:#}"));
             }
         }
-        let specific_targets = matches!(targets, Targets::Tgids(_));
-        tracer.fault_hooks =
-            faults::attach(&mut tracer.ebpf, &btf, fault_options, specific_targets)?;
+        if fault_options.hooks != HookChoice::Off {
+            let hooks = FaultHooks::attach(&mut cx, fault_options)?;
+            tracer.hooks.insert(FaultHooks::NAME, hooks.describe());
+            tracer.fault_hooks = Some(hooks);
+        }
         if tracer.fault_hooks.as_ref().is_some_and(|h| h.counting) {
             let mut counters = FaultCounters::default();
             if let Targets::Tgids(tgids) = targets {
@@ -190,14 +183,6 @@ impl Tracer {
                 }
             }
             tracer.fault_counters = Some(counters);
-        }
-        if let Some(hooks) = &tracer.fault_hooks {
-            let mut line = format!("{} ({})", hooks.hook_set.name(), hooks.hooks.join(", "));
-            for refusal in &hooks.refused {
-                let reason = refusal.reason.lines().next().unwrap_or_default();
-                let _ = write!(line, "; {} refused: {reason}", refusal.hook_set.name());
-            }
-            tracer.hooks.insert("faults", line);
         }
         Ok(tracer)
     }
@@ -214,47 +199,10 @@ impl Tracer {
         if self.sole.allowed && self.sole.targets <= 2 {
             // The first target takes the fast path, a second one ends it.
             let sole = if self.sole.targets == 1 { tgid } else { 0 };
-            faults::set_sole_target(&mut self.ebpf, sole)?;
+            faults::read::set_sole_target(&mut self.ebpf, sole)?;
             self.sole.tgid.get_or_insert(tgid);
         }
         Ok(())
-    }
-
-    fn attach_syscalls(&mut self) -> Result<()> {
-        for syscall in Syscall::ALL {
-            let enter = format!("sys_enter_{}", syscall.name());
-            self.tracepoint(&enter)?
-                .attach("syscalls", &enter)
-                .map_err(|e| hook_refused(&enter, "tracepoint", e))?;
-        }
-        let exit_prog = "sys_exit_mlock_family";
-        for syscall in Syscall::ALL {
-            let exit = format!("sys_exit_{}", syscall.name());
-            self.tracepoint(exit_prog)?
-                .attach("syscalls", &exit)
-                .map_err(|e| hook_refused(&exit, "tracepoint", e))?;
-        }
-        self.hooks.insert(
-            "syscalls",
-            "tracepoints syscalls:sys_{enter,exit}_{mlock,mlock2,munlock,mlockall,munlockall}"
-                .into(),
-        );
-        Ok(())
-    }
-
-    /// The named tracepoint program, loaded into the kernel on first use.
-    fn tracepoint(&mut self, name: &str) -> Result<&mut TracePoint> {
-        let program: &mut TracePoint = self
-            .ebpf
-            .program_mut(name)
-            .ok_or_else(|| anyhow!("program {name} missing from the eBPF object"))?
-            .try_into()?;
-        if program.fd().is_err() {
-            program
-                .load()
-                .map_err(|e| hook_refused(name, "tracepoint", e))?;
-        }
-        Ok(program)
     }
 
     /// The ring buffer all events arrive on. Can be taken once.
@@ -284,12 +232,13 @@ impl Tracer {
         if self.fault_hooks.is_none() {
             return Ok(None);
         }
-        let mut report = faults::read(&self.ebpf, self.fault_options.per_thread, self.sole.tgid)?;
+        let mut report =
+            faults::read::read(&self.ebpf, self.fault_options.per_thread, self.sole.tgid)?;
         if let Some(counters) = &self.fault_counters {
             report.add_counted(counters.read());
         }
         if self.fault_options.stacks {
-            let stacks = crate::stacks::read(&self.ebpf)?;
+            let stacks = faults::stacks::read(&self.ebpf)?;
             report.health.stacks_dropped = Some(stacks.dropped);
             report.health.stacks_evicted = Some(stacks.evicted);
             report.stacks = Some(stacks);
@@ -299,7 +248,7 @@ impl Tracer {
 
     /// Processes with fault statistics (cheap: keys only).
     pub fn fault_pids(&self) -> Result<std::collections::BTreeSet<u32>> {
-        let mut pids = faults::pids(&self.ebpf)?;
+        let mut pids = faults::read::pids(&self.ebpf)?;
         pids.extend(self.sole.tgid);
         Ok(pids)
     }
@@ -325,97 +274,7 @@ impl Tracer {
             untracked_calls: sum(counter::INFLIGHT_FULL)?,
             failed_reads: sum(counter::READ_FAILED)?,
             dropped_vma_records: sum(counter::VMA_DROPPED)?,
-            processes: crate::filter::health(&self.ebpf)?,
+            processes: filters::health(&self.ebpf)?,
         })
     }
-}
-
-/// Creates the object's maps with `config` baked into its read-only globals; no program is
-/// loaded yet.
-pub fn load_object(config: &Config) -> Result<Ebpf> {
-    load_object_with(config, &Globals::default())
-}
-
-/// Load-time settings of the hook families beyond [`Config`].
-#[derive(Clone, Copy, Debug)]
-pub struct Globals {
-    pub vma: VmaConfig,
-    /// The process filters (`--comm`, `--cgroup`, `--follow-children`).
-    pub process: ProcessConfig,
-    /// Capacity of the target set, when not `MAX_TARGETS`.
-    pub max_targets: Option<u32>,
-    /// The fault hooks' globals and map sizes.
-    pub faults: Option<FaultConfig>,
-}
-
-impl Default for Globals {
-    fn default() -> Self {
-        Self {
-            vma: VmaConfig::ZERO,
-            process: ProcessConfig::default(),
-            max_targets: None,
-            faults: None,
-        }
-    }
-}
-
-/// [`load_object`] with every family's globals.
-pub fn load_object_with(config: &Config, globals: &Globals) -> Result<Ebpf> {
-    let mut loader = EbpfLoader::new();
-    loader
-        .override_global(names::CONFIG, config, true)
-        .override_global(VMA_CONFIG, &globals.vma, true)
-        .override_global(
-            memlock_trace_common::process::names::PROCESS_CONFIG,
-            &globals.process,
-            true,
-        );
-    if let Some(max) = globals.max_targets {
-        loader.map_max_entries(names::TARGET_TGIDS, max);
-    }
-    if let Some(fault_config) = &globals.faults {
-        faults::prepare_loader(&mut loader, fault_config)?;
-    }
-    loader.load(EBPF_OBJECT).context(
-        "creating the eBPF maps failed (is RLIMIT_MEMLOCK too low on a kernel older than 5.11?)",
-    )
-}
-
-/// Turns a refused load or attach into a message naming the program, the kernel's reason
-/// (the last lines of the verifier log) and what to do about it.
-pub fn hook_refused(program: &str, kind: &str, error: ProgramError) -> anyhow::Error {
-    let mut message = format!("the kernel refused {kind} program `{program}`: ");
-    match &error {
-        ProgramError::LoadError {
-            io_error,
-            verifier_log,
-        } => {
-            let log = verifier_log.to_string();
-            let tail: Vec<&str> = log.lines().rev().take(8).collect();
-            let _ = write!(message, "{io_error}");
-            if !tail.is_empty() {
-                let _ = write!(message, "\nverifier log (last lines):");
-                for line in tail.iter().rev() {
-                    let _ = write!(message, "\n    {line}");
-                }
-            }
-        }
-        other => {
-            let _ = write!(message, "{other}");
-            if let Some(source) = std::error::Error::source(other) {
-                let _ = write!(message, ": {source}");
-            }
-        }
-    }
-    let _ = write!(
-        message,
-        "\nrun `memlock-trace probe` to see which hooks this kernel allows{}",
-        if kind == "tracepoint" {
-            "; tracepoints need tracefs mounted at /sys/kernel/tracing"
-        } else {
-            ""
-        }
-    );
-    message.push_str(&crate::filter::perf_paranoid_hint(&message));
-    anyhow!(message)
 }

@@ -20,10 +20,13 @@ use std::{
 mod common;
 
 use memlock_trace::{
-    faults::{self, FaultOptions, FaultReport, FaultSummary, HookChoice, HookSet, MappingFaults},
-    mappings::MappingCache,
-    tracer::{Options, Targets, Tracer},
-    workload::{PAGE_SIZE, faults::FILE_STRIDE},
+    faults::{
+        self, FaultOptions, FaultReport, FaultSummary, HookChoice, HookSet, summary::MappingFaults,
+    },
+    lab::workload::{PAGE_SIZE, faults::FILE_STRIDE},
+    process::Targets,
+    procfs::MappingCache,
+    tracer::{Options, Tracer},
 };
 
 /// Hook sets this kernel allows, according to `memlock-trace probe`'s capability check
@@ -426,7 +429,7 @@ fn accuracy(set: HookSet, recording: Recording) {
             .unwrap_or_else(|| panic!("no mapping at {onfault_addr:#x} in {by_mapping:#?}"));
         // smaps shows VM_LOCKONFAULT only from Linux 6.2; the VMA hooks always see it.
         let lockonfault_known = vma_hooks
-            || memlock_trace::mappings::smaps_shows_lockonfault(
+            || memlock_trace::procfs::smaps_shows_lockonfault(
                 &memlock_trace::probe::kernel_release(),
             );
         assert_eq!(

@@ -11,11 +11,10 @@ use std::{
 
 use common::{drain_syscalls, gettid, require_privileges};
 use memlock_trace::{
-    filter::{Cgroup, Filters},
-    launch,
-    syscall::Syscall,
-    tracer::{Options, Targets, Tracer},
-    workload::Region,
+    event::Syscall,
+    lab::workload::Region,
+    process::{Cgroup, Filters, Targets, launch},
+    tracer::{Options, Tracer},
 };
 use support::{BIN, calls_of, summary};
 

@@ -40,10 +40,10 @@ fn every_json_line_has_the_schema_version() {
         "{kinds:?}"
     );
     for line in &lines {
-        assert_eq!(line["schema"], memlock_trace::render::JSON_SCHEMA, "{line}");
+        assert_eq!(line["schema"], memlock_trace::output::JSON_SCHEMA, "{line}");
     }
     assert_eq!(
-        memlock_trace::render::JSON_SCHEMA,
+        memlock_trace::output::JSON_SCHEMA,
         1,
         "the README documents schema 1"
     );

@@ -6,9 +6,13 @@ mod support;
 
 use common::{drain_syscalls, require_privileges};
 use memlock_trace::{
-    aggregate::Aggregator,
-    launch::{self, Launched},
-    tracer::{Health, Targets, Tracer},
+    process::{
+        Targets,
+        launch::{self, Launched},
+    },
+    session::summary::{ProcessSummary, Summary},
+    syscalls::Aggregator,
+    tracer::{Health, Tracer},
 };
 use support::BIN;
 
@@ -107,7 +111,7 @@ fn a_reused_pid_is_a_new_process_and_an_exited_target_leaves_the_filter() {
     for rec in events.iter().filter(|r| r.raw.tgid == pid) {
         aggregator.record_syscall(rec);
     }
-    let summary = aggregator.summary(Health::default());
+    let summary = Summary::new("summary", aggregator.summaries(), Health::default());
     let entries: Vec<_> = summary.processes.iter().filter(|p| p.pid == pid).collect();
     assert_eq!(
         entries.len(),
@@ -116,9 +120,7 @@ fn a_reused_pid_is_a_new_process_and_an_exited_target_leaves_the_filter() {
     );
     let (a, b) = (entries[0], entries[1]);
     assert!(a.start_ns < b.start_ns);
-    let count = |p: &memlock_trace::aggregate::ProcessSummary| {
-        p.syscalls.values().map(|s| s.count).sum::<u64>()
-    };
+    let count = |p: &ProcessSummary| p.syscalls.values().map(|s| s.count).sum::<u64>();
     assert_eq!(count(a), 9, "the first process: one of each call");
     assert_eq!(
         (count(b), b.syscalls["mlock"].errors["ENOMEM"]),

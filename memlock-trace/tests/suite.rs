@@ -19,7 +19,7 @@ fn every_scenario_runs_and_the_tracer_agrees_with_the_workload() {
     // vm-memory boots qemu; inside the test VM there is no qemu to nest, and the host stage
     // runs it. Said out loud, not skipped silently.
     let in_vm = std::env::var_os("MEMLOCK_TRACE_IN_VM").is_some();
-    let expected: Vec<&str> = memlock_trace::workload::scenario::Scenario::ALL
+    let expected: Vec<&str> = memlock_trace::lab::workload::scenario::Scenario::ALL
         .iter()
         .map(|s| s.name())
         .filter(|&name| !(in_vm && name == "vm-memory"))

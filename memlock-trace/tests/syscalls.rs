@@ -4,11 +4,7 @@
 mod common;
 
 use common::{drain_syscalls, gettid, require_privileges};
-use memlock_trace::{
-    syscall::Syscall,
-    tracer::{Targets, Tracer},
-    workload::syscalls,
-};
+use memlock_trace::{event::Syscall, lab::workload::syscalls, process::Targets, tracer::Tracer};
 
 #[test]
 fn every_call_is_traced_with_its_result_and_populated_pages() {
@@ -28,7 +24,7 @@ fn every_call_is_traced_with_its_result_and_populated_pages() {
     assert_eq!(names, expected, "calls traced vs calls made");
 
     for (i, (rec, call)) in traced.iter().zip(&calls).enumerate() {
-        let errno = memlock_trace::syscall::errno_name(rec.raw.ret).unwrap_or_else(|| "0".into());
+        let errno = memlock_trace::event::errno_name(rec.raw.ret).unwrap_or_else(|| "0".into());
         assert_eq!(errno, call.result, "call {i} {}: result", call.syscall);
         assert_eq!(
             (rec.raw.min_flt, rec.raw.maj_flt),
@@ -62,7 +58,7 @@ fn every_call_is_traced_with_its_result_and_populated_pages() {
         "locking the middle of a VMA splits it in three"
     );
     assert_eq!(
-        memlock_trace::syscall::errno_name(mlocks[2].raw.ret).as_deref(),
+        memlock_trace::event::errno_name(mlocks[2].raw.ret).as_deref(),
         Some("ENOMEM")
     );
     assert_eq!(mlocks[2].pages_locked(), 0);
@@ -71,7 +67,7 @@ fn every_call_is_traced_with_its_result_and_populated_pages() {
         .iter()
         .find(|r| r.syscall == Syscall::Mlock2)
         .unwrap();
-    assert_eq!(mlock2.raw.args[2], memlock_trace::syscall::MLOCK_ONFAULT);
+    assert_eq!(mlock2.raw.args[2], memlock_trace::event::MLOCK_ONFAULT);
     assert_eq!(
         (mlock2.pages_populated(), mlock2.pages_locked()),
         (0, 16),
@@ -103,8 +99,9 @@ fn other_processes_are_filtered_out() {
     // Trace only a pid that is not us: our calls must not appear.
     let mut tracer = Tracer::load(&Targets::Tgids(vec![1])).expect("load tracer");
     let mut ring = tracer.take_events().expect("ring buffer");
-    let page = memlock_trace::workload::Region::anonymous(1, libc::PROT_READ | libc::PROT_WRITE, 0)
-        .unwrap();
+    let page =
+        memlock_trace::lab::workload::Region::anonymous(1, libc::PROT_READ | libc::PROT_WRITE, 0)
+            .unwrap();
     assert_eq!(unsafe { libc::mlock(page.addr.cast(), page.len) }, 0);
     let ours = drain_syscalls(&mut ring)
         .into_iter()

@@ -5,7 +5,7 @@
 
 use std::io::Read as _;
 
-use memlock_trace::{probe, verify};
+use memlock_trace::{lab::verify, probe};
 
 /// Every step the suite must report, in order.
 const STEPS: [&str; 12] = [

@@ -65,7 +65,10 @@ pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; cha
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{decode::SyscallRecord, syscall::Syscall, tracer::Health};
+    use crate::{
+        event::{Syscall, SyscallRecord},
+        tracer::Health,
+    };
 
     fn rec(syscall: Syscall, tgid: u32, ret: i64, duration_ns: u64) -> SyscallRecord {
         SyscallRecord::fixture(syscall, tgid, ret, duration_ns, 4, 4, "db")

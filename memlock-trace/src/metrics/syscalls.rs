@@ -10,7 +10,7 @@ use prometheus_client::{
 };
 
 use super::{Labels, process_labels};
-use crate::{decode::SyscallRecord, syscall::errno_name};
+use crate::event::{SyscallRecord, errno_name};
 
 pub struct SyscallMetrics {
     pid_label: bool,

@@ -3,7 +3,7 @@
 #![allow(dead_code, reason = "each test binary uses a different subset")]
 
 use aya::maps::{MapData, RingBuf};
-use memlock_trace::decode::{Event, SyscallRecord, decode};
+use memlock_trace::event::{Event, SyscallRecord, decode};
 
 /// Integration tests need root (or CAP_BPF + CAP_PERFMON); say so loudly instead of skipping.
 pub fn require_privileges() {

@@ -1,0 +1,344 @@
+//! Picks the best page-fault hook set the kernel allows (fentry/fexit, then
+//! kprobe/kretprobe, then tracepoints with software perf events) and attaches it, with the
+//! populating calls' tracepoints and the signal tracepoint every set shares.
+
+use std::path::Path;
+
+use anyhow::{Result, anyhow, bail};
+use aya::{
+    Ebpf,
+    programs::{
+        BtfTracePoint, FEntry, FExit, KProbe, PerfEvent, TracePoint,
+        perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent},
+    },
+};
+
+use memlock_trace_common::faults::populate;
+
+use super::{
+    BenchFloor, FaultHooks, FaultOptions, HookChoice, HookSet, Refusal, sizing::populate_nrs,
+};
+use crate::{
+    object::{AttachContext, hook_refused, program},
+    probe::TRACEFS,
+};
+
+/// Whether count-only mode on the tracepoint set can use counting perf events on the
+/// targets' threads (see `fault_counting`) instead of a BPF program per fault: it needs
+/// specific processes, and nothing per fault (no latency, events, per-thread keys or stacks).
+fn counting(options: &FaultOptions, specific_targets: bool) -> bool {
+    specific_targets
+        && !options.latency
+        && !options.events
+        && !options.per_thread
+        && !options.stacks
+}
+
+const FENTRY: &str = "handle_mm_fault_fentry";
+const FEXIT: &str = "handle_mm_fault_fexit";
+const KPROBE: &str = "handle_mm_fault_kprobe";
+const KRETPROBE: &str = "handle_mm_fault_kretprobe";
+const EXCEPTION_ENTRY: &str = "fault_exception_entry";
+const ENTRY_USER_BTF: &str = "fault_entry_user_btf";
+const ENTRY_KERNEL_BTF: &str = "fault_entry_kernel_btf";
+const PERF_MIN: &str = "fault_perf_min";
+const PERF_MAJ: &str = "fault_perf_maj";
+/// The same hooks with programs that return at once, or only read the clock: see
+/// [`BenchFloor`]. Entry user, entry kernel, perf min, perf maj.
+const EMPTY_PROGRAMS: [&str; 4] = [
+    "bench_empty_entry_user",
+    "bench_empty_entry_kernel",
+    "bench_empty_perf_min",
+    "bench_empty_perf_maj",
+];
+const CLOCK_PROGRAMS: [&str; 4] = [
+    "bench_clock_entry_user",
+    "bench_clock_entry_kernel",
+    "bench_clock_perf_min",
+    "bench_clock_perf_maj",
+];
+const POPULATE_ENTER: &str = "populate_enter";
+const POPULATE_EXIT_COUNTED: &str = "populate_exit_counted";
+const POPULATE_EXIT: &str = "populate_exit";
+const FAULT_SIGNAL: &str = "fault_signal";
+const FAULT_FUNCTION: &str = "handle_mm_fault";
+
+/// Tries the hook sets `options.hooks` allows, best first, and attaches the first the kernel
+/// accepts. A forced set the kernel refuses is an error with the kernel's reason.
+pub fn attach(cx: &mut AttachContext<'_>, options: &FaultOptions) -> Result<FaultHooks> {
+    let specific_targets = cx.specific_targets;
+    let has_fault_function = cx.btf.has_function(FAULT_FUNCTION);
+    let (ebpf, aya_btf) = cx.ebpf_and_btf()?;
+    let candidates: &[HookSet] = match options.hooks {
+        HookChoice::Off => bail!("--fault-hooks off: the fault family is not attached"),
+        HookChoice::Auto => &HookSet::ALL,
+        HookChoice::Fentry => &[HookSet::Fentry],
+        HookChoice::Kprobe => &[HookSet::Kprobe],
+        HookChoice::Tracepoint => &[HookSet::Tracepoint],
+    };
+    let mut refused = Vec::new();
+    for &set in candidates {
+        let attached = match set {
+            HookSet::Fentry => attach_fentry(ebpf, has_fault_function, aya_btf),
+            HookSet::Kprobe => attach_kprobe(ebpf),
+            HookSet::Tracepoint => {
+                attach_tracepoints(ebpf, aya_btf, options, counting(options, specific_targets))
+            }
+        };
+        match attached {
+            Ok(mut hooks) => {
+                hooks.extend(attach_populate(ebpf, set)?);
+                hooks.push(attach_signal(ebpf)?);
+                let mut unobserved = Vec::new();
+                if set == HookSet::Tracepoint {
+                    // page_fault_user + perf events see neither the VM_FAULT_RETRY results
+                    // nor the VMA.
+                    unobserved.extend(["retried", "in_locked_vma"]);
+                }
+                let counting = set == HookSet::Tracepoint && counting(options, specific_targets);
+                return Ok(FaultHooks {
+                    counting,
+                    hook_set: set,
+                    hooks,
+                    refused,
+                    latency: options.latency,
+                    unobserved,
+                });
+            }
+            Err(error) => {
+                unload(ebpf, set);
+                if options.hooks != HookChoice::Auto {
+                    return Err(error.context(format!(
+                        "--fault-hooks {}: the kernel refused it",
+                        set.name()
+                    )));
+                }
+                refused.push(Refusal {
+                    hook_set: set,
+                    reason: format!("{error:#}"),
+                });
+            }
+        }
+    }
+    let reasons: Vec<String> = refused
+        .iter()
+        .map(|r| format!("{}: {}", r.hook_set.name(), r.reason))
+        .collect();
+    bail!(
+        "this kernel offers none of the page-fault hook sets (fentry/fexit or kprobes on \
+         {FAULT_FUNCTION}, or the exceptions:page_fault_user tracepoint with software perf \
+         events); use --fault-hooks off to trace syscalls only.\n{}",
+        reasons.join("\n")
+    )
+}
+
+fn attach_fentry(ebpf: &mut Ebpf, has_function: bool, aya_btf: &aya::Btf) -> Result<Vec<String>> {
+    if !has_function {
+        bail!("{FAULT_FUNCTION} is not a function in this kernel's BTF");
+    }
+    let entry: &mut FEntry = program(ebpf, FENTRY)?.try_into()?;
+    entry
+        .load(FAULT_FUNCTION, aya_btf)
+        .map_err(|e| hook_refused(FENTRY, "fentry", e))?;
+    entry
+        .attach()
+        .map_err(|e| hook_refused(FENTRY, "fentry", e))?;
+    let exit: &mut FExit = program(ebpf, FEXIT)?.try_into()?;
+    exit.load(FAULT_FUNCTION, aya_btf)
+        .map_err(|e| hook_refused(FEXIT, "fexit", e))?;
+    exit.attach().map_err(|e| hook_refused(FEXIT, "fexit", e))?;
+    Ok(vec![
+        format!("fentry/{FAULT_FUNCTION}"),
+        format!("fexit/{FAULT_FUNCTION}"),
+    ])
+}
+
+fn attach_kprobe(ebpf: &mut Ebpf) -> Result<Vec<String>> {
+    for name in [KPROBE, KRETPROBE] {
+        let probe: &mut KProbe = program(ebpf, name)?.try_into()?;
+        probe.load().map_err(|e| hook_refused(name, "kprobe", e))?;
+        probe
+            .attach(FAULT_FUNCTION, 0)
+            .map_err(|e| hook_refused(name, "kprobe", e))?;
+    }
+    Ok(vec![
+        format!("kprobe/{FAULT_FUNCTION}"),
+        format!("kretprobe/{FAULT_FUNCTION}"),
+    ])
+}
+
+fn attach_tracepoints(
+    ebpf: &mut Ebpf,
+    btf: &aya::Btf,
+    options: &FaultOptions,
+    counting: bool,
+) -> Result<Vec<String>> {
+    let mut hooks = Vec::new();
+    if counting {
+        return Ok(vec![
+            "perf counting events software:PAGE_FAULTS_MIN/MAJ on each target thread (no BPF per fault)".into(),
+        ]);
+    }
+    if options.latency {
+        hooks.extend(attach_fault_entry(ebpf, btf, options)?);
+    }
+    let cpus = aya::util::online_cpus().map_err(|(what, e)| anyhow!("{what}: {e}"))?;
+    let (min, maj) =
+        floor_programs(options.bench_floor).map_or((PERF_MIN, PERF_MAJ), |p| (p[2], p[3]));
+    for (name, event, label) in [
+        (min, SoftwareEvent::PageFaultsMin, "PAGE_FAULTS_MIN"),
+        (maj, SoftwareEvent::PageFaultsMaj, "PAGE_FAULTS_MAJ"),
+    ] {
+        let perf: &mut PerfEvent = program(ebpf, name)?.try_into()?;
+        perf.load()
+            .map_err(|e| hook_refused(name, "perf_event", e))?;
+        for &cpu in &cpus {
+            // Period 1: the program runs for every fault. Software events sample the first
+            // overflow of each event unthrottled, so no fault is lost to throttling.
+            perf.attach(
+                PerfEventConfig::Software(event),
+                PerfEventScope::AllProcessesOneCpu { cpu },
+                SamplePolicy::Period(1),
+                false,
+            )
+            .map_err(|e| hook_refused(&format!("{name} on cpu {cpu}"), "perf_event", e))?;
+        }
+        hooks.push(format!("perf_event/software:{label} x{} cpus", cpus.len()));
+    }
+    Ok(hooks)
+}
+
+/// `signal:signal_generate`, where failed faults are counted (every hook set).
+fn attach_signal(ebpf: &mut Ebpf) -> Result<String> {
+    let program: &mut TracePoint = program(ebpf, FAULT_SIGNAL)?.try_into()?;
+    program
+        .load()
+        .map_err(|e| hook_refused(FAULT_SIGNAL, "tracepoint", e))?;
+    program
+        .attach("signal", "signal_generate")
+        .map_err(|e| hook_refused("signal:signal_generate", "tracepoint", e))?;
+    Ok("tracepoint/signal:signal_generate".into())
+}
+
+/// The benchmark's floor programs for the tracepoint set's per-fault hooks, in the order
+/// entry user, entry kernel, perf min, perf maj (see [`BenchFloor`]).
+fn floor_programs(floor: Option<BenchFloor>) -> Option<[&'static str; 4]> {
+    match floor? {
+        BenchFloor::Empty => Some(EMPTY_PROGRAMS),
+        BenchFloor::Clock => Some(CLOCK_PROGRAMS),
+    }
+}
+
+/// The fault-start tracepoints: BTF-typed (tp_btf, cheaper) where the kernel allows it,
+/// else classic.
+fn attach_fault_entry(
+    ebpf: &mut Ebpf,
+    btf: &aya::Btf,
+    options: &FaultOptions,
+) -> Result<Vec<String>> {
+    let btf_attempt = (|| -> Result<Vec<String>> {
+        if options.classic_tracepoints {
+            bail!("--classic-tracepoints");
+        }
+        let mut hooks = Vec::new();
+        let (user, kernel) = floor_programs(options.bench_floor)
+            .map_or((ENTRY_USER_BTF, ENTRY_KERNEL_BTF), |p| (p[0], p[1]));
+        for (name, tp) in [(user, "page_fault_user"), (kernel, "page_fault_kernel")] {
+            let p: &mut BtfTracePoint = program(ebpf, name)?.try_into()?;
+            p.load(tp, btf)
+                .map_err(|e| hook_refused(name, "tp_btf", e))?;
+            p.attach().map_err(|e| hook_refused(name, "tp_btf", e))?;
+            hooks.push(format!("tp_btf/{tp}"));
+        }
+        Ok(hooks)
+    })();
+    if let Ok(hooks) = btf_attempt {
+        return Ok(hooks);
+    }
+    for name in [ENTRY_USER_BTF, ENTRY_KERNEL_BTF] {
+        if let Some(aya::programs::Program::BtfTracePoint(p)) = ebpf.program_mut(name) {
+            let _ = p.unload();
+        }
+    }
+    let entry: &mut TracePoint = program(ebpf, EXCEPTION_ENTRY)?.try_into()?;
+    entry
+        .load()
+        .map_err(|e| hook_refused(EXCEPTION_ENTRY, "tracepoint", e))?;
+    let mut hooks = Vec::new();
+    for tp in ["page_fault_user", "page_fault_kernel"] {
+        entry
+            .attach("exceptions", tp)
+            .map_err(|e| hook_refused(&format!("exceptions:{tp}"), "tracepoint", e))?;
+        hooks.push(format!("tracepoint/exceptions:{tp}"));
+    }
+    Ok(hooks)
+}
+
+/// The populating calls' enter/exit tracepoints: with the tracepoint set they count the
+/// pages populated; with the others they only name the call a populated fault happened in.
+fn attach_populate(ebpf: &mut Ebpf, set: HookSet) -> Result<Vec<String>> {
+    let exit_program = if set == HookSet::Tracepoint {
+        POPULATE_EXIT_COUNTED
+    } else {
+        POPULATE_EXIT
+    };
+    let mut attached = Vec::new();
+    for (index, name) in populate::NAMES.iter().enumerate() {
+        if index == populate::OTHER || populate_nrs()[index] == u32::MAX {
+            continue;
+        }
+        let enter = format!("sys_enter_{name}");
+        let exit = format!("sys_exit_{name}");
+        if !Path::new(TRACEFS)
+            .join("events/syscalls")
+            .join(&enter)
+            .exists()
+        {
+            continue;
+        }
+        for (program_name, tp) in [(POPULATE_ENTER, &enter), (exit_program, &exit)] {
+            let program: &mut TracePoint = program(ebpf, program_name)?.try_into()?;
+            if program.fd().is_err() {
+                program
+                    .load()
+                    .map_err(|e| hook_refused(program_name, "tracepoint", e))?;
+            }
+            program
+                .attach("syscalls", tp)
+                .map_err(|e| hook_refused(tp, "tracepoint", e))?;
+        }
+        attached.push((*name).to_string());
+    }
+    Ok(vec![format!(
+        "tracepoints syscalls:sys_{{enter,exit}}_{{{}}}",
+        attached.join(",")
+    )])
+}
+
+/// Drops whatever a refused hook set managed to load or attach.
+fn unload(ebpf: &mut Ebpf, set: HookSet) {
+    let names: &[&str] = match set {
+        HookSet::Fentry => &[FENTRY, FEXIT],
+        HookSet::Kprobe => &[KPROBE, KRETPROBE],
+        HookSet::Tracepoint => &[
+            EXCEPTION_ENTRY,
+            ENTRY_USER_BTF,
+            ENTRY_KERNEL_BTF,
+            PERF_MIN,
+            PERF_MAJ,
+        ],
+    };
+    for name in names {
+        if let Some(program) = ebpf.program_mut(name) {
+            let _ = match program {
+                aya::programs::Program::FEntry(p) => p.unload(),
+                aya::programs::Program::FExit(p) => p.unload(),
+                aya::programs::Program::KProbe(p) => p.unload(),
+                aya::programs::Program::TracePoint(p) => p.unload(),
+                aya::programs::Program::PerfEvent(p) => p.unload(),
+                aya::programs::Program::BtfTracePoint(p) => p.unload(),
+                _ => Ok(()),
+            };
+        }
+    }
+}

@@ -1,0 +1,153 @@
+//! The page-fault hook family: every fault through `handle_mm_fault`, per process (and
+//! thread), minor or major, taken by the task itself or populated by the kernel on its
+//! behalf inside a call, with latency, mapping and user call stack.
+//!
+//! Loader side, one file per concern: [`sizing`] sets the globals and map sizes before load,
+//! [`attach`] picks the best hook set the kernel allows, [`counting`] is the count-only
+//! mode's perf counters, [`read`] reads the kernel's per-CPU aggregation back, [`summary`]
+//! turns it into per-process figures attributed to mappings, [`stacks`] symbolizes call
+//! stacks, and [`render`] prints them.
+
+pub mod attach;
+pub mod counting;
+pub mod read;
+pub mod render;
+pub mod sizing;
+pub mod stacks;
+pub mod summary;
+
+use anyhow::Result;
+use serde::Serialize;
+
+pub use read::{FaultHealth, FaultReport};
+pub use summary::{FaultSummary, summarize};
+
+use crate::object::{AttachContext, HookFamily};
+
+/// `--fault-hooks`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum HookChoice {
+    /// The best set the kernel allows: fentry, then kprobe, then tracepoint.
+    #[default]
+    Auto,
+    Fentry,
+    Kprobe,
+    Tracepoint,
+    /// Do not trace page faults.
+    Off,
+}
+
+/// A hook set for page faults, best first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HookSet {
+    Fentry,
+    Kprobe,
+    Tracepoint,
+}
+
+impl HookSet {
+    pub const ALL: [HookSet; 3] = [HookSet::Fentry, HookSet::Kprobe, HookSet::Tracepoint];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            HookSet::Fentry => "fentry",
+            HookSet::Kprobe => "kprobe",
+            HookSet::Tracepoint => "tracepoint",
+        }
+    }
+}
+
+/// What the user asked of fault tracing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FaultOptions {
+    pub hooks: HookChoice,
+    /// Time each fault (otherwise counts only, the cheapest mode).
+    pub latency: bool,
+    pub per_thread: bool,
+    /// Stream sampled fault events.
+    pub events: bool,
+    /// Keep one streamed fault in this many.
+    pub sample_every: u32,
+    /// Mappings listed per process.
+    pub top_mappings: usize,
+    /// Count faults per user call stack (`--stacks`).
+    pub stacks: bool,
+    /// Stacks listed per process.
+    pub top_stacks: usize,
+    /// Attach the fault-start tracepoints the classic way even where tp_btf works: how
+    /// bpftrace 0.17 attaches them, for a like-for-like benchmark (hidden
+    /// `--classic-tracepoints`).
+    pub classic_tracepoints: bool,
+    /// The benchmark's floor programs in place of the tracepoint set's per-fault hooks
+    /// (hidden `--bench-floor`).
+    pub bench_floor: Option<BenchFloor>,
+}
+
+/// Programs that attach to the tracepoint set's per-fault hooks (tp_btf start, perf
+/// completion) and do nothing (`empty`) or only read the clock at each end (`clock`): what
+/// the hooks alone cost, and what timing a fault on them cannot go below, the floors under
+/// any tool doing this job, for `cargo xtask bench`. Nothing is counted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum BenchFloor {
+    Empty,
+    Clock,
+}
+
+impl Default for FaultOptions {
+    fn default() -> Self {
+        Self {
+            hooks: HookChoice::Auto,
+            latency: true,
+            per_thread: false,
+            events: false,
+            sample_every: 1,
+            top_mappings: 10,
+            stacks: false,
+            top_stacks: 10,
+            classic_tracepoints: false,
+            bench_floor: None,
+        }
+    }
+}
+
+/// A better hook set the kernel refused, and its reason.
+#[derive(Clone, Debug, Serialize)]
+pub struct Refusal {
+    pub hook_set: HookSet,
+    pub reason: String,
+}
+
+/// The fault hooks in use: named in the text output and the JSON summary.
+#[derive(Clone, Debug, Serialize)]
+pub struct FaultHooks {
+    pub hook_set: HookSet,
+    /// The kernel hooks attached.
+    pub hooks: Vec<String>,
+    /// Better sets tried first and refused.
+    pub refused: Vec<Refusal>,
+    pub latency: bool,
+    /// Faults taken through the exception are counted by counting perf events on the
+    /// targets' threads, not by a BPF program per fault (count-only, specific targets).
+    pub counting: bool,
+    /// Fault classes this hook set cannot observe (reported as null).
+    pub unobserved: Vec<&'static str>,
+}
+
+impl HookFamily for FaultHooks {
+    const NAME: &'static str = "faults";
+    type Options = FaultOptions;
+
+    fn attach(cx: &mut AttachContext<'_>, options: &FaultOptions) -> Result<Self> {
+        attach::attach(cx, options)
+    }
+
+    fn describe(&self) -> String {
+        let mut line = format!("{} ({})", self.hook_set.name(), self.hooks.join(", "));
+        for refusal in &self.refused {
+            let reason = refusal.reason.lines().next().unwrap_or_default();
+            line.push_str(&format!("; {} refused: {reason}", refusal.hook_set.name()));
+        }
+        line
+    }
+}

@@ -1,0 +1,239 @@
+//! Reads the kernel's per-CPU fault aggregation back, summed over CPUs.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    path::Path,
+};
+
+use anyhow::{Context as _, Result, anyhow};
+use aya::{
+    Ebpf,
+    maps::{HashMap, MapData, PerCpuArray, PerCpuHashMap},
+};
+use memlock_trace_common::faults::{
+    FaultEntry, FaultKey, FaultStats, HIST_BUCKETS, Hist, HistKey, RegionKey, RegionSlot,
+    RegionValue, SLOTS, class, fault_counter, names, stat,
+};
+use serde::Serialize;
+
+use super::stacks::StackReport;
+
+/// Everything the kernel aggregated, summed over CPUs.
+#[derive(Clone, Debug, Default)]
+pub struct FaultReport {
+    pub stats: BTreeMap<FaultKey, KeyStats>,
+    pub hists: BTreeMap<HistKey, [u64; HIST_BUCKETS]>,
+    /// Faults per region, per process.
+    pub regions: BTreeMap<u32, Vec<(RegionKey, RegionValue)>>,
+    /// Faults per user call stack (`--stacks`).
+    pub stacks: Option<StackReport>,
+    pub health: FaultHealth,
+}
+
+impl FaultReport {
+    /// Adds the faults counting perf events counted per process (count-only mode).
+    pub fn add_counted(&mut self, counted: BTreeMap<u32, (u64, u64)>) {
+        for (tgid, (minor, major)) in counted {
+            let s = self.stats.entry(FaultKey { tgid, tid: 0 }).or_default();
+            s.counts[stat::USER_MINOR] += minor;
+            s.counts[stat::USER_MAJOR] += major;
+        }
+    }
+}
+
+/// One key's counters, summed over CPUs.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KeyStats {
+    pub counts: [u64; stat::COUNT],
+    pub populated_by: [u64; SLOTS],
+    pub max_ns: [u64; SLOTS],
+    pub comm: String,
+}
+
+/// The fault hooks' own health.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct FaultHealth {
+    /// Processes (threads) whose statistics the bounded LRU map evicted: their counts are
+    /// lost. Non-zero means the map is too small for this machine's process count.
+    pub stats_evicted: u64,
+    pub histograms_evicted: u64,
+    pub regions_evicted: u64,
+    /// Faults not counted because a map update failed.
+    pub update_failed: u64,
+    /// Sampled fault events lost to a full ring buffer.
+    pub events_dropped: u64,
+    /// `--stacks` only: faults whose call stack could not be recorded (stack map bucket
+    /// collision or full, no user stack, count map update failed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stacks_dropped: Option<u64>,
+    /// `--stacks` only: (process, stack) counts the bounded LRU map evicted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stacks_evicted: Option<u64>,
+}
+
+fn comm_of(bytes: &[u8]) -> String {
+    crate::event::comm_str(bytes)
+}
+
+/// Points the fault hooks' single-process fast path at `tgid` (0 turns it off).
+pub fn set_sole_target(ebpf: &mut Ebpf, tgid: u32) -> Result<()> {
+    let map = ebpf
+        .map_mut(names::FAULT_SOLE_TGID)
+        .ok_or_else(|| anyhow!("map {} missing", names::FAULT_SOLE_TGID))?;
+    let mut sole: aya::maps::Array<&mut MapData, u32> = aya::maps::Array::try_from(map)?;
+    sole.set(0, tgid, 0)
+        .with_context(|| format!("setting the fault fast path's target to {tgid}"))
+}
+
+/// The processes that have fault statistics.
+pub fn pids(ebpf: &Ebpf) -> Result<BTreeSet<u32>> {
+    let map = ebpf
+        .map(names::FAULT_STATS)
+        .ok_or_else(|| anyhow!("map {} missing", names::FAULT_STATS))?;
+    let stats: PerCpuHashMap<&MapData, FaultKey, FaultStats> = PerCpuHashMap::try_from(map)?;
+    Ok(stats
+        .keys()
+        .filter_map(Result::ok)
+        .map(|k| k.tgid)
+        .collect())
+}
+
+/// Reads every fault map. Pending region caches are folded into their regions, and faults
+/// still pending in threads that no longer exist are counted as failed.
+/// `sole`: the process the single-process fast path counted for, if it was used.
+pub fn read(ebpf: &Ebpf, per_thread: bool, sole: Option<u32>) -> Result<FaultReport> {
+    let map = |name: &str| ebpf.map(name).ok_or_else(|| anyhow!("map {name} missing"));
+    let mut report = FaultReport::default();
+
+    let stats: PerCpuHashMap<&MapData, FaultKey, FaultStats> =
+        PerCpuHashMap::try_from(map(names::FAULT_STATS)?)?;
+    let mut user_minor: BTreeMap<FaultKey, [u64; HIST_BUCKETS]> = BTreeMap::new();
+    let mut add = |key: FaultKey, values: &[FaultStats]| {
+        let entry = report.stats.entry(key).or_default();
+        for v in values {
+            for (sum, x) in entry.counts.iter_mut().zip(v.counts) {
+                *sum += x;
+            }
+            for (sum, x) in entry.populated_by.iter_mut().zip(v.populated_by) {
+                *sum += x;
+            }
+            for (max, x) in entry.max_ns.iter_mut().zip(v.max_ns) {
+                *max = (*max).max(x);
+            }
+            if entry.comm.is_empty() {
+                entry.comm = comm_of(&v.comm);
+            }
+            if v.user_minor_hist.iter().any(|&n| n > 0) {
+                let hist = user_minor.entry(key).or_insert([0; HIST_BUCKETS]);
+                for (h, &n) in hist.iter_mut().zip(v.user_minor_hist.iter()) {
+                    *h += u64::from(n);
+                }
+            }
+        }
+    };
+    let mut hashed = 0u64;
+    for item in stats.iter() {
+        let Ok((key, values)) = item else { continue };
+        add(key, &values);
+        hashed += 1;
+    }
+    if let Some(tgid) = sole {
+        // The single-process fast path's statistics: the same process's, by another road.
+        let fast: PerCpuArray<&MapData, FaultStats> =
+            PerCpuArray::try_from(map(names::FAULT_SOLE_STATS)?)?;
+        let values = fast.get(&0, 0)?;
+        if values.iter().any(|v| v.comm[0] != 0) {
+            add(FaultKey { tgid, tid: 0 }, &values);
+        }
+    }
+
+    let hists: PerCpuHashMap<&MapData, HistKey, Hist> =
+        PerCpuHashMap::try_from(map(names::FAULT_HIST)?)?;
+    for item in hists.iter() {
+        let Ok((key, values)) = item else { continue };
+        let sum = report.hists.entry(key).or_insert([0; HIST_BUCKETS]);
+        for v in values.iter() {
+            for (s, &c) in sum.iter_mut().zip(v.counts.iter()) {
+                *s += u64::from(c);
+            }
+        }
+    }
+
+    for (key, buckets) in user_minor {
+        let slot = report
+            .hists
+            .entry(HistKey {
+                key,
+                class: class::USER_MINOR,
+                _pad: 0,
+            })
+            .or_insert([0; HIST_BUCKETS]);
+        for (h, n) in slot.iter_mut().zip(buckets) {
+            *h += n;
+        }
+    }
+
+    let regions: PerCpuHashMap<&MapData, RegionKey, RegionValue> =
+        PerCpuHashMap::try_from(map(names::FAULT_REGIONS)?)?;
+    let mut region_sums: BTreeMap<RegionKey, RegionValue> = BTreeMap::new();
+    for item in regions.iter() {
+        let Ok((key, values)) = item else { continue };
+        let sum = region_sums.entry(key).or_default();
+        for v in values.iter() {
+            sum.faults += v.faults;
+            sum.vm_flags |= v.vm_flags;
+        }
+    }
+    let regions_hashed = region_sums.len() as u64;
+    // What the per-CPU runs and region tables hold and have not moved to the hash map yet.
+    for name in [names::FAULT_REGION_RUN, names::FAULT_REGION_SLOTS] {
+        let slots: PerCpuArray<&MapData, RegionSlot> = PerCpuArray::try_from(map(name)?)?;
+        for index in 0..slots.len() {
+            for slot in slots.get(&index, 0)?.iter() {
+                if slot.value.faults > 0 {
+                    let sum = region_sums.entry(slot.key).or_default();
+                    sum.faults += slot.value.faults;
+                    sum.vm_flags |= slot.value.vm_flags;
+                }
+            }
+        }
+    }
+    for (key, value) in region_sums {
+        report
+            .regions
+            .entry(key.tgid)
+            .or_default()
+            .push((key, value));
+    }
+
+    // A fault still pending in a thread that is gone never completed: it failed (the
+    // process died of it, typically).
+    let entries: HashMap<&MapData, u32, FaultEntry> = HashMap::try_from(map(names::FAULT_ENTRY)?)?;
+    for item in entries.iter() {
+        let Ok((tid, entry)) = item else { continue };
+        if entry.pending != 0 && !Path::new(&format!("/proc/{}/task/{tid}", entry.tgid)).exists() {
+            let key = FaultKey {
+                tgid: entry.tgid,
+                tid: if per_thread { tid } else { 0 },
+            };
+            if let Some(s) = report.stats.get_mut(&key) {
+                s.counts[stat::FAILED] += 1;
+            }
+        }
+    }
+
+    let counters: PerCpuArray<&MapData, u64> = PerCpuArray::try_from(map(names::FAULT_COUNTERS)?)?;
+    let sum = |index: u32| -> u64 { counters.get(&index, 0).map(|v| v.iter().sum()).unwrap_or(0) };
+    report.health = FaultHealth {
+        stats_evicted: sum(fault_counter::STATS_INSERTS).saturating_sub(hashed),
+        histograms_evicted: sum(fault_counter::HIST_INSERTS)
+            .saturating_sub(report.hists.len() as u64),
+        regions_evicted: sum(fault_counter::REGION_INSERTS).saturating_sub(regions_hashed),
+        update_failed: sum(fault_counter::UPDATE_FAILED),
+        events_dropped: sum(fault_counter::EVENTS_DROPPED),
+        // Set by the tracer with --stacks.
+        stacks_dropped: None,
+        stacks_evicted: None,
+    };
+    Ok(report)
+}

@@ -1,0 +1,215 @@
+//! Page faults as text and JSON: sampled fault events (`--events`), the hook-set line, and
+//! each process's (or thread's) faults block with its mappings and stacks.
+
+use std::fmt::Write as _;
+
+use memlock_trace_common::faults::fault_flags;
+use serde_json::json;
+
+use super::{FaultHooks, stacks::StackFaults, summary::FaultSummary};
+use crate::{
+    event::FaultRecord,
+    output::{JSON_SCHEMA, duration, or_na},
+};
+
+/// One line per sampled fault for `--events`.
+pub fn fault_line(rec: &FaultRecord) -> String {
+    let r = &rec.raw;
+    let mut line = format!(
+        "{pid:>7}/{tid:<7} {comm:<16} fault {kind} {addr:#x}",
+        pid = r.tgid,
+        tid = r.tid,
+        comm = rec.comm(),
+        kind = rec.kind(),
+        addr = r.address,
+    );
+    if let Some(call) = rec.syscall() {
+        let _ = write!(line, " populated by {call}");
+        if r.count != 1 {
+            let _ = write!(line, " ({} pages)", r.count);
+        }
+    }
+    if let Some(ns) = rec.latency_ns() {
+        let _ = write!(line, "  {}", duration(ns));
+    }
+    if rec.has(fault_flags::RETRIED) {
+        line.push_str("  retried");
+    }
+    match rec.locked() {
+        Some((true, _)) => line.push_str("  VM_LOCKED"),
+        Some((_, true)) => line.push_str("  VM_LOCKONFAULT"),
+        _ => {}
+    }
+    let _ = write!(line, "  cpu {}", r.cpu);
+    line
+}
+
+/// One JSON line per sampled fault for `--events --json`.
+pub fn fault_json(rec: &FaultRecord) -> serde_json::Value {
+    let r = &rec.raw;
+    json!({
+        "type": "fault",
+        "schema": JSON_SCHEMA,
+        "pid": r.tgid,
+        "tid": r.tid,
+        "comm": rec.comm(),
+        "kind": rec.kind(),
+        "address": format!("{:#x}", r.address),
+        "populated": rec.has(fault_flags::POPULATED),
+        "syscall": rec.syscall(),
+        "pages": r.count,
+        "retried": rec.has(fault_flags::RETRIED),
+        "latency_ns": rec.latency_ns(),
+        "vm_locked": rec.locked().map(|(l, _)| l),
+        "vm_lockonfault": rec.locked().map(|(_, f)| f),
+        "cpu": r.cpu,
+        "time_ns": r.time_ns,
+    })
+}
+
+/// The hook set line: which hooks, and why better ones were refused.
+pub fn fault_hooks_text(hooks: &FaultHooks) -> String {
+    let mut out = format!(
+        "page faults traced with {} hooks{}",
+        hooks.hook_set.name(),
+        if hooks.latency { "" } else { " (counts only)" }
+    );
+    for r in &hooks.refused {
+        let reason = r.reason.lines().next().unwrap_or_default();
+        let _ = write!(out, "\n  {} refused: {reason}", r.hook_set.name());
+    }
+    if !hooks.unobserved.is_empty() {
+        let _ = write!(
+            out,
+            "\n  not observable with these hooks: {}",
+            hooks.unobserved.join(", ")
+        );
+    }
+    out.push('\n');
+    out
+}
+
+/// The faults block of one process (or thread), indented.
+pub fn faults_text(out: &mut String, f: &FaultSummary, indent: &str) {
+    let mut populated_by: Vec<String> = f
+        .populated_by
+        .iter()
+        .map(|(c, n)| format!("{c} {n}"))
+        .collect();
+    if populated_by.is_empty() {
+        populated_by.push("-".into());
+    }
+    let _ = writeln!(
+        out,
+        "{indent}page faults: {} minor, {} major = {} user + {} populated ({}); retried {}, failed {}",
+        f.minor,
+        f.major,
+        f.user,
+        f.populated,
+        populated_by.join(", "),
+        or_na(f.retried),
+        or_na(f.failed),
+    );
+    if let (Some(locked), Some(onfault)) = (f.in_locked_vma, f.in_lockonfault_vma) {
+        let _ = writeln!(
+            out,
+            "{indent}  in VM_LOCKED VMAs: {locked}, in VM_LOCKONFAULT VMAs: {onfault}"
+        );
+    }
+    if !f.latency_ns.is_empty() {
+        let _ = writeln!(
+            out,
+            "{indent}  {:<10} {:>9}  {:>9} {:>9} {:>9} {:>9} {:>9}",
+            "latency", "faults", "p50", "p90", "p99", "p99.9", "max"
+        );
+        for (class, l) in &f.latency_ns {
+            let _ = writeln!(
+                out,
+                "{indent}  {:<10} {:>9}  {:>9} {:>9} {:>9} {:>9} {:>9}",
+                class,
+                l.count,
+                duration(l.p50),
+                duration(l.p90),
+                duration(l.p99),
+                duration(l.p99_9),
+                duration(l.max)
+            );
+        }
+        if f.latency_unmatched > 0 {
+            let _ = writeln!(
+                out,
+                "{indent}  ({} faults counted without a latency: start not seen)",
+                f.latency_unmatched
+            );
+        }
+    }
+    if !f.by_mapping.is_empty() {
+        let _ = writeln!(out, "{indent}  {:>9}  {:<14}  mapping", "faults", "locked");
+        for m in &f.by_mapping {
+            let locked = match (m.locked, m.lockonfault) {
+                (Some(true), Some(true)) => "LOCKONFAULT",
+                (Some(true), _) => "VM_LOCKED",
+                (Some(false), _) => "no",
+                (None, _) => "?",
+            };
+            let source = if m.locked_source == "unknown" {
+                ""
+            } else {
+                m.locked_source
+            };
+            let range = if m.end.is_empty() {
+                m.start.clone()
+            } else {
+                format!("{}-{}", m.start, m.end)
+            };
+            let _ = writeln!(
+                out,
+                "{indent}  {:>9}  {:<14}  {} {range}",
+                m.faults,
+                format!("{locked} ({source})").replace(" ()", ""),
+                m.mapping,
+            );
+        }
+    }
+}
+
+/// Frames of a stack shown in the text summary (the JSON has them all).
+const TEXT_FRAMES: usize = 16;
+
+/// `--stacks`: a process's top stacks, innermost frame first.
+pub fn stacks_text(out: &mut String, stacks: &[StackFaults], indent: &str) {
+    let _ = writeln!(
+        out,
+        "{indent}  {:>9}  user call stack (innermost first)",
+        "faults"
+    );
+    if stacks.is_empty() {
+        let _ = writeln!(out, "{indent}  {:>9}  (no stack recorded)", "-");
+    }
+    for stack in stacks {
+        let mut count = stack.faults.to_string();
+        for frame in stack.frames.iter().take(TEXT_FRAMES) {
+            let place = match (&frame.file, frame.line) {
+                (Some(file), Some(line)) => format!("  {file}:{line}"),
+                (Some(file), None) => format!("  {file}"),
+                _ => String::new(),
+            };
+            let inlined = if frame.inlined { " (inlined)" } else { "" };
+            let _ = writeln!(
+                out,
+                "{indent}  {count:>9}  {}{inlined}{place}",
+                frame.symbol
+            );
+            count.clear();
+        }
+        if stack.frames.len() > TEXT_FRAMES {
+            let _ = writeln!(
+                out,
+                "{indent}  {count:>9}  ... {} more frames",
+                stack.frames.len() - TEXT_FRAMES
+            );
+        } else if stack.frames.is_empty() {
+            let _ = writeln!(out, "{indent}  {count:>9}  (stack not found)");
+        }
+    }
+}

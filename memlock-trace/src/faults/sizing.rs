@@ -1,0 +1,137 @@
+//! Before load: the fault family's globals from this kernel's BTF, and its per-CPU maps
+//! sized for this machine.
+
+use anyhow::{Result, anyhow};
+use aya::EbpfLoader;
+use memlock_trace_common::{
+    faults::{
+        FaultConfig, FaultStats, Hist, MAX_FAULT_HISTS, MAX_FAULT_KEYS, MAX_FAULT_REGIONS,
+        MAX_FAULT_STACK_COUNTS, REGION_SLOTS, RegionSlot, RegionValue, StackKey, names, populate,
+    },
+    vma::{VM_LOCKED, VM_LOCKONFAULT},
+};
+
+use super::FaultOptions;
+use crate::probe::btf::KernelBtf;
+
+/// Without a VMA, faults within 64 KiB are counted together (one region-table slot each).
+const REGION_SHIFT: u32 = 16;
+
+/// Slots of the per-CPU region table: [`REGION_SLOTS`], fewer where that would take more
+/// than 8 MiB over all CPUs.
+fn region_slots(cpus: usize) -> u32 {
+    let fit = entries_within(8 << 20, cpus, size_of::<RegionSlot>(), REGION_SLOTS);
+    // A power of two: the programs index with a mask.
+    1 << (31 - fit.leading_zeros())
+}
+
+/// Entries of a per-CPU map with `value`-byte values that fit `budget` bytes over `cpus`
+/// CPUs, between 256 and `most`.
+fn entries_within(budget: usize, cpus: usize, value: usize, most: u32) -> u32 {
+    u32::try_from(budget / (cpus.max(1) * value))
+        .unwrap_or(u32::MAX)
+        .clamp(256, most)
+}
+
+/// This architecture's numbers for the [`populate`] calls.
+pub(super) fn populate_nrs() -> [u32; populate::COUNT] {
+    let mut nrs = [u32::MAX; populate::COUNT];
+    let known: [(usize, libc::c_long); 12] = [
+        (populate::MLOCK, libc::SYS_mlock),
+        (populate::MLOCK2, libc::SYS_mlock2),
+        (populate::MLOCKALL, libc::SYS_mlockall),
+        (populate::MMAP, libc::SYS_mmap),
+        (populate::MREMAP, libc::SYS_mremap),
+        (populate::BRK, libc::SYS_brk),
+        (populate::MADVISE, libc::SYS_madvise),
+        (populate::MPROTECT, libc::SYS_mprotect),
+        (populate::PKEY_MPROTECT, libc::SYS_pkey_mprotect),
+        (populate::REMAP_FILE_PAGES, libc::SYS_remap_file_pages),
+        (populate::EXECVE, libc::SYS_execve),
+        (populate::EXECVEAT, libc::SYS_execveat),
+    ];
+    for (index, nr) in known {
+        nrs[index] = nr as u32;
+    }
+    nrs
+}
+
+/// Possible CPUs: how many values each per-CPU map holds.
+fn possible_cpus() -> Result<usize> {
+    Ok(aya::util::nr_cpus()
+        .map_err(|(what, e)| anyhow!("{what}: {e}"))?
+        .max(1))
+}
+
+/// The `FAULT_CONFIG` global for this kernel: result and flag bits from its BTF.
+pub fn config(btf: &KernelBtf, options: &FaultOptions) -> Result<FaultConfig> {
+    let cpus = possible_cpus()?;
+    let reason = |member: &str| btf.enum_value("vm_fault_reason", member);
+    let error = [
+        "VM_FAULT_OOM",
+        "VM_FAULT_SIGBUS",
+        "VM_FAULT_SIGSEGV",
+        "VM_FAULT_HWPOISON",
+        "VM_FAULT_HWPOISON_LARGE",
+        "VM_FAULT_FALLBACK",
+    ]
+    .iter()
+    .try_fold(0u64, |acc, m| reason(m).map(|v| acc | v))?;
+    Ok(FaultConfig {
+        per_thread: u32::from(options.per_thread),
+        latency: u32::from(options.latency),
+        events: u32::from(options.events),
+        sample_every: options.sample_every.max(1),
+        vm_fault_major: reason("VM_FAULT_MAJOR")? as u32,
+        vm_fault_retry: reason("VM_FAULT_RETRY")? as u32,
+        vm_fault_error: error as u32,
+        fault_flag_tried: btf.enum_value("fault_flag", "FAULT_FLAG_TRIED")? as u32,
+        fault_flag_user: btf.enum_value("fault_flag", "FAULT_FLAG_USER")? as u32,
+        vm_fault_oom: reason("VM_FAULT_OOM")? as u32,
+        nr_cpus: u32::try_from(cpus).unwrap_or(u32::MAX),
+        stacks: u32::from(options.stacks),
+        vm_locked: VM_LOCKED,
+        vm_lockonfault: VM_LOCKONFAULT,
+        vma_vm_flags: btf.field_offset("vm_area_struct", "vm_flags")?,
+        vma_vm_start: btf.field_offset("vm_area_struct", "vm_start")?,
+        region_shift: REGION_SHIFT,
+        region_slots_mask: region_slots(cpus) - 1,
+        populate_nrs: populate_nrs(),
+        _pad2: 0,
+    })
+}
+
+/// Sets the fault globals and sizes the per-CPU maps for this machine before load: an LRU
+/// per-CPU hash preallocates `max_entries` x possible CPUs values.
+pub fn prepare_loader<'a>(loader: &mut EbpfLoader<'a>, config: &'a FaultConfig) -> Result<()> {
+    let cpus = possible_cpus()?;
+    let fit = |budget: usize, value: usize, most: u32| entries_within(budget, cpus, value, most);
+    loader
+        .override_global(names::FAULT_CONFIG, config, true)
+        .map_max_entries(
+            names::FAULT_STATS,
+            fit(8 << 20, size_of::<FaultStats>(), MAX_FAULT_KEYS),
+        )
+        .map_max_entries(
+            names::FAULT_HIST,
+            fit(16 << 20, size_of::<Hist>(), MAX_FAULT_HISTS),
+        )
+        .map_max_entries(names::FAULT_REGION_SLOTS, region_slots(cpus))
+        .map_max_entries(
+            names::FAULT_REGIONS,
+            fit(8 << 20, size_of::<RegionValue>(), MAX_FAULT_REGIONS),
+        );
+    // Each entry preallocates its 520-byte key once (plus ~64 bytes of element) and an
+    // 8-byte count per CPU: 16 MiB is ~28000 entries on 2 CPUs, ~15000 on 64. Without
+    // --stacks none is used, so keep the map at its smallest.
+    let stack_counts = if config.stacks != 0 {
+        let entry = size_of::<StackKey>() + 64 + cpus * size_of::<u64>();
+        u32::try_from((16 << 20) / entry)
+            .unwrap_or(u32::MAX)
+            .clamp(256, MAX_FAULT_STACK_COUNTS)
+    } else {
+        1
+    };
+    loader.map_max_entries(names::FAULT_STACK_COUNTS, stack_counts);
+    Ok(())
+}

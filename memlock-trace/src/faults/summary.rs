@@ -1,0 +1,422 @@
+//! The kernel's aggregation as per-process (and per-thread) figures: counts by class,
+//! latency percentiles from the kernel's buckets, faults attributed to mappings.
+
+use std::collections::{BTreeMap, HashMap as StdHashMap};
+
+use hdrhistogram::Histogram;
+use memlock_trace_common::{
+    faults::{
+        FaultKey, HIST_BUCKETS, HistKey, RegionKey, RegionValue, bucket_range, class, populate,
+        stat,
+    },
+    vma::{VM_LOCKED, VM_LOCKONFAULT},
+};
+use serde::Serialize;
+
+use super::{
+    FaultHooks,
+    read::{FaultReport, KeyStats},
+};
+use crate::{
+    latency::Latency,
+    procfs::{Mapping, MappingCache},
+};
+
+/// Latency of one reported class, from the kernel's log-linear buckets.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct ClassLatency {
+    /// Faults timed.
+    pub count: u64,
+    pub p50: u64,
+    pub p90: u64,
+    pub p99: u64,
+    pub p99_9: u64,
+    /// Exact.
+    pub max: u64,
+}
+
+impl ClassLatency {
+    /// Each bucket's faults are recorded at the bucket's midpoint (so percentiles are good to
+    /// half a bucket, 1/16 of the value); the max is the kernel's exact one.
+    pub fn from_buckets(buckets: &[u64; HIST_BUCKETS], max: u64) -> Option<Self> {
+        let mut h = Histogram::<u64>::new(3).expect("3 significant figures is valid");
+        let mut count = 0;
+        for (b, &n) in buckets.iter().enumerate() {
+            if n == 0 {
+                continue;
+            }
+            let (low, high) = bucket_range(b);
+            let mid = (low + (high - low) / 2).min(max).max(1);
+            // Auto-resizing: recording cannot fail.
+            let _ = h.record_n(mid, n);
+            count += n;
+        }
+        if count == 0 {
+            return None;
+        }
+        let Latency { p50, p90, p99, .. } = Latency::of(&h);
+        let clamp = |v: u64| v.min(max);
+        Some(Self {
+            count,
+            p50: clamp(p50),
+            p90: clamp(p90),
+            p99: clamp(p99),
+            p99_9: clamp(h.value_at_quantile(0.999)),
+            max,
+        })
+    }
+}
+
+/// A mapping's share of a process's faults.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct MappingFaults {
+    /// `[heap]`, `[stack]`, a file path, `anonymous`; `unmapped` when no current mapping holds
+    /// the address any more, `unknown` when the process's mappings could not be read (it
+    /// exited before a snapshot).
+    pub mapping: String,
+    pub start: String,
+    pub end: String,
+    pub faults: u64,
+    /// `VM_LOCKED` / `VM_LOCKONFAULT` of the VMA: as the fault hook saw it (`"vma"`), or from
+    /// `/proc/PID/smaps` when the summary was made (`"smaps"`), or unknown.
+    pub locked: Option<bool>,
+    pub lockonfault: Option<bool>,
+    pub locked_source: &'static str,
+}
+
+/// One process's (or thread's) faults: the `"faults"` object of the JSON summary.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct FaultSummary {
+    /// Completed faults, as the kernel's `min_flt`/`maj_flt` count them.
+    pub minor: u64,
+    pub major: u64,
+    /// Taken through the page-fault exception (user code, or the kernel touching user memory).
+    pub user: u64,
+    /// Populated by the kernel without an exception (mlock, MAP_POPULATE, ...).
+    pub populated: u64,
+    pub retried: Option<u64>,
+    pub failed: Option<u64>,
+    /// Populated pages per system call.
+    pub populated_by: BTreeMap<&'static str, u64>,
+    /// Completed faults in VM_LOCKED / VM_LOCKONFAULT VMAs (hooks that see the VMA).
+    pub in_locked_vma: Option<u64>,
+    pub in_lockonfault_vma: Option<u64>,
+    pub latency_ns: BTreeMap<&'static str, ClassLatency>,
+    /// Faults counted without a latency (their start was not seen).
+    pub latency_unmatched: u64,
+    pub by_mapping: Vec<MappingFaults>,
+    /// `--stacks`: the top user call stacks by faults.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stacks: Option<Vec<crate::faults::stacks::StackFaults>>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub threads: Vec<ThreadFaults>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ThreadFaults {
+    pub tid: u32,
+    pub comm: String,
+    #[serde(flatten)]
+    pub faults: FaultSummary,
+}
+
+/// Reported classes and the kernel classes they merge.
+const LATENCY_CLASSES: [(&str, &[u32]); 6] = [
+    ("minor", &[class::USER_MINOR, class::POPULATED_MINOR]),
+    ("major", &[class::USER_MAJOR, class::POPULATED_MAJOR]),
+    ("user", &[class::USER_MINOR, class::USER_MAJOR]),
+    (
+        "populated",
+        &[class::POPULATED_MINOR, class::POPULATED_MAJOR],
+    ),
+    ("retried", &[class::RETRIED]),
+    ("failed", &[class::FAILED]),
+];
+
+fn summarize_key(
+    report: &FaultReport,
+    key: FaultKey,
+    s: &KeyStats,
+    hooks: &FaultHooks,
+) -> FaultSummary {
+    let c = &s.counts;
+    let observed = |name: &str| !hooks.unobserved.contains(&name);
+    let mut latency_ns = BTreeMap::new();
+    for (name, classes) in LATENCY_CLASSES {
+        let mut merged = [0u64; HIST_BUCKETS];
+        let mut max = 0;
+        for &cls in classes {
+            if let Some(h) = report.hists.get(&HistKey {
+                key,
+                class: cls,
+                _pad: 0,
+            }) {
+                for (m, x) in merged.iter_mut().zip(h) {
+                    *m += x;
+                }
+            }
+            max = max.max(s.max_ns[cls as usize]);
+        }
+        if let Some(l) = ClassLatency::from_buckets(&merged, max) {
+            latency_ns.insert(name, l);
+        }
+    }
+    FaultSummary {
+        minor: c[stat::USER_MINOR] + c[stat::POPULATED_MINOR],
+        major: c[stat::USER_MAJOR] + c[stat::POPULATED_MAJOR],
+        user: c[stat::USER_MINOR] + c[stat::USER_MAJOR],
+        populated: c[stat::POPULATED_MINOR] + c[stat::POPULATED_MAJOR],
+        retried: observed("retried").then_some(c[stat::RETRIED]),
+        failed: observed("failed").then_some(c[stat::FAILED]),
+        populated_by: populate::NAMES
+            .iter()
+            .zip(s.populated_by)
+            .filter(|(_, n)| *n > 0)
+            .map(|(name, n)| (*name, n))
+            .collect(),
+        in_locked_vma: observed("in_locked_vma").then_some(c[stat::IN_LOCKED]),
+        in_lockonfault_vma: observed("in_locked_vma").then_some(c[stat::IN_LOCKONFAULT]),
+        latency_ns,
+        latency_unmatched: c[stat::LATENCY_UNMATCHED],
+        by_mapping: Vec::new(),
+        stacks: None,
+        threads: Vec::new(),
+    }
+}
+
+fn add_counts(into: &mut KeyStats, from: &KeyStats) {
+    for (a, b) in into.counts.iter_mut().zip(from.counts) {
+        *a += b;
+    }
+    for (a, b) in into.populated_by.iter_mut().zip(from.populated_by) {
+        *a += b;
+    }
+    for (a, b) in into.max_ns.iter_mut().zip(from.max_ns) {
+        *a = (*a).max(b);
+    }
+}
+
+/// Per-process summaries (with their threads when the kernel kept them per thread).
+pub fn summarize(
+    report: &FaultReport,
+    hooks: &FaultHooks,
+    mappings: &mut MappingCache,
+    top_mappings: usize,
+) -> BTreeMap<u32, (String, FaultSummary)> {
+    // Fold thread keys into their process; histograms too.
+    let mut processes: BTreeMap<u32, KeyStats> = BTreeMap::new();
+    let mut merged = report.clone();
+    for (key, s) in &report.stats {
+        let p = processes.entry(key.tgid).or_default();
+        add_counts(p, s);
+        if p.comm.is_empty() || key.tid == key.tgid {
+            p.comm.clone_from(&s.comm);
+        }
+        if key.tid != 0 {
+            for cls in 0..class::COUNT as u32 {
+                if let Some(h) = report.hists.get(&HistKey {
+                    key: *key,
+                    class: cls,
+                    _pad: 0,
+                }) {
+                    let total = merged
+                        .hists
+                        .entry(HistKey {
+                            key: FaultKey {
+                                tgid: key.tgid,
+                                tid: 0,
+                            },
+                            class: cls,
+                            _pad: 0,
+                        })
+                        .or_insert([0; HIST_BUCKETS]);
+                    for (t, x) in total.iter_mut().zip(h) {
+                        *t += x;
+                    }
+                }
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    for (&tgid, s) in &processes {
+        let key = FaultKey { tgid, tid: 0 };
+        let mut summary = summarize_key(&merged, key, s, hooks);
+        let comm = mappings.comm(tgid).unwrap_or_else(|| s.comm.clone());
+        summary.by_mapping = by_mapping(
+            report.regions.get(&tgid).map_or(&[][..], Vec::as_slice),
+            mappings.get(tgid),
+            top_mappings,
+        );
+        summary.threads = report
+            .stats
+            .iter()
+            .filter(|(k, _)| k.tgid == tgid && k.tid != 0)
+            .map(|(k, ts)| ThreadFaults {
+                tid: k.tid,
+                comm: ts.comm.clone(),
+                faults: summarize_key(report, *k, ts, hooks),
+            })
+            .collect();
+        out.insert(tgid, (comm, summary));
+    }
+    out
+}
+
+/// Attributes region counts to the process's mappings and returns the top `top` by faults.
+pub fn by_mapping(
+    regions: &[(RegionKey, RegionValue)],
+    maps: Option<&[Mapping]>,
+    top: usize,
+) -> Vec<MappingFaults> {
+    let mut per_mapping: StdHashMap<(u64, u64), MappingFaults> = StdHashMap::new();
+    for (key, value) in regions {
+        // The key is a VMA start or the page of a run's first fault: the mapping that
+        // contains it.
+        let found = maps.and_then(|maps| {
+            maps.iter()
+                .find(|m| m.start <= key.start && key.start < m.end)
+        });
+        let (range, mut entry) = match found {
+            Some(m) => (
+                (m.start, m.end),
+                MappingFaults {
+                    mapping: m.name.clone(),
+                    start: format!("{:#x}", m.start),
+                    end: format!("{:#x}", m.end),
+                    faults: 0,
+                    locked: Some(m.locked),
+                    lockonfault: m.lockonfault,
+                    locked_source: "smaps",
+                },
+            ),
+            None => (
+                (key.start, key.start),
+                MappingFaults {
+                    // Unmapped since (a live process), or the process exited before its
+                    // mappings could be read.
+                    mapping: if maps.is_some() {
+                        "unmapped"
+                    } else {
+                        "unknown"
+                    }
+                    .into(),
+                    start: format!("{:#x}", key.start),
+                    end: String::new(),
+                    faults: 0,
+                    locked: None,
+                    lockonfault: None,
+                    locked_source: "unknown",
+                },
+            ),
+        };
+        if key.exact != 0 {
+            // The hook read the VMA's own flags at fault time: better than a later snapshot.
+            entry.locked = Some(value.vm_flags & VM_LOCKED != 0);
+            entry.lockonfault = Some(value.vm_flags & VM_LOCKONFAULT != 0);
+            entry.locked_source = "vma";
+        }
+        let slot = per_mapping.entry(range).or_insert(entry);
+        slot.faults += value.faults;
+        if key.exact != 0 {
+            slot.locked = Some(slot.locked == Some(true) || value.vm_flags & VM_LOCKED != 0);
+            slot.lockonfault =
+                Some(slot.lockonfault == Some(true) || value.vm_flags & VM_LOCKONFAULT != 0);
+        }
+    }
+    let mut list: Vec<MappingFaults> = per_mapping.into_values().collect();
+    list.sort_by(|a, b| b.faults.cmp(&a.faults).then_with(|| a.start.cmp(&b.start)));
+    list.truncate(top);
+    list
+}
+
+#[cfg(test)]
+mod tests {
+    use memlock_trace_common::faults::bucket_of;
+
+    use super::*;
+
+    #[test]
+    fn latency_from_buckets_is_within_a_bucket() {
+        let mut buckets = [0u64; HIST_BUCKETS];
+        // 1000 faults at 1..=1000 us.
+        for us in 1..=1000u64 {
+            buckets[bucket_of(us * 1000)] += 1;
+        }
+        let l = ClassLatency::from_buckets(&buckets, 1_000_000).unwrap();
+        assert_eq!(l.count, 1000);
+        assert_eq!(l.max, 1_000_000);
+        for (got, want) in [(l.p50, 500_000), (l.p90, 900_000), (l.p99, 990_000)] {
+            assert!(got.abs_diff(want) * 8 <= want, "{got} vs {want}: {l:?}");
+        }
+        assert!(l.p99_9 <= l.max && l.p99_9 >= l.p99);
+        assert_eq!(ClassLatency::from_buckets(&[0; HIST_BUCKETS], 0), None);
+    }
+
+    fn mapping(start: u64, end: u64, name: &str, locked: bool) -> Mapping {
+        Mapping {
+            start,
+            end,
+            offset: 0,
+            name: name.into(),
+            locked,
+            lockonfault: Some(false),
+        }
+    }
+
+    #[test]
+    fn regions_attribute_to_mappings() {
+        let maps = [
+            mapping(0x10000, 0x40000, "[heap]", false),
+            mapping(0x48000, 0x58000, "/lib/x.so", true),
+        ];
+        let region = |start, faults| {
+            let key = RegionKey {
+                tgid: 1,
+                exact: 0,
+                start,
+            };
+            (
+                key,
+                RegionValue {
+                    faults,
+                    vm_flags: 0,
+                },
+            )
+        };
+        let regions = [
+            region(0x10000, 16),
+            region(0x20000, 4),
+            // The page of a run's first fault, inside the library.
+            region(0x49000, 3),
+            region(0x90000, 1),
+        ];
+        let list = by_mapping(&regions, Some(&maps), 10);
+        assert_eq!(list.len(), 3, "{list:?}");
+        assert_eq!((list[0].mapping.as_str(), list[0].faults), ("[heap]", 20));
+        assert_eq!(
+            (list[1].mapping.as_str(), list[1].faults, list[1].locked),
+            ("/lib/x.so", 3, Some(true))
+        );
+        assert_eq!((list[2].mapping.as_str(), list[2].faults), ("unmapped", 1));
+        assert_eq!(by_mapping(&regions, Some(&maps), 1).len(), 1);
+    }
+
+    #[test]
+    fn exact_regions_use_the_vma_flags() {
+        let maps = [mapping(0x10000, 0x40000, "anonymous", false)];
+        let regions = [(
+            RegionKey {
+                tgid: 1,
+                exact: 1,
+                start: 0x10000,
+            },
+            RegionValue {
+                faults: 5,
+                vm_flags: VM_LOCKED | 0x3,
+            },
+        )];
+        let list = by_mapping(&regions, Some(&maps), 10);
+        assert_eq!(list[0].locked, Some(true));
+        assert_eq!(list[0].locked_source, "vma");
+    }
+}

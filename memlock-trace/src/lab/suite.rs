@@ -1,0 +1,248 @@
+//! `memlock-trace suite`: every reference experiment run with the tracer attached, then a
+//! report (markdown, JSON, charts) putting side by side what the workload measured, what
+//! the tracer saw in the kernel, and what the references published.
+//!
+//! The tracer runs as a separate `memlock-trace --json --events` process, system-wide, so it
+//! sees every process a scenario starts (workers, forks, qemu); each scenario's result names
+//! its pids, and the report picks those processes out of the tracer's output.
+
+use std::{
+    collections::BTreeMap,
+    io::{BufRead as _, BufReader, Read as _},
+    path::PathBuf,
+    process::{Child, Command, Stdio},
+    sync::mpsc,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, bail};
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::{Value, json};
+
+use super::{
+    report,
+    workload::scenario::{Scenario, ScenarioArgs},
+};
+
+#[derive(Debug, Args)]
+pub struct SuiteArgs {
+    /// Run only these scenarios (repeatable; default: all).
+    #[arg(long = "scenario", value_name = "NAME")]
+    pub scenarios: Vec<Scenario>,
+    /// Where to write report.md, report.json and the charts.
+    #[arg(long, default_value = "memlock-trace-report")]
+    pub out: PathBuf,
+    /// Tiny sizes: a quick check that every scenario runs and the figures are consistent.
+    #[arg(long)]
+    pub tiny: bool,
+    #[command(flatten)]
+    pub sizes: ScenarioArgs,
+}
+
+/// One scenario's outcome: its own measurements and the tracer's view of its processes.
+pub struct ScenarioRun {
+    pub scenario: Scenario,
+    pub secs: f64,
+    pub own: Value,
+    /// pid -> the tracer's summary of that process (absent if it made no traced call).
+    pub traced: BTreeMap<u32, Value>,
+    /// The tracer's per-call events of the scenario's processes.
+    pub events: Vec<Value>,
+}
+
+pub fn run(args: SuiteArgs) -> Result<()> {
+    let sizes = if args.tiny {
+        ScenarioArgs::tiny()
+    } else {
+        args.sizes.clone()
+    };
+    let scenarios = if args.scenarios.is_empty() {
+        Scenario::ALL.to_vec()
+    } else {
+        args.scenarios.clone()
+    };
+    // Refuse impossible sizes before anything starts.
+    for &s in &scenarios {
+        sizes
+            .check_limits(s)
+            .map_err(|e| crate::UsageError(format!("{e:#}")))?;
+    }
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("creating {}", args.out.display()))?;
+
+    let tracer = TracerProcess::start()?;
+    let bar = ProgressBar::new(scenarios.len() as u64).with_style(
+        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} {msg}")
+            .expect("valid template"),
+    );
+    bar.enable_steady_tick(Duration::from_millis(200));
+    let mut runs = Vec::new();
+    for &scenario in &scenarios {
+        bar.set_message(scenario.name());
+        let start = Instant::now();
+        let own = run_scenario(scenario, &sizes)
+            .with_context(|| format!("scenario {}", scenario.name()))?;
+        runs.push((scenario, start.elapsed().as_secs_f64(), own));
+        bar.inc(1);
+    }
+    bar.finish_with_message("done");
+    let (events, summary) = tracer.stop()?;
+
+    let runs: Vec<ScenarioRun> = runs
+        .into_iter()
+        .map(|(scenario, secs, own)| {
+            let pids: Vec<u32> = collect_pids(&own);
+            let traced = summary["processes"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|p| {
+                    let pid = p["pid"].as_u64()? as u32;
+                    pids.contains(&pid).then(|| (pid, p.clone()))
+                })
+                .collect();
+            let events = events
+                .iter()
+                .filter(|e| {
+                    e["pid"]
+                        .as_u64()
+                        .is_some_and(|pid| pids.contains(&(pid as u32)))
+                })
+                .cloned()
+                .collect();
+            ScenarioRun {
+                scenario,
+                secs,
+                own,
+                traced,
+                events,
+            }
+        })
+        .collect();
+    let health = summary["health"].clone();
+    let written = report::write(&args.out, &runs, &health, args.tiny)?;
+    println!("report: {}", written.markdown.display());
+    for (scenario, verdicts) in &written.verdicts {
+        for v in verdicts {
+            println!("  {scenario:<15} {:<10} {}", v.verdict, v.claim);
+        }
+    }
+    if written.inconsistent > 0 {
+        bail!(
+            "{} tracer/workload consistency checks failed (see the report)",
+            written.inconsistent
+        );
+    }
+    Ok(())
+}
+
+fn run_scenario(scenario: Scenario, sizes: &ScenarioArgs) -> Result<Value> {
+    let out = Command::new(std::env::current_exe()?)
+        .args(["scenario", scenario.name()])
+        .args(sizes.to_args())
+        .stderr(Stdio::inherit())
+        .output()?;
+    if !out.status.success() {
+        bail!("failed ({})", out.status);
+    }
+    serde_json::from_slice(&out.stdout).context("the scenario printed no JSON result")
+}
+
+/// Every `"pids"` array anywhere in a scenario's result.
+fn collect_pids(v: &Value) -> Vec<u32> {
+    let mut pids = Vec::new();
+    match v {
+        Value::Object(map) => {
+            for (k, child) in map {
+                if k == "pids" {
+                    pids.extend(
+                        child
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .filter_map(|p| p.as_u64())
+                            .map(|p| p as u32),
+                    );
+                } else {
+                    pids.extend(collect_pids(child));
+                }
+            }
+        }
+        Value::Array(items) => items.iter().for_each(|i| pids.extend(collect_pids(i))),
+        _ => {}
+    }
+    pids
+}
+
+/// `memlock-trace --json --events`, system-wide, in the background.
+struct TracerProcess {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+}
+
+impl TracerProcess {
+    fn start() -> Result<Self> {
+        let mut child = Command::new(std::env::current_exe()?)
+            // Syscall events only: streaming every fault of the machine would load it.
+            .args(["--json", "--events=syscalls"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("starting the tracer")?;
+        // Ready once it says what it traces (programs attached).
+        let mut stderr = BufReader::new(child.stderr.take().expect("piped"));
+        let mut said = String::new();
+        loop {
+            let mut line = String::new();
+            if stderr.read_line(&mut line)? == 0 {
+                let _ = child.wait();
+                bail!("the tracer did not start: {}", said.trim());
+            }
+            said.push_str(&line);
+            if line.starts_with("memlock-trace: tracing") {
+                break;
+            }
+        }
+        std::thread::spawn(move || {
+            let mut rest = String::new();
+            let _ = stderr.read_to_string(&mut rest);
+        });
+        let (tx, lines) = mpsc::channel();
+        let stdout = child.stdout.take().expect("piped");
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(Self { child, lines })
+    }
+
+    /// SIGINT, then the events and the final summary.
+    fn stop(mut self) -> Result<(Vec<Value>, Value)> {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        let status = self.child.wait()?;
+        if !status.success() {
+            bail!("the tracer exited with {status}");
+        }
+        let mut events = Vec::new();
+        let mut summary = Value::Null;
+        // The reader thread ends at EOF, after the tracer's last line.
+        for line in self.lines.iter() {
+            let v: Value =
+                serde_json::from_str(&line).with_context(|| format!("tracer output: {line}"))?;
+            match v["type"].as_str() {
+                Some("summary") => summary = v,
+                Some("syscall") => events.push(v),
+                _ => {}
+            }
+        }
+        if summary.is_null() {
+            bail!("the tracer printed no summary");
+        }
+        Ok((events, json!(summary)))
+    }
+}

@@ -1,0 +1,206 @@
+//! The loaded eBPF object, and what every hook family attaches through: one signature
+//! ([`HookFamily::attach`] with an [`AttachContext`]), and one way of turning the kernel's
+//! refusal into a message that names the program, the kernel's reason and the fix.
+
+use std::fmt::Write as _;
+
+use anyhow::{Context as _, Result, anyhow};
+use aya::{
+    Btf, Ebpf, EbpfLoader,
+    programs::{Program, ProgramError, TracePoint},
+};
+use memlock_trace_common::{Config, names};
+
+use crate::probe::btf::KernelBtf;
+
+/// The eBPF object built by `build.rs`, embedded so the binary is self-contained.
+static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/memlock-trace"));
+
+/// Creates the object's maps with `config` baked into its read-only `CONFIG` global, after
+/// `prepare` has set the families' globals and map sizes; no program is loaded yet.
+pub fn load<'a>(
+    config: &'a Config,
+    prepare: impl FnOnce(&mut EbpfLoader<'a>) -> Result<()>,
+) -> Result<Ebpf> {
+    let mut loader = EbpfLoader::new();
+    loader.override_global(names::CONFIG, config, true);
+    prepare(&mut loader)?;
+    loader.load(EBPF_OBJECT).context(
+        "creating the eBPF maps failed (is RLIMIT_MEMLOCK too low on a kernel older than 5.11?)",
+    )
+}
+
+/// A hook family (syscalls, faults, VMAs, processes): its programs, attached.
+pub trait HookFamily: Sized {
+    /// The family's name in `probe` and the summary's hook lines.
+    const NAME: &'static str;
+    /// What the user asked of this family.
+    type Options;
+
+    /// Loads and attaches the family's programs, with the best hook set the kernel allows.
+    fn attach(cx: &mut AttachContext<'_>, options: &Self::Options) -> Result<Self>;
+
+    /// The hooks in use, for the user to see.
+    fn describe(&self) -> String;
+}
+
+/// What a family needs to attach: the object, the kernel's BTF, and whether specific
+/// processes are traced (rather than the whole system).
+pub struct AttachContext<'a> {
+    pub ebpf: &'a mut Ebpf,
+    pub btf: &'a KernelBtf,
+    pub specific_targets: bool,
+    /// aya's parse of the kernel BTF, for tp_btf and fentry programs: parsed once, when a
+    /// family first needs it.
+    aya_btf: Option<Btf>,
+}
+
+impl<'a> AttachContext<'a> {
+    pub fn new(ebpf: &'a mut Ebpf, btf: &'a KernelBtf, specific_targets: bool) -> Self {
+        Self {
+            ebpf,
+            btf,
+            specific_targets,
+            aya_btf: None,
+        }
+    }
+
+    /// The object and aya's BTF together (loading a tp_btf or fentry program needs both).
+    pub fn ebpf_and_btf(&mut self) -> Result<(&mut Ebpf, &Btf)> {
+        if self.aya_btf.is_none() {
+            self.aya_btf =
+                Some(Btf::from_sys_fs().context("reading the kernel's BTF for tp_btf/fentry")?);
+        }
+        Ok((self.ebpf, self.aya_btf.as_ref().expect("set above")))
+    }
+
+    /// The named program of the object.
+    pub fn program(&mut self, name: &str) -> Result<&mut Program> {
+        program(self.ebpf, name)
+    }
+
+    /// The named tracepoint program, loaded into the kernel on first use (one program may
+    /// be attached to several tracepoints).
+    pub fn tracepoint(&mut self, name: &str) -> Result<&mut TracePoint> {
+        let program: &mut TracePoint = self.program(name)?.try_into()?;
+        if program.fd().is_err() {
+            program
+                .load()
+                .map_err(|e| hook_refused(name, "tracepoint", e))?;
+        }
+        Ok(program)
+    }
+}
+
+/// The named program of `ebpf`.
+pub fn program<'e>(ebpf: &'e mut Ebpf, name: &str) -> Result<&'e mut Program> {
+    ebpf.program_mut(name)
+        .ok_or_else(|| anyhow!("program {name} missing from the eBPF object"))
+}
+
+/// Turns a refused load or attach into a message naming the program, the kernel's reason
+/// (the last lines of the verifier log) and what to do about it.
+pub fn hook_refused(program: &str, kind: &str, error: ProgramError) -> anyhow::Error {
+    let mut message = format!("the kernel refused {kind} program `{program}`: ");
+    match &error {
+        ProgramError::LoadError {
+            io_error,
+            verifier_log,
+        } => {
+            let log = verifier_log.to_string();
+            let tail: Vec<&str> = log.lines().rev().take(8).collect();
+            let _ = write!(message, "{io_error}");
+            if !tail.is_empty() {
+                let _ = write!(message, "\nverifier log (last lines):");
+                for line in tail.iter().rev() {
+                    let _ = write!(message, "\n    {line}");
+                }
+            }
+        }
+        other => {
+            let _ = write!(message, "{other}");
+            if let Some(source) = std::error::Error::source(other) {
+                let _ = write!(message, ": {source}");
+            }
+        }
+    }
+    let _ = write!(
+        message,
+        "\nrun `memlock-trace probe` to see which hooks this kernel allows{}",
+        if kind == "tracepoint" {
+            "; tracepoints need tracefs mounted at /sys/kernel/tracing"
+        } else {
+            ""
+        }
+    );
+    message.push_str(&perf_paranoid_hint(&message));
+    anyhow!(message)
+}
+
+/// Debian and Ubuntu patch the kernel so that `kernel.perf_event_paranoid` 3 (their default)
+/// refuses `perf_event_open` to everyone without CAP_SYS_ADMIN, CAP_PERFMON included: a
+/// least-privilege tracer then fails with EACCES attaching its first tracepoint. Says so.
+pub fn perf_paranoid_hint(refusal: &str) -> String {
+    let paranoid = std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
+        .ok()
+        .and_then(|v| v.trim().parse::<i32>().ok());
+    match paranoid {
+        Some(level)
+            if level > 2
+                && refusal.contains("perf_event_open")
+                && refusal.contains("os error 13") =>
+        {
+            format!(
+                "\nkernel.perf_event_paranoid is {level}: this kernel then lets only CAP_SYS_ADMIN \
+             open perf events (a Debian/Ubuntu patch; CAP_PERFMON is not enough). Run as root, or \
+             `sysctl kernel.perf_event_paranoid=2` to keep to CAP_BPF + CAP_PERFMON"
+            )
+        }
+        _ => String::new(),
+    }
+}
+
+/// The kernel-internal `ENOTSUPP` (include/linux/errno.h), which strerror does not know: the
+/// trampoline cannot handle this function (e.g. `vma_merge`'s 11 arguments on 6.1).
+const ENOTSUPP: i32 = 524;
+
+/// Whether the kernel refuses fentry as such, rather than this one function (ENOTSUPP for
+/// one function's arguments, EBUSY for one already patched).
+pub fn is_permission_error(error: &ProgramError) -> bool {
+    let errno = match error {
+        ProgramError::LoadError { io_error, .. } => io_error.raw_os_error(),
+        ProgramError::SyscallError(e) => e.io_error.raw_os_error(),
+        _ => None,
+    };
+    matches!(errno, Some(libc::EPERM | libc::EACCES))
+}
+
+/// `io::Error`'s text, naming ENOTSUPP where strerror says "Unknown error 524".
+fn errno_text(error: &std::io::Error) -> String {
+    match error.raw_os_error() {
+        Some(ENOTSUPP) => "ENOTSUPP (524): the trampoline cannot take this function".into(),
+        _ => error.to_string(),
+    }
+}
+
+/// The kernel's reason in one line: the errno, and the verifier's last words if any.
+pub fn refusal_reason(error: &ProgramError) -> String {
+    match error {
+        ProgramError::LoadError {
+            io_error,
+            verifier_log,
+        } => {
+            let log = verifier_log.to_string();
+            match log.lines().rev().find(|l| !l.trim().is_empty()) {
+                Some(last) => format!(
+                    "BPF_PROG_LOAD: {}; verifier: {}",
+                    errno_text(io_error),
+                    last.trim()
+                ),
+                None => format!("BPF_PROG_LOAD: {}", errno_text(io_error)),
+            }
+        }
+        ProgramError::SyscallError(e) => format!("{}: {}", e.call, errno_text(&e.io_error)),
+        other => other.to_string(),
+    }
+}

@@ -1,0 +1,207 @@
+//! The running kernel's BTF: struct field offsets, function signatures and enum values,
+//! so that nothing is tied to one kernel build.
+
+use std::path::Path;
+
+use anyhow::{Context as _, Result, anyhow, bail};
+use btf_rs::{Btf, Type};
+use memlock_trace_common::KernelOffsets;
+
+use super::VMLINUX_BTF;
+
+/// The running kernel's type information.
+pub struct KernelBtf {
+    btf: Btf,
+}
+
+impl KernelBtf {
+    pub fn load() -> Result<Self> {
+        if !Path::new(VMLINUX_BTF).exists() {
+            bail!(
+                "this kernel has no BTF ({VMLINUX_BTF} is missing): memlock-trace needs a kernel \
+                 built with CONFIG_DEBUG_INFO_BTF=y to find struct offsets"
+            );
+        }
+        let btf = Btf::from_file(VMLINUX_BTF).with_context(|| format!("parsing {VMLINUX_BTF}"))?;
+        Ok(Self { btf })
+    }
+
+    /// Byte offset of `field` in `struct name`, looking through anonymous struct/union
+    /// members (e.g. `mm_struct` keeps most fields in an unnamed inner struct).
+    pub fn field_offset(&self, name: &str, field: &str) -> Result<u32> {
+        let types = self
+            .btf
+            .resolve_types_by_name(name)
+            .with_context(|| format!("struct {name} is not in the kernel's BTF"))?;
+        let s = types
+            .iter()
+            .find_map(|t| match t {
+                Type::Struct(s) => Some(s),
+                _ => None,
+            })
+            .ok_or_else(|| anyhow!("{name} is not a struct in the kernel's BTF"))?;
+        self.find_member(s, field)?
+            .ok_or_else(|| anyhow!("struct {name} has no field {field} in this kernel"))
+    }
+
+    fn find_member(&self, s: &btf_rs::Struct, field: &str) -> Result<Option<u32>> {
+        for member in &s.members {
+            let offset = member.bit_offset() / 8;
+            let member_name = self.btf.resolve_name(member).unwrap_or_default();
+            if member_name == field {
+                return Ok(Some(offset));
+            }
+            if member_name.is_empty() {
+                let inner = match self.btf.resolve_chained_type(member)? {
+                    Type::Struct(inner) | Type::Union(inner) => inner,
+                    _ => continue,
+                };
+                if let Some(inner_offset) = self.find_member(&inner, field)? {
+                    return Ok(Some(offset + inner_offset));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// Whether the kernel has a function called `name` (a candidate for fentry/kprobe).
+    pub fn has_function(&self, name: &str) -> bool {
+        self.btf
+            .resolve_types_by_name(name)
+            .is_ok_and(|types| types.iter().any(|t| matches!(t, Type::Func(_))))
+    }
+
+    /// The parameters and return type of kernel function `name`, or `None` if this kernel
+    /// has no such function (or it was inlined everywhere, so BTF does not list it).
+    pub fn function_signature(&self, name: &str) -> Result<Option<Signature>> {
+        let Ok(types) = self.btf.resolve_types_by_name(name) else {
+            return Ok(None);
+        };
+        let Some(func) = types.iter().find_map(|t| match t {
+            Type::Func(f) => Some(f.clone()),
+            _ => None,
+        }) else {
+            return Ok(None);
+        };
+        let Type::FuncProto(proto) = self.btf.resolve_chained_type(&func)? else {
+            bail!("BTF function {name} has no prototype");
+        };
+        let mut params = Vec::new();
+        for param in &proto.parameters {
+            let param_name = self.btf.resolve_name(param).unwrap_or_default();
+            let shape = self.shape(self.btf.resolve_chained_type(param)?)?;
+            params.push((param_name, shape));
+        }
+        let ret = match proto.return_type_id() {
+            0 => TypeShape::Other,
+            id => self.shape(self.btf.resolve_type_by_id(id)?)?,
+        };
+        Ok(Some(Signature { params, ret }))
+    }
+
+    /// What a C type is, for the purposes of reading it: a pointer to a named struct, a
+    /// pointer to such a pointer, or something else.
+    fn shape(&self, t: Type) -> Result<TypeShape> {
+        let Type::Ptr(ptr) = self.strip(t)? else {
+            return Ok(TypeShape::Other);
+        };
+        Ok(match self.strip(self.btf.resolve_chained_type(&ptr)?)? {
+            Type::Struct(s) => TypeShape::PtrTo(self.btf.resolve_name(&s).unwrap_or_default()),
+            Type::Ptr(inner) => match self.strip(self.btf.resolve_chained_type(&inner)?)? {
+                Type::Struct(s) => {
+                    TypeShape::PtrPtrTo(self.btf.resolve_name(&s).unwrap_or_default())
+                }
+                _ => TypeShape::Other,
+            },
+            _ => TypeShape::PtrToOther,
+        })
+    }
+
+    /// Skips typedefs and qualifiers.
+    fn strip(&self, mut t: Type) -> Result<Type> {
+        loop {
+            t = match &t {
+                Type::Typedef(x) => self.btf.resolve_chained_type(x)?,
+                Type::Const(x) | Type::Volatile(x) | Type::Restrict(x) => {
+                    self.btf.resolve_chained_type(x)?
+                }
+                Type::TypeTag(x) => self.btf.resolve_chained_type(x)?,
+                _ => return Ok(t),
+            };
+        }
+    }
+
+    /// Value of `member` of `enum name` (e.g. `VM_FAULT_MAJOR` of `vm_fault_reason`).
+    pub fn enum_value(&self, name: &str, member: &str) -> Result<u64> {
+        let types = self
+            .btf
+            .resolve_types_by_name(name)
+            .with_context(|| format!("enum {name} is not in the kernel's BTF"))?;
+        for t in &types {
+            match t {
+                Type::Enum(e) => {
+                    for m in &e.members {
+                        if self.btf.resolve_name(m).is_ok_and(|n| n == member) {
+                            return Ok(u64::from(m.val()));
+                        }
+                    }
+                }
+                Type::Enum64(e) => {
+                    for m in &e.members {
+                        if self.btf.resolve_name(m).is_ok_and(|n| n == member) {
+                            return Ok(m.val());
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        bail!("enum {name} has no member {member} in this kernel")
+    }
+
+    pub fn offsets(&self) -> Result<KernelOffsets> {
+        Ok(KernelOffsets {
+            task_mm: self.field_offset("task_struct", "mm")?,
+            task_min_flt: self.field_offset("task_struct", "min_flt")?,
+            task_maj_flt: self.field_offset("task_struct", "maj_flt")?,
+            mm_locked_vm: self.field_offset("mm_struct", "locked_vm")?,
+            mm_map_count: self.field_offset("mm_struct", "map_count")?,
+            _pad: 0,
+        })
+    }
+}
+
+/// A kernel function's parameters (name, shape) and return type, from BTF.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Signature {
+    pub params: Vec<(String, TypeShape)>,
+    pub ret: TypeShape,
+}
+
+/// How to read a value of some C type.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TypeShape {
+    /// `struct NAME *`
+    PtrTo(String),
+    /// `struct NAME **`
+    PtrPtrTo(String),
+    /// A pointer to anything else (`unsigned long *`, ...).
+    PtrToOther,
+    /// Integers, enums, `void`, ...
+    Other,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn offsets_resolve_from_running_kernel() {
+        let btf = KernelBtf::load().expect("kernel BTF");
+        let off = btf.offsets().expect("offsets");
+        // min_flt and maj_flt are adjacent `unsigned long`s in task_struct.
+        assert_eq!(off.task_maj_flt, off.task_min_flt + 8, "{off:?}");
+        assert!(off.mm_locked_vm > 0 && off.mm_map_count > 0, "{off:?}");
+        assert!(btf.field_offset("task_struct", "no_such_field").is_err());
+    }
+}

@@ -1,0 +1,79 @@
+//! What the running kernel offers: BTF ([`btf`]), privileges, tracefs, and which hook
+//! kinds it allows ([`capabilities`]).
+//!
+//! Everything here runs before any program is loaded, so that a missing piece is reported
+//! as one clear sentence naming the fix instead of a verifier dump.
+
+pub mod btf;
+pub mod capabilities;
+
+use std::{fs, path::Path};
+
+use anyhow::{Context as _, Result, anyhow, bail};
+
+pub use btf::KernelBtf;
+pub use capabilities::{Capability, capabilities};
+
+pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
+pub const TRACEFS: &str = "/sys/kernel/tracing";
+
+const CAP_SYS_ADMIN: u32 = 21;
+const CAP_PERFMON: u32 = 38;
+const CAP_BPF: u32 = 39;
+
+/// Fails unless this process may load tracing programs: root, or CAP_BPF + CAP_PERFMON
+/// (CAP_SYS_ADMIN implies both on older kernels).
+pub fn check_privileges() -> Result<()> {
+    let status = fs::read_to_string("/proc/self/status").context("reading /proc/self/status")?;
+    let cap_eff = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        .ok_or_else(|| anyhow!("no CapEff line in /proc/self/status"))?;
+    let has = |cap: u32| cap_eff & (1 << cap) != 0;
+    if has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON)) {
+        return Ok(());
+    }
+    let missing: Vec<&str> = [(CAP_BPF, "CAP_BPF"), (CAP_PERFMON, "CAP_PERFMON")]
+        .into_iter()
+        .filter(|(cap, _)| !has(*cap))
+        .map(|(_, name)| name)
+        .collect();
+    bail!(
+        "missing capabilities {}: run memlock-trace as root, or grant them with \
+         `sudo setcap cap_bpf,cap_perfmon+ep $(which memlock-trace)`",
+        missing.join(" and ")
+    )
+}
+
+/// Mounts tracefs if it is not mounted yet (a fresh machine has it unmounted, and aya reads
+/// tracepoint ids from it).
+pub fn ensure_tracefs() -> Result<()> {
+    match fs::metadata(Path::new(TRACEFS).join("events")) {
+        Ok(_) => return Ok(()),
+        // Mounted, but mode 0700: without root, reading tracepoint ids needs the capability.
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => bail!(
+            "cannot read tracefs at {TRACEFS} (mode 0700): run memlock-trace as root or grant \
+             CAP_DAC_READ_SEARCH too (`setcap cap_bpf,cap_perfmon,cap_dac_read_search+ep`), \
+             which it needs to read tracepoint ids"
+        ),
+        Err(_) => {}
+    }
+    nix::mount::mount(
+        Some("tracefs"),
+        TRACEFS,
+        Some("tracefs"),
+        nix::mount::MsFlags::empty(),
+        None::<&str>,
+    )
+    .with_context(|| {
+        format!("tracefs is not mounted and mounting it failed: run `mount -t tracefs tracefs {TRACEFS}`")
+    })
+}
+
+/// `uname -r`.
+pub fn kernel_release() -> String {
+    nix::sys::utsname::uname()
+        .map(|u| u.release().to_string_lossy().into_owned())
+        .unwrap_or_else(|_| "unknown".into())
+}

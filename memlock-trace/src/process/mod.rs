@@ -1,0 +1,27 @@
+//! Which processes are traced: the target set and its filters ([`filters`]), commands
+//! launched under the tracer ([`launch`]), and the bounded per-process table that keeps a
+//! long session's footprint fixed ([`table`]).
+
+pub mod filters;
+pub mod launch;
+pub mod table;
+
+pub use filters::{Cgroup, Filters, ProcessHealth, ProcessHooks};
+pub use table::{DEFAULT_MAX_PROCESSES, ProcessTable};
+
+/// Which processes to trace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Targets {
+    /// Every process on the system.
+    All,
+    /// Only these thread groups (and ones added later with
+    /// [`crate::tracer::Tracer::add_target`]).
+    Tgids(Vec<u32>),
+}
+
+impl Targets {
+    /// Specific processes, rather than the whole system.
+    pub fn specific(&self) -> bool {
+        matches!(self, Targets::Tgids(_))
+    }
+}

@@ -1,0 +1,261 @@
+//! One tracing session: validate the request, load, launch, run the event loop until the
+//! command exits, the duration is over, the targets exit or a signal arrives, then print
+//! the summary.
+
+use std::{
+    os::fd::{FromRawFd as _, OwnedFd},
+    path::Path,
+    time::Duration,
+};
+
+use anyhow::{Context as _, Result};
+use tokio::{
+    io::unix::AsyncFd,
+    signal::unix::{SignalKind, signal},
+};
+
+use self::{
+    output::{Output, VmaOutput},
+    production::Production,
+};
+use crate::{
+    UsageError,
+    cli::TraceArgs,
+    faults::stacks::StackSymbolizer,
+    process::{Targets, launch},
+    procfs::MappingCache,
+    syscalls::Aggregator,
+    tracer::{Options, Tracer},
+};
+
+mod output;
+mod production;
+pub mod summary;
+
+/// How often the mappings of traced processes are re-read, so that a process that exits is
+/// still attributed with recent mappings.
+const MAPPINGS_REFRESH: Duration = Duration::from_millis(250);
+
+/// Why tracing stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    CommandExited(i32),
+    TargetsExited,
+    DurationOver,
+    Signal(&'static str),
+}
+
+/// Runs `memlock-trace [OPTIONS] [-- COMMAND]`; returns the process exit code (the launched
+/// command's, when there is one).
+pub fn run(args: TraceArgs) -> Result<i32> {
+    for &pid in &args.pids {
+        if pid == 0 || !Path::new(&format!("/proc/{pid}")).exists() {
+            return Err(UsageError(format!("no process with pid {pid}")).into());
+        }
+    }
+    let targets = if args.pids.is_empty() && args.command.is_empty() {
+        Targets::All
+    } else {
+        Targets::Tgids(args.pids.clone())
+    };
+    let production = Production::setup(&args)?;
+    let options = Options {
+        all_vma_stores: args.all_vma_changes,
+        filters: production.filters.clone(),
+        faults: args.fault_options(),
+        ..Options::default()
+    };
+    let mut tracer = Tracer::load_with(&targets, &options)?;
+    // Fork before the runtime starts any thread; the child waits until it is in the filter.
+    let launched = match args.command.first() {
+        Some(program) => {
+            let held = launch::spawn_held(&args.command)?;
+            tracer.add_target(held.pid)?;
+            Some(
+                held.release(program)
+                    .map_err(|e| UsageError(format!("{e:#}")))?,
+            )
+        }
+        None => None,
+    };
+    for (family, hooks) in &tracer.hooks {
+        eprintln!("memlock-trace: {family}: {hooks}");
+    }
+    let mut described = describe_targets(&args, launched);
+    for filter in production.filters.describe() {
+        described = format!("{described}, {filter}");
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?;
+    runtime.block_on(event_loop(tracer, args, launched, production, described))
+}
+
+fn targets_are_specific(args: &TraceArgs) -> bool {
+    !args.pids.is_empty() || !args.command.is_empty()
+}
+
+fn describe_targets(args: &TraceArgs, launched: Option<u32>) -> String {
+    let mut parts: Vec<String> = args.pids.iter().map(|p| format!("pid {p}")).collect();
+    if let (Some(pid), Some(cmd)) = (launched, args.command.first()) {
+        parts.push(format!("`{cmd}` (pid {pid})"));
+    }
+    if parts.is_empty() {
+        "all processes (Ctrl-C to stop)".into()
+    } else {
+        parts.join(", ")
+    }
+}
+
+async fn event_loop(
+    mut tracer: Tracer,
+    args: TraceArgs,
+    launched: Option<u32>,
+    production: Production,
+    described: String,
+) -> Result<i32> {
+    // Handlers first, then the "tracing" line: a Ctrl-C from then on always gets a summary.
+    let sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    eprintln!("memlock-trace: tracing {described}");
+    // SAFETY: the ring buffer owns its fd for as long as the AsyncFd holds it.
+    let mut ring = unsafe { AsyncFd::register(tracer.take_events()?) }
+        .map_err(std::io::Error::from)
+        .context("polling the ring buffer")?;
+    // Fault events have their own ring, so a storm of faults cannot crowd out syscall events.
+    let mut fault_ring = match tracer.take_fault_events()? {
+        // SAFETY: as above.
+        Some(r) => Some(
+            unsafe { AsyncFd::register(r) }
+                .map_err(std::io::Error::from)
+                .context("polling the fault event ring buffer")?,
+        ),
+        None => None,
+    };
+    let mut output = Output {
+        json: args.json,
+        syscall_events: args.syscall_events(),
+        fault_events: args.fault_events(),
+        aggregator: Aggregator::with_max_processes(production.max_processes),
+        undecodable: 0,
+        metrics: production.metrics.clone(),
+        vma: VmaOutput {
+            hooks: tracer.vma.clone(),
+            ..VmaOutput::default()
+        },
+        mappings: MappingCache::default(),
+        top_mappings: args.top_mappings,
+        top_stacks: args.stacks_top,
+        symbolizer: StackSymbolizer::default(),
+    };
+    // The kernel's loss counters change without any event arriving: refresh them for scrapes.
+    let mut health_ticker = tokio::time::interval(Duration::from_secs(1));
+    // Small batches do not wake us (`EVENTS_WAKEUP_BYTES`): drain on a timer as well.
+    let mut drain_ticker = tokio::time::interval(Duration::from_millis(
+        memlock_trace_common::DRAIN_INTERVAL_MS,
+    ));
+    // System-wide, re-reading every process's smaps each second would cost more than it
+    // tells: mappings are then read when a summary is printed.
+    let follow_mappings = targets_are_specific(&args) && tracer.fault_hooks.is_some();
+    let mut mapping_ticker = tokio::time::interval(MAPPINGS_REFRESH);
+    let stop = wait_for_stop(&args, launched, sigint, sigterm);
+    tokio::pin!(stop);
+    let mut ticker = args
+        .interval
+        .map(|secs| tokio::time::interval(Duration::from_secs_f64(secs)));
+    if let Some(t) = ticker.as_mut() {
+        t.tick().await; // the first tick is immediate
+    }
+    let reason = loop {
+        tokio::select! {
+            guard = ring.readable_mut() => {
+                let mut guard = guard.context("polling the ring buffer")?;
+                output.drain(guard.get_inner_mut());
+                guard.clear_ready();
+            }
+            guard = async { fault_ring.as_mut().expect("guarded").readable_mut().await }, if fault_ring.is_some() => {
+                let mut guard = guard.context("polling the fault event ring buffer")?;
+                output.drain(guard.get_inner_mut());
+                guard.clear_ready();
+            }
+            _ = async { ticker.as_mut().expect("guarded").tick().await }, if ticker.is_some() => {
+                output.summary(&tracer, "interval")?;
+            }
+            _ = health_ticker.tick(), if output.metrics.is_some() => output.update_health(&tracer)?,
+            _ = drain_ticker.tick() => output.drain(ring.get_mut()),
+            _ = mapping_ticker.tick(), if follow_mappings => {
+                output.refresh_mappings(&tracer, MAPPINGS_REFRESH);
+            }
+            reason = &mut stop => break reason?,
+        }
+    };
+    // Everything the kernel submitted before we stopped is still in the ring: read it all.
+    output.drain(ring.get_mut());
+    if let Some(fault_ring) = fault_ring.as_mut() {
+        output.drain(fault_ring.get_mut());
+    }
+    if let Stop::Signal(name) = reason {
+        eprintln!("memlock-trace: stopped by {name}");
+    }
+    output.summary(&tracer, "summary")?;
+    if output.undecodable > 0 {
+        eprintln!(
+            "memlock-trace: warning: {} ring buffer records could not be decoded",
+            output.undecodable
+        );
+    }
+    Ok(match reason {
+        Stop::CommandExited(code) => code,
+        _ => 0,
+    })
+}
+
+async fn wait_for_stop(
+    args: &TraceArgs,
+    launched: Option<u32>,
+    mut sigint: tokio::signal::unix::Signal,
+    mut sigterm: tokio::signal::unix::Signal,
+) -> Result<Stop> {
+    let duration = args.duration.map(Duration::from_secs_f64);
+    let command = async {
+        match launched {
+            Some(pid) => tokio::task::spawn_blocking(move || launch::wait_exit(pid)).await?,
+            None => std::future::pending().await,
+        }
+    };
+    let pids = args.pids.clone();
+    let targets = async move {
+        if pids.is_empty() {
+            return std::future::pending().await;
+        }
+        for pid in pids {
+            wait_pid_exit(pid).await?;
+        }
+        anyhow::Ok(())
+    };
+    tokio::select! {
+        _ = sigint.recv() => Ok(Stop::Signal("SIGINT")),
+        _ = sigterm.recv() => Ok(Stop::Signal("SIGTERM")),
+        _ = async { tokio::time::sleep(duration.expect("guarded")).await }, if duration.is_some() => Ok(Stop::DurationOver),
+        code = command => Ok(Stop::CommandExited(code?)),
+        done = targets => done.map(|()| Stop::TargetsExited),
+    }
+}
+
+/// Resolves when process `pid` (not necessarily our child) exits, through a pidfd.
+async fn wait_pid_exit(pid: u32) -> Result<()> {
+    // SAFETY: plain syscall; the returned fd is owned by us.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+    if fd < 0 {
+        // ESRCH: it is already gone.
+        return Ok(());
+    }
+    let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    // SAFETY: the OwnedFd stays open for the AsyncFd's lifetime.
+    let fd = unsafe { AsyncFd::register(fd) }
+        .map_err(std::io::Error::from)
+        .context("polling a pidfd")?;
+    let _ = fd.readable().await?;
+    Ok(())
+}

@@ -1,0 +1,94 @@
+//! Syscall events as text lines and JSON (`--events`), and the per-process syscall table.
+
+use std::{collections::BTreeMap, fmt::Write as _};
+
+use serde_json::json;
+
+use super::stats::SyscallSummary;
+use crate::{
+    event::{SyscallRecord, errno_name},
+    output::{JSON_SCHEMA, duration},
+};
+
+/// One line per call for `--events`.
+pub fn syscall_line(rec: &SyscallRecord) -> String {
+    let r = &rec.raw;
+    let result = match errno_name(r.ret) {
+        Some(errno) => format!("-1 {errno}"),
+        None => r.ret.to_string(),
+    };
+    format!(
+        "{pid:>7}/{tid:<7} {comm:<16} {call} = {result}  {lat}  populated {pop} pages, locked_vm {locked:+} pages, VMAs {vb} -> {va}",
+        pid = r.tgid,
+        tid = r.tid,
+        comm = rec.comm(),
+        call = rec.syscall.describe(r.args),
+        lat = duration(r.duration_ns),
+        pop = rec.pages_populated(),
+        locked = rec.pages_locked(),
+        vb = r.map_count_before,
+        va = r.map_count_after,
+    )
+}
+
+/// One JSON line per call for `--events --json`.
+pub fn syscall_json(rec: &SyscallRecord) -> serde_json::Value {
+    let r = &rec.raw;
+    json!({
+        "type": "syscall",
+        "schema": JSON_SCHEMA,
+        "pid": r.tgid,
+        "tid": r.tid,
+        "comm": rec.comm(),
+        "syscall": rec.syscall.name(),
+        "args": rec.syscall.describe(r.args),
+        "raw_args": r.args,
+        "ret": r.ret,
+        "errno": errno_name(r.ret),
+        "latency_ns": r.duration_ns,
+        "pages_populated": rec.pages_populated(),
+        "min_flt": r.min_flt,
+        "maj_flt": r.maj_flt,
+        "pages_locked": rec.pages_locked(),
+        "locked_vm_before": r.locked_vm_before,
+        "locked_vm_after": r.locked_vm_after,
+        "map_count_before": r.map_count_before,
+        "map_count_after": r.map_count_after,
+    })
+}
+
+/// One process's syscall table, indented under its `pid` line.
+pub fn table(out: &mut String, syscalls: &BTreeMap<&'static str, SyscallSummary>) {
+    if syscalls.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "  {:<11} {:>7}  {:>9} {:>9} {:>9} {:>9}  {:>10} {:>10}  errors",
+        "syscall", "calls", "p50", "p90", "p99", "max", "populated", "locked"
+    );
+    for (name, s) in syscalls {
+        let errors = if s.errors.is_empty() {
+            "-".to_string()
+        } else {
+            s.errors
+                .iter()
+                .map(|(e, n)| format!("{e} x{n}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let _ = writeln!(
+            out,
+            "  {:<11} {:>7}  {:>9} {:>9} {:>9} {:>9}  {:>10} {:>+10}  {}",
+            name,
+            s.count,
+            duration(s.latency_ns.p50),
+            duration(s.latency_ns.p90),
+            duration(s.latency_ns.p99),
+            duration(s.latency_ns.max),
+            s.pages_populated,
+            s.pages_locked,
+            errors
+        );
+    }
+}

@@ -1,0 +1,130 @@
+//! Per-process, per-syscall statistics.
+//!
+//! Syscall events are rare (one per call), so every latency is recorded exactly in an
+//! HdrHistogram here in user space.
+
+use std::collections::BTreeMap;
+
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+use crate::{
+    event::{Syscall, SyscallRecord, errno_name},
+    latency::{Latency, histogram, record_latency},
+    process::ProcessTable,
+};
+
+/// Per process, keyed by (pid, start time) so a reused pid never mixes two processes.
+#[derive(Default)]
+pub struct Aggregator {
+    processes: ProcessTable<ProcessStats>,
+}
+
+struct ProcessStats {
+    comm: String,
+    syscalls: BTreeMap<Syscall, SyscallStats>,
+}
+
+struct SyscallStats {
+    count: u64,
+    errors: BTreeMap<String, u64>,
+    latency: Histogram<u64>,
+    pages_populated: u64,
+    pages_locked: i64,
+}
+
+impl SyscallStats {
+    fn new() -> Self {
+        Self {
+            count: 0,
+            errors: BTreeMap::new(),
+            latency: histogram(),
+            pages_populated: 0,
+            pages_locked: 0,
+        }
+    }
+}
+
+impl Aggregator {
+    /// Keeps at most `max` processes (`--max-processes`).
+    pub fn with_max_processes(max: usize) -> Self {
+        Self {
+            processes: ProcessTable::with_capacity(max),
+        }
+    }
+
+    pub fn record_syscall(&mut self, rec: &SyscallRecord) {
+        let process = self
+            .processes
+            .get_or_insert_with(rec.process(), || ProcessStats {
+                comm: String::new(),
+                syscalls: BTreeMap::new(),
+            });
+        // The comm of the last event wins: it follows an exec.
+        process.comm = rec.comm();
+        let stats = process
+            .syscalls
+            .entry(rec.syscall)
+            .or_insert_with(SyscallStats::new);
+        stats.count += 1;
+        if let Some(errno) = errno_name(rec.raw.ret) {
+            *stats.errors.entry(errno).or_default() += 1;
+        }
+        record_latency(&mut stats.latency, rec.raw.duration_ns);
+        stats.pages_populated += rec.pages_populated();
+        stats.pages_locked += rec.pages_locked();
+    }
+
+    /// Processes evicted from the table so far (`--max-processes`).
+    pub fn evicted_processes(&self) -> u64 {
+        self.processes.evicted()
+    }
+
+    /// Every process's calls so far.
+    pub fn summaries(&self) -> Vec<ProcessSyscalls> {
+        self.processes
+            .iter()
+            .map(|(key, p)| ProcessSyscalls {
+                pid: key.tgid,
+                start_ns: key.start_ns,
+                comm: p.comm.clone(),
+                syscalls: p
+                    .syscalls
+                    .iter()
+                    .map(|(s, st)| (s.name(), st.summary()))
+                    .collect(),
+            })
+            .collect()
+    }
+}
+
+impl SyscallStats {
+    fn summary(&self) -> SyscallSummary {
+        SyscallSummary {
+            count: self.count,
+            errors: self.errors.clone(),
+            latency_ns: Latency::of(&self.latency),
+            pages_populated: self.pages_populated,
+            pages_locked: self.pages_locked,
+        }
+    }
+}
+
+/// One process's calls, by syscall name.
+#[derive(Clone, Debug)]
+pub struct ProcessSyscalls {
+    pub pid: u32,
+    /// Process start, ns since boot (`/proc/PID/stat` field 22 is this in clock ticks).
+    pub start_ns: u64,
+    pub comm: String,
+    pub syscalls: BTreeMap<&'static str, SyscallSummary>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct SyscallSummary {
+    pub count: u64,
+    pub errors: BTreeMap<String, u64>,
+    pub latency_ns: Latency,
+    pub pages_populated: u64,
+    pub pages_locked: i64,
+}

@@ -1,0 +1,366 @@
+//! Loading the VMA family: snapshots at mlock-family entry and exit, the
+//! `maple_tree:ma_write` tp_btf, and fentry/fexit on whichever of the kernel's
+//! split/merge/modify functions this kernel has and allows.
+
+use std::fmt::Write as _;
+
+use anyhow::{Context as _, Result, anyhow};
+use aya::{
+    Btf, Ebpf,
+    maps::Array,
+    programs::{BtfTracePoint, FEntry, FExit, ProgramError},
+};
+use memlock_trace_common::vma::{
+    FN_SLOTS, HookSpec, MAX_FN_HOOKS, SlotSpec, VMA_HOOKS, VmaConfig, VmaOffsets, slot,
+};
+use serde::Serialize;
+
+use crate::{
+    event::Syscall,
+    object::{AttachContext, HookFamily, hook_refused, is_permission_error, refusal_reason},
+    probe::btf::{KernelBtf, Signature, TypeShape},
+};
+
+/// The kernel functions that split, merge or re-flag VMAs, across versions: 6.1 has
+/// `__split_vma`/`split_vma`/`vma_merge`/`mlock_fixup`; 6.12+ replaced `vma_merge` with
+/// `vma_merge_new_range`/`vma_merge_existing_range`/`commit_merge` and added
+/// `vma_modify_flags`. Whatever this kernel's BTF lists is hooked, in this order.
+pub const CANDIDATES: [&str; 9] = [
+    "mlock_fixup",
+    "vma_modify_flags",
+    "__split_vma",
+    "split_vma",
+    "vma_merge",
+    "vma_merge_new_range",
+    "vma_merge_existing_range",
+    "commit_merge",
+    "vma_expand",
+];
+
+/// The hook set the VMA family uses on this kernel, and why.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct VmaHooks {
+    /// Functions hooked with fentry/fexit; the index is the event's `hook` number.
+    pub functions: Vec<HookedFunction>,
+    /// Why fentry/fexit is not used at all, when the kernel refused it.
+    pub fentry_refused: Option<String>,
+    /// Candidates this kernel's BTF does not have (renamed, removed or inlined).
+    pub missing: Vec<&'static str>,
+    /// Candidates the kernel refused one by one: (function, reason).
+    pub refused: Vec<(String, String)>,
+}
+
+/// One hooked kernel function and what its event slots hold.
+#[derive(Clone, Debug, Serialize)]
+pub struct HookedFunction {
+    pub name: String,
+    /// Parameter names, in order (the event's `args`).
+    pub params: Vec<String>,
+    /// Label of each used event slot, e.g. `vma`, `*prev`, `vmg->middle`, `ret`.
+    pub slots: Vec<String>,
+}
+
+impl HookFamily for VmaHooks {
+    const NAME: &'static str = "vma";
+    type Options = ();
+
+    /// Attaches the VMA family; fails only if the snapshots or `ma_write` cannot be used.
+    fn attach(cx: &mut AttachContext<'_>, (): &()) -> Result<Self> {
+        for syscall in Syscall::ALL {
+            let program = match syscall {
+                Syscall::Mlockall | Syscall::Munlockall => "vma_enter_whole",
+                _ => "vma_enter_range",
+            };
+            let enter = format!("sys_enter_{}", syscall.name());
+            cx.tracepoint(program)?
+                .attach("syscalls", &enter)
+                .map_err(|e| hook_refused(&enter, "tracepoint", e))?;
+            let exit = format!("sys_exit_{}", syscall.name());
+            cx.tracepoint("vma_exit")?
+                .attach("syscalls", &exit)
+                .map_err(|e| hook_refused(&exit, "tracepoint", e))?;
+        }
+
+        let btf = cx.btf;
+        let (ebpf, aya_btf) = cx.ebpf_and_btf()?;
+        let ma_write: &mut BtfTracePoint = ebpf
+            .program_mut("vma_ma_write")
+            .ok_or_else(|| anyhow!("program vma_ma_write missing from the eBPF object"))?
+            .try_into()?;
+        ma_write
+            .load("ma_write", aya_btf)
+            .map_err(|e| hook_refused("vma_ma_write", "tp_btf", e))?;
+        ma_write
+            .attach()
+            .map_err(|e| hook_refused("vma_ma_write", "tp_btf", e))?;
+
+        let mut hooks = VmaHooks::default();
+        attach_functions(ebpf, btf, aya_btf, &mut hooks)?;
+        Ok(hooks)
+    }
+
+    /// One line for the user: which hooks, and why not the others.
+    fn describe(&self) -> String {
+        let mut out = String::new();
+        if !self.functions.is_empty() {
+            let names: Vec<&str> = self.functions.iter().map(|f| f.name.as_str()).collect();
+            let _ = write!(out, "fentry+fexit {} + ", names.join(", "));
+        }
+        out.push_str(
+            "tp_btf maple_tree:ma_write + bpf_find_vma snapshots at mlock-family entry/exit",
+        );
+        if let Some(reason) = &self.fentry_refused {
+            let _ = write!(out, " (fentry refused: {reason})");
+        }
+        for (name, reason) in &self.refused {
+            let _ = write!(out, " ({name} refused: {reason})");
+        }
+        out
+    }
+}
+
+/// The `VMA_CONFIG` global for this kernel.
+pub fn config(btf: &KernelBtf, all_stores: bool) -> Result<VmaConfig> {
+    let mut offsets = VmaOffsets {
+        task_mm: btf.field_offset("task_struct", "mm")?,
+        mm_mt: btf.field_offset("mm_struct", "mm_mt").context(
+            "this kernel keeps VMAs in no maple tree (before 6.1): VMA tracing needs 6.1 or later",
+        )?,
+        vma_start: btf.field_offset("vm_area_struct", "vm_start")?,
+        vma_end: btf.field_offset("vm_area_struct", "vm_end")?,
+        vma_flags: btf.field_offset("vm_area_struct", "vm_flags")?,
+        mas_tree: btf.field_offset("ma_state", "tree")?,
+        mas_index: btf.field_offset("ma_state", "index")?,
+        mas_last: btf.field_offset("ma_state", "last")?,
+        ..VmaConfig::ZERO.offsets
+    };
+    // x86-64 register names; elsewhere the syscall of a store is reported as unknown.
+    let regs = ["orig_ax", "di", "si", "dx", "ax"].map(|f| btf.field_offset("pt_regs", f));
+    if let [Ok(nr), Ok(a0), Ok(a1), Ok(a2), Ok(ax)] = regs {
+        offsets.regs_nr = nr;
+        offsets.regs_arg0 = a0;
+        offsets.regs_arg1 = a1;
+        offsets.regs_arg2 = a2;
+        offsets.regs_ax = ax;
+        offsets.regs_valid = 1;
+    }
+    Ok(VmaConfig {
+        offsets,
+        all_stores: u32::from(all_stores),
+        _pad: 0,
+    })
+}
+
+/// Which event slots to fill for a function with this signature: its VMA arguments, the VMA
+/// behind a `struct vm_area_struct **`, the three VMAs of a `struct vma_merge_struct *`, and a
+/// returned VMA.
+pub fn hook_spec(btf: &KernelBtf, sig: &Signature) -> (HookSpec, Vec<String>) {
+    let mut wanted: Vec<(SlotSpec, String)> = Vec::new();
+    let vma_slot = |source, arg: usize, deref, offset| SlotSpec {
+        source,
+        arg: arg as u8,
+        deref,
+        read_as: slot::AS_VMA,
+        offset,
+    };
+    for (i, (name, shape)) in sig
+        .params
+        .iter()
+        .enumerate()
+        .take(memlock_trace_common::vma::FN_ARGS)
+    {
+        match shape {
+            TypeShape::PtrTo(s) if s == "vm_area_struct" => {
+                wanted.push((vma_slot(slot::ARG, i, 0, 0), name.clone()));
+            }
+            TypeShape::PtrPtrTo(s) if s == "vm_area_struct" => {
+                wanted.push((vma_slot(slot::ARG, i, 1, 0), format!("*{name}")));
+            }
+            TypeShape::PtrTo(s) if s == "vma_merge_struct" => {
+                // `middle` was `vma` before 6.14.
+                for field in ["prev", "middle", "vma", "next"] {
+                    if let Ok(offset) = btf.field_offset("vma_merge_struct", field) {
+                        wanted.push((
+                            vma_slot(slot::ARG, i, 1, offset),
+                            format!("{name}->{field}"),
+                        ));
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    if matches!(&sig.ret, TypeShape::PtrTo(s) if s == "vm_area_struct") {
+        wanted.push((vma_slot(slot::RET, 0, 0, 0), "ret".into()));
+    }
+    let mut spec = HookSpec::default();
+    let mut labels = Vec::new();
+    for (i, (slot_spec, label)) in wanted.into_iter().take(FN_SLOTS).enumerate() {
+        spec.slots[i] = slot_spec;
+        labels.push(label);
+    }
+    (spec, labels)
+}
+
+/// fentry/fexit on each candidate this kernel has, until the kernel says no to
+/// trampolines altogether (then `ma_write` and the snapshots carry on alone).
+fn attach_functions(
+    ebpf: &mut Ebpf,
+    btf: &KernelBtf,
+    aya_btf: &Btf,
+    hooks: &mut VmaHooks,
+) -> Result<()> {
+    // Taken out of the object so the programs can be loaded while we hold it; the
+    // programs referenced its fd when the object was loaded.
+    let mut specs: Array<_, HookSpec> = Array::try_from(
+        ebpf.take_map(VMA_HOOKS)
+            .ok_or_else(|| anyhow!("map {VMA_HOOKS} missing from the eBPF object"))?,
+    )?;
+    let mut found = Vec::new();
+    for name in CANDIDATES {
+        match btf.function_signature(name)? {
+            Some(sig) => found.push((name, sig)),
+            None => hooks.missing.push(name),
+        }
+    }
+    let mut index = 0usize;
+    for (name, sig) in found {
+        if index == MAX_FN_HOOKS {
+            break;
+        }
+        let (spec, slots) = hook_spec(btf, &sig);
+        specs.set(index as u32, spec, 0)?;
+        let entry = format!("vma_fn{index}_entry");
+        let exit = format!("vma_fn{index}_exit");
+        let result = (|| -> Result<(), ProgramError> {
+            let program: &mut FEntry = ebpf
+                .program_mut(&entry)
+                .ok_or(ProgramError::NotLoaded)?
+                .try_into()?;
+            program.load(name, aya_btf)?;
+            program.attach()?;
+            let program: &mut FExit = ebpf
+                .program_mut(&exit)
+                .ok_or(ProgramError::NotLoaded)?
+                .try_into()?;
+            program.load(name, aya_btf)?;
+            program.attach()?;
+            Ok(())
+        })();
+        match result {
+            Ok(()) => {
+                hooks.functions.push(HookedFunction {
+                    name: name.to_string(),
+                    params: sig.params.iter().map(|(n, _)| n.clone()).collect(),
+                    slots,
+                });
+                index += 1;
+            }
+            Err(error) => {
+                let reason = refusal_reason(&error);
+                // Loaded but not attached: give the kernel its memory back.
+                if let Some(Ok(program)) = ebpf.program_mut(&entry).map(<&mut FEntry>::try_from) {
+                    let _ = program.unload();
+                }
+                if let Some(Ok(program)) = ebpf.program_mut(&exit).map(<&mut FExit>::try_from) {
+                    let _ = program.unload();
+                }
+                if hooks.functions.is_empty() && is_permission_error(&error) {
+                    // EPERM on the first: trampolines are forbidden here, not this function.
+                    hooks.fentry_refused = Some(format!("{reason} (fentry on {name})"));
+                    return Ok(());
+                }
+                hooks.refused.push((name.to_string(), reason));
+                // The programs of this index are spoiled (loaded or not): use the next pair.
+                index += 1;
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        process::Targets,
+        tracer::{Options, Tracer},
+    };
+
+    /// 6.1's verifier gives up at 1M processed instructions and explores far more paths than
+    /// this kernel's; a snapshot program near the limit here would fail there.
+    #[test]
+    fn vma_programs_stay_far_below_the_verifier_limit() {
+        let tracer = Tracer::load_with(
+            &Targets::Tgids(Vec::new()),
+            &Options {
+                require_vma: true,
+                ..Options::default()
+            },
+        )
+        .expect("loading the tracer (needs root)");
+        let mut counts = Vec::new();
+        for (name, program) in tracer
+            .ebpf
+            .programs()
+            .filter(|(n, _)| n.starts_with("vma_"))
+        {
+            if let Ok(info) = program.info() {
+                counts.push((
+                    name.to_string(),
+                    info.verified_instruction_count().unwrap_or(0),
+                ));
+            }
+        }
+        eprintln!("verified instructions: {counts:?}");
+        assert!(
+            counts.iter().any(|(n, _)| n == "vma_enter_range"),
+            "{counts:?}"
+        );
+        for (name, count) in &counts {
+            assert!(*count < 20_000, "{name}: {count} instructions verified");
+        }
+    }
+
+    #[test]
+    fn hook_specs_follow_the_running_kernels_signatures() {
+        let btf = KernelBtf::load().expect("kernel BTF");
+        let mut seen = 0;
+        for name in CANDIDATES {
+            let Some(sig) = btf.function_signature(name).expect("BTF") else {
+                continue;
+            };
+            seen += 1;
+            let (spec, labels) = hook_spec(&btf, &sig);
+            let used = spec.slots.iter().filter(|s| s.source != slot::NONE).count();
+            assert_eq!(used, labels.len(), "{name}: {labels:?}");
+            // Every candidate takes or returns a VMA (directly or through vma_merge_struct).
+            assert!(used > 0, "{name} {sig:?}");
+            if name == "__split_vma" {
+                // (vmi, vma, addr, new_below) since 6.3; (mm, vma, addr, new_below) before.
+                let vma_arg = sig
+                    .params
+                    .iter()
+                    .position(|(n, _)| n == "vma")
+                    .expect("vma param");
+                assert_eq!(labels, ["vma"]);
+                assert_eq!(
+                    spec.slots[0],
+                    SlotSpec {
+                        source: slot::ARG,
+                        arg: vma_arg as u8,
+                        deref: 0,
+                        read_as: slot::AS_VMA,
+                        offset: 0
+                    }
+                );
+            }
+        }
+        assert!(seen > 0, "none of {CANDIDATES:?} in this kernel's BTF");
+        assert!(
+            btf.function_signature("no_such_function_xyz")
+                .unwrap()
+                .is_none()
+        );
+    }
+}

@@ -1,0 +1,465 @@
+//! VMA activity as text lines and JSON: the event lines under `--events` and the per-process
+//! split/merge summary.
+
+use std::{collections::BTreeMap, fmt::Write as _};
+
+use memlock_trace_common::vma::{
+    FuncEvent, NR_UNKNOWN, STORE_FN_LEN, StoreEvent, VM_LOCKED, VM_LOCKONFAULT, VmaRange, phase,
+};
+use serde_json::json;
+
+use super::{
+    attach::VmaHooks,
+    diff::{Change, ChangeCounts},
+    tracker::{Activity, VmaCall},
+};
+use crate::{
+    event::{Syscall, comm_str, errno_name},
+    procfs::PAGE_SIZE,
+};
+
+pub fn flags_str(flags: u64) -> String {
+    const VM_READ: u64 = 0x1;
+    const VM_WRITE: u64 = 0x2;
+    const VM_EXEC: u64 = 0x4;
+    const VM_SHARED: u64 = 0x8;
+    let bit = |b: u64, c: char| if flags & b != 0 { c } else { '-' };
+    let mut s: String = [
+        bit(VM_READ, 'r'),
+        bit(VM_WRITE, 'w'),
+        bit(VM_EXEC, 'x'),
+        if flags & VM_SHARED != 0 { 's' } else { 'p' },
+    ]
+    .into_iter()
+    .collect();
+    if flags & VM_LOCKED != 0 {
+        s.push_str(" lo");
+    }
+    if flags & VM_LOCKONFAULT != 0 {
+        s.push_str(" lf");
+    }
+    s
+}
+
+pub fn range_str(v: &VmaRange) -> String {
+    format!("{:x}-{:x} {}", v.start, v.end, flags_str(v.flags))
+}
+
+fn lock_flags_str(flags: u64) -> String {
+    let mut names = Vec::new();
+    if flags & VM_LOCKED != 0 {
+        names.push("VM_LOCKED");
+    }
+    if flags & VM_LOCKONFAULT != 0 {
+        names.push("VM_LOCKONFAULT");
+    }
+    let other = flags & !(VM_LOCKED | VM_LOCKONFAULT);
+    if other != 0 {
+        names.push("other");
+    }
+    let mut s = names.join("|");
+    if other != 0 {
+        let _ = write!(s, "({other:#x})");
+    }
+    s
+}
+
+impl Change {
+    pub fn describe(&self) -> String {
+        match *self {
+            Change::Split { start, end, at } => format!("split {start:x}-{end:x} at {at:x}"),
+            Change::Merge { start, end, at } => format!("merge at {at:x} into {start:x}-{end:x}"),
+            Change::Flags {
+                start,
+                end,
+                set,
+                cleared,
+            } => {
+                let mut s = format!("{start:x}-{end:x} ({} pages)", (end - start) / PAGE_SIZE);
+                if set != 0 {
+                    let _ = write!(s, " +{}", lock_flags_str(set));
+                }
+                if cleared != 0 {
+                    let _ = write!(s, " -{}", lock_flags_str(cleared));
+                }
+                s
+            }
+        }
+    }
+}
+
+/// `mmap(0x7f.., 65536, 0x3)`: a syscall number with its first arguments, for VMA events
+/// outside the mlock family.
+/// outside the mlock family.
+pub fn syscall_str(nr: u32, args: [u64; 3]) -> String {
+    if nr == NR_UNKNOWN {
+        return "(no syscall: page fault or kernel)".into();
+    }
+    if let Some(s) = Syscall::from_nr(nr) {
+        return s.describe(args);
+    }
+    let name = syscall_name(nr).map_or_else(|| format!("syscall {nr}"), str::to_string);
+    format!("{name}({:#x}, {}, {:#x})", args[0], args[1], args[2])
+}
+
+/// Names of the other calls that change VMAs (x86-64 numbers via libc).
+fn syscall_name(nr: u32) -> Option<&'static str> {
+    let nr = i64::from(nr);
+    Some(match nr {
+        n if n == libc::SYS_mmap => "mmap",
+        n if n == libc::SYS_munmap => "munmap",
+        n if n == libc::SYS_mprotect => "mprotect",
+        n if n == libc::SYS_madvise => "madvise",
+        n if n == libc::SYS_mremap => "mremap",
+        n if n == libc::SYS_brk => "brk",
+        n if n == libc::SYS_clone => "clone",
+        n if n == libc::SYS_clone3 => "clone3",
+        n if n == libc::SYS_execve => "execve",
+        n if n == libc::SYS_exit_group => "exit_group",
+        _ => return None,
+    })
+}
+
+pub fn store_func(s: &StoreEvent) -> String {
+    comm_str(&s.func[..STORE_FN_LEN])
+}
+
+fn store_str(s: &StoreEvent) -> String {
+    if s.vma == 0 {
+        // The range is inclusive; an erase can reach the top of the address space.
+        match s.last.checked_add(1) {
+            Some(end) => format!("erase {:x}-{end:x}", s.index),
+            None => format!("erase {:x}-(top)", s.index),
+        }
+    } else {
+        format!("store {}", range_str(&s.range))
+    }
+}
+
+/// `__split_vma(vma=7f..-7f.. rw-p, addr=0x7f.., new_below=0x1)`, with the slot VMAs.
+pub fn function_str(f: &FuncEvent, hooks: Option<&VmaHooks>) -> String {
+    let Some(hooked) = hooks.and_then(|h| h.functions.get(f.hook as usize)) else {
+        return format!("hook {} {:?}", f.hook, f.args);
+    };
+    let mut s = format!(
+        "{}{}(",
+        if f.phase == phase::BEFORE {
+            "-> "
+        } else {
+            "<- "
+        },
+        hooked.name
+    );
+    let mut parts = Vec::new();
+    for (i, label) in hooked.slots.iter().enumerate() {
+        let v = &f.vmas[i];
+        if f.values[i] == 0 || (label == "ret" && f.phase == phase::BEFORE) {
+            continue;
+        }
+        parts.push(format!("{label}={}", range_str(v)));
+    }
+    for (i, name) in hooked.params.iter().enumerate().take(f.args.len()) {
+        if !hooked.slots.iter().any(|l| l == name) && !name.is_empty() {
+            parts.push(format!("{name}={:#x}", f.args[i]));
+        }
+    }
+    s.push_str(&parts.join(", "));
+    s.push(')');
+    if f.phase == phase::AFTER {
+        let _ = write!(s, " = {:#x}", f.ret);
+    }
+    s
+}
+
+impl VmaCall {
+    /// `1 -> 3 VMAs: split .. at ..; 7f..-7f.. (8 pages) +VM_LOCKED`
+    pub fn summary(&self) -> String {
+        let count = |s: &[VmaRange]| s.len();
+        let mut out = format!(
+            "VMAs {} -> {} (map_count {} -> {})",
+            count(&self.before),
+            count(&self.after),
+            self.syscall.raw.map_count_before,
+            self.syscall.raw.map_count_after
+        );
+        if self.changes.is_empty() {
+            out.push_str(": no change");
+        } else {
+            out.push_str(": ");
+            out.push_str(
+                &self
+                    .changes
+                    .iter()
+                    .map(Change::describe)
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            );
+        }
+        if self.incomplete {
+            out.push_str(" (snapshot incomplete)");
+        }
+        out
+    }
+}
+
+/// Lines for `--events`.
+pub fn activity_lines(a: &Activity, hooks: Option<&VmaHooks>) -> Vec<String> {
+    match a {
+        Activity::Call(c) => {
+            let r = &c.syscall.raw;
+            let result = errno_name(r.ret).map_or_else(|| r.ret.to_string(), |e| format!("-1 {e}"));
+            let mut lines = vec![format!(
+                "{:>7}/{:<7} {:<16} {} = {}  {}",
+                r.tgid,
+                r.tid,
+                c.syscall.comm(),
+                c.syscall.syscall.describe(r.args),
+                result,
+                c.summary()
+            )];
+            for s in &c.stores {
+                lines.push(format!(
+                    "{:>16} ma_write {} ({})",
+                    "",
+                    store_str(s),
+                    store_func(s)
+                ));
+            }
+            for f in &c.functions {
+                lines.push(format!("{:>16} {}", "", function_str(f, hooks)));
+            }
+            lines
+        }
+        Activity::Store(s) => vec![format!(
+            "{:>7}/{:<7} {:<16} {}: ma_write {} ({})",
+            s.tgid,
+            s.tid,
+            "",
+            syscall_str(s.nr, s.args),
+            store_str(s),
+            store_func(s)
+        )],
+        Activity::Func(f) => vec![format!(
+            "{:>7}/{:<7} {:<16} {}: {}",
+            f.tgid,
+            f.tid,
+            "",
+            syscall_str(f.nr, [f.args[0], f.args[1], f.args[2]]),
+            function_str(f, hooks)
+        )],
+    }
+}
+
+fn range_json(v: &VmaRange) -> serde_json::Value {
+    json!({"start": v.start, "end": v.end, "flags": v.flags, "perms": flags_str(v.flags)})
+}
+
+/// One JSON line for `--events --json`.
+pub fn activity_json(a: &Activity, hooks: Option<&VmaHooks>) -> serde_json::Value {
+    match a {
+        Activity::Call(c) => {
+            let r = &c.syscall.raw;
+            json!({
+                "type": "vma_call",
+                "schema": crate::output::JSON_SCHEMA,
+                "pid": r.tgid,
+                "tid": r.tid,
+                "comm": c.syscall.comm(),
+                "syscall": c.syscall.syscall.name(),
+                "args": c.syscall.syscall.describe(r.args),
+                "ret": r.ret,
+                "errno": errno_name(r.ret),
+                "map_count_before": r.map_count_before,
+                "map_count_after": r.map_count_after,
+                "before": c.before.iter().map(range_json).collect::<Vec<_>>(),
+                "after": c.after.iter().map(range_json).collect::<Vec<_>>(),
+                "incomplete": c.incomplete,
+                "changes": c.changes,
+                "counts": ChangeCounts::of(&c.changes),
+                "stores": c.stores.iter().map(store_json).collect::<Vec<_>>(),
+                "functions": c.functions.iter().map(|f| function_str(f, hooks)).collect::<Vec<_>>(),
+            })
+        }
+        Activity::Store(s) => store_json(s),
+        Activity::Func(f) => json!({
+            "type": "vma_function",
+            "schema": crate::output::JSON_SCHEMA,
+            "pid": f.tgid,
+            "tid": f.tid,
+            "syscall": syscall_str(f.nr, [f.args[0], f.args[1], f.args[2]]),
+            "call": function_str(f, hooks),
+        }),
+    }
+}
+
+fn store_json(s: &StoreEvent) -> serde_json::Value {
+    json!({
+        "type": "vma_store",
+        "schema": crate::output::JSON_SCHEMA,
+        "pid": s.tgid,
+        "tid": s.tid,
+        "syscall": syscall_str(s.nr, s.args),
+        "start": s.index,
+        "end": s.last.wrapping_add(1),
+        "vma": if s.vma == 0 { serde_json::Value::Null } else { range_json(&s.range) },
+        "function": store_func(s),
+    })
+}
+
+/// The text summary's line for one process.
+pub fn summary_line(pid: u32, c: &ChangeCounts) -> String {
+    format!(
+        "pid {pid} VMA changes by mlock-family calls: {} splits, {} merges, VM_LOCKED set on {} KiB, cleared on {} KiB",
+        c.splits,
+        c.merges,
+        c.locked_bytes / 1024,
+        c.unlocked_bytes / 1024
+    )
+}
+
+/// `{"type":"vma_summary","processes":[{"pid":..,"changes":{..}}]}`, printed before the summary.
+pub fn summary_json(counts: &BTreeMap<u32, ChangeCounts>) -> serde_json::Value {
+    let processes: Vec<_> = counts
+        .iter()
+        .map(|(pid, c)| json!({"pid": pid, "changes": c}))
+        .collect();
+    json!({"type": "vma_summary", "schema": crate::output::JSON_SCHEMA, "processes": processes})
+}
+
+#[cfg(test)]
+mod tests {
+    use memlock_trace_common::{
+        SyscallEvent, event_kind,
+        vma::{SnapshotEvent, kind},
+    };
+
+    use super::*;
+    use crate::{
+        event::{DecodeError, Event, SyscallRecord, VmaRecord, bytes_of, decode},
+        vma::Tracker,
+    };
+
+    const P: u64 = PAGE_SIZE;
+    const RW: u64 = 0x73; // VM_READ|VM_WRITE|VM_MAYREAD|VM_MAYWRITE|VM_MAYEXEC
+    const LO: u64 = VM_LOCKED;
+
+    fn v(start: u64, end: u64, flags: u64) -> VmaRange {
+        VmaRange {
+            start: start * P,
+            end: end * P,
+            flags,
+        }
+    }
+
+    fn snapshot(phase: u32, vmas: &[VmaRange]) -> SnapshotEvent {
+        let mut s = SnapshotEvent {
+            kind: kind::SNAPSHOT,
+            phase,
+            tgid: 5,
+            tid: 6,
+            count: vmas.len() as u32,
+            ..Default::default()
+        };
+        s.vmas[..vmas.len()].copy_from_slice(vmas);
+        s
+    }
+
+    fn syscall_record() -> SyscallRecord {
+        SyscallRecord {
+            syscall: Syscall::Mlock,
+            raw: SyscallEvent {
+                kind: event_kind::SYSCALL,
+                nr: Syscall::Mlock.nr(),
+                tgid: 5,
+                tid: 6,
+                map_count_before: 10,
+                map_count_after: 12,
+                ..Default::default()
+            },
+        }
+    }
+
+    #[test]
+    fn records_round_trip_and_pair_with_their_call() {
+        let before = snapshot(phase::BEFORE, &[v(100, 116, RW)]);
+        let after = snapshot(
+            phase::AFTER,
+            &[v(100, 104, RW), v(104, 112, RW | LO), v(112, 116, RW)],
+        );
+        let mut store = StoreEvent {
+            kind: kind::STORE,
+            tgid: 5,
+            tid: 6,
+            index: 100 * P,
+            last: 104 * P - 1,
+            vma: 0xffff_8880_0000_1000,
+            range: v(100, 104, RW),
+            ..Default::default()
+        };
+        store.func[..18].copy_from_slice(b"mas_store_prealloc");
+
+        let mut tracker = Tracker::default();
+        let decode_one = |bytes: Vec<u8>| match decode(&bytes) {
+            Ok(Event::Vma(record)) => record,
+            other => panic!("not a VMA record: {other:?}"),
+        };
+        assert!(tracker.record(decode_one(bytes_of(&before))).is_none());
+        assert!(tracker.record(decode_one(bytes_of(&store))).is_none());
+        // The same store again (the inner node writer): dropped.
+        assert!(tracker.record(decode_one(bytes_of(&store))).is_none());
+        assert!(tracker.syscall(&syscall_record()).is_none());
+        let Some(Activity::Call(call)) = tracker.record(decode_one(bytes_of(&after))) else {
+            panic!("the exit snapshot completes the call");
+        };
+        assert_eq!(call.stores.len(), 1);
+        assert_eq!(store_func(&call.stores[0]), "mas_store_prealloc");
+        assert_eq!(ChangeCounts::of(&call.changes).splits, 2);
+        assert_eq!(call.before.len(), 1);
+        assert_eq!(call.after.len(), 3);
+        assert!(
+            call.summary()
+                .starts_with("VMAs 1 -> 3 (map_count 10 -> 12): split"),
+            "{}",
+            call.summary()
+        );
+
+        // A store with no call around it stands alone.
+        let Some(Activity::Store(s)) =
+            tracker.record(VmaRecord::Store(StoreEvent { tid: 9, ..store }))
+        else {
+            panic!("a store outside a call is its own activity");
+        };
+        assert_eq!(s.tid, 9);
+        let mut short = bytes_of(&before);
+        short.truncate(40);
+        assert!(matches!(decode(&short), Err(DecodeError::Short { .. })));
+    }
+
+    #[test]
+    fn a_store_erasing_up_to_the_top_renders() {
+        // munmap of the stack region at exec: the tree range ends at ULONG_MAX.
+        let erase = StoreEvent {
+            kind: kind::STORE,
+            index: 0x7ffc_0000_0000,
+            last: u64::MAX,
+            ..Default::default()
+        };
+        assert_eq!(store_str(&erase), "erase 7ffc00000000-(top)");
+        let lines = activity_lines(&Activity::Store(erase), None);
+        assert!(
+            lines[0].ends_with("erase 7ffc00000000-(top) ()"),
+            "{lines:?}"
+        );
+    }
+
+    #[test]
+    fn flags_render_like_proc() {
+        assert_eq!(flags_str(RW), "rw-p");
+        assert_eq!(flags_str(RW | LO | VM_LOCKONFAULT), "rw-p lo lf");
+        assert_eq!(flags_str(0x75 | LO), "r-xp lo");
+        assert_eq!(
+            lock_flags_str(LO | VM_LOCKONFAULT),
+            "VM_LOCKED|VM_LOCKONFAULT"
+        );
+    }
+}

@@ -1,0 +1,133 @@
+//! Pairs each mlock-family call with its VMA records (the snapshots around it, the tree
+//! stores and hooked functions during it), per thread.
+
+use std::collections::HashMap;
+
+use memlock_trace_common::vma::{FuncEvent, SnapshotEvent, StoreEvent, VmaRange, phase};
+
+use super::diff::{Change, diff};
+use crate::event::{SyscallRecord, VmaRecord};
+
+/// One mlock-family call with its VMA view.
+#[derive(Clone, Debug)]
+pub struct VmaCall {
+    pub syscall: SyscallRecord,
+    pub before: Vec<VmaRange>,
+    pub after: Vec<VmaRange>,
+    /// A snapshot could not cover the whole range (too many VMAs, a hole, a busy lock).
+    pub incomplete: bool,
+    pub changes: Vec<Change>,
+    /// `ma_write` stores into the task's VMA tree during the call.
+    pub stores: Vec<StoreEvent>,
+    /// fentry/fexit events of hooked kernel functions during the call.
+    pub functions: Vec<FuncEvent>,
+}
+
+/// What the tracker hands out: a completed call, or a VMA event outside mlock-family calls
+/// (e.g. `mmap` storing a VMA that is born VM_LOCKED under `mlockall(MCL_FUTURE)`).
+#[derive(Clone, Debug)]
+pub enum Activity {
+    Call(Box<VmaCall>),
+    Store(StoreEvent),
+    Func(Box<FuncEvent>),
+}
+
+impl Activity {
+    pub fn tgid(&self) -> u32 {
+        match self {
+            Activity::Call(c) => c.syscall.raw.tgid,
+            Activity::Store(s) => s.tgid,
+            Activity::Func(f) => f.tgid,
+        }
+    }
+}
+
+#[derive(Default)]
+struct Pending {
+    before: Option<Box<SnapshotEvent>>,
+    after: Option<Box<SnapshotEvent>>,
+    syscall: Option<SyscallRecord>,
+    stores: Vec<StoreEvent>,
+    functions: Vec<FuncEvent>,
+}
+
+/// Pairs snapshots, stores and function events with their syscall event, per thread.
+/// A call's records arrive in order from its thread: the entry snapshot, the stores and
+/// function events, then the syscall event and the exit snapshot (in either order).
+#[derive(Default)]
+pub struct Tracker {
+    pending: HashMap<u32, Pending>,
+    /// `ma_write` fires twice per store on some kernels (the store function and the node
+    /// writer it calls): the last store seen per thread, to drop the repeat.
+    last_store: HashMap<u32, (u64, u64, u64)>,
+}
+
+impl Tracker {
+    pub fn syscall(&mut self, rec: &SyscallRecord) -> Option<Activity> {
+        let pending = self.pending.get_mut(&rec.raw.tid)?;
+        pending.syscall = Some(rec.clone());
+        self.complete(rec.raw.tid)
+    }
+
+    pub fn record(&mut self, rec: VmaRecord) -> Option<Activity> {
+        match rec {
+            VmaRecord::Snapshot(s) if s.phase == phase::BEFORE => {
+                self.last_store.remove(&s.tid);
+                // A call whose exit was lost is replaced rather than kept forever.
+                self.pending.insert(
+                    s.tid,
+                    Pending {
+                        before: Some(s),
+                        ..Pending::default()
+                    },
+                );
+                None
+            }
+            VmaRecord::Snapshot(s) => {
+                let tid = s.tid;
+                self.pending.get_mut(&tid)?.after = Some(s);
+                self.complete(tid)
+            }
+            VmaRecord::Store(s) => {
+                let key = (s.index, s.last, s.vma);
+                if self.last_store.insert(s.tid, key) == Some(key) {
+                    return None;
+                }
+                match self.pending.get_mut(&s.tid) {
+                    Some(p) if p.syscall.is_none() && p.after.is_none() => {
+                        p.stores.push(s);
+                        None
+                    }
+                    _ => Some(Activity::Store(s)),
+                }
+            }
+            VmaRecord::Func(f) => match self.pending.get_mut(&f.tid) {
+                Some(p) if p.syscall.is_none() && p.after.is_none() => {
+                    p.functions.push(*f);
+                    None
+                }
+                _ => Some(Activity::Func(f)),
+            },
+        }
+    }
+
+    fn complete(&mut self, tid: u32) -> Option<Activity> {
+        let p = self.pending.get(&tid)?;
+        if p.syscall.is_none() || p.after.is_none() {
+            return None;
+        }
+        let p = self.pending.remove(&tid)?;
+        let (before, after) = (p.before?, p.after?);
+        let list = |s: &SnapshotEvent| s.vmas[..s.count as usize].to_vec();
+        let (b, a) = (list(&before), list(&after));
+        Some(Activity::Call(Box::new(VmaCall {
+            changes: diff(&b, &a),
+            syscall: p.syscall?,
+            before: b,
+            after: a,
+            incomplete: before.incomplete != 0 || after.incomplete != 0,
+            stores: p.stores,
+            functions: p.functions,
+        })))
+    }
+}
