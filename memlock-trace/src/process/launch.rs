@@ -58,9 +58,10 @@ fn child_exec(gate: OwnedFd, err: OwnedFd, argv: &[CString]) -> ! {
     let mut byte = [0u8; 1];
     // EOF without the byte means the parent gave up: do not run the command untraced.
     if nix::unistd::read(&gate, &mut byte) != Ok(1) {
-        unsafe { libc::_exit(126) };
+        nix::unistd::_exit(126);
     }
     // The tracer's capabilities are not the command's: ambient ones would survive exec.
+    // SAFETY: prctl with integer arguments only; it reads and writes no memory of ours.
     unsafe {
         libc::prctl(
             libc::PR_CAP_AMBIENT,
@@ -75,7 +76,7 @@ fn child_exec(gate: OwnedFd, err: OwnedFd, argv: &[CString]) -> ! {
         Ok(never) => match never {},
     };
     let _ = nix::unistd::write(&err, &errno.to_ne_bytes());
-    unsafe { libc::_exit(127) }
+    nix::unistd::_exit(127)
 }
 
 impl Launched {

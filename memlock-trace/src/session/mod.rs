@@ -245,12 +245,13 @@ async fn wait_for_stop(
 
 /// Resolves when process `pid` (not necessarily our child) exits, through a pidfd.
 async fn wait_pid_exit(pid: u32) -> Result<()> {
-    // SAFETY: plain syscall; the returned fd is owned by us.
+    // SAFETY: pidfd_open takes integers and touches no memory of ours (nix has no wrapper).
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
     if fd < 0 {
         // ESRCH: it is already gone.
         return Ok(());
     }
+    // SAFETY: `fd` was just returned by pidfd_open, so it is open and owned by nothing else.
     let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
     // SAFETY: the OwnedFd stays open for the AsyncFd's lifetime.
     let fd = unsafe { AsyncFd::register(fd) }
