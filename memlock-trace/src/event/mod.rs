@@ -19,7 +19,7 @@ pub use vma::VmaRecord;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
     Syscall(SyscallRecord),
-    /// Snapshots, stores and function events of the VMA family (see [`crate::vma`]).
+    /// Snapshots, stores and function events, which the VMA family pairs with their calls.
     Vma(VmaRecord),
     Fault(FaultRecord),
 }

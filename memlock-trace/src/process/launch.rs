@@ -58,7 +58,9 @@ fn child_exec(gate: OwnedFd, err: OwnedFd, argv: &[CString]) -> ! {
     let mut byte = [0u8; 1];
     // EOF without the byte means the parent gave up: do not run the command untraced.
     if nix::unistd::read(&gate, &mut byte) != Ok(1) {
-        nix::unistd::_exit(126);
+        // SAFETY: _exit ends this forked child at once, without running the parent's atexit
+        // handlers or flushing its buffers twice; nothing can observe a half-done state.
+        unsafe { libc::_exit(126) };
     }
     // The tracer's capabilities are not the command's: ambient ones would survive exec.
     // SAFETY: prctl with integer arguments only; it reads and writes no memory of ours.
@@ -76,7 +78,8 @@ fn child_exec(gate: OwnedFd, err: OwnedFd, argv: &[CString]) -> ! {
         Ok(never) => match never {},
     };
     let _ = nix::unistd::write(&err, &errno.to_ne_bytes());
-    nix::unistd::_exit(127)
+    // SAFETY: as above.
+    unsafe { libc::_exit(127) }
 }
 
 impl Launched {

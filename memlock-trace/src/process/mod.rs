@@ -14,8 +14,8 @@ pub use table::{DEFAULT_MAX_PROCESSES, ProcessTable};
 pub enum Targets {
     /// Every process on the system.
     All,
-    /// Only these thread groups (and ones added later with
-    /// [`crate::tracer::Tracer::add_target`]).
+    /// Only these thread groups (and ones the tracer adds later: a launched command,
+    /// followed children).
     Tgids(Vec<u32>),
 }
 
