@@ -300,6 +300,7 @@ mod tests {
         assert!(parse(&["--interval", "0"]).is_err());
     }
 
+    #[cfg(feature = "lab")]
     #[test]
     fn verify_subcommand() {
         let cli = parse(&["verify", "--json", "/tmp/v.json"]).unwrap();
@@ -367,6 +368,7 @@ mod tests {
         );
     }
 
+    #[cfg(feature = "lab")]
     #[test]
     fn workload_subcommand() {
         let cli = parse(&["workload", "syscalls", "--report", "/tmp/r.json"]).unwrap();

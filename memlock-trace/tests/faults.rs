@@ -8,6 +8,7 @@
 //!
 //! Every hook set is tried: the ones the kernel allows (per the capability probe) must load
 //! and pass, the others must be refused with the kernel's reason. Needs root.
+#![cfg(feature = "lab")]
 
 use std::{
     collections::BTreeMap,

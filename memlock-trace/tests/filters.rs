@@ -1,5 +1,6 @@
 //! Who gets traced: threads started after attach, `--comm`, `--cgroup`, `--follow-children`,
 //! and what happens when the target map or the per-process table is full.
+#![cfg(feature = "lab")]
 
 mod common;
 mod support;

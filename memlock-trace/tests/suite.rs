@@ -1,5 +1,6 @@
 //! The whole suite at tiny sizes, tracer attached: every scenario must produce its numbers
 //! and every tracer-versus-workload consistency check must hold.
+#![cfg(feature = "lab")]
 
 mod common;
 

@@ -1,5 +1,6 @@
 //! The tracer reports exactly the mlock-family calls this process makes, with the right
 //! errnos, and populated-page counts equal to the thread's own getrusage deltas.
+#![cfg(feature = "lab")]
 
 mod common;
 

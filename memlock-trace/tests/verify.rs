@@ -2,6 +2,7 @@
 //! scenario in child processes and fails on any step where the expectation, the tracer and
 //! /proc disagree. Needs root (CAP_BPF + CAP_PERFMON); the same binary runs on the host and
 //! in the qemu guest, so both the tp_btf and the fentry hook sets are exercised.
+#![cfg(feature = "lab")]
 
 use std::io::Read as _;
 
