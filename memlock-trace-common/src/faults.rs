@@ -426,7 +426,8 @@ pub mod fault_flags {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FaultEvent {
-    /// Always [`crate::event_kind::FAULT`].
+    /// An [`EventKind`](crate::EventKind): always
+    /// [`EventKind::Fault`](crate::EventKind::Fault).
     pub kind: u32,
     /// See [`fault_flags`].
     pub flags: u32,

@@ -27,7 +27,7 @@ use aya_ebpf::{
     },
 };
 use memlock_trace_common::{
-    TASK_COMM_LEN, event_kind,
+    EventKind, TASK_COMM_LEN,
     faults::{
         FAULT_EVENTS_BYTE_SIZE, FaultConfig, FaultEntry, FaultEvent, FaultKey, FaultStats,
         HIST_BUCKETS, Hist, HistKey, MAX_FAULT_HISTS, MAX_FAULT_KEYS, MAX_FAULT_REGIONS,
@@ -975,7 +975,7 @@ fn emit(
         return;
     };
     slot.write(FaultEvent {
-        kind: event_kind::FAULT,
+        kind: EventKind::Fault as u32,
         flags,
         tgid,
         tid,

@@ -23,7 +23,7 @@ use aya_ebpf::{
     maps::HashMap,
     programs::TracePointContext,
 };
-use memlock_trace_common::{MAX_INFLIGHT, SyscallEvent, counter, event_kind};
+use memlock_trace_common::{EventKind, MAX_INFLIGHT, SyscallEvent, counter};
 
 use crate::shared::{EVENTS, TaskCounters, count, is_target, task_counters};
 
@@ -141,7 +141,7 @@ fn exit(ctx: &TracePointContext) {
         return;
     };
     slot.write(SyscallEvent {
-        kind: event_kind::SYSCALL,
+        kind: EventKind::Syscall as u32,
         nr: entry.nr,
         tgid: ctx.tgid(),
         tid,

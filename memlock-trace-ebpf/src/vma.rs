@@ -31,10 +31,10 @@ use aya_ebpf::{
     programs::{BtfTracePointContext, FEntryContext, FExitContext, TracePointContext},
 };
 use memlock_trace_common::{
-    MAX_INFLIGHT, counter,
+    EventKind, MAX_INFLIGHT, counter,
     vma::{
         FN_SLOTS, FuncEvent, HookSpec, MAX_FN_HOOKS, MAX_SNAPSHOT_VMAS, NR_UNKNOWN, SnapshotEvent,
-        StoreEvent, VM_LOCKED, VM_LOCKONFAULT, VmaConfig, VmaOffsets, VmaRange, kind, phase, slot,
+        StoreEvent, VM_LOCKED, VM_LOCKONFAULT, VmaConfig, VmaOffsets, VmaRange, phase, slot,
     },
 };
 
@@ -139,7 +139,7 @@ fn snapshot(tgid: u32, tid: u32, phase: u32, call: &CallRange) {
     let event = slot.as_mut_ptr();
     // SAFETY: `event` is the reserved, exclusively ours, ring buffer record.
     unsafe {
-        (*event).kind = kind::SNAPSHOT;
+        (*event).kind = EventKind::Snapshot as u32;
         (*event).phase = phase;
         (*event).tgid = tgid;
         (*event).tid = tid;
@@ -310,7 +310,7 @@ pub fn vma_ma_write(ctx: BtfTracePointContext) -> i32 {
         return 0;
     };
     let mut event = StoreEvent {
-        kind: kind::STORE,
+        kind: EventKind::Store as u32,
         tgid,
         tid,
         nr,
@@ -381,7 +381,7 @@ fn function_event(ctx: *mut c_void, hook: u32, phase: u32) {
     };
     let (nr, _) = current_syscall(&config.offsets);
     let mut event = FuncEvent {
-        kind: kind::FUNC,
+        kind: EventKind::Func as u32,
         hook,
         phase,
         tgid,

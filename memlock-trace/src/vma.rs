@@ -11,9 +11,10 @@ use std::{
     fmt::Write as _,
 };
 
+use memlock_trace_common::EventKind;
 use memlock_trace_common::vma::{
     FuncEvent, NR_UNKNOWN, STORE_FN_LEN, SnapshotEvent, StoreEvent, VM_LOCKED, VM_LOCKONFAULT,
-    VmaRange, kind, phase,
+    VmaRange, phase,
 };
 use serde::Serialize;
 use serde_json::json;
@@ -34,13 +35,9 @@ pub enum VmaRecord {
     Func(Box<FuncEvent>),
 }
 
-pub fn is_vma_kind(k: u32) -> bool {
-    matches!(k, kind::SNAPSHOT | kind::STORE | kind::FUNC)
-}
-
 pub fn decode(k: u32, record: &[u8]) -> Result<VmaRecord, DecodeError> {
-    Ok(match k {
-        kind::SNAPSHOT => {
+    Ok(match EventKind::from_u32(k) {
+        Some(EventKind::Snapshot) => {
             let s: SnapshotEvent = read_struct(k, record)?;
             if s.count as usize > s.vmas.len() {
                 return Err(DecodeError::Short {
@@ -51,9 +48,9 @@ pub fn decode(k: u32, record: &[u8]) -> Result<VmaRecord, DecodeError> {
             }
             VmaRecord::Snapshot(Box::new(s))
         }
-        kind::STORE => VmaRecord::Store(read_struct(k, record)?),
-        kind::FUNC => VmaRecord::Func(Box::new(read_struct(k, record)?)),
-        other => return Err(DecodeError::UnknownKind(other)),
+        Some(EventKind::Store) => VmaRecord::Store(read_struct(k, record)?),
+        Some(EventKind::Func) => VmaRecord::Func(Box::new(read_struct(k, record)?)),
+        _ => return Err(DecodeError::UnknownKind(k)),
     })
 }
 
@@ -641,7 +638,7 @@ pub fn summary_json(counts: &BTreeMap<u32, ChangeCounts>) -> serde_json::Value {
 
 #[cfg(test)]
 mod tests {
-    use memlock_trace_common::{SyscallEvent, event_kind};
+    use memlock_trace_common::SyscallEvent;
 
     use super::*;
 
@@ -795,7 +792,7 @@ mod tests {
 
     fn snapshot(phase: u32, vmas: &[VmaRange]) -> SnapshotEvent {
         let mut s = SnapshotEvent {
-            kind: kind::SNAPSHOT,
+            kind: EventKind::Snapshot as u32,
             phase,
             tgid: 5,
             tid: 6,
@@ -810,7 +807,7 @@ mod tests {
         SyscallRecord {
             syscall: Syscall::Mlock,
             raw: SyscallEvent {
-                kind: event_kind::SYSCALL,
+                kind: EventKind::Syscall as u32,
                 nr: Syscall::Mlock.nr(),
                 tgid: 5,
                 tid: 6,
@@ -829,7 +826,7 @@ mod tests {
             &[v(100, 104, RW), v(104, 112, RW | LO), v(112, 116, RW)],
         );
         let mut store = StoreEvent {
-            kind: kind::STORE,
+            kind: EventKind::Store as u32,
             tgid: 5,
             tid: 6,
             index: 100 * P,
@@ -875,7 +872,7 @@ mod tests {
         let mut short = bytes_of(&before);
         short.truncate(40);
         assert!(matches!(
-            decode(kind::SNAPSHOT, &short),
+            decode(EventKind::Snapshot as u32, &short),
             Err(DecodeError::Short { .. })
         ));
     }
@@ -884,7 +881,7 @@ mod tests {
     fn a_store_erasing_up_to_the_top_renders() {
         // munmap of the stack region at exec: the tree range ends at ULONG_MAX.
         let erase = StoreEvent {
-            kind: kind::STORE,
+            kind: EventKind::Store as u32,
             index: 0x7ffc_0000_0000,
             last: u64::MAX,
             ..Default::default()
