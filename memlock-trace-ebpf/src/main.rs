@@ -2,6 +2,7 @@
 #![no_std]
 #![no_main]
 
+mod bench;
 mod capabilities;
 mod faults;
 mod process;
