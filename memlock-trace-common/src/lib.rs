@@ -13,6 +13,15 @@ pub mod vma;
 /// Length of `task_struct.comm`, including the NUL.
 pub const TASK_COMM_LEN: usize = 16;
 
+/// log2 of the base page size: 12 on x86-64, the one architecture the programs read
+/// registers for (`PAGE_SHIFT`, arch/x86/include/asm/page_types.h). Page addresses in the
+/// records (region starts, snapshot ranges) are aligned to it.
+pub const PAGE_SHIFT: u32 = 12;
+/// The base page size, 4 KiB.
+pub const PAGE_SIZE: u64 = 1 << PAGE_SHIFT;
+/// Clears the offset within a page, like the kernel's `PAGE_MASK`.
+pub const PAGE_MASK: u64 = !(PAGE_SIZE - 1);
+
 /// Names of the maps and globals the loader looks up by name.
 pub mod names {
     pub const EVENTS: &str = "EVENTS";

@@ -31,10 +31,7 @@ static STACK_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(stack_co
 
 #[inline(always)]
 fn add(index: u32, n: u64) {
-    if let Some(slot) = STACK_COUNTERS.get_ptr_mut(index) {
-        // Per-CPU slot: a plain add is race-free.
-        unsafe { *slot += n };
-    }
+    crate::shared::add(&STACK_COUNTERS, index, n);
 }
 
 /// Adds `count` faults of `tgid` (thread `tid`, 0 unless per thread) to the current user

@@ -8,9 +8,8 @@
 //! 3. **fentry/fexit** on the kernel's split/merge/modify functions, where the kernel allows
 //!    trampolines; the loader picks the functions from BTF and says which argument is what.
 //!
-//! Tracepoint formats (`/sys/kernel/tracing/events/syscalls/<name>/format`):
-//! `sys_enter_mlock{,2}`, `sys_enter_munlock`: `__syscall_nr` at 8, `start` at 16, `len` at 24.
-//! `sys_enter_mlockall`: `flags` at 16. `sys_enter_munlockall`: no arguments.
+//! The `sys_enter_*` records (`start`, `len` are the first two arguments of `mlock`, `mlock2`
+//! and `munlock`): see [`crate::shared::syscall_tp`].
 //!
 //! `ma_write` (include/trace/events/maple_tree.h, 6.1 to 6.18):
 //! `TP_PROTO(const char *fn, struct ma_state *mas, unsigned long piv, void *val)`.
@@ -20,8 +19,7 @@ use core::ffi::c_void;
 use aya_ebpf::{
     EbpfContext as _, Global,
     helpers::{
-        bpf_get_current_pid_tgid, bpf_get_current_task, bpf_get_current_task_btf,
-        bpf_probe_read_kernel_str_bytes,
+        bpf_get_current_task_btf, bpf_probe_read_kernel_str_bytes,
         generated::{
             self as helper, bpf_find_vma, bpf_get_func_arg, bpf_get_func_ret, bpf_task_pt_regs,
         },
@@ -31,16 +29,15 @@ use aya_ebpf::{
     programs::{BtfTracePointContext, FEntryContext, FExitContext, TracePointContext},
 };
 use memlock_trace_common::{
-    EventKind, MAX_INFLIGHT, counter,
+    EventKind, MAX_INFLIGHT, PAGE_MASK, PAGE_SIZE, counter,
     vma::{
         FN_SLOTS, FuncEvent, HookSpec, MAX_FN_HOOKS, MAX_SNAPSHOT_VMAS, NR_UNKNOWN, SnapshotEvent,
         StoreEvent, VM_LOCKED, VM_LOCKONFAULT, VmaConfig, VmaOffsets, VmaRange, phase, slot,
     },
 };
 
-use crate::shared::{EVENTS, count, is_target};
+use crate::shared::{EVENTS, count, current_ids, current_task, is_target, syscall_arg, syscall_nr};
 
-const PAGE_SIZE: u64 = 4096;
 /// `-ENOSYS`: x86-64 `do_syscall_64` stores it in `regs->ax` before dispatching, so a task
 /// whose `ax` holds it is inside a system call (and not, say, a page fault, whose `orig_ax`
 /// would be the fault's error code rather than a syscall number).
@@ -84,31 +81,32 @@ pub fn vma_enter_whole(ctx: TracePointContext) -> u32 {
 
 /// Attached to the five `sys_exit_*` tracepoints.
 #[tracepoint]
-pub fn vma_exit(ctx: TracePointContext) -> u32 {
-    let tid = ctx.pid();
+pub fn vma_exit(_ctx: TracePointContext) -> u32 {
+    let (tgid, tid) = current_ids();
     let Some(call) = VMA_CALLS.get_ptr(tid) else {
         return 0;
     };
+    // SAFETY: the map returned a valid pointer to the entry, copied out before removal.
     let call = unsafe { *call };
     let _ = VMA_CALLS.remove(tid);
-    snapshot(ctx.tgid(), tid, phase::AFTER, &call);
+    snapshot(tgid, tid, phase::AFTER, &call);
     0
 }
 
 #[inline(always)]
 fn enter(ctx: &TracePointContext, ranged: bool) {
-    let tgid = ctx.tgid();
+    let (tgid, tid) = current_ids();
     if !is_target(tgid) {
         return;
     }
-    let nr = unsafe { ctx.read_at::<i32>(8) }.unwrap_or(-1) as u32;
+    let nr = syscall_nr(ctx);
     let (start, end) = if ranged {
-        let start = unsafe { ctx.read_at::<u64>(16) }.unwrap_or(0);
-        let len = unsafe { ctx.read_at::<u64>(24) }.unwrap_or(0);
+        let start = syscall_arg(ctx, 0);
+        let len = syscall_arg(ctx, 1);
         // What mm/mlock.c does first: len = PAGE_ALIGN(len + offset_in_page(start)),
         // start &= PAGE_MASK.
-        let offset = start & (PAGE_SIZE - 1);
-        let len = len.wrapping_add(offset).wrapping_add(PAGE_SIZE - 1) & !(PAGE_SIZE - 1);
+        let offset = start & !PAGE_MASK;
+        let len = len.wrapping_add(offset).wrapping_add(PAGE_SIZE - 1) & PAGE_MASK;
         let start = start - offset;
         (start, start.wrapping_add(len))
     } else {
@@ -120,7 +118,6 @@ fn enter(ctx: &TracePointContext, ranged: bool) {
         start,
         end,
     };
-    let tid = ctx.pid();
     if VMA_CALLS.insert(tid, call, 0).is_err() {
         count(counter::INFLIGHT_FULL);
         return;
@@ -278,7 +275,7 @@ fn current_syscall(off: &VmaOffsets) -> (u32, [u64; 3]) {
 
 #[btf_tracepoint(function = "ma_write")]
 pub fn vma_ma_write(ctx: BtfTracePointContext) -> i32 {
-    let tgid = ctx.tgid();
+    let (tgid, tid) = current_ids();
     if !is_target(tgid) {
         return 0;
     }
@@ -289,7 +286,7 @@ pub fn vma_ma_write(ctx: BtfTracePointContext) -> i32 {
     let val: u64 = ctx.arg(3);
     // Only the task's own VMA tree: other maple trees (and other mms, e.g. a fork child's
     // being copied) are not what this task's call did to its address space.
-    let mm: u64 = peek(unsafe { bpf_get_current_task() }, off.task_mm);
+    let mm: u64 = peek(current_task(), off.task_mm);
     let tree: u64 = peek(mas, off.mas_tree);
     if mm == 0 || tree != mm + u64::from(off.mm_mt) {
         return 0;
@@ -299,7 +296,6 @@ pub fn vma_ma_write(ctx: BtfTracePointContext) -> i32 {
     } else {
         VmaRange::default()
     };
-    let tid = ctx.pid();
     let in_call = VMA_CALLS.get_ptr(tid).is_some();
     if !in_call && config.all_stores == 0 && range.flags & (VM_LOCKED | VM_LOCKONFAULT) == 0 {
         return 0;
@@ -360,8 +356,7 @@ function_hooks! {
 
 #[inline(always)]
 fn function_event(ctx: *mut c_void, hook: u32, phase: u32) {
-    let pid_tgid = bpf_get_current_pid_tgid();
-    let (tgid, tid) = ((pid_tgid >> 32) as u32, pid_tgid as u32);
+    let (tgid, tid) = current_ids();
     if !is_target(tgid) {
         return;
     }

@@ -10,13 +10,16 @@ use aya_ebpf::{
     maps::{LruHashMap, PerCpuArray},
     programs::PerfEventContext,
 };
-use memlock_trace_common::faults::{FaultEntry, MAX_FAULT_THREADS, class, fault_counter, populate};
+use memlock_trace_common::{
+    PAGE_MASK, PAGE_SHIFT,
+    faults::{FaultEntry, MAX_FAULT_THREADS, class, fault_counter, populate},
+};
 
 use super::{
-    FAILED_SIGNALLED, Fault, NO_LATENCY, NO_SYSCALL, PAGE_MASK, account, bump, current_ids,
-    populate::POPULATE_INFLIGHT, record_stack, sole_tgid,
+    FAILED_SIGNALLED, Fault, NO_LATENCY, NO_SYSCALL, account, bump, populate::POPULATE_INFLIGHT,
+    record_stack, sole_tgid,
 };
-use crate::shared::{is_target, read_kernel};
+use crate::shared::{current_ids, is_target, read_kernel};
 
 // ---------------------------------------------------------------------------------------
 // Hook set 3: tracepoints + perf software events.
@@ -286,7 +289,7 @@ fn start(address: u64, flags: u32, no_regs: u32, vm_flags: u64, vm_start: u64) {
     let now = unsafe { bpf_ktime_get_ns() };
     if let Some(entry) = FAULT_ENTRY.get_ptr_mut(tid) {
         let e = unsafe { &mut *entry };
-        let retry_of_same = e.retried != 0 && e.address >> 12 == address >> 12;
+        let retry_of_same = e.retried != 0 && e.address >> PAGE_SHIFT == address >> PAGE_SHIFT;
         if e.pending != 0 && !retry_of_same {
             let (prev_addr, prev_start, prev_flags) = (e.address, e.vm_start, e.vm_flags);
             let region = if prev_flags != 0 {

@@ -21,9 +21,7 @@
 use aya_ebpf::{
     EbpfContext,
     bindings::BPF_NOEXIST,
-    helpers::{
-        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_ns,
-    },
+    helpers::{bpf_get_current_comm, bpf_get_smp_processor_id, bpf_ktime_get_ns},
     macros::map,
     maps::{Array, LruPerCpuHashMap, PerCpuArray, RingBuf},
 };
@@ -34,10 +32,14 @@ use memlock_trace_common::{
         HistKey, MAX_FAULT_HISTS, MAX_FAULT_KEYS, SLOTS, bucket_of, class, fault_counter,
         fault_flags, stat,
     },
+    vma::{VM_LOCKED, VM_LOCKONFAULT},
 };
 
 use self::regions::count_region;
-use crate::{shared::is_target, stacks};
+use crate::{
+    shared::{add, is_target},
+    stacks,
+};
 
 /// Reads one field of [`FAULT_CONFIG`] (volatile: a plain read of the static would be folded
 /// to its compile-time value, not the one the loader wrote).
@@ -123,26 +125,12 @@ static HIST_ZERO: PerCpuArray<Hist> = PerCpuArray::with_max_entries(1, 0);
 static STATS_SCRATCH: PerCpuArray<FaultStats> = PerCpuArray::with_max_entries(1, 0);
 
 const NO_LATENCY: u64 = u64::MAX;
-const PAGE_MASK: u64 = !0xfff;
 const NO_SYSCALL: u32 = u32::MAX;
 
+/// Counts one in `FAULT_COUNTERS[index]` (see [`fault_counter`]); returns the count before.
 #[inline(always)]
 fn bump(index: u32) -> u64 {
-    match FAULT_COUNTERS.get_ptr_mut(index) {
-        // Per-CPU slot: a plain increment is race-free.
-        Some(slot) => unsafe {
-            let old = *slot;
-            *slot = old + 1;
-            old
-        },
-        None => 0,
-    }
-}
-
-#[inline(always)]
-fn current_ids() -> (u32, u32) {
-    let pid_tgid = bpf_get_current_pid_tgid();
-    ((pid_tgid >> 32) as u32, pid_tgid as u32)
+    add(&FAULT_COUNTERS, index, 1)
 }
 
 /// `--stacks`: the counted faults' user stack (see `stacks.rs`).
@@ -262,10 +250,10 @@ fn account(f: Fault) -> bool {
         s.populated_by[syscall as usize & (SLOTS - 1)] += 1;
     }
     if vm_flags != 0 {
-        if vm_flags & config!(vm_locked) != 0 {
+        if vm_flags & VM_LOCKED != 0 {
             s.counts[stat::IN_LOCKED] += 1;
         }
-        if vm_flags & config!(vm_lockonfault) != 0 {
+        if vm_flags & VM_LOCKONFAULT != 0 {
             s.counts[stat::IN_LOCKONFAULT] += 1;
         }
     }
@@ -373,10 +361,10 @@ fn emit(
     }
     if vm_flags != 0 {
         flags |= fault_flags::HAS_VMA;
-        if vm_flags & config!(vm_locked) != 0 {
+        if vm_flags & VM_LOCKED != 0 {
             flags |= fault_flags::VM_LOCKED;
         }
-        if vm_flags & config!(vm_lockonfault) != 0 {
+        if vm_flags & VM_LOCKONFAULT != 0 {
             flags |= fault_flags::VM_LOCKONFAULT;
         }
     }

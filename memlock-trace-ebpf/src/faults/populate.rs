@@ -5,20 +5,21 @@
 
 use aya_ebpf::{
     bindings::BPF_ANY,
-    helpers::{bpf_get_current_task, bpf_ktime_get_ns},
+    helpers::bpf_ktime_get_ns,
     macros::{map, tracepoint},
     maps::LruHashMap,
     programs::TracePointContext,
 };
-use memlock_trace_common::faults::{
-    MAX_FAULT_THREADS, PopulateCall, SLOTS, fault_counter, fault_flags, populate, stat,
+use memlock_trace_common::{
+    PAGE_MASK,
+    faults::{MAX_FAULT_THREADS, PopulateCall, SLOTS, fault_counter, fault_flags, populate, stat},
 };
 
 use super::{
-    FAULT_CONFIG, NO_LATENCY, NO_SYSCALL, PAGE_MASK, bump, current_ids, emit, record_stack,
-    regions::flush_region, stats_for,
+    FAULT_CONFIG, NO_LATENCY, NO_SYSCALL, bump, emit, record_stack, regions::flush_region,
+    stats_for,
 };
-use crate::shared::{is_target, offsets, read_kernel};
+use crate::shared::{current_ids, is_target, syscall_arg, syscall_nr, syscall_ret, task_faults};
 
 #[map]
 pub(super) static POPULATE_INFLIGHT: LruHashMap<u32, PopulateCall> =
@@ -76,12 +77,6 @@ pub fn fault_signal(ctx: TracePointContext) -> u32 {
     0
 }
 
-// sys_enter_* formats: `int __syscall_nr` at 8, then 8-byte arguments from 16 (see
-// syscalls.rs); sys_exit_*: `long ret` at 16.
-const NR_OFFSET: usize = 8;
-const ARG0_OFFSET: usize = 16;
-const RET_OFFSET: usize = 16;
-
 /// Attached to `sys_enter_` of every [`populate`] call.
 #[tracepoint]
 pub fn populate_enter(ctx: TracePointContext) -> u32 {
@@ -89,7 +84,7 @@ pub fn populate_enter(ctx: TracePointContext) -> u32 {
     if !is_target(tgid) {
         return 0;
     }
-    let nr = unsafe { ctx.read_at::<i32>(NR_OFFSET) }.unwrap_or(-1) as u32;
+    let nr = syscall_nr(&ctx);
     let mut index = populate::OTHER as u32;
     for i in 0..populate::COUNT {
         // Volatile, element by element: a plain read of the static would be folded to its
@@ -110,7 +105,7 @@ pub fn populate_enter(ctx: TracePointContext) -> u32 {
         maj_flt,
         exception_min: 0,
         exception_maj: 0,
-        address: unsafe { ctx.read_at::<u64>(ARG0_OFFSET) }.unwrap_or(0),
+        address: syscall_arg(&ctx, 0),
     };
     if POPULATE_INFLIGHT
         .insert(tid, call, u64::from(BPF_ANY))
@@ -153,7 +148,7 @@ pub fn populate_exit_counted(ctx: TracePointContext) -> u32 {
         record_stack(&ctx, tgid, tid, minor + major);
     }
     // Where: mmap and mremap return the mapping; the others take it as first argument.
-    let ret = unsafe { ctx.read_at::<i64>(RET_OFFSET) }.unwrap_or(-1);
+    let ret = syscall_ret(&ctx).unwrap_or(-1);
     let address = if call.index == populate::MMAP as u32 || call.index == populate::MREMAP as u32 {
         if ret > 0 { ret as u64 } else { 0 }
     } else if call.index == populate::MLOCKALL as u32
@@ -190,14 +185,4 @@ pub fn populate_exit(_ctx: TracePointContext) -> u32 {
     let (_, tid) = current_ids();
     let _ = POPULATE_INFLIGHT.remove(tid);
     0
-}
-
-#[inline(always)]
-fn task_faults() -> (u64, u64) {
-    let off = offsets();
-    let task = unsafe { bpf_get_current_task() };
-    (
-        read_kernel(task, off.task_min_flt),
-        read_kernel(task, off.task_maj_flt),
-    )
 }

@@ -6,8 +6,9 @@ use aya_ebpf::{
     macros::map,
     maps::{LruPerCpuHashMap, PerCpuArray},
 };
-use memlock_trace_common::faults::{
-    MAX_FAULT_REGIONS, REGION_SLOTS, RegionKey, RegionSlot, RegionValue, fault_counter,
+use memlock_trace_common::{
+    PAGE_SHIFT,
+    faults::{MAX_FAULT_REGIONS, REGION_SLOTS, RegionKey, RegionSlot, RegionValue, fault_counter},
 };
 
 use super::bump;
@@ -75,7 +76,7 @@ pub(super) fn count_region(tgid: u32, region: u64, vm_flags: u64) {
 #[inline(always)]
 fn stash_run(key: RegionKey, value: RegionValue) {
     let block = if key.exact != 0 {
-        key.start >> 12
+        key.start >> PAGE_SHIFT
     } else {
         key.start >> config!(region_shift)
     };
