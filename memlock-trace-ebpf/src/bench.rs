@@ -2,11 +2,12 @@
 //! fault hooks' cost is measured against.
 
 use aya_ebpf::{
-    helpers::bpf_ktime_get_ns,
     macros::{btf_tracepoint, map, perf_event},
     maps::PerCpuArray,
     programs::{BtfTracePointContext, PerfEventContext},
 };
+
+use crate::shared::now_ns;
 
 /// The benchmark's floor (`cargo xtask bench`, `MEMLOCK_TRACE_BENCH_EMPTY_PROGRAMS`): the
 /// per-fault hooks above with programs that do nothing, so the hooks' own cost (tracepoint
@@ -64,6 +65,8 @@ pub fn bench_clock_perf_maj(_ctx: PerfEventContext) -> u32 {
 #[inline(always)]
 fn bench_clock_read() {
     if let Some(slot) = BENCH_CLOCK.get_ptr_mut(0) {
-        unsafe { *slot = bpf_ktime_get_ns().wrapping_sub(*slot) };
+        // SAFETY: this CPU's value of a per-CPU map, valid while the program runs; a program
+        // runs to completion on its CPU, so nothing else uses it meanwhile.
+        unsafe { *slot = now_ns().wrapping_sub(*slot) };
     }
 }

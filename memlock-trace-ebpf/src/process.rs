@@ -113,6 +113,8 @@ pub fn matches_filters() -> bool {
     if config.match_cgroup != 0 {
         // The ancestor at the filter cgroup's depth is the filter cgroup itself exactly when
         // the task is in it or below it.
+        // SAFETY: the helper has no preconditions; a level deeper than the task's cgroup
+        // yields 0, which matches no filter.
         let ancestor = unsafe { bpf_get_current_ancestor_cgroup_id(config.cgroup_level as i32) };
         if ancestor != config.cgroup_id {
             return false;
@@ -123,6 +125,7 @@ pub fn matches_filters() -> bool {
         let leader = current_leader(&config.offsets);
         // Compared as two u64 words: BPF has no memcmp.
         let comm: [u64; 2] = read_kernel(leader, config.offsets.task_comm);
+        // SAFETY: `[u8; 16]` and `[u64; 2]` have the same size, and any bytes are valid u64s.
         let want: [u64; 2] = unsafe { core::mem::transmute(config.comm) };
         if comm != want {
             return false;

@@ -5,7 +5,10 @@
 use aya_ebpf::{
     Global,
     bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
-    helpers::{bpf_get_current_pid_tgid, bpf_get_current_task, bpf_probe_read_kernel},
+    helpers::{
+        bpf_get_current_pid_tgid, bpf_get_current_task, bpf_get_smp_processor_id, bpf_ktime_get_ns,
+        bpf_probe_read_kernel,
+    },
     macros::map,
     maps::{HashMap, PerCpuArray, RingBuf},
     programs::TracePointContext,
@@ -135,36 +138,59 @@ pub mod syscall_tp {
 /// `__syscall_nr` of a `sys_enter_*`/`sys_exit_*` record, or `u32::MAX` (-1) if unreadable.
 #[inline(always)]
 pub fn syscall_nr(ctx: &TracePointContext) -> u32 {
-    // SAFETY: `read_at` copies with `bpf_probe_read`, which cannot fault, and every bit
-    // pattern is a valid i32.
-    unsafe { ctx.read_at::<i32>(syscall_tp::NR_OFFSET) }.unwrap_or(-1) as u32
+    tp_field::<i32>(ctx, syscall_tp::NR_OFFSET).unwrap_or(-1) as u32
 }
 
 /// Argument `i` of a `sys_enter_*` record, or 0 if unreadable. `i` must be below the call's
 /// argument count: past it the read returns whatever follows the record.
 #[inline(always)]
 pub fn syscall_arg(ctx: &TracePointContext, i: usize) -> u64 {
-    // SAFETY: as in `syscall_nr`; any bit pattern is a valid u64.
-    unsafe { ctx.read_at::<u64>(syscall_tp::ARG0_OFFSET + 8 * i) }.unwrap_or(0)
+    tp_field(ctx, syscall_tp::ARG0_OFFSET + 8 * i).unwrap_or(0)
 }
 
 /// `ret` of a `sys_exit_*` record: the call's result, or `-errno`.
 #[inline(always)]
 pub fn syscall_ret(ctx: &TracePointContext) -> Option<i64> {
-    // SAFETY: as in `syscall_nr`; any bit pattern is a valid i64.
-    unsafe { ctx.read_at::<i64>(syscall_tp::RET_OFFSET) }.ok()
+    tp_field(ctx, syscall_tp::RET_OFFSET)
+}
+
+/// Types for which any bytes are a valid value, so they can be copied out of kernel memory
+/// or a tracepoint record whatever it holds.
+///
+/// # Safety
+///
+/// Every bit pattern of `size_of::<Self>()` bytes must be a valid `Self`.
+pub unsafe trait Plain: Copy {}
+
+// SAFETY: integers, and arrays of them, have no invalid bit patterns.
+unsafe impl Plain for i32 {}
+// SAFETY: as above.
+unsafe impl Plain for u32 {}
+// SAFETY: as above.
+unsafe impl Plain for i64 {}
+// SAFETY: as above.
+unsafe impl Plain for u64 {}
+// SAFETY: as above.
+unsafe impl<T: Plain, const N: usize> Plain for [T; N] {}
+
+/// The field at `offset` of the current tracepoint's record, `None` if it cannot be read.
+#[inline(always)]
+pub fn tp_field<T: Plain>(ctx: &TracePointContext, offset: usize) -> Option<T> {
+    // SAFETY: `read_at` copies with `bpf_probe_read`, which fails rather than faults on a
+    // bad address, into a `T` that any bytes make valid (`Plain`).
+    unsafe { ctx.read_at::<T>(offset) }.ok()
 }
 
 /// Reads a `T` at `base + offset` in kernel memory; a failed read is counted and yields 0,
 /// so one unreadable field never costs the whole event.
 #[inline(always)]
-pub fn read_kernel<T: Default>(base: u64, offset: u32) -> T {
+pub fn read_kernel<T: Plain + Default>(base: u64, offset: u32) -> T {
     if base == 0 {
         count(counter::READ_FAILED);
         return T::default();
     }
     // SAFETY: `bpf_probe_read_kernel` checks the source address itself and fails rather
-    // than faults; callers read plain integer types, valid for any bytes.
+    // than faults, and any bytes are a valid `T` (`Plain`).
     match unsafe { bpf_probe_read_kernel((base + u64::from(offset)) as *const T) } {
         Ok(value) => value,
         Err(_) => {
@@ -218,4 +244,18 @@ fn faults_of(task: u64, off: &KernelOffsets) -> (u64, u64) {
 pub fn current_task() -> u64 {
     // SAFETY: the helper has no preconditions; it returns an address, not a reference.
     unsafe { bpf_get_current_task() }
+}
+
+/// `bpf_ktime_get_ns()`: the monotonic clock, in ns.
+#[inline(always)]
+pub fn now_ns() -> u64 {
+    // SAFETY: the helper has no preconditions.
+    unsafe { bpf_ktime_get_ns() }
+}
+
+/// The CPU this program runs on (it does not migrate while it runs).
+#[inline(always)]
+pub fn this_cpu() -> u32 {
+    // SAFETY: the helper has no preconditions.
+    unsafe { bpf_get_smp_processor_id() }
 }

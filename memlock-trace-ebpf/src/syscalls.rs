@@ -5,7 +5,7 @@
 //! [`crate::shared::syscall_tp`].
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_comm, bpf_ktime_get_ns},
+    helpers::bpf_get_current_comm,
     macros::{map, tracepoint},
     maps::HashMap,
     programs::TracePointContext,
@@ -13,8 +13,8 @@ use aya_ebpf::{
 use memlock_trace_common::{EventKind, MAX_INFLIGHT, SyscallEvent, counter};
 
 use crate::shared::{
-    EVENTS, TaskCounters, count, current_ids, is_target, syscall_arg, syscall_nr, syscall_ret,
-    task_counters,
+    EVENTS, TaskCounters, count, current_ids, is_target, now_ns, syscall_arg, syscall_nr,
+    syscall_ret, task_counters,
 };
 
 /// A call between its entry and exit, keyed by tid.
@@ -101,8 +101,7 @@ fn enter<const ARGS: usize>(ctx: &TracePointContext) -> u32 {
     let entry = InFlight {
         nr: syscall_nr(ctx),
         _pad: 0,
-        // SAFETY: the helper has no preconditions.
-        enter_ns: unsafe { bpf_ktime_get_ns() },
+        enter_ns: now_ns(),
         args,
         before: task_counters().into(),
     };
@@ -118,11 +117,11 @@ fn exit(ctx: &TracePointContext) {
     let Some(entry) = INFLIGHT.get_ptr(tid) else {
         return;
     };
-    // SAFETY: the map returned a valid pointer to the entry, copied out before removal.
+    // SAFETY: a valid pointer to this thread's own entry (keyed by tid), copied out before
+    // it is removed.
     let entry = unsafe { *entry };
     let _ = INFLIGHT.remove(tid);
-    // SAFETY: the helper has no preconditions.
-    let now = unsafe { bpf_ktime_get_ns() };
+    let now = now_ns();
     let after = task_counters();
     let ret = syscall_ret(ctx).unwrap_or(0);
 

@@ -36,7 +36,9 @@ use memlock_trace_common::{
     },
 };
 
-use crate::shared::{EVENTS, count, current_ids, current_task, is_target, syscall_arg, syscall_nr};
+use crate::shared::{
+    EVENTS, Plain, count, current_ids, current_task, is_target, syscall_arg, syscall_nr,
+};
 
 /// `-ENOSYS`: x86-64 `do_syscall_64` stores it in `regs->ax` before dispatching, so a task
 /// whose `ax` holds it is inside a system call (and not, say, a page fault, whose `orig_ax`
@@ -86,7 +88,8 @@ pub fn vma_exit(_ctx: TracePointContext) -> u32 {
     let Some(call) = VMA_CALLS.get_ptr(tid) else {
         return 0;
     };
-    // SAFETY: the map returned a valid pointer to the entry, copied out before removal.
+    // SAFETY: a valid pointer to this thread's own entry (keyed by tid), copied out before
+    // it is removed.
     let call = unsafe { *call };
     let _ = VMA_CALLS.remove(tid);
     snapshot(tgid, tid, phase::AFTER, &call);
@@ -161,6 +164,7 @@ fn snapshot(tgid: u32, tid: u32, phase: u32, call: &CallRange) {
 /// way (see [`peek`]).
 #[inline(always)]
 fn walk(call: &CallRange, event: &mut SnapshotEvent) {
+    // SAFETY: the helper has no preconditions; the verifier tracks the pointer it returns.
     let task = unsafe { bpf_get_current_task_btf() };
     let mut count = 0usize;
     let mut addr = call.start;
@@ -237,9 +241,10 @@ fn read_vma(vma: u64, off: &VmaOffsets) -> VmaRange {
 /// not counted: each counted failure is one more path for the verifier to walk, per read, in
 /// the snapshot and slot loops.
 #[inline(always)]
-fn peek<T: Default>(base: u64, offset: u32) -> T {
+fn peek<T: Plain + Default>(base: u64, offset: u32) -> T {
     let mut value = T::default();
-    // SAFETY: bpf_probe_read_kernel checks the source address itself.
+    // SAFETY: bpf_probe_read_kernel checks the source address itself, and writes at most
+    // `size_of::<T>()` bytes into `value`, any of which make a valid `T` (`Plain`).
     unsafe {
         helper::bpf_probe_read_kernel(
             (&mut value as *mut T).cast(),
@@ -257,6 +262,8 @@ fn current_syscall(off: &VmaOffsets) -> (u32, [u64; 3]) {
     if off.regs_valid == 0 {
         return (NR_UNKNOWN, [0; 3]);
     }
+    // SAFETY: `bpf_task_pt_regs` takes the trusted current-task pointer and returns an
+    // address, read only with `peek`.
     let regs = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) } as u64;
     let ax: u64 = peek(regs, off.regs_ax);
     if ax != ENOSYS_RET {
@@ -317,6 +324,8 @@ pub fn vma_ma_write(ctx: BtfTracePointContext) -> i32 {
         range,
         func: [0; _],
     };
+    // SAFETY: the helper fails rather than faults on a bad `func` (the tracepoint's
+    // `const char *fn`), and writes at most `event.func.len()` bytes.
     let _ = unsafe { bpf_probe_read_kernel_str_bytes(func as *const u8, &mut event.func) };
     slot.write(event);
     slot.submit(0);
@@ -369,6 +378,8 @@ fn function_event(ctx: *mut c_void, hook: u32, phase: u32) {
     let Some(spec) = VMA_HOOKS.get_ptr(hook) else {
         return;
     };
+    // SAFETY: a valid pointer into an array map that user space fills before attaching and
+    // programs never write.
     let spec = unsafe { &*spec };
     let Some(mut slot) = EVENTS.reserve::<FuncEvent>(0) else {
         count(counter::VMA_DROPPED);
@@ -386,9 +397,12 @@ fn function_event(ctx: *mut c_void, hook: u32, phase: u32) {
     };
     for (i, arg) in event.args.iter_mut().enumerate() {
         // Fails (leaving 0) past the function's arity.
+        // SAFETY: `ctx` is this fentry/fexit program's context, and the helper checks `i`
+        // against the function's arity.
         let _ = unsafe { bpf_get_func_arg(ctx, i as u32, arg) };
     }
     if phase == phase::AFTER {
+        // SAFETY: `ctx` is this fexit program's context.
         let _ = unsafe { bpf_get_func_ret(ctx, &mut event.ret) };
     }
     for i in 0..FN_SLOTS {

@@ -11,6 +11,7 @@ use aya_ebpf::{
 };
 
 use super::inflight::{hook_end, hook_start, perf_completion, record_start};
+use crate::shared::tp_field;
 
 // ---------------------------------------------------------------------------------------
 // Hook set 3: tracepoints + perf software events.
@@ -26,7 +27,7 @@ use super::inflight::{hook_end, hook_start, perf_completion, record_start};
 /// ```
 #[tracepoint]
 pub fn fault_exception_entry(ctx: TracePointContext) -> u32 {
-    let address = unsafe { ctx.read_at::<u64>(8) }.unwrap_or(0);
+    let address = tp_field::<u64>(&ctx, 8).unwrap_or(0);
     record_start(address);
     0
 }

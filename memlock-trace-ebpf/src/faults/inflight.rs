@@ -5,7 +5,7 @@
 use aya_ebpf::{
     EbpfContext,
     bindings::BPF_ANY,
-    helpers::{bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_map_lookup_percpu_elem},
+    helpers::bpf_map_lookup_percpu_elem,
     macros::map,
     maps::{LruHashMap, PerCpuArray},
     programs::PerfEventContext,
@@ -19,7 +19,7 @@ use super::{
     FAILED_SIGNALLED, Fault, NO_LATENCY, NO_SYSCALL, account, bump, populate::POPULATE_INFLIGHT,
     record_stack, sole_tgid,
 };
-use crate::shared::{current_ids, is_target, read_kernel};
+use crate::shared::{current_ids, is_target, now_ns, read_kernel, this_cpu};
 
 // ---------------------------------------------------------------------------------------
 // Hook set 3: tracepoints + perf software events.
@@ -38,6 +38,8 @@ pub(super) fn record_start(address: u64) {
         return;
     }
     if let Some(ring) = FAULT_SLOTS.get_ptr_mut(0) {
+        // SAFETY: this CPU's value of a per-CPU map, valid while the program runs; a program
+        // runs to completion on its CPU, so nothing else uses it meanwhile.
         let r = unsafe { &mut *ring };
         let i = r.next as usize & (START_SLOTS - 1);
         r.next = r.next.wrapping_add(1);
@@ -45,7 +47,7 @@ pub(super) fn record_start(address: u64) {
             tid,
             _pad: 0,
             address,
-            start_ns: unsafe { bpf_ktime_get_ns() },
+            start_ns: now_ns(),
         };
     }
 }
@@ -85,11 +87,12 @@ static FAULT_SLOTS: PerCpuArray<StartRing> = PerCpuArray::with_max_entries(1, 0)
 #[inline(always)]
 fn slot_latency(tid: u32, address: u64) -> Option<u64> {
     let ring = FAULT_SLOTS.get_ptr_mut(0)?;
+    // SAFETY: as in `record_start`: this CPU's ring, used by nothing else meanwhile.
     if let Some(ns) = take_start(unsafe { &mut *ring }, tid, address) {
         return Some(ns);
     }
     let cpus = config!(nr_cpus).min(MAX_CPUS);
-    let this_cpu = unsafe { bpf_get_smp_processor_id() };
+    let this_cpu = this_cpu();
     let key = 0u32;
     for cpu in 0..MAX_CPUS {
         if cpu >= cpus {
@@ -109,6 +112,9 @@ fn slot_latency(tid: u32, address: u64) -> Option<u64> {
         if other.is_null() {
             continue;
         }
+        // SAFETY: not NULL, so a valid pointer to `cpu`'s ring. That CPU may write it at the
+        // same time (a start of its own): plain integers, so the worst a race does is make the
+        // tid and address check miss, and the fault counts as unmatched.
         if let Some(ns) = take_start(unsafe { &mut *other.cast::<StartRing>() }, tid, address) {
             return Some(ns);
         }
@@ -124,7 +130,7 @@ fn take_start(ring: &mut StartRing, tid: u32, address: u64) -> Option<u64> {
     for slot in &mut ring.slots {
         if slot.tid == tid && slot.address == address {
             slot.tid = 0;
-            return Some(unsafe { bpf_ktime_get_ns() }.wrapping_sub(slot.start_ns));
+            return Some(now_ns().wrapping_sub(slot.start_ns));
         }
     }
     None
@@ -133,8 +139,11 @@ fn take_start(ring: &mut StartRing, tid: u32, address: u64) -> Option<u64> {
 #[inline(always)]
 pub(super) fn perf_completion(ctx: &PerfEventContext, major: bool) {
     let data = ctx.ctx;
+    // SAFETY: `ctx.ctx` is the `bpf_perf_event_data` the kernel hands this program, valid
+    // for its whole run.
     let address = unsafe { (*data).addr };
     // x86: the privilege level of the faulting code is the low two bits of CS.
+    // SAFETY: as above.
     let user_mode = unsafe { (*data).regs.cs } & 3 != 0;
     let (tgid, tid) = current_ids();
     // A start found in the ring also says the task is traced (only targets fill it).
@@ -148,6 +157,8 @@ pub(super) fn perf_completion(ctx: &PerfEventContext, major: bool) {
         // inside a populating call, its min_flt delta includes this fault; note it so the
         // delta is not counted twice.
         if let Some(call) = POPULATE_INFLIGHT.get_ptr_mut(tid) {
+            // SAFETY: a valid pointer to this thread's own entry (keyed by tid), which only
+            // this thread's programs touch, one at a time.
             unsafe {
                 if major {
                     (*call).exception_maj += 1;
@@ -203,6 +214,8 @@ pub(super) fn hook_end<C: EbpfContext>(ctx: &C, ret: u32) {
     let Some(entry) = FAULT_ENTRY.get_ptr_mut(tid) else {
         return;
     };
+    // SAFETY: a valid pointer to this thread's own entry (keyed by tid): only this thread's
+    // fault hooks use it, and they do not nest.
     let e = unsafe { &mut *entry };
     if e.pending == 0 {
         return;
@@ -215,7 +228,7 @@ pub(super) fn hook_end<C: EbpfContext>(ctx: &C, ret: u32) {
     }
     e.pending = 0;
     let latency = if config!(latency) != 0 {
-        unsafe { bpf_ktime_get_ns() }.wrapping_sub(e.start_ns)
+        now_ns().wrapping_sub(e.start_ns)
     } else {
         NO_LATENCY
     };
@@ -253,6 +266,7 @@ pub(super) fn hook_end<C: EbpfContext>(ctx: &C, ret: u32) {
     let major = ret & config!(vm_fault_major) != 0 || e.flags & config!(fault_flag_tried) != 0;
     let (cls, syscall) = if e.no_regs != 0 {
         let index = match POPULATE_INFLIGHT.get_ptr(tid) {
+            // SAFETY: a valid pointer to this thread's own entry, read once.
             Some(call) => unsafe { (*call).index },
             None => populate::OTHER as u32,
         };
@@ -286,8 +300,9 @@ pub(super) fn hook_end<C: EbpfContext>(ctx: &C, ret: u32) {
 #[inline(always)]
 fn start(address: u64, flags: u32, no_regs: u32, vm_flags: u64, vm_start: u64) {
     let (tgid, tid) = current_ids();
-    let now = unsafe { bpf_ktime_get_ns() };
+    let now = now_ns();
     if let Some(entry) = FAULT_ENTRY.get_ptr_mut(tid) {
+        // SAFETY: as in `hook_end`: this thread's own entry, used by nothing else meanwhile.
         let e = unsafe { &mut *entry };
         let retry_of_same = e.retried != 0 && e.address >> PAGE_SHIFT == address >> PAGE_SHIFT;
         if e.pending != 0 && !retry_of_same {

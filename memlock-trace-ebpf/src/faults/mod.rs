@@ -21,7 +21,7 @@
 use aya_ebpf::{
     EbpfContext,
     bindings::BPF_NOEXIST,
-    helpers::{bpf_get_current_comm, bpf_get_smp_processor_id, bpf_ktime_get_ns},
+    helpers::bpf_get_current_comm,
     macros::map,
     maps::{Array, LruPerCpuHashMap, PerCpuArray, RingBuf},
 };
@@ -37,7 +37,7 @@ use memlock_trace_common::{
 
 use self::regions::count_region;
 use crate::{
-    shared::{add, is_target},
+    shared::{add, is_target, now_ns, this_cpu},
     stacks,
 };
 
@@ -45,6 +45,7 @@ use crate::{
 /// to its compile-time value, not the one the loader wrote).
 macro_rules! config {
     ($field:ident) => {
+        // SAFETY: a read of a field of a static, which outlives the program.
         unsafe { core::ptr::read_volatile(&raw const $crate::faults::FAULT_CONFIG.$field) }
     };
 }
@@ -150,6 +151,8 @@ fn stats_for(tgid: u32, tid: u32, known_target: bool) -> Option<*mut FaultStats>
             return None;
         }
         let stats = FAULT_SOLE_STATS.get_ptr_mut(0)?;
+        // SAFETY: this CPU's value of a per-CPU map, valid while the program runs; a program
+        // runs to completion on its CPU, so nothing else uses it meanwhile.
         unsafe {
             if (*stats).comm[0] == 0 {
                 (*stats).comm = bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]);
@@ -168,6 +171,7 @@ fn stats_for(tgid: u32, tid: u32, known_target: bool) -> Option<*mut FaultStats>
         return None;
     }
     let scratch = STATS_SCRATCH.get_ptr_mut(0)?;
+    // SAFETY: as above: this CPU's scratch value.
     let scratch = unsafe {
         (*scratch).comm = bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]);
         &*scratch
@@ -228,6 +232,8 @@ fn account(f: Fault) -> bool {
     let Some(stats) = stats_for(tgid, tid, known_target) else {
         return false;
     };
+    // SAFETY: `stats_for` returns a valid pointer to this CPU's stats of the task (a per-CPU
+    // value, or the LRU map's entry kept valid by RCU), used by nothing else meanwhile.
     let s = unsafe { &mut *stats };
     // Constant indices in every arm: nothing for the verifier to bound.
     match cls {
@@ -323,6 +329,7 @@ fn record_latency(s: &mut FaultStats, tgid: u32, tid: u32, cls: u32, ns: u64) {
                 reason = "by value, the 1 KiB histogram would be copied onto the 512-byte BPF stack"
             )]
             if FAULT_HIST
+                // SAFETY: this CPU's value of HIST_ZERO, which nothing writes.
                 .insert(key, unsafe { &*zero }, u64::from(BPF_NOEXIST))
                 .is_ok()
             {
@@ -337,6 +344,7 @@ fn record_latency(s: &mut FaultStats, tgid: u32, tid: u32, cls: u32, ns: u64) {
             }
         }
     };
+    // SAFETY: this CPU's share of the histogram entry, valid (RCU) while the program runs.
     unsafe { (*hist).counts[bucket] += 1 };
 }
 
@@ -379,10 +387,10 @@ fn emit(
         tid,
         address,
         latency_ns: if latency == NO_LATENCY { 0 } else { latency },
-        time_ns: unsafe { bpf_ktime_get_ns() },
+        time_ns: now_ns(),
         count,
         syscall,
-        cpu: unsafe { bpf_get_smp_processor_id() },
+        cpu: this_cpu(),
         comm: bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]),
     });
     slot.submit(0);

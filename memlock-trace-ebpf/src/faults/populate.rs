@@ -5,7 +5,6 @@
 
 use aya_ebpf::{
     bindings::BPF_ANY,
-    helpers::bpf_ktime_get_ns,
     macros::{map, tracepoint},
     maps::LruHashMap,
     programs::TracePointContext,
@@ -19,7 +18,9 @@ use super::{
     FAULT_CONFIG, NO_LATENCY, NO_SYSCALL, bump, emit, record_stack, regions::flush_region,
     stats_for,
 };
-use crate::shared::{current_ids, is_target, syscall_arg, syscall_nr, syscall_ret, task_faults};
+use crate::shared::{
+    current_ids, is_target, now_ns, syscall_arg, syscall_nr, syscall_ret, task_faults, tp_field,
+};
 
 #[map]
 pub(super) static POPULATE_INFLIGHT: LruHashMap<u32, PopulateCall> =
@@ -44,8 +45,8 @@ pub(super) static POPULATE_INFLIGHT: LruHashMap<u32, PopulateCall> =
 pub fn fault_signal(ctx: TracePointContext) -> u32 {
     const SIGBUS: i32 = 7;
     const SIGSEGV: i32 = 11;
-    let sig = unsafe { ctx.read_at::<i32>(8) }.unwrap_or(0);
-    let code = unsafe { ctx.read_at::<i32>(16) }.unwrap_or(0);
+    let sig = tp_field::<i32>(&ctx, 8).unwrap_or(0);
+    let code = tp_field::<i32>(&ctx, 16).unwrap_or(0);
     let from_fault = match sig {
         // SEGV_MAPERR 1, SEGV_ACCERR 2, SEGV_PKUERR 4
         SIGSEGV => matches!(code, 1 | 2 | 4),
@@ -53,13 +54,15 @@ pub fn fault_signal(ctx: TracePointContext) -> u32 {
         SIGBUS => matches!(code, 2 | 4),
         _ => false,
     };
-    let target = unsafe { ctx.read_at::<i32>(36) }.unwrap_or(-1) as u32;
+    let target = tp_field::<i32>(&ctx, 36).unwrap_or(-1) as u32;
     let (tgid, tid) = current_ids();
     // Self-inflicted: the faulting task signals itself.
     if !from_fault || target != tid {
         return 0;
     }
     if let Some(stats) = stats_for(tgid, tid, false) {
+        // SAFETY: `stats_for` returns a valid pointer to this CPU's stats of the task, used
+        // by nothing else while this program runs.
         unsafe { (*stats).counts[stat::FAILED] += 1 };
     }
     if config!(events) != 0 && is_target(tgid) {
@@ -89,6 +92,7 @@ pub fn populate_enter(ctx: TracePointContext) -> u32 {
     for i in 0..populate::COUNT {
         // Volatile, element by element: a plain read of the static would be folded to its
         // compile-time value, not the one the loader wrote.
+        // SAFETY: an in-bounds read of a static, which outlives the program.
         let candidate =
             unsafe { core::ptr::read_volatile(&raw const FAULT_CONFIG.populate_nrs[i]) };
         if candidate == nr {
@@ -100,7 +104,7 @@ pub fn populate_enter(ctx: TracePointContext) -> u32 {
     let call = PopulateCall {
         index,
         _pad: 0,
-        start_ns: unsafe { bpf_ktime_get_ns() },
+        start_ns: now_ns(),
         min_flt,
         maj_flt,
         exception_min: 0,
@@ -124,6 +128,7 @@ pub fn populate_exit_counted(ctx: TracePointContext) -> u32 {
     let Some(call) = POPULATE_INFLIGHT.get_ptr(tid) else {
         return 0;
     };
+    // SAFETY: a valid pointer to this thread's own entry, copied out before it is removed.
     let call = unsafe { *call };
     let _ = POPULATE_INFLIGHT.remove(tid);
     let (min_flt, maj_flt) = task_faults();
@@ -139,6 +144,7 @@ pub fn populate_exit_counted(ctx: TracePointContext) -> u32 {
     let Some(stats) = stats_for(tgid, tid, true) else {
         return 0;
     };
+    // SAFETY: as in `fault_signal`.
     let s = unsafe { &mut *stats };
     s.counts[stat::POPULATED_MINOR] += minor;
     s.counts[stat::POPULATED_MAJOR] += major;

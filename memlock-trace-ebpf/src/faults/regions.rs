@@ -43,6 +43,8 @@ pub(super) fn count_region(tgid: u32, region: u64, vm_flags: u64) {
     let Some(run) = FAULT_REGION_RUN.get_ptr_mut(0) else {
         return;
     };
+    // SAFETY: this CPU's value of a per-CPU map, valid while the program runs; a program runs
+    // to completion on its CPU, so nothing else uses it meanwhile.
     let run = unsafe { &mut *run };
     let same = run.value.faults != 0
         && run.key.tgid == tgid
@@ -84,6 +86,7 @@ fn stash_run(key: RegionKey, value: RegionValue) {
     let Some(slot) = FAULT_REGION_SLOTS.get_ptr_mut(index) else {
         return;
     };
+    // SAFETY: as in `count_region`: this CPU's slot of a per-CPU map.
     let slot = unsafe { &mut *slot };
     if slot.value.faults != 0
         && slot.key.tgid == key.tgid
@@ -115,6 +118,8 @@ pub(super) fn flush_region(tgid: u32, start: u64, faults: u64, vm_flags: u64) {
     };
     for _ in 0..2 {
         if let Some(value) = FAULT_REGIONS.get_ptr_mut(key) {
+            // SAFETY: this CPU's share of the entry; the map keeps it valid (RCU) while the
+            // program runs, even if the LRU evicts the key meanwhile.
             unsafe {
                 (*value).faults += faults;
                 (*value).vm_flags |= vm_flags;
