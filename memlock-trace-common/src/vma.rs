@@ -200,7 +200,7 @@ pub struct FuncEvent {
     /// An [`EventKind`](crate::EventKind): always
     /// [`EventKind::Func`](crate::EventKind::Func).
     pub kind: u32,
-    /// Index into [`VmaConfig::hooks`]; the loader knows which function it is.
+    /// Index into the [`VMA_HOOKS`] map of [`HookSpec`]s; the loader knows which function it is.
     pub hook: u32,
     /// [`phase::BEFORE`] (fentry) or [`phase::AFTER`] (fexit).
     pub phase: u32,
