@@ -154,6 +154,9 @@ pub struct FaultConfig {
     pub nr_cpus: u32,
     /// Non-zero (`--stacks`): count faults per user call stack (see [`StackKey`]).
     pub stacks: u32,
+    /// Not read by the programs, which test [`crate::vma::VM_LOCKED`] and
+    /// [`crate::vma::VM_LOCKONFAULT`] (the one copy of those `#define`s); kept so the layout
+    /// the loader writes does not change. Remove with the loader's own copy of the constants.
     pub vm_locked: u64,
     pub vm_lockonfault: u64,
     /// `vm_area_struct.vm_flags` / `.vm_start` offsets.
@@ -426,7 +429,8 @@ pub mod fault_flags {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FaultEvent {
-    /// Always [`crate::event_kind::FAULT`].
+    /// An [`EventKind`](crate::EventKind): always
+    /// [`EventKind::Fault`](crate::EventKind::Fault).
     pub kind: u32,
     /// See [`fault_flags`].
     pub flags: u32,

@@ -13,6 +13,15 @@ pub mod vma;
 /// Length of `task_struct.comm`, including the NUL.
 pub const TASK_COMM_LEN: usize = 16;
 
+/// log2 of the base page size: 12 on x86-64, the one architecture the programs read
+/// registers for (`PAGE_SHIFT`, arch/x86/include/asm/page_types.h). Page addresses in the
+/// records (region starts, snapshot ranges) are aligned to it.
+pub const PAGE_SHIFT: u32 = 12;
+/// The base page size, 4 KiB.
+pub const PAGE_SIZE: u64 = 1 << PAGE_SHIFT;
+/// Clears the offset within a page, like the kernel's `PAGE_MASK`.
+pub const PAGE_MASK: u64 = !(PAGE_SIZE - 1);
+
 /// Names of the maps and globals the loader looks up by name.
 pub mod names {
     pub const EVENTS: &str = "EVENTS";
@@ -84,18 +93,57 @@ pub struct Config {
     pub offsets: KernelOffsets,
 }
 
-/// Tag in the first four bytes of every ring-buffer record; the decoder dispatches on it.
-pub mod event_kind {
-    pub const SYSCALL: u32 = 1;
-    /// [`crate::faults::FaultEvent`]; 16 keeps clear of the kinds other hook families add.
-    pub const FAULT: u32 = 16;
+/// What a ring-buffer record is. Every record starts with `kind: u32` holding one of these,
+/// and the decoder dispatches on it ([`EventKind::from_u32`]). One enum for every hook
+/// family, so no two families can pick the same tag; the values are spaced so a family can
+/// add kinds next to its own.
+///
+/// The records keep a plain `u32` (written as `EventKind::Syscall as u32`): a `#[repr(u32)]`
+/// enum field would make every other bit pattern undefined behaviour, and the bytes come
+/// from the kernel.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum EventKind {
+    /// [`SyscallEvent`].
+    Syscall = 1,
+    /// [`faults::FaultEvent`].
+    Fault = 16,
+    /// [`vma::SnapshotEvent`].
+    Snapshot = 32,
+    /// [`vma::StoreEvent`].
+    Store = 33,
+    /// [`vma::FuncEvent`].
+    Func = 34,
+}
+
+impl EventKind {
+    /// Every kind, in tag order.
+    pub const ALL: [Self; 5] = [
+        Self::Syscall,
+        Self::Fault,
+        Self::Snapshot,
+        Self::Store,
+        Self::Func,
+    ];
+
+    /// The kind a record's first four bytes name; `None` for a tag no family writes.
+    pub const fn from_u32(tag: u32) -> Option<Self> {
+        Some(match tag {
+            1 => Self::Syscall,
+            16 => Self::Fault,
+            32 => Self::Snapshot,
+            33 => Self::Store,
+            34 => Self::Func,
+            _ => return None,
+        })
+    }
 }
 
 /// One completed mlock-family system call, written at `sys_exit`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SyscallEvent {
-    /// Always [`event_kind::SYSCALL`].
+    /// An [`EventKind`]: always [`EventKind::Syscall`].
     pub kind: u32,
     /// The architecture's system call number (`__syscall_nr`), mapped to a name by the loader.
     pub nr: u32,
@@ -146,4 +194,34 @@ mod pod {
     unsafe impl aya::Pod for super::faults::FaultEntry {}
     unsafe impl aya::Pod for super::faults::FaultEvent {}
     unsafe impl aya::Pod for super::faults::StackKey {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_kind_round_trips_and_rejects_other_tags() {
+        for kind in EventKind::ALL {
+            assert_eq!(EventKind::from_u32(kind as u32), Some(kind));
+        }
+        // Every tag `from_u32` accepts is in `ALL`, and no two kinds share one.
+        let accepted: usize = (0..=256)
+            .chain([u32::MAX])
+            .filter(|&tag| EventKind::from_u32(tag).is_some())
+            .count();
+        assert_eq!(accepted, EventKind::ALL.len());
+        assert_eq!(EventKind::from_u32(0), None);
+        assert_eq!(EventKind::from_u32(u32::MAX), None);
+    }
+
+    #[test]
+    fn event_kind_values_are_the_wire_tags() {
+        // The numbers are the contract with records already written: never renumber.
+        assert_eq!(EventKind::Syscall as u32, 1);
+        assert_eq!(EventKind::Fault as u32, 16);
+        assert_eq!(EventKind::Snapshot as u32, 32);
+        assert_eq!(EventKind::Store as u32, 33);
+        assert_eq!(EventKind::Func as u32, 34);
+    }
 }

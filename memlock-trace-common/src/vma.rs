@@ -1,6 +1,6 @@
 //! The VMA part of the kernel/user contract: how mlock splits, merges and re-flags VMAs.
 //!
-//! Three records, all tagged with a kind from [`kind`] in their first four bytes:
+//! Three records, each tagged with its [`EventKind`](crate::EventKind) in its first four bytes:
 //! - [`SnapshotEvent`]: the VMAs around an mlock-family call's range, read with
 //!   `bpf_find_vma` at `sys_enter` and again at `sys_exit`. Diffing the two gives the
 //!   splits, merges and flag changes on every kernel, whatever its internal functions.
@@ -31,13 +31,6 @@ pub const NR_UNKNOWN: u32 = u32::MAX;
 /// `#define VM_LOCKED 0x00002000`, `#define VM_LOCKONFAULT 0x00080000`.
 pub const VM_LOCKED: u64 = 0x0000_2000;
 pub const VM_LOCKONFAULT: u64 = 0x0008_0000;
-
-/// Record tags: clear of the syscall family's (1) and the fault family's (16).
-pub mod kind {
-    pub const SNAPSHOT: u32 = 32;
-    pub const STORE: u32 = 33;
-    pub const FUNC: u32 = 34;
-}
 
 /// [`SnapshotEvent::phase`] and [`FuncEvent::phase`].
 pub mod phase {
@@ -156,7 +149,8 @@ pub struct VmaRange {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SnapshotEvent {
-    /// Always [`kind::SNAPSHOT`].
+    /// An [`EventKind`](crate::EventKind): always
+    /// [`EventKind::Snapshot`](crate::EventKind::Snapshot).
     pub kind: u32,
     /// [`phase::BEFORE`] (at `sys_enter`) or [`phase::AFTER`] (at `sys_exit`).
     pub phase: u32,
@@ -179,7 +173,8 @@ pub struct SnapshotEvent {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct StoreEvent {
-    /// Always [`kind::STORE`].
+    /// An [`EventKind`](crate::EventKind): always
+    /// [`EventKind::Store`](crate::EventKind::Store).
     pub kind: u32,
     pub tgid: u32,
     pub tid: u32,
@@ -202,9 +197,10 @@ pub struct StoreEvent {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FuncEvent {
-    /// Always [`kind::FUNC`].
+    /// An [`EventKind`](crate::EventKind): always
+    /// [`EventKind::Func`](crate::EventKind::Func).
     pub kind: u32,
-    /// Index into [`VmaConfig::hooks`]; the loader knows which function it is.
+    /// Index into the [`VMA_HOOKS`] map of [`HookSpec`]s; the loader knows which function it is.
     pub hook: u32,
     /// [`phase::BEFORE`] (fentry) or [`phase::AFTER`] (fexit).
     pub phase: u32,

@@ -14,8 +14,8 @@
 //! ```
 
 use aya_ebpf::{
-    EbpfContext as _, Global,
-    helpers::{bpf_get_current_ancestor_cgroup_id, bpf_get_current_task},
+    Global,
+    helpers::bpf_get_current_ancestor_cgroup_id,
     macros::{btf_tracepoint, map},
     maps::PerCpuArray,
     programs::BtfTracePointContext,
@@ -25,7 +25,7 @@ use memlock_trace_common::{
     process::{ProcessConfig, ProcessOffsets, counter},
 };
 
-use crate::shared::{TARGET_TGIDS, read_kernel};
+use crate::shared::{TARGET_TGIDS, add, current_ids, current_task, read_kernel};
 
 /// Set by the loader before load: which filters are on, and this kernel's offsets.
 #[unsafe(no_mangle)]
@@ -52,10 +52,7 @@ static PROCESS_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counte
 
 #[inline(always)]
 fn count(index: u32) {
-    if let Some(slot) = PROCESS_COUNTERS.get_ptr_mut(index) {
-        // Per-CPU slot: a plain increment is race-free.
-        unsafe { *slot += 1 };
-    }
+    add(&PROCESS_COUNTERS, index, 1);
 }
 
 /// Runs in the parent. A child of a target becomes a target itself.
@@ -65,7 +62,7 @@ pub fn process_fork(ctx: BtfTracePointContext) -> i32 {
     if config.follow_children == 0 {
         return 0;
     }
-    let parent_tgid = ctx.tgid();
+    let (parent_tgid, _) = current_ids();
     if TARGET_TGIDS.get_ptr(parent_tgid).is_none() {
         return 0;
     }
@@ -87,7 +84,7 @@ pub fn process_fork(ctx: BtfTracePointContext) -> i32 {
 /// leaves the filter, so a process that later reuses the pid is not traced by mistake.
 #[btf_tracepoint(function = "sched_process_exit")]
 pub fn process_exit(ctx: BtfTracePointContext) -> i32 {
-    let tgid = ctx.tgid();
+    let (tgid, _) = current_ids();
     if TARGET_TGIDS.get_ptr(tgid).is_none() {
         return 0;
     }
@@ -106,7 +103,7 @@ pub fn process_exit(ctx: BtfTracePointContext) -> i32 {
 /// The current task's group leader (the process, as `/proc/PID` sees it).
 #[inline(always)]
 fn current_leader(off: &ProcessOffsets) -> u64 {
-    read_kernel(unsafe { bpf_get_current_task() }, off.task_group_leader)
+    read_kernel(current_task(), off.task_group_leader)
 }
 
 /// Whether the current task passes `--comm` and `--cgroup` (true when they are off).
@@ -116,6 +113,8 @@ pub fn matches_filters() -> bool {
     if config.match_cgroup != 0 {
         // The ancestor at the filter cgroup's depth is the filter cgroup itself exactly when
         // the task is in it or below it.
+        // SAFETY: the helper has no preconditions; a level deeper than the task's cgroup
+        // yields 0, which matches no filter.
         let ancestor = unsafe { bpf_get_current_ancestor_cgroup_id(config.cgroup_level as i32) };
         if ancestor != config.cgroup_id {
             return false;
@@ -126,6 +125,7 @@ pub fn matches_filters() -> bool {
         let leader = current_leader(&config.offsets);
         // Compared as two u64 words: BPF has no memcmp.
         let comm: [u64; 2] = read_kernel(leader, config.offsets.task_comm);
+        // SAFETY: `[u8; 16]` and `[u64; 2]` have the same size, and any bytes are valid u64s.
         let want: [u64; 2] = unsafe { core::mem::transmute(config.comm) };
         if comm != want {
             return false;

@@ -1,11 +1,17 @@
-//! Maps, configuration and helpers shared by every hook family.
+//! Maps, configuration and helpers shared by every hook family: the one place for the
+//! current task's ids, the `syscalls:*` tracepoint record layout, per-CPU counters and
+//! kernel reads.
 
 use aya_ebpf::{
     Global,
     bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
-    helpers::{bpf_get_current_task, bpf_probe_read_kernel},
+    helpers::{
+        bpf_get_current_pid_tgid, bpf_get_current_task, bpf_get_smp_processor_id, bpf_ktime_get_ns,
+        bpf_probe_read_kernel,
+    },
     macros::map,
     maps::{HashMap, PerCpuArray, RingBuf},
+    programs::TracePointContext,
 };
 use memlock_trace_common::{Config, EVENTS_BYTE_SIZE, KernelOffsets, MAX_TARGETS, counter, filter};
 
@@ -61,22 +67,130 @@ pub fn submit_flags() -> u64 {
     }
 }
 
+/// Counts one event in the health counter `index` (see [`counter`]).
 #[inline(always)]
 pub fn count(index: u32) {
-    if let Some(slot) = COUNTERS.get_ptr_mut(index) {
-        // Per-CPU slot, so a plain increment is race-free.
-        unsafe { *slot += 1 };
+    add(&COUNTERS, index, 1);
+}
+
+/// Adds `n` to this CPU's slot `index` of a per-CPU counter array and returns what the slot
+/// held before (0 for an index past the array).
+#[inline(always)]
+pub fn add(counters: &PerCpuArray<u64>, index: u32, n: u64) -> u64 {
+    match counters.get_ptr_mut(index) {
+        // SAFETY: the map returned a valid pointer to this CPU's own slot, and a program runs
+        // to completion on one CPU, so a plain read-modify-write is race-free.
+        Some(slot) => unsafe {
+            let old = *slot;
+            *slot = old + n;
+            old
+        },
+        None => 0,
     }
+}
+
+/// The current task's thread group id (the process, `getpid()`) and thread id (`gettid()`),
+/// from one `bpf_get_current_pid_tgid` call: tgid in the upper 32 bits, pid in the lower.
+#[inline(always)]
+pub fn current_ids() -> (u32, u32) {
+    let pid_tgid = bpf_get_current_pid_tgid();
+    ((pid_tgid >> 32) as u32, pid_tgid as u32)
+}
+
+/// The record of every `syscalls:sys_enter_*` and `syscalls:sys_exit_*` tracepoint: the same
+/// layout for each call (`struct syscall_trace_enter` / `syscall_trace_exit`, kernel/trace/
+/// trace_syscalls.c), every argument 8 bytes whatever its C type. From
+/// `/sys/kernel/tracing/events/syscalls/sys_enter_mlock2/format` and
+/// `.../sys_exit_mlock/format` (6.1 and 6.18 alike):
+///
+/// ```text
+/// name: sys_enter_mlock2
+/// format:
+///         field:unsigned short common_type;       offset:0;       size:2; signed:0;
+///         field:unsigned char common_flags;       offset:2;       size:1; signed:0;
+///         field:unsigned char common_preempt_count;       offset:3;       size:1; signed:0;
+///         field:int common_pid;   offset:4;       size:4; signed:1;
+///
+///         field:int __syscall_nr; offset:8;       size:4; signed:1;
+///         field:unsigned long start;      offset:16;      size:8; signed:0;
+///         field:size_t len;       offset:24;      size:8; signed:0;
+///         field:int flags;        offset:32;      size:8; signed:0;
+///
+/// name: sys_exit_mlock
+/// format:
+///         (the same common fields)
+///
+///         field:int __syscall_nr; offset:8;       size:4; signed:1;
+///         field:long ret; offset:16;      size:8; signed:1;
+/// ```
+///
+/// The other calls differ only in how many arguments follow `__syscall_nr`: `mlock`,
+/// `munlock` (`start`, `len`), `mlockall` (`flags`), `munlockall` (none), `mmap` (six).
+pub mod syscall_tp {
+    /// `int __syscall_nr`, in `sys_enter_*` and `sys_exit_*`.
+    pub const NR_OFFSET: usize = 8;
+    /// The first argument of `sys_enter_*`; argument `i` is at `ARG0_OFFSET + 8 * i`.
+    pub const ARG0_OFFSET: usize = 16;
+    /// `long ret` of `sys_exit_*`.
+    pub const RET_OFFSET: usize = 16;
+}
+
+/// `__syscall_nr` of a `sys_enter_*`/`sys_exit_*` record, or `u32::MAX` (-1) if unreadable.
+#[inline(always)]
+pub fn syscall_nr(ctx: &TracePointContext) -> u32 {
+    tp_field::<i32>(ctx, syscall_tp::NR_OFFSET).unwrap_or(-1) as u32
+}
+
+/// Argument `i` of a `sys_enter_*` record, or 0 if unreadable. `i` must be below the call's
+/// argument count: past it the read returns whatever follows the record.
+#[inline(always)]
+pub fn syscall_arg(ctx: &TracePointContext, i: usize) -> u64 {
+    tp_field(ctx, syscall_tp::ARG0_OFFSET + 8 * i).unwrap_or(0)
+}
+
+/// `ret` of a `sys_exit_*` record: the call's result, or `-errno`.
+#[inline(always)]
+pub fn syscall_ret(ctx: &TracePointContext) -> Option<i64> {
+    tp_field(ctx, syscall_tp::RET_OFFSET)
+}
+
+/// Types for which any bytes are a valid value, so they can be copied out of kernel memory
+/// or a tracepoint record whatever it holds.
+///
+/// # Safety
+///
+/// Every bit pattern of `size_of::<Self>()` bytes must be a valid `Self`.
+pub unsafe trait Plain: Copy {}
+
+// SAFETY: integers, and arrays of them, have no invalid bit patterns.
+unsafe impl Plain for i32 {}
+// SAFETY: as above.
+unsafe impl Plain for u32 {}
+// SAFETY: as above.
+unsafe impl Plain for i64 {}
+// SAFETY: as above.
+unsafe impl Plain for u64 {}
+// SAFETY: as above.
+unsafe impl<T: Plain, const N: usize> Plain for [T; N] {}
+
+/// The field at `offset` of the current tracepoint's record, `None` if it cannot be read.
+#[inline(always)]
+pub fn tp_field<T: Plain>(ctx: &TracePointContext, offset: usize) -> Option<T> {
+    // SAFETY: `read_at` copies with `bpf_probe_read`, which fails rather than faults on a
+    // bad address, into a `T` that any bytes make valid (`Plain`).
+    unsafe { ctx.read_at::<T>(offset) }.ok()
 }
 
 /// Reads a `T` at `base + offset` in kernel memory; a failed read is counted and yields 0,
 /// so one unreadable field never costs the whole event.
 #[inline(always)]
-pub fn read_kernel<T: Default>(base: u64, offset: u32) -> T {
+pub fn read_kernel<T: Plain + Default>(base: u64, offset: u32) -> T {
     if base == 0 {
         count(counter::READ_FAILED);
         return T::default();
     }
+    // SAFETY: `bpf_probe_read_kernel` checks the source address itself and fails rather
+    // than faults, and any bytes are a valid `T` (`Plain`).
     match unsafe { bpf_probe_read_kernel((base + u64::from(offset)) as *const T) } {
         Ok(value) => value,
         Err(_) => {
@@ -99,12 +213,49 @@ pub struct TaskCounters {
 #[inline(always)]
 pub fn task_counters() -> TaskCounters {
     let off = offsets();
-    let task = unsafe { bpf_get_current_task() };
+    let task = current_task();
     let mm: u64 = read_kernel(task, off.task_mm);
+    let (min_flt, maj_flt) = faults_of(task, &off);
     TaskCounters {
-        min_flt: read_kernel(task, off.task_min_flt),
-        maj_flt: read_kernel(task, off.task_maj_flt),
+        min_flt,
+        maj_flt,
         locked_vm: read_kernel(mm, off.mm_locked_vm),
         map_count: read_kernel(mm, off.mm_map_count),
     }
+}
+
+/// The current task's `min_flt` and `maj_flt`: the faults it has taken, including those the
+/// kernel took on its behalf (pages populated inside a system call).
+#[inline(always)]
+pub fn task_faults() -> (u64, u64) {
+    faults_of(current_task(), &offsets())
+}
+
+#[inline(always)]
+fn faults_of(task: u64, off: &KernelOffsets) -> (u64, u64) {
+    (
+        read_kernel(task, off.task_min_flt),
+        read_kernel(task, off.task_maj_flt),
+    )
+}
+
+/// The current `task_struct`'s address, for [`read_kernel`].
+#[inline(always)]
+pub fn current_task() -> u64 {
+    // SAFETY: the helper has no preconditions; it returns an address, not a reference.
+    unsafe { bpf_get_current_task() }
+}
+
+/// `bpf_ktime_get_ns()`: the monotonic clock, in ns.
+#[inline(always)]
+pub fn now_ns() -> u64 {
+    // SAFETY: the helper has no preconditions.
+    unsafe { bpf_ktime_get_ns() }
+}
+
+/// The CPU this program runs on (it does not migrate while it runs).
+#[inline(always)]
+pub fn this_cpu() -> u32 {
+    // SAFETY: the helper has no preconditions.
+    unsafe { bpf_get_smp_processor_id() }
 }

@@ -31,10 +31,7 @@ static STACK_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(stack_co
 
 #[inline(always)]
 fn add(index: u32, n: u64) {
-    if let Some(slot) = STACK_COUNTERS.get_ptr_mut(index) {
-        // Per-CPU slot: a plain add is race-free.
-        unsafe { *slot += n };
-    }
+    crate::shared::add(&STACK_COUNTERS, index, n);
 }
 
 /// Adds `count` faults of `tgid` (thread `tid`, 0 unless per thread) to the current user
@@ -46,10 +43,14 @@ pub fn record<C: EbpfContext>(ctx: &C, tgid: u32, tid: u32, count: u64) {
         add(stack_counter::DROPPED, count);
         return;
     };
+    // SAFETY: this CPU's scratch value of a per-CPU map, valid while the program runs; a
+    // program runs to completion on its CPU, so nothing else uses it meanwhile.
     let key = unsafe { &mut *key };
     key.tgid = tgid;
     key.tid = tid;
     // Zero-fills the frames after the last, so equal stacks are equal keys.
+    // SAFETY: `ctx.as_ptr()` is this program's context, and the buffer is `key.ips`, of
+    // exactly the size passed.
     let copied = unsafe {
         bpf_get_stack(
             ctx.as_ptr(),
@@ -65,6 +66,7 @@ pub fn record<C: EbpfContext>(ctx: &C, tgid: u32, tid: u32, count: u64) {
     let key = &*key;
     for _ in 0..2 {
         if let Some(value) = FAULT_STACK_COUNTS.get_ptr_mut(key) {
+            // SAFETY: this CPU's share of the entry, kept valid (RCU) while the program runs.
             unsafe { *value += count };
             return;
         }

@@ -1,35 +1,21 @@
 //! mlock-family system calls: `sys_enter_*` records the arguments and the task's counters,
 //! `sys_exit_*` emits one [`SyscallEvent`] with the deltas.
 //!
-//! Tracepoint formats (`/sys/kernel/tracing/events/syscalls/<name>/format`), after the
-//! 8 bytes of common fields:
-//!
-//! ```text
-//! sys_enter_mlock2:   field:int __syscall_nr; offset:8;  size:4
-//!                     field:unsigned long start; offset:16; size:8
-//!                     field:size_t len;    offset:24; size:8
-//!                     field:int flags;     offset:32; size:8
-//! sys_enter_mlock, sys_enter_munlock: start at 16, len at 24
-//! sys_enter_mlockall: field:int flags;     offset:16; size:8
-//! sys_enter_munlockall: no arguments
-//! sys_exit_*:         field:int __syscall_nr; offset:8;  size:4
-//!                     field:long ret;      offset:16; size:8
-//! ```
+//! The tracepoint records, and how many arguments each call has: see
+//! [`crate::shared::syscall_tp`].
 
 use aya_ebpf::{
-    EbpfContext as _,
-    helpers::{bpf_get_current_comm, bpf_ktime_get_ns},
+    helpers::bpf_get_current_comm,
     macros::{map, tracepoint},
     maps::HashMap,
     programs::TracePointContext,
 };
-use memlock_trace_common::{MAX_INFLIGHT, SyscallEvent, counter, event_kind};
+use memlock_trace_common::{EventKind, MAX_INFLIGHT, SyscallEvent, counter};
 
-use crate::shared::{EVENTS, TaskCounters, count, is_target, task_counters};
-
-const NR_OFFSET: usize = 8;
-const FIRST_ARG_OFFSET: usize = 16;
-const RET_OFFSET: usize = 16;
+use crate::shared::{
+    EVENTS, TaskCounters, count, current_ids, is_target, now_ns, syscall_arg, syscall_nr,
+    syscall_ret, task_counters,
+};
 
 /// A call between its entry and exit, keyed by tid.
 #[derive(Clone, Copy)]
@@ -104,21 +90,22 @@ pub fn sys_exit_mlock_family(ctx: TracePointContext) -> u32 {
 /// never read past the end of its record.
 #[inline(always)]
 fn enter<const ARGS: usize>(ctx: &TracePointContext) -> u32 {
-    if !is_target(ctx.tgid()) {
+    let (tgid, tid) = current_ids();
+    if !is_target(tgid) {
         return 0;
     }
     let mut args = [0u64; 3];
     for (i, arg) in args.iter_mut().enumerate().take(ARGS) {
-        *arg = unsafe { ctx.read_at::<u64>(FIRST_ARG_OFFSET + 8 * i) }.unwrap_or(0);
+        *arg = syscall_arg(ctx, i);
     }
     let entry = InFlight {
-        nr: unsafe { ctx.read_at::<i32>(NR_OFFSET) }.unwrap_or(-1) as u32,
+        nr: syscall_nr(ctx),
         _pad: 0,
-        enter_ns: unsafe { bpf_ktime_get_ns() },
+        enter_ns: now_ns(),
         args,
         before: task_counters().into(),
     };
-    if INFLIGHT.insert(ctx.pid(), entry, 0).is_err() {
+    if INFLIGHT.insert(tid, entry, 0).is_err() {
         count(counter::INFLIGHT_FULL);
     }
     0
@@ -126,24 +113,26 @@ fn enter<const ARGS: usize>(ctx: &TracePointContext) -> u32 {
 
 #[inline(always)]
 fn exit(ctx: &TracePointContext) {
-    let tid = ctx.pid();
-    let Some(entry) = INFLIGHT.get_ptr(&tid) else {
+    let (tgid, tid) = current_ids();
+    let Some(entry) = INFLIGHT.get_ptr(tid) else {
         return;
     };
+    // SAFETY: a valid pointer to this thread's own entry (keyed by tid), copied out before
+    // it is removed.
     let entry = unsafe { *entry };
-    let _ = INFLIGHT.remove(&tid);
-    let now = unsafe { bpf_ktime_get_ns() };
+    let _ = INFLIGHT.remove(tid);
+    let now = now_ns();
     let after = task_counters();
-    let ret = unsafe { ctx.read_at::<i64>(RET_OFFSET) }.unwrap_or(0);
+    let ret = syscall_ret(ctx).unwrap_or(0);
 
     let Some(mut slot) = EVENTS.reserve::<SyscallEvent>(0) else {
         count(counter::RINGBUF_DROPPED);
         return;
     };
     slot.write(SyscallEvent {
-        kind: event_kind::SYSCALL,
+        kind: EventKind::Syscall as u32,
         nr: entry.nr,
-        tgid: ctx.tgid(),
+        tgid,
         tid,
         enter_ns: entry.enter_ns,
         duration_ns: now - entry.enter_ns,

@@ -8,9 +8,8 @@
 //! 3. **fentry/fexit** on the kernel's split/merge/modify functions, where the kernel allows
 //!    trampolines; the loader picks the functions from BTF and says which argument is what.
 //!
-//! Tracepoint formats (`/sys/kernel/tracing/events/syscalls/<name>/format`):
-//! `sys_enter_mlock{,2}`, `sys_enter_munlock`: `__syscall_nr` at 8, `start` at 16, `len` at 24.
-//! `sys_enter_mlockall`: `flags` at 16. `sys_enter_munlockall`: no arguments.
+//! The `sys_enter_*` records (`start`, `len` are the first two arguments of `mlock`, `mlock2`
+//! and `munlock`): see [`crate::shared::syscall_tp`].
 //!
 //! `ma_write` (include/trace/events/maple_tree.h, 6.1 to 6.18):
 //! `TP_PROTO(const char *fn, struct ma_state *mas, unsigned long piv, void *val)`.
@@ -20,8 +19,7 @@ use core::ffi::c_void;
 use aya_ebpf::{
     EbpfContext as _, Global,
     helpers::{
-        bpf_get_current_pid_tgid, bpf_get_current_task, bpf_get_current_task_btf,
-        bpf_probe_read_kernel_str_bytes,
+        bpf_get_current_task_btf, bpf_probe_read_kernel_str_bytes,
         generated::{
             self as helper, bpf_find_vma, bpf_get_func_arg, bpf_get_func_ret, bpf_task_pt_regs,
         },
@@ -31,16 +29,17 @@ use aya_ebpf::{
     programs::{BtfTracePointContext, FEntryContext, FExitContext, TracePointContext},
 };
 use memlock_trace_common::{
-    MAX_INFLIGHT, counter,
+    EventKind, MAX_INFLIGHT, PAGE_MASK, PAGE_SIZE, counter,
     vma::{
         FN_SLOTS, FuncEvent, HookSpec, MAX_FN_HOOKS, MAX_SNAPSHOT_VMAS, NR_UNKNOWN, SnapshotEvent,
-        StoreEvent, VM_LOCKED, VM_LOCKONFAULT, VmaConfig, VmaOffsets, VmaRange, kind, phase, slot,
+        StoreEvent, VM_LOCKED, VM_LOCKONFAULT, VmaConfig, VmaOffsets, VmaRange, phase, slot,
     },
 };
 
-use crate::shared::{EVENTS, count, is_target};
+use crate::shared::{
+    EVENTS, Plain, count, current_ids, current_task, is_target, syscall_arg, syscall_nr,
+};
 
-const PAGE_SIZE: u64 = 4096;
 /// `-ENOSYS`: x86-64 `do_syscall_64` stores it in `regs->ax` before dispatching, so a task
 /// whose `ax` holds it is inside a system call (and not, say, a page fault, whose `orig_ax`
 /// would be the fault's error code rather than a syscall number).
@@ -84,31 +83,33 @@ pub fn vma_enter_whole(ctx: TracePointContext) -> u32 {
 
 /// Attached to the five `sys_exit_*` tracepoints.
 #[tracepoint]
-pub fn vma_exit(ctx: TracePointContext) -> u32 {
-    let tid = ctx.pid();
+pub fn vma_exit(_ctx: TracePointContext) -> u32 {
+    let (tgid, tid) = current_ids();
     let Some(call) = VMA_CALLS.get_ptr(tid) else {
         return 0;
     };
+    // SAFETY: a valid pointer to this thread's own entry (keyed by tid), copied out before
+    // it is removed.
     let call = unsafe { *call };
     let _ = VMA_CALLS.remove(tid);
-    snapshot(ctx.tgid(), tid, phase::AFTER, &call);
+    snapshot(tgid, tid, phase::AFTER, &call);
     0
 }
 
 #[inline(always)]
 fn enter(ctx: &TracePointContext, ranged: bool) {
-    let tgid = ctx.tgid();
+    let (tgid, tid) = current_ids();
     if !is_target(tgid) {
         return;
     }
-    let nr = unsafe { ctx.read_at::<i32>(8) }.unwrap_or(-1) as u32;
+    let nr = syscall_nr(ctx);
     let (start, end) = if ranged {
-        let start = unsafe { ctx.read_at::<u64>(16) }.unwrap_or(0);
-        let len = unsafe { ctx.read_at::<u64>(24) }.unwrap_or(0);
+        let start = syscall_arg(ctx, 0);
+        let len = syscall_arg(ctx, 1);
         // What mm/mlock.c does first: len = PAGE_ALIGN(len + offset_in_page(start)),
         // start &= PAGE_MASK.
-        let offset = start & (PAGE_SIZE - 1);
-        let len = len.wrapping_add(offset).wrapping_add(PAGE_SIZE - 1) & !(PAGE_SIZE - 1);
+        let offset = start & !PAGE_MASK;
+        let len = len.wrapping_add(offset).wrapping_add(PAGE_SIZE - 1) & PAGE_MASK;
         let start = start - offset;
         (start, start.wrapping_add(len))
     } else {
@@ -120,7 +121,6 @@ fn enter(ctx: &TracePointContext, ranged: bool) {
         start,
         end,
     };
-    let tid = ctx.pid();
     if VMA_CALLS.insert(tid, call, 0).is_err() {
         count(counter::INFLIGHT_FULL);
         return;
@@ -139,7 +139,7 @@ fn snapshot(tgid: u32, tid: u32, phase: u32, call: &CallRange) {
     let event = slot.as_mut_ptr();
     // SAFETY: `event` is the reserved, exclusively ours, ring buffer record.
     unsafe {
-        (*event).kind = kind::SNAPSHOT;
+        (*event).kind = EventKind::Snapshot as u32;
         (*event).phase = phase;
         (*event).tgid = tgid;
         (*event).tid = tid;
@@ -164,6 +164,7 @@ fn snapshot(tgid: u32, tid: u32, phase: u32, call: &CallRange) {
 /// way (see [`peek`]).
 #[inline(always)]
 fn walk(call: &CallRange, event: &mut SnapshotEvent) {
+    // SAFETY: the helper has no preconditions; the verifier tracks the pointer it returns.
     let task = unsafe { bpf_get_current_task_btf() };
     let mut count = 0usize;
     let mut addr = call.start;
@@ -240,9 +241,10 @@ fn read_vma(vma: u64, off: &VmaOffsets) -> VmaRange {
 /// not counted: each counted failure is one more path for the verifier to walk, per read, in
 /// the snapshot and slot loops.
 #[inline(always)]
-fn peek<T: Default>(base: u64, offset: u32) -> T {
+fn peek<T: Plain + Default>(base: u64, offset: u32) -> T {
     let mut value = T::default();
-    // SAFETY: bpf_probe_read_kernel checks the source address itself.
+    // SAFETY: bpf_probe_read_kernel checks the source address itself, and writes at most
+    // `size_of::<T>()` bytes into `value`, any of which make a valid `T` (`Plain`).
     unsafe {
         helper::bpf_probe_read_kernel(
             (&mut value as *mut T).cast(),
@@ -260,6 +262,8 @@ fn current_syscall(off: &VmaOffsets) -> (u32, [u64; 3]) {
     if off.regs_valid == 0 {
         return (NR_UNKNOWN, [0; 3]);
     }
+    // SAFETY: `bpf_task_pt_regs` takes the trusted current-task pointer and returns an
+    // address, read only with `peek`.
     let regs = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) } as u64;
     let ax: u64 = peek(regs, off.regs_ax);
     if ax != ENOSYS_RET {
@@ -278,7 +282,7 @@ fn current_syscall(off: &VmaOffsets) -> (u32, [u64; 3]) {
 
 #[btf_tracepoint(function = "ma_write")]
 pub fn vma_ma_write(ctx: BtfTracePointContext) -> i32 {
-    let tgid = ctx.tgid();
+    let (tgid, tid) = current_ids();
     if !is_target(tgid) {
         return 0;
     }
@@ -289,7 +293,7 @@ pub fn vma_ma_write(ctx: BtfTracePointContext) -> i32 {
     let val: u64 = ctx.arg(3);
     // Only the task's own VMA tree: other maple trees (and other mms, e.g. a fork child's
     // being copied) are not what this task's call did to its address space.
-    let mm: u64 = peek(unsafe { bpf_get_current_task() }, off.task_mm);
+    let mm: u64 = peek(current_task(), off.task_mm);
     let tree: u64 = peek(mas, off.mas_tree);
     if mm == 0 || tree != mm + u64::from(off.mm_mt) {
         return 0;
@@ -299,7 +303,6 @@ pub fn vma_ma_write(ctx: BtfTracePointContext) -> i32 {
     } else {
         VmaRange::default()
     };
-    let tid = ctx.pid();
     let in_call = VMA_CALLS.get_ptr(tid).is_some();
     if !in_call && config.all_stores == 0 && range.flags & (VM_LOCKED | VM_LOCKONFAULT) == 0 {
         return 0;
@@ -310,7 +313,7 @@ pub fn vma_ma_write(ctx: BtfTracePointContext) -> i32 {
         return 0;
     };
     let mut event = StoreEvent {
-        kind: kind::STORE,
+        kind: EventKind::Store as u32,
         tgid,
         tid,
         nr,
@@ -321,6 +324,8 @@ pub fn vma_ma_write(ctx: BtfTracePointContext) -> i32 {
         range,
         func: [0; _],
     };
+    // SAFETY: the helper fails rather than faults on a bad `func` (the tracepoint's
+    // `const char *fn`), and writes at most `event.func.len()` bytes.
     let _ = unsafe { bpf_probe_read_kernel_str_bytes(func as *const u8, &mut event.func) };
     slot.write(event);
     slot.submit(0);
@@ -360,8 +365,7 @@ function_hooks! {
 
 #[inline(always)]
 fn function_event(ctx: *mut c_void, hook: u32, phase: u32) {
-    let pid_tgid = bpf_get_current_pid_tgid();
-    let (tgid, tid) = ((pid_tgid >> 32) as u32, pid_tgid as u32);
+    let (tgid, tid) = current_ids();
     if !is_target(tgid) {
         return;
     }
@@ -374,6 +378,8 @@ fn function_event(ctx: *mut c_void, hook: u32, phase: u32) {
     let Some(spec) = VMA_HOOKS.get_ptr(hook) else {
         return;
     };
+    // SAFETY: a valid pointer into an array map that user space fills before attaching and
+    // programs never write.
     let spec = unsafe { &*spec };
     let Some(mut slot) = EVENTS.reserve::<FuncEvent>(0) else {
         count(counter::VMA_DROPPED);
@@ -381,7 +387,7 @@ fn function_event(ctx: *mut c_void, hook: u32, phase: u32) {
     };
     let (nr, _) = current_syscall(&config.offsets);
     let mut event = FuncEvent {
-        kind: kind::FUNC,
+        kind: EventKind::Func as u32,
         hook,
         phase,
         tgid,
@@ -391,9 +397,12 @@ fn function_event(ctx: *mut c_void, hook: u32, phase: u32) {
     };
     for (i, arg) in event.args.iter_mut().enumerate() {
         // Fails (leaving 0) past the function's arity.
+        // SAFETY: `ctx` is this fentry/fexit program's context, and the helper checks `i`
+        // against the function's arity.
         let _ = unsafe { bpf_get_func_arg(ctx, i as u32, arg) };
     }
     if phase == phase::AFTER {
+        // SAFETY: `ctx` is this fexit program's context.
         let _ = unsafe { bpf_get_func_ret(ctx, &mut event.ret) };
     }
     for i in 0..FN_SLOTS {

@@ -8,7 +8,7 @@ mod vma;
 
 use aya::Pod;
 use bytes::Buf as _;
-use memlock_trace_common::{SyscallEvent, event_kind};
+use memlock_trace_common::{EventKind, SyscallEvent};
 
 pub use fault::FaultRecord;
 pub use syscall::{
@@ -54,17 +54,20 @@ pub fn decode(record: &[u8]) -> Result<Event, DecodeError> {
             need: 4,
         });
     }
-    match peek.get_u32_ne() {
-        event_kind::SYSCALL => {
-            let raw: SyscallEvent = read_struct(event_kind::SYSCALL, record)?;
+    let kind = peek.get_u32_ne();
+    match EventKind::from_u32(kind) {
+        Some(EventKind::Syscall) => {
+            let raw: SyscallEvent = read_struct(kind, record)?;
             let syscall = Syscall::from_nr(raw.nr).ok_or(DecodeError::UnknownSyscall(raw.nr))?;
             Ok(Event::Syscall(SyscallRecord { syscall, raw }))
         }
-        k if vma::is_vma_kind(k) => vma::decode(k, record).map(Event::Vma),
-        event_kind::FAULT => Ok(Event::Fault(FaultRecord {
-            raw: read_struct(event_kind::FAULT, record)?,
+        Some(EventKind::Snapshot | EventKind::Store | EventKind::Func) => {
+            vma::decode(kind, record).map(Event::Vma)
+        }
+        Some(EventKind::Fault) => Ok(Event::Fault(FaultRecord {
+            raw: read_struct(kind, record)?,
         })),
-        other => Err(DecodeError::UnknownKind(other)),
+        None => Err(DecodeError::UnknownKind(kind)),
     }
 }
 
@@ -105,7 +108,7 @@ mod tests {
         let mut comm = [0u8; 16];
         comm[..5].copy_from_slice(b"hello");
         SyscallEvent {
-            kind: event_kind::SYSCALL,
+            kind: EventKind::Syscall as u32,
             nr: Syscall::Mlock2.nr(),
             tgid: 10,
             tid: 11,
@@ -150,7 +153,7 @@ mod tests {
     #[test]
     fn fault_round_trip() {
         let raw = FaultEvent {
-            kind: event_kind::FAULT,
+            kind: EventKind::Fault as u32,
             flags: fault_flags::MAJOR
                 | fault_flags::HAS_LATENCY
                 | fault_flags::HAS_VMA
@@ -188,10 +191,7 @@ mod tests {
         );
         assert!(matches!(
             decode(&bytes_of(&raw)[..40]),
-            Err(DecodeError::Short {
-                kind: event_kind::FAULT,
-                ..
-            })
+            Err(DecodeError::Short { kind, .. }) if kind == EventKind::Fault as u32
         ));
     }
 

@@ -175,7 +175,7 @@ impl SyscallRecord {
         Self {
             syscall,
             raw: SyscallEvent {
-                kind: memlock_trace_common::event_kind::SYSCALL,
+                kind: memlock_trace_common::EventKind::Syscall as u32,
                 nr: syscall.nr(),
                 tgid,
                 tid: tgid,

@@ -1,7 +1,10 @@
 //! VMA records from the ring buffer: snapshots around each mlock-family call, `ma_write`
 //! stores and hooked-function events.
 
-use memlock_trace_common::vma::{FuncEvent, SnapshotEvent, StoreEvent, kind};
+use memlock_trace_common::{
+    EventKind,
+    vma::{FuncEvent, SnapshotEvent, StoreEvent},
+};
 
 use super::{DecodeError, read_struct};
 
@@ -13,13 +16,9 @@ pub enum VmaRecord {
     Func(Box<FuncEvent>),
 }
 
-pub fn is_vma_kind(k: u32) -> bool {
-    matches!(k, kind::SNAPSHOT | kind::STORE | kind::FUNC)
-}
-
 pub fn decode(k: u32, record: &[u8]) -> Result<VmaRecord, DecodeError> {
-    Ok(match k {
-        kind::SNAPSHOT => {
+    Ok(match EventKind::from_u32(k) {
+        Some(EventKind::Snapshot) => {
             let s: SnapshotEvent = read_struct(k, record)?;
             if s.count as usize > s.vmas.len() {
                 return Err(DecodeError::Short {
@@ -30,8 +29,8 @@ pub fn decode(k: u32, record: &[u8]) -> Result<VmaRecord, DecodeError> {
             }
             VmaRecord::Snapshot(Box::new(s))
         }
-        kind::STORE => VmaRecord::Store(read_struct(k, record)?),
-        kind::FUNC => VmaRecord::Func(Box::new(read_struct(k, record)?)),
-        other => return Err(DecodeError::UnknownKind(other)),
+        Some(EventKind::Store) => VmaRecord::Store(read_struct(k, record)?),
+        Some(EventKind::Func) => VmaRecord::Func(Box::new(read_struct(k, record)?)),
+        _ => return Err(DecodeError::UnknownKind(k)),
     })
 }

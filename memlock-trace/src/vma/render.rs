@@ -328,10 +328,7 @@ pub fn summary_json(counts: &BTreeMap<u32, ChangeCounts>) -> serde_json::Value {
 
 #[cfg(test)]
 mod tests {
-    use memlock_trace_common::{
-        SyscallEvent, event_kind,
-        vma::{SnapshotEvent, kind},
-    };
+    use memlock_trace_common::{EventKind, SyscallEvent, vma::SnapshotEvent};
 
     use super::*;
     use crate::{
@@ -353,7 +350,7 @@ mod tests {
 
     fn snapshot(phase: u32, vmas: &[VmaRange]) -> SnapshotEvent {
         let mut s = SnapshotEvent {
-            kind: kind::SNAPSHOT,
+            kind: EventKind::Snapshot as u32,
             phase,
             tgid: 5,
             tid: 6,
@@ -368,7 +365,7 @@ mod tests {
         SyscallRecord {
             syscall: Syscall::Mlock,
             raw: SyscallEvent {
-                kind: event_kind::SYSCALL,
+                kind: EventKind::Syscall as u32,
                 nr: Syscall::Mlock.nr(),
                 tgid: 5,
                 tid: 6,
@@ -387,7 +384,7 @@ mod tests {
             &[v(100, 104, RW), v(104, 112, RW | LO), v(112, 116, RW)],
         );
         let mut store = StoreEvent {
-            kind: kind::STORE,
+            kind: EventKind::Store as u32,
             tgid: 5,
             tid: 6,
             index: 100 * P,
@@ -439,7 +436,7 @@ mod tests {
     fn a_store_erasing_up_to_the_top_renders() {
         // munmap of the stack region at exec: the tree range ends at ULONG_MAX.
         let erase = StoreEvent {
-            kind: kind::STORE,
+            kind: EventKind::Store as u32,
             index: 0x7ffc_0000_0000,
             last: u64::MAX,
             ..Default::default()

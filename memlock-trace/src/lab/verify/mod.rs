@@ -1494,9 +1494,9 @@ VmFlags: rd ex mr mw me
 
     /// A probe call as the tracker would hand it over, whose entry snapshot is `before`.
     fn probe_activity(before: &[VmaRange]) -> Activity {
-        use memlock_trace_common::{SyscallEvent, event_kind};
+        use memlock_trace_common::{EventKind, SyscallEvent};
         let raw = SyscallEvent {
-            kind: event_kind::SYSCALL,
+            kind: EventKind::Syscall as u32,
             nr: Syscall::Mlock2.nr(),
             tgid: std::process::id(),
             tid: gettid(),

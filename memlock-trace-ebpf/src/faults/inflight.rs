@@ -1,0 +1,360 @@
+//! A fault between its start and its completion, for each hook set: where its start waits,
+//! how its completion finds it (and so its latency), and what the completion makes of it
+//! (a [`Fault`] for [`account`]).
+
+use aya_ebpf::{
+    EbpfContext,
+    bindings::BPF_ANY,
+    helpers::bpf_map_lookup_percpu_elem,
+    macros::map,
+    maps::{LruHashMap, PerCpuArray},
+    programs::PerfEventContext,
+};
+use memlock_trace_common::{
+    PAGE_MASK, PAGE_SHIFT,
+    faults::{FaultEntry, MAX_FAULT_THREADS, class, fault_counter, populate},
+};
+
+use super::{
+    FAILED_SIGNALLED, Fault, NO_LATENCY, NO_SYSCALL, account, bump, populate::POPULATE_INFLIGHT,
+    record_stack, sole_tgid,
+};
+use crate::shared::{current_ids, is_target, now_ns, read_kernel, this_cpu};
+
+// ---------------------------------------------------------------------------------------
+// Hook set 3: tracepoints + perf software events.
+// ---------------------------------------------------------------------------------------
+
+/// A traced task's fault starts: its start goes in this CPU's ring.
+#[inline(always)]
+pub(super) fn record_start(address: u64) {
+    let (tgid, tid) = current_ids();
+    let sole = sole_tgid();
+    if sole != 0 {
+        if tgid != sole {
+            return;
+        }
+    } else if !is_target(tgid) {
+        return;
+    }
+    if let Some(ring) = FAULT_SLOTS.get_ptr_mut(0) {
+        // SAFETY: this CPU's value of a per-CPU map, valid while the program runs; a program
+        // runs to completion on its CPU, so nothing else uses it meanwhile.
+        let r = unsafe { &mut *ring };
+        let i = r.next as usize & (START_SLOTS - 1);
+        r.next = r.next.wrapping_add(1);
+        r.slots[i] = StartSlot {
+            tid,
+            _pad: 0,
+            address,
+            start_ns: now_ns(),
+        };
+    }
+}
+
+/// A fault's start, until its completion on the same CPU (tracepoint hook set).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct StartSlot {
+    tid: u32,
+    _pad: u32,
+    address: u64,
+    start_ns: u64,
+}
+
+/// Why a per-CPU ring of start slots rather than a per-thread hash entry: a fault starts and
+/// completes on one CPU unless it sleeps, so a per-CPU array (no hashing, hot cache lines)
+/// serves nearly every fault; measured here it halved the start hook's cost. The ring keeps
+/// the last few starts so a fault that sleeps (a major fault's I/O) survives a few others
+/// starting meanwhile; one that migrates, or is overtaken by more, is counted in
+/// `latency_unmatched` instead of getting a wrong latency.
+const START_SLOTS: usize = 4;
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct StartRing {
+    next: u32,
+    _pad: u32,
+    slots: [StartSlot; START_SLOTS],
+}
+
+#[map]
+static FAULT_SLOTS: PerCpuArray<StartRing> = PerCpuArray::with_max_entries(1, 0);
+
+/// The latency of `tid`'s fault at `address`: its start is in this CPU's ring, or, for a
+/// fault that slept and woke on another CPU, in that CPU's (the only case that pays for the
+/// search).
+#[inline(always)]
+fn slot_latency(tid: u32, address: u64) -> Option<u64> {
+    let ring = FAULT_SLOTS.get_ptr_mut(0)?;
+    // SAFETY: as in `record_start`: this CPU's ring, used by nothing else meanwhile.
+    if let Some(ns) = take_start(unsafe { &mut *ring }, tid, address) {
+        return Some(ns);
+    }
+    let cpus = config!(nr_cpus).min(MAX_CPUS);
+    let this_cpu = this_cpu();
+    let key = 0u32;
+    for cpu in 0..MAX_CPUS {
+        if cpu >= cpus {
+            break;
+        }
+        if cpu == this_cpu {
+            continue;
+        }
+        // SAFETY: the helper returns NULL or a pointer to `cpu`'s value of this map.
+        let other = unsafe {
+            bpf_map_lookup_percpu_elem(
+                (&raw const FAULT_SLOTS).cast_mut().cast(),
+                (&raw const key).cast(),
+                cpu,
+            )
+        };
+        if other.is_null() {
+            continue;
+        }
+        // SAFETY: not NULL, so a valid pointer to `cpu`'s ring. That CPU may write it at the
+        // same time (a start of its own): plain integers, so the worst a race does is make the
+        // tid and address check miss, and the fault counts as unmatched.
+        if let Some(ns) = take_start(unsafe { &mut *other.cast::<StartRing>() }, tid, address) {
+            return Some(ns);
+        }
+    }
+    None
+}
+
+/// CPUs searched for a migrated fault's start (a bound for the verifier).
+const MAX_CPUS: u32 = 256;
+
+#[inline(always)]
+fn take_start(ring: &mut StartRing, tid: u32, address: u64) -> Option<u64> {
+    for slot in &mut ring.slots {
+        if slot.tid == tid && slot.address == address {
+            slot.tid = 0;
+            return Some(now_ns().wrapping_sub(slot.start_ns));
+        }
+    }
+    None
+}
+
+#[inline(always)]
+pub(super) fn perf_completion(ctx: &PerfEventContext, major: bool) {
+    let data = ctx.ctx;
+    // SAFETY: `ctx.ctx` is the `bpf_perf_event_data` the kernel hands this program, valid
+    // for its whole run.
+    let address = unsafe { (*data).addr };
+    // x86: the privilege level of the faulting code is the low two bits of CS.
+    // SAFETY: as above.
+    let user_mode = unsafe { (*data).regs.cs } & 3 != 0;
+    let (tgid, tid) = current_ids();
+    // A start found in the ring also says the task is traced (only targets fill it).
+    let latency = if config!(latency) != 0 {
+        slot_latency(tid, address)
+    } else {
+        None
+    };
+    if !user_mode {
+        // The kernel touched user memory (copy_to_user, exec's clear_user): if that happened
+        // inside a populating call, its min_flt delta includes this fault; note it so the
+        // delta is not counted twice.
+        if let Some(call) = POPULATE_INFLIGHT.get_ptr_mut(tid) {
+            // SAFETY: a valid pointer to this thread's own entry (keyed by tid), which only
+            // this thread's programs touch, one at a time.
+            unsafe {
+                if major {
+                    (*call).exception_maj += 1;
+                } else {
+                    (*call).exception_min += 1;
+                }
+            }
+        }
+    }
+    let counted = account(Fault {
+        tgid,
+        tid,
+        cls: if major {
+            class::USER_MAJOR
+        } else {
+            class::USER_MINOR
+        },
+        latency: latency.unwrap_or(NO_LATENCY),
+        address,
+        region: address & PAGE_MASK,
+        vm_flags: 0,
+        syscall: NO_SYSCALL,
+        retried: false,
+        known_target: latency.is_some(),
+    });
+    if config!(stacks) != 0 && counted {
+        record_stack(ctx, tgid, tid, 1);
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Hook sets 1 and 2: fentry/fexit or kprobe/kretprobe on handle_mm_fault.
+// ---------------------------------------------------------------------------------------
+
+/// The fault each thread has in progress. Present only for traced threads, so a hit also
+/// answers "is this a target?" without a `TARGET_TGIDS` lookup.
+#[map]
+static FAULT_ENTRY: LruHashMap<u32, FaultEntry> =
+    LruHashMap::with_max_entries(MAX_FAULT_THREADS, 0);
+
+#[inline(always)]
+pub(super) fn hook_start(vma: u64, address: u64, flags: u32, no_regs: bool) {
+    // Read the VMA now: after a VM_FAULT_RETRY or COMPLETED return the lock is dropped and
+    // the VMA may be gone.
+    let vm_flags: u64 = read_kernel(vma, config!(vma_vm_flags));
+    let vm_start: u64 = read_kernel(vma, config!(vma_vm_start));
+    start(address, flags, u32::from(no_regs), vm_flags, vm_start);
+}
+
+#[inline(always)]
+pub(super) fn hook_end<C: EbpfContext>(ctx: &C, ret: u32) {
+    let (tgid, tid) = current_ids();
+    let Some(entry) = FAULT_ENTRY.get_ptr_mut(tid) else {
+        return;
+    };
+    // SAFETY: a valid pointer to this thread's own entry (keyed by tid): only this thread's
+    // fault hooks use it, and they do not nest.
+    let e = unsafe { &mut *entry };
+    if e.pending == 0 {
+        return;
+    }
+    if ret & config!(vm_fault_retry) != 0 {
+        // Not accounted by the kernel either: the retry will complete it. Keep the start
+        // time so the latency covers every attempt.
+        e.retried = 1;
+        return;
+    }
+    e.pending = 0;
+    let latency = if config!(latency) != 0 {
+        now_ns().wrapping_sub(e.start_ns)
+    } else {
+        NO_LATENCY
+    };
+    let retried = e.retried != 0;
+    e.retried = 0;
+    let (address, vm_flags, vm_start) = (e.address, e.vm_flags, e.vm_start);
+    let fault = Fault {
+        tgid,
+        tid,
+        cls: class::FAILED,
+        latency,
+        address,
+        region: vm_start,
+        vm_flags,
+        syscall: NO_SYSCALL,
+        retried,
+        known_target: true,
+    };
+    if ret & config!(vm_fault_error) != 0 {
+        // A user-mode fault that fails is signalled (SIGSEGV/SIGBUS) and counted by
+        // `fault_signal`, like those refused before handle_mm_fault; count here only the
+        // others (EFAULT to the kernel, get_user_pages errors, OOM), timing them all.
+        let signalled = e.flags & config!(fault_flag_user) != 0 && ret & config!(vm_fault_oom) == 0;
+        account(Fault {
+            cls: if signalled {
+                FAILED_SIGNALLED
+            } else {
+                class::FAILED
+            },
+            ..fault
+        });
+        return;
+    }
+    // mm_account_fault(): major if VM_FAULT_MAJOR, or if this was a retry.
+    let major = ret & config!(vm_fault_major) != 0 || e.flags & config!(fault_flag_tried) != 0;
+    let (cls, syscall) = if e.no_regs != 0 {
+        let index = match POPULATE_INFLIGHT.get_ptr(tid) {
+            // SAFETY: a valid pointer to this thread's own entry, read once.
+            Some(call) => unsafe { (*call).index },
+            None => populate::OTHER as u32,
+        };
+        let cls = if major {
+            class::POPULATED_MAJOR
+        } else {
+            class::POPULATED_MINOR
+        };
+        (cls, index)
+    } else {
+        let cls = if major {
+            class::USER_MAJOR
+        } else {
+            class::USER_MINOR
+        };
+        (cls, NO_SYSCALL)
+    };
+    let counted = account(Fault {
+        cls,
+        syscall,
+        ..fault
+    });
+    if config!(stacks) != 0 && counted {
+        record_stack(ctx, tgid, tid, 1);
+    }
+}
+
+/// fentry/kprobe: a fault begins; remember it per thread (it may sleep, migrate and retry
+/// before it completes). A thread with a fault still pending was left by one that never
+/// completed (a retry abandoned for a fatal signal): failed.
+#[inline(always)]
+fn start(address: u64, flags: u32, no_regs: u32, vm_flags: u64, vm_start: u64) {
+    let (tgid, tid) = current_ids();
+    let now = now_ns();
+    if let Some(entry) = FAULT_ENTRY.get_ptr_mut(tid) {
+        // SAFETY: as in `hook_end`: this thread's own entry, used by nothing else meanwhile.
+        let e = unsafe { &mut *entry };
+        let retry_of_same = e.retried != 0 && e.address >> PAGE_SHIFT == address >> PAGE_SHIFT;
+        if e.pending != 0 && !retry_of_same {
+            let (prev_addr, prev_start, prev_flags) = (e.address, e.vm_start, e.vm_flags);
+            let region = if prev_flags != 0 {
+                prev_start
+            } else {
+                prev_addr & PAGE_MASK
+            };
+            e.pending = 0;
+            account(Fault {
+                tgid,
+                tid,
+                cls: class::FAILED,
+                latency: NO_LATENCY,
+                address: prev_addr,
+                region,
+                vm_flags: prev_flags,
+                syscall: NO_SYSCALL,
+                retried: false,
+                known_target: true,
+            });
+        }
+        if !(e.pending != 0 && retry_of_same) {
+            e.start_ns = now;
+            e.retried = 0;
+        }
+        e.tgid = tgid;
+        e.pending = 1;
+        e.address = address;
+        e.flags = flags;
+        e.no_regs = no_regs;
+        e.vm_flags = vm_flags;
+        e.vm_start = vm_start;
+        return;
+    }
+    if !is_target(tgid) {
+        return;
+    }
+    let entry = FaultEntry {
+        tgid,
+        pending: 1,
+        start_ns: now,
+        address,
+        flags,
+        no_regs,
+        vm_flags,
+        vm_start,
+        retried: 0,
+        _pad: 0,
+    };
+    if FAULT_ENTRY.insert(tid, entry, u64::from(BPF_ANY)).is_err() {
+        bump(fault_counter::UPDATE_FAILED);
+    }
+}

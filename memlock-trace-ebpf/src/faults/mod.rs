@@ -1,0 +1,397 @@
+//! Page faults. Three hook sets feed one accounting body ([`account`]); the loader attaches
+//! the best set the kernel allows:
+//!
+//! 1. fentry/fexit on `handle_mm_fault` (or 2. kprobe/kretprobe there): every fault, with its
+//!    flags, VMA, `regs` (NULL for get_user_pages, i.e. populated) and result.
+//! 3. `exceptions:page_fault_{user,kernel}` marks the start, the perf software events
+//!    `PAGE_FAULTS_MIN`/`MAJ` (emitted by `mm_account_fault()` for faults with `regs`) the
+//!    completion; pages populated without an exception are the task's `min_flt`/`maj_flt`
+//!    growth across the populating system calls (`populate_*`).
+//!
+//! Hot-path discipline: nothing per fault goes to the ring buffer unless `--events` asks;
+//! counts and latency histograms are aggregated per CPU in the kernel (see [`record_latency`]
+//! for why slots rather than streaming).
+//!
+//! This file is the accounting body and its maps; around it:
+//! - [`hooks`]: the programs each hook set attaches, thin;
+//! - [`inflight`]: a fault between its start and its completion, for each hook set;
+//! - [`regions`]: where faults are counted by region (the per-CPU region table);
+//! - [`populate`]: the populating system calls, and failed faults seen as signals.
+
+use aya_ebpf::{
+    EbpfContext,
+    bindings::BPF_NOEXIST,
+    helpers::bpf_get_current_comm,
+    macros::map,
+    maps::{Array, LruPerCpuHashMap, PerCpuArray, RingBuf},
+};
+use memlock_trace_common::{
+    EventKind, TASK_COMM_LEN,
+    faults::{
+        FAULT_EVENTS_BYTE_SIZE, FaultConfig, FaultEvent, FaultKey, FaultStats, HIST_BUCKETS, Hist,
+        HistKey, MAX_FAULT_HISTS, MAX_FAULT_KEYS, SLOTS, bucket_of, class, fault_counter,
+        fault_flags, stat,
+    },
+    vma::{VM_LOCKED, VM_LOCKONFAULT},
+};
+
+use self::regions::count_region;
+use crate::{
+    shared::{add, is_target, now_ns, this_cpu},
+    stacks,
+};
+
+/// Reads one field of [`FAULT_CONFIG`] (volatile: a plain read of the static would be folded
+/// to its compile-time value, not the one the loader wrote).
+macro_rules! config {
+    ($field:ident) => {
+        // SAFETY: a read of a field of a static, which outlives the program.
+        unsafe { core::ptr::read_volatile(&raw const $crate::faults::FAULT_CONFIG.$field) }
+    };
+}
+
+mod hooks;
+mod inflight;
+mod populate;
+mod regions;
+
+/// Set by the loader before load; read field by field with volatile reads (a whole-struct
+/// `Global::load` would copy ~150 bytes on every fault).
+#[unsafe(no_mangle)]
+static FAULT_CONFIG: FaultConfig = FaultConfig {
+    per_thread: 0,
+    latency: 0,
+    events: 0,
+    sample_every: 1,
+    vm_fault_major: 0,
+    vm_fault_retry: 0,
+    vm_fault_error: 0,
+    fault_flag_tried: 0,
+    fault_flag_user: 0,
+    vm_fault_oom: 0,
+    nr_cpus: 1,
+    stacks: 0,
+    vm_locked: 0,
+    vm_lockonfault: 0,
+    vma_vm_flags: 0,
+    vma_vm_start: 0,
+    region_shift: 16,
+    region_slots_mask: 0,
+    populate_nrs: [u32::MAX; memlock_trace_common::faults::populate::COUNT],
+    _pad2: 0,
+};
+
+/// Per process (or thread) counters and latency histogram: per CPU, so a fault never contends
+/// with another CPU's; LRU, so a machine with more processes than slots keeps the active ones
+/// (the loader reports how many were evicted from `STATS_INSERTS`).
+#[map]
+static FAULT_STATS: LruPerCpuHashMap<FaultKey, FaultStats> =
+    LruPerCpuHashMap::with_max_entries(MAX_FAULT_KEYS, 0);
+
+/// The fast path for the commonest use, one process traced (`-p PID` or a launched command,
+/// without `--per-thread`, `--follow-children`, `--comm` or `--cgroup`): the loader writes
+/// its tgid here, and its statistics live in `FAULT_SOLE_STATS`. An array lookup is inlined
+/// by the verifier, where a hash lookup is a helper call that hashes the key; with both
+/// hash lookups gone (the target filter at the start, the stats at completion) the two
+/// programs went from 138 + 190 to 105 + 150 ns per run (bpf_stats, 256 MiB first touch).
+/// 0: several targets, use the maps.
+#[map]
+static FAULT_SOLE_TGID: Array<u32> = Array::with_max_entries(1, 0);
+
+#[map]
+static FAULT_SOLE_STATS: PerCpuArray<FaultStats> = PerCpuArray::with_max_entries(1, 0);
+
+#[inline(always)]
+fn sole_tgid() -> u32 {
+    FAULT_SOLE_TGID.get(0).copied().unwrap_or(0)
+}
+
+#[map]
+static FAULT_HIST: LruPerCpuHashMap<HistKey, Hist> =
+    LruPerCpuHashMap::with_max_entries(MAX_FAULT_HISTS, 0);
+
+/// Sampled fault events (`--events`): their own ring, so faults never crowd out the
+/// syscall events in `EVENTS`.
+#[map]
+static FAULT_EVENTS: RingBuf = RingBuf::with_byte_size(FAULT_EVENTS_BYTE_SIZE, 0);
+
+#[map]
+static FAULT_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(fault_counter::COUNT, 0);
+
+/// Zeroed values to insert from: a 1 KiB histogram does not fit the 512-byte BPF stack.
+/// Nothing but `comm` of the stats scratch is ever written.
+#[map]
+static HIST_ZERO: PerCpuArray<Hist> = PerCpuArray::with_max_entries(1, 0);
+#[map]
+static STATS_SCRATCH: PerCpuArray<FaultStats> = PerCpuArray::with_max_entries(1, 0);
+
+const NO_LATENCY: u64 = u64::MAX;
+const NO_SYSCALL: u32 = u32::MAX;
+
+/// Counts one in `FAULT_COUNTERS[index]` (see [`fault_counter`]); returns the count before.
+#[inline(always)]
+fn bump(index: u32) -> u64 {
+    add(&FAULT_COUNTERS, index, 1)
+}
+
+/// `--stacks`: the counted faults' user stack (see `stacks.rs`).
+#[inline(always)]
+fn record_stack<C: EbpfContext>(ctx: &C, tgid: u32, tid: u32, count: u64) {
+    let tid = if config!(per_thread) != 0 { tid } else { 0 };
+    stacks::record(ctx, tgid, tid, count);
+}
+
+/// The stats slot of a task, created on its first fault if it is traced. Looked up before
+/// the target filter: only traced tasks have one, so a traced task's fault skips the filter.
+#[inline(always)]
+fn stats_for(tgid: u32, tid: u32, known_target: bool) -> Option<*mut FaultStats> {
+    let sole = sole_tgid();
+    if sole != 0 {
+        if tgid != sole {
+            return None;
+        }
+        let stats = FAULT_SOLE_STATS.get_ptr_mut(0)?;
+        // SAFETY: this CPU's value of a per-CPU map, valid while the program runs; a program
+        // runs to completion on its CPU, so nothing else uses it meanwhile.
+        unsafe {
+            if (*stats).comm[0] == 0 {
+                (*stats).comm = bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]);
+            }
+        }
+        return Some(stats);
+    }
+    let key = FaultKey {
+        tgid,
+        tid: if config!(per_thread) != 0 { tid } else { 0 },
+    };
+    if let Some(stats) = FAULT_STATS.get_ptr_mut(key) {
+        return Some(stats);
+    }
+    if !known_target && !is_target(tgid) {
+        return None;
+    }
+    let scratch = STATS_SCRATCH.get_ptr_mut(0)?;
+    // SAFETY: as above: this CPU's scratch value.
+    let scratch = unsafe {
+        (*scratch).comm = bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]);
+        &*scratch
+    };
+    // NOEXIST: another CPU may have created it meanwhile; then we use theirs.
+    if FAULT_STATS
+        .insert(key, scratch, u64::from(BPF_NOEXIST))
+        .is_ok()
+    {
+        bump(fault_counter::STATS_INSERTS);
+    }
+    let stats = FAULT_STATS.get_ptr_mut(key);
+    if stats.is_none() {
+        bump(fault_counter::UPDATE_FAILED);
+    }
+    stats
+}
+
+/// One fault, as a hook saw it.
+#[derive(Clone, Copy)]
+struct Fault {
+    tgid: u32,
+    tid: u32,
+    /// A [`class`], or [`FAILED_SIGNALLED`].
+    cls: u32,
+    /// ns, or [`NO_LATENCY`].
+    latency: u64,
+    address: u64,
+    /// The VMA start (with `vm_flags`), or the page address.
+    region: u64,
+    /// The VMA's flags, 0 when the hook has no VMA.
+    vm_flags: u64,
+    /// The populating call, or [`NO_SYSCALL`].
+    syscall: u32,
+    retried: bool,
+    /// The hook already knows the task is traced.
+    known_target: bool,
+}
+
+/// A failed fault that `fault_signal` counts: only its latency is recorded here.
+const FAILED_SIGNALLED: u32 = 0x100;
+
+/// Counts one completed (or failed) fault; false when the task is not traced.
+#[inline(always)]
+fn account(f: Fault) -> bool {
+    let Fault {
+        tgid,
+        tid,
+        cls,
+        latency,
+        address,
+        region,
+        vm_flags,
+        syscall,
+        retried,
+        known_target,
+    } = f;
+    let Some(stats) = stats_for(tgid, tid, known_target) else {
+        return false;
+    };
+    // SAFETY: `stats_for` returns a valid pointer to this CPU's stats of the task (a per-CPU
+    // value, or the LRU map's entry kept valid by RCU), used by nothing else meanwhile.
+    let s = unsafe { &mut *stats };
+    // Constant indices in every arm: nothing for the verifier to bound.
+    match cls {
+        class::USER_MINOR => s.counts[stat::USER_MINOR] += 1,
+        class::USER_MAJOR => s.counts[stat::USER_MAJOR] += 1,
+        class::POPULATED_MINOR => s.counts[stat::POPULATED_MINOR] += 1,
+        class::POPULATED_MAJOR => s.counts[stat::POPULATED_MAJOR] += 1,
+        FAILED_SIGNALLED => {}
+        _ => s.counts[stat::FAILED] += 1,
+    }
+    let cls = if cls == FAILED_SIGNALLED {
+        class::FAILED
+    } else {
+        cls
+    };
+    if retried {
+        s.counts[stat::RETRIED] += 1;
+    }
+    if syscall != NO_SYSCALL {
+        s.populated_by[syscall as usize & (SLOTS - 1)] += 1;
+    }
+    if vm_flags != 0 {
+        if vm_flags & VM_LOCKED != 0 {
+            s.counts[stat::IN_LOCKED] += 1;
+        }
+        if vm_flags & VM_LOCKONFAULT != 0 {
+            s.counts[stat::IN_LOCKONFAULT] += 1;
+        }
+    }
+    if latency == NO_LATENCY {
+        if config!(latency) != 0 && cls != class::FAILED {
+            s.counts[stat::LATENCY_UNMATCHED] += 1;
+        }
+    } else {
+        record_latency(s, tgid, tid, cls, latency);
+        if retried {
+            record_latency(s, tgid, tid, class::RETRIED, latency);
+        }
+    }
+    count_region(tgid, region, vm_flags);
+    if config!(events) != 0 {
+        let mut flags = match cls {
+            class::USER_MAJOR => fault_flags::MAJOR,
+            class::POPULATED_MINOR => fault_flags::POPULATED,
+            class::POPULATED_MAJOR => fault_flags::POPULATED | fault_flags::MAJOR,
+            class::FAILED => fault_flags::FAILED,
+            _ => 0,
+        };
+        if retried {
+            flags |= fault_flags::RETRIED;
+        }
+        emit(tgid, tid, flags, address, latency, vm_flags, 1, syscall);
+    }
+    true
+}
+
+/// Why per-CPU log-linear slots in the kernel rather than streaming every fault to an
+/// HdrHistogram in user space, measured (BENCHMARKS.md, `cargo xtask bench`, first touch of
+/// 256 MiB, ~1.8 us per untraced fault): streaming every fault (`--events`, the same
+/// aggregation plus a ring buffer record per fault) added 501 ns per fault to the faulting
+/// task against 399 ns for the slots, and its user space decodes 65536 records per 256 MiB
+/// on a CPU the workload could use (the first measurement, unpinned, doubled the wall time
+/// per fault). The slots cost resolution (a bucket is 1/8 of its value wide, the max is kept
+/// exact), far below how much fault latency varies; so slots by default, streaming
+/// (`--events --sample N`) on request.
+#[inline(always)]
+fn record_latency(s: &mut FaultStats, tgid: u32, tid: u32, cls: u32, ns: u64) {
+    let max = &mut s.max_ns[cls as usize & (SLOTS - 1)];
+    if ns > *max {
+        *max = ns;
+    }
+    let bucket = bucket_of(ns) & (HIST_BUCKETS - 1);
+    if cls == class::USER_MINOR {
+        s.user_minor_hist[bucket] += 1;
+        return;
+    }
+    let key = HistKey {
+        key: FaultKey {
+            tgid,
+            tid: if config!(per_thread) != 0 { tid } else { 0 },
+        },
+        class: cls,
+        _pad: 0,
+    };
+    let hist = match FAULT_HIST.get_ptr_mut(key) {
+        Some(hist) => hist,
+        None => {
+            let Some(zero) = HIST_ZERO.get_ptr(0) else {
+                return;
+            };
+            #[expect(
+                clippy::needless_borrows_for_generic_args,
+                reason = "by value, the 1 KiB histogram would be copied onto the 512-byte BPF stack"
+            )]
+            if FAULT_HIST
+                // SAFETY: this CPU's value of HIST_ZERO, which nothing writes.
+                .insert(key, unsafe { &*zero }, u64::from(BPF_NOEXIST))
+                .is_ok()
+            {
+                bump(fault_counter::HIST_INSERTS);
+            }
+            match FAULT_HIST.get_ptr_mut(key) {
+                Some(hist) => hist,
+                None => {
+                    bump(fault_counter::UPDATE_FAILED);
+                    return;
+                }
+            }
+        }
+    };
+    // SAFETY: this CPU's share of the histogram entry, valid (RCU) while the program runs.
+    unsafe { (*hist).counts[bucket] += 1 };
+}
+
+#[expect(clippy::too_many_arguments, reason = "the fields of one event")]
+#[inline(always)]
+fn emit(
+    tgid: u32,
+    tid: u32,
+    mut flags: u32,
+    address: u64,
+    latency: u64,
+    vm_flags: u64,
+    count: u64,
+    syscall: u32,
+) {
+    let every = u64::from(config!(sample_every));
+    if every > 1 && !bump(fault_counter::SAMPLE_SEQ).is_multiple_of(every) {
+        return;
+    }
+    if latency != NO_LATENCY {
+        flags |= fault_flags::HAS_LATENCY;
+    }
+    if vm_flags != 0 {
+        flags |= fault_flags::HAS_VMA;
+        if vm_flags & VM_LOCKED != 0 {
+            flags |= fault_flags::VM_LOCKED;
+        }
+        if vm_flags & VM_LOCKONFAULT != 0 {
+            flags |= fault_flags::VM_LOCKONFAULT;
+        }
+    }
+    let Some(mut slot) = FAULT_EVENTS.reserve::<FaultEvent>(0) else {
+        bump(fault_counter::EVENTS_DROPPED);
+        return;
+    };
+    slot.write(FaultEvent {
+        kind: EventKind::Fault as u32,
+        flags,
+        tgid,
+        tid,
+        address,
+        latency_ns: if latency == NO_LATENCY { 0 } else { latency },
+        time_ns: now_ns(),
+        count,
+        syscall,
+        cpu: this_cpu(),
+        comm: bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]),
+    });
+    slot.submit(0);
+}

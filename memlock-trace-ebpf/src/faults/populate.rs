@@ -1,0 +1,194 @@
+//! Populating system calls: the pages the kernel faulted in without an exception, counted
+//! from the task's `min_flt`/`maj_flt` growth across the call (tracepoint hook set) or
+//! named by the call in flight (fentry/kprobe sets); and failed faults, seen as the signal
+//! they end in (every hook set).
+
+use aya_ebpf::{
+    bindings::BPF_ANY,
+    macros::{map, tracepoint},
+    maps::LruHashMap,
+    programs::TracePointContext,
+};
+use memlock_trace_common::{
+    PAGE_MASK,
+    faults::{MAX_FAULT_THREADS, PopulateCall, SLOTS, fault_counter, fault_flags, populate, stat},
+};
+
+use super::{
+    FAULT_CONFIG, NO_LATENCY, NO_SYSCALL, bump, emit, record_stack, regions::flush_region,
+    stats_for,
+};
+use crate::shared::{
+    current_ids, is_target, now_ns, syscall_arg, syscall_nr, syscall_ret, task_faults, tp_field,
+};
+
+#[map]
+pub(super) static POPULATE_INFLIGHT: LruHashMap<u32, PopulateCall> =
+    LruHashMap::with_max_entries(MAX_FAULT_THREADS, 0);
+
+/// `signal:signal_generate` (include/trace/events/signal.h), after the common fields:
+///
+/// ```text
+/// field:int sig;   offset:8;  size:4
+/// field:int errno; offset:12; size:4
+/// field:int code;  offset:16; size:4
+/// field:char comm[16]; offset:20; size:16
+/// field:pid_t pid; offset:36; size:4
+/// ```
+///
+/// A page fault the kernel cannot resolve for user mode ends in `force_sig_fault()` on the
+/// faulting task: SIGSEGV with `SEGV_MAPERR`/`SEGV_ACCERR`/`SEGV_PKUERR`, or SIGBUS with
+/// `BUS_ADRERR`/`BUS_MCEERR_AR`. That is the one place every hook set sees a failed fault,
+/// including those refused before `handle_mm_fault` (no VMA, access error). Signals are rare,
+/// so this costs nothing per fault.
+#[tracepoint]
+pub fn fault_signal(ctx: TracePointContext) -> u32 {
+    const SIGBUS: i32 = 7;
+    const SIGSEGV: i32 = 11;
+    let sig = tp_field::<i32>(&ctx, 8).unwrap_or(0);
+    let code = tp_field::<i32>(&ctx, 16).unwrap_or(0);
+    let from_fault = match sig {
+        // SEGV_MAPERR 1, SEGV_ACCERR 2, SEGV_PKUERR 4
+        SIGSEGV => matches!(code, 1 | 2 | 4),
+        // BUS_ADRERR 2, BUS_MCEERR_AR 4
+        SIGBUS => matches!(code, 2 | 4),
+        _ => false,
+    };
+    let target = tp_field::<i32>(&ctx, 36).unwrap_or(-1) as u32;
+    let (tgid, tid) = current_ids();
+    // Self-inflicted: the faulting task signals itself.
+    if !from_fault || target != tid {
+        return 0;
+    }
+    if let Some(stats) = stats_for(tgid, tid, false) {
+        // SAFETY: `stats_for` returns a valid pointer to this CPU's stats of the task, used
+        // by nothing else while this program runs.
+        unsafe { (*stats).counts[stat::FAILED] += 1 };
+    }
+    if config!(events) != 0 && is_target(tgid) {
+        emit(
+            tgid,
+            tid,
+            fault_flags::FAILED,
+            0,
+            NO_LATENCY,
+            0,
+            1,
+            NO_SYSCALL,
+        );
+    }
+    0
+}
+
+/// Attached to `sys_enter_` of every [`populate`] call.
+#[tracepoint]
+pub fn populate_enter(ctx: TracePointContext) -> u32 {
+    let (tgid, tid) = current_ids();
+    if !is_target(tgid) {
+        return 0;
+    }
+    let nr = syscall_nr(&ctx);
+    let mut index = populate::OTHER as u32;
+    for i in 0..populate::COUNT {
+        // Volatile, element by element: a plain read of the static would be folded to its
+        // compile-time value, not the one the loader wrote.
+        // SAFETY: an in-bounds read of a static, which outlives the program.
+        let candidate =
+            unsafe { core::ptr::read_volatile(&raw const FAULT_CONFIG.populate_nrs[i]) };
+        if candidate == nr {
+            index = i as u32;
+            break;
+        }
+    }
+    let (min_flt, maj_flt) = task_faults();
+    let call = PopulateCall {
+        index,
+        _pad: 0,
+        start_ns: now_ns(),
+        min_flt,
+        maj_flt,
+        exception_min: 0,
+        exception_maj: 0,
+        address: syscall_arg(&ctx, 0),
+    };
+    if POPULATE_INFLIGHT
+        .insert(tid, call, u64::from(BPF_ANY))
+        .is_err()
+    {
+        bump(fault_counter::UPDATE_FAILED);
+    }
+    0
+}
+
+/// `sys_exit_` with the tracepoint hook set: the task's fault-counter growth during the call,
+/// less the faults the perf events already counted, is what the call populated.
+#[tracepoint]
+pub fn populate_exit_counted(ctx: TracePointContext) -> u32 {
+    let (tgid, tid) = current_ids();
+    let Some(call) = POPULATE_INFLIGHT.get_ptr(tid) else {
+        return 0;
+    };
+    // SAFETY: a valid pointer to this thread's own entry, copied out before it is removed.
+    let call = unsafe { *call };
+    let _ = POPULATE_INFLIGHT.remove(tid);
+    let (min_flt, maj_flt) = task_faults();
+    let minor = min_flt
+        .wrapping_sub(call.min_flt)
+        .saturating_sub(call.exception_min);
+    let major = maj_flt
+        .wrapping_sub(call.maj_flt)
+        .saturating_sub(call.exception_maj);
+    if minor == 0 && major == 0 {
+        return 0;
+    }
+    let Some(stats) = stats_for(tgid, tid, true) else {
+        return 0;
+    };
+    // SAFETY: as in `fault_signal`.
+    let s = unsafe { &mut *stats };
+    s.counts[stat::POPULATED_MINOR] += minor;
+    s.counts[stat::POPULATED_MAJOR] += major;
+    s.populated_by[call.index as usize & (SLOTS - 1)] += minor + major;
+    if config!(stacks) != 0 {
+        // The call site of the system call that populated them.
+        record_stack(&ctx, tgid, tid, minor + major);
+    }
+    // Where: mmap and mremap return the mapping; the others take it as first argument.
+    let ret = syscall_ret(&ctx).unwrap_or(-1);
+    let address = if call.index == populate::MMAP as u32 || call.index == populate::MREMAP as u32 {
+        if ret > 0 { ret as u64 } else { 0 }
+    } else if call.index == populate::MLOCKALL as u32
+        || call.index == populate::BRK as u32
+        || call.index >= populate::EXECVE as u32
+    {
+        0
+    } else {
+        call.address
+    };
+    if address != 0 {
+        flush_region(tgid, address & PAGE_MASK, minor + major, 0);
+    }
+    if config!(events) != 0 {
+        let flags = fault_flags::POPULATED | if minor == 0 { fault_flags::MAJOR } else { 0 };
+        emit(
+            tgid,
+            tid,
+            flags,
+            address,
+            NO_LATENCY,
+            0,
+            minor + major,
+            call.index,
+        );
+    }
+    0
+}
+
+/// `sys_exit_` with the fentry/kprobe hook sets, which count populated faults one by one and
+/// only use the in-flight entry to name the call.
+#[tracepoint]
+pub fn populate_exit(_ctx: TracePointContext) -> u32 {
+    let (_, tid) = current_ids();
+    let _ = POPULATE_INFLIGHT.remove(tid);
+    0
+}
