@@ -187,25 +187,7 @@ pub(super) fn measure(
         }
         _ => {
             let mut cmd = placement.command(tracer, true);
-            cmd.args(["-p", &pid, "--json", "--fault-hooks", "tracepoint"]);
-            match mode {
-                Mode::CountOnly => {
-                    cmd.arg("--count-only");
-                }
-                Mode::Streaming => {
-                    cmd.arg("--events");
-                }
-                Mode::DefaultClassic => {
-                    cmd.env("MEMLOCK_TRACE_CLASSIC_TRACEPOINTS", "1");
-                }
-                Mode::EmptyPrograms => {
-                    cmd.env("MEMLOCK_TRACE_BENCH_EMPTY_PROGRAMS", "1");
-                }
-                Mode::ClockPrograms => {
-                    cmd.env("MEMLOCK_TRACE_BENCH_EMPTY_PROGRAMS", "clock");
-                }
-                _ => {}
-            }
+            cmd.args(memlock_trace_args(mode, &pid));
             Some(attach(cmd, "memlock-trace: tracing", true)?)
         }
     };
@@ -248,6 +230,24 @@ pub(super) fn measure(
         kernel_faults,
         traced_faults,
     })
+}
+
+/// memlock-trace's command line for `mode`, tracing `pid` on the tracepoint hook set. The
+/// benchmark-only variants are hidden flags of memlock-trace: `--classic-tracepoints` attaches
+/// the start tracepoints the classic way, as bpftrace does; `--bench-floor empty|clock`
+/// replaces the per-fault programs by the floor programs.
+fn memlock_trace_args(mode: Mode, pid: &str) -> Vec<&str> {
+    let extra: &[&str] = match mode {
+        Mode::CountOnly => &["--count-only"],
+        Mode::Streaming => &["--events"],
+        Mode::DefaultClassic => &["--classic-tracepoints"],
+        Mode::EmptyPrograms => &["--bench-floor", "empty"],
+        Mode::ClockPrograms => &["--bench-floor", "clock"],
+        Mode::Untraced | Mode::Default | Mode::Bpftrace => &[],
+    };
+    let mut args = vec!["-p", pid, "--json", "--fault-hooks", "tracepoint"];
+    args.extend_from_slice(extra);
+    args
 }
 
 /// One BPF program's share: runs and average run time (bpf_stats).
@@ -332,4 +332,25 @@ fn bpftrace_faults(out: &str, pid: &str) -> Result<u64> {
         bail!("no counts in bpftrace's output:\n{out}");
     }
     Ok(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn benchmark_only_programs_are_chosen_by_flags() {
+        let common = ["-p", "42", "--json", "--fault-hooks", "tracepoint"];
+        let extra = |mode| {
+            let args = memlock_trace_args(mode, "42");
+            assert_eq!(args[..common.len()], common, "{mode:?}");
+            args[common.len()..].to_vec()
+        };
+        assert!(extra(Mode::Default).is_empty());
+        assert_eq!(extra(Mode::CountOnly), ["--count-only"]);
+        assert_eq!(extra(Mode::Streaming), ["--events"]);
+        assert_eq!(extra(Mode::DefaultClassic), ["--classic-tracepoints"]);
+        assert_eq!(extra(Mode::EmptyPrograms), ["--bench-floor", "empty"]);
+        assert_eq!(extra(Mode::ClockPrograms), ["--bench-floor", "clock"]);
+    }
 }

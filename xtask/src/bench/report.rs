@@ -128,7 +128,7 @@ pub(super) fn report(
          the populating-syscall and `signal_generate` tracepoints are attached too. It attaches \
          the start tracepoints BTF-typed (tp_btf) where the kernel allows, which bpftrace 0.17 \
          cannot; the \"classic tracepoints\" row attaches them as bpftrace does \
-         (`MEMLOCK_TRACE_CLASSIC_TRACEPOINTS=1`), for a like-for-like comparison.\n\
+         (hidden flag `--classic-tracepoints`), for a like-for-like comparison.\n\
          - `--count-only` on specific targets uses counting perf events on the targets' threads \
          (no BPF program per fault; see `memlock-trace/src/fault_counting.rs`).\n\
          - bpftrace ({bpftrace}) does the default mode's job on the same hooks: per-process \
@@ -137,9 +137,10 @@ pub(super) fn report(
          - `--events` additionally streams every fault through the ring buffer to user space \
          (JSON lines on a pipe): the streaming design, measured rather than assumed.\n\
          - The two floor rows attach the default mode's per-fault hooks (tp_btf start, perf \
-         completion) with programs that return at once (`MEMLOCK_TRACE_BENCH_EMPTY_PROGRAMS=1`), \
-         or that only read the clock at each end (`=clock`): what the hooks themselves cost any \
-         tool, and what timing faults on them costs before any filtering or counting.\n\
+         completion) with programs that return at once (hidden flag `--bench-floor empty`), \
+         or that only read the clock at each end (`--bench-floor clock`): what the hooks \
+         themselves cost any tool, and what timing faults on them costs before any filtering \
+         or counting.\n\
          - {placement}\n",
         placement = if cpus >= 2 {
             format!(
