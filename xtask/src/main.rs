@@ -1,7 +1,8 @@
-//! Project tasks cargo cannot do by itself: toolchain set-up, the bundled run, the host and
-//! VM test stages. `cargo xtask --help`.
+//! Project tasks cargo cannot do by itself: toolchain set-up, the bundled run, the lint
+//! checks, the host and VM test stages, the benchmark. `cargo xtask --help`.
 
 mod bench;
+mod lint;
 mod run;
 mod setup;
 mod test;
@@ -21,10 +22,18 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Task {
-    /// Install what the build needs (rust-src, bpf-linker) and mount tracefs; idempotent.
+    /// Install what building and linting need (rust-src, bpf-linker, rustfmt, clippy) and
+    /// mount tracefs; idempotent.
     Setup,
     /// Build everything and run the bundled workloads under the tracer.
     Run(run::Args),
+    /// Check formatting and run clippy on user space and the eBPF crate; `test` does this first.
+    ///
+    /// Runs `cargo fmt --all -- --check`, `cargo clippy --all-targets -- -D warnings` (the
+    /// user-space crates) and clippy for memlock-trace-ebpf (nightly, bpfel-unknown-none,
+    /// `-Z build-std=core`). Every check runs; a failure names each failing check and the
+    /// command that reproduces it.
+    Lint,
     /// Run the tests on this kernel and inside a qemu VM booting a stock Debian kernel.
     Test(test::Args),
     /// Measure what tracing page faults costs (untraced vs memlock-trace vs bpftrace) and
@@ -37,6 +46,7 @@ fn main() -> ExitCode {
     let result = match cli.task {
         Task::Setup => setup::ensure(),
         Task::Run(args) => setup::ensure().and_then(|()| run::run(&args)),
+        Task::Lint => setup::ensure().and_then(|()| lint::run()),
         Task::Test(args) => setup::ensure().and_then(|()| test::run(&args)),
         Task::Bench(args) => setup::ensure().and_then(|()| bench::run(&args)),
     };
