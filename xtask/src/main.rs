@@ -34,7 +34,11 @@ enum Task {
     /// `-Z build-std=core`). Every check runs; a failure names each failing check and the
     /// command that reproduces it.
     Lint,
-    /// Run the tests on this kernel and inside a qemu VM booting a stock Debian kernel.
+    /// Lint, then run the tests on this kernel and in a qemu VM booting a stock Debian kernel.
+    ///
+    /// The lint checks of `cargo xtask lint` always run first: if one fails, no test runs.
+    /// Then the test binaries are built once and run on this machine's kernel and inside the
+    /// guest, with a table per kernel and `N passed, N failed` over both.
     Test(test::Args),
     /// Measure what tracing page faults costs (untraced vs memlock-trace vs bpftrace) and
     /// write BENCHMARKS.md.
