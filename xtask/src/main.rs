@@ -13,8 +13,10 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+/// memlock-trace's project tasks: set-up, the bundled run, lint, the tests on two kernels and
+/// the page-fault benchmark.
 #[derive(Parser)]
-#[command(name = "cargo xtask")]
+#[command(name = "cargo xtask", bin_name = "cargo xtask")]
 struct Cli {
     #[command(subcommand)]
     task: Task,
