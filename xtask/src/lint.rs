@@ -28,7 +28,9 @@ impl Check {
 /// The eBPF crate's clippy, apart from the workspace's: the crate builds only for
 /// bpfel-unknown-none, with the nightly toolchain and `-Z build-std=core`, and has no test
 /// harness (so no `--all-targets`). It is not a default member, so the user-space clippy
-/// skips it. Kept in one place so the invocation is easy to change.
+/// skips it. Its own target directory keeps the nightly artifacts (core built from source,
+/// host build scripts and proc macros) apart from the stable ones in `target/`. Kept in one
+/// place so the invocation is easy to change; the README quotes it.
 const CLIPPY_EBPF: &[&str] = &[
     "+nightly",
     "clippy",
@@ -38,6 +40,8 @@ const CLIPPY_EBPF: &[&str] = &[
     "bpfel-unknown-none",
     "-Z",
     "build-std=core",
+    "--target-dir",
+    "target/ebpf-clippy",
     "--",
     "-D",
     "warnings",
@@ -105,7 +109,7 @@ mod tests {
                 "cargo fmt --all -- --check",
                 "cargo clippy --all-targets -- -D warnings",
                 "cargo +nightly clippy -p memlock-trace-ebpf --target bpfel-unknown-none \
-                 -Z build-std=core -- -D warnings",
+                 -Z build-std=core --target-dir target/ebpf-clippy -- -D warnings",
             ]
         );
     }
