@@ -1,7 +1,8 @@
-//! Project tasks cargo cannot do by itself: toolchain set-up, the bundled run, the host and
-//! VM test stages. `cargo xtask --help`.
+//! Project tasks cargo cannot do by itself: toolchain set-up, the bundled run, the lint
+//! checks, the host and VM test stages, the benchmark. `cargo xtask --help`.
 
 mod bench;
+mod lint;
 mod run;
 mod setup;
 mod test;
@@ -12,8 +13,10 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+/// memlock-trace's project tasks: set-up, the bundled run, lint, the tests on two kernels and
+/// the page-fault benchmark.
 #[derive(Parser)]
-#[command(name = "cargo xtask")]
+#[command(name = "cargo xtask", bin_name = "cargo xtask")]
 struct Cli {
     #[command(subcommand)]
     task: Task,
@@ -21,11 +24,23 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Task {
-    /// Install what the build needs (rust-src, bpf-linker) and mount tracefs; idempotent.
+    /// Install what building and linting need (rust-src, bpf-linker, rustfmt, clippy) and
+    /// mount tracefs; idempotent.
     Setup,
     /// Build everything and run the bundled workloads under the tracer.
     Run(run::Args),
-    /// Run the tests on this kernel and inside a qemu VM booting a stock Debian kernel.
+    /// Check formatting and run clippy on user space and the eBPF crate; `test` does this first.
+    ///
+    /// Runs `cargo fmt --all -- --check`, `cargo clippy --all-targets -- -D warnings` (the
+    /// user-space crates) and clippy for memlock-trace-ebpf (nightly, bpfel-unknown-none,
+    /// `-Z build-std=core`). Every check runs; a failure names each failing check and the
+    /// command that reproduces it.
+    Lint,
+    /// Lint, then run the tests on this kernel and in a qemu VM booting a stock Debian kernel.
+    ///
+    /// The lint checks of `cargo xtask lint` always run first: if one fails, no test runs.
+    /// Then the test binaries are built once and run on this machine's kernel and inside the
+    /// guest, with a table per kernel and `N passed, N failed` over both.
     Test(test::Args),
     /// Measure what tracing page faults costs (untraced vs memlock-trace vs bpftrace) and
     /// write BENCHMARKS.md.
@@ -37,6 +52,7 @@ fn main() -> ExitCode {
     let result = match cli.task {
         Task::Setup => setup::ensure(),
         Task::Run(args) => setup::ensure().and_then(|()| run::run(&args)),
+        Task::Lint => setup::ensure().and_then(|()| lint::run()),
         Task::Test(args) => setup::ensure().and_then(|()| test::run(&args)),
         Task::Bench(args) => setup::ensure().and_then(|()| bench::run(&args)),
     };

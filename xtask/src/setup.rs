@@ -1,7 +1,7 @@
 //! Installs what building and running memlock-trace needs on a fresh machine, idempotently:
 //! the nightly toolchain's rust-src (for `-Z build-std=core`), bpf-linker linked against
-//! the nightly rustc's own LLVM, and tracefs mounted. When everything is present this only
-//! runs a few quick checks.
+//! the nightly rustc's own LLVM, rustfmt and clippy for the lint checks, and tracefs
+//! mounted. When everything is present this only runs a few quick checks.
 
 use std::{
     env, fs,
@@ -21,6 +21,7 @@ pub fn ensure() -> Result<()> {
     ensure_nightly()?;
     ensure_rust_src()?;
     ensure_bpf_linker()?;
+    ensure_lint_tools()?;
     ensure_tracefs()?;
     Ok(())
 }
@@ -130,6 +131,39 @@ fn link_rustc_llvm(sysroot_lib: &Path, prefix_lib: &Path) -> Result<()> {
         symlink(&libllvm, &link).with_context(|| format!("linking {}", link.display()))?;
     }
     Ok(())
+}
+
+/// `cargo xtask lint` runs rustfmt and clippy on the toolchain xtask runs on, and clippy on
+/// nightly for the eBPF crate; rustup's minimal profile has none of them.
+fn ensure_lint_tools() -> Result<()> {
+    ensure_cargo_component(None, "rustfmt", "fmt")?;
+    ensure_cargo_component(None, "clippy", "clippy")?;
+    ensure_cargo_component(Some("nightly"), "clippy", "clippy")
+}
+
+/// Adds `component` to `toolchain` (None: the current one) unless `cargo SUBCOMMAND` runs.
+fn ensure_cargo_component(
+    toolchain: Option<&str>,
+    component: &str,
+    subcommand: &str,
+) -> Result<()> {
+    let mut probe = Command::new("cargo");
+    let mut add = Command::new("rustup");
+    add.args(["component", "add", component]);
+    if let Some(toolchain) = toolchain {
+        probe.arg(format!("+{toolchain}"));
+        add.args(["--toolchain", toolchain]);
+    }
+    if output_of(probe.args([subcommand, "--version"])).is_ok() {
+        return Ok(());
+    }
+    let for_toolchain = toolchain.map_or(String::new(), |t| format!(" --toolchain {t}"));
+    eprintln!("xtask: installing {component}{for_toolchain}");
+    run(&mut add).with_context(|| {
+        format!(
+            "installing {component} failed: run `rustup component add {component}{for_toolchain}`"
+        )
+    })
 }
 
 /// aya reads tracepoint ids from tracefs, which a fresh machine has not mounted.

@@ -1,4 +1,5 @@
-//! `cargo xtask test`: the same test binaries on this machine's kernel and inside a qemu
+//! `cargo xtask test`: the lint checks first (`cargo xtask lint`; a failure stops the run
+//! before any test), then the same test binaries on this machine's kernel and inside a qemu
 //! guest booting a stock Debian kernel (where fentry/kprobes load), with a table per kernel.
 
 use std::{
@@ -10,7 +11,7 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::{run::workspace_root, util::output_of, vm};
+use crate::{lint, run::workspace_root, util::output_of, vm};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -61,6 +62,8 @@ impl Stage {
 const LIBTEST_ARGS: [&str; 1] = ["--test-threads=1"];
 
 pub fn run(args: &Args) -> Result<()> {
+    // Every run lints, whatever the stages: there is no flag to skip it, so CI always does.
+    lint::run().context("no test ran")?;
     // Both stages need them: the guest's kernel, and on the host the suite test's
     // vm-memory scenario boots the same kernel under qemu.
     vm::ensure_assets(&vm::cache_dir())?;

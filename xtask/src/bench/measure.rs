@@ -1,0 +1,356 @@
+//! One measured run: a fresh workload, a tracer attached to it in the mode measured, the
+//! command run in the traced window, then what the kernel and the tracer counted, and
+//! optionally what each BPF program cost (`kernel.bpf_stats_enabled`).
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    io::{BufRead as _, BufReader},
+    path::Path,
+    process::{Child, Command, Stdio},
+    sync::mpsc,
+    time::Duration,
+};
+
+use anyhow::{Context as _, Result, anyhow, bail};
+
+use super::{
+    Mode,
+    workload::{Placement, Workload},
+};
+use crate::util::{output_of, run as run_cmd};
+
+/// The bpftrace equivalent of memlock-trace's default mode on the tracepoint hook set:
+/// per-process minor/major counts and latency histograms from fault entry to accounting.
+/// bpftrace prints "Attaching N probes" before it attaches them; the interval probe, attached
+/// last, prints once the others are in place.
+const BPFTRACE_SCRIPT: &str = r#"
+tracepoint:exceptions:page_fault_user,
+tracepoint:exceptions:page_fault_kernel
+/pid == $1/
+{
+    @start[tid] = nsecs;
+}
+software:minor-faults:1
+/pid == $1/
+{
+    @minor[pid] = count();
+    if (@start[tid]) {
+        @minor_ns[pid] = hist(nsecs - @start[tid]);
+        delete(@start[tid]);
+    }
+}
+software:major-faults:1
+/pid == $1/
+{
+    @major[pid] = count();
+    if (@start[tid]) {
+        @major_ns[pid] = hist(nsecs - @start[tid]);
+        delete(@start[tid]);
+    }
+}
+interval:ms:50
+/@ready == 0/
+{
+    printf("attached\n");
+    @ready = 1;
+}
+"#;
+
+/// One measured run.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Sample {
+    /// The workload's CPU time (all its threads) per fault: the figure compared, as it
+    /// leaves out time other processes held the CPU.
+    pub(super) ns_per_fault: f64,
+    /// Wall-clock time per fault (includes what the tracer's user space costs the machine).
+    pub(super) wall_ns_per_fault: f64,
+    /// Faults the kernel counted in the traced window.
+    pub(super) kernel_faults: u64,
+    /// Faults the tracer counted in that window (None untraced).
+    pub(super) traced_faults: Option<u64>,
+}
+
+/// A tracer running against the workload; its output collected until it stops.
+struct Attached {
+    child: Child,
+    stdout: mpsc::Receiver<String>,
+    stderr: mpsc::Receiver<String>,
+}
+
+/// Reads `pipe` to its end, signalling `ready` when a line contains `marker`; sends the text.
+fn collect(
+    pipe: impl std::io::Read + Send + 'static,
+    marker: Option<(&'static str, mpsc::Sender<()>)>,
+    text_tx: mpsc::Sender<String>,
+) {
+    std::thread::spawn(move || {
+        let mut reader = BufReader::new(pipe);
+        let mut text = String::new();
+        let mut line = String::new();
+        while reader.read_line(&mut line).unwrap_or(0) > 0 {
+            if let Some((marker, ready)) = &marker
+                && line.contains(marker)
+            {
+                let _ = ready.send(());
+            }
+            text.push_str(&line);
+            line.clear();
+        }
+        let _ = text_tx.send(text);
+    });
+}
+
+/// Starts `cmd` and waits for the line that says it is attached (on stderr or stdout).
+fn attach(mut cmd: Command, marker: &'static str, marker_on_stderr: bool) -> Result<Attached> {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("starting {cmd:?}"))?;
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let (out_tx, out_rx) = mpsc::channel();
+    let (err_tx, err_rx) = mpsc::channel();
+    let stdout = child.stdout.take().context("stdout")?;
+    let stderr = child.stderr.take().context("stderr")?;
+    let (on_out, on_err) = if marker_on_stderr {
+        (None, Some((marker, ready_tx)))
+    } else {
+        (Some((marker, ready_tx)), None)
+    };
+    collect(stdout, on_out, out_tx);
+    collect(stderr, on_err, err_tx);
+    let attached = Attached {
+        child,
+        stdout: out_rx,
+        stderr: err_rx,
+    };
+    if ready_rx.recv_timeout(Duration::from_secs(60)).is_err() {
+        let mut attached = attached;
+        let _ = attached.child.kill();
+        let _ = attached.child.wait();
+        let err = attached
+            .stderr
+            .recv_timeout(Duration::from_secs(5))
+            .unwrap_or_default();
+        bail!("{cmd:?} did not attach: {}", err.trim());
+    }
+    Ok(attached)
+}
+
+impl Attached {
+    /// SIGINT, then the stdout it wrote.
+    fn stop(mut self) -> Result<String> {
+        run_cmd(Command::new("kill").args(["-INT", &self.child.id().to_string()]))?;
+        let status = self.child.wait()?;
+        let out = self
+            .stdout
+            .recv_timeout(Duration::from_secs(60))
+            .context("tracer stdout")?;
+        if !status.success() {
+            let err = self
+                .stderr
+                .recv_timeout(Duration::from_secs(5))
+                .unwrap_or_default();
+            bail!("the tracer exited with {status}: {}", err.trim());
+        }
+        Ok(out)
+    }
+}
+
+/// One run of `command` in a fresh workload, traced as `mode` from after a warm-up to after
+/// the run, so the traced window holds exactly that run; with `costs`, also the run time of
+/// every BPF program the tracer loaded (kernel.bpf_stats_enabled), appended there.
+pub(super) fn measure(
+    tracer: &Path,
+    bpftrace: &Path,
+    mode: Mode,
+    command: &str,
+    placement: Placement,
+    repeats: usize,
+    costs: Option<&mut Vec<ProgramCost>>,
+) -> Result<Sample> {
+    let mut workload = Workload::spawn(tracer, placement)?;
+    // Warm the code paths and the workload's own buffers before anything is measured.
+    workload.run("touch 256")?;
+    let pid = workload.pid().to_string();
+    let programs_before = match costs {
+        Some(_) => program_stats()?.into_keys().collect(),
+        None => BTreeSet::new(),
+    };
+    let attached = match mode {
+        Mode::Untraced => None,
+        Mode::Bpftrace => {
+            let mut cmd = placement.command(bpftrace, true);
+            cmd.args(["-e", BPFTRACE_SCRIPT, &pid]);
+            Some(attach(cmd, "attached", false)?)
+        }
+        _ => {
+            let mut cmd = placement.command(tracer, true);
+            cmd.args(memlock_trace_args(mode, &pid));
+            Some(attach(cmd, "memlock-trace: tracing", true)?)
+        }
+    };
+    let before = workload.kernel_faults()?;
+    // The command runs `repeats` times in the traced window; the fastest run is the sample.
+    // Interference on a shared machine only ever adds time, so the minimum of a few runs is
+    // the cost with the least of it (the median of single runs swung by +-15% here).
+    let (mut wall_ns, mut cpu_ns) = (u64::MAX, u64::MAX);
+    for _ in 0..repeats {
+        let (wall, cpu) = workload.run(command)?;
+        wall_ns = wall_ns.min(wall);
+        cpu_ns = cpu_ns.min(cpu);
+    }
+    let kernel_faults = workload.kernel_faults()? - before;
+    if let Some(costs) = costs {
+        for (id, cost) in program_stats()? {
+            if !programs_before.contains(&id) && cost.runs > 0 {
+                costs.push(ProgramCost { mode, ..cost });
+            }
+        }
+    }
+    let traced_faults = match attached {
+        None => None,
+        Some(attached) => {
+            let out = attached.stop()?;
+            match mode {
+                Mode::Bpftrace => Some(bpftrace_faults(&out, &pid)?),
+                // Floor programs count nothing.
+                Mode::EmptyPrograms | Mode::ClockPrograms => None,
+                _ => Some(memlock_trace_faults(&out, &pid)?),
+            }
+        }
+    };
+    drop(workload);
+    // Every run of the command takes the same faults.
+    let faults = (kernel_faults as f64 / repeats as f64).max(1.0);
+    Ok(Sample {
+        ns_per_fault: cpu_ns as f64 / faults,
+        wall_ns_per_fault: wall_ns as f64 / faults,
+        kernel_faults,
+        traced_faults,
+    })
+}
+
+/// memlock-trace's command line for `mode`, tracing `pid` on the tracepoint hook set. The
+/// benchmark-only variants are hidden flags of memlock-trace: `--classic-tracepoints` attaches
+/// the start tracepoints the classic way, as bpftrace does; `--bench-floor empty|clock`
+/// replaces the per-fault programs by the floor programs.
+fn memlock_trace_args(mode: Mode, pid: &str) -> Vec<&str> {
+    let extra: &[&str] = match mode {
+        Mode::CountOnly => &["--count-only"],
+        Mode::Streaming => &["--events"],
+        Mode::DefaultClassic => &["--classic-tracepoints"],
+        Mode::EmptyPrograms => &["--bench-floor", "empty"],
+        Mode::ClockPrograms => &["--bench-floor", "clock"],
+        Mode::Untraced | Mode::Default | Mode::Bpftrace => &[],
+    };
+    let mut args = vec!["-p", pid, "--json", "--fault-hooks", "tracepoint"];
+    args.extend_from_slice(extra);
+    args
+}
+
+/// One BPF program's share: runs and average run time (bpf_stats).
+#[derive(Clone, Debug)]
+pub(super) struct ProgramCost {
+    pub(super) mode: Mode,
+    pub(super) name: String,
+    pub(super) runs: u64,
+    pub(super) avg_ns: f64,
+}
+
+/// Every loaded BPF program's run statistics, by id (`bpftool prog show -j`).
+fn program_stats() -> Result<BTreeMap<u64, ProgramCost>> {
+    let out = output_of(Command::new("bpftool").args(["prog", "show", "-j"]))
+        .context("bpftool (apt-get install bpftool) lists the programs' run times")?;
+    let programs: serde_json::Value = serde_json::from_str(&out)?;
+    let mut stats = BTreeMap::new();
+    for p in programs.as_array().into_iter().flatten() {
+        let (Some(id), Some(runs), Some(ns)) = (
+            p["id"].as_u64(),
+            p["run_cnt"].as_u64(),
+            p["run_time_ns"].as_u64(),
+        ) else {
+            continue;
+        };
+        stats.insert(
+            id,
+            ProgramCost {
+                mode: Mode::Untraced,
+                name: p["name"].as_str().unwrap_or("?").to_string(),
+                runs,
+                avg_ns: ns as f64 / runs.max(1) as f64,
+            },
+        );
+    }
+    Ok(stats)
+}
+
+/// Runs `f` with kernel.bpf_stats_enabled on, restoring the setting after.
+pub(super) fn with_bpf_stats<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
+    const KNOB: &str = "/proc/sys/kernel/bpf_stats_enabled";
+    let old = std::fs::read_to_string(KNOB).with_context(|| format!("reading {KNOB}"))?;
+    std::fs::write(KNOB, "1").with_context(|| format!("enabling {KNOB}"))?;
+    let result = f();
+    let _ = std::fs::write(KNOB, old.trim());
+    result
+}
+
+/// minor + major of `pid` in memlock-trace's JSON summary line.
+fn memlock_trace_faults(out: &str, pid: &str) -> Result<u64> {
+    let summary = out
+        .lines()
+        .rev()
+        .find_map(|l| {
+            serde_json::from_str::<serde_json::Value>(l)
+                .ok()
+                .filter(|v| v["type"] == "summary")
+        })
+        .ok_or_else(|| anyhow!("no JSON summary in memlock-trace's output"))?;
+    let process = summary["processes"]
+        .as_array()
+        .and_then(|ps| {
+            ps.iter()
+                .find(|p| p["pid"].as_u64().is_some_and(|p| p.to_string() == pid))
+        })
+        .ok_or_else(|| anyhow!("pid {pid} missing from the summary"))?;
+    let faults = &process["faults"];
+    Ok(faults["minor"].as_u64().unwrap_or(0) + faults["major"].as_u64().unwrap_or(0))
+}
+
+/// `@minor[PID]: N` + `@major[PID]: N` in bpftrace's exit output.
+fn bpftrace_faults(out: &str, pid: &str) -> Result<u64> {
+    let count = |name: &str| -> u64 {
+        let prefix = format!("@{name}[{pid}]: ");
+        out.lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    let total = count("minor") + count("major");
+    if total == 0 {
+        bail!("no counts in bpftrace's output:\n{out}");
+    }
+    Ok(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn benchmark_only_programs_are_chosen_by_flags() {
+        let common = ["-p", "42", "--json", "--fault-hooks", "tracepoint"];
+        let extra = |mode| {
+            let args = memlock_trace_args(mode, "42");
+            assert_eq!(args[..common.len()], common, "{mode:?}");
+            args[common.len()..].to_vec()
+        };
+        assert!(extra(Mode::Default).is_empty());
+        assert_eq!(extra(Mode::CountOnly), ["--count-only"]);
+        assert_eq!(extra(Mode::Streaming), ["--events"]);
+        assert_eq!(extra(Mode::DefaultClassic), ["--classic-tracepoints"]);
+        assert_eq!(extra(Mode::EmptyPrograms), ["--bench-floor", "empty"]);
+        assert_eq!(extra(Mode::ClockPrograms), ["--bench-floor", "clock"]);
+    }
+}

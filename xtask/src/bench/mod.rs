@@ -1,0 +1,234 @@
+//! `cargo xtask bench`: what tracing page faults costs a faulting process.
+//!
+//! One workload (`memlock-trace workload faults`, first touch of `--mib` MiB with transparent
+//! huge pages off) is measured untraced, under memlock-trace in count-only, default (counts +
+//! latency histograms) and streaming (`--events`, every fault through the ring buffer)
+//! modes, and under a bpftrace script doing the default mode's job on the same hooks. Modes
+//! are interleaved round by round, so drift on a shared machine hits them alike; medians are
+//! compared. Every traced run also checks the tracer's count against the kernel's own
+//! (`/proc/PID/stat`): a cheap tracer that loses faults would not be a result. A last run
+//! faults from every CPU at once and must lose nothing either. Results go to BENCHMARKS.md.
+//!
+//! [`workload`] drives the workload process, [`measure`] runs one measured run with a tracer
+//! attached (and reads back what the tracer and the kernel counted), [`report`] writes the
+//! markdown section; this file holds the options, the modes and the schedule of runs.
+
+mod measure;
+mod report;
+mod workload;
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context as _, Result, anyhow, bail};
+
+use self::{
+    measure::{Sample, measure, with_bpf_stats},
+    report::{Environment, replace_section, report},
+    workload::Placement,
+};
+use crate::{run::workspace_root, util::run as run_cmd};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// MiB first-touched per measured run.
+    #[arg(long, default_value_t = 256)]
+    mib: usize,
+    /// Measured runs per mode (at least 5).
+    #[arg(long, default_value_t = 7)]
+    runs: usize,
+    /// Times the command runs in each measured run; the fastest counts.
+    #[arg(long, default_value_t = 5)]
+    repeats: usize,
+    /// Where to write the report.
+    #[arg(long, default_value = "BENCHMARKS.md")]
+    out: PathBuf,
+}
+
+const PAGE: usize = 4096;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    Untraced,
+    CountOnly,
+    Default,
+    /// The default mode with the start tracepoints attached as bpftrace 0.17 attaches them.
+    DefaultClassic,
+    Streaming,
+    Bpftrace,
+    /// The default mode's hooks with programs that do nothing: the floor under any tool
+    /// that uses them.
+    EmptyPrograms,
+    /// The same hooks with programs that only read the clock at each end: the floor under
+    /// any tool that times faults on them.
+    ClockPrograms,
+}
+
+impl Mode {
+    const ALL: [Mode; 8] = [
+        Mode::Untraced,
+        Mode::CountOnly,
+        Mode::Default,
+        Mode::DefaultClassic,
+        Mode::Streaming,
+        Mode::Bpftrace,
+        Mode::EmptyPrograms,
+        Mode::ClockPrograms,
+    ];
+
+    fn label(self) -> &'static str {
+        match self {
+            Mode::Untraced => "untraced",
+            Mode::CountOnly => "memlock-trace --count-only",
+            Mode::Default => "memlock-trace (counts + latency histograms)",
+            Mode::DefaultClassic => "the same, classic tracepoints like bpftrace",
+            Mode::Streaming => "memlock-trace --events (every fault streamed)",
+            Mode::Bpftrace => "bpftrace, same hooks and job",
+            Mode::EmptyPrograms => "the same hooks, programs that do nothing (floor)",
+            Mode::ClockPrograms => "the same hooks, programs that only read the clock (floor)",
+        }
+    }
+}
+
+pub fn run(args: &Args) -> Result<()> {
+    if args.runs < 5 {
+        bail!("--runs must be at least 5");
+    }
+    run_cmd(Command::new("cargo").args(["build", "--release", "-p", "memlock-trace"]))?;
+    let tracer = workspace_root().join("target/release/memlock-trace");
+    let bpftrace = which("bpftrace").ok_or_else(|| {
+        anyhow!("bpftrace is not installed: `apt-get install bpftrace` (the comparison needs it)")
+    })?;
+    let pages = args.mib * 1024 * 1024 / PAGE;
+    let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+    let mut env = Environment {
+        kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .unwrap_or_default()
+            .trim()
+            .into(),
+        thp: std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
+            .unwrap_or_else(|_| "unknown".into())
+            .trim()
+            .into(),
+        cpus,
+        bpftrace_version: crate::util::output_of(Command::new(&bpftrace).arg("--version"))
+            .unwrap_or_default()
+            .trim()
+            .into(),
+        load_before: load_average(),
+        load_after: String::new(),
+    };
+
+    let pinned = if cpus >= 2 {
+        Placement::Pinned {
+            workload_cpu: cpus - 1,
+        }
+    } else {
+        Placement::Anywhere
+    };
+    let mut samples: Vec<(Mode, Sample)> = Vec::new();
+    for round in 1..=args.runs {
+        for mode in Mode::ALL {
+            let sample = measure(
+                &tracer,
+                &bpftrace,
+                mode,
+                &format!("touch {pages}"),
+                pinned,
+                args.repeats,
+                None,
+            )
+            .with_context(|| format!("round {round}, {}", mode.label()))?;
+            eprintln!(
+                "xtask bench: round {round}/{} {:<48} {:>7.0} ns/fault{}",
+                args.runs,
+                mode.label(),
+                sample.ns_per_fault,
+                sample
+                    .traced_faults
+                    .map(|t| format!(", traced {t} of {} faults", sample.kernel_faults))
+                    .unwrap_or_default()
+            );
+            samples.push((mode, sample));
+        }
+    }
+    // Every CPU faulting at once, as fast as it can: the tracer must still count each fault.
+    let mut max_rate = Vec::new();
+    for mode in [Mode::Untraced, Mode::Default, Mode::CountOnly] {
+        let sample = measure(
+            &tracer,
+            &bpftrace,
+            mode,
+            &format!("mtouch {pages} {cpus}"),
+            Placement::Anywhere,
+            1,
+            None,
+        )
+        .with_context(|| format!("max-rate run, {}", mode.label()))?;
+        eprintln!(
+            "xtask bench: max rate, {cpus} threads, {:<36} {:>7.0} wall ns/fault",
+            mode.label(),
+            sample.wall_ns_per_fault
+        );
+        max_rate.push((mode, sample));
+    }
+
+    // Where the cost goes: one more run of each BPF mode with the kernel timing every program.
+    let mut costs = Vec::new();
+    with_bpf_stats(|| {
+        for mode in [Mode::Default, Mode::Bpftrace] {
+            measure(
+                &tracer,
+                &bpftrace,
+                mode,
+                &format!("touch {pages}"),
+                pinned,
+                1,
+                Some(&mut costs),
+            )
+            .with_context(|| format!("profiled run, {}", mode.label()))?;
+        }
+        Ok(())
+    })?;
+    env.load_after = load_average();
+    let report = report(args, pages, &env, &samples, &max_rate, &costs);
+    let out = workspace_root().join(&args.out);
+    let existing = std::fs::read_to_string(&out).unwrap_or_default();
+    std::fs::write(&out, replace_section(&existing, &report))
+        .with_context(|| format!("writing {}", out.display()))?;
+    println!("{report}");
+    println!("xtask bench: wrote {}", out.display());
+    let lost: Vec<String> = samples
+        .iter()
+        .chain(&max_rate)
+        .filter(|(_, s)| s.traced_faults.is_some_and(|t| t != s.kernel_faults))
+        .map(|(m, s)| {
+            format!(
+                "{}: {:?} of {}",
+                m.label(),
+                s.traced_faults,
+                s.kernel_faults
+            )
+        })
+        .collect();
+    if !lost.is_empty() {
+        bail!("tracers lost or invented faults:\n{}", lost.join("\n"));
+    }
+    Ok(())
+}
+
+fn which(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")?
+        .to_str()?
+        .split(':')
+        .map(|dir| Path::new(dir).join(name))
+        .find(|p| p.is_file())
+}
+
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}

@@ -1,0 +1,205 @@
+//! The guest's root file system: busybox, the test binaries with the shared libraries they
+//! load, extra files, and an `/init` script that runs each test between marker lines
+//! (see the parent module) and powers off.
+
+use std::{
+    collections::BTreeMap,
+    fs::{self, File},
+    os::unix::fs::PermissionsExt,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+};
+
+use anyhow::{Context, Result, bail};
+
+use super::{BEGIN_MARK, DONE_MARK, KERNEL_MARK, RESULT_MARK, VmOptions};
+use crate::util::output_of;
+
+/// Installed by busybox-static; statically linked, so it runs in the guest as is.
+const BUSYBOX: &str = "/bin/busybox";
+
+/// Lays out the guest's root file system under `dir/root` and packs it into `dir/initramfs.cpio`.
+pub(super) fn build(opts: &VmOptions, dir: &Path) -> Result<PathBuf> {
+    let root = dir.join("root");
+    for sub in [
+        "bin", "sbin", "usr/bin", "usr/sbin", "proc", "sys", "dev", "tmp", "tests",
+    ] {
+        fs::create_dir_all(root.join(sub))?;
+    }
+    install_file(Path::new(BUSYBOX), &root, BUSYBOX)?;
+
+    // Tests may share a binary (e.g. with different filters): copy each once.
+    let mut binaries: BTreeMap<String, &Path> = BTreeMap::new();
+    let mut script = init_script_prologue();
+    for test in &opts.tests {
+        if test.name.is_empty() || test.name.contains(char::is_whitespace) {
+            bail!(
+                "test name {:?} must be non-empty and free of whitespace",
+                test.name
+            );
+        }
+        let file_name = test
+            .binary
+            .file_name()
+            .with_context(|| format!("test binary {} has no file name", test.binary.display()))?
+            .to_string_lossy();
+        let guest = format!("/tests/{file_name}");
+        match binaries.get(&guest) {
+            Some(&other) if other != test.binary => {
+                bail!(
+                    "test binaries {} and {} share a file name",
+                    other.display(),
+                    test.binary.display()
+                )
+            }
+            Some(_) => {}
+            None => {
+                install_file(&test.binary, &root, &guest)?;
+                strip_debug(&root.join(&guest[1..]));
+                for lib in shared_libraries(&test.binary)? {
+                    install_file(&lib, &root, &lib.to_string_lossy())?;
+                }
+                binaries.insert(guest.clone(), &test.binary);
+            }
+        }
+        let command: Vec<String> = std::iter::once(&guest)
+            .chain(&test.args)
+            .map(|s| sh_quote(s))
+            .collect();
+        let name = sh_quote(&test.name);
+        script += &format!(
+            "echo {BEGIN_MARK} {name}\n{} </dev/null 2>&1\necho {RESULT_MARK} {name} $?\n",
+            command.join(" ")
+        );
+    }
+    script += &format!("echo {DONE_MARK}\npoweroff -f\n");
+
+    for (host, guest) in &opts.extra_files {
+        install_file(host, &root, guest)?;
+        strip_debug(&root.join(guest.trim_start_matches('/')));
+    }
+    let init = root.join("init");
+    fs::write(&init, script)?;
+    fs::set_permissions(&init, fs::Permissions::from_mode(0o755))?;
+
+    let initrd = dir.join("initramfs.cpio");
+    let mut find = Command::new("find")
+        .arg(".")
+        .current_dir(&root)
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("cannot run `find`")?;
+    let names = find.stdout.take().context("no stdout from `find`")?;
+    let packed = output_of(
+        Command::new("cpio")
+            .args(["-o", "-H", "newc", "--quiet"])
+            .current_dir(&root)
+            .stdin(names)
+            .stdout(File::create(&initrd)?),
+    );
+    // Reap `find` before reporting either failure.
+    let found = find.wait()?;
+    packed?;
+    if !found.success() {
+        bail!("`find .` failed in {}", root.display());
+    }
+    Ok(initrd)
+}
+
+/// `/tmp` stays on the initramfs root (RAM, writable already): a tmpfs there would hide
+/// files installed under it, such as a workspace cloned into /tmp.
+fn init_script_prologue() -> String {
+    format!(
+        "#!{BUSYBOX} sh
+{BUSYBOX} --install -s
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev
+mount -t tracefs tracefs /sys/kernel/tracing
+mount -t debugfs debugfs /sys/kernel/debug
+mount -t bpf bpf /sys/fs/bpf
+ip link set lo up
+ulimit -l unlimited
+export PATH=/bin:/sbin:/usr/bin:/usr/sbin HOME=/tmp RUST_BACKTRACE=1 MEMLOCK_TRACE_IN_VM=1
+cd /tmp
+echo {KERNEL_MARK} $(uname -r)
+"
+    )
+}
+
+/// Drops the DWARF of a copied binary (symbols stay, so backtraces still name functions):
+/// a debug test binary is ~60 MB, mostly debug info, and the initramfs is unpacked into
+/// guest RAM, where a dozen of them no longer fit. Best effort: a failure keeps the copy whole.
+fn strip_debug(path: &Path) {
+    let stripped = Command::new("strip")
+        .arg("--strip-debug")
+        .arg(path)
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !stripped {
+        eprintln!(
+            "xtask: warning: could not strip {}; the guest may run out of memory",
+            path.display()
+        );
+    }
+}
+
+/// Copies `host` to the absolute `guest` path under `root`, keeping its permissions.
+fn install_file(host: &Path, root: &Path, guest: &str) -> Result<()> {
+    let relative = guest
+        .strip_prefix('/')
+        .with_context(|| format!("guest path {guest:?} is not absolute"))?;
+    let dest = root.join(relative);
+    if let Some(parent) = dest.parent() {
+        fs::create_dir_all(parent)?;
+    }
+    fs::copy(host, &dest)
+        .with_context(|| format!("copying {} to guest {guest}", host.display()))?;
+    Ok(())
+}
+
+/// The libraries `ldd` resolves for `binary`, the dynamic loader included.
+fn shared_libraries(binary: &Path) -> Result<Vec<PathBuf>> {
+    let out = Command::new("ldd")
+        .arg(binary)
+        .output()
+        .context("cannot run `ldd`")?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        // Static executables need nothing.
+        if String::from_utf8_lossy(&out.stderr).contains("not a dynamic executable") {
+            return Ok(Vec::new());
+        }
+        bail!(
+            "`ldd {}` failed: {}",
+            binary.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    let mut libs = Vec::new();
+    for line in stdout.lines() {
+        if line.contains("not found") {
+            bail!(
+                "{}: shared library missing on the host: {}",
+                binary.display(),
+                line.trim()
+            );
+        }
+        // "libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x…)" or
+        // "/lib64/ld-linux-x86-64.so.2 (0x…)"; the vDSO line has no path.
+        let target = line.split_once("=>").map_or(line, |(_, target)| target);
+        if let Some(path) = target
+            .split_whitespace()
+            .next()
+            .filter(|p| p.starts_with('/'))
+        {
+            libs.push(PathBuf::from(path));
+        }
+    }
+    Ok(libs)
+}
+
+fn sh_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
