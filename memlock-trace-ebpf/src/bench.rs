@@ -9,7 +9,7 @@ use aya_ebpf::{
 
 use crate::shared::now_ns;
 
-/// The benchmark's floor (`cargo xtask bench`, `MEMLOCK_TRACE_BENCH_EMPTY_PROGRAMS`): the
+/// The benchmark's floor (`cargo xtask bench`, hidden flag `--bench-floor empty`): the
 /// per-fault hooks above with programs that do nothing, so the hooks' own cost (tracepoint
 /// dispatch, perf overflow) can be told apart from the programs'.
 #[btf_tracepoint(function = "page_fault_user")]
@@ -32,7 +32,7 @@ pub fn bench_empty_perf_maj(_ctx: PerfEventContext) -> u32 {
     0
 }
 
-/// The benchmark's second floor (`MEMLOCK_TRACE_BENCH_EMPTY_PROGRAMS=clock`): the same hooks
+/// The benchmark's second floor (`--bench-floor clock`): the same hooks
 /// with programs that do only what timing a fault cannot do without, a clock read at each end
 /// (kept in a per-CPU slot so that neither read can be optimized away).
 #[map]

@@ -130,7 +130,7 @@ pub(super) fn report(
          cannot; the \"classic tracepoints\" row attaches them as bpftrace does \
          (hidden flag `--classic-tracepoints`), for a like-for-like comparison.\n\
          - `--count-only` on specific targets uses counting perf events on the targets' threads \
-         (no BPF program per fault; see `memlock-trace/src/fault_counting.rs`).\n\
+         (no BPF program per fault; see `memlock-trace/src/faults/counting.rs`).\n\
          - bpftrace ({bpftrace}) does the default mode's job on the same hooks: per-process \
          minor/major counts and latency histograms from fault start to accounting (the script \
          is `BPFTRACE_SCRIPT` in `xtask/src/bench/measure.rs`).\n\
