@@ -32,7 +32,7 @@ use crate::{
     event::{Event, MCL_FUTURE, MLOCK_ONFAULT, Syscall, decode},
     probe,
     process::Targets,
-    procfs::PAGE_SIZE,
+    procfs::{PAGE_SIZE, read_smaps},
     tracer::{Options, Tracer},
     vma::{Activity, ChangeCounts, Tracker, VmaCall, VmaHooks, flags_str},
 };
@@ -405,7 +405,7 @@ fn check(
                 .map_or_else(|| format!("hook {}", f.hook), |h| h.name.clone())
         })
         .collect();
-    let proc = ProcView::read(cp);
+    let proc = ProcView::read(cp, shows_lf);
 
     // The tracer's view of the region.
     match &traced.layout {
@@ -704,102 +704,34 @@ struct ProcView {
 }
 
 impl ProcView {
-    fn read(cp: &Checkpoint) -> Result<Self> {
+    fn read(cp: &Checkpoint, shows_lf: bool) -> Result<Self> {
         let dir = format!("/proc/{}/task/{}", cp.pid, cp.tid);
-        let smaps = std::fs::read_to_string(format!("{dir}/smaps"))
-            .with_context(|| format!("reading {dir}/smaps"))?;
-        let maps = std::fs::read_to_string(format!("{dir}/maps"))
-            .with_context(|| format!("reading {dir}/maps"))?;
-        let entries = parse_smaps(&smaps)?;
-        let in_window = |start: u64, end: u64| start < cp.window.1 && end > cp.window.0;
+        let smaps = read_smaps(&format!("{dir}/smaps"), shows_lf)?;
+        let maps = read_smaps(&format!("{dir}/maps"), shows_lf)?;
         let mut view = ProcView {
             layout: Vec::new(),
             maps_ranges: Vec::new(),
             locked_kb: 0,
             rss_kb: 0,
         };
-        for e in entries.iter().filter(|e| in_window(e.start, e.end)) {
+        for e in smaps.iter().filter(|e| e.mapping.overlaps(cp.window)) {
             view.layout.push(Piece {
-                start: e.start,
-                end: e.end,
+                start: e.mapping.start,
+                end: e.mapping.end,
                 perms: e.perms.clone(),
-                locked: e.vm_flags.iter().any(|f| f == "lo"),
-                onfault: e.vm_flags.iter().any(|f| f == "lf"),
+                locked: e.mapping.locked,
+                onfault: e.mapping.lockonfault == Some(true),
             });
             view.locked_kb += e.locked_kb;
             view.rss_kb += e.rss_kb;
         }
-        for line in maps.lines() {
-            let (start, end, perms) = parse_range_line(line)?;
-            if in_window(start, end) {
-                view.maps_ranges.push((start, end, perms));
-            }
-        }
+        view.maps_ranges = maps
+            .into_iter()
+            .filter(|e| e.mapping.overlaps(cp.window))
+            .map(|e| (e.mapping.start, e.mapping.end, e.perms))
+            .collect();
         Ok(view)
     }
-}
-
-/// One VMA of /proc/PID/smaps.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub struct SmapsEntry {
-    pub start: u64,
-    pub end: u64,
-    pub perms: String,
-    pub rss_kb: u64,
-    pub locked_kb: u64,
-    pub vm_flags: Vec<String>,
-}
-
-/// `7f12..-7f13.. rw-p 00000000 00:00 0   [path]`
-fn parse_range_line(line: &str) -> Result<(u64, u64, String)> {
-    let mut fields = line.split_whitespace();
-    let range = fields.next().ok_or_else(|| anyhow!("empty maps line"))?;
-    let perms = fields
-        .next()
-        .ok_or_else(|| anyhow!("no permissions in `{line}`"))?;
-    let (start, end) = range
-        .split_once('-')
-        .ok_or_else(|| anyhow!("no range in `{line}`"))?;
-    Ok((
-        u64::from_str_radix(start, 16).with_context(|| format!("bad address in `{line}`"))?,
-        u64::from_str_radix(end, 16).with_context(|| format!("bad address in `{line}`"))?,
-        perms.to_string(),
-    ))
-}
-
-pub fn parse_smaps(text: &str) -> Result<Vec<SmapsEntry>> {
-    let mut entries: Vec<SmapsEntry> = Vec::new();
-    for line in text.lines() {
-        let Some((key, value)) = line
-            .split_once(':')
-            .filter(|(k, _)| !k.contains(' ') && !k.contains('-'))
-        else {
-            let (start, end, perms) = parse_range_line(line)?;
-            entries.push(SmapsEntry {
-                start,
-                end,
-                perms,
-                ..SmapsEntry::default()
-            });
-            continue;
-        };
-        let entry = entries
-            .last_mut()
-            .ok_or_else(|| anyhow!("smaps field before any VMA: `{line}`"))?;
-        let kb = || -> Result<u64> {
-            let number = value.trim().trim_end_matches("kB").trim();
-            number
-                .parse()
-                .with_context(|| format!("bad smaps value in `{line}`"))
-        };
-        match key {
-            "Rss" => entry.rss_kb = kb()?,
-            "Locked" => entry.locked_kb = kb()?,
-            "VmFlags" => entry.vm_flags = value.split_whitespace().map(str::to_string).collect(),
-            _ => {}
-        }
-    }
-    Ok(entries)
 }
 
 /// The report as a table: step, expected, traced, /proc says, verdict; then the mismatches.
@@ -1417,40 +1349,6 @@ const SCENARIOS: &[(&str, Scenario)] = &[
 mod tests {
     use super::*;
 
-    const SMAPS: &str = "\
-7f0000000000-7f0000004000 rw-p 00000000 00:00 0 
-Size:                 16 kB
-Rss:                   8 kB
-Locked:                8 kB
-VmFlags: rd wr mr mw me lo lf ac 
-7f0000004000-7f0000008000 r-xp 00001000 fd:01 123                        /usr/lib/x.so
-Rss:                   4 kB
-Locked:                0 kB
-THPeligible:    0
-VmFlags: rd ex mr mw me 
-";
-
-    #[test]
-    fn smaps_parses_ranges_sizes_and_flags() {
-        let e = parse_smaps(SMAPS).unwrap();
-        assert_eq!(e.len(), 2);
-        assert_eq!(
-            (e[0].start, e[0].end, e[0].perms.as_str()),
-            (0x7f00_0000_0000, 0x7f00_0000_4000, "rw-p")
-        );
-        assert_eq!((e[0].rss_kb, e[0].locked_kb), (8, 8));
-        assert_eq!(
-            e[0].vm_flags,
-            ["rd", "wr", "mr", "mw", "me", "lo", "lf", "ac"]
-        );
-        assert_eq!(
-            (e[1].perms.as_str(), e[1].rss_kb, e[1].locked_kb),
-            ("r-xp", 4, 0)
-        );
-        assert!(parse_smaps("Rss: 4 kB\n").is_err());
-        assert!(parse_smaps("zz-7f rw-p 0 0 0\n").is_err());
-    }
-
     #[test]
     fn layouts_render_relative_to_the_region() {
         let r = Region {
@@ -1481,15 +1379,6 @@ VmFlags: rd ex mr mw me
             .to_vec();
         assert_eq!(run_lengths(&names), "mlock_fixup split_vma x2 mlock_fixup");
         assert_eq!(run_lengths(&[]), "");
-    }
-
-    #[test]
-    fn lf_shows_from_6_2() {
-        use crate::procfs::smaps_shows_lockonfault;
-        assert!(smaps_shows_lockonfault("6.18.44-fc-v857"));
-        assert!(smaps_shows_lockonfault("6.2.0"));
-        assert!(!smaps_shows_lockonfault("6.1.0-37-cloud-amd64"));
-        assert!(!smaps_shows_lockonfault("5.15.0"));
     }
 
     /// A probe call as the tracker would hand it over, whose entry snapshot is `before`.

@@ -57,7 +57,7 @@ fn summarize(range: (u64, u64)) -> Result<Value> {
     let vmas = region_vmas("self", range)?;
     Ok(json!({
         "locked_kib": vmas.iter().map(|v| v.locked_kb).sum::<u64>(),
-        "vm_locked": !vmas.is_empty() && vmas.iter().all(|v| v.vm_flags.iter().any(|f| f == "lo")),
+        "vm_locked": !vmas.is_empty() && vmas.iter().all(|v| v.mapping.locked),
         "vmas": vmas.len(),
     }))
 }

@@ -2,19 +2,18 @@
 //! locking part of one splits it and locking next to an equal-flag locked neighbour merges.
 //! Each step is checked against /proc/self/smaps.
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::{Result, bail};
 use serde_json::{Value, json};
 
 use super::{PAGE_SIZE, Region};
-use crate::lab::verify::{SmapsEntry, parse_smaps};
+use crate::procfs::{SmapsEntry, read_smaps};
 
 /// The VMAs of `pid` ("self" or a number) that overlap `range`.
 pub fn region_vmas(pid: &str, range: (u64, u64)) -> Result<Vec<SmapsEntry>> {
-    let path = format!("/proc/{pid}/smaps");
-    let smaps = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
-    Ok(parse_smaps(&smaps)?
+    // Only VM_LOCKED is looked at, so whether smaps would show `lf` does not matter.
+    Ok(read_smaps(&format!("/proc/{pid}/smaps"), false)?
         .into_iter()
-        .filter(|v| v.start < range.1 && v.end > range.0)
+        .filter(|v| v.mapping.overlaps(range))
         .collect())
 }
 
@@ -58,7 +57,7 @@ pub fn run() -> Result<Value> {
             "expected_locked_kib": expected_locked_pages * PAGE_SIZE / 1024,
             "vmas": vmas.len(),
             "locked_kib": locked_kib,
-            "layout": vmas.iter().map(|v| format!("{}{}{}", (v.end - v.start) / PAGE_SIZE as u64, v.perms, if v.vm_flags.iter().any(|f| f == "lo") { "L" } else { "" })).collect::<Vec<_>>(),
+            "layout": vmas.iter().map(|v| format!("{}{}{}", (v.mapping.end - v.mapping.start) / PAGE_SIZE as u64, v.perms, if v.mapping.locked { "L" } else { "" })).collect::<Vec<_>>(),
         }));
         Ok(())
     };
