@@ -30,6 +30,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     event::{Event, MCL_FUTURE, MLOCK_ONFAULT, Syscall, decode},
+    lab::workload::Region,
     probe,
     process::Targets,
     procfs::{PAGE_SIZE, read_smaps},
@@ -844,7 +845,7 @@ impl Subject {
 
     /// Probes the region (see the module doc), then hands the checkpoint to the parent.
     fn check(&mut self, region: &Region, cp: Checkpoint) -> Result<()> {
-        probe_call(region.start(), region.len())?;
+        probe_call(region.start(), region.len as u64)?;
         self.send(&Message::Check(Box::new(cp)))
     }
 }
@@ -864,104 +865,27 @@ fn gettid() -> u32 {
     unsafe { libc::syscall(libc::SYS_gettid) as u32 }
 }
 
-/// `pages` pages between two PROT_NONE guard pages (never freed: the subject exits).
-struct Region {
-    base: u64,
-    pages: u64,
-}
-
 const RW: i32 = libc::PROT_READ | libc::PROT_WRITE;
 
+/// What `verify` adds to a region: page addresses as numbers, and checkpoints over it.
 impl Region {
-    /// A fresh mapping of `pages` pages with `prot`, fenced so it cannot merge with others.
-    fn guarded(pages: u64, prot: i32) -> Result<Self> {
-        let region = Self::hole(pages)?;
-        region.map(prot, 0)?;
-        Ok(region)
-    }
-
-    /// A reserved gap of `pages` pages between two guard pages, for a later `mmap`.
-    fn hole(pages: u64) -> Result<Self> {
-        let len = (pages + 2) * PAGE_SIZE;
-        // SAFETY: a fresh anonymous PROT_NONE reservation.
-        let addr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len as usize,
-                libc::PROT_NONE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if addr == libc::MAP_FAILED {
-            bail!(
-                "mmap of {} pages: {}",
-                pages + 2,
-                std::io::Error::last_os_error()
-            );
-        }
-        let region = Self {
-            base: addr as u64 + PAGE_SIZE,
-            pages,
-        };
-        // SAFETY: unmapping the middle of our own reservation.
-        if unsafe { libc::munmap(region.base as *mut libc::c_void, region.len() as usize) } != 0 {
-            bail!("munmap: {}", std::io::Error::last_os_error());
-        }
-        Ok(region)
-    }
-
-    /// Maps the hole (MAP_FIXED_NOREPLACE: it must still be free).
-    fn map(&self, prot: i32, extra: i32) -> Result<()> {
-        // SAFETY: the range is our own unmapped hole.
-        let addr = unsafe {
-            libc::mmap(
-                self.base as *mut libc::c_void,
-                self.len() as usize,
-                prot,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE | extra,
-                -1,
-                0,
-            )
-        };
-        if addr == libc::MAP_FAILED || addr as u64 != self.base {
-            bail!(
-                "mmap at {:#x}: {}",
-                self.base,
-                std::io::Error::last_os_error()
-            );
-        }
-        Ok(())
-    }
-
-    fn start(&self) -> u64 {
-        self.base
-    }
-
-    fn len(&self) -> u64 {
-        self.pages * PAGE_SIZE
-    }
-
+    /// The address of page `page` (the end of the region for `page` = its length in pages).
     fn at(&self, page: u64) -> u64 {
-        self.base + page * PAGE_SIZE
+        self.start() + page * PAGE_SIZE
     }
 
-    fn window(&self) -> (u64, u64) {
-        (self.base, self.base + self.len())
-    }
-
-    /// Writes one byte to each of these pages.
+    /// Writes one byte to each of these pages (of a region mapped writable).
     fn touch(&self, pages: impl IntoIterator<Item = u64>) {
         for page in pages {
-            // SAFETY: inside our own writable mapping.
-            unsafe { std::ptr::write_volatile(self.at(page) as *mut u8, 1) };
+            // SAFETY: `page` asserts the byte is inside the region, which the scenarios touch
+            // only where they mapped it writable; nothing else refers to this memory.
+            unsafe { self.page(page as usize).write_volatile(1) };
         }
     }
 
     /// The expected layout from `(pages, perms, locked, onfault)` pieces, in order.
     fn layout(&self, pieces: &[(u64, &str, bool, bool)]) -> Vec<Piece> {
-        let mut at = self.base;
+        let mut at = self.start();
         pieces
             .iter()
             .map(|&(pages, perms, locked, onfault)| {
@@ -978,6 +902,8 @@ impl Region {
             .collect()
     }
 
+    /// A checkpoint over the region, seen from this thread, with the layout and `Locked:` it
+    /// should have; the rest is set by the scenario.
     fn checkpoint(
         &self,
         step: &str,
@@ -1305,14 +1231,11 @@ fn fork_child(s: &mut Subject) -> Result<()> {
 fn thread_shares(s: &mut Subject) -> Result<()> {
     let r = Region::guarded(16, RW)?;
     mlock(r.start(), 16)?;
-    let (base, pages) = (r.base, r.pages);
-    let subject = Subject {
+    let mut s = Subject {
         to_parent: s.to_parent.try_clone()?,
         from_parent: s.from_parent.try_clone()?,
     };
     let thread = std::thread::spawn(move || -> Result<()> {
-        let mut s = subject;
-        let r = Region { base, pages };
         let mut cp = r.checkpoint(
             "thread-shares-lock",
             "mlock 16 pages, then look from a new thread",
@@ -1351,15 +1274,12 @@ mod tests {
 
     #[test]
     fn layouts_render_relative_to_the_region() {
-        let r = Region {
-            base: 0x10_0000,
-            pages: 16,
-        };
+        let r = Region::guarded(16, RW).unwrap();
         let l = r.layout(&[(4, "rw-p", N, N), (8, "rw-p", Y, Y), (4, "r-xp", N, N)]);
         assert_eq!(layout_str(r.window(), &l), "[4 rw][8 rw lo lf][4 rx]");
         // A VMA reaching below the region (it merged with a neighbour) shows its offset.
         let merged = [Piece {
-            start: r.base - PAGE_SIZE,
+            start: r.start() - PAGE_SIZE,
             end: r.at(16),
             perms: "rw-p".into(),
             locked: false,
@@ -1413,7 +1333,7 @@ mod tests {
         let rw = 0x73; // VM_READ|VM_WRITE|VM_MAYREAD|VM_MAYWRITE|VM_MAYEXEC
         let truth = [VmaRange {
             start: r.start(),
-            end: r.start() + r.len(),
+            end: r.at(16),
             flags: rw,
         }];
         let agree = r.checkpoint("t", "", &[(16, "rw-p", N, N)], 0);
@@ -1438,7 +1358,7 @@ mod tests {
             },
             VmaRange {
                 start: r.at(8),
-                end: r.start() + r.len(),
+                end: r.at(16),
                 flags: rw,
             },
         ];

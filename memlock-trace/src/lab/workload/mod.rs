@@ -16,10 +16,11 @@ pub mod thread_stack;
 pub mod vm_memory;
 pub mod vma_split;
 
-use std::ptr;
+mod region;
 
-use anyhow::{Result, bail};
 use serde::Serialize;
+
+pub use region::Region;
 
 pub const PAGE_SIZE: usize = 4096;
 
@@ -57,48 +58,6 @@ impl Faults {
             minflt: self.minflt - before.minflt,
             majflt: self.majflt - before.majflt,
         }
-    }
-}
-
-/// An anonymous private mapping, unmapped on drop.
-pub struct Region {
-    pub addr: *mut u8,
-    pub len: usize,
-}
-
-impl Region {
-    pub fn anonymous(pages: usize, prot: i32, extra_flags: i32) -> Result<Self> {
-        let len = pages * PAGE_SIZE;
-        // SAFETY: a fresh anonymous mapping; no existing memory is touched.
-        let addr = unsafe {
-            libc::mmap(
-                ptr::null_mut(),
-                len,
-                prot,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | extra_flags,
-                -1,
-                0,
-            )
-        };
-        if addr == libc::MAP_FAILED {
-            bail!("mmap of {pages} pages: {}", std::io::Error::last_os_error());
-        }
-        Ok(Self {
-            addr: addr.cast(),
-            len,
-        })
-    }
-
-    pub fn page(&self, index: usize) -> *mut u8 {
-        assert!(index * PAGE_SIZE < self.len);
-        self.addr.wrapping_add(index * PAGE_SIZE)
-    }
-}
-
-impl Drop for Region {
-    fn drop(&mut self) {
-        // SAFETY: unmapping exactly the mapping we created.
-        unsafe { libc::munmap(self.addr.cast(), self.len) };
     }
 }
 
