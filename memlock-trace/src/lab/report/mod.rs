@@ -2,8 +2,8 @@
 //! references' published ones, a verdict on each published claim, and consistency checks
 //! between what the tracer saw and what the workload did (these must hold).
 //!
-//! [`assess`] turns each scenario's figures into verdicts, [`charts`] draws them, and
-//! [`write`] puts it all in `report.md` and `report.json`.
+//! `assess` turns each scenario's figures into verdicts, `charts` draws them, and [`write`]
+//! puts it all in `report.md` and `report.json`.
 
 mod assess;
 mod charts;

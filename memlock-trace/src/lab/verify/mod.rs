@@ -9,9 +9,9 @@
 //! then reports the checkpoint over a pipe and waits while the parent drains the ring buffer
 //! and reads /proc.
 //!
-//! Here: the report's types and [`run`]. [`runner`] forks each scenario and feeds the tracer's
-//! records to [`checks`], which compares the three views; [`table`] puts them in words;
-//! [`subject`] is the child's side of the pipe and [`scenarios`] the steps it takes.
+//! Here: the report's types and [`run`]. `runner` forks each scenario and feeds the tracer's
+//! records to `checks`, which compares the three views; `table` puts them in words; `subject`
+//! is the child's side of the pipe and `scenarios` the steps it takes.
 
 mod checks;
 mod runner;
