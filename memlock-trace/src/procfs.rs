@@ -1,5 +1,6 @@
-//! A process's mappings from `/proc/PID/smaps`: address ranges, names and the `VmFlags`
-//! `lo` (VM_LOCKED) / `lf` (VM_LOCKONFAULT), to attribute fault addresses to mappings.
+//! A process's mappings from `/proc/PID/smaps`: the one parser of smaps (and of
+//! `/proc/PID/maps`, whose lines are smaps's headers), and the mapping cache the fault family
+//! uses to attribute fault addresses to mappings.
 //!
 //! The kernel frees a process's mappings at exit, before it can be reaped, so the cache
 //! keeps the last snapshot of every process it was asked about: a traced process that exits
@@ -10,9 +11,13 @@ use std::{
     time::{Duration, Instant},
 };
 
-/// The page size this tool assumes (x86-64's base page).
-pub const PAGE_SIZE: u64 = 4096;
+use anyhow::{Context as _, Result, anyhow};
 
+/// The page size (one definition, shared with the kernel side).
+pub use memlock_trace_common::PAGE_SIZE;
+
+/// A mapping as the fault family attributes to it: address range, name and the `VmFlags`
+/// `lo` (VM_LOCKED) / `lf` (VM_LOCKONFAULT).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Mapping {
     pub start: u64,
@@ -26,6 +31,24 @@ pub struct Mapping {
     pub lockonfault: Option<bool>,
 }
 
+impl Mapping {
+    /// Whether the mapping overlaps the range `[start, end)`.
+    pub fn overlaps(&self, (start, end): (u64, u64)) -> bool {
+        self.start < end && self.end > start
+    }
+}
+
+/// One VMA of `/proc/PID/smaps`: the [`Mapping`], and what `verify` and the lab's workloads
+/// check besides (permissions, `Rss:`, `Locked:`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SmapsEntry {
+    pub mapping: Mapping,
+    /// `rw-p`, as in /proc/PID/maps.
+    pub perms: String,
+    pub rss_kb: u64,
+    pub locked_kb: u64,
+}
+
 /// Whether this kernel's smaps `VmFlags` show `lf` (VM_LOCKONFAULT): added in Linux 6.2
 /// (fs/proc/task_mmu.c, commit 8614d6c5eda0).
 pub fn smaps_shows_lockonfault(release: &str) -> bool {
@@ -36,42 +59,70 @@ pub fn smaps_shows_lockonfault(release: &str) -> bool {
     (major, minor) >= (6, 2)
 }
 
-/// Parses `/proc/PID/smaps` text; `shows_lockonfault`: see [`smaps_shows_lockonfault`].
-pub fn parse_smaps(text: &str, shows_lockonfault: bool) -> Vec<Mapping> {
-    let mut out: Vec<Mapping> = Vec::new();
+/// Parses `/proc/PID/smaps` text, or `/proc/PID/maps` text (headers only: `Rss`, `Locked`
+/// and the flags stay 0). `shows_lockonfault`: see [`smaps_shows_lockonfault`]. A line that
+/// is neither a header nor a `Key: value` field after one is an error.
+pub fn parse_smaps(text: &str, shows_lockonfault: bool) -> Result<Vec<SmapsEntry>> {
+    let mut entries: Vec<SmapsEntry> = Vec::new();
     for line in text.lines() {
-        if let Some(flags) = line.strip_prefix("VmFlags:") {
-            if let Some(last) = out.last_mut() {
-                for flag in flags.split_whitespace() {
+        // Field lines are `Key: value`; a header's first colon (in `dev`, or in a name) comes
+        // after a space.
+        let Some((key, value)) = line
+            .split_once(':')
+            .filter(|(k, _)| !k.contains(' ') && !k.contains('-'))
+        else {
+            entries.push(parse_header(line, shows_lockonfault)?);
+            continue;
+        };
+        let entry = entries
+            .last_mut()
+            .ok_or_else(|| anyhow!("smaps field before any VMA: `{line}`"))?;
+        let kb = || -> Result<u64> {
+            let number = value.trim().trim_end_matches("kB").trim();
+            number
+                .parse()
+                .with_context(|| format!("bad smaps value in `{line}`"))
+        };
+        match key {
+            "Rss" => entry.rss_kb = kb()?,
+            "Locked" => entry.locked_kb = kb()?,
+            "VmFlags" => {
+                for flag in value.split_whitespace() {
                     match flag {
-                        "lo" => last.locked = true,
-                        "lf" => last.lockonfault = Some(true),
+                        "lo" => entry.mapping.locked = true,
+                        "lf" => entry.mapping.lockonfault = Some(true),
                         _ => {}
                     }
                 }
             }
-            continue;
+            _ => {}
         }
-        // A header: `start-end perms offset dev inode [name]`; field lines start with a
-        // capitalised key and a colon.
-        let mut fields = line.split_whitespace();
-        let Some((start, end)) = fields.next().and_then(|range| range.split_once('-')) else {
-            continue;
-        };
-        let (Ok(start), Ok(end)) = (u64::from_str_radix(start, 16), u64::from_str_radix(end, 16))
-        else {
-            continue;
-        };
-        // perms, offset, dev, inode, then the name (which may contain spaces).
-        let rest: Vec<&str> = fields.collect();
-        if rest.len() < 4 {
-            continue;
-        }
-        let name = rest[4..].join(" ");
-        out.push(Mapping {
+    }
+    Ok(entries)
+}
+
+/// `7f12..-7f13.. rw-p 00001000 fd:01 123   [name, which may contain spaces]`
+fn parse_header(line: &str, shows_lockonfault: bool) -> Result<SmapsEntry> {
+    let mut fields = line.split_whitespace();
+    let range = fields.next().ok_or_else(|| anyhow!("empty maps line"))?;
+    let perms = fields
+        .next()
+        .ok_or_else(|| anyhow!("no permissions in `{line}`"))?;
+    let (start, end) = range
+        .split_once('-')
+        .ok_or_else(|| anyhow!("no range in `{line}`"))?;
+    let hex = |field: &str| {
+        u64::from_str_radix(field, 16).with_context(|| format!("bad address in `{line}`"))
+    };
+    let (start, end) = (hex(start)?, hex(end)?);
+    let offset = fields.next().map_or(Ok(0), hex)?;
+    // dev and inode, then the name.
+    let name = fields.skip(2).collect::<Vec<_>>().join(" ");
+    Ok(SmapsEntry {
+        mapping: Mapping {
             start,
             end,
-            offset: u64::from_str_radix(rest[1], 16).unwrap_or(0),
+            offset,
             name: if name.is_empty() {
                 "anonymous".into()
             } else {
@@ -79,9 +130,17 @@ pub fn parse_smaps(text: &str, shows_lockonfault: bool) -> Vec<Mapping> {
             },
             locked: false,
             lockonfault: shows_lockonfault.then_some(false),
-        });
-    }
-    out
+        },
+        perms: perms.to_string(),
+        rss_kb: 0,
+        locked_kb: 0,
+    })
+}
+
+/// Reads and parses a smaps (or maps) file, e.g. `/proc/PID/task/TID/smaps`.
+pub fn read_smaps(path: &str, shows_lockonfault: bool) -> Result<Vec<SmapsEntry>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?;
+    parse_smaps(&text, shows_lockonfault)
 }
 
 /// Last known mappings and comm per process.
@@ -107,11 +166,12 @@ impl MappingCache {
         {
             return;
         }
-        let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/smaps")) else {
+        let shows_lockonfault = smaps_shows_lockonfault(&crate::probe::kernel_release());
+        // Unreadable (the process is gone) or unparsable: keep what we had.
+        let Ok(entries) = read_smaps(&format!("/proc/{pid}/smaps"), shows_lockonfault) else {
             return;
         };
-        let shows_lockonfault = smaps_shows_lockonfault(&crate::probe::kernel_release());
-        let mappings = parse_smaps(&text, shows_lockonfault);
+        let mappings: Vec<Mapping> = entries.into_iter().map(|e| e.mapping).collect();
         // A zombie (or a kernel thread) has no mappings: keep what we saw while it lived.
         if mappings.is_empty() && self.entries.contains_key(&pid) {
             return;
@@ -148,17 +208,29 @@ Size:                132 kB
 VmFlags: rd wr mr mw me ac sd
 7f00aa000000-7f00aa100000 rw-p 00000000 00:00 0 
 Size:               1024 kB
-Locked:             1024 kB
+Rss:                 512 kB
+Locked:              512 kB
+THPeligible:    0
 VmFlags: rd wr mr mw me lo ac sd
-7f00ab000000-7f00ab010000 r--p 0001a000 08:01 1234                       /usr/lib/with space.so
-VmFlags: rd mr mw me lf sd
+7f00ab000000-7f00ab010000 r-xp 0001a000 08:01 1234                       /usr/lib/with space.so
+Rss:                   4 kB
+Locked:                0 kB
+VmFlags: rd ex mr mw me lf sd
 7ffc00000000-7ffc00021000 rw-p 00000000 00:00 0                          [stack]
 VmFlags: rd wr mr mw me gd ac
 ";
 
+    fn mappings(text: &str, shows_lockonfault: bool) -> Vec<Mapping> {
+        parse_smaps(text, shows_lockonfault)
+            .unwrap()
+            .into_iter()
+            .map(|e| e.mapping)
+            .collect()
+    }
+
     #[test]
     fn parses_ranges_names_and_lock_flags() {
-        let maps = parse_smaps(SMAPS, true);
+        let maps = mappings(SMAPS, true);
         assert_eq!(maps.len(), 4);
         assert_eq!(
             maps[0],
@@ -182,7 +254,47 @@ VmFlags: rd wr mr mw me gd ac
         assert_eq!(maps[2].offset, 0x1a000);
         assert_eq!(maps[3].name, "[stack]");
         // Before 6.2 a missing `lf` says nothing.
-        assert_eq!(parse_smaps(SMAPS, false)[1].lockonfault, None);
+        assert_eq!(mappings(SMAPS, false)[1].lockonfault, None);
+        assert!(maps[1].overlaps((0x7f00aa0ff000, 0x7f00ab000000)));
+        assert!(!maps[1].overlaps((0x7f00aa100000, 0x7f00ab000000)));
+    }
+
+    #[test]
+    fn parses_permissions_and_sizes() {
+        let e = parse_smaps(SMAPS, true).unwrap();
+        assert_eq!(
+            (e[1].perms.as_str(), e[1].rss_kb, e[1].locked_kb),
+            ("rw-p", 512, 512)
+        );
+        assert_eq!(
+            (e[2].perms.as_str(), e[2].rss_kb, e[2].locked_kb),
+            ("r-xp", 4, 0)
+        );
+        // No Rss/Locked lines: 0.
+        assert_eq!((e[0].rss_kb, e[0].locked_kb), (0, 0));
+    }
+
+    #[test]
+    fn parses_maps_as_headers_alone() {
+        let maps: String = SMAPS
+            .lines()
+            .filter(|l| l.starts_with(|c: char| c.is_ascii_hexdigit()) && l.contains(' '))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let e = parse_smaps(&maps, true).unwrap();
+        assert_eq!(e.len(), 4);
+        assert_eq!(
+            e.iter().map(|e| e.perms.as_str()).collect::<Vec<_>>(),
+            ["rw-p", "rw-p", "r-xp", "rw-p"]
+        );
+        assert!(!e[1].mapping.locked);
+    }
+
+    #[test]
+    fn rejects_what_is_not_smaps() {
+        assert!(parse_smaps("Rss: 4 kB\n", true).is_err());
+        assert!(parse_smaps("zz-7f rw-p 0 0 0\n", true).is_err());
+        assert!(parse_smaps("7f-8f rw-p 0 0 0\nRss: many kB\n", true).is_err());
     }
 
     #[test]
@@ -202,5 +314,8 @@ VmFlags: rd wr mr mw me gd ac
         let maps = cache.get(pid).expect("own smaps");
         assert!(maps.iter().any(|m| m.name == "[stack]"), "{maps:?}");
         assert!(cache.comm(pid).is_some());
+        // Our own maps agree with our own smaps about the ranges.
+        let maps = read_smaps(&format!("/proc/{pid}/maps"), true).unwrap();
+        assert!(maps.iter().any(|e| e.mapping.name == "[stack]"));
     }
 }

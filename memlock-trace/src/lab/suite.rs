@@ -18,6 +18,10 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
+use nix::{
+    sys::signal::{Signal, kill},
+    unistd::Pid,
+};
 use serde_json::{Value, json};
 
 use super::{
@@ -222,8 +226,7 @@ impl TracerProcess {
 
     /// SIGINT, then the events and the final summary.
     fn stop(mut self) -> Result<(Vec<Value>, Value)> {
-        // SAFETY: signalling our own child.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        let _ = kill(Pid::from_raw(self.child.id() as i32), Signal::SIGINT);
         let status = self.child.wait()?;
         if !status.success() {
             bail!("the tracer exited with {status}");

@@ -1,9 +1,176 @@
-//! SVG charts for the report (plotters).
+//! SVG charts for the report (plotters): which figures each scenario shows, and the bar and
+//! line charts they are drawn as.
 
 use std::path::Path;
 
 use anyhow::{Result, anyhow};
 use plotters::prelude::*;
+use serde_json::Value;
+
+use super::{ScenarioRun, f};
+use crate::lab::workload::scenario::Scenario;
+
+pub(super) fn scenario_chart(dir: &Path, run: &ScenarioRun) -> Result<Option<String>> {
+    let file = format!("{}.svg", run.scenario.name());
+    let path = dir.join(&file);
+    let bar = |name: &str, v: &Value| (name.to_string(), f(v));
+    match run.scenario {
+        Scenario::FirstTouch => {
+            let (l, m, p) = (
+                run.variant("lazy"),
+                run.variant("mlock"),
+                run.variant("populate"),
+            );
+            bars(
+                &path,
+                "first touch: ns per 4 KiB page",
+                "ns/page",
+                &[
+                    bar("lazy touch", &l["touch_ns_per_page"]),
+                    bar("mlock call", &m["call_ns_per_page"]),
+                    bar("touch, mlocked", &m["touch_ns_per_page"]),
+                    bar("populate mmap", &p["call_ns_per_page"]),
+                    bar("touch, populated", &p["touch_ns_per_page"]),
+                ],
+            )?;
+        }
+        Scenario::ThreadCreate => {
+            let results = run.own["results"].as_array().cloned().unwrap_or_default();
+            let series: Vec<(String, Vec<(f64, f64)>)> = crate::lab::workload::thread_create::MODES
+                .iter()
+                .map(|mode| {
+                    (
+                        format!("mlock={mode}"),
+                        results
+                            .iter()
+                            .filter(|r| r["mode"] == *mode)
+                            .map(|r| (f(&r["processes"]), f(&r["threads_per_sec"])))
+                            .collect(),
+                    )
+                })
+                .collect();
+            lines(
+                &path,
+                "thread creation rate (paper figure 3)",
+                "processes",
+                "threads/s",
+                &series,
+            )?;
+        }
+        Scenario::ThreadStack => {
+            bars(
+                &path,
+                "faults per thread",
+                "faults",
+                &[
+                    bar("no mlock", &run.variant("off")["faults_per_thread"]),
+                    bar("MCL_FUTURE", &run.variant("future")["faults_per_thread"]),
+                ],
+            )?;
+        }
+        Scenario::DynamicAlloc => {
+            bars(
+                &path,
+                "page faults of one large malloc (paper figure 4)",
+                "faults",
+                &[
+                    bar("mlock=off", &run.variant("off")["faults"]["minflt"]),
+                    bar("MCL_FUTURE", &run.variant("future")["faults"]["minflt"]),
+                ],
+            )?;
+        }
+        Scenario::MallocVsMmap => {
+            let (m, l) = (run.variant("malloc"), run.variant("mmap-locked"));
+            bars(
+                &path,
+                "1M random accesses to 28-byte records",
+                "us",
+                &[
+                    bar("malloc write", &m["write_us"]),
+                    bar("MAP_LOCKED write", &l["write_us"]),
+                    bar("malloc read", &m["read_us"]),
+                    bar("MAP_LOCKED read", &l["read_us"]),
+                ],
+            )?;
+        }
+        Scenario::VmMemory => {
+            bars(
+                &path,
+                "qemu resident memory (MiB)",
+                "MiB",
+                &[
+                    (
+                        "mem-lock=off".into(),
+                        f(&run.variant("mem-lock-off")["rss_max_kib"]) / 1024.0,
+                    ),
+                    (
+                        "mem-lock=on".into(),
+                        f(&run.variant("mem-lock-on")["rss_max_kib"]) / 1024.0,
+                    ),
+                ],
+            )?;
+        }
+        Scenario::VmaSplit | Scenario::ForkInherit | Scenario::MemlockLimit => return Ok(None),
+    }
+    Ok(Some(file))
+}
+
+/// Minor-fault latency percentiles of the lazy first touch and the malloc run, as the fault
+/// family measured them in the kernel.
+pub(super) fn fault_latency_chart(dir: &Path, runs: &[ScenarioRun]) -> Result<Option<String>> {
+    let mut values = Vec::new();
+    for (scenario, variant) in [
+        (Scenario::FirstTouch, "lazy"),
+        (Scenario::MallocVsMmap, "malloc"),
+    ] {
+        let Some(run) = runs.iter().find(|r| r.scenario == scenario) else {
+            continue;
+        };
+        let lat = &run.faults(run.pid_of(variant))["latency_ns"]["minor"];
+        for q in ["p50", "p90", "p99", "p99_9"] {
+            if let Some(ns) = lat[q].as_f64() {
+                values.push((format!("{variant} {q}"), ns / 1000.0));
+            }
+        }
+    }
+    if values.is_empty() {
+        return Ok(None);
+    }
+    let file = "fault-latency.svg".to_string();
+    bars(
+        &dir.join(&file),
+        "minor page fault latency (us)",
+        "us",
+        &values,
+    )?;
+    Ok(Some(file))
+}
+
+/// Latency distribution of every traced mlock-family call in the suite, in log2 buckets.
+pub(super) fn latency_chart(dir: &Path, runs: &[ScenarioRun]) -> Result<Option<String>> {
+    let mut buckets = [0u64; 32];
+    for e in runs.iter().flat_map(|r| &r.events) {
+        let ns = e["latency_ns"].as_u64().unwrap_or(1).max(1);
+        buckets[(63 - ns.leading_zeros() as usize).min(31)] += 1;
+    }
+    let (Some(lo), Some(hi)) = (
+        buckets.iter().position(|&b| b > 0),
+        buckets.iter().rposition(|&b| b > 0),
+    ) else {
+        return Ok(None);
+    };
+    let values: Vec<(String, f64)> = (lo..=hi)
+        .map(|i| (crate::output::duration(1 << i), buckets[i] as f64))
+        .collect();
+    let file = "syscall-latency.svg".to_string();
+    bars(
+        &dir.join(&file),
+        "mlock-family call latency (calls per log2 bucket)",
+        "calls",
+        &values,
+    )?;
+    Ok(Some(file))
+}
 
 const SIZE: (u32, u32) = (720, 420);
 const COLORS: [RGBColor; 5] = [

@@ -33,7 +33,7 @@ pub fn run(count: u32, calls: u32) -> Result<Report> {
                 let _ = nix::unistd::read(&gate_r, &mut byte);
                 let mut ok = true;
                 for _ in 0..calls {
-                    // SAFETY: locking a page of our own mapping.
+                    // SAFETY: mlock changes no memory contents, only residency.
                     ok &= unsafe { libc::mlock(region.addr.cast(), PAGE_SIZE) } == 0;
                 }
                 // SAFETY: leave without running the parent's destructors twice.

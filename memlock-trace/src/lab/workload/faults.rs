@@ -25,14 +25,22 @@
 
 use std::{
     ffi::CString,
+    os::fd::AsRawFd as _,
     ptr,
     sync::atomic::{AtomicUsize, Ordering},
 };
 
 use anyhow::{Result, bail};
+use nix::{
+    fcntl::{OFlag, open},
+    sys::{
+        mman::{MlockAllFlags, mlockall, munlockall},
+        stat::Mode,
+    },
+};
 
-use super::PAGE_SIZE;
-use crate::event::{MCL_CURRENT, MCL_FUTURE, MLOCK_ONFAULT};
+use super::{Faults, PAGE_SIZE, nix_ok, syscall_ok};
+use crate::event::MLOCK_ONFAULT;
 
 /// Pages between two read pages in `file`: well beyond the 16-page fault-around window, so
 /// each read is its own fault.
@@ -43,28 +51,26 @@ static SEGV_PAGE: AtomicUsize = AtomicUsize::new(0);
 
 extern "C" fn on_segv(_: libc::c_int) {
     let page = SEGV_PAGE.load(Ordering::Relaxed);
-    // SAFETY: mprotect is async-signal-safe; the page is ours.
+    // SAFETY: mprotect is async-signal-safe; the page is the `segv` step's own PROT_NONE
+    // page, which nothing refers to, and it only gains PROT_READ.
     unsafe { libc::mprotect(page as *mut libc::c_void, PAGE_SIZE, libc::PROT_READ) };
 }
 
 /// CPU time of the whole process (all threads): unlike wall time, it leaves out the time
 /// other processes held the CPU, which on a shared machine is most of the noise.
 fn process_cpu_ns() -> u64 {
-    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
-    // SAFETY: valid out-pointer; this clock always exists on Linux.
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid out-pointer to a local; this clock always exists on Linux.
     unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-fn rusage() -> (u64, u64) {
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: valid out-pointer.
-    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
-    (usage.ru_minflt as u64, usage.ru_majflt as u64)
-}
-
 fn map(pages: usize, flags: i32) -> Result<*mut u8> {
-    // SAFETY: a fresh private mapping.
+    // SAFETY: without MAP_FIXED the kernel picks an address no mapping uses, so no memory in
+    // use changes; the result is checked before it is used.
     let addr = unsafe {
         libc::mmap(
             ptr::null_mut(),
@@ -84,31 +90,27 @@ fn map(pages: usize, flags: i32) -> Result<*mut u8> {
 /// A fresh mapping that will take one 4 KiB fault per page: transparent huge pages off.
 fn map_small_pages(pages: usize) -> Result<*mut u8> {
     let addr = map(pages, 0)?;
-    // SAFETY: advice on our own mapping.
-    check(
-        unsafe { libc::madvise(addr.cast(), pages * PAGE_SIZE, libc::MADV_NOHUGEPAGE) },
+    syscall_ok(
         "madvise(MADV_NOHUGEPAGE)",
+        // SAFETY: MADV_NOHUGEPAGE only changes how the kernel backs the fresh mapping, not
+        // its contents.
+        unsafe { libc::madvise(addr.cast(), pages * PAGE_SIZE, libc::MADV_NOHUGEPAGE) },
     )?;
     Ok(addr)
 }
 
 fn unmap(addr: *mut u8, pages: usize) {
-    // SAFETY: unmapping a mapping this module created.
+    // SAFETY: a mapping this module created, which no reference points into (the module
+    // handles it by raw pointer only) and which is not used after this.
     unsafe { libc::munmap(addr.cast(), pages * PAGE_SIZE) };
 }
 
 fn touch(addr: *mut u8, pages: usize) {
     for i in 0..pages {
-        // SAFETY: inside the mapping; volatile so the writes happen.
+        // SAFETY: inside the caller's writable mapping, which nothing else refers to; volatile
+        // so the writes happen.
         unsafe { ptr::write_volatile(addr.add(i * PAGE_SIZE), 1) };
     }
-}
-
-fn check(ret: libc::c_int, what: &str) -> Result<()> {
-    if ret != 0 {
-        bail!("{what}: {}", std::io::Error::last_os_error());
-    }
-    Ok(())
 }
 
 /// Writes one byte to each of `pages` pages from `addr`, the store itself in this function:
@@ -117,7 +119,7 @@ fn check(ret: libc::c_int, what: &str) -> Result<()> {
 #[inline(always)]
 fn store_each_page(addr: *mut u8, pages: usize) {
     for i in 0..pages {
-        // SAFETY: inside the caller's mapping.
+        // SAFETY: `addr` starts a mapping of `pages` pages, so page `i` is inside it.
         let page = unsafe { addr.add(i * PAGE_SIZE) };
         #[cfg(target_arch = "x86_64")]
         // SAFETY: a one-byte store to a page of the caller's writable mapping.
@@ -125,7 +127,7 @@ fn store_each_page(addr: *mut u8, pages: usize) {
             std::arch::asm!("mov byte ptr [{page}], 1", page = in(reg) page, options(nostack, preserves_flags));
         }
         #[cfg(not(target_arch = "x86_64"))]
-        // SAFETY: as above.
+        // SAFETY: a one-byte store to a page of the caller's writable mapping.
         unsafe {
             ptr::write_volatile(page, 1)
         };
@@ -167,7 +169,7 @@ pub fn mlock_site_gamma(addr: *mut u8, len: usize) -> i64 {
         ret
     }
     #[cfg(not(target_arch = "x86_64"))]
-    // SAFETY: as above.
+    // SAFETY: mlock on the caller's mapping changes no memory contents.
     unsafe {
         i64::from(libc::mlock(addr.cast(), len))
     }
@@ -203,9 +205,10 @@ fn step(command: &str, kept: &mut Vec<(*mut u8, usize)>) -> Result<usize> {
         }
         "mlock" => {
             let addr = map_small_pages(pages)?;
-            check(
-                unsafe { libc::mlock(addr.cast(), pages * PAGE_SIZE) },
+            syscall_ok(
                 "mlock",
+                // SAFETY: mlock changes no memory contents, only residency.
+                unsafe { libc::mlock(addr.cast(), pages * PAGE_SIZE) },
             )?;
             unmap(addr, pages);
             addr
@@ -248,9 +251,10 @@ fn step(command: &str, kept: &mut Vec<(*mut u8, usize)>) -> Result<usize> {
         }
         "onfault" => {
             let addr = map_small_pages(pages)?;
+            // SAFETY: mlock2 changes no memory contents, only residency.
             let ret =
                 unsafe { libc::syscall(libc::SYS_mlock2, addr, pages * PAGE_SIZE, MLOCK_ONFAULT) };
-            check(ret as libc::c_int, "mlock2")?;
+            syscall_ok("mlock2", ret as libc::c_int)?;
             touch(addr, pages);
             // Kept mapped (and locked) so the test can see the mapping attributed.
             kept.push((addr, pages));
@@ -258,39 +262,46 @@ fn step(command: &str, kept: &mut Vec<(*mut u8, usize)>) -> Result<usize> {
         }
         "file" => {
             let path = CString::new(words.next().unwrap_or(""))?;
-            let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY) };
-            if fd < 0 {
-                bail!("open: {}", std::io::Error::last_os_error());
-            }
+            let fd = nix_ok(
+                "open",
+                open(path.as_c_str(), OFlag::O_RDONLY, Mode::empty()),
+            )?;
             let len = pages * FILE_STRIDE * PAGE_SIZE;
+            // SAFETY: a private read-only mapping at an address the kernel picks, so no memory
+            // in use changes; the result is checked before it is used.
             let addr = unsafe {
                 libc::mmap(
                     ptr::null_mut(),
                     len,
                     libc::PROT_READ,
                     libc::MAP_PRIVATE,
-                    fd,
+                    fd.as_raw_fd(),
                     0,
                 )
             };
-            unsafe { libc::close(fd) };
+            drop(fd);
             if addr == libc::MAP_FAILED {
                 bail!("mmap of the file: {}", std::io::Error::last_os_error());
             }
             // No read-around: a page not cached costs one read of that page, one major fault.
-            check(
-                unsafe { libc::madvise(addr, len, libc::MADV_RANDOM) },
+            syscall_ok(
                 "madvise",
+                // SAFETY: MADV_RANDOM only changes the kernel's read-ahead, not the contents.
+                unsafe { libc::madvise(addr, len, libc::MADV_RANDOM) },
             )?;
             let addr: *mut u8 = addr.cast();
             for i in 0..pages {
-                // SAFETY: inside the mapping.
+                // SAFETY: page `i * FILE_STRIDE` of the `len` bytes mapped readable above.
                 unsafe { ptr::read_volatile(addr.add(i * FILE_STRIDE * PAGE_SIZE)) };
             }
+            // SAFETY: the mapping made above, which no reference points into and which is not
+            // used after this.
             unsafe { libc::munmap(addr.cast(), len) };
             addr
         }
         "segv" => {
+            // SAFETY: a fresh mapping at an address the kernel picks, so no memory in use
+            // changes; the result is checked before it is used.
             let addr = unsafe {
                 libc::mmap(
                     ptr::null_mut(),
@@ -307,17 +318,19 @@ fn step(command: &str, kept: &mut Vec<(*mut u8, usize)>) -> Result<usize> {
             SEGV_PAGE.store(addr as usize, Ordering::Relaxed);
             // Faults (SIGSEGV: a failed fault), the handler allows reading, the read is
             // restarted and faults again, successfully.
+            // SAFETY: the page mapped above, which the SIGSEGV handler makes readable before
+            // the read is restarted.
             unsafe { ptr::read_volatile(addr.cast::<u8>()) };
             unmap(addr.cast(), 1);
             addr.cast()
         }
         "mlockall" => {
-            check(
-                unsafe { libc::mlockall((MCL_CURRENT | MCL_FUTURE) as i32) },
+            nix_ok(
                 "mlockall",
+                mlockall(MlockAllFlags::MCL_CURRENT | MlockAllFlags::MCL_FUTURE),
             )?;
             let addr = map(pages, 0);
-            check(unsafe { libc::munlockall() }, "munlockall")?;
+            nix_ok("munlockall", munlockall())?;
             let addr = addr?;
             unmap(addr, pages);
             addr
@@ -329,14 +342,15 @@ fn step(command: &str, kept: &mut Vec<(*mut u8, usize)>) -> Result<usize> {
 
 /// Serves commands on stdin until `exit` or end of input.
 pub fn serve() -> Result<()> {
-    // SAFETY: installing a handler that only calls mprotect.
+    // SAFETY: an all-zero `sigaction` is valid (no flags, no handler yet); the handler
+    // installed only calls mprotect, which is async-signal-safe; the pointers are to locals.
     unsafe {
         let mut action: libc::sigaction = std::mem::zeroed();
         action.sa_sigaction = on_segv as *const () as usize;
         libc::sigemptyset(&mut action.sa_mask);
-        check(
-            libc::sigaction(libc::SIGSEGV, &action, ptr::null_mut()),
+        syscall_ok(
             "sigaction",
+            libc::sigaction(libc::SIGSEGV, &action, ptr::null_mut()),
         )?;
     }
     let mut kept = Vec::with_capacity(64);
@@ -348,6 +362,8 @@ pub fn serve() -> Result<()> {
     loop {
         // A test writes one line and waits for the answer, but commands piped in ahead of
         // time arrive together: run every complete line of each read.
+        // SAFETY: reads into the unfilled tail of `input`, at most its length. (Raw, as the
+        // module doc says: std's stdin would allocate its buffer.)
         let n = unsafe {
             libc::read(
                 0,
@@ -379,7 +395,7 @@ pub fn serve() -> Result<()> {
             let cpu_ns = process_cpu_ns() - cpu_start;
             let answer = match result {
                 Ok(addr) => {
-                    let (minflt, majflt) = rusage();
+                    let Faults { minflt, majflt } = Faults::process();
                     format_into(
                         &mut output,
                         format_args!("ok {minflt} {majflt} {addr:#x} {ns} {cpu_ns}\n"),
@@ -408,6 +424,7 @@ fn format_into<'a>(buf: &'a mut [u8], args: std::fmt::Arguments<'_>) -> &'a [u8]
 
 fn write_all(mut bytes: &[u8]) -> Result<()> {
     while !bytes.is_empty() {
+        // SAFETY: writes from `bytes`, at most its length.
         let n = unsafe { libc::write(1, bytes.as_ptr().cast(), bytes.len()) };
         if n <= 0 {
             bail!("writing to stdout: {}", std::io::Error::last_os_error());

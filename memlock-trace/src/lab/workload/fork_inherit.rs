@@ -3,25 +3,26 @@
 
 use std::io::{Read as _, Write as _};
 
-use anyhow::{Result, bail};
+use anyhow::Result;
 use nix::unistd::{ForkResult, fork, pipe};
 use serde_json::{Value, json};
 
-use super::{Region, vma_split::region_vmas};
+use super::{Region, syscall_ok, vma_split::region_vmas};
 
 pub fn run() -> Result<Value> {
     let region = Region::anonymous(16, libc::PROT_READ | libc::PROT_WRITE, 0)?;
-    // SAFETY: our own mapping.
-    if unsafe { libc::mlock(region.addr.cast(), region.len) } != 0 {
-        bail!("mlock: {}", std::io::Error::last_os_error());
-    }
-    let range = (region.addr as u64, region.addr as u64 + region.len as u64);
+    // SAFETY: mlock changes no memory contents, only whether the pages stay resident.
+    syscall_ok("mlock", unsafe {
+        libc::mlock(region.addr.cast(), region.len)
+    })?;
+    let range = region.window();
     let parent = summarize(range)?;
     let thread = std::thread::scope(|s| s.spawn(|| summarize(range)).join())
         .map_err(|_| anyhow::anyhow!("thread panicked"))??;
 
     let (r, w) = pipe()?;
-    // SAFETY: the child only reads /proc, writes a pipe and exits; no locks are held here.
+    // SAFETY: the child only reads /proc, writes a pipe and exits; this process holds no lock
+    // the child could need (the thread above has been joined).
     let child_pid = match unsafe { fork() }? {
         ForkResult::Child => {
             drop(r);
@@ -41,7 +42,7 @@ pub fn run() -> Result<Value> {
     std::fs::File::from(r).read_to_string(&mut text)?;
     nix::sys::wait::waitpid(child_pid, None)?;
     let child: Value = serde_json::from_str(&text)?;
-    // SAFETY: our own mapping.
+    // SAFETY: munlock changes no memory contents, only whether the pages stay resident.
     unsafe { libc::munlock(region.addr.cast(), region.len) };
     Ok(json!({
         "region_kib": region.len / 1024,
@@ -57,7 +58,7 @@ fn summarize(range: (u64, u64)) -> Result<Value> {
     let vmas = region_vmas("self", range)?;
     Ok(json!({
         "locked_kib": vmas.iter().map(|v| v.locked_kb).sum::<u64>(),
-        "vm_locked": !vmas.is_empty() && vmas.iter().all(|v| v.vm_flags.iter().any(|f| f == "lo")),
+        "vm_locked": !vmas.is_empty() && vmas.iter().all(|v| v.mapping.locked),
         "vmas": vmas.len(),
     }))
 }

@@ -89,7 +89,8 @@ pub fn run(variant: &str, args: &ScenarioArgs) -> Result<Value> {
         let t = Instant::now();
         let mut sum = 0i64;
         for _ in 0..args.accesses {
-            // SAFETY: as above.
+            // SAFETY: index below `count`, inside the allocation; unaligned read of a packed
+            // struct.
             let rec = unsafe { ptr.add(rng.below(count)).read_unaligned() };
             sum += i64::from(rec.a) + i64::from(rec.b) + i64::from(rec.c) + i64::from(rec.name[0]);
         }

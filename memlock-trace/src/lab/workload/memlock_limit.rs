@@ -2,11 +2,15 @@
 //! RLIMIT_MEMLOCK for real. As root the scenario first lowers the limit and drops to
 //! nobody, so no capability lets it through.
 
-use anyhow::{Result, bail};
+use anyhow::Result;
+use nix::{
+    sys::resource::{Resource, setrlimit},
+    unistd::{Gid, Uid, geteuid, setgroups, setresgid, setresuid},
+};
 use serde_json::{Value, json};
 
 use super::{
-    PAGE_SIZE, Region,
+    PAGE_SIZE, Region, nix_ok,
     scenario::ScenarioArgs,
     syscalls::{Call, measured},
 };
@@ -17,38 +21,39 @@ const NOBODY: u32 = 65534;
 pub fn run(args: &ScenarioArgs) -> Result<Value> {
     let limit = args.limit_kib * 1024;
     set_memlock_limit(limit)?;
-    // SAFETY: plain syscalls; leaving uid 0 drops every capability, CAP_IPC_LOCK included.
-    unsafe {
-        if libc::geteuid() == 0
-            && (libc::setgroups(0, std::ptr::null()) != 0
-                || libc::setresgid(NOBODY, NOBODY, NOBODY) != 0
-                || libc::setresuid(NOBODY, NOBODY, NOBODY) != 0)
-        {
-            bail!(
-                "dropping to uid {NOBODY}: {}",
-                std::io::Error::last_os_error()
-            );
-        }
+    // Leaving uid 0 drops every capability, CAP_IPC_LOCK included.
+    if geteuid().is_root() {
+        let (uid, gid) = (Uid::from_raw(NOBODY), Gid::from_raw(NOBODY));
+        nix_ok(
+            &format!("dropping to uid {NOBODY}"),
+            setgroups(&[])
+                .and_then(|()| setresgid(gid, gid, gid))
+                .and_then(|()| setresuid(uid, uid, uid)),
+        )?;
     }
     let pages = (limit as usize / PAGE_SIZE) * 2;
     let region = Region::anonymous(pages, libc::PROT_READ | libc::PROT_WRITE, 0)?;
     let half = (limit as usize / 2).max(PAGE_SIZE);
     let mut calls: Vec<(&str, Call)> = Vec::new();
-    // SAFETY (all calls below): ranges inside our own mapping, or deliberately unmapped.
+    // The calls are made raw: the workload's record of each needs its -1 and errno.
     calls.push((
         "mlock half the limit",
         measured(Syscall::Mlock, || {
+            // SAFETY: mlock changes no memory contents, only residency; the range is inside
+            // `region`.
             unsafe { libc::mlock(region.addr.cast(), half) }.into()
         }),
     ));
     calls.push((
         "mlock twice the limit",
         measured(Syscall::Mlock, || {
+            // SAFETY: mlock changes no memory contents, only residency.
             unsafe { libc::mlock(region.addr.cast(), region.len) }.into()
         }),
     ));
     calls.push((
         "mlock2(MLOCK_ONFAULT) twice the limit",
+        // SAFETY: mlock2 changes no memory contents, only residency.
         measured(Syscall::Mlock2, || unsafe {
             libc::syscall(libc::SYS_mlock2, region.addr, region.len, MLOCK_ONFAULT)
         }),
@@ -56,12 +61,14 @@ pub fn run(args: &ScenarioArgs) -> Result<Value> {
     calls.push((
         "mlockall(MCL_CURRENT) over the limit",
         measured(Syscall::Mlockall, || {
+            // SAFETY: mlockall changes no memory contents, only residency.
             unsafe { libc::mlockall(MCL_CURRENT as i32) }.into()
         }),
     ));
     calls.push((
         "munlock",
         measured(Syscall::Munlock, || {
+            // SAFETY: munlock changes no memory contents, only residency.
             unsafe { libc::munlock(region.addr.cast(), region.len) }.into()
         }),
     ));
@@ -71,6 +78,7 @@ pub fn run(args: &ScenarioArgs) -> Result<Value> {
     calls.push((
         "mlock an unmapped page",
         measured(Syscall::Mlock, || {
+            // SAFETY: nothing is mapped there, so the call only fails.
             unsafe { libc::mlock(hole_addr.cast(), PAGE_SIZE) }.into()
         }),
     ));
@@ -78,27 +86,21 @@ pub fn run(args: &ScenarioArgs) -> Result<Value> {
     calls.push((
         "mlock with RLIMIT_MEMLOCK 0",
         measured(Syscall::Mlock, || {
+            // SAFETY: mlock changes no memory contents, only residency; the range is inside
+            // `region`.
             unsafe { libc::mlock(region.addr.cast(), PAGE_SIZE) }.into()
         }),
     ));
     Ok(json!({
-        "uid": unsafe { libc::geteuid() },
+        "uid": geteuid().as_raw(),
         "limit_kib": args.limit_kib,
         "calls": calls.iter().map(|(what, c)| json!({ "what": what, "syscall": c.syscall, "result": c.result })).collect::<Vec<_>>(),
     }))
 }
 
 fn set_memlock_limit(bytes: u64) -> Result<()> {
-    let lim = libc::rlimit {
-        rlim_cur: bytes,
-        rlim_max: bytes,
-    };
-    // SAFETY: valid pointer to a local.
-    if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &lim) } != 0 {
-        bail!(
-            "setrlimit(RLIMIT_MEMLOCK, {bytes}): {}",
-            std::io::Error::last_os_error()
-        );
-    }
-    Ok(())
+    nix_ok(
+        &format!("setrlimit(RLIMIT_MEMLOCK, {bytes})"),
+        setrlimit(Resource::RLIMIT_MEMLOCK, bytes, bytes),
+    )
 }

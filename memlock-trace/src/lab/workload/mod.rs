@@ -16,14 +16,21 @@ pub mod thread_stack;
 pub mod vm_memory;
 pub mod vma_split;
 
-use std::ptr;
+mod region;
 
-use anyhow::{Result, bail};
+use anyhow::{Result, anyhow, bail};
+use nix::sys::{
+    mman::{MlockAllFlags, mlockall},
+    resource::{UsageWho, getrusage},
+};
 use serde::Serialize;
 
-pub const PAGE_SIZE: usize = 4096;
+pub use region::Region;
 
-/// `getrusage(RUSAGE_THREAD)` fault counters: the kernel's own account for this thread.
+/// [`crate::procfs::PAGE_SIZE`] as a length.
+pub const PAGE_SIZE: usize = crate::procfs::PAGE_SIZE as usize;
+
+/// `getrusage` fault counters: the kernel's own account.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Faults {
     pub minflt: u64,
@@ -31,25 +38,25 @@ pub struct Faults {
 }
 
 impl Faults {
+    /// `getrusage(RUSAGE_THREAD)`: the calling thread.
     pub fn thread() -> Self {
-        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-        // SAFETY: valid out-pointer; RUSAGE_THREAD cannot fail for the calling thread.
-        unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut usage) };
-        Self {
-            minflt: usage.ru_minflt as u64,
-            majflt: usage.ru_majflt as u64,
-        }
+        Self::of(UsageWho::RUSAGE_THREAD)
     }
 
     /// `getrusage(RUSAGE_SELF)`: every thread of the process.
     pub fn process() -> Self {
-        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-        // SAFETY: valid out-pointer.
-        unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
-        Self {
-            minflt: usage.ru_minflt as u64,
-            majflt: usage.ru_majflt as u64,
-        }
+        Self::of(UsageWho::RUSAGE_SELF)
+    }
+
+    /// Zero if the call fails, which it cannot for these two.
+    fn of(who: UsageWho) -> Self {
+        getrusage(who).map_or_else(
+            |_| Self::default(),
+            |usage| Self {
+                minflt: usage.minor_page_faults() as u64,
+                majflt: usage.major_page_faults() as u64,
+            },
+        )
     }
 
     pub fn since(self, before: Faults) -> Faults {
@@ -57,48 +64,6 @@ impl Faults {
             minflt: self.minflt - before.minflt,
             majflt: self.majflt - before.majflt,
         }
-    }
-}
-
-/// An anonymous private mapping, unmapped on drop.
-pub struct Region {
-    pub addr: *mut u8,
-    pub len: usize,
-}
-
-impl Region {
-    pub fn anonymous(pages: usize, prot: i32, extra_flags: i32) -> Result<Self> {
-        let len = pages * PAGE_SIZE;
-        // SAFETY: a fresh anonymous mapping; no existing memory is touched.
-        let addr = unsafe {
-            libc::mmap(
-                ptr::null_mut(),
-                len,
-                prot,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | extra_flags,
-                -1,
-                0,
-            )
-        };
-        if addr == libc::MAP_FAILED {
-            bail!("mmap of {pages} pages: {}", std::io::Error::last_os_error());
-        }
-        Ok(Self {
-            addr: addr.cast(),
-            len,
-        })
-    }
-
-    pub fn page(&self, index: usize) -> *mut u8 {
-        assert!(index * PAGE_SIZE < self.len);
-        self.addr.wrapping_add(index * PAGE_SIZE)
-    }
-}
-
-impl Drop for Region {
-    fn drop(&mut self) {
-        // SAFETY: unmapping exactly the mapping we created.
-        unsafe { libc::munmap(self.addr.cast(), self.len) };
     }
 }
 
@@ -130,17 +95,28 @@ fn status_kib(path: &str, field: &str) -> anyhow::Result<u64> {
         .ok_or_else(|| anyhow::anyhow!("no {field} in {path}"))
 }
 
+/// `Ok` for a system call that returned 0; otherwise `what` and the errno in words.
+pub fn syscall_ok(what: &str, ret: impl Into<i64>) -> Result<()> {
+    if ret.into() != 0 {
+        bail!("{what}: {}", std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// A `nix` call's result, its error worded as [`syscall_ok`] words it.
+pub fn nix_ok<T>(what: &str, result: nix::Result<T>) -> Result<T> {
+    result.map_err(|errno| anyhow!("{what}: {}", std::io::Error::from(errno)))
+}
+
 /// The `off` / `future` variants shared by several scenarios: `future` runs under
 /// `mlockall(MCL_CURRENT | MCL_FUTURE)` (until the variant's process exits).
-pub fn lock_all_for(variant: &str, scenario: &str) -> anyhow::Result<()> {
-    use crate::event::{MCL_CURRENT, MCL_FUTURE};
+pub fn lock_all_for(variant: &str, scenario: &str) -> Result<()> {
     match variant {
         "off" => Ok(()),
-        // SAFETY: plain syscall.
-        "future" => match unsafe { libc::mlockall((MCL_CURRENT | MCL_FUTURE) as i32) } {
-            0 => Ok(()),
-            _ => anyhow::bail!("mlockall: {}", std::io::Error::last_os_error()),
-        },
-        other => anyhow::bail!("unknown {scenario} variant {other}"),
+        "future" => nix_ok(
+            "mlockall",
+            mlockall(MlockAllFlags::MCL_CURRENT | MlockAllFlags::MCL_FUTURE),
+        ),
+        other => bail!("unknown {scenario} variant {other}"),
     }
 }

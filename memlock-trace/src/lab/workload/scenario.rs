@@ -259,8 +259,7 @@ pub fn run(scenario: Scenario, args: &ScenarioArgs) -> Result<Value> {
 
 fn run_variant(scenario: Scenario, variant: &str, args: &ScenarioArgs) -> Result<Value> {
     // THP would turn 512 first touches into one: the experiments are about 4 KiB pages.
-    // SAFETY: prctl with integer arguments.
-    unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
+    let _ = nix::sys::prctl::set_thp_disable(true);
     let mut result = match scenario {
         Scenario::FirstTouch => first_touch::run(variant, args)?,
         Scenario::ThreadCreate => thread_create::run(args)?,

@@ -9,10 +9,10 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail};
+use nix::sys::mman::{MlockAllFlags, mlockall};
 use serde_json::{Value, json};
 
-use super::scenario::ScenarioArgs;
-use crate::event::{MCL_CURRENT, MCL_FUTURE};
+use super::{nix_ok, scenario::ScenarioArgs};
 
 pub const MODES: [&str; 3] = ["off", "current", "future"];
 
@@ -100,14 +100,13 @@ fn spawn_worker(mode: &str, args: &ScenarioArgs) -> Result<Child> {
 
 fn worker(mode: &str, args: &ScenarioArgs) -> Result<Value> {
     let flags = match mode {
-        "off" => 0,
-        "current" => MCL_CURRENT,
-        "future" => MCL_CURRENT | MCL_FUTURE,
+        "off" => MlockAllFlags::empty(),
+        "current" => MlockAllFlags::MCL_CURRENT,
+        "future" => MlockAllFlags::MCL_CURRENT | MlockAllFlags::MCL_FUTURE,
         other => bail!("unknown thread-create mode {other}"),
     };
-    // SAFETY: plain syscall.
-    if flags != 0 && unsafe { libc::mlockall(flags as i32) } != 0 {
-        bail!("mlockall: {}", std::io::Error::last_os_error());
+    if !flags.is_empty() {
+        nix_ok("mlockall", mlockall(flags))?;
     }
     let deadline = Duration::from_secs_f64(args.seconds);
     let start = Instant::now();

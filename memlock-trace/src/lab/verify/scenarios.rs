@@ -1,0 +1,342 @@
+//! The scenarios: each a sequence of steps on fenced regions, with what every checkpoint
+//! should show, from the reference paper's figures and sections.
+
+use anyhow::{Context as _, Result, anyhow, bail};
+use nix::{
+    sys::{
+        mman::{MlockAllFlags, mlockall, munlockall},
+        wait::{WaitStatus, waitpid},
+    },
+    unistd::{ForkResult, fork},
+};
+
+use super::{ExpectCalls, Message, subject::Subject};
+use crate::{
+    event::MLOCK_ONFAULT,
+    lab::workload::{Region, nix_ok, syscall_ok},
+    procfs::PAGE_SIZE,
+};
+
+pub(super) type Scenario = fn(&mut Subject) -> Result<()>;
+
+pub(super) const SCENARIOS: &[(&str, Scenario)] = &[
+    ("split-merge", split_merge),
+    ("exec-neighbour", exec_neighbour),
+    ("onfault", onfault),
+    ("mlockall-future", mlockall_future),
+    ("fork", fork_child),
+    ("thread", thread_shares),
+];
+
+pub(super) const RW: i32 = libc::PROT_READ | libc::PROT_WRITE;
+pub(super) const N: bool = false;
+pub(super) const Y: bool = true;
+
+fn mlock(addr: u64, pages: u64) -> Result<()> {
+    // SAFETY: mlock changes no memory contents, only whether the pages stay resident.
+    syscall_ok("mlock", unsafe {
+        libc::mlock(addr as *const libc::c_void, (pages * PAGE_SIZE) as usize)
+    })
+}
+
+fn munlock(addr: u64, pages: u64) -> Result<()> {
+    // SAFETY: munlock changes no memory contents, only whether the pages stay resident.
+    syscall_ok("munlock", unsafe {
+        libc::munlock(addr as *const libc::c_void, (pages * PAGE_SIZE) as usize)
+    })
+}
+
+pub(super) fn calls(count: u32) -> ExpectCalls {
+    ExpectCalls {
+        count: Some(count),
+        ..ExpectCalls::default()
+    }
+}
+
+/// No mlock-family call between two checkpoints.
+fn no_calls() -> ExpectCalls {
+    ExpectCalls {
+        splits: Some(0),
+        merges: Some(0),
+        ..calls(0)
+    }
+}
+
+/// Figure 2 of the reference paper, step by step: a lock inside one VMA splits it, a lock
+/// next to a locked VMA merges with it, unlocking everything merges back to one VMA.
+fn split_merge(s: &mut Subject) -> Result<()> {
+    let r = Region::guarded(16, RW)?;
+    // One page touched first gives the VMA its anon_vma, which every piece then shares. On
+    // 6.1 an anon_vma-less piece does not merge with one that has an anon_vma
+    // (is_mergeable_anon_vma), newer kernels merge them: without this, munlock-all would leave
+    // three VMAs on 6.1 and one on 6.18, for reasons that are not about VM_LOCKED.
+    r.touch([0]);
+    mlock(r.at(4), 8)?;
+    let mut cp = r.checkpoint(
+        "mlock-middle",
+        "mlock pages 4-11 of an 16-page VMA (page 0 touched)",
+        &[(4, "rw-p", N, N), (8, "rw-p", Y, N), (4, "rw-p", N, N)],
+        32,
+    );
+    cp.rss_kb = Some(36);
+    cp.calls = Some(ExpectCalls {
+        splits: Some(2),
+        merges: Some(0),
+        locked_pages: Some(8),
+        map_count: Some(2),
+        locked_vm: Some(8),
+        populated: Some(8),
+        ..calls(1)
+    });
+    s.check(&r, cp)?;
+
+    mlock(r.at(12), 2)?;
+    let mut cp = r.checkpoint(
+        "mlock-adjacent",
+        "mlock pages 12-13, next to the locked 4-11",
+        &[(4, "rw-p", N, N), (10, "rw-p", Y, N), (2, "rw-p", N, N)],
+        40,
+    );
+    cp.rss_kb = Some(44);
+    cp.calls = Some(ExpectCalls {
+        splits: Some(1),
+        merges: Some(1),
+        locked_pages: Some(2),
+        map_count: Some(0),
+        locked_vm: Some(2),
+        populated: Some(2),
+        ..calls(1)
+    });
+    s.check(&r, cp)?;
+
+    munlock(r.start(), 16)?;
+    let mut cp = r.checkpoint(
+        "munlock-all",
+        "munlock all 16 pages",
+        &[(16, "rw-p", N, N)],
+        0,
+    );
+    cp.rss_kb = Some(44);
+    cp.calls = Some(ExpectCalls {
+        splits: Some(0),
+        merges: Some(2),
+        locked_pages: Some(-10),
+        map_count: Some(-2),
+        locked_vm: Some(-10),
+        populated: Some(0),
+        ..calls(1)
+    });
+    s.check(&r, cp)
+}
+
+/// The paper's PROT_EXEC neighbour: locked pages on both sides of a rw/r-x boundary stay two
+/// VMAs, because their other flags differ.
+fn exec_neighbour(s: &mut Subject) -> Result<()> {
+    let r = Region::guarded(16, RW)?;
+    // Populated first, so the r-x half holds real pages rather than the shared zero page.
+    r.touch(0..16);
+    // SAFETY: pages 8-15 of the region, which nothing in this process refers to: taking
+    // PROT_WRITE away cannot invalidate a reference.
+    syscall_ok("mprotect", unsafe {
+        libc::mprotect(
+            r.page(8).cast(),
+            (8 * PAGE_SIZE) as usize,
+            libc::PROT_READ | libc::PROT_EXEC,
+        )
+    })?;
+    mlock(r.at(4), 8)?;
+    let mut cp = r.checkpoint(
+        "mlock-across-exec",
+        "mlock pages 4-11 across a rw-/r-x boundary at page 8",
+        &[
+            (4, "rw-p", N, N),
+            (4, "rw-p", Y, N),
+            (4, "r-xp", Y, N),
+            (4, "r-xp", N, N),
+        ],
+        32,
+    );
+    cp.rss_kb = Some(64);
+    cp.calls = Some(ExpectCalls {
+        splits: Some(2),
+        merges: Some(0),
+        locked_pages: Some(8),
+        map_count: Some(2),
+        locked_vm: Some(8),
+        populated: Some(0),
+        ..calls(1)
+    });
+    s.check(&r, cp)
+}
+
+/// MLOCK_ONFAULT: VM_LOCKED|VM_LOCKONFAULT, nothing populated until touched.
+fn onfault(s: &mut Subject) -> Result<()> {
+    let r = Region::guarded(16, RW)?;
+    // SAFETY: mlock2 changes no memory contents, only whether the pages stay resident.
+    let ret = unsafe { libc::syscall(libc::SYS_mlock2, r.at(4), 8 * PAGE_SIZE, MLOCK_ONFAULT) };
+    syscall_ok("mlock2(MLOCK_ONFAULT)", ret)?;
+    let lf = [(4, "rw-p", N, N), (8, "rw-p", Y, Y), (4, "rw-p", N, N)];
+    let mut cp = r.checkpoint(
+        "mlock2-onfault",
+        "mlock2(MLOCK_ONFAULT) pages 4-11 of an untouched VMA",
+        &lf,
+        0,
+    );
+    cp.rss_kb = Some(0);
+    cp.calls = Some(ExpectCalls {
+        splits: Some(2),
+        merges: Some(0),
+        locked_pages: Some(8),
+        onfault_pages: Some(8),
+        map_count: Some(2),
+        locked_vm: Some(8),
+        populated: Some(0),
+        ..calls(1)
+    });
+    s.check(&r, cp)?;
+
+    r.touch([4, 5, 11]);
+    let mut cp = r.checkpoint(
+        "onfault-touch",
+        "write to 3 of the on-fault locked pages",
+        &lf,
+        12,
+    );
+    cp.rss_kb = Some(12);
+    cp.calls = Some(no_calls());
+    s.check(&r, cp)
+}
+
+/// mlockall(MCL_FUTURE): the next mmap is born locked; munlockall undoes it for the VMA and for
+/// later mappings.
+fn mlockall_future(s: &mut Subject) -> Result<()> {
+    let first = Region::hole(16)?;
+    let second = Region::hole(16)?;
+    nix_ok("mlockall(MCL_FUTURE)", mlockall(MlockAllFlags::MCL_FUTURE))?;
+    first.map(RW, 0)?;
+    let mut cp = first.checkpoint(
+        "mlockall-future-mmap",
+        "mlockall(MCL_FUTURE), then mmap 16 pages",
+        &[(16, "rw-p", Y, N)],
+        64,
+    );
+    cp.rss_kb = Some(64);
+    cp.born_locked = Some(true);
+    cp.calls = Some(ExpectCalls {
+        splits: Some(0),
+        merges: Some(0),
+        locked_pages: Some(0),
+        locked_vm: Some(0),
+        ..calls(1)
+    });
+    s.check(&first, cp)?;
+
+    nix_ok("munlockall", munlockall())?;
+    let mut cp = first.checkpoint("munlockall", "munlockall()", &[(16, "rw-p", N, N)], 0);
+    cp.rss_kb = Some(64);
+    cp.calls = Some(ExpectCalls {
+        locked_vm_after: Some(0),
+        ..calls(1)
+    });
+    s.check(&first, cp)?;
+
+    second.map(RW, 0)?;
+    let mut cp = second.checkpoint(
+        "mmap-after-munlockall",
+        "mmap 16 pages after munlockall",
+        &[(16, "rw-p", N, N)],
+        0,
+    );
+    cp.rss_kb = Some(0);
+    cp.born_locked = Some(false);
+    cp.calls = Some(no_calls());
+    s.check(&second, cp)
+}
+
+/// A forked child does not inherit VM_LOCKED (the paper, section 1).
+fn fork_child(s: &mut Subject) -> Result<()> {
+    let r = Region::guarded(16, RW)?;
+    mlock(r.start(), 16)?;
+    let mut cp = r.checkpoint(
+        "mlock-before-fork",
+        "mlock all 16 pages",
+        &[(16, "rw-p", Y, N)],
+        64,
+    );
+    cp.rss_kb = Some(64);
+    cp.calls = Some(ExpectCalls {
+        splits: Some(0),
+        merges: Some(0),
+        locked_pages: Some(16),
+        map_count: Some(0),
+        locked_vm: Some(16),
+        populated: Some(16),
+        ..calls(1)
+    });
+    s.check(&r, cp)?;
+
+    // SAFETY: the subject is single-threaded, so the child may allocate and run ordinary
+    // Rust code.
+    match unsafe { fork() }.context("fork")? {
+        ForkResult::Child => {
+            let result = (|| -> Result<()> {
+                let pid = std::process::id();
+                s.send(&Message::Trace { pid })?;
+                let mut cp = r.checkpoint(
+                    "fork-child",
+                    "fork() after mlock; the child's view",
+                    &[(16, "rw-p", N, N)],
+                    0,
+                );
+                cp.locked_vm = Some(0);
+                cp.calls = Some(no_calls());
+                s.check(&r, cp)
+            })();
+            if let Err(error) = result {
+                let _ = s.send(&Message::Failed {
+                    step: "fork-child".into(),
+                    error: format!("{error:#}"),
+                });
+            }
+            // SAFETY: _exit ends the child at once, without returning into the subject's
+            // scenario (whose process is the parent) or running its destructors twice.
+            unsafe { libc::_exit(0) }
+        }
+        ForkResult::Parent { child } => {
+            let status = waitpid(child, None).context("waitpid")?;
+            if !matches!(status, WaitStatus::Exited(_, 0)) {
+                bail!("the forked child ended with {status:?}");
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Threads share the mm, so a thread sees the process's locked VMAs.
+fn thread_shares(s: &mut Subject) -> Result<()> {
+    let r = Region::guarded(16, RW)?;
+    mlock(r.start(), 16)?;
+    let mut s = s.try_clone()?;
+    let thread = std::thread::spawn(move || -> Result<()> {
+        let mut cp = r.checkpoint(
+            "thread-shares-lock",
+            "mlock 16 pages, then look from a new thread",
+            &[(16, "rw-p", Y, N)],
+            64,
+        );
+        cp.rss_kb = Some(64);
+        cp.locked_vm = Some(16);
+        cp.calls = Some(ExpectCalls {
+            splits: Some(0),
+            merges: Some(0),
+            locked_pages: Some(16),
+            locked_vm: Some(16),
+            populated: Some(16),
+            ..calls(1)
+        });
+        s.check(&r, cp)
+    });
+    thread
+        .join()
+        .map_err(|_| anyhow!("the checking thread panicked"))?
+}

@@ -1,0 +1,124 @@
+//! Anonymous private mappings of whole pages, for the workloads and for `verify`'s subject.
+
+use std::ptr;
+
+use anyhow::{Result, bail};
+
+use super::PAGE_SIZE;
+
+/// An anonymous private mapping of whole pages. One made by [`Region::anonymous`] is unmapped
+/// on drop; one made by [`Region::hole`] or [`Region::guarded`] lies between two `PROT_NONE`
+/// guard pages and stays mapped until the process exits.
+pub struct Region {
+    pub addr: *mut u8,
+    pub len: usize,
+    unmap_on_drop: bool,
+}
+
+// SAFETY: `addr` is an address in the process's memory map, which all its threads share;
+// nothing in `Region` belongs to the thread that made it, so any thread may use or unmap it.
+unsafe impl Send for Region {}
+
+impl Region {
+    /// A fresh mapping of `pages` pages: `mmap(NULL, .., prot, MAP_PRIVATE | MAP_ANONYMOUS |
+    /// extra_flags, -1, 0)`.
+    pub fn anonymous(pages: usize, prot: i32, extra_flags: i32) -> Result<Self> {
+        let len = pages * PAGE_SIZE;
+        // SAFETY: without MAP_FIXED the kernel picks an address that no mapping uses, so no
+        // memory in use changes; the result is checked before it is used.
+        let addr = unsafe {
+            libc::mmap(
+                ptr::null_mut(),
+                len,
+                prot,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | extra_flags,
+                -1,
+                0,
+            )
+        };
+        if addr == libc::MAP_FAILED {
+            bail!("mmap of {pages} pages: {}", std::io::Error::last_os_error());
+        }
+        Ok(Self {
+            addr: addr.cast(),
+            len,
+            unmap_on_drop: true,
+        })
+    }
+
+    /// A gap of `pages` unmapped pages between two guard pages, for a later [`Region::map`]:
+    /// the guards' flags differ from any mapping's, so what is mapped in the gap never merges
+    /// with a neighbour outside it.
+    pub fn hole(pages: usize) -> Result<Self> {
+        let mut reservation = Self::anonymous(pages + 2, libc::PROT_NONE, 0)?;
+        // The guard pages stay for the rest of the process.
+        reservation.unmap_on_drop = false;
+        let hole = Self {
+            addr: reservation.page(1),
+            len: pages * PAGE_SIZE,
+            unmap_on_drop: false,
+        };
+        // SAFETY: the middle of the reservation just made, which nothing else uses.
+        if unsafe { libc::munmap(hole.addr.cast(), hole.len) } != 0 {
+            bail!("munmap: {}", std::io::Error::last_os_error());
+        }
+        Ok(hole)
+    }
+
+    /// A fresh mapping of `pages` pages with `prot` between two guard pages (see
+    /// [`Region::hole`]).
+    pub fn guarded(pages: usize, prot: i32) -> Result<Self> {
+        let region = Self::hole(pages)?;
+        region.map(prot, 0)?;
+        Ok(region)
+    }
+
+    /// Maps the hole (MAP_FIXED_NOREPLACE: it must still be free).
+    pub fn map(&self, prot: i32, extra_flags: i32) -> Result<()> {
+        // SAFETY: MAP_FIXED_NOREPLACE never replaces a mapping (the call fails if anything is
+        // mapped in the range), so no memory in use changes.
+        let addr = unsafe {
+            libc::mmap(
+                self.addr.cast(),
+                self.len,
+                prot,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE | extra_flags,
+                -1,
+                0,
+            )
+        };
+        if addr == libc::MAP_FAILED || addr.cast() != self.addr {
+            bail!(
+                "mmap at {:#x}: {}",
+                self.start(),
+                std::io::Error::last_os_error()
+            );
+        }
+        Ok(())
+    }
+
+    /// The address of page `index` (which must be inside the region).
+    pub fn page(&self, index: usize) -> *mut u8 {
+        assert!(index * PAGE_SIZE < self.len);
+        self.addr.wrapping_add(index * PAGE_SIZE)
+    }
+
+    pub fn start(&self) -> u64 {
+        self.addr as u64
+    }
+
+    /// `[start, end)`.
+    pub fn window(&self) -> (u64, u64) {
+        (self.start(), self.start() + self.len as u64)
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        if self.unmap_on_drop {
+            // SAFETY: exactly the mapping `anonymous` made. `Region` hands out raw pointers only,
+            // whose users answer for not dereferencing them after the drop.
+            unsafe { libc::munmap(self.addr.cast(), self.len) };
+        }
+    }
+}
