@@ -158,19 +158,7 @@ impl ChangeCounts {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::procfs::PAGE_SIZE;
-
-    const P: u64 = PAGE_SIZE;
-    const RW: u64 = 0x73; // VM_READ|VM_WRITE|VM_MAYREAD|VM_MAYWRITE|VM_MAYEXEC
-    const LO: u64 = VM_LOCKED;
-
-    fn v(start: u64, end: u64, flags: u64) -> VmaRange {
-        VmaRange {
-            start: start * P,
-            end: end * P,
-            flags,
-        }
-    }
+    use crate::vma::test_vmas::{LO, P, RW, v};
 
     fn guard(list: &[VmaRange]) -> Vec<VmaRange> {
         // Neighbours with other flags, as the kernel side snapshots them.

@@ -14,3 +14,25 @@ pub use attach::{HookedFunction, VmaHooks};
 pub use diff::{Change, ChangeCounts, diff};
 pub use render::{activity_json, activity_lines, flags_str, summary_json, summary_line};
 pub use tracker::{Activity, Tracker, VmaCall};
+
+/// VMA ranges in pages, for the family's unit tests.
+#[cfg(test)]
+mod test_vmas {
+    use memlock_trace_common::vma::{VM_LOCKED, VmaRange};
+
+    use crate::procfs::PAGE_SIZE;
+
+    pub const P: u64 = PAGE_SIZE;
+    /// VM_READ|VM_WRITE|VM_MAYREAD|VM_MAYWRITE|VM_MAYEXEC
+    pub const RW: u64 = 0x73;
+    pub const LO: u64 = VM_LOCKED;
+
+    /// Pages `start..end` with `flags`.
+    pub fn v(start: u64, end: u64, flags: u64) -> VmaRange {
+        VmaRange {
+            start: start * P,
+            end: end * P,
+            flags,
+        }
+    }
+}

@@ -331,22 +331,11 @@ mod tests {
     use memlock_trace_common::{EventKind, SyscallEvent, vma::SnapshotEvent};
 
     use super::*;
+    use crate::vma::test_vmas::{LO, P, RW, v};
     use crate::{
         event::{DecodeError, Event, SyscallRecord, VmaRecord, bytes_of, decode},
         vma::Tracker,
     };
-
-    const P: u64 = PAGE_SIZE;
-    const RW: u64 = 0x73; // VM_READ|VM_WRITE|VM_MAYREAD|VM_MAYWRITE|VM_MAYEXEC
-    const LO: u64 = VM_LOCKED;
-
-    fn v(start: u64, end: u64, flags: u64) -> VmaRange {
-        VmaRange {
-            start: start * P,
-            end: end * P,
-            flags,
-        }
-    }
 
     fn snapshot(phase: u32, vmas: &[VmaRange]) -> SnapshotEvent {
         let mut s = SnapshotEvent {
