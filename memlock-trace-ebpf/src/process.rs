@@ -1,6 +1,7 @@
-//! Process lifecycle and the per-process filters: `--follow-children` (fork), removal of
-//! exited targets (exit), `--comm`, `--cgroup`, and the process start time that keys a
-//! process for its whole life.
+//! Process lifecycle: `--follow-children` (fork) and removal of exited targets (exit), which
+//! keep the target set in step with the processes it names. The per-process filters
+//! (`--comm`, `--cgroup`) and the process start time live in `shared.rs`, beside the
+//! target check every family calls.
 //!
 //! BTF-typed tracepoints (`tp_btf`), because the classic `sched:sched_process_fork` record
 //! carries only the child's pid, which cannot tell a new process from a new thread:
@@ -14,37 +15,13 @@
 //! ```
 
 use aya_ebpf::{
-    Global,
-    helpers::bpf_get_current_ancestor_cgroup_id,
     macros::{btf_tracepoint, map},
     maps::PerCpuArray,
     programs::BtfTracePointContext,
 };
-use memlock_trace_common::{
-    TASK_COMM_LEN,
-    process::{ProcessConfig, ProcessOffsets, counter},
-};
+use memlock_trace_common::process::counter;
 
-use crate::shared::{TARGET_TGIDS, add, current_ids, current_task, read_kernel};
-
-/// Set by the loader before load: which filters are on, and this kernel's offsets.
-#[unsafe(no_mangle)]
-static PROCESS_CONFIG: Global<ProcessConfig> = Global::new(ProcessConfig {
-    follow_children: 0,
-    match_comm: 0,
-    comm: [0; TASK_COMM_LEN],
-    match_cgroup: 0,
-    cgroup_level: 0,
-    cgroup_id: 0,
-    offsets: ProcessOffsets {
-        task_tgid: 0,
-        task_group_leader: 0,
-        task_start_boottime: 0,
-        task_comm: 0,
-        task_signal: 0,
-        signal_live: 0,
-    },
-});
+use crate::shared::{PROCESS_CONFIG, TARGET_TGIDS, add, current_ids, read_kernel};
 
 /// See [`counter`].
 #[map]
@@ -98,46 +75,4 @@ pub fn process_exit(ctx: BtfTracePointContext) -> i32 {
         count(counter::TARGETS_EXITED);
     }
     0
-}
-
-/// The current task's group leader (the process, as `/proc/PID` sees it).
-#[inline(always)]
-fn current_leader(off: &ProcessOffsets) -> u64 {
-    read_kernel(current_task(), off.task_group_leader)
-}
-
-/// Whether the current task passes `--comm` and `--cgroup` (true when they are off).
-#[inline(always)]
-pub fn matches_filters() -> bool {
-    let config = PROCESS_CONFIG.load();
-    if config.match_cgroup != 0 {
-        // The ancestor at the filter cgroup's depth is the filter cgroup itself exactly when
-        // the task is in it or below it.
-        // SAFETY: the helper has no preconditions; a level deeper than the task's cgroup
-        // yields 0, which matches no filter.
-        let ancestor = unsafe { bpf_get_current_ancestor_cgroup_id(config.cgroup_level as i32) };
-        if ancestor != config.cgroup_id {
-            return false;
-        }
-    }
-    if config.match_comm != 0 {
-        // The group leader's comm, so renamed threads of a matching process still match.
-        let leader = current_leader(&config.offsets);
-        // Compared as two u64 words: BPF has no memcmp.
-        let comm: [u64; 2] = read_kernel(leader, config.offsets.task_comm);
-        // SAFETY: `[u8; 16]` and `[u64; 2]` have the same size, and any bytes are valid u64s.
-        let want: [u64; 2] = unsafe { core::mem::transmute(config.comm) };
-        if comm != want {
-            return false;
-        }
-    }
-    true
-}
-
-/// The current process's start time (its group leader's `start_boottime`), which with the
-/// tgid identifies it for its whole life.
-#[inline(always)]
-pub fn current_process_start_ns() -> u64 {
-    let off = PROCESS_CONFIG.load().offsets;
-    read_kernel(current_leader(&off), off.task_start_boottime)
 }

@@ -6,14 +6,17 @@ use aya_ebpf::{
     Global,
     bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
     helpers::{
-        bpf_get_current_pid_tgid, bpf_get_current_task, bpf_get_smp_processor_id, bpf_ktime_get_ns,
-        bpf_probe_read_kernel,
+        bpf_get_current_ancestor_cgroup_id, bpf_get_current_pid_tgid, bpf_get_current_task,
+        bpf_get_smp_processor_id, bpf_ktime_get_ns, bpf_probe_read_kernel,
     },
     macros::map,
     maps::{HashMap, PerCpuArray, RingBuf},
     programs::TracePointContext,
 };
-use memlock_trace_common::{Config, EVENTS_BYTE_SIZE, KernelOffsets, MAX_TARGETS, counter, filter};
+use memlock_trace_common::{
+    Config, EVENTS_BYTE_SIZE, KernelOffsets, MAX_TARGETS, TASK_COMM_LEN, counter, filter,
+    process::{ProcessConfig, ProcessOffsets},
+};
 
 /// Set by the loader before load (`EbpfLoader::override_global`): filter mode and the
 /// running kernel's struct offsets.
@@ -53,7 +56,7 @@ pub fn offsets() -> KernelOffsets {
 #[inline(always)]
 pub fn is_target(tgid: u32) -> bool {
     (CONFIG.load().filter == filter::ALL || TARGET_TGIDS.get_ptr(tgid).is_some())
-        && crate::process::matches_filters()
+        && matches_filters()
 }
 
 /// Flags for `submit`: wake the reader only once a batch is waiting (see
@@ -258,4 +261,69 @@ pub fn now_ns() -> u64 {
 pub fn this_cpu() -> u32 {
     // SAFETY: the helper has no preconditions.
     unsafe { bpf_get_smp_processor_id() }
+}
+
+// The per-process filters (`--comm`, `--cgroup`) and the process start time, shared by
+// every family's target check; `process.rs` keeps the set of targets in step with forks
+// and exits.
+
+/// Set by the loader before load: which filters are on, and this kernel's offsets.
+#[unsafe(no_mangle)]
+pub static PROCESS_CONFIG: Global<ProcessConfig> = Global::new(ProcessConfig {
+    follow_children: 0,
+    match_comm: 0,
+    comm: [0; TASK_COMM_LEN],
+    match_cgroup: 0,
+    cgroup_level: 0,
+    cgroup_id: 0,
+    offsets: ProcessOffsets {
+        task_tgid: 0,
+        task_group_leader: 0,
+        task_start_boottime: 0,
+        task_comm: 0,
+        task_signal: 0,
+        signal_live: 0,
+    },
+});
+
+/// The current task's group leader (the process, as `/proc/PID` sees it).
+#[inline(always)]
+pub fn current_leader(off: &ProcessOffsets) -> u64 {
+    read_kernel(current_task(), off.task_group_leader)
+}
+
+/// Whether the current task passes `--comm` and `--cgroup` (true when they are off).
+#[inline(always)]
+pub fn matches_filters() -> bool {
+    let config = PROCESS_CONFIG.load();
+    if config.match_cgroup != 0 {
+        // The ancestor at the filter cgroup's depth is the filter cgroup itself exactly when
+        // the task is in it or below it.
+        // SAFETY: the helper has no preconditions; a level deeper than the task's cgroup
+        // yields 0, which matches no filter.
+        let ancestor = unsafe { bpf_get_current_ancestor_cgroup_id(config.cgroup_level as i32) };
+        if ancestor != config.cgroup_id {
+            return false;
+        }
+    }
+    if config.match_comm != 0 {
+        // The group leader's comm, so renamed threads of a matching process still match.
+        let leader = current_leader(&config.offsets);
+        // Compared as two u64 words: BPF has no memcmp.
+        let comm: [u64; 2] = read_kernel(leader, config.offsets.task_comm);
+        // SAFETY: `[u8; 16]` and `[u64; 2]` have the same size, and any bytes are valid u64s.
+        let want: [u64; 2] = unsafe { core::mem::transmute(config.comm) };
+        if comm != want {
+            return false;
+        }
+    }
+    true
+}
+
+/// The current process's start time (its group leader's `start_boottime`), which with the
+/// tgid identifies it for its whole life.
+#[inline(always)]
+pub fn current_process_start_ns() -> u64 {
+    let off = PROCESS_CONFIG.load().offsets;
+    read_kernel(current_leader(&off), off.task_start_boottime)
 }

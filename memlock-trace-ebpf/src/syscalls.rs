@@ -145,7 +145,7 @@ fn exit(ctx: &TracePointContext) {
         map_count_before: entry.before.map_count,
         map_count_after: after.map_count,
         comm: bpf_get_current_comm().unwrap_or_default(),
-        process_start_ns: crate::process::current_process_start_ns(),
+        process_start_ns: crate::shared::current_process_start_ns(),
     });
     slot.submit(crate::shared::submit_flags());
 }

@@ -116,7 +116,8 @@ impl Filters {
     }
 }
 
-/// The fields `process.rs` reads, from the running kernel's BTF.
+/// The fields the eBPF side's process filters and start time read, from the running
+/// kernel's BTF.
 pub fn process_offsets(btf: &KernelBtf) -> Result<ProcessOffsets> {
     Ok(ProcessOffsets {
         task_tgid: btf.field_offset("task_struct", "tgid")?,
