@@ -7,7 +7,6 @@
 //! its pids, and the report picks those processes out of the tracer's output.
 
 use std::{
-    collections::BTreeMap,
     io::{BufRead as _, BufReader, Read as _},
     path::PathBuf,
     process::{Child, Command, Stdio},
@@ -25,7 +24,7 @@ use nix::{
 use serde_json::{Value, json};
 
 use super::{
-    report,
+    report::{self, ScenarioRun},
     workload::scenario::{Scenario, ScenarioArgs},
 };
 
@@ -42,17 +41,6 @@ pub struct SuiteArgs {
     pub tiny: bool,
     #[command(flatten)]
     pub sizes: ScenarioArgs,
-}
-
-/// One scenario's outcome: its own measurements and the tracer's view of its processes.
-pub struct ScenarioRun {
-    pub scenario: Scenario,
-    pub secs: f64,
-    pub own: Value,
-    /// pid -> the tracer's summary of that process (absent if it made no traced call).
-    pub traced: BTreeMap<u32, Value>,
-    /// The tracer's per-call events of the scenario's processes.
-    pub events: Vec<Value>,
 }
 
 pub fn run(args: SuiteArgs) -> Result<()> {

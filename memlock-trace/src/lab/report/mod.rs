@@ -9,6 +9,7 @@ mod assess;
 mod charts;
 
 use std::{
+    collections::BTreeMap,
     fmt::Write as _,
     path::{Path, PathBuf},
 };
@@ -17,7 +18,7 @@ use anyhow::Result;
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use super::suite::ScenarioRun;
+use super::workload::scenario::Scenario;
 
 #[derive(Clone, Debug, Serialize)]
 pub struct Verdict {
@@ -38,6 +39,17 @@ pub struct Written {
 
 fn f(v: &Value) -> f64 {
     v.as_f64().unwrap_or(0.0)
+}
+
+/// One scenario's outcome: its own measurements and the tracer's view of its processes.
+pub struct ScenarioRun {
+    pub scenario: Scenario,
+    pub secs: f64,
+    pub own: Value,
+    /// pid -> the tracer's summary of that process (absent if it made no traced call).
+    pub traced: BTreeMap<u32, Value>,
+    /// The tracer's per-call events of the scenario's processes.
+    pub events: Vec<Value>,
 }
 
 impl ScenarioRun {

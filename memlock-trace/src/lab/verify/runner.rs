@@ -16,7 +16,11 @@ use nix::{
     unistd::{ForkResult, fork, pipe2},
 };
 
-use super::{Message, StepResult, checks::check, scenarios::Scenario, subject::subject_main};
+use super::{
+    Message, StepResult,
+    checks::check,
+    subject::{Scenario, subject_main},
+};
 use crate::{
     event::{Event, decode},
     tracer::Tracer,

@@ -10,14 +10,15 @@ use nix::{
     unistd::{ForkResult, fork},
 };
 
-use super::{ExpectCalls, Message, subject::Subject};
+use super::{
+    ExpectCalls, Message,
+    subject::{Scenario, Subject},
+};
 use crate::{
     event::MLOCK_ONFAULT,
     lab::workload::{Region, nix_ok, syscall_ok},
     procfs::PAGE_SIZE,
 };
-
-pub(super) type Scenario = fn(&mut Subject) -> Result<()>;
 
 pub(super) const SCENARIOS: &[(&str, Scenario)] = &[
     ("split-merge", split_merge),

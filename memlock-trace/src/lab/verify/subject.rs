@@ -9,8 +9,10 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use super::{Checkpoint, Message, PROBE_FLAG, Piece, scenarios::Scenario};
+use super::{Checkpoint, Message, PROBE_FLAG, Piece};
 use crate::{lab::workload::Region, procfs::PAGE_SIZE};
+
+pub(super) type Scenario = fn(&mut Subject) -> Result<()>;
 
 pub(super) struct Subject {
     to_parent: File,

@@ -7,7 +7,7 @@ use std::time::Instant;
 use anyhow::{Result, bail};
 use serde_json::{Value, json};
 
-use super::{Faults, scenario::ScenarioArgs};
+use super::{Faults, args::ScenarioArgs};
 
 pub fn run(variant: &str, args: &ScenarioArgs) -> Result<Value> {
     super::lock_all_for(variant, "dynamic-alloc")?;

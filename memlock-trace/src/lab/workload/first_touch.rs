@@ -6,7 +6,7 @@ use std::{hint::black_box, time::Instant};
 use anyhow::{Result, bail};
 use serde_json::{Value, json};
 
-use super::{Faults, PAGE_SIZE, Region, scenario::ScenarioArgs};
+use super::{Faults, PAGE_SIZE, Region, args::ScenarioArgs};
 
 pub fn run(variant: &str, args: &ScenarioArgs) -> Result<Value> {
     let pages = args.touch_mib * 256;

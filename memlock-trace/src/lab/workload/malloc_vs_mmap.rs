@@ -7,7 +7,7 @@ use std::{hint::black_box, time::Instant};
 use anyhow::{Result, bail};
 use serde_json::{Value, json};
 
-use super::{Faults, scenario::ScenarioArgs};
+use super::{Faults, args::ScenarioArgs};
 
 #[repr(C, packed)]
 #[derive(Clone, Copy)]

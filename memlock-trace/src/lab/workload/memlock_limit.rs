@@ -10,8 +10,9 @@ use nix::{
 use serde_json::{Value, json};
 
 use super::{
-    PAGE_SIZE, Region, nix_ok,
-    scenario::ScenarioArgs,
+    PAGE_SIZE, Region,
+    args::ScenarioArgs,
+    nix_ok,
     syscalls::{Call, measured},
 };
 use crate::event::{MCL_CURRENT, MLOCK_ONFAULT, Syscall};

@@ -1,6 +1,7 @@
 //! Bundled workloads: processes that make known calls, measure themselves, and report what
 //! they did, so the tracer's view can be checked against the workload's own.
 
+pub mod args;
 pub mod children;
 pub mod dynamic_alloc;
 pub mod faults;

@@ -12,7 +12,7 @@ use anyhow::{Context as _, Result, bail};
 use nix::sys::mman::{MlockAllFlags, mlockall};
 use serde_json::{Value, json};
 
-use super::{nix_ok, scenario::ScenarioArgs};
+use super::{args::ScenarioArgs, nix_ok};
 
 pub const MODES: [&str; 3] = ["off", "current", "future"];
 

@@ -11,7 +11,7 @@ use std::{
 use anyhow::{Context as _, Result};
 use serde_json::{Value, json};
 
-use super::{Faults, scenario::ScenarioArgs};
+use super::{Faults, args::ScenarioArgs};
 
 pub fn run(variant: &str, args: &ScenarioArgs) -> Result<Value> {
     super::lock_all_for(variant, "thread-stack")?;

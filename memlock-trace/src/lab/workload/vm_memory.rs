@@ -15,7 +15,7 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use serde_json::{Value, json};
 
-use super::scenario::ScenarioArgs;
+use super::args::ScenarioArgs;
 
 const BUSYBOX: &str = "/bin/busybox";
 /// How long the guest stays up after boot, so memory can be sampled.
