@@ -3,7 +3,8 @@
 //! The layout follows the hook families, with shared layers below them and the session on
 //! top. Families never import each other.
 //!
-//! - Shared layers: [`probe`] asks the kernel what it offers; [`object`] loads the eBPF
+//! - Shared layers: [`btf`] reads the kernel's types and offsets; [`probe`] asks the
+//!   kernel what it offers; [`object`] loads the eBPF
 //!   object and gives every family one attach signature; [`event`] decodes ring-buffer
 //!   records; [`process`] holds the target set, filters and the per-process table;
 //!   [`procfs`] parses `/proc/PID/smaps`; [`latency`] and [`output`] are shared by every
@@ -16,6 +17,7 @@
 //!   and its report. The tracer does not know it.
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+pub mod btf;
 pub mod cli;
 pub mod event;
 pub mod faults;

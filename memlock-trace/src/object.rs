@@ -11,7 +11,7 @@ use aya::{
 };
 use memlock_trace_common::{Config, names};
 
-use crate::probe::btf::KernelBtf;
+use crate::btf::KernelBtf;
 
 /// The eBPF object built by `build.rs`, embedded so the binary is self-contained.
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/memlock-trace"));

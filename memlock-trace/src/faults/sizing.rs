@@ -12,7 +12,7 @@ use memlock_trace_common::{
 };
 
 use super::FaultOptions;
-use crate::probe::btf::KernelBtf;
+use crate::btf::KernelBtf;
 
 /// Without a VMA, faults within 64 KiB are counted together (one region-table slot each).
 const REGION_SHIFT: u32 = 16;

@@ -3,7 +3,8 @@
 
 use anyhow::{Context as _, Result};
 
-use super::{VMLINUX_BTF, btf::KernelBtf, check_privileges, ensure_tracefs};
+use super::{VMLINUX_BTF, check_privileges, ensure_tracefs};
+use crate::btf::KernelBtf;
 use crate::object::{self, program};
 
 /// Whether the running kernel lets us use one kind of hook, and if not, its reason.

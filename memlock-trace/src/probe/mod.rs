@@ -1,20 +1,18 @@
-//! What the running kernel offers: BTF ([`btf`]), privileges, tracefs, and which hook
-//! kinds it allows ([`capabilities`]).
+//! What the running kernel offers: privileges, tracefs, and which hook kinds it allows
+//! ([`capabilities`]); its BTF is read by [`crate::btf`].
 //!
 //! Everything here runs before any program is loaded, so that a missing piece is reported
 //! as one clear sentence naming the fix instead of a verifier dump.
 
-pub mod btf;
 pub mod capabilities;
 
 use std::{fs, path::Path};
 
 use anyhow::{Context as _, Result, anyhow, bail};
 
-pub use btf::KernelBtf;
+pub use crate::btf::{KernelBtf, VMLINUX_BTF};
 pub use capabilities::{Capability, capabilities};
 
-pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
 pub const TRACEFS: &str = "/sys/kernel/tracing";
 
 const CAP_SYS_ADMIN: u32 = 21;

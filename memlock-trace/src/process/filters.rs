@@ -21,8 +21,8 @@ use memlock_trace_common::{
 
 use crate::{
     UsageError,
+    btf::KernelBtf,
     object::{AttachContext, HookFamily, hook_refused, program},
-    probe::btf::KernelBtf,
 };
 
 /// `statfs.f_type` of cgroup v2 (include/uapi/linux/magic.h).

@@ -16,9 +16,9 @@ use memlock_trace_common::vma::{
 use serde::Serialize;
 
 use crate::{
+    btf::{KernelBtf, Signature, TypeShape},
     event::Syscall,
     object::{AttachContext, HookFamily, hook_refused, is_permission_error, refusal_reason},
-    probe::btf::{KernelBtf, Signature, TypeShape},
 };
 
 /// The kernel functions that split, merge or re-flag VMAs, across versions: 6.1 has

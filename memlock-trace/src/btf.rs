@@ -7,7 +7,7 @@ use anyhow::{Context as _, Result, anyhow, bail};
 use btf_rs::{Btf, Type};
 use memlock_trace_common::KernelOffsets;
 
-use super::VMLINUX_BTF;
+pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
 
 /// The running kernel's type information.
 pub struct KernelBtf {
