@@ -1,6 +1,6 @@
 use std::process::ExitCode;
 
-use clap::Parser as _;
+use clap::{CommandFactory as _, Parser as _};
 use memlock_trace::{
     UsageError,
     cli::{Cli, Command},
@@ -34,7 +34,16 @@ fn main() -> ExitCode {
             params,
         }) => run_workload(name, report.as_deref(), &params).map(|()| 0),
         #[cfg(feature = "lab")]
-        Some(Command::Verify { json }) => verify::run(json.as_deref()),
+        Some(Command::Verify { json, output }) => verify::run(json, output.as_deref()),
+        Some(Command::Completions { shell }) => {
+            let mut cmd = Cli::command();
+            clap_complete::generate(shell, &mut cmd, "memlock-trace", &mut std::io::stdout());
+            Ok(0)
+        }
+        Some(Command::Man) => clap_mangen::Man::new(Cli::command())
+            .render(&mut std::io::stdout())
+            .map(|()| 0)
+            .map_err(Into::into),
     };
     match result {
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
