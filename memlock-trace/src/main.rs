@@ -93,6 +93,7 @@ fn run_probe(json: bool) -> anyhow::Result<()> {
         let report = serde_json::json!({
             "type": "probe",
             "schema": JSON_SCHEMA,
+            "time_ns": memlock_trace::output::WallClock::now_ns(),
             "kernel": kernel,
             "capabilities": capabilities,
             "hooks": tracer.hooks,

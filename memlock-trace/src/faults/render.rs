@@ -13,7 +13,7 @@ use super::{
 };
 use crate::{
     event::FaultRecord,
-    output::{JSON_SCHEMA, Unit, hist::Log2Hist, or_na},
+    output::{JSON_SCHEMA, TextStyle, Unit, hist::Log2Hist, or_na},
 };
 
 /// One line per sampled fault for `--events`.
@@ -97,7 +97,8 @@ pub fn fault_hooks_detail(hooks: &FaultHooks) -> String {
 }
 
 /// The faults block of one process (or thread), indented.
-pub fn faults_text(out: &mut String, f: &FaultSummary, indent: &str, unit: Unit) {
+pub fn faults_text(out: &mut String, f: &FaultSummary, indent: &str, style: TextStyle) {
+    let unit = style.unit;
     let mut populated_by: Vec<String> = f
         .populated_by
         .iter()
@@ -158,6 +159,9 @@ pub fn faults_text(out: &mut String, f: &FaultSummary, indent: &str, unit: Unit)
                 f.latency_unmatched
             );
         }
+        if style.hist {
+            hists_text(out, f, indent, unit);
+        }
     }
     if !f.by_mapping.is_empty() {
         let _ = writeln!(out, "{indent}  {:>9}  {:<14}  mapping", "faults", "locked");
@@ -190,7 +194,7 @@ pub fn faults_text(out: &mut String, f: &FaultSummary, indent: &str, unit: Unit)
 }
 
 /// `--hist`: a log2 histogram of fault latency per class, from the kernel's buckets.
-pub fn hists_text(out: &mut String, f: &FaultSummary, indent: &str, unit: Unit) {
+fn hists_text(out: &mut String, f: &FaultSummary, indent: &str, unit: Unit) {
     // libbpf-tools' default: usecs unless -m.
     let unit = if unit == Unit::Ms { Unit::Ms } else { Unit::Us };
     for (class, values) in &f.latency_values {

@@ -24,6 +24,14 @@ pub fn or_na(v: Option<u64>) -> String {
     v.map_or_else(|| "n/a".into(), |v| v.to_string())
 }
 
+/// How text summaries are drawn: the latency unit and whether log2 histograms (`--hist`)
+/// follow the latency tables.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TextStyle {
+    pub unit: Unit,
+    pub hist: bool,
+}
+
 /// The unit latencies are shown in: chosen per column (`Auto`), or fixed by `-m` / `-u`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Unit {

@@ -17,13 +17,12 @@ use tokio::{
 use self::{
     output::{IntervalState, Output, Scope, VmaOutput},
     production::Production,
-    summary::TextStyle,
 };
 use crate::{
     UsageError,
     cli::TraceArgs,
     faults::stacks::StackSymbolizer,
-    output::{Sink, WallClock},
+    output::{Sink, TextStyle, WallClock},
     process::{Targets, launch},
     procfs::MappingCache,
     syscalls::Aggregator,

@@ -6,12 +6,12 @@ use std::{collections::BTreeMap, io::Write as _, sync::Arc, time::Duration};
 use anyhow::Result;
 use aya::maps::{MapData, RingBuf};
 
-use super::summary::{Summary, TextStyle, Window, summary_text};
+use super::summary::{Summary, Window, summary_text};
 use crate::{
     event::{Event, decode},
     faults::{self, FaultReport, render as fault_render, stacks::StackSymbolizer},
     metrics::Metrics,
-    output::{Sink, WallClock, hms},
+    output::{Sink, TextStyle, WallClock, hms},
     procfs::MappingCache,
     syscalls::{self, Aggregator},
     tracer::Tracer,

@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use crate::{
     faults::{self, FaultHealth, FaultHooks, FaultSummary},
-    output::{JSON_SCHEMA, Unit},
+    output::{JSON_SCHEMA, TextStyle},
     syscalls::{self, ProcessSyscalls, SyscallSummary, stats::ThreadLatencies},
     tracer::Health,
 };
@@ -112,13 +112,6 @@ impl Summary {
     }
 }
 
-/// How the text summary is drawn: the latency unit and whether histograms follow tables.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct TextStyle {
-    pub unit: Unit,
-    pub hist: bool,
-}
-
 /// The text summary. The hook sets are not repeated here: the session prints them once on
 /// stderr at start.
 pub fn summary_text(summary: &Summary, style: TextStyle) -> String {
@@ -136,19 +129,13 @@ pub fn summary_text(summary: &Summary, style: TextStyle) -> String {
         };
         let _ = writeln!(out, "pid {} ({}){started}", p.pid, p.comm);
         if let Some(f) = &p.faults {
-            faults::render::faults_text(&mut out, f, "  ", unit);
-            if style.hist {
-                faults::render::hists_text(&mut out, f, "  ", unit);
-            }
+            faults::render::faults_text(&mut out, f, "  ", style);
             if let Some(stacks) = &f.stacks {
                 faults::render::stacks_text(&mut out, stacks, "  ");
             }
             for t in &f.threads {
                 let _ = writeln!(out, "  thread {} ({})", t.tid, t.comm);
-                faults::render::faults_text(&mut out, &t.faults, "    ", unit);
-                if style.hist {
-                    faults::render::hists_text(&mut out, &t.faults, "    ", unit);
-                }
+                faults::render::faults_text(&mut out, &t.faults, "    ", style);
             }
         }
         syscalls::render::table(&mut out, &p.syscalls, unit);

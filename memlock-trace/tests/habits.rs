@@ -1,0 +1,592 @@
+//! What users of libbpf-tools and bpftrace expect (issue 15): `--hist`, one unit per column
+//! and `-m`/`-u`, `-T` and `time_ns`, `INTERVAL COUNT`, `-o FILE`, `-q`/`-v`, `-t TID`, and
+//! the man page and completions. Each run loads the real programs and checks exact figures.
+
+mod common;
+mod support;
+
+use std::{
+    collections::BTreeMap,
+    io::{BufRead as _, BufReader, Write as _},
+    process::{Command, Output, Stdio},
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use common::require_privileges;
+use serde_json::Value;
+use support::{BIN, json_lines};
+
+fn realtime_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
+}
+
+fn run(args: &[&str]) -> Output {
+    let out = Command::new(BIN)
+        .args(args)
+        .output()
+        .expect("memlock-trace");
+    assert!(
+        out.status.success(),
+        "memlock-trace {args:?}: {:?}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// `memlock-trace ARGS -- memlock-trace workload syscalls`: the tracer's output and the
+/// calls the workload says it made, by name.
+fn traced_syscalls(args: &[&str]) -> (Output, BTreeMap<String, u64>) {
+    let dir = tempdir("syscalls");
+    let report = dir.join("calls.json");
+    let report_arg = report.to_str().unwrap();
+    let mut all = args.to_vec();
+    all.extend(["--", BIN, "workload", "syscalls", "--report", report_arg]);
+    let out = run(&all);
+    let calls: Vec<Value> =
+        serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    let mut made = BTreeMap::new();
+    for c in calls {
+        *made
+            .entry(c["syscall"].as_str().unwrap().to_string())
+            .or_default() += 1;
+    }
+    std::fs::remove_dir_all(&dir).ok();
+    (out, made)
+}
+
+fn tempdir(what: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "memlock-trace-habits-{what}-{}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// The histograms of a text summary: title line -> counts per `low -> high` row.
+fn histograms(text: &str) -> BTreeMap<String, Vec<(u64, u64, u64)>> {
+    let mut out: BTreeMap<String, Vec<(u64, u64, u64)>> = BTreeMap::new();
+    let mut title = None;
+    let mut lines = text.lines().peekable();
+    while let Some(line) = lines.next() {
+        if lines
+            .peek()
+            .is_some_and(|next| next.contains(" : count    distribution"))
+        {
+            title = Some(line.trim().to_string());
+            out.entry(line.trim().to_string()).or_default();
+            lines.next();
+            continue;
+        }
+        let Some(t) = &title else { continue };
+        let Some((range, rest)) = line.split_once(" : ") else {
+            title = None;
+            continue;
+        };
+        let Some((low, high)) = range.split_once(" -> ") else {
+            title = None;
+            continue;
+        };
+        let count = rest.split_whitespace().next().unwrap();
+        assert!(rest.trim_end().ends_with('|'), "a bar: {line}");
+        out.get_mut(t).unwrap().push((
+            low.trim().parse().unwrap(),
+            high.trim().parse().unwrap(),
+            count.parse().unwrap(),
+        ));
+    }
+    out
+}
+
+#[test]
+fn hist_counts_every_call_in_log2_rows() {
+    require_privileges();
+    let (out, made) = traced_syscalls(&["--hist", "--fault-hooks", "off"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let hists = histograms(&text);
+    assert!(
+        text.contains("     usecs               : count    distribution"),
+        "libbpf-tools' header:\n{text}"
+    );
+    for (name, calls) in &made {
+        let rows = hists
+            .get(&format!("{name} latency"))
+            .unwrap_or_else(|| panic!("no {name} histogram in:\n{text}"));
+        let total: u64 = rows.iter().map(|r| r.2).sum();
+        assert_eq!(total, *calls, "{name}: the histogram counts every call");
+        // Rows are libbpf-tools' slots: 0 -> 1, 2 -> 3, 4 -> 7, ...
+        for (i, &(low, high, _)) in rows.iter().enumerate() {
+            let want_low = if i == 0 { 0 } else { 1 << i };
+            assert_eq!((low, high), (want_low, (2 << i) - 1), "{name} row {i}");
+        }
+    }
+    assert_eq!(hists.len(), made.len(), "one histogram per call: {hists:?}");
+
+    // -m: the same rows in msecs; the calls are sub-millisecond here, so all in row 0.
+    let (out, made) = traced_syscalls(&["--hist", "-m", "--fault-hooks", "off"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("     msecs "), "{text}");
+    let hists = histograms(&text);
+    let total: u64 = hists.values().flatten().map(|r| r.2).sum();
+    assert_eq!(total, made.values().sum::<u64>(), "{text}");
+}
+
+#[test]
+fn per_thread_hist_splits_the_calls_by_thread() {
+    require_privileges();
+    // Two threads; the second makes 3 failing mlock calls, the first 2 munlock calls.
+    let script = "import ctypes, threading\n\
+                  libc = ctypes.CDLL(None)\n\
+                  def worker():\n    \
+                      for _ in range(3): libc.mlock(ctypes.c_void_p(0), ctypes.c_size_t(1 << 60))\n\
+                  t = threading.Thread(target=worker); t.start(); t.join()\n\
+                  for _ in range(2): libc.munlock(ctypes.c_void_p(0), ctypes.c_size_t(4096))\n";
+    let out = run(&[
+        "--hist",
+        "--per-thread",
+        "--fault-hooks",
+        "off",
+        "--",
+        "python3",
+        "-c",
+        script,
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let thread_blocks: Vec<&str> = text.split("\n  thread ").skip(1).collect();
+    assert_eq!(thread_blocks.len(), 2, "two threads made calls:\n{text}");
+    let mut per_thread: Vec<(String, u64)> = thread_blocks
+        .iter()
+        .map(|block| {
+            let hists = histograms(block);
+            assert_eq!(hists.len(), 1, "one call per thread: {block}");
+            let (name, rows) = hists.into_iter().next().unwrap();
+            (name, rows.iter().map(|r| r.2).sum())
+        })
+        .collect();
+    per_thread.sort();
+    assert_eq!(
+        per_thread,
+        [
+            ("mlock latency".to_string(), 3),
+            ("munlock latency".to_string(), 2)
+        ],
+        "{text}"
+    );
+}
+
+/// The latency columns of a syscall table: each column's unit suffixes.
+fn column_units(text: &str) -> Vec<Vec<&str>> {
+    let mut columns = vec![Vec::new(); 4];
+    for line in text.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if fields.len() < 8
+            || !["mlock", "mlock2", "munlock", "mlockall", "munlockall"].contains(&fields[0])
+        {
+            continue;
+        }
+        for (c, field) in columns.iter_mut().zip(&fields[2..6]) {
+            c.push(if field.ends_with("ms") { "ms" } else { "us" });
+            assert!(
+                field
+                    .trim_end_matches("ms")
+                    .trim_end_matches("us")
+                    .parse::<f64>()
+                    .is_ok(),
+                "{line}"
+            );
+        }
+    }
+    columns
+}
+
+#[test]
+fn one_unit_per_column_or_fixed() {
+    require_privileges();
+    for (flag, want) in [
+        (None, None),
+        (Some("-m"), Some("ms")),
+        (Some("-u"), Some("us")),
+    ] {
+        let mut args = vec!["--fault-hooks", "off"];
+        args.extend(flag);
+        let (out, made) = traced_syscalls(&args);
+        let text = String::from_utf8_lossy(&out.stdout);
+        let columns = column_units(&text);
+        for column in &columns {
+            assert_eq!(column.len(), made.len(), "a row per call: {text}");
+            assert!(
+                column.iter().all(|u| *u == column[0]),
+                "mixed units:\n{text}"
+            );
+            if let Some(want) = want {
+                assert_eq!(column[0], want, "{flag:?}:\n{text}");
+            }
+        }
+    }
+}
+
+#[test]
+fn every_json_record_has_a_realtime_stamp() {
+    require_privileges();
+    let before = realtime_ns();
+    let (out, _) = traced_syscalls(&["--json", "--events", "--interval", "0.05"]);
+    let after = realtime_ns();
+    let lines = json_lines(&String::from_utf8_lossy(&out.stdout));
+    let mut kinds = BTreeMap::new();
+    for line in &lines {
+        let t = line["time_ns"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no time_ns: {line}"));
+        assert!(
+            before <= t && t <= after,
+            "{before} <= {t} <= {after}: {line}"
+        );
+        *kinds
+            .entry(line["type"].as_str().unwrap().to_string())
+            .or_insert(0) += 1;
+    }
+    for kind in ["syscall", "fault", "vma_call", "vma_summary", "summary"] {
+        assert!(kinds.contains_key(kind), "no {kind} record: {kinds:?}");
+    }
+    // The summary covers the session; the intervals tile it without gaps.
+    let summary = lines.last().unwrap();
+    let window = |l: &Value| {
+        (
+            l["window"]["start_ns"].as_u64().unwrap(),
+            l["window"]["end_ns"].as_u64().unwrap(),
+        )
+    };
+    let (start, end) = window(summary);
+    assert!(before <= start && start < end && end <= after);
+    assert_eq!(end, summary["time_ns"].as_u64().unwrap());
+    let intervals: Vec<(u64, u64)> = lines
+        .iter()
+        .filter(|l| l["type"] == "interval")
+        .map(window)
+        .collect();
+    for pair in intervals.windows(2) {
+        assert_eq!(pair[0].1, pair[1].0, "contiguous windows: {intervals:?}");
+    }
+    for &(s, e) in &intervals {
+        assert!(
+            start <= s && s < e && e <= end,
+            "inside the session: {intervals:?}"
+        );
+    }
+}
+
+#[test]
+fn timestamp_flag_stamps_every_event_line() {
+    require_privileges();
+    let before = chrono::Local::now() - chrono::Duration::seconds(1);
+    let (out, made) = traced_syscalls(&["-T", "--events=syscalls", "--fault-hooks", "off"]);
+    let after = chrono::Local::now() + chrono::Duration::seconds(1);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let day = before.date_naive();
+    let mut calls = 0;
+    for line in text.lines().take_while(|l| !l.starts_with("pid ")) {
+        let stamp = &line[..12];
+        let time = chrono::NaiveTime::parse_from_str(stamp, "%H:%M:%S%.3f")
+            .unwrap_or_else(|e| panic!("{stamp:?} ({e}) in {line:?}"));
+        let at = day
+            .and_time(time)
+            .and_local_timezone(chrono::Local)
+            .unwrap();
+        assert!(before <= at && at <= after, "{before} <= {at} <= {after}");
+        if line.contains(") = ") && line.contains("populated") {
+            calls += 1;
+        }
+    }
+    assert_eq!(
+        calls,
+        made.values().sum::<u64>(),
+        "one stamped line per call:\n{text}"
+    );
+}
+
+#[test]
+fn interval_count_positionals_print_exactly_count_blocks() {
+    require_privileges();
+    let mut sleeper = Command::new("sleep").arg("30").spawn().unwrap();
+    let pid = sleeper.id().to_string();
+    let started = std::time::Instant::now();
+    let out = run(&["0.3", "2", "-p", &pid, "--json"]);
+    let took = started.elapsed();
+    let lines = json_lines(&String::from_utf8_lossy(&out.stdout));
+    let kinds: Vec<&str> = lines.iter().map(|l| l["type"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["interval", "interval", "summary"], "{lines:?}");
+    assert!(
+        took < Duration::from_secs(20),
+        "it exits after 2 intervals: {took:?}"
+    );
+    // Text: two interval headers and the session's.
+    let out = run(&["0.3", "2", "-p", &pid]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let headers: Vec<&str> = text.lines().filter(|l| l.starts_with("--- ")).collect();
+    assert_eq!(headers.len(), 3, "{text}");
+    assert!(headers[0].ends_with(" interval (0.3 s) ---"), "{text}");
+    assert!(headers[2].contains(" session summary ("), "{text}");
+    sleeper.kill().unwrap();
+    sleeper.wait().unwrap();
+}
+
+/// The faults workload, started by the test (not by the tracer), answering on a pipe.
+struct FaultWorkload {
+    child: std::process::Child,
+    answers: BufReader<std::process::ChildStdout>,
+}
+
+impl FaultWorkload {
+    fn start() -> Self {
+        let mut child = Command::new(BIN)
+            .args(["workload", "faults"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("workload");
+        let mut answers = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        answers.read_line(&mut line).unwrap();
+        assert!(line.starts_with("ready"), "{line}");
+        Self { child, answers }
+    }
+
+    /// Sends a command, returns the process's minflt after it.
+    fn command(&mut self, cmd: &str) -> u64 {
+        let stdin = self.child.stdin.as_mut().unwrap();
+        stdin.write_all(format!("{cmd}\n").as_bytes()).unwrap();
+        let mut line = String::new();
+        self.answers.read_line(&mut line).unwrap();
+        assert!(line.starts_with("ok "), "{line}");
+        line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    }
+}
+
+impl Drop for FaultWorkload {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn each_interval_shows_only_its_own_calls_and_faults() {
+    require_privileges();
+    let mut workload = FaultWorkload::start();
+    let pid = workload.child.id();
+    let mut tracer = support::Tracer::spawn(&[
+        "-i",
+        "0.25",
+        "--json",
+        "-p",
+        &pid.to_string(),
+        "--fault-hooks",
+        "tracepoint",
+    ]);
+    tracer.wait_for_stderr("tracing");
+    // Two bursts, each followed by quiet intervals: 300 pages touched, then 200 locked.
+    workload.command("touch 300");
+    std::thread::sleep(Duration::from_millis(700));
+    workload.command("mlock 200");
+    std::thread::sleep(Duration::from_millis(700));
+    tracer.signal(libc::SIGINT);
+    let done = tracer.finish();
+    let lines = json_lines(&done.stdout);
+    let summary = lines.last().unwrap();
+    assert_eq!(summary["type"], "summary");
+    let intervals: Vec<&Value> = lines.iter().filter(|l| l["type"] == "interval").collect();
+    assert!(intervals.len() >= 4, "{} intervals", intervals.len());
+    let of = |record: &Value, field: &str| -> u64 {
+        record["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| p["pid"] == pid)
+            .map(|p| p["faults"][field].as_u64().unwrap_or(0))
+            .sum()
+    };
+    let mlocks = |record: &Value| support::calls_of(record, pid, "mlock");
+    // Reset per interval: the intervals add up to the session, none holds both bursts.
+    for field in ["minor", "user", "populated"] {
+        let sum: u64 = intervals.iter().map(|i| of(i, field)).sum();
+        assert_eq!(sum, of(summary, field), "{field}: the intervals add up");
+    }
+    assert_eq!(of(summary, "populated"), 200, "mlock populated 200 pages");
+    assert!(of(summary, "user") >= 300);
+    assert_eq!(intervals.iter().map(|i| mlocks(i)).sum::<u64>(), 1);
+    assert_eq!(mlocks(summary), 1);
+    let busy: Vec<(u64, u64)> = intervals
+        .iter()
+        .map(|i| (of(i, "user"), of(i, "populated")))
+        .filter(|&(u, p)| u >= 300 || p > 0)
+        .collect();
+    assert!(
+        busy.iter().all(|&(u, p)| !(u >= 300 && p == 200)),
+        "the two bursts fell in different intervals: {busy:?}"
+    );
+}
+
+#[test]
+fn output_file_leaves_the_command_its_stdout() {
+    require_privileges();
+    let dir = tempdir("output");
+    let file = dir.join("trace.json");
+    let script = "import ctypes\n\
+                  libc = ctypes.CDLL(None)\n\
+                  for i in range(3):\n    \
+                      print('line', i, libc.mlock(ctypes.c_void_p(0), ctypes.c_size_t(1 << 60)), flush=True)\n";
+    let out = run(&[
+        "--json",
+        "--events",
+        "-o",
+        file.to_str().unwrap(),
+        "--",
+        "python3",
+        "-c",
+        script,
+    ]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "line 0 -1\nline 1 -1\nline 2 -1\n",
+        "the command's stdout, untouched"
+    );
+    let written = std::fs::read_to_string(&file).unwrap();
+    let lines = json_lines(&written);
+    let events: Vec<&Value> = lines.iter().filter(|l| l["type"] == "syscall").collect();
+    assert_eq!(events.len(), 3, "{written}");
+    assert!(events.iter().all(|e| e["errno"] == "ENOMEM"));
+    assert_eq!(lines.last().unwrap()["type"], "summary");
+
+    // An unwritable path is a usage error before anything is loaded.
+    let out = Command::new(BIN)
+        .args(["-o", "/nonexistent-dir/x.json", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("cannot write /nonexistent-dir/x.json"),
+        "{stderr}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn hook_detail_is_printed_once_on_stderr() {
+    require_privileges();
+    let (out, _) = traced_syscalls(&["-i", "0.05"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stdout.contains("--- "), "{stdout}");
+    for detail in ["refused", "page faults traced with", "hooks"] {
+        assert!(!stdout.contains(detail), "{detail:?} on stdout:\n{stdout}");
+    }
+    assert_eq!(
+        stderr.matches("memlock-trace: faults: ").count(),
+        1,
+        "{stderr}"
+    );
+    // -q: nothing; -v: the hook set with every line of each refusal.
+    let (quiet, _) = traced_syscalls(&["-q"]);
+    assert_eq!(String::from_utf8_lossy(&quiet.stderr), "");
+    let (verbose, _) = traced_syscalls(&["-v"]);
+    let verbose = String::from_utf8_lossy(&verbose.stderr);
+    assert!(
+        verbose.contains("memlock-trace: page faults traced with "),
+        "{verbose}"
+    );
+    let probe = run(&["probe", "--json"]);
+    let probe: Value = serde_json::from_slice(&probe.stdout).unwrap();
+    if probe["capabilities"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|c| c["name"] == "fentry" && c["usable"] == false)
+    {
+        assert!(verbose.contains("  fentry refused:"), "{verbose}");
+        assert!(
+            verbose.contains("run `memlock-trace probe` to see which hooks"),
+            "every line of the reason: {verbose}"
+        );
+        assert!(!stderr.contains("run `memlock-trace probe`"), "{stderr}");
+    }
+}
+
+#[test]
+fn tid_traces_one_thread() {
+    require_privileges();
+    // The main thread makes 2 failing mlock calls, a second thread 5, after the test says go.
+    let script = "import ctypes, sys, threading\n\
+                  libc = ctypes.CDLL(None)\n\
+                  go = threading.Event()\n\
+                  def calls(n):\n    \
+                      for _ in range(n): libc.mlock(ctypes.c_void_p(0), ctypes.c_size_t(1 << 60))\n\
+                  def worker():\n    \
+                      go.wait(); calls(5)\n\
+                  t = threading.Thread(target=worker); t.start()\n\
+                  print(t.native_id, flush=True)\n\
+                  sys.stdin.readline()\n\
+                  calls(2); go.set(); t.join()\n";
+    let mut python = Command::new("python3")
+        .args(["-c", script])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(python.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let tid = line.trim().to_string();
+    let mut tracer = support::Tracer::spawn(&["-t", &tid, "--json", "--events=syscalls"]);
+    tracer.wait_for_stderr("tracing");
+    python.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    python.wait().unwrap();
+    let done = tracer.finish();
+    assert!(done.status.success(), "{}", done.stderr);
+    let lines = json_lines(&done.stdout);
+    let events: Vec<&Value> = lines.iter().filter(|l| l["type"] == "syscall").collect();
+    assert_eq!(events.len(), 5, "only the thread's calls: {events:?}");
+    let tid_n: u64 = tid.parse().unwrap();
+    assert!(events.iter().all(|e| e["tid"] == tid_n));
+    let summary = lines.last().unwrap();
+    assert_eq!(support::calls_of(summary, python.id(), "mlock"), 5);
+
+    let out = Command::new(BIN).args(["-t", "0"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no thread with tid 0"),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn man_page_and_completions_come_from_the_clap_definition() {
+    let man = run(&["man"]);
+    let man = String::from_utf8_lossy(&man.stdout);
+    assert!(
+        man.starts_with(".ie") || man.contains(".TH memlock-trace"),
+        "{man}"
+    );
+    for flag in ["\\-\\-hist", "\\-\\-interval", "\\-o", "\\-\\-timestamp"] {
+        assert!(man.contains(flag), "{flag} missing from the man page");
+    }
+    for shell in ["bash", "zsh", "fish"] {
+        let script = run(&["completions", shell]);
+        let script = String::from_utf8_lossy(&script.stdout);
+        assert!(
+            script.contains("memlock-trace") && script.contains("hist"),
+            "{shell}: {script}"
+        );
+    }
+    let out = Command::new(BIN)
+        .args(["completions", "tcsh"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+}
