@@ -514,6 +514,10 @@ fn hook_detail_is_printed_once_on_stderr() {
             "every line of the reason: {verbose}"
         );
         assert!(!stderr.contains("run `memlock-trace probe`"), "{stderr}");
+        assert!(
+            stderr.contains("(better hooks refused: -v says why)"),
+            "{stderr}"
+        );
     }
 }
 

@@ -89,9 +89,14 @@ pub fn run(mut args: TraceArgs) -> Result<i32> {
         }
         None => None,
     };
+    // Once, on stderr: the hook set per family (-v: every hook and every refusal in full).
     if !args.quiet {
         for (family, hooks) in &tracer.hooks {
-            eprintln!("memlock-trace: {family}: {hooks}");
+            if args.verbose > 0 {
+                eprintln!("memlock-trace: {family}: {hooks}");
+            } else {
+                eprintln!("memlock-trace: {family}: {}", brief_hooks(hooks));
+            }
         }
     }
     if args.verbose > 0
@@ -112,6 +117,20 @@ pub fn run(mut args: TraceArgs) -> Result<i32> {
     runtime.block_on(event_loop(
         tracer, args, launched, production, described, sink, started_ns,
     ))
+}
+
+/// A family's hook description cut to the hook set, noting refusals without their reasons.
+fn brief_hooks(described: &str) -> String {
+    let end = [" (", "; "]
+        .iter()
+        .filter_map(|sep| described.find(sep))
+        .min()
+        .unwrap_or(described.len());
+    let mut brief = described[..end].to_string();
+    if described.contains("refused") {
+        brief.push_str(" (better hooks refused: -v says why)");
+    }
+    brief
 }
 
 /// The process `tid` belongs to (`Tgid:` in /proc/TID/status).
@@ -340,4 +359,28 @@ async fn wait_pid_exit(pid: u32) -> Result<()> {
         .context("polling a pidfd")?;
     let _ = fd.readable().await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::brief_hooks;
+
+    #[test]
+    fn brief_hook_lines_name_the_set_and_hint_at_refusals() {
+        assert_eq!(
+            brief_hooks(
+                "tracepoint (tp_btf/page_fault_user, perf_event/x); fentry refused: EPERM; \
+                 kprobe refused: ENOENT"
+            ),
+            "tracepoint (better hooks refused: -v says why)"
+        );
+        assert_eq!(
+            brief_hooks("tp_btf maple_tree:ma_write (fentry refused: BPF_PROG_LOAD: EPERM)"),
+            "tp_btf maple_tree:ma_write (better hooks refused: -v says why)"
+        );
+        assert_eq!(
+            brief_hooks("tp_btf sched_process_exit"),
+            "tp_btf sched_process_exit"
+        );
+    }
 }
