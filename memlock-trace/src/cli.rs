@@ -196,8 +196,8 @@ pub enum Command {
         name: crate::lab::workload::scenario::Scenario,
         #[command(flatten)]
         args: crate::lab::workload::scenario::ScenarioArgs,
-        /// Write the result here instead of stdout.
-        #[arg(long, value_name = "FILE")]
+        /// Write the result here instead of stdout (`-o`, as everywhere).
+        #[arg(short = 'o', long, visible_alias = "output", value_name = "FILE")]
         report: Option<PathBuf>,
     },
     #[cfg(feature = "lab")]
@@ -206,8 +206,8 @@ pub enum Command {
         name: WorkloadName,
         #[command(flatten)]
         params: WorkloadParams,
-        /// Write the workload's own measurements here as JSON.
-        #[arg(long, value_name = "FILE")]
+        /// Write the workload's own measurements here as JSON (`-o`, as everywhere).
+        #[arg(short = 'o', long, visible_alias = "output", value_name = "FILE")]
         report: Option<PathBuf>,
     },
     #[cfg(feature = "lab")]
@@ -224,9 +224,9 @@ pub enum Command {
     /// Print shell completions for SHELL (bash, zsh, fish, elvish, powershell) on stdout.
     #[command(hide = true)]
     Completions { shell: clap_complete::Shell },
-    /// Print the man page (roff) on stdout.
+    /// Print the man page (roff) on stdout, or write it and one page per subcommand to DIR.
     #[command(hide = true)]
-    Man,
+    Man { dir: Option<PathBuf> },
 }
 
 #[cfg(feature = "lab")]
@@ -493,6 +493,13 @@ mod tests {
     #[cfg(feature = "lab")]
     #[test]
     fn workload_subcommand() {
+        for out in ["--report", "--output", "-o"] {
+            let cli = parse(&["workload", "syscalls", out, "/tmp/r.json"]).unwrap();
+            let Some(Command::Workload { report, .. }) = cli.command else {
+                panic!("not workload: {:?}", cli.command);
+            };
+            assert_eq!(report.as_deref(), Some(std::path::Path::new("/tmp/r.json")));
+        }
         let cli = parse(&["workload", "syscalls", "--report", "/tmp/r.json"]).unwrap();
         assert!(matches!(
             cli.command,

@@ -40,10 +40,15 @@ fn main() -> ExitCode {
             clap_complete::generate(shell, &mut cmd, "memlock-trace", &mut std::io::stdout());
             Ok(0)
         }
-        Some(Command::Man) => clap_mangen::Man::new(Cli::command())
+        Some(Command::Man { dir: None }) => clap_mangen::Man::new(Cli::command())
             .render(&mut std::io::stdout())
             .map(|()| 0)
             .map_err(Into::into),
+        Some(Command::Man { dir: Some(dir) }) => clap_mangen::generate_to(Cli::command(), &dir)
+            .map(|()| 0)
+            .map_err(|e| {
+                UsageError(format!("cannot write man pages to {}: {e}", dir.display())).into()
+            }),
     };
     match result {
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),

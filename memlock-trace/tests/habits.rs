@@ -1,15 +1,15 @@
 //! What users of libbpf-tools and bpftrace expect (issue 15): `--hist`, one unit per column
-//! and `-m`/`-u`, `-T` and `time_ns`, `INTERVAL COUNT`, `-o FILE`, `-q`/`-v`, `-t TID`, and
-//! the man page and completions. Each run loads the real programs and checks exact figures.
+//! and `-m`/`-u`, `-T` and `time_ns`, `-o FILE`, `-q`/`-v`, and the man page and
+//! completions (intervals and `-t TID`: `intervals.rs`). Each run loads the real programs and
+//! checks exact figures.
 
 mod common;
 mod support;
 
 use std::{
     collections::BTreeMap,
-    io::{BufRead as _, BufReader, Write as _},
-    process::{Command, Output, Stdio},
-    time::{Duration, SystemTime, UNIX_EPOCH},
+    process::{Command, Output},
+    time::{SystemTime, UNIX_EPOCH},
 };
 
 use common::require_privileges;
@@ -309,128 +309,6 @@ fn timestamp_flag_stamps_every_event_line() {
 }
 
 #[test]
-fn interval_count_positionals_print_exactly_count_blocks() {
-    require_privileges();
-    let mut sleeper = Command::new("sleep").arg("30").spawn().unwrap();
-    let pid = sleeper.id().to_string();
-    let started = std::time::Instant::now();
-    let out = run(&["0.3", "2", "-p", &pid, "--json"]);
-    let took = started.elapsed();
-    let lines = json_lines(&String::from_utf8_lossy(&out.stdout));
-    let kinds: Vec<&str> = lines.iter().map(|l| l["type"].as_str().unwrap()).collect();
-    assert_eq!(kinds, ["interval", "interval", "summary"], "{lines:?}");
-    assert!(
-        took < Duration::from_secs(20),
-        "it exits after 2 intervals: {took:?}"
-    );
-    // Text: two interval headers and the session's.
-    let out = run(&["0.3", "2", "-p", &pid]);
-    let text = String::from_utf8_lossy(&out.stdout);
-    let headers: Vec<&str> = text.lines().filter(|l| l.starts_with("--- ")).collect();
-    assert_eq!(headers.len(), 3, "{text}");
-    assert!(headers[0].ends_with(" interval (0.3 s) ---"), "{text}");
-    assert!(headers[2].contains(" session summary ("), "{text}");
-    sleeper.kill().unwrap();
-    sleeper.wait().unwrap();
-}
-
-/// The faults workload, started by the test (not by the tracer), answering on a pipe.
-struct FaultWorkload {
-    child: std::process::Child,
-    answers: BufReader<std::process::ChildStdout>,
-}
-
-impl FaultWorkload {
-    fn start() -> Self {
-        let mut child = Command::new(BIN)
-            .args(["workload", "faults"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("workload");
-        let mut answers = BufReader::new(child.stdout.take().unwrap());
-        let mut line = String::new();
-        answers.read_line(&mut line).unwrap();
-        assert!(line.starts_with("ready"), "{line}");
-        Self { child, answers }
-    }
-
-    /// Sends a command, returns the process's minflt after it.
-    fn command(&mut self, cmd: &str) -> u64 {
-        let stdin = self.child.stdin.as_mut().unwrap();
-        stdin.write_all(format!("{cmd}\n").as_bytes()).unwrap();
-        let mut line = String::new();
-        self.answers.read_line(&mut line).unwrap();
-        assert!(line.starts_with("ok "), "{line}");
-        line.split_whitespace().nth(1).unwrap().parse().unwrap()
-    }
-}
-
-impl Drop for FaultWorkload {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-#[test]
-fn each_interval_shows_only_its_own_calls_and_faults() {
-    require_privileges();
-    let mut workload = FaultWorkload::start();
-    let pid = workload.child.id();
-    let mut tracer = support::Tracer::spawn(&[
-        "-i",
-        "0.25",
-        "--json",
-        "-p",
-        &pid.to_string(),
-        "--fault-hooks",
-        "tracepoint",
-    ]);
-    tracer.wait_for_stderr("tracing");
-    // Two bursts, each followed by quiet intervals: 300 pages touched, then 200 locked.
-    workload.command("touch 300");
-    std::thread::sleep(Duration::from_millis(700));
-    workload.command("mlock 200");
-    std::thread::sleep(Duration::from_millis(700));
-    tracer.signal(libc::SIGINT);
-    let done = tracer.finish();
-    let lines = json_lines(&done.stdout);
-    let summary = lines.last().unwrap();
-    assert_eq!(summary["type"], "summary");
-    let intervals: Vec<&Value> = lines.iter().filter(|l| l["type"] == "interval").collect();
-    assert!(intervals.len() >= 4, "{} intervals", intervals.len());
-    let of = |record: &Value, field: &str| -> u64 {
-        record["processes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|p| p["pid"] == pid)
-            .map(|p| p["faults"][field].as_u64().unwrap_or(0))
-            .sum()
-    };
-    let mlocks = |record: &Value| support::calls_of(record, pid, "mlock");
-    // Reset per interval: the intervals add up to the session, none holds both bursts.
-    for field in ["minor", "user", "populated"] {
-        let sum: u64 = intervals.iter().map(|i| of(i, field)).sum();
-        assert_eq!(sum, of(summary, field), "{field}: the intervals add up");
-    }
-    assert_eq!(of(summary, "populated"), 200, "mlock populated 200 pages");
-    assert!(of(summary, "user") >= 300);
-    assert_eq!(intervals.iter().map(|i| mlocks(i)).sum::<u64>(), 1);
-    assert_eq!(mlocks(summary), 1);
-    let busy: Vec<(u64, u64)> = intervals
-        .iter()
-        .map(|i| (of(i, "user"), of(i, "populated")))
-        .filter(|&(u, p)| u >= 300 || p > 0)
-        .collect();
-    assert!(
-        busy.iter().all(|&(u, p)| !(u >= 300 && p == 200)),
-        "the two bursts fell in different intervals: {busy:?}"
-    );
-}
-
-#[test]
 fn output_file_leaves_the_command_its_stdout() {
     require_privileges();
     let dir = tempdir("output");
@@ -522,54 +400,6 @@ fn hook_detail_is_printed_once_on_stderr() {
 }
 
 #[test]
-fn tid_traces_one_thread() {
-    require_privileges();
-    // The main thread makes 2 failing mlock calls, a second thread 5, after the test says go.
-    let script = "import ctypes, sys, threading\n\
-                  libc = ctypes.CDLL(None)\n\
-                  go = threading.Event()\n\
-                  def calls(n):\n    \
-                      for _ in range(n): libc.mlock(ctypes.c_void_p(0), ctypes.c_size_t(1 << 60))\n\
-                  def worker():\n    \
-                      go.wait(); calls(5)\n\
-                  t = threading.Thread(target=worker); t.start()\n\
-                  print(t.native_id, flush=True)\n\
-                  sys.stdin.readline()\n\
-                  calls(2); go.set(); t.join()\n";
-    let mut python = Command::new("python3")
-        .args(["-c", script])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(python.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let tid = line.trim().to_string();
-    let mut tracer = support::Tracer::spawn(&["-t", &tid, "--json", "--events=syscalls"]);
-    tracer.wait_for_stderr("tracing");
-    python.stdin.take().unwrap().write_all(b"go\n").unwrap();
-    python.wait().unwrap();
-    let done = tracer.finish();
-    assert!(done.status.success(), "{}", done.stderr);
-    let lines = json_lines(&done.stdout);
-    let events: Vec<&Value> = lines.iter().filter(|l| l["type"] == "syscall").collect();
-    assert_eq!(events.len(), 5, "only the thread's calls: {events:?}");
-    let tid_n: u64 = tid.parse().unwrap();
-    assert!(events.iter().all(|e| e["tid"] == tid_n));
-    let summary = lines.last().unwrap();
-    assert_eq!(support::calls_of(summary, python.id(), "mlock"), 5);
-
-    let out = Command::new(BIN).args(["-t", "0"]).output().unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("no thread with tid 0"),
-        "{out:?}"
-    );
-}
-
-#[test]
 fn man_page_and_completions_come_from_the_clap_definition() {
     let man = run(&["man"]);
     let man = String::from_utf8_lossy(&man.stdout);
@@ -580,6 +410,23 @@ fn man_page_and_completions_come_from_the_clap_definition() {
     for flag in ["\\-\\-hist", "\\-\\-interval", "\\-o", "\\-\\-timestamp"] {
         assert!(man.contains(flag), "{flag} missing from the man page");
     }
+    // With a directory: the page and one per subcommand it names.
+    let dir = tempdir("man");
+    run(&["man", dir.to_str().unwrap()]);
+    let mut pages: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    pages.sort();
+    for page in [
+        "memlock-trace.1",
+        "memlock-trace-probe.1",
+        "memlock-trace-verify.1",
+    ] {
+        assert!(pages.iter().any(|p| p == page), "{page} not in {pages:?}");
+    }
+    assert!(man.contains("memlock\\-trace\\-probe(1)") || man.contains("memlock-trace-probe(1)"));
+    std::fs::remove_dir_all(&dir).ok();
     for shell in ["bash", "zsh", "fish"] {
         let script = run(&["completions", shell]);
         let script = String::from_utf8_lossy(&script.stdout);

@@ -1,6 +1,6 @@
 //! `cargo xtask dist`: the release binary with its man page and shell completions, all
-//! generated from the one clap definition (`memlock-trace man`, `memlock-trace completions
-//! SHELL`, hidden subcommands), under target/dist/.
+//! generated from the one clap definition (`memlock-trace man DIR`, `memlock-trace
+//! completions SHELL`, hidden subcommands), under target/dist/.
 
 use std::{path::Path, process::Command};
 
@@ -30,10 +30,13 @@ pub fn run() -> Result<()> {
     std::fs::create_dir_all(dist.join("bin"))?;
     copy(&tracer, &dist.join("bin/memlock-trace"))?;
     println!("xtask: dist: {}", dist.join("bin/memlock-trace").display());
-    write(
-        "share/man/man1/memlock-trace.1",
-        &output_of(Command::new(&tracer).arg("man"))?,
-    )?;
+    // memlock-trace.1 and a page per subcommand it names (memlock-trace-probe.1, ...).
+    let man = dist.join("share/man/man1");
+    std::fs::create_dir_all(&man)?;
+    run_cmd(Command::new(&tracer).arg("man").arg(&man))?;
+    for page in std::fs::read_dir(&man)? {
+        println!("xtask: dist: {}", page?.path().display());
+    }
     for (shell, relative) in COMPLETIONS {
         let script = output_of(Command::new(&tracer).args(["completions", shell]))?;
         write(&format!("share/{relative}"), &script)?;
