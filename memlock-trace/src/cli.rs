@@ -47,7 +47,7 @@ pub struct TraceArgs {
     #[arg(value_name = "INTERVAL", value_parser = positional_secs, conflicts_with = "interval")]
     pub interval_positional: Option<f64>,
     /// Number of intervals to print before exiting.
-    #[arg(value_name = "COUNT", requires = "interval_positional", value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(value_name = "COUNT", requires = "interval_positional", value_parser = positive_count)]
     pub count: Option<u64>,
     /// Log2 histograms of each call's latency and of fault latency per class, per process
     /// (and per thread with --per-thread).
@@ -299,6 +299,13 @@ fn listen_addr(s: &str) -> Result<SocketAddr, String> {
     full.parse().map_err(|_| {
         format!("`{s}` is not a listen address: use IP:PORT (127.0.0.1:9464, [::1]:9464) or :PORT")
     })
+}
+
+fn positive_count(s: &str) -> Result<u64, String> {
+    match s.parse::<u64>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(format!("`{s}` is not a number of intervals (1 or more)")),
+    }
 }
 
 /// The first positional: an interval, or a mistyped subcommand.
