@@ -138,43 +138,39 @@ fn hist_counts_every_call_in_log2_rows() {
 #[test]
 fn per_thread_hist_splits_the_calls_by_thread() {
     require_privileges();
-    // Two threads; the second makes 3 failing mlock calls, the first 2 munlock calls.
-    let script = "import ctypes, threading\n\
-                  libc = ctypes.CDLL(None)\n\
-                  def worker():\n    \
-                      for _ in range(3): libc.mlock(ctypes.c_void_p(0), ctypes.c_size_t(1 << 60))\n\
-                  t = threading.Thread(target=worker); t.start(); t.join()\n\
-                  for _ in range(2): libc.munlock(ctypes.c_void_p(0), ctypes.c_size_t(4096))\n";
+    // Two threads, each making 7 failing mlock calls; the main thread makes none.
     let out = run(&[
         "--hist",
         "--per-thread",
         "--fault-hooks",
         "off",
         "--",
-        "python3",
-        "-c",
-        script,
+        BIN,
+        "workload",
+        "flood",
+        "--threads",
+        "2",
+        "--calls",
+        "7",
     ]);
     let text = String::from_utf8_lossy(&out.stdout);
     let thread_blocks: Vec<&str> = text.split("\n  thread ").skip(1).collect();
     assert_eq!(thread_blocks.len(), 2, "two threads made calls:\n{text}");
-    let mut per_thread: Vec<(String, u64)> = thread_blocks
-        .iter()
-        .map(|block| {
-            let hists = histograms(block);
-            assert_eq!(hists.len(), 1, "one call per thread: {block}");
-            let (name, rows) = hists.into_iter().next().unwrap();
-            (name, rows.iter().map(|r| r.2).sum())
-        })
-        .collect();
-    per_thread.sort();
+    let pid_line = text.lines().find(|l| l.starts_with("pid ")).unwrap();
+    let pid = pid_line.split_whitespace().nth(1).unwrap();
+    for block in &thread_blocks {
+        let tid = block.split_whitespace().next().unwrap();
+        assert_ne!(tid, pid, "the main thread made no call:\n{text}");
+        let hists = histograms(block);
+        let rows = &hists["mlock latency"];
+        assert_eq!(hists.len(), 1, "{block}");
+        assert_eq!(rows.iter().map(|r| r.2).sum::<u64>(), 7, "{block}");
+    }
+    // The process's own histogram holds both threads' calls.
+    let process = histograms(text.split("\n  thread ").next().unwrap());
     assert_eq!(
-        per_thread,
-        [
-            ("mlock latency".to_string(), 3),
-            ("munlock latency".to_string(), 2)
-        ],
-        "{text}"
+        process["mlock latency"].iter().map(|r| r.2).sum::<u64>(),
+        14
     );
 }
 
@@ -313,31 +309,46 @@ fn output_file_leaves_the_command_its_stdout() {
     require_privileges();
     let dir = tempdir("output");
     let file = dir.join("trace.json");
-    let script = "import ctypes\n\
-                  libc = ctypes.CDLL(None)\n\
-                  for i in range(3):\n    \
-                      print('line', i, libc.mlock(ctypes.c_void_p(0), ctypes.c_size_t(1 << 60)), flush=True)\n";
+    // Without --report, the workload prints its own calls as JSON on its stdout.
     let out = run(&[
         "--json",
         "--events",
         "-o",
         file.to_str().unwrap(),
         "--",
-        "python3",
-        "-c",
-        script,
+        BIN,
+        "workload",
+        "syscalls",
     ]);
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout),
-        "line 0 -1\nline 1 -1\nline 2 -1\n",
-        "the command's stdout, untouched"
-    );
+    let printed = String::from_utf8_lossy(&out.stdout);
+    let calls: Vec<Value> = serde_json::from_str(&printed)
+        .unwrap_or_else(|e| panic!("stdout is the command's own, untouched ({e}):\n{printed}"));
     let written = std::fs::read_to_string(&file).unwrap();
     let lines = json_lines(&written);
     let events: Vec<&Value> = lines.iter().filter(|l| l["type"] == "syscall").collect();
-    assert_eq!(events.len(), 3, "{written}");
-    assert!(events.iter().all(|e| e["errno"] == "ENOMEM"));
+    assert_eq!(events.len(), calls.len(), "{written}");
+    for (event, call) in events.iter().zip(&calls) {
+        assert_eq!(event["syscall"], call["syscall"]);
+    }
     assert_eq!(lines.last().unwrap()["type"], "summary");
+
+    // Text too.
+    let text_file = dir.join("trace.txt");
+    let out = run(&[
+        "-o",
+        text_file.to_str().unwrap(),
+        "--",
+        BIN,
+        "workload",
+        "syscalls",
+    ]);
+    let printed: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let text = std::fs::read_to_string(&text_file).unwrap();
+    assert!(
+        text.contains("dropped events: 0") && text.contains("mlockall"),
+        "{text}"
+    );
+    assert_eq!(printed.len(), calls.len());
 
     // An unwritable path is a usage error before anything is loaded.
     let out = Command::new(BIN)

@@ -153,42 +153,59 @@ fn each_interval_shows_only_its_own_calls_and_faults() {
 #[test]
 fn tid_traces_one_thread() {
     require_privileges();
-    // The main thread makes 2 failing mlock calls, a second thread 5, after the test says go.
-    let script = "import ctypes, sys, threading\n\
-                  libc = ctypes.CDLL(None)\n\
-                  go = threading.Event()\n\
-                  def calls(n):\n    \
-                      for _ in range(n): libc.mlock(ctypes.c_void_p(0), ctypes.c_size_t(1 << 60))\n\
-                  def worker():\n    \
-                      go.wait(); calls(5)\n\
-                  t = threading.Thread(target=worker); t.start()\n\
-                  print(t.native_id, flush=True)\n\
-                  sys.stdin.readline()\n\
-                  calls(2); go.set(); t.join()\n";
-    let mut python = Command::new("python3")
-        .args(["-c", script])
+    // Two threads ready to make 5 failing mlock calls each, waiting for a byte on stdin.
+    let mut flood = Command::new(BIN)
+        .args([
+            "workload",
+            "flood",
+            "--threads",
+            "2",
+            "--calls",
+            "5",
+            "--wait-stdin",
+        ])
         .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
+        .stdout(Stdio::null())
         .spawn()
         .unwrap();
-    let mut line = String::new();
-    BufReader::new(python.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let tid = line.trim().to_string();
-    let mut tracer = support::Tracer::spawn(&["-t", &tid, "--json", "--events=syscalls"]);
+    let pid = flood.id();
+    let task = format!("/proc/{pid}/task");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let tid = loop {
+        let tids: Vec<u32> = std::fs::read_dir(&task)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().parse().unwrap())
+            .filter(|&t| t != pid)
+            .collect();
+        if tids.len() == 2 {
+            break tids[1];
+        }
+        assert!(std::time::Instant::now() < deadline, "threads: {tids:?}");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let mut tracer = support::Tracer::spawn(&[
+        "-t",
+        &tid.to_string(),
+        "--json",
+        "--events=syscalls",
+        "--fault-hooks",
+        "off",
+    ]);
     tracer.wait_for_stderr("tracing");
-    python.stdin.take().unwrap().write_all(b"go\n").unwrap();
-    python.wait().unwrap();
+    flood.stdin.take().unwrap().write_all(b"g").unwrap();
+    assert!(flood.wait().unwrap().success());
     let done = tracer.finish();
     assert!(done.status.success(), "{}", done.stderr);
     let lines = json_lines(&done.stdout);
     let events: Vec<&Value> = lines.iter().filter(|l| l["type"] == "syscall").collect();
-    assert_eq!(events.len(), 5, "only the thread's calls: {events:?}");
-    let tid_n: u64 = tid.parse().unwrap();
-    assert!(events.iter().all(|e| e["tid"] == tid_n));
+    assert_eq!(
+        events.len(),
+        5,
+        "only the thread's calls, not 10: {events:?}"
+    );
+    assert!(events.iter().all(|e| e["tid"] == tid), "{events:?}");
     let summary = lines.last().unwrap();
-    assert_eq!(support::calls_of(summary, python.id(), "mlock"), 5);
+    assert_eq!(support::calls_of(summary, pid, "mlock"), 5, "{summary}");
 
     let out = Command::new(BIN).args(["-t", "0"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));

@@ -247,13 +247,10 @@ async fn event_loop(
     if let Some(t) = ticker.as_mut() {
         t.tick().await; // the first tick is immediate
     }
-    if interval.is_some() {
-        // The first interval's faults are those after this reading.
-        let before = tracer.fault_report()?;
-        if let Some(w) = output.window.as_mut() {
-            w.faults_before = before;
-            w.start_ns = WallClock::now_ns();
-        }
+    // The first interval holds everything since the hooks attached (no earlier reading of
+    // the fault maps to subtract), so nothing done right after "tracing" is missed.
+    if let Some(w) = output.window.as_mut() {
+        w.start_ns = WallClock::now_ns();
     }
     // `memlock-trace INTERVAL COUNT`: exit after COUNT intervals.
     let mut intervals_left = args.count;
