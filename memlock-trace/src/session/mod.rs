@@ -155,7 +155,14 @@ fn targets_are_specific(args: &TraceArgs) -> bool {
 }
 
 fn describe_targets(args: &TraceArgs, launched: Option<u32>) -> String {
-    let mut parts: Vec<String> = args.pids.iter().map(|p| format!("pid {p}")).collect();
+    let mut parts: Vec<String> = match args.tid {
+        Some(tid) => args
+            .pids
+            .iter()
+            .map(|p| format!("thread {tid} of pid {p}"))
+            .collect(),
+        None => args.pids.iter().map(|p| format!("pid {p}")).collect(),
+    };
     if let (Some(pid), Some(cmd)) = (launched, args.command.first()) {
         parts.push(format!("`{cmd}` (pid {pid})"));
     }
