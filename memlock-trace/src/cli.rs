@@ -32,12 +32,46 @@ pub struct TraceArgs {
     /// Trace this running process and all its threads (repeatable).
     #[arg(short = 'p', long = "pid", value_name = "PID")]
     pub pids: Vec<u32>,
-    /// Print a summary every SECS seconds while tracing.
-    #[arg(long, value_name = "SECS", value_parser = positive_secs)]
+    /// Trace only this thread (its process is traced, its other threads are left out).
+    #[arg(short = 't', long = "tid", value_name = "TID", conflicts_with_all = ["pids", "command"])]
+    pub tid: Option<u32>,
+    /// Print what happened in each SECS-second interval (counts reset per interval), then
+    /// the whole session's summary at the end.
+    #[arg(short = 'i', long, value_name = "SECS", value_parser = positive_secs)]
     pub interval: Option<f64>,
     /// Stop after SECS seconds.
-    #[arg(long, value_name = "SECS", value_parser = positive_secs)]
+    #[arg(short = 'd', long, value_name = "SECS", value_parser = positive_secs)]
     pub duration: Option<f64>,
+    /// INTERVAL as in libbpf-tools: `memlock-trace 1 5` prints five one-second intervals,
+    /// then exits.
+    #[arg(value_name = "INTERVAL", value_parser = positional_secs, conflicts_with = "interval")]
+    pub interval_positional: Option<f64>,
+    /// Number of intervals to print before exiting.
+    #[arg(value_name = "COUNT", requires = "interval_positional", value_parser = positive_count)]
+    pub count: Option<u64>,
+    /// Log2 histograms of each call's latency and of fault latency per class, per process
+    /// (and per thread with --per-thread).
+    #[arg(long)]
+    pub hist: bool,
+    /// Latencies in milliseconds.
+    #[arg(short = 'm', long = "milliseconds", conflicts_with = "microseconds")]
+    pub milliseconds: bool,
+    /// Latencies in microseconds (by default each column picks the unit that fits it).
+    #[arg(short = 'u', long = "microseconds")]
+    pub microseconds: bool,
+    /// Put the wall-clock time (HH:MM:SS.mmm) on every event line.
+    #[arg(short = 'T', long = "timestamp")]
+    pub timestamp: bool,
+    /// Write the tracer's own output (text or JSON) to FILE; a launched command keeps the
+    /// terminal.
+    #[arg(short = 'o', long = "output", value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    /// More detail on stderr (`-v`: the hook sets and why better ones were refused, in full).
+    #[arg(short = 'v', long = "verbose", action = clap::ArgAction::Count, conflicts_with = "quiet")]
+    pub verbose: u8,
+    /// Nothing on stderr but errors and warnings.
+    #[arg(short = 'q', long = "quiet")]
+    pub quiet: bool,
     /// Print each call (and page fault) as it happens; `--events=syscalls` or
     /// `--events=faults` for one kind only.
     #[arg(
@@ -103,6 +137,22 @@ pub enum EventKinds {
 }
 
 impl TraceArgs {
+    /// `--interval` or the INTERVAL positional.
+    pub fn interval_secs(&self) -> Option<f64> {
+        self.interval.or(self.interval_positional)
+    }
+
+    /// The latency unit: fixed by `-m`/`-u`, or chosen per column.
+    pub fn unit(&self) -> crate::output::Unit {
+        if self.milliseconds {
+            crate::output::Unit::Ms
+        } else if self.microseconds {
+            crate::output::Unit::Us
+        } else {
+            crate::output::Unit::Auto
+        }
+    }
+
     pub fn syscall_events(&self) -> bool {
         matches!(self.events, Some(EventKinds::All | EventKinds::Syscalls))
     }
@@ -115,7 +165,8 @@ impl TraceArgs {
         FaultOptions {
             hooks: self.fault_hooks,
             latency: !self.count_only,
-            per_thread: self.per_thread,
+            // `-t TID` needs the thread's own figures, which the kernel keeps per thread.
+            per_thread: self.per_thread || self.tid.is_some(),
             events: self.fault_events(),
             sample_every: self.sample.max(1),
             top_mappings: self.top_mappings,
@@ -145,8 +196,8 @@ pub enum Command {
         name: crate::lab::workload::scenario::Scenario,
         #[command(flatten)]
         args: crate::lab::workload::scenario::ScenarioArgs,
-        /// Write the result here instead of stdout.
-        #[arg(long, value_name = "FILE")]
+        /// Write the result here instead of stdout (`-o`, as everywhere).
+        #[arg(short = 'o', long, visible_alias = "output", value_name = "FILE")]
         report: Option<PathBuf>,
     },
     #[cfg(feature = "lab")]
@@ -155,18 +206,27 @@ pub enum Command {
         name: WorkloadName,
         #[command(flatten)]
         params: WorkloadParams,
-        /// Write the workload's own measurements here as JSON.
-        #[arg(long, value_name = "FILE")]
+        /// Write the workload's own measurements here as JSON (`-o`, as everywhere).
+        #[arg(short = 'o', long, visible_alias = "output", value_name = "FILE")]
         report: Option<PathBuf>,
     },
     #[cfg(feature = "lab")]
     /// Run mlock scenarios under the tracer and check each step against /proc/PID/maps and
     /// smaps; exits 1 on any mismatch.
     Verify {
-        /// Also write the report as JSON to FILE.
-        #[arg(long, value_name = "FILE")]
-        json: Option<PathBuf>,
+        /// Write the report as JSON instead of text.
+        #[arg(long)]
+        json: bool,
+        /// Write the report to FILE instead of stdout.
+        #[arg(short = 'o', long = "output", value_name = "FILE")]
+        output: Option<PathBuf>,
     },
+    /// Print shell completions for SHELL (bash, zsh, fish, elvish, powershell) on stdout.
+    #[command(hide = true)]
+    Completions { shell: clap_complete::Shell },
+    /// Print the man page (roff) on stdout, or write it and one page per subcommand to DIR.
+    #[command(hide = true)]
+    Man { dir: Option<PathBuf> },
 }
 
 #[cfg(feature = "lab")]
@@ -241,6 +301,22 @@ fn listen_addr(s: &str) -> Result<SocketAddr, String> {
     })
 }
 
+fn positive_count(s: &str) -> Result<u64, String> {
+    match s.parse::<u64>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(format!("`{s}` is not a number of intervals (1 or more)")),
+    }
+}
+
+/// The first positional: an interval, or a mistyped subcommand.
+fn positional_secs(s: &str) -> Result<f64, String> {
+    positive_secs(s).map_err(|_| {
+        format!(
+            "`{s}` is neither a subcommand nor an interval in seconds: see `memlock-trace --help`"
+        )
+    })
+}
+
 fn positive_secs(s: &str) -> Result<f64, String> {
     match s.parse::<f64>() {
         Ok(v) if v > 0.0 && v.is_finite() => Ok(v),
@@ -303,12 +379,65 @@ mod tests {
     #[cfg(feature = "lab")]
     #[test]
     fn verify_subcommand() {
-        let cli = parse(&["verify", "--json", "/tmp/v.json"]).unwrap();
-        let Some(Command::Verify { json }) = cli.command else {
+        let cli = parse(&["verify", "--json", "-o", "/tmp/v.json"]).unwrap();
+        let Some(Command::Verify { json, output }) = cli.command else {
             panic!("not verify: {:?}", cli.command);
         };
-        assert_eq!(json.as_deref(), Some(std::path::Path::new("/tmp/v.json")));
-        assert!(parse(&["verify", "--json"]).is_err());
+        assert!(json, "--json is a flag, as in every subcommand");
+        assert_eq!(output.as_deref(), Some(std::path::Path::new("/tmp/v.json")));
+        assert!(parse(&["verify", "--json", "/tmp/v.json"]).is_err());
+    }
+
+    #[test]
+    fn libbpf_tools_habits_parse() {
+        let cli = parse(&["1", "5"]).unwrap();
+        assert!(cli.command.is_none());
+        assert_eq!(
+            (cli.trace.interval_secs(), cli.trace.count),
+            (Some(1.0), Some(5))
+        );
+        let t = parse(&[
+            "-i", "0.5", "-d", "3", "-t", "42", "-T", "-m", "--hist", "-vv",
+        ])
+        .unwrap()
+        .trace;
+        assert_eq!(
+            (t.interval_secs(), t.duration, t.tid),
+            (Some(0.5), Some(3.0), Some(42))
+        );
+        assert!(t.timestamp && t.hist && t.fault_options().per_thread);
+        assert_eq!((t.unit(), t.verbose), (crate::output::Unit::Ms, 2));
+        assert_eq!(
+            parse(&["-u"]).unwrap().trace.unit(),
+            crate::output::Unit::Us
+        );
+        assert_eq!(parse(&[]).unwrap().trace.unit(), crate::output::Unit::Auto);
+        // Positionals before `--` are the interval; after it, the command's own.
+        let t = parse(&["2", "--", "sleep", "1"]).unwrap().trace;
+        assert_eq!(
+            (t.interval_secs(), t.command.as_slice()),
+            (Some(2.0), &["sleep".to_string(), "1".to_string()][..])
+        );
+        let t = parse(&["-o", "/tmp/x", "-q", "--", "ls"]).unwrap().trace;
+        assert!(t.quiet && t.output.is_some());
+        // Subcommands still win over the interval positional.
+        assert!(matches!(
+            parse(&["probe"]).unwrap().command,
+            Some(Command::Probe { .. })
+        ));
+        for bad in [
+            &["-m", "-u"][..],
+            &["-v", "-q"],
+            &["1", "--interval", "2"],
+            &["0"],
+            &["1", "0"],
+            &["-t", "5", "-p", "6"],
+            &["-t", "5", "--", "ls"],
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?} accepted");
+        }
+        let e = parse(&["prboe"]).unwrap_err().to_string();
+        assert!(e.contains("neither a subcommand nor an interval"), "{e}");
     }
 
     #[test]
@@ -371,6 +500,13 @@ mod tests {
     #[cfg(feature = "lab")]
     #[test]
     fn workload_subcommand() {
+        for out in ["--report", "--output", "-o"] {
+            let cli = parse(&["workload", "syscalls", out, "/tmp/r.json"]).unwrap();
+            let Some(Command::Workload { report, .. }) = cli.command else {
+                panic!("not workload: {:?}", cli.command);
+            };
+            assert_eq!(report.as_deref(), Some(std::path::Path::new("/tmp/r.json")));
+        }
         let cli = parse(&["workload", "syscalls", "--report", "/tmp/r.json"]).unwrap();
         assert!(matches!(
             cli.command,

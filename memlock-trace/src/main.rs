@@ -1,6 +1,6 @@
 use std::process::ExitCode;
 
-use clap::Parser as _;
+use clap::{CommandFactory as _, Parser as _};
 use memlock_trace::{
     UsageError,
     cli::{Cli, Command},
@@ -34,7 +34,21 @@ fn main() -> ExitCode {
             params,
         }) => run_workload(name, report.as_deref(), &params).map(|()| 0),
         #[cfg(feature = "lab")]
-        Some(Command::Verify { json }) => verify::run(json.as_deref()),
+        Some(Command::Verify { json, output }) => verify::run(json, output.as_deref()),
+        Some(Command::Completions { shell }) => {
+            let mut cmd = Cli::command();
+            clap_complete::generate(shell, &mut cmd, "memlock-trace", &mut std::io::stdout());
+            Ok(0)
+        }
+        Some(Command::Man { dir: None }) => clap_mangen::Man::new(Cli::command())
+            .render(&mut std::io::stdout())
+            .map(|()| 0)
+            .map_err(Into::into),
+        Some(Command::Man { dir: Some(dir) }) => clap_mangen::generate_to(Cli::command(), &dir)
+            .map(|()| 0)
+            .map_err(|e| {
+                UsageError(format!("cannot write man pages to {}: {e}", dir.display())).into()
+            }),
     };
     match result {
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
@@ -84,6 +98,7 @@ fn run_probe(json: bool) -> anyhow::Result<()> {
         let report = serde_json::json!({
             "type": "probe",
             "schema": JSON_SCHEMA,
+            "time_ns": memlock_trace::output::WallClock::now_ns(),
             "kernel": kernel,
             "capabilities": capabilities,
             "hooks": tracer.hooks,

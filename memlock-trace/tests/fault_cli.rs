@@ -165,13 +165,78 @@ fn text_summary_names_the_hooks_and_the_faults() {
     require_privileges();
     let out = traced_workload(&["--per-thread"], "touch 500\nexit");
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("page faults traced with"), "{text}");
+    // The hook set is named once, on stderr at start, not in every summary.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("memlock-trace: faults: "), "{stderr}");
+    assert!(!text.contains("page faults traced with"), "{text}");
     assert!(text.contains("page faults:"), "{text}");
     assert!(text.contains("latency"), "{text}");
     assert!(
         text.contains("thread "),
         "--per-thread lists threads: {text}"
     );
+}
+
+/// `--hist`: per process and per thread, a log2 histogram per fault class whose rows add up
+/// to the faults the class's latency row counts (the same kernel buckets).
+#[test]
+fn fault_hist_counts_each_class() {
+    require_privileges();
+    let out = traced_workload(
+        &["--hist", "--per-thread", "--fault-hooks", "tracepoint"],
+        "touch 500\nmlock 64\nexit",
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    // `latency  faults p50 ...` rows: class -> faults timed, in order (process, then thread).
+    let mut timed: Vec<(String, u64)> = Vec::new();
+    let mut hist: Vec<(String, u64)> = Vec::new();
+    let mut in_latency = false;
+    let mut current: Option<String> = None;
+    for line in text.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if fields.first() == Some(&"latency") && fields.get(1) == Some(&"faults") {
+            in_latency = true;
+            continue;
+        }
+        if in_latency && fields.len() == 7 && fields[1].parse::<u64>().is_ok() {
+            timed.push((fields[0].to_string(), fields[1].parse().unwrap()));
+            continue;
+        }
+        in_latency = false;
+        if line.trim_end().ends_with(" fault latency") {
+            current = Some(fields[0].to_string());
+            hist.push((fields[0].to_string(), 0));
+            continue;
+        }
+        if let (Some(_), Some((_, rest))) = (&current, line.split_once(" : "))
+            && line.contains(" -> ")
+        {
+            hist.last_mut().unwrap().1 += rest
+                .split_whitespace()
+                .next()
+                .unwrap()
+                .parse::<u64>()
+                .unwrap();
+            continue;
+        }
+        if !line.contains("usecs") {
+            current = None;
+        }
+    }
+    assert!(!timed.is_empty(), "{text}");
+    assert_eq!(
+        hist, timed,
+        "a histogram per class, counting its faults:\n{text}"
+    );
+    // The process's row, then the thread's: the 500 pages touched are timed in both.
+    let minor: Vec<u64> = timed
+        .iter()
+        .filter(|(c, _)| c == "minor")
+        .map(|(_, n)| *n)
+        .collect();
+    assert_eq!(minor.len(), 2, "{text}");
+    assert!(minor[0] >= 500 && minor[0] == minor[1], "{minor:?}");
+    assert!(text.contains("  thread "), "{text}");
 }
 
 /// `-p PID` of a process that exits mid-run: the tracer stops with it and still reports

@@ -41,6 +41,12 @@ fn every_json_line_has_the_schema_version() {
     );
     for line in &lines {
         assert_eq!(line["schema"], memlock_trace::output::JSON_SCHEMA, "{line}");
+        // CLOCK_REALTIME ns: after 2020, before 2100.
+        let t = line["time_ns"].as_u64().unwrap_or_else(|| panic!("{line}"));
+        assert!(
+            (1_577_836_800_000_000_000..4_102_444_800_000_000_000).contains(&t),
+            "{line}"
+        );
     }
     assert_eq!(
         memlock_trace::output::JSON_SCHEMA,
@@ -103,4 +109,44 @@ fn every_json_line_has_the_schema_version() {
         (probe["type"].as_str(), probe["schema"].as_u64()),
         (Some("probe"), Some(1))
     );
+    assert!(probe["time_ns"].is_u64(), "{probe}");
+}
+
+/// `--json` is a flag in every subcommand, `-o` says where: `verify` writes one JSON line.
+#[test]
+fn verify_json_is_a_flag_and_output_a_file() {
+    require_privileges();
+    let file =
+        std::env::temp_dir().join(format!("memlock-trace-verify-{}.json", std::process::id()));
+    let out = Command::new(BIN)
+        .args(["verify", "--json", "-o"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let text = std::fs::read_to_string(&file).unwrap();
+    let lines = json_lines(&text);
+    assert_eq!(lines.len(), 1, "{text}");
+    let report = &lines[0];
+    assert_eq!(
+        (report["type"].as_str(), report["schema"].as_u64()),
+        (Some("verify"), Some(1))
+    );
+    assert!(
+        report["time_ns"].is_u64() && report["failed"] == 0,
+        "{report}"
+    );
+    let steps = report["steps"].as_array().unwrap();
+    assert_eq!(report["passed"].as_u64(), Some(steps.len() as u64));
+    std::fs::remove_file(&file).ok();
 }

@@ -93,7 +93,7 @@ fn without_privileges_verify_names_the_missing_capabilities() {
             let message = if unsafe { libc::setresuid(65534, 65534, 65534) } != 0 {
                 format!("setresuid: {}", std::io::Error::last_os_error())
             } else {
-                match verify::run(None) {
+                match verify::run(false, None) {
                     Ok(code) => format!("verify ran unprivileged and returned {code}"),
                     Err(e) => format!("{e:#}"),
                 }

@@ -2,6 +2,7 @@
 //! checks, the host and VM test stages, the benchmark. `cargo xtask --help`.
 
 mod bench;
+mod dist;
 mod lint;
 mod run;
 mod setup;
@@ -42,6 +43,9 @@ enum Task {
     /// Then the test binaries are built once and run on this machine's kernel and inside the
     /// guest, with a table per kernel and `N passed, N failed` over both.
     Test(test::Args),
+    /// Build the release binary with its man page and bash/zsh/fish completions under
+    /// target/dist/ (a /usr/local-style tree: bin/, share/man/man1/, share/...completions).
+    Dist,
     /// Measure what tracing page faults costs (untraced vs memlock-trace vs bpftrace) and
     /// write BENCHMARKS.md.
     Bench(bench::Args),
@@ -54,6 +58,7 @@ fn main() -> ExitCode {
         Task::Run(args) => setup::ensure().and_then(|()| run::run(&args)),
         Task::Lint => setup::ensure().and_then(|()| lint::run()),
         Task::Test(args) => setup::ensure().and_then(|()| test::run(&args)),
+        Task::Dist => setup::ensure().and_then(|()| dist::run()),
         Task::Bench(args) => setup::ensure().and_then(|()| bench::run(&args)),
     };
     match result {

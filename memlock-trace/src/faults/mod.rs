@@ -15,6 +15,7 @@ pub mod render;
 pub mod sizing;
 pub mod stacks;
 pub mod summary;
+mod window;
 
 use anyhow::Result;
 use serde::Serialize;

@@ -6,14 +6,18 @@ use std::fmt::Write as _;
 use memlock_trace_common::faults::fault_flags;
 use serde_json::json;
 
-use super::{FaultHooks, stacks::StackFaults, summary::FaultSummary};
+use super::{
+    FaultHooks,
+    stacks::StackFaults,
+    summary::{ClassLatency, FaultSummary},
+};
 use crate::{
     event::FaultRecord,
-    output::{JSON_SCHEMA, duration, or_na},
+    output::{JSON_SCHEMA, TextStyle, Unit, hist::Log2Hist, or_na},
 };
 
 /// One line per sampled fault for `--events`.
-pub fn fault_line(rec: &FaultRecord) -> String {
+pub fn fault_line(rec: &FaultRecord, unit: Unit) -> String {
     let r = &rec.raw;
     let mut line = format!(
         "{pid:>7}/{tid:<7} {comm:<16} fault {kind} {addr:#x}",
@@ -30,7 +34,7 @@ pub fn fault_line(rec: &FaultRecord) -> String {
         }
     }
     if let Some(ns) = rec.latency_ns() {
-        let _ = write!(line, "  {}", duration(ns));
+        let _ = write!(line, "  {}", unit.fit([ns]).format(ns));
     }
     if rec.has(fault_flags::RETRIED) {
         line.push_str("  retried");
@@ -63,34 +67,38 @@ pub fn fault_json(rec: &FaultRecord) -> serde_json::Value {
         "vm_locked": rec.locked().map(|(l, _)| l),
         "vm_lockonfault": rec.locked().map(|(_, f)| f),
         "cpu": r.cpu,
-        "time_ns": r.time_ns,
+        // bpf_ktime_get_ns (CLOCK_MONOTONIC); the session adds the wall-clock `time_ns`.
+        "ktime_ns": r.time_ns,
     })
 }
 
-/// The hook set line: which hooks, and why better ones were refused.
-pub fn fault_hooks_text(hooks: &FaultHooks) -> String {
+/// `-v`: the hook set with every line of each refusal's reason, once on stderr.
+pub fn fault_hooks_detail(hooks: &FaultHooks) -> String {
     let mut out = format!(
-        "page faults traced with {} hooks{}",
+        "page faults traced with {} hooks{}: {}\n",
         hooks.hook_set.name(),
-        if hooks.latency { "" } else { " (counts only)" }
+        if hooks.latency { "" } else { " (counts only)" },
+        hooks.hooks.join(", ")
     );
     for r in &hooks.refused {
-        let reason = r.reason.lines().next().unwrap_or_default();
-        let _ = write!(out, "\n  {} refused: {reason}", r.hook_set.name());
+        let _ = writeln!(out, "  {} refused:", r.hook_set.name());
+        for line in r.reason.lines() {
+            let _ = writeln!(out, "    {line}");
+        }
     }
     if !hooks.unobserved.is_empty() {
-        let _ = write!(
+        let _ = writeln!(
             out,
-            "\n  not observable with these hooks: {}",
+            "  not observable with these hooks: {}",
             hooks.unobserved.join(", ")
         );
     }
-    out.push('\n');
     out
 }
 
 /// The faults block of one process (or thread), indented.
-pub fn faults_text(out: &mut String, f: &FaultSummary, indent: &str) {
+pub fn faults_text(out: &mut String, f: &FaultSummary, indent: &str, style: TextStyle) {
+    let unit = style.unit;
     let mut populated_by: Vec<String> = f
         .populated_by
         .iter()
@@ -122,17 +130,26 @@ pub fn faults_text(out: &mut String, f: &FaultSummary, indent: &str) {
             "{indent}  {:<10} {:>9}  {:>9} {:>9} {:>9} {:>9} {:>9}",
             "latency", "faults", "p50", "p90", "p99", "p99.9", "max"
         );
+        let lat = f.latency_ns.values();
+        let column = |pick: fn(&ClassLatency) -> u64| unit.fit(lat.clone().map(pick));
+        let units = [
+            column(|l| l.p50),
+            column(|l| l.p90),
+            column(|l| l.p99),
+            column(|l| l.p99_9),
+            column(|l| l.max),
+        ];
         for (class, l) in &f.latency_ns {
             let _ = writeln!(
                 out,
                 "{indent}  {:<10} {:>9}  {:>9} {:>9} {:>9} {:>9} {:>9}",
                 class,
                 l.count,
-                duration(l.p50),
-                duration(l.p90),
-                duration(l.p99),
-                duration(l.p99_9),
-                duration(l.max)
+                units[0].format(l.p50),
+                units[1].format(l.p90),
+                units[2].format(l.p99),
+                units[3].format(l.p99_9),
+                units[4].format(l.max)
             );
         }
         if f.latency_unmatched > 0 {
@@ -141,6 +158,9 @@ pub fn faults_text(out: &mut String, f: &FaultSummary, indent: &str) {
                 "{indent}  ({} faults counted without a latency: start not seen)",
                 f.latency_unmatched
             );
+        }
+        if style.hist {
+            hists_text(out, f, indent, unit);
         }
     }
     if !f.by_mapping.is_empty() {
@@ -170,6 +190,16 @@ pub fn faults_text(out: &mut String, f: &FaultSummary, indent: &str) {
                 m.mapping,
             );
         }
+    }
+}
+
+/// `--hist`: a log2 histogram of fault latency per class, from the kernel's buckets.
+fn hists_text(out: &mut String, f: &FaultSummary, indent: &str, unit: Unit) {
+    // libbpf-tools' default: usecs unless -m.
+    let unit = if unit == Unit::Ms { Unit::Ms } else { Unit::Us };
+    for (class, values) in &f.latency_values {
+        let _ = writeln!(out, "{indent}  {class} fault latency");
+        Log2Hist::of(unit, values.iter().copied()).render(out, unit, &format!("{indent}  "));
     }
 }
 

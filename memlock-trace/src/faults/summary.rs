@@ -35,18 +35,27 @@ pub struct ClassLatency {
     pub max: u64,
 }
 
+/// A class's faults as (ns, faults) per kernel bucket, each at the bucket's midpoint clamped
+/// to the exact max: the values the percentiles are computed from, for `--hist`.
+pub fn bucket_values(buckets: &[u64; HIST_BUCKETS], max: u64) -> Vec<(u64, u64)> {
+    buckets
+        .iter()
+        .enumerate()
+        .filter(|(_, n)| **n > 0)
+        .map(|(b, &n)| {
+            let (low, high) = bucket_range(b);
+            ((low + (high - low) / 2).min(max).max(1), n)
+        })
+        .collect()
+}
+
 impl ClassLatency {
     /// Each bucket's faults are recorded at the bucket's midpoint (so percentiles are good to
     /// half a bucket, 1/16 of the value); the max is the kernel's exact one.
     pub fn from_buckets(buckets: &[u64; HIST_BUCKETS], max: u64) -> Option<Self> {
         let mut h = Histogram::<u64>::new(3).expect("3 significant figures is valid");
         let mut count = 0;
-        for (b, &n) in buckets.iter().enumerate() {
-            if n == 0 {
-                continue;
-            }
-            let (low, high) = bucket_range(b);
-            let mid = (low + (high - low) / 2).min(max).max(1);
+        for (mid, n) in bucket_values(buckets, max) {
             // Auto-resizing: recording cannot fail.
             let _ = h.record_n(mid, n);
             count += n;
@@ -102,6 +111,9 @@ pub struct FaultSummary {
     pub in_locked_vma: Option<u64>,
     pub in_lockonfault_vma: Option<u64>,
     pub latency_ns: BTreeMap<&'static str, ClassLatency>,
+    /// Per class, the (ns, faults) values the percentiles come from (`--hist`).
+    #[serde(skip)]
+    pub latency_values: BTreeMap<&'static str, Vec<(u64, u64)>>,
     /// Faults counted without a latency (their start was not seen).
     pub latency_unmatched: u64,
     pub by_mapping: Vec<MappingFaults>,
@@ -142,6 +154,7 @@ fn summarize_key(
     let c = &s.counts;
     let observed = |name: &str| !hooks.unobserved.contains(&name);
     let mut latency_ns = BTreeMap::new();
+    let mut latency_values = BTreeMap::new();
     for (name, classes) in LATENCY_CLASSES {
         let mut merged = [0u64; HIST_BUCKETS];
         let mut max = 0;
@@ -159,6 +172,7 @@ fn summarize_key(
         }
         if let Some(l) = ClassLatency::from_buckets(&merged, max) {
             latency_ns.insert(name, l);
+            latency_values.insert(name, bucket_values(&merged, max));
         }
     }
     FaultSummary {
@@ -177,6 +191,7 @@ fn summarize_key(
         in_locked_vma: observed("in_locked_vma").then_some(c[stat::IN_LOCKED]),
         in_lockonfault_vma: observed("in_locked_vma").then_some(c[stat::IN_LOCKONFAULT]),
         latency_ns,
+        latency_values,
         latency_unmatched: c[stat::LATENCY_UNMATCHED],
         by_mapping: Vec::new(),
         stacks: None,

@@ -15,13 +15,14 @@ use tokio::{
 };
 
 use self::{
-    output::{Output, VmaOutput},
+    output::{IntervalState, Output, Scope, VmaOutput},
     production::Production,
 };
 use crate::{
     UsageError,
     cli::TraceArgs,
     faults::stacks::StackSymbolizer,
+    output::{Sink, TextStyle, WallClock},
     process::{Targets, launch},
     procfs::MappingCache,
     syscalls::Aggregator,
@@ -42,17 +43,27 @@ enum Stop {
     CommandExited(i32),
     TargetsExited,
     DurationOver,
+    /// `INTERVAL COUNT`: the COUNT intervals were printed.
+    CountDone,
     Signal(&'static str),
 }
 
 /// Runs `memlock-trace [OPTIONS] [-- COMMAND]`; returns the process exit code (the launched
 /// command's, when there is one).
-pub fn run(args: TraceArgs) -> Result<i32> {
+pub fn run(mut args: TraceArgs) -> Result<i32> {
+    // The session's window starts before a launched command can run.
+    let started_ns = WallClock::now_ns();
     for &pid in &args.pids {
         if pid == 0 || !Path::new(&format!("/proc/{pid}")).exists() {
             return Err(UsageError(format!("no process with pid {pid}")).into());
         }
     }
+    if let Some(tid) = args.tid {
+        // The kernel filters by process: trace the thread's, keep the thread's own figures.
+        args.pids = vec![thread_group(tid)?];
+    }
+    // A file that cannot be written is refused before anything is loaded.
+    let sink = Sink::open(args.output.as_deref())?;
     let targets = if args.pids.is_empty() && args.command.is_empty() {
         Targets::All
     } else {
@@ -78,8 +89,22 @@ pub fn run(args: TraceArgs) -> Result<i32> {
         }
         None => None,
     };
-    for (family, hooks) in &tracer.hooks {
-        eprintln!("memlock-trace: {family}: {hooks}");
+    // Once, on stderr: the hook set per family (-v: every hook and every refusal in full).
+    if !args.quiet {
+        for (family, hooks) in &tracer.hooks {
+            if args.verbose > 0 {
+                eprintln!("memlock-trace: {family}: {hooks}");
+            } else {
+                eprintln!("memlock-trace: {family}: {}", brief_hooks(hooks));
+            }
+        }
+    }
+    if args.verbose > 0
+        && let Some(hooks) = &tracer.fault_hooks
+    {
+        for line in crate::faults::render::fault_hooks_detail(hooks).lines() {
+            eprintln!("memlock-trace: {line}");
+        }
     }
     let mut described = describe_targets(&args, launched);
     for filter in production.filters.describe() {
@@ -89,7 +114,40 @@ pub fn run(args: TraceArgs) -> Result<i32> {
         .enable_all()
         .build()
         .context("starting the tokio runtime")?;
-    runtime.block_on(event_loop(tracer, args, launched, production, described))
+    runtime.block_on(event_loop(
+        tracer, args, launched, production, described, sink, started_ns,
+    ))
+}
+
+/// A family's hook description cut to the hook set, noting refusals without their reasons.
+fn brief_hooks(described: &str) -> String {
+    let end = [" (", "; "]
+        .iter()
+        .filter_map(|sep| described.find(sep))
+        .min()
+        .unwrap_or(described.len());
+    let mut brief = described[..end].to_string();
+    if described.contains("refused") {
+        brief.push_str(" (better hooks refused: -v says why)");
+    }
+    brief
+}
+
+/// The process `tid` belongs to (`Tgid:` in /proc/TID/status).
+fn thread_group(tid: u32) -> Result<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{tid}/status"))
+        .ok()
+        .filter(|_| tid != 0);
+    status
+        .as_deref()
+        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("Tgid:")))
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or_else(|| {
+            UsageError(format!(
+                "no thread with tid {tid}: give -t a thread id listed under /proc/PID/task/"
+            ))
+            .into()
+        })
 }
 
 fn targets_are_specific(args: &TraceArgs) -> bool {
@@ -97,7 +155,14 @@ fn targets_are_specific(args: &TraceArgs) -> bool {
 }
 
 fn describe_targets(args: &TraceArgs, launched: Option<u32>) -> String {
-    let mut parts: Vec<String> = args.pids.iter().map(|p| format!("pid {p}")).collect();
+    let mut parts: Vec<String> = match args.tid {
+        Some(tid) => args
+            .pids
+            .iter()
+            .map(|p| format!("thread {tid} of pid {p}"))
+            .collect(),
+        None => args.pids.iter().map(|p| format!("pid {p}")).collect(),
+    };
     if let (Some(pid), Some(cmd)) = (launched, args.command.first()) {
         parts.push(format!("`{cmd}` (pid {pid})"));
     }
@@ -114,11 +179,15 @@ async fn event_loop(
     launched: Option<u32>,
     production: Production,
     described: String,
+    sink: Sink,
+    started_ns: u64,
 ) -> Result<i32> {
     // Handlers first, then the "tracing" line: a Ctrl-C from then on always gets a summary.
     let sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
     let sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
-    eprintln!("memlock-trace: tracing {described}");
+    if !args.quiet {
+        eprintln!("memlock-trace: tracing {described}");
+    }
     // SAFETY: the ring buffer owns its fd for as long as the AsyncFd holds it.
     let mut ring = unsafe { AsyncFd::register(tracer.take_events()?) }
         .map_err(std::io::Error::from)
@@ -133,11 +202,31 @@ async fn event_loop(
         ),
         None => None,
     };
+    let interval = args.interval_secs();
+    let per_thread = args.per_thread || args.tid.is_some();
+    let max_processes = production.max_processes;
     let mut output = Output {
+        out: sink,
         json: args.json,
+        style: TextStyle {
+            unit: args.unit(),
+            hist: args.hist,
+        },
+        timestamps: args.timestamp,
+        clock: WallClock::measure(),
+        tid: args.tid,
+        window: interval.map(|_| IntervalState {
+            aggregator: Aggregator::with_max_processes(max_processes).per_thread(per_thread),
+            vma_counts: Default::default(),
+            faults_before: None,
+            start_ns: started_ns,
+        }),
+        started_ns,
+        max_processes,
+        per_thread,
         syscall_events: args.syscall_events(),
         fault_events: args.fault_events(),
-        aggregator: Aggregator::with_max_processes(production.max_processes),
+        aggregator: Aggregator::with_max_processes(max_processes).per_thread(per_thread),
         undecodable: 0,
         metrics: production.metrics.clone(),
         vma: VmaOutput {
@@ -161,12 +250,17 @@ async fn event_loop(
     let mut mapping_ticker = tokio::time::interval(MAPPINGS_REFRESH);
     let stop = wait_for_stop(&args, launched, sigint, sigterm);
     tokio::pin!(stop);
-    let mut ticker = args
-        .interval
-        .map(|secs| tokio::time::interval(Duration::from_secs_f64(secs)));
+    let mut ticker = interval.map(|secs| tokio::time::interval(Duration::from_secs_f64(secs)));
     if let Some(t) = ticker.as_mut() {
         t.tick().await; // the first tick is immediate
     }
+    // The first interval holds everything since the hooks attached (no earlier reading of
+    // the fault maps to subtract), so nothing done right after "tracing" is missed.
+    if let Some(w) = output.window.as_mut() {
+        w.start_ns = WallClock::now_ns();
+    }
+    // `memlock-trace INTERVAL COUNT`: exit after COUNT intervals.
+    let mut intervals_left = args.count;
     let reason = loop {
         tokio::select! {
             guard = ring.readable_mut() => {
@@ -180,7 +274,17 @@ async fn event_loop(
                 guard.clear_ready();
             }
             _ = async { ticker.as_mut().expect("guarded").tick().await }, if ticker.is_some() => {
-                output.summary(&tracer, "interval")?;
+                output.drain(ring.get_mut());
+                if let Some(fault_ring) = fault_ring.as_mut() {
+                    output.drain(fault_ring.get_mut());
+                }
+                output.summary(&tracer, Scope::Interval)?;
+                if let Some(left) = intervals_left.as_mut() {
+                    *left -= 1;
+                    if *left == 0 {
+                        break Stop::CountDone;
+                    }
+                }
             }
             _ = health_ticker.tick(), if output.metrics.is_some() => output.update_health(&tracer)?,
             _ = drain_ticker.tick() => output.drain(ring.get_mut()),
@@ -195,10 +299,10 @@ async fn event_loop(
     if let Some(fault_ring) = fault_ring.as_mut() {
         output.drain(fault_ring.get_mut());
     }
-    if let Stop::Signal(name) = reason {
+    if let (Stop::Signal(name), false) = (reason, args.quiet) {
         eprintln!("memlock-trace: stopped by {name}");
     }
-    output.summary(&tracer, "summary")?;
+    output.summary(&tracer, Scope::Session)?;
     if output.undecodable > 0 {
         eprintln!(
             "memlock-trace: warning: {} ring buffer records could not be decoded",
@@ -259,4 +363,28 @@ async fn wait_pid_exit(pid: u32) -> Result<()> {
         .context("polling a pidfd")?;
     let _ = fd.readable().await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::brief_hooks;
+
+    #[test]
+    fn brief_hook_lines_name_the_set_and_hint_at_refusals() {
+        assert_eq!(
+            brief_hooks(
+                "tracepoint (tp_btf/page_fault_user, perf_event/x); fentry refused: EPERM; \
+                 kprobe refused: ENOENT"
+            ),
+            "tracepoint (better hooks refused: -v says why)"
+        );
+        assert_eq!(
+            brief_hooks("tp_btf maple_tree:ma_write (fentry refused: BPF_PROG_LOAD: EPERM)"),
+            "tp_btf maple_tree:ma_write (better hooks refused: -v says why)"
+        );
+        assert_eq!(
+            brief_hooks("tp_btf sched_process_exit"),
+            "tp_btf sched_process_exit"
+        );
+    }
 }

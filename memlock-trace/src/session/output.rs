@@ -6,11 +6,12 @@ use std::{collections::BTreeMap, io::Write as _, sync::Arc, time::Duration};
 use anyhow::Result;
 use aya::maps::{MapData, RingBuf};
 
-use super::summary::{Summary, summary_text};
+use super::summary::{Summary, Window, summary_text};
 use crate::{
     event::{Event, decode},
-    faults::{self, render as fault_render, stacks::StackSymbolizer},
+    faults::{self, FaultReport, render as fault_render, stacks::StackSymbolizer},
     metrics::Metrics,
+    output::{Sink, TextStyle, WallClock, hms},
     procfs::MappingCache,
     syscalls::{self, Aggregator},
     tracer::Tracer,
@@ -18,7 +19,19 @@ use crate::{
 };
 
 pub(super) struct Output {
+    /// Stdout, or `-o FILE`.
+    pub(super) out: Sink,
     pub(super) json: bool,
+    pub(super) style: TextStyle,
+    /// `-T`: the wall-clock time on every event line.
+    pub(super) timestamps: bool,
+    pub(super) clock: WallClock,
+    /// `-t TID`: only this thread's calls and faults.
+    pub(super) tid: Option<u32>,
+    /// `--interval`: what the current interval has seen.
+    pub(super) window: Option<IntervalState>,
+    /// When the session started, CLOCK_REALTIME ns.
+    pub(super) started_ns: u64,
     pub(super) syscall_events: bool,
     pub(super) fault_events: bool,
     pub(super) aggregator: Aggregator,
@@ -28,8 +41,26 @@ pub(super) struct Output {
     pub(super) mappings: MappingCache,
     pub(super) top_mappings: usize,
     pub(super) top_stacks: usize,
+    pub(super) max_processes: usize,
+    pub(super) per_thread: bool,
     /// Keeps the files it parsed from one summary to the next.
     pub(super) symbolizer: StackSymbolizer,
+}
+
+/// One interval's own figures: reset when its block is printed.
+pub(super) struct IntervalState {
+    pub(super) aggregator: Aggregator,
+    pub(super) vma_counts: BTreeMap<u32, vma::ChangeCounts>,
+    /// The fault maps as read at the interval's start.
+    pub(super) faults_before: Option<FaultReport>,
+    pub(super) start_ns: u64,
+}
+
+/// What a summary covers.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Scope {
+    Interval,
+    Session,
 }
 
 /// VMA events: paired with their calls by the tracker, counted per process.
@@ -41,49 +72,79 @@ pub(super) struct VmaOutput {
 }
 
 impl Output {
+    /// Writes one event: JSON with its wall-clock `time_ns`, or text lines with `-T`'s time.
+    fn emit(&mut self, ktime_ns: Option<u64>, json: Option<serde_json::Value>, lines: &[String]) {
+        let wall = ktime_ns.map_or_else(WallClock::now_ns, |ns| self.clock.wall_ns(ns));
+        if let Some(mut value) = json {
+            value["time_ns"] = wall.into();
+            let _ = writeln!(self.out, "{value}");
+            return;
+        }
+        let stamp = if self.timestamps {
+            format!("{} ", hms(wall))
+        } else {
+            String::new()
+        };
+        for line in lines {
+            let _ = writeln!(self.out, "{stamp}{line}");
+        }
+    }
+
+    fn wanted(&self, tid: u32) -> bool {
+        self.tid.is_none_or(|t| t == tid)
+    }
+
     pub(super) fn drain(&mut self, ring: &mut RingBuf<MapData>) {
-        let mut stdout = std::io::stdout().lock();
         let (mut syscalls, mut vmas, undecodable_before) = (0, 0, self.undecodable);
         while let Some(item) = ring.next() {
             match decode(&item) {
                 Ok(Event::Syscall(rec)) => {
+                    if !self.wanted(rec.raw.tid) {
+                        continue;
+                    }
                     syscalls += 1;
                     self.aggregator.record_syscall(&rec);
+                    if let Some(window) = &mut self.window {
+                        window.aggregator.record_syscall(&rec);
+                    }
                     if let Some(metrics) = &self.metrics {
                         metrics.syscalls.record(&rec);
                     }
                     if self.syscall_events {
-                        let line = if self.json {
-                            syscalls::render::syscall_json(&rec).to_string()
+                        let unit = self.style.unit;
+                        let (json, lines) = if self.json {
+                            (Some(syscalls::render::syscall_json(&rec)), vec![])
                         } else {
-                            syscalls::render::syscall_line(&rec)
+                            (None, vec![syscalls::render::syscall_line(&rec, unit)])
                         };
-                        let _ = writeln!(stdout, "{line}");
+                        self.emit(Some(rec.raw.enter_ns), json, &lines);
                     }
                     if let Some(activity) = self.vma.tracker.syscall(&rec) {
-                        self.vma_activity(&activity, &mut stdout);
+                        self.vma_activity(&activity);
                     }
                 }
                 Ok(Event::Vma(record)) => {
                     vmas += 1;
-                    if let Some(activity) = self.vma.tracker.record(record) {
-                        self.vma_activity(&activity, &mut stdout);
+                    if let Some(activity) = self.vma.tracker.record(record)
+                        && self.wanted(activity_tid(&activity))
+                    {
+                        self.vma_activity(&activity);
                     }
                 }
                 Ok(Event::Fault(rec)) => {
-                    if self.fault_events {
-                        let line = if self.json {
-                            fault_render::fault_json(&rec).to_string()
+                    if self.fault_events && self.wanted(rec.raw.tid) {
+                        let (json, lines) = if self.json {
+                            (Some(fault_render::fault_json(&rec)), vec![])
                         } else {
-                            fault_render::fault_line(&rec)
+                            (None, vec![fault_render::fault_line(&rec, self.style.unit)])
                         };
-                        let _ = writeln!(stdout, "{line}");
+                        self.emit(Some(rec.raw.time_ns), json, &lines);
                     }
                 }
                 Err(_) => self.undecodable += 1,
             }
         }
-        let _ = stdout.flush();
+        let _ = self.out.flush();
         if let Some(metrics) = &self.metrics {
             metrics.health.record_events(
                 &[("syscall", syscalls), ("vma", vmas)],
@@ -102,22 +163,31 @@ impl Output {
         Ok(())
     }
 
-    fn vma_activity(&mut self, activity: &vma::Activity, out: &mut impl std::io::Write) {
+    fn vma_activity(&mut self, activity: &vma::Activity) {
         if let vma::Activity::Call(call) = activity {
+            let changes = vma::ChangeCounts::of(&call.changes);
             let counts = self.vma.counts.entry(activity.tgid()).or_default();
-            counts.merge(&vma::ChangeCounts::of(&call.changes));
+            counts.merge(&changes);
+            if let Some(window) = &mut self.window {
+                let counts = window.vma_counts.entry(activity.tgid()).or_default();
+                counts.merge(&changes);
+            }
         }
         // VMA changes are shown with the syscall events that caused them.
         if !self.syscall_events {
             return;
         }
         let hooks = self.vma.hooks.as_ref();
+        // A call's VMA lines carry the call's time; stores and functions outside calls carry
+        // no kernel stamp: the time they were read.
+        let ktime = match activity {
+            vma::Activity::Call(c) => Some(c.syscall.raw.enter_ns),
+            _ => None,
+        };
         if self.json {
-            let _ = writeln!(out, "{}", vma::activity_json(activity, hooks));
+            self.emit(ktime, Some(vma::activity_json(activity, hooks)), &[]);
         } else {
-            for line in vma::activity_lines(activity, hooks) {
-                let _ = writeln!(out, "{line}");
-            }
+            self.emit(ktime, None, &vma::activity_lines(activity, hooks));
         }
     }
 
@@ -130,17 +200,38 @@ impl Output {
         }
     }
 
-    pub(super) fn summary(&mut self, tracer: &Tracer, kind: &'static str) -> Result<()> {
+    pub(super) fn summary(&mut self, tracer: &Tracer, scope: Scope) -> Result<()> {
+        let now = WallClock::now_ns();
         let mut health = tracer.health()?;
         health.processes.evicted_processes = self.aggregator.evicted_processes();
-        let mut summary = Summary::new(kind, self.aggregator.summaries(), health);
+        let (kind, syscalls, start_ns) = match (&self.window, scope) {
+            (Some(w), Scope::Interval) => ("interval", w.aggregator.summaries(), w.start_ns),
+            _ => ("summary", self.aggregator.summaries(), self.started_ns),
+        };
+        let mut summary = Summary::new(kind, syscalls, health);
+        summary.time_ns = now;
+        summary.window = Window {
+            start_ns,
+            end_ns: now,
+        };
         if let (Some(hooks), Some(report)) = (&tracer.fault_hooks, tracer.fault_report()?) {
-            for &tgid in report.regions.keys() {
+            let shown = match (&mut self.window, scope) {
+                (Some(w), Scope::Interval) => {
+                    let shown = match &w.faults_before {
+                        Some(before) => report.since(before),
+                        None => report.clone(),
+                    };
+                    w.faults_before = Some(report);
+                    shown
+                }
+                _ => report,
+            };
+            for &tgid in shown.regions.keys() {
                 self.mappings.refresh(tgid, Duration::ZERO);
             }
             let mut per_process =
-                faults::summarize(&report, hooks, &mut self.mappings, self.top_mappings);
-            if let Some(stacks) = &report.stacks {
+                faults::summarize(&shown, hooks, &mut self.mappings, self.top_mappings);
+            if let Some(stacks) = &shown.stacks {
                 faults::stacks::add_to(
                     &mut per_process,
                     stacks,
@@ -149,28 +240,78 @@ impl Output {
                     &self.symbolizer,
                 );
             }
-            summary.add_faults(hooks.clone(), report.health, per_process);
+            if let Some(tid) = self.tid {
+                only_thread(&mut per_process, tid);
+            }
+            summary.add_faults(hooks.clone(), shown.health, per_process);
         }
         if let Some(metrics) = &self.metrics {
             metrics.health.update(&summary.health);
         }
-        let mut stdout = std::io::stdout().lock();
+        let vma_counts = match (&mut self.window, scope) {
+            (Some(w), Scope::Interval) => std::mem::take(&mut w.vma_counts),
+            _ => self.vma.counts.clone(),
+        };
+        if let (Some(w), Scope::Interval) = (&mut self.window, scope) {
+            // The next interval starts from nothing, as libbpf-tools clearing its maps.
+            w.aggregator =
+                Aggregator::with_max_processes(self.max_processes).per_thread(self.per_thread);
+            w.start_ns = now;
+        }
+        let out = &mut self.out;
         if self.json {
             // Before the summary, which stays the last line.
-            if !self.vma.counts.is_empty() {
-                writeln!(stdout, "{}", vma::summary_json(&self.vma.counts))?;
+            if !vma_counts.is_empty() {
+                let mut v = vma::summary_json(&vma_counts);
+                v["time_ns"] = now.into();
+                v["window"] = serde_json::to_value(summary.window)?;
+                writeln!(out, "{v}")?;
             }
-            writeln!(stdout, "{}", serde_json::to_string(&summary)?)?;
+            writeln!(out, "{}", serde_json::to_string(&summary)?)?;
         } else {
-            for (pid, counts) in &self.vma.counts {
-                writeln!(stdout, "{}", vma::summary_line(*pid, counts))?;
+            // With --interval, a time header over every block, the final one included.
+            if self.window.is_some() {
+                let title = match scope {
+                    Scope::Interval => "interval",
+                    Scope::Session => "session summary",
+                };
+                writeln!(
+                    out,
+                    "--- {} {title} ({:.1} s) ---",
+                    hms(now),
+                    now.saturating_sub(start_ns) as f64 / 1e9
+                )?;
             }
-            if kind == "interval" {
-                writeln!(stdout, "--- interval summary ---")?;
+            for (pid, counts) in &vma_counts {
+                writeln!(out, "{}", vma::summary_line(*pid, counts))?;
             }
-            write!(stdout, "{}", summary_text(&summary))?;
+            write!(out, "{}", summary_text(&summary, self.style))?;
         }
-        stdout.flush()?;
+        out.flush()?;
         Ok(())
+    }
+}
+
+/// The thread a VMA activity belongs to.
+fn activity_tid(activity: &vma::Activity) -> u32 {
+    match activity {
+        vma::Activity::Call(c) => c.syscall.raw.tid,
+        vma::Activity::Store(s) => s.tid,
+        vma::Activity::Func(f) => f.tid,
+    }
+}
+
+/// `-t TID`: each process's faults become its thread's (the kernel keeps them per thread).
+fn only_thread(per_process: &mut BTreeMap<u32, (String, faults::FaultSummary)>, tid: u32) {
+    per_process.retain(|_, (_, f)| f.threads.iter().any(|t| t.tid == tid));
+    for (comm, f) in per_process.values_mut() {
+        let Some(thread) = f.threads.iter().find(|t| t.tid == tid).cloned() else {
+            continue;
+        };
+        *comm = thread.comm;
+        let mappings = std::mem::take(&mut f.by_mapping);
+        *f = thread.faults;
+        // Mappings are counted per process only.
+        f.by_mapping = mappings;
     }
 }

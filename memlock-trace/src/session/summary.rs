@@ -7,8 +7,8 @@ use serde::Serialize;
 
 use crate::{
     faults::{self, FaultHealth, FaultHooks, FaultSummary},
-    output::JSON_SCHEMA,
-    syscalls::{self, ProcessSyscalls, SyscallSummary},
+    output::{JSON_SCHEMA, TextStyle},
+    syscalls::{self, ProcessSyscalls, SyscallSummary, stats::ThreadLatencies},
     tracer::Health,
 };
 
@@ -18,6 +18,10 @@ pub struct Summary {
     #[serde(rename = "type")]
     pub kind: &'static str,
     pub schema: u32,
+    /// When the record was made: CLOCK_REALTIME, ns.
+    pub time_ns: u64,
+    /// What it covers: the interval, or the whole session.
+    pub window: Window,
     pub processes: Vec<ProcessSummary>,
     pub dropped_events: u64,
     pub health: Health,
@@ -26,6 +30,13 @@ pub struct Summary {
     pub fault_hooks: Option<FaultHooks>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fault_health: Option<FaultHealth>,
+}
+
+/// The span of time a summary covers, CLOCK_REALTIME ns.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Window {
+    pub start_ns: u64,
+    pub end_ns: u64,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -37,6 +48,9 @@ pub struct ProcessSummary {
     pub syscalls: BTreeMap<&'static str, SyscallSummary>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub faults: Option<FaultSummary>,
+    /// `--per-thread`: each thread's call latencies, for `--hist`.
+    #[serde(skip)]
+    pub thread_latencies: ThreadLatencies,
 }
 
 impl Summary {
@@ -46,6 +60,8 @@ impl Summary {
         Self {
             kind,
             schema: JSON_SCHEMA,
+            time_ns: crate::output::WallClock::now_ns(),
+            window: Window::default(),
             processes: syscalls
                 .into_iter()
                 .map(|p| ProcessSummary {
@@ -54,6 +70,7 @@ impl Summary {
                     comm: p.comm,
                     syscalls: p.syscalls,
                     faults: None,
+                    thread_latencies: p.threads,
                 })
                 .collect(),
             dropped_events: health.dropped_events,
@@ -85,6 +102,7 @@ impl Summary {
                     comm,
                     syscalls: BTreeMap::new(),
                     faults: Some(summary),
+                    thread_latencies: BTreeMap::new(),
                 }),
             }
         }
@@ -94,11 +112,11 @@ impl Summary {
     }
 }
 
-pub fn summary_text(summary: &Summary) -> String {
+/// The text summary. The hook sets are not repeated here: the session prints them once on
+/// stderr at start.
+pub fn summary_text(summary: &Summary, style: TextStyle) -> String {
+    let unit = style.unit;
     let mut out = String::new();
-    if let Some(hooks) = &summary.fault_hooks {
-        out.push_str(&faults::render::fault_hooks_text(hooks));
-    }
     if summary.processes.is_empty() {
         out.push_str("no mlock-family calls or page faults traced\n");
     }
@@ -111,16 +129,28 @@ pub fn summary_text(summary: &Summary) -> String {
         };
         let _ = writeln!(out, "pid {} ({}){started}", p.pid, p.comm);
         if let Some(f) = &p.faults {
-            faults::render::faults_text(&mut out, f, "  ");
+            faults::render::faults_text(&mut out, f, "  ", style);
             if let Some(stacks) = &f.stacks {
                 faults::render::stacks_text(&mut out, stacks, "  ");
             }
             for t in &f.threads {
                 let _ = writeln!(out, "  thread {} ({})", t.tid, t.comm);
-                faults::render::faults_text(&mut out, &t.faults, "    ");
+                faults::render::faults_text(&mut out, &t.faults, "    ", style);
             }
         }
-        syscalls::render::table(&mut out, &p.syscalls);
+        syscalls::render::table(&mut out, &p.syscalls, unit);
+        if style.hist {
+            let calls = p
+                .syscalls
+                .iter()
+                .map(|(name, s)| (*name, s.latency_values.clone()))
+                .collect();
+            syscalls::render::hists(&mut out, &calls, unit, "  ");
+            for (tid, calls) in &p.thread_latencies {
+                let _ = writeln!(out, "  thread {tid}");
+                syscalls::render::hists(&mut out, calls, unit, "    ");
+            }
+        }
     }
     let h = &summary.health;
     let _ = writeln!(

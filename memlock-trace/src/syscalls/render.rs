@@ -7,11 +7,26 @@ use serde_json::json;
 use super::stats::SyscallSummary;
 use crate::{
     event::{SyscallRecord, errno_name},
-    output::{JSON_SCHEMA, duration},
+    output::{JSON_SCHEMA, Unit, hist::Log2Hist},
 };
 
+/// The latency histogram of each call (`--hist`), under the table.
+pub fn hists(
+    out: &mut String,
+    calls: &BTreeMap<&'static str, Vec<(u64, u64)>>,
+    unit: Unit,
+    indent: &str,
+) {
+    // libbpf-tools' default: usecs unless -m.
+    let unit = if unit == Unit::Ms { Unit::Ms } else { Unit::Us };
+    for (name, values) in calls {
+        let _ = writeln!(out, "{indent}{name} latency");
+        Log2Hist::of(unit, values.iter().copied()).render(out, unit, indent);
+    }
+}
+
 /// One line per call for `--events`.
-pub fn syscall_line(rec: &SyscallRecord) -> String {
+pub fn syscall_line(rec: &SyscallRecord, unit: Unit) -> String {
     let r = &rec.raw;
     let result = match errno_name(r.ret) {
         Some(errno) => format!("-1 {errno}"),
@@ -23,7 +38,7 @@ pub fn syscall_line(rec: &SyscallRecord) -> String {
         tid = r.tid,
         comm = rec.comm(),
         call = rec.syscall.describe(r.args),
-        lat = duration(r.duration_ns),
+        lat = unit.fit([r.duration_ns]).format(r.duration_ns),
         pop = rec.pages_populated(),
         locked = rec.pages_locked(),
         vb = r.map_count_before,
@@ -57,11 +72,19 @@ pub fn syscall_json(rec: &SyscallRecord) -> serde_json::Value {
     })
 }
 
-/// One process's syscall table, indented under its `pid` line.
-pub fn table(out: &mut String, syscalls: &BTreeMap<&'static str, SyscallSummary>) {
+/// One process's syscall table, indented under its `pid` line; each latency column in one
+/// unit (`unit` fixed, or fitted to the column).
+pub fn table(out: &mut String, syscalls: &BTreeMap<&'static str, SyscallSummary>, unit: Unit) {
     if syscalls.is_empty() {
         return;
     }
+    let column = |pick: fn(&SyscallSummary) -> u64| unit.fit(syscalls.values().map(pick));
+    let units = [
+        column(|s| s.latency_ns.p50),
+        column(|s| s.latency_ns.p90),
+        column(|s| s.latency_ns.p99),
+        column(|s| s.latency_ns.max),
+    ];
     let _ = writeln!(
         out,
         "  {:<11} {:>7}  {:>9} {:>9} {:>9} {:>9}  {:>10} {:>10}  errors",
@@ -82,10 +105,10 @@ pub fn table(out: &mut String, syscalls: &BTreeMap<&'static str, SyscallSummary>
             "  {:<11} {:>7}  {:>9} {:>9} {:>9} {:>9}  {:>10} {:>+10}  {}",
             name,
             s.count,
-            duration(s.latency_ns.p50),
-            duration(s.latency_ns.p90),
-            duration(s.latency_ns.p99),
-            duration(s.latency_ns.max),
+            units[0].format(s.latency_ns.p50),
+            units[1].format(s.latency_ns.p90),
+            units[2].format(s.latency_ns.p99),
+            units[3].format(s.latency_ns.max),
             s.pages_populated,
             s.pages_locked,
             errors

@@ -18,11 +18,15 @@ use crate::{
 #[derive(Default)]
 pub struct Aggregator {
     processes: ProcessTable<ProcessStats>,
+    /// Also keep each thread's latencies (`--per-thread`, for `--hist`).
+    per_thread: bool,
 }
 
 struct ProcessStats {
     comm: String,
     syscalls: BTreeMap<Syscall, SyscallStats>,
+    /// Per thread and call, the latencies (with `per_thread`).
+    threads: BTreeMap<u32, BTreeMap<Syscall, Histogram<u64>>>,
 }
 
 struct SyscallStats {
@@ -50,7 +54,14 @@ impl Aggregator {
     pub fn with_max_processes(max: usize) -> Self {
         Self {
             processes: ProcessTable::with_capacity(max),
+            per_thread: false,
         }
+    }
+
+    /// Also keeps each thread's latency histograms.
+    pub fn per_thread(mut self, on: bool) -> Self {
+        self.per_thread = on;
+        self
     }
 
     pub fn record_syscall(&mut self, rec: &SyscallRecord) {
@@ -59,6 +70,7 @@ impl Aggregator {
             .get_or_insert_with(rec.process(), || ProcessStats {
                 comm: String::new(),
                 syscalls: BTreeMap::new(),
+                threads: BTreeMap::new(),
             });
         // The comm of the last event wins: it follows an exec.
         process.comm = rec.comm();
@@ -73,6 +85,11 @@ impl Aggregator {
         record_latency(&mut stats.latency, rec.raw.duration_ns);
         stats.pages_populated += rec.pages_populated();
         stats.pages_locked += rec.pages_locked();
+        if self.per_thread {
+            let thread = process.threads.entry(rec.raw.tid).or_default();
+            let h = thread.entry(rec.syscall).or_insert_with(histogram);
+            record_latency(h, rec.raw.duration_ns);
+        }
     }
 
     /// Processes evicted from the table so far (`--max-processes`).
@@ -93,6 +110,14 @@ impl Aggregator {
                     .iter()
                     .map(|(s, st)| (s.name(), st.summary()))
                     .collect(),
+                threads: p
+                    .threads
+                    .iter()
+                    .map(|(tid, calls)| {
+                        let calls = calls.iter().map(|(s, h)| (s.name(), values(h))).collect();
+                        (*tid, calls)
+                    })
+                    .collect(),
             })
             .collect()
     }
@@ -104,11 +129,28 @@ impl SyscallStats {
             count: self.count,
             errors: self.errors.clone(),
             latency_ns: Latency::of(&self.latency),
+            latency_values: values(&self.latency),
             pages_populated: self.pages_populated,
             pages_locked: self.pages_locked,
         }
     }
 }
+
+/// Every recorded latency as (ns, calls): the lowest value of each HdrHistogram bucket
+/// (3 significant digits), what log2 histograms are made from.
+fn values(h: &Histogram<u64>) -> Vec<(u64, u64)> {
+    h.iter_recorded()
+        .map(|v| {
+            (
+                h.lowest_equivalent(v.value_iterated_to()),
+                v.count_at_value(),
+            )
+        })
+        .collect()
+}
+
+/// Latencies per thread and call name: (ns, calls) pairs.
+pub type ThreadLatencies = BTreeMap<u32, BTreeMap<&'static str, Vec<(u64, u64)>>>;
 
 /// One process's calls, by syscall name.
 #[derive(Clone, Debug)]
@@ -118,6 +160,8 @@ pub struct ProcessSyscalls {
     pub start_ns: u64,
     pub comm: String,
     pub syscalls: BTreeMap<&'static str, SyscallSummary>,
+    /// With `--per-thread`: each thread's latencies per call.
+    pub threads: ThreadLatencies,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -125,6 +169,9 @@ pub struct SyscallSummary {
     pub count: u64,
     pub errors: BTreeMap<String, u64>,
     pub latency_ns: Latency,
+    /// The latencies the percentiles come from, as (ns, calls), for `--hist`.
+    #[serde(skip)]
+    pub latency_values: Vec<(u64, u64)>,
     pub pages_populated: u64,
     pub pages_locked: i64,
 }

@@ -19,7 +19,7 @@ mod scenarios;
 mod subject;
 mod table;
 
-use std::path::Path;
+use std::{io::Write as _, path::Path};
 
 use anyhow::{Context as _, Result};
 use memlock_trace_common::vma::{VM_LOCKED, VM_LOCKONFAULT, VmaRange};
@@ -153,15 +153,21 @@ pub struct Report {
 }
 
 /// Runs the suite; returns the exit code (0: every step agrees, 1: a mismatch).
-pub fn run(json: Option<&Path>) -> Result<i32> {
+pub fn run(json: bool, output: Option<&Path>) -> Result<i32> {
     probe::check_privileges().context("verify needs to load eBPF programs")?;
+    // Before the scenarios run, so a bad path costs nothing.
+    let mut out = crate::output::Sink::open(output)?;
     // Locking 16 pages at a time needs RLIMIT_MEMLOCK >= 64 KiB or CAP_IPC_LOCK: root has it.
     let report = run_suite()?;
-    print!("{}", table(&report));
-    if let Some(path) = json {
-        std::fs::write(path, serde_json::to_string_pretty(&report)? + "\n")
-            .with_context(|| format!("writing the report to {}", path.display()))?;
+    if json {
+        let mut value = serde_json::to_value(&report)?;
+        value["schema"] = crate::output::JSON_SCHEMA.into();
+        value["time_ns"] = crate::output::WallClock::now_ns().into();
+        writeln!(out, "{value}")?;
+    } else {
+        write!(out, "{}", table(&report))?;
     }
+    out.flush()?;
     Ok(if report.failed == 0 { 0 } else { 1 })
 }
 

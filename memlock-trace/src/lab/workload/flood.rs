@@ -19,19 +19,22 @@ pub struct Report {
     pub secs: f64,
 }
 
-/// With `wait_stdin`, reads one byte from stdin first, so a test can line up the tracer.
+/// With `wait_stdin`, the threads are started, then wait for one byte on stdin, so a test
+/// can line up the tracer (and pick a thread by its id in /proc/PID/task).
 pub fn run(threads: u32, calls_per_thread: u64, wait_stdin: bool) -> Result<Report> {
-    if wait_stdin {
-        let mut byte = [0u8; 1];
-        if std::io::stdin().read(&mut byte)? != 1 {
-            bail!("stdin closed before the start signal");
-        }
-    }
-    let start = std::time::Instant::now();
+    let start_line = std::sync::Barrier::new(threads as usize + 1);
+    let start_line = &start_line;
+    // Set when the start signal came: without it the workers make no call.
+    let go = &std::sync::atomic::AtomicBool::new(false);
+    let mut start = std::time::Instant::now();
     let enomem: u64 = std::thread::scope(|s| {
         let workers: Vec<_> = (0..threads)
             .map(|_| {
                 s.spawn(move || {
+                    start_line.wait();
+                    if !go.load(std::sync::atomic::Ordering::Acquire) {
+                        return 0;
+                    }
                     let mut enomem = 0;
                     for _ in 0..calls_per_thread {
                         // SAFETY: page 0 is never mapped; the call only fails.
@@ -45,8 +48,26 @@ pub fn run(threads: u32, calls_per_thread: u64, wait_stdin: bool) -> Result<Repo
                 })
             })
             .collect();
-        workers.into_iter().map(|w| w.join().unwrap_or(0)).sum()
-    });
+        let signalled = if wait_stdin {
+            let mut byte = [0u8; 1];
+            std::io::stdin().read(&mut byte).map(|n| n == 1)
+        } else {
+            Ok(true)
+        };
+        // Release the workers whatever happened, so the scope can end.
+        go.store(
+            matches!(signalled, Ok(true)),
+            std::sync::atomic::Ordering::Release,
+        );
+        start = std::time::Instant::now();
+        start_line.wait();
+        let enomem = workers.into_iter().map(|w| w.join().unwrap_or(0)).sum();
+        match signalled {
+            Ok(true) => Ok(enomem),
+            Ok(false) => bail!("stdin closed before the start signal"),
+            Err(e) => Err(e.into()),
+        }
+    })?;
     Ok(Report {
         threads,
         calls: u64::from(threads) * calls_per_thread,

@@ -1,0 +1,113 @@
+//! One interval's faults: the difference of two readings of the kernel's cumulative maps,
+//! so `--interval` blocks show what happened in their window (as libbpf-tools clearing its
+//! maps would) while the maps keep counting for the whole session's summary.
+
+use memlock_trace_common::faults::{HistKey, SLOTS, bucket_range};
+
+use super::read::FaultReport;
+
+impl FaultReport {
+    /// What was counted after `earlier` (a previous reading of the same maps). A key the LRU
+    /// evicted and re-created in between can read lower than before: it counts from zero.
+    /// The largest latency of a window is exact when it raised the session's maximum,
+    /// otherwise it is the top of the window's highest latency bucket (within 1/8).
+    pub fn since(&self, earlier: &FaultReport) -> FaultReport {
+        let mut window = self.clone();
+        for (key, hist) in &mut window.hists {
+            if let Some(old) = earlier.hists.get(key) {
+                for (n, o) in hist.iter_mut().zip(old) {
+                    *n = n.saturating_sub(*o);
+                }
+            }
+        }
+        window.hists.retain(|_, h| h.iter().any(|&n| n > 0));
+        for (key, stats) in &mut window.stats {
+            let Some(old) = earlier.stats.get(key) else {
+                continue;
+            };
+            for (n, o) in stats.counts.iter_mut().zip(old.counts) {
+                *n = n.saturating_sub(o);
+            }
+            for (n, o) in stats.populated_by.iter_mut().zip(old.populated_by) {
+                *n = n.saturating_sub(o);
+            }
+            for class in 0..SLOTS {
+                if stats.max_ns[class] != old.max_ns[class] {
+                    continue; // raised in this window: exact
+                }
+                let top = window
+                    .hists
+                    .get(&HistKey {
+                        key: *key,
+                        class: class as u32,
+                        _pad: 0,
+                    })
+                    .and_then(|h| h.iter().rposition(|&n| n > 0))
+                    .map_or(0, |b| bucket_range(b).1 - 1);
+                stats.max_ns[class] = stats.max_ns[class].min(top);
+            }
+        }
+        window.stats.retain(|_, s| s.counts.iter().any(|&n| n > 0));
+        for (tgid, regions) in &mut window.regions {
+            if let Some(old) = earlier.regions.get(tgid) {
+                for (key, value) in regions.iter_mut() {
+                    if let Some((_, o)) = old.iter().find(|(k, _)| k == key) {
+                        value.faults = value.faults.saturating_sub(o.faults);
+                    }
+                }
+            }
+            regions.retain(|(_, v)| v.faults > 0);
+        }
+        if let (Some(now), Some(old)) = (&mut window.stacks, &earlier.stacks) {
+            for (key, n) in &mut now.counts {
+                *n = n.saturating_sub(old.counts.get(key).copied().unwrap_or(0));
+            }
+            now.counts.retain(|_, n| *n > 0);
+        }
+        window
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use memlock_trace_common::faults::{FaultKey, HIST_BUCKETS, bucket_of, class, stat};
+
+    use super::*;
+    use crate::faults::read::KeyStats;
+
+    fn reading(faults: u64, latencies: &[u64]) -> FaultReport {
+        let key = FaultKey { tgid: 7, tid: 0 };
+        let mut r = FaultReport::default();
+        let mut s = KeyStats::default();
+        s.counts[stat::USER_MINOR] = faults;
+        s.max_ns[class::USER_MINOR as usize] = latencies.iter().copied().max().unwrap_or(0);
+        r.stats.insert(key, s);
+        let mut h = [0u64; HIST_BUCKETS];
+        for &ns in latencies {
+            h[bucket_of(ns)] += 1;
+        }
+        let hk = HistKey {
+            key,
+            class: class::USER_MINOR,
+            _pad: 0,
+        };
+        r.hists.insert(hk, h);
+        r
+    }
+
+    #[test]
+    fn a_window_holds_only_its_own_faults() {
+        let first = reading(3, &[1_000, 2_000, 50_000]);
+        let second = reading(5, &[1_000, 2_000, 50_000, 3_000, 4_000]);
+        let w = second.since(&first);
+        let s = &w.stats[&FaultKey { tgid: 7, tid: 0 }];
+        assert_eq!(s.counts[stat::USER_MINOR], 2);
+        let h = w.hists.values().next().unwrap();
+        assert_eq!(h.iter().sum::<u64>(), 2);
+        // The session max (50 us) was not this window's: the window's top bucket bounds it.
+        let max = s.max_ns[class::USER_MINOR as usize];
+        assert!((4_000..4_608).contains(&max), "{max}");
+        // Nothing new: the process has no window entry.
+        assert!(second.since(&second).stats.is_empty());
+    }
+}

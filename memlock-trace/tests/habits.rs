@@ -1,0 +1,454 @@
+//! What users of libbpf-tools and bpftrace expect (issue 15): `--hist`, one unit per column
+//! and `-m`/`-u`, `-T` and `time_ns`, `-o FILE`, `-q`/`-v`, and the man page and
+//! completions (intervals and `-t TID`: `intervals.rs`). Each run loads the real programs and
+//! checks exact figures.
+
+mod common;
+mod support;
+
+use std::{
+    collections::BTreeMap,
+    process::{Command, Output},
+    time::{SystemTime, UNIX_EPOCH},
+};
+
+use common::require_privileges;
+use serde_json::Value;
+use support::{BIN, json_lines};
+
+fn realtime_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
+}
+
+fn run(args: &[&str]) -> Output {
+    let out = Command::new(BIN)
+        .args(args)
+        .output()
+        .expect("memlock-trace");
+    assert!(
+        out.status.success(),
+        "memlock-trace {args:?}: {:?}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// `memlock-trace ARGS -- memlock-trace workload syscalls`: the tracer's output and the
+/// calls the workload says it made, by name.
+fn traced_syscalls(args: &[&str]) -> (Output, BTreeMap<String, u64>) {
+    let dir = tempdir("syscalls");
+    let report = dir.join("calls.json");
+    let report_arg = report.to_str().unwrap();
+    let mut all = args.to_vec();
+    all.extend(["--", BIN, "workload", "syscalls", "--report", report_arg]);
+    let out = run(&all);
+    let calls: Vec<Value> =
+        serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    let mut made = BTreeMap::new();
+    for c in calls {
+        *made
+            .entry(c["syscall"].as_str().unwrap().to_string())
+            .or_default() += 1;
+    }
+    std::fs::remove_dir_all(&dir).ok();
+    (out, made)
+}
+
+fn tempdir(what: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "memlock-trace-habits-{what}-{}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// The histograms of a text summary: title line -> counts per `low -> high` row.
+fn histograms(text: &str) -> BTreeMap<String, Vec<(u64, u64, u64)>> {
+    let mut out: BTreeMap<String, Vec<(u64, u64, u64)>> = BTreeMap::new();
+    let mut title = None;
+    let mut lines = text.lines().peekable();
+    while let Some(line) = lines.next() {
+        if lines
+            .peek()
+            .is_some_and(|next| next.contains(" : count    distribution"))
+        {
+            title = Some(line.trim().to_string());
+            out.entry(line.trim().to_string()).or_default();
+            lines.next();
+            continue;
+        }
+        let Some(t) = &title else { continue };
+        let Some((range, rest)) = line.split_once(" : ") else {
+            title = None;
+            continue;
+        };
+        let Some((low, high)) = range.split_once(" -> ") else {
+            title = None;
+            continue;
+        };
+        let count = rest.split_whitespace().next().unwrap();
+        assert!(rest.trim_end().ends_with('|'), "a bar: {line}");
+        out.get_mut(t).unwrap().push((
+            low.trim().parse().unwrap(),
+            high.trim().parse().unwrap(),
+            count.parse().unwrap(),
+        ));
+    }
+    out
+}
+
+#[test]
+fn hist_counts_every_call_in_log2_rows() {
+    require_privileges();
+    let (out, made) = traced_syscalls(&["--hist", "--fault-hooks", "off"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let hists = histograms(&text);
+    assert!(
+        text.contains("     usecs               : count    distribution"),
+        "libbpf-tools' header:\n{text}"
+    );
+    for (name, calls) in &made {
+        let rows = hists
+            .get(&format!("{name} latency"))
+            .unwrap_or_else(|| panic!("no {name} histogram in:\n{text}"));
+        let total: u64 = rows.iter().map(|r| r.2).sum();
+        assert_eq!(total, *calls, "{name}: the histogram counts every call");
+        // Rows are libbpf-tools' slots: 0 -> 1, 2 -> 3, 4 -> 7, ...
+        for (i, &(low, high, _)) in rows.iter().enumerate() {
+            let want_low = if i == 0 { 0 } else { 1 << i };
+            assert_eq!((low, high), (want_low, (2 << i) - 1), "{name} row {i}");
+        }
+    }
+    assert_eq!(hists.len(), made.len(), "one histogram per call: {hists:?}");
+
+    // -m: the same rows in msecs; the calls are sub-millisecond here, so all in row 0.
+    let (out, made) = traced_syscalls(&["--hist", "-m", "--fault-hooks", "off"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("     msecs "), "{text}");
+    let hists = histograms(&text);
+    let total: u64 = hists.values().flatten().map(|r| r.2).sum();
+    assert_eq!(total, made.values().sum::<u64>(), "{text}");
+}
+
+#[test]
+fn per_thread_hist_splits_the_calls_by_thread() {
+    require_privileges();
+    // Two threads, each making 7 failing mlock calls; the main thread makes none.
+    let out = run(&[
+        "--hist",
+        "--per-thread",
+        "--fault-hooks",
+        "off",
+        "--",
+        BIN,
+        "workload",
+        "flood",
+        "--threads",
+        "2",
+        "--calls",
+        "7",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let thread_blocks: Vec<&str> = text.split("\n  thread ").skip(1).collect();
+    assert_eq!(thread_blocks.len(), 2, "two threads made calls:\n{text}");
+    let pid_line = text.lines().find(|l| l.starts_with("pid ")).unwrap();
+    let pid = pid_line.split_whitespace().nth(1).unwrap();
+    for block in &thread_blocks {
+        let tid = block.split_whitespace().next().unwrap();
+        assert_ne!(tid, pid, "the main thread made no call:\n{text}");
+        let hists = histograms(block);
+        let rows = &hists["mlock latency"];
+        assert_eq!(hists.len(), 1, "{block}");
+        assert_eq!(rows.iter().map(|r| r.2).sum::<u64>(), 7, "{block}");
+    }
+    // The process's own histogram holds both threads' calls.
+    let process = histograms(text.split("\n  thread ").next().unwrap());
+    assert_eq!(
+        process["mlock latency"].iter().map(|r| r.2).sum::<u64>(),
+        14
+    );
+}
+
+/// The latency columns of a syscall table: each column's unit suffixes.
+fn column_units(text: &str) -> Vec<Vec<&str>> {
+    let mut columns = vec![Vec::new(); 4];
+    for line in text.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if fields.len() < 8
+            || !["mlock", "mlock2", "munlock", "mlockall", "munlockall"].contains(&fields[0])
+        {
+            continue;
+        }
+        for (c, field) in columns.iter_mut().zip(&fields[2..6]) {
+            c.push(if field.ends_with("ms") { "ms" } else { "us" });
+            assert!(
+                field
+                    .trim_end_matches("ms")
+                    .trim_end_matches("us")
+                    .parse::<f64>()
+                    .is_ok(),
+                "{line}"
+            );
+        }
+    }
+    columns
+}
+
+#[test]
+fn one_unit_per_column_or_fixed() {
+    require_privileges();
+    for (flag, want) in [
+        (None, None),
+        (Some("-m"), Some("ms")),
+        (Some("-u"), Some("us")),
+    ] {
+        let mut args = vec!["--fault-hooks", "off"];
+        args.extend(flag);
+        let (out, made) = traced_syscalls(&args);
+        let text = String::from_utf8_lossy(&out.stdout);
+        let columns = column_units(&text);
+        for column in &columns {
+            assert_eq!(column.len(), made.len(), "a row per call: {text}");
+            assert!(
+                column.iter().all(|u| *u == column[0]),
+                "mixed units:\n{text}"
+            );
+            if let Some(want) = want {
+                assert_eq!(column[0], want, "{flag:?}:\n{text}");
+            }
+        }
+    }
+}
+
+#[test]
+fn every_json_record_has_a_realtime_stamp() {
+    require_privileges();
+    let before = realtime_ns();
+    let (out, _) = traced_syscalls(&["--json", "--events", "--interval", "0.05"]);
+    let after = realtime_ns();
+    let lines = json_lines(&String::from_utf8_lossy(&out.stdout));
+    let mut kinds = BTreeMap::new();
+    for line in &lines {
+        let t = line["time_ns"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no time_ns: {line}"));
+        assert!(
+            before <= t && t <= after,
+            "{before} <= {t} <= {after}: {line}"
+        );
+        *kinds
+            .entry(line["type"].as_str().unwrap().to_string())
+            .or_insert(0) += 1;
+    }
+    for kind in ["syscall", "fault", "vma_call", "vma_summary", "summary"] {
+        assert!(kinds.contains_key(kind), "no {kind} record: {kinds:?}");
+    }
+    // The summary covers the session; the intervals tile it without gaps.
+    let summary = lines.last().unwrap();
+    let window = |l: &Value| {
+        (
+            l["window"]["start_ns"].as_u64().unwrap(),
+            l["window"]["end_ns"].as_u64().unwrap(),
+        )
+    };
+    let (start, end) = window(summary);
+    assert!(before <= start && start < end && end <= after);
+    assert_eq!(end, summary["time_ns"].as_u64().unwrap());
+    let intervals: Vec<(u64, u64)> = lines
+        .iter()
+        .filter(|l| l["type"] == "interval")
+        .map(window)
+        .collect();
+    for pair in intervals.windows(2) {
+        assert_eq!(pair[0].1, pair[1].0, "contiguous windows: {intervals:?}");
+    }
+    for &(s, e) in &intervals {
+        assert!(
+            start <= s && s < e && e <= end,
+            "inside the session: {intervals:?}"
+        );
+    }
+}
+
+#[test]
+fn timestamp_flag_stamps_every_event_line() {
+    require_privileges();
+    let before = chrono::Local::now() - chrono::Duration::seconds(1);
+    let (out, made) = traced_syscalls(&["-T", "--events=syscalls", "--fault-hooks", "off"]);
+    let after = chrono::Local::now() + chrono::Duration::seconds(1);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let day = before.date_naive();
+    let mut calls = 0;
+    for line in text.lines().take_while(|l| !l.starts_with("pid ")) {
+        let stamp = &line[..12];
+        let time = chrono::NaiveTime::parse_from_str(stamp, "%H:%M:%S%.3f")
+            .unwrap_or_else(|e| panic!("{stamp:?} ({e}) in {line:?}"));
+        let at = day
+            .and_time(time)
+            .and_local_timezone(chrono::Local)
+            .unwrap();
+        assert!(before <= at && at <= after, "{before} <= {at} <= {after}");
+        if line.contains(") = ") && line.contains("populated") {
+            calls += 1;
+        }
+    }
+    assert_eq!(
+        calls,
+        made.values().sum::<u64>(),
+        "one stamped line per call:\n{text}"
+    );
+}
+
+#[test]
+fn output_file_leaves_the_command_its_stdout() {
+    require_privileges();
+    let dir = tempdir("output");
+    let file = dir.join("trace.json");
+    // Without --report, the workload prints its own calls as JSON on its stdout.
+    let out = run(&[
+        "--json",
+        "--events",
+        "-o",
+        file.to_str().unwrap(),
+        "--",
+        BIN,
+        "workload",
+        "syscalls",
+    ]);
+    let printed = String::from_utf8_lossy(&out.stdout);
+    let calls: Vec<Value> = serde_json::from_str(&printed)
+        .unwrap_or_else(|e| panic!("stdout is the command's own, untouched ({e}):\n{printed}"));
+    let written = std::fs::read_to_string(&file).unwrap();
+    let lines = json_lines(&written);
+    let events: Vec<&Value> = lines.iter().filter(|l| l["type"] == "syscall").collect();
+    assert_eq!(events.len(), calls.len(), "{written}");
+    for (event, call) in events.iter().zip(&calls) {
+        assert_eq!(event["syscall"], call["syscall"]);
+    }
+    assert_eq!(lines.last().unwrap()["type"], "summary");
+
+    // Text too.
+    let text_file = dir.join("trace.txt");
+    let out = run(&[
+        "-o",
+        text_file.to_str().unwrap(),
+        "--",
+        BIN,
+        "workload",
+        "syscalls",
+    ]);
+    let printed: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let text = std::fs::read_to_string(&text_file).unwrap();
+    assert!(
+        text.contains("dropped events: 0") && text.contains("mlockall"),
+        "{text}"
+    );
+    assert_eq!(printed.len(), calls.len());
+
+    // An unwritable path is a usage error before anything is loaded.
+    let out = Command::new(BIN)
+        .args(["-o", "/nonexistent-dir/x.json", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("cannot write /nonexistent-dir/x.json"),
+        "{stderr}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn hook_detail_is_printed_once_on_stderr() {
+    require_privileges();
+    let (out, _) = traced_syscalls(&["-i", "0.05"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stdout.contains("--- "), "{stdout}");
+    for detail in ["refused", "page faults traced with", "hooks"] {
+        assert!(!stdout.contains(detail), "{detail:?} on stdout:\n{stdout}");
+    }
+    assert_eq!(
+        stderr.matches("memlock-trace: faults: ").count(),
+        1,
+        "{stderr}"
+    );
+    // -q: nothing; -v: the hook set with every line of each refusal.
+    let (quiet, _) = traced_syscalls(&["-q"]);
+    assert_eq!(String::from_utf8_lossy(&quiet.stderr), "");
+    let (verbose, _) = traced_syscalls(&["-v"]);
+    let verbose = String::from_utf8_lossy(&verbose.stderr);
+    assert!(
+        verbose.contains("memlock-trace: page faults traced with "),
+        "{verbose}"
+    );
+    let probe = run(&["probe", "--json"]);
+    let probe: Value = serde_json::from_slice(&probe.stdout).unwrap();
+    if probe["capabilities"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|c| c["name"] == "fentry" && c["usable"] == false)
+    {
+        assert!(verbose.contains("  fentry refused:"), "{verbose}");
+        assert!(
+            verbose.contains("run `memlock-trace probe` to see which hooks"),
+            "every line of the reason: {verbose}"
+        );
+        assert!(!stderr.contains("run `memlock-trace probe`"), "{stderr}");
+        assert!(
+            stderr.contains("(better hooks refused: -v says why)"),
+            "{stderr}"
+        );
+    }
+}
+
+#[test]
+fn man_page_and_completions_come_from_the_clap_definition() {
+    let man = run(&["man"]);
+    let man = String::from_utf8_lossy(&man.stdout);
+    assert!(
+        man.starts_with(".ie") || man.contains(".TH memlock-trace"),
+        "{man}"
+    );
+    for flag in ["\\-\\-hist", "\\-\\-interval", "\\-o", "\\-\\-timestamp"] {
+        assert!(man.contains(flag), "{flag} missing from the man page");
+    }
+    // With a directory: the page and one per subcommand it names.
+    let dir = tempdir("man");
+    run(&["man", dir.to_str().unwrap()]);
+    let mut pages: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    pages.sort();
+    for page in [
+        "memlock-trace.1",
+        "memlock-trace-probe.1",
+        "memlock-trace-verify.1",
+    ] {
+        assert!(pages.iter().any(|p| p == page), "{page} not in {pages:?}");
+    }
+    assert!(man.contains("memlock\\-trace\\-probe(1)") || man.contains("memlock-trace-probe(1)"));
+    std::fs::remove_dir_all(&dir).ok();
+    for shell in ["bash", "zsh", "fish"] {
+        let script = run(&["completions", shell]);
+        let script = String::from_utf8_lossy(&script.stdout);
+        assert!(
+            script.contains("memlock-trace") && script.contains("hist"),
+            "{shell}: {script}"
+        );
+    }
+    let out = Command::new(BIN)
+        .args(["completions", "tcsh"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+}

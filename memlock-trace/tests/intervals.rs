@@ -1,0 +1,242 @@
+//! `--interval` blocks that show only their own window, the libbpf-tools positionals
+//! `INTERVAL COUNT`, and `-t TID`: real programs, exact figures.
+
+mod common;
+mod support;
+
+use std::{
+    io::{BufRead as _, BufReader, Write as _},
+    process::{Command, Output, Stdio},
+    time::Duration,
+};
+
+use common::require_privileges;
+use serde_json::Value;
+use support::{BIN, json_lines};
+
+fn run(args: &[&str]) -> Output {
+    let out = Command::new(BIN)
+        .args(args)
+        .output()
+        .expect("memlock-trace");
+    assert!(
+        out.status.success(),
+        "memlock-trace {args:?}: {:?}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// Waits for the tracer's "tracing" line. Loading takes long in an emulated guest on a
+/// busy machine: this is a hang guard, not a timing check.
+fn wait_tracing(tracer: &support::Tracer) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(600);
+    while !tracer.stderr().contains("memlock-trace: tracing") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no \"tracing\" within 600 s:\n{}",
+            tracer.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn interval_count_positionals_print_exactly_count_blocks() {
+    require_privileges();
+    // A target that outlives both runs: only COUNT can end them.
+    let mut sleeper = Command::new("sleep").arg("3600").spawn().unwrap();
+    let pid = sleeper.id().to_string();
+    let out = run(&["0.3", "2", "-p", &pid, "--json"]);
+    let lines = json_lines(&String::from_utf8_lossy(&out.stdout));
+    let kinds: Vec<&str> = lines.iter().map(|l| l["type"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["interval", "interval", "summary"], "{lines:?}");
+    // Text: two interval headers and the session's.
+    let out = run(&["0.3", "2", "-p", &pid]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let headers: Vec<&str> = text.lines().filter(|l| l.starts_with("--- ")).collect();
+    assert_eq!(headers.len(), 3, "{text}");
+    for (header, title) in headers
+        .iter()
+        .zip(["interval", "interval", "session summary"])
+    {
+        // `--- HH:MM:SS.mmm TITLE (N.N s) ---`
+        let rest = header.strip_prefix("--- ").unwrap();
+        let (time, rest) = rest.split_once(' ').unwrap();
+        assert_eq!(time.len(), 12, "{header}");
+        let secs = rest
+            .strip_prefix(title)
+            .and_then(|r| r.strip_prefix(" ("))
+            .and_then(|r| r.strip_suffix(" s) ---"))
+            .unwrap_or_else(|| panic!("{header}"));
+        assert!(secs.parse::<f64>().unwrap() > 0.0, "{header}");
+    }
+    assert!(
+        sleeper.try_wait().unwrap().is_none(),
+        "the target still runs: COUNT ended both runs"
+    );
+    sleeper.kill().unwrap();
+    sleeper.wait().unwrap();
+}
+
+/// The faults workload, started by the test (not by the tracer), answering on a pipe.
+struct FaultWorkload {
+    child: std::process::Child,
+    answers: BufReader<std::process::ChildStdout>,
+}
+
+impl FaultWorkload {
+    fn start() -> Self {
+        let mut child = Command::new(BIN)
+            .args(["workload", "faults"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("workload");
+        let mut answers = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        answers.read_line(&mut line).unwrap();
+        assert!(line.starts_with("ready"), "{line}");
+        Self { child, answers }
+    }
+
+    /// Sends a command, returns the process's minflt after it.
+    fn command(&mut self, cmd: &str) -> u64 {
+        let stdin = self.child.stdin.as_mut().unwrap();
+        stdin.write_all(format!("{cmd}\n").as_bytes()).unwrap();
+        let mut line = String::new();
+        self.answers.read_line(&mut line).unwrap();
+        assert!(line.starts_with("ok "), "{line}");
+        line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    }
+}
+
+impl Drop for FaultWorkload {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn each_interval_shows_only_its_own_calls_and_faults() {
+    require_privileges();
+    let mut workload = FaultWorkload::start();
+    let pid = workload.child.id();
+    let tracer = support::Tracer::spawn(&[
+        "-i",
+        "0.25",
+        "--json",
+        "-p",
+        &pid.to_string(),
+        "--fault-hooks",
+        "tracepoint",
+    ]);
+    wait_tracing(&tracer);
+    // Two bursts, each followed by quiet intervals: 300 pages touched, then 200 locked.
+    workload.command("touch 300");
+    std::thread::sleep(Duration::from_millis(700));
+    workload.command("mlock 200");
+    std::thread::sleep(Duration::from_millis(700));
+    tracer.signal(libc::SIGINT);
+    let done = tracer.finish();
+    let lines = json_lines(&done.stdout);
+    let summary = lines.last().unwrap();
+    assert_eq!(summary["type"], "summary");
+    let intervals: Vec<&Value> = lines.iter().filter(|l| l["type"] == "interval").collect();
+    assert!(intervals.len() >= 4, "{} intervals", intervals.len());
+    let of = |record: &Value, field: &str| -> u64 {
+        record["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| p["pid"] == pid)
+            .map(|p| p["faults"][field].as_u64().unwrap_or(0))
+            .sum()
+    };
+    let mlocks = |record: &Value| support::calls_of(record, pid, "mlock");
+    // Reset per interval: the intervals add up to the session, none holds both bursts.
+    for field in ["minor", "user", "populated"] {
+        let sum: u64 = intervals.iter().map(|i| of(i, field)).sum();
+        assert_eq!(sum, of(summary, field), "{field}: the intervals add up");
+    }
+    assert_eq!(of(summary, "populated"), 200, "mlock populated 200 pages");
+    assert!(of(summary, "user") >= 300);
+    assert_eq!(intervals.iter().map(|i| mlocks(i)).sum::<u64>(), 1);
+    assert_eq!(mlocks(summary), 1);
+    let busy: Vec<(u64, u64)> = intervals
+        .iter()
+        .map(|i| (of(i, "user"), of(i, "populated")))
+        .filter(|&(u, p)| u >= 300 || p > 0)
+        .collect();
+    assert!(
+        busy.iter().all(|&(u, p)| !(u >= 300 && p == 200)),
+        "the two bursts fell in different intervals: {busy:?}"
+    );
+}
+
+#[test]
+fn tid_traces_one_thread() {
+    require_privileges();
+    // Two threads ready to make 5 failing mlock calls each, waiting for a byte on stdin.
+    let mut flood = Command::new(BIN)
+        .args([
+            "workload",
+            "flood",
+            "--threads",
+            "2",
+            "--calls",
+            "5",
+            "--wait-stdin",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = flood.id();
+    let task = format!("/proc/{pid}/task");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let tid = loop {
+        let tids: Vec<u32> = std::fs::read_dir(&task)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().parse().unwrap())
+            .filter(|&t| t != pid)
+            .collect();
+        if tids.len() == 2 {
+            break tids[1];
+        }
+        assert!(std::time::Instant::now() < deadline, "threads: {tids:?}");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let tracer = support::Tracer::spawn(&[
+        "-t",
+        &tid.to_string(),
+        "--json",
+        "--events=syscalls",
+        "--fault-hooks",
+        "off",
+    ]);
+    wait_tracing(&tracer);
+    flood.stdin.take().unwrap().write_all(b"g").unwrap();
+    assert!(flood.wait().unwrap().success());
+    let done = tracer.finish();
+    assert!(done.status.success(), "{}", done.stderr);
+    let lines = json_lines(&done.stdout);
+    let events: Vec<&Value> = lines.iter().filter(|l| l["type"] == "syscall").collect();
+    assert_eq!(
+        events.len(),
+        5,
+        "only the thread's calls, not 10: {events:?}"
+    );
+    assert!(events.iter().all(|e| e["tid"] == tid), "{events:?}");
+    let summary = lines.last().unwrap();
+    assert_eq!(support::calls_of(summary, pid, "mlock"), 5, "{summary}");
+
+    let out = Command::new(BIN).args(["-t", "0"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no thread with tid 0"),
+        "{out:?}"
+    );
+}

@@ -1,0 +1,56 @@
+//! `cargo xtask dist`: the release binary with its man page and shell completions, all
+//! generated from the one clap definition (`memlock-trace man DIR`, `memlock-trace
+//! completions SHELL`, hidden subcommands), under target/dist/.
+
+use std::{path::Path, process::Command};
+
+use anyhow::{Context as _, Result};
+
+use crate::{run::workspace_root, util::output_of, util::run as run_cmd};
+
+/// Where each shell looks for completions, relative to a prefix such as /usr/share.
+const COMPLETIONS: [(&str, &str); 3] = [
+    ("bash", "bash-completion/completions/memlock-trace"),
+    ("zsh", "zsh/vendor-completions/_memlock-trace"),
+    ("fish", "fish/vendor_completions.d/memlock-trace.fish"),
+];
+
+pub fn run() -> Result<()> {
+    run_cmd(Command::new("cargo").args(["build", "--release", "-p", "memlock-trace"]))?;
+    let root = workspace_root();
+    let tracer = root.join("target/release/memlock-trace");
+    let dist = root.join("target/dist");
+    let write = |relative: &str, text: &str| -> Result<()> {
+        let path = dist.join(relative);
+        std::fs::create_dir_all(path.parent().expect("a file under dist"))?;
+        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+        println!("xtask: dist: {}", path.display());
+        Ok(())
+    };
+    std::fs::create_dir_all(dist.join("bin"))?;
+    copy(&tracer, &dist.join("bin/memlock-trace"))?;
+    println!("xtask: dist: {}", dist.join("bin/memlock-trace").display());
+    // memlock-trace.1 and a page per subcommand it names (memlock-trace-probe.1, ...).
+    let man = dist.join("share/man/man1");
+    std::fs::create_dir_all(&man)?;
+    run_cmd(Command::new(&tracer).arg("man").arg(&man))?;
+    for page in std::fs::read_dir(&man)? {
+        println!("xtask: dist: {}", page?.path().display());
+    }
+    for (shell, relative) in COMPLETIONS {
+        let script = output_of(Command::new(&tracer).args(["completions", shell]))?;
+        write(&format!("share/{relative}"), &script)?;
+    }
+    println!(
+        "xtask: dist: install with `cp -r {}/* /usr/local/`; read the page with `man {}`",
+        dist.display(),
+        dist.join("share/man/man1/memlock-trace.1").display()
+    );
+    Ok(())
+}
+
+fn copy(from: &Path, to: &Path) -> Result<()> {
+    std::fs::copy(from, to)
+        .map(|_| ())
+        .with_context(|| format!("copying {} to {}", from.display(), to.display()))
+}
