@@ -4,7 +4,7 @@
 
 use std::fmt::Write as _;
 
-use anyhow::{Context as _, Result, anyhow};
+use anyhow::{Context as _, Result, anyhow, bail};
 use aya::{
     Btf, Ebpf,
     maps::Array,
@@ -121,6 +121,22 @@ impl HookFamily for VmaHooks {
 
 /// The `VMA_CONFIG` global for this kernel.
 pub fn config(btf: &KernelBtf, all_stores: bool) -> Result<VmaConfig> {
+    // The snapshots read VMAs with bpf_find_vma and stores come from maple_tree:ma_write;
+    // 5.10 (Debian 11, Amazon Linux 2) has neither. Name what is missing rather than let a
+    // program fail verification.
+    let mut missing = Vec::new();
+    if !btf.has_enum_member("bpf_func_id", "BPF_FUNC_find_vma") {
+        missing.push("the bpf_find_vma helper (5.17)");
+    }
+    if btf.field_offset("mm_struct", "mm_mt").is_err() {
+        missing.push("the maple tree and its maple_tree:ma_write tracepoint (6.1)");
+    }
+    if !missing.is_empty() {
+        bail!(
+            "this kernel lacks {}: VMA split/merge tracing needs 6.1 or later",
+            missing.join(" and ")
+        );
+    }
     let mut offsets = VmaOffsets {
         task_mm: btf.field_offset("task_struct", "mm")?,
         mm_mt: btf.field_offset("mm_struct", "mm_mt").context(
@@ -289,8 +305,57 @@ mod tests {
 
     /// 6.1's verifier gives up at 1M processed instructions and explores far more paths than
     /// this kernel's; a snapshot program near the limit here would fail there.
+    /// Whatever the VMA family can do on this kernel, the tracer starts with the others; a
+    /// kernel that cannot trace VMAs (5.10: no maple tree, no bpf_find_vma) says what it
+    /// lacks where `probe` shows the hook sets.
+    #[test]
+    fn the_tracer_starts_whatever_the_vma_family_can_do() {
+        let btf = KernelBtf::load().expect("kernel BTF");
+        let tracer = Tracer::load(&Targets::Tgids(Vec::new()))
+            .expect("the tracer starts on every kernel (needs root)");
+        let described = &tracer.hooks[VmaHooks::NAME];
+        match config(&btf, false) {
+            Ok(_) => assert!(tracer.vma.is_some(), "{described}"),
+            Err(error) => {
+                assert!(tracer.vma.is_none(), "{described}");
+                assert!(
+                    described.starts_with("not traced: ") && described.contains("lacks"),
+                    "{described}"
+                );
+                let error = format!("{error:#}");
+                assert!(
+                    error.contains("bpf_find_vma") || error.contains("maple tree"),
+                    "{error}"
+                );
+            }
+        }
+        assert!(
+            tracer.fault_hooks.is_some(),
+            "faults: {:?}",
+            tracer.hooks.get("faults")
+        );
+    }
+
     #[test]
     fn vma_programs_stay_far_below_the_verifier_limit() {
+        let btf = KernelBtf::load().expect("kernel BTF");
+        if let Err(lacks) = config(&btf, false) {
+            // No VMA program can load here: requiring the family must say why, not load.
+            let error = Tracer::load_with(
+                &Targets::Tgids(Vec::new()),
+                &Options {
+                    require_vma: true,
+                    ..Options::default()
+                },
+            )
+            .err()
+            .expect("requiring the VMA family fails on a kernel that cannot trace VMAs");
+            assert!(
+                format!("{error:#}").contains(&format!("{lacks:#}")),
+                "{error:#}"
+            );
+            return;
+        }
         let tracer = Tracer::load_with(
             &Targets::Tgids(Vec::new()),
             &Options {
