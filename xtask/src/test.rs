@@ -1,6 +1,7 @@
 //! `cargo xtask test`: the lint checks first (`cargo xtask lint`; a failure stops the run
-//! before any test), then the same test binaries on this machine's kernel and inside a qemu
-//! guest booting a stock Debian kernel (where fentry/kprobes load), with a table per kernel.
+//! before any test), then the same test binaries on this machine's kernel and inside qemu
+//! guests booting stock Debian kernels (where fentry/kprobes load; `--kernel` picks 5.10,
+//! 6.1, 6.12), with a table per kernel.
 
 use std::{
     io::{BufRead as _, BufReader},
@@ -272,8 +273,10 @@ fn vm_stage(
         kernel,
         tests,
         cache_dir: vm::cache_dir(),
-        // A hang guard, not a target: software emulation on a loaded machine is slow.
-        timeout: Duration::from_secs(1500),
+        // A hang guard, not a target: software emulation on a loaded machine is slow, and
+        // guests side by side share its cores (all test binaries took ~15-20 min per guest
+        // with two guests and other work on 2 cores).
+        timeout: Duration::from_secs(2400),
         memory_mib: 2048,
         // Integration tests run the CLI by its absolute host path.
         extra_files: vec![(tracer.to_path_buf(), tracer.display().to_string())],
