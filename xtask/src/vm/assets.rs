@@ -170,8 +170,8 @@ fn fetch_kernel(cache_dir: &Path, kernel_dir: &Path, source: Source) -> Result<(
             download_kernel_package(&scratch.0)
         })?,
         Source::Suite { suite, package } => {
-            download_from_suite(&cache_dir.join(format!("apt-{suite}")), suite, package)?;
             let dir = cache_dir.join(format!("apt-{suite}"));
+            download_from_suite(&dir, suite, package)?;
             let found = find_deb(&dir, package)?;
             let deb = scratch.0.join(found.file_name().expect("a file"));
             fs::rename(&found, &deb)?;
