@@ -433,12 +433,23 @@ mod tests {
             }
         }
         eprintln!("verified instructions: {counts:?}");
-        assert!(
-            counts.iter().any(|(n, _)| n == "vma_enter_range"),
-            "{counts:?}"
-        );
+        let enter = if walks_rbtree(&btf) {
+            "vma_enter_range_rb"
+        } else {
+            "vma_enter_range"
+        };
+        assert!(counts.iter().any(|(n, _)| n == enter), "{counts:?}");
+        if btf.field_offset("bpf_prog_info", "verified_insns").is_err() {
+            // Before 5.16 the kernel does not report the count: loading is all it tells
+            // (5.10's verifier limit is the same 1M instructions).
+            assert!(counts.iter().all(|(_, c)| *c == 0), "{counts:?}");
+            return;
+        }
         for (name, count) in &counts {
-            assert!(*count < 20_000, "{name}: {count} instructions verified");
+            assert!(
+                (1..20_000).contains(count),
+                "{name}: {count} instructions verified"
+            );
         }
     }
 
