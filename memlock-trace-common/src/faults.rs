@@ -328,7 +328,12 @@ pub struct RegionValue {
 pub const MAX_FAULT_STACK_COUNTS: u32 = 16384;
 /// User frames kept per stack, innermost first (the kernel's limit is 127): the call sites
 /// that fault are the inner frames, and every frame is 8 bytes of every key.
-pub const STACK_DEPTH: usize = 64;
+///
+/// 63 rather than 64 so that [`StackKey`] is 512 bytes: older kernels (5.10 among them)
+/// refuse a hash map key larger than `MAX_BPF_STACK` (512) with E2BIG
+/// (`htab_map_alloc_check()` in kernel/bpf/hashtab.c), and the map is created whether
+/// `--stacks` is on or not.
+pub const STACK_DEPTH: usize = 63;
 
 /// Key of `FAULT_STACK_COUNTS` (per CPU, LRU): faults of one process (or thread) with this
 /// user call stack. For pages the kernel populated inside a system call, the stack is the
@@ -359,6 +364,11 @@ impl Default for StackKey {
         }
     }
 }
+
+const _: () = assert!(
+    size_of::<StackKey>() <= 512,
+    "E2BIG on 5.10: see STACK_DEPTH"
+);
 
 /// Indices of the per-CPU `STACK_COUNTERS`.
 pub mod stack_counter {

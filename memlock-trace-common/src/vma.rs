@@ -63,6 +63,18 @@ pub struct VmaOffsets {
     pub regs_ax: u32,
     /// 1 when the `regs_*` offsets are valid (the syscall of a VMA store can be read).
     pub regs_valid: u32,
+    /// 1 when snapshots walk the VMA rbtree and list instead of calling `bpf_find_vma`
+    /// (kernels before 6.1 keep VMAs in `mm->mm_rb` and the `vm_next` list; 5.10 has no
+    /// `bpf_find_vma` either).
+    pub rb_walk: u32,
+    /// `mm_struct.mm_rb` (a `struct rb_root`: the root node's address is its first field).
+    pub mm_rb: u32,
+    /// `vm_area_struct.vm_rb`, `.vm_next`.
+    pub vma_rb: u32,
+    pub vma_next: u32,
+    /// `rb_node.rb_left`, `.rb_right`.
+    pub rb_left: u32,
+    pub rb_right: u32,
 }
 
 /// Where one [`FuncEvent`] slot value comes from.
@@ -129,6 +141,12 @@ impl VmaConfig {
             regs_arg2: 0,
             regs_ax: 0,
             regs_valid: 0,
+            rb_walk: 0,
+            mm_rb: 0,
+            vma_rb: 0,
+            vma_next: 0,
+            rb_left: 0,
+            rb_right: 0,
         },
         all_stores: 0,
         _pad: 0,

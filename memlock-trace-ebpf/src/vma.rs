@@ -1,8 +1,9 @@
 //! VMA splits, merges and flag changes, three ways:
 //!
-//! 1. **Snapshots** (every kernel >= 5.17): at `sys_enter` and `sys_exit` of each mlock-family
-//!    call, the VMAs around its range, read with `bpf_find_vma`. The loader diffs the two, so
-//!    the semantics never depend on which internal functions a kernel version has.
+//! 1. **Snapshots**: at `sys_enter` and `sys_exit` of each mlock-family call, the VMAs
+//!    around its range, read with `bpf_find_vma` (5.17+), or before 6.1 by a bounded walk of
+//!    the VMA rbtree and list ([`rbtree`]). The loader diffs the two, so the semantics never
+//!    depend on which internal functions a kernel version has.
 //! 2. **`maple_tree:ma_write`** (tp_btf): each store into the current task's own VMA tree,
 //!    with the stored VMA's range and flags, and the system call the task is in.
 //! 3. **fentry/fexit** on the kernel's split/merge/modify functions, where the kernel allows
@@ -35,6 +36,8 @@ use memlock_trace_common::{
         StoreEvent, VM_LOCKED, VM_LOCKONFAULT, VmaConfig, VmaOffsets, VmaRange, phase, slot,
     },
 };
+
+mod rbtree;
 
 use crate::shared::{
     EVENTS, Plain, count, current_ids, current_task, is_target, syscall_arg, syscall_nr,
@@ -70,34 +73,55 @@ static VMA_CALLS: HashMap<u32, CallRange> = HashMap::with_max_entries(MAX_INFLIG
 /// Attached to `sys_enter_{mlock,mlock2,munlock}`.
 #[tracepoint]
 pub fn vma_enter_range(ctx: TracePointContext) -> u32 {
-    enter(&ctx, true);
+    enter::<false>(&ctx, true);
     0
 }
 
 /// Attached to `sys_enter_{mlockall,munlockall}`.
 #[tracepoint]
 pub fn vma_enter_whole(ctx: TracePointContext) -> u32 {
-    enter(&ctx, false);
+    enter::<false>(&ctx, false);
     0
 }
 
 /// Attached to the five `sys_exit_*` tracepoints.
 #[tracepoint]
 pub fn vma_exit(_ctx: TracePointContext) -> u32 {
+    exit::<false>();
+    0
+}
+
+/// [`vma_enter_range`] on kernels without `bpf_find_vma` (see [`rbtree`]).
+#[tracepoint]
+pub fn vma_enter_range_rb(ctx: TracePointContext) -> u32 {
+    enter::<true>(&ctx, true);
+    0
+}
+
+/// [`vma_exit`] on kernels without `bpf_find_vma` (see [`rbtree`]).
+#[tracepoint]
+pub fn vma_exit_rb(_ctx: TracePointContext) -> u32 {
+    exit::<true>();
+    0
+}
+
+/// `RB`: walk the VMA rbtree and list ([`rbtree::walk`]) rather than call `bpf_find_vma`;
+/// a program holding a call to a helper the kernel lacks does not load at all.
+#[inline(always)]
+fn exit<const RB: bool>() {
     let (tgid, tid) = current_ids();
     let Some(call) = VMA_CALLS.get_ptr(tid) else {
-        return 0;
+        return;
     };
     // SAFETY: a valid pointer to this thread's own entry (keyed by tid), copied out before
     // it is removed.
     let call = unsafe { *call };
     let _ = VMA_CALLS.remove(tid);
-    snapshot(tgid, tid, phase::AFTER, &call);
-    0
+    snapshot::<RB>(tgid, tid, phase::AFTER, &call);
 }
 
 #[inline(always)]
-fn enter(ctx: &TracePointContext, ranged: bool) {
+fn enter<const RB: bool>(ctx: &TracePointContext, ranged: bool) {
     let (tgid, tid) = current_ids();
     if !is_target(tgid) {
         return;
@@ -125,13 +149,13 @@ fn enter(ctx: &TracePointContext, ranged: bool) {
         count(counter::INFLIGHT_FULL);
         return;
     }
-    snapshot(tgid, tid, phase::BEFORE, &call);
+    snapshot::<RB>(tgid, tid, phase::BEFORE, &call);
 }
 
 /// Emits the VMAs covering `[start - 1, end]` (the range and its two neighbours), written
 /// straight into the ring buffer.
 #[inline(always)]
-fn snapshot(tgid: u32, tid: u32, phase: u32, call: &CallRange) {
+fn snapshot<const RB: bool>(tgid: u32, tid: u32, phase: u32, call: &CallRange) {
     let Some(mut slot) = EVENTS.reserve::<SnapshotEvent>(0) else {
         count(counter::VMA_DROPPED);
         return;
@@ -151,7 +175,11 @@ fn snapshot(tgid: u32, tid: u32, phase: u32, call: &CallRange) {
         (*event).end = call.end;
         (*event).vmas = [VmaRange::default(); MAX_SNAPSHOT_VMAS];
         if call.ranged != 0 && call.end > call.start {
-            walk(call, &mut *event);
+            if RB {
+                rbtree::walk(call, &mut *event);
+            } else {
+                walk(call, &mut *event);
+            }
         }
     }
     slot.submit(0);
@@ -405,23 +433,30 @@ fn function_event(ctx: *mut c_void, hook: u32, phase: u32) {
         // SAFETY: `ctx` is this fexit program's context.
         let _ = unsafe { bpf_get_func_ret(ctx, &mut event.ret) };
     }
+    // Every slot writes its value and VMA whatever its spec (0, and a failed read's zeroes,
+    // for an unused one): a slot that was skipped leaves its part of the event in a
+    // different verifier state than one that was written, and 6.12's verifier then walks
+    // each combination of the four slots apart (~280k instructions instead of a few
+    // thousand).
     for i in 0..FN_SLOTS {
         let spec = spec.slots[i];
+        let arg = event.args.get(spec.arg as usize).copied().unwrap_or(0);
         let mut value = match spec.source {
-            slot::ARG => match event.args.get(spec.arg as usize) {
-                Some(&v) => v,
-                None => continue,
-            },
+            slot::ARG => arg,
             slot::RET => event.ret,
-            _ => continue,
+            _ => 0,
         };
         if spec.deref != 0 {
             value = peek(value, spec.offset);
         }
         event.values[i] = value;
-        if spec.read_as == slot::AS_VMA && value != 0 {
-            event.vmas[i] = read_vma(value, &config.offsets);
-        }
+        let vma = if spec.read_as == slot::AS_VMA {
+            value
+        } else {
+            0
+        };
+        // Address 0 fails to read, which zero-fills the range.
+        event.vmas[i] = read_vma(vma, &config.offsets);
     }
     slot.write(event);
     slot.submit(0);

@@ -131,6 +131,22 @@ impl KernelBtf {
         }
     }
 
+    /// Whether the kernel's BTF has an enum called `name` (e.g. `fault_flag`, an enum only on
+    /// newer kernels).
+    pub fn has_enum(&self, name: &str) -> bool {
+        self.btf.resolve_types_by_name(name).is_ok_and(|types| {
+            types
+                .iter()
+                .any(|t| matches!(t, Type::Enum(_) | Type::Enum64(_)))
+        })
+    }
+
+    /// Whether enum `name` has `member` (e.g. `BPF_FUNC_find_vma` of `bpf_func_id`: whether
+    /// this kernel has that helper).
+    pub fn has_enum_member(&self, name: &str, member: &str) -> bool {
+        self.enum_value(name, member).is_ok()
+    }
+
     /// Value of `member` of `enum name` (e.g. `VM_FAULT_MAJOR` of `vm_fault_reason`).
     pub fn enum_value(&self, name: &str, member: &str) -> Result<u64> {
         let types = self

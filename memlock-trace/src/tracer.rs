@@ -156,8 +156,13 @@ impl Tracer {
             }
         }
         let mut cx = AttachContext::new(&mut tracer.ebpf, &btf, targets.specific());
-        let syscalls = SyscallHooks::attach(&mut cx, &())?;
-        tracer.hooks.insert(SyscallHooks::NAME, syscalls.describe());
+        // A family the kernel cannot serve is reported as not traced, with its reason, and
+        // the others carry on: one family never stops the tracer (unless the user required it).
+        let describe = |family: Result<String>| {
+            family.unwrap_or_else(|error| format!("not traced: {error:#}"))
+        };
+        let syscalls = SyscallHooks::attach(&mut cx, &()).map(|hooks| hooks.describe());
+        tracer.hooks.insert(SyscallHooks::NAME, describe(syscalls));
         match vma_config.and_then(|_| VmaHooks::attach(&mut cx, &())) {
             Ok(hooks) => {
                 tracer.hooks.insert(VmaHooks::NAME, hooks.describe());
@@ -171,9 +176,17 @@ impl Tracer {
             }
         }
         if fault_options.hooks != HookChoice::Off {
-            let hooks = FaultHooks::attach(&mut cx, fault_options)?;
-            tracer.hooks.insert(FaultHooks::NAME, hooks.describe());
-            tracer.fault_hooks = Some(hooks);
+            match FaultHooks::attach(&mut cx, fault_options) {
+                Ok(hooks) => {
+                    tracer.hooks.insert(FaultHooks::NAME, hooks.describe());
+                    tracer.fault_hooks = Some(hooks);
+                }
+                // A hook set the user forced is theirs to give up on.
+                Err(error) if fault_options.hooks != HookChoice::Auto => return Err(error),
+                Err(error) => {
+                    tracer.hooks.insert(FaultHooks::NAME, describe(Err(error)));
+                }
+            }
         }
         if tracer.fault_hooks.as_ref().is_some_and(|h| h.counting) {
             let mut counters = FaultCounters::default();

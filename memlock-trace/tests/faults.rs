@@ -422,7 +422,22 @@ fn accuracy(set: HookSet, recording: Recording) {
     );
     // Counting events see no addresses: nothing to attribute.
     let counting = tracer.fault_hooks.as_ref().unwrap().counting;
-    assert_eq!(counting, count_only && set == HookSet::Tracepoint);
+    // Counting events need perf_event_attr.inherit_thread (5.13); before, the hooks say so.
+    let inherit_thread = memlock_trace::probe::KernelBtf::load()
+        .expect("kernel BTF")
+        .field_offset("perf_event_attr", "inherit_thread")
+        .is_ok();
+    assert_eq!(
+        counting,
+        count_only && set == HookSet::Tracepoint && inherit_thread
+    );
+    if count_only && set == HookSet::Tracepoint && !inherit_thread {
+        let hooks = &tracer.fault_hooks.as_ref().unwrap().hooks;
+        assert!(
+            hooks.iter().any(|h| h.contains("inherit_thread")),
+            "{hooks:?}"
+        );
+    }
     if !counting {
         let mapping = by_mapping
             .iter()

@@ -1,6 +1,7 @@
 //! `cargo xtask test`: the lint checks first (`cargo xtask lint`; a failure stops the run
-//! before any test), then the same test binaries on this machine's kernel and inside a qemu
-//! guest booting a stock Debian kernel (where fentry/kprobes load), with a table per kernel.
+//! before any test), then the same test binaries on this machine's kernel and inside qemu
+//! guests booting stock Debian kernels (where fentry/kprobes load; `--kernel` picks 5.10,
+//! 6.1, 6.12), with a table per kernel.
 
 use std::{
     io::{BufRead as _, BufReader},
@@ -16,11 +17,41 @@ use crate::{lint, run::workspace_root, util::output_of, vm};
 #[derive(clap::Args)]
 pub struct Args {
     /// Only run the tests on this machine's kernel.
-    #[arg(long, conflicts_with = "vm_only")]
+    #[arg(long, conflicts_with_all = ["vm_only", "kernel"])]
     host_only: bool,
     /// Only run the tests inside the qemu guest.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "kernel")]
     vm_only: bool,
+    /// Run on these kernels only: `host`, or a guest kernel (5.10, 6.1, 6.12); repeatable.
+    /// Without it: the host and the 6.1 guest.
+    #[arg(long, value_name = "VERSION")]
+    kernel: Vec<String>,
+    /// Only the test binaries whose name contains this (e.g. `faults`, `lib`); repeatable.
+    /// The guest's `memlock-trace probe` always runs.
+    #[arg(long, value_name = "NAME")]
+    test: Vec<String>,
+}
+
+impl Args {
+    /// Whether to run on the host, and which guest kernels.
+    fn kernels(&self) -> Result<(bool, Vec<vm::Kernel>)> {
+        if self.kernel.is_empty() {
+            let guests = if self.host_only {
+                Vec::new()
+            } else {
+                vec![vm::DEFAULT_KERNEL]
+            };
+            return Ok((!self.vm_only, guests));
+        }
+        let mut guests = Vec::new();
+        for version in self.kernel.iter().filter(|k| *k != "host") {
+            let kernel = vm::kernel(version)?;
+            if !guests.contains(&kernel) {
+                guests.push(kernel);
+            }
+        }
+        Ok((self.kernel.iter().any(|k| k == "host"), guests))
+    }
 }
 
 /// A test executable built by `cargo test --no-run`.
@@ -40,6 +71,7 @@ struct Outcome {
 }
 
 struct Stage {
+    /// `host`, or the guest kernel's version.
     title: &'static str,
     kernel: String,
     hooks: Vec<(String, String)>,
@@ -64,17 +96,48 @@ const LIBTEST_ARGS: [&str; 1] = ["--test-threads=1"];
 pub fn run(args: &Args) -> Result<()> {
     // Every run lints, whatever the stages: there is no flag to skip it, so CI always does.
     lint::run().context("no test ran")?;
-    // Both stages need them: the guest's kernel, and on the host the suite test's
-    // vm-memory scenario boots the same kernel under qemu.
-    vm::ensure_assets(&vm::cache_dir())?;
-    let binaries = build_test_binaries()?;
+    let (host, guests) = args.kernels()?;
+    // The host stage needs the default kernel too: the suite test's vm-memory scenario
+    // boots it under qemu. Fetched up front, so a failed fetch stops the run at once.
+    if host {
+        vm::ensure_assets(&vm::cache_dir(), vm::DEFAULT_KERNEL)?;
+    }
+    for &kernel in &guests {
+        vm::ensure_assets(&vm::cache_dir(), kernel)?;
+    }
+    let mut binaries = build_test_binaries()?;
+    if !args.test.is_empty() {
+        binaries.retain(|b| args.test.iter().any(|t| b.name.contains(t.as_str())));
+        if binaries.is_empty() {
+            bail!("no test binary matches --test {}", args.test.join(", "));
+        }
+    }
     let tracer = workspace_root().join("target/debug/memlock-trace");
     let mut stages = Vec::new();
-    if !args.vm_only {
+    if host {
         stages.push(host_stage(&binaries, &tracer)?);
     }
-    if !args.host_only {
-        stages.push(vm_stage(&binaries, &tracer)?);
+    // Guests side by side: each is one qemu process, mostly waiting on emulation.
+    let (binaries, tracer) = (&binaries, &tracer);
+    let guest_stages: Vec<Result<Stage>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = guests
+            .iter()
+            .map(|&kernel| scope.spawn(move || vm_stage(binaries, tracer, kernel)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("guest thread panicked")))
+            })
+            .collect()
+    });
+    let mut errors = Vec::new();
+    for stage in guest_stages {
+        match stage {
+            Ok(stage) => stages.push(stage),
+            Err(error) => errors.push(format!("{error:#}")),
+        }
     }
     println!();
     for stage in &stages {
@@ -92,6 +155,9 @@ pub fn run(args: &Args) -> Result<()> {
         .sum();
     // The plain closing line CI reads, over both kernels.
     println!("{passed} passed, {failed} failed");
+    if !errors.is_empty() {
+        bail!("{}", errors.join("\n"));
+    }
     if let Some(bad) = stages.iter().find(|s| !s.ok()) {
         bail!("tests failed on {} ({})", bad.title, bad.kernel);
     }
@@ -178,9 +244,16 @@ fn host_stage(binaries: &[TestBinary], tracer: &std::path::Path) -> Result<Stage
     })
 }
 
-fn vm_stage(binaries: &[TestBinary], tracer: &std::path::Path) -> Result<Stage> {
+fn vm_stage(
+    binaries: &[TestBinary],
+    tracer: &std::path::Path,
+    kernel: vm::Kernel,
+) -> Result<Stage> {
     let start = Instant::now();
-    println!("xtask: VM stage: booting a stock Debian kernel in qemu (software emulation)");
+    println!(
+        "xtask: VM stage: booting Debian's {} kernel in qemu (software emulation)",
+        kernel.version
+    );
     // Only memlock-trace's tests touch the kernel; xtask's own do not belong in the guest.
     let guest_binaries: Vec<&TestBinary> = binaries
         .iter()
@@ -197,10 +270,13 @@ fn vm_stage(binaries: &[TestBinary], tracer: &std::path::Path) -> Result<Stage> 
         args: LIBTEST_ARGS.iter().map(|s| s.to_string()).collect(),
     }));
     let report = vm::run(&vm::VmOptions {
+        kernel,
         tests,
         cache_dir: vm::cache_dir(),
-        // A hang guard, not a target: software emulation on a loaded machine is slow.
-        timeout: Duration::from_secs(1500),
+        // A hang guard, not a target: software emulation on a loaded machine is slow, and
+        // guests side by side share its cores (all test binaries took ~15-20 min per guest
+        // with two guests and other work on 2 cores).
+        timeout: Duration::from_secs(2400),
         memory_mib: 2048,
         // Integration tests run the CLI by its absolute host path.
         extra_files: vec![(tracer.to_path_buf(), tracer.display().to_string())],
@@ -253,7 +329,7 @@ fn vm_stage(binaries: &[TestBinary], tracer: &std::path::Path) -> Result<Stage> 
         outcomes.push(outcome(&name, &result.output, result.exit_code));
     }
     Ok(Stage {
-        title: "qemu guest",
+        title: kernel.version,
         kernel: report.kernel_release,
         hooks,
         outcomes,

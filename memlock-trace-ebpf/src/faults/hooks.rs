@@ -51,13 +51,28 @@ pub fn fault_entry_kernel_btf(ctx: BtfTracePointContext) -> i32 {
 /// completed fault that has `regs`.
 #[perf_event]
 pub fn fault_perf_min(ctx: PerfEventContext) -> u32 {
-    perf_completion(&ctx, false);
+    perf_completion::<true>(&ctx, false);
     0
 }
 
 #[perf_event]
 pub fn fault_perf_maj(ctx: PerfEventContext) -> u32 {
-    perf_completion(&ctx, true);
+    perf_completion::<true>(&ctx, true);
+    0
+}
+
+/// [`fault_perf_min`] for kernels without `bpf_map_lookup_percpu_elem` (5.19): a fault's
+/// start is looked for on this CPU only (one that migrated counts as unmatched).
+#[perf_event]
+pub fn fault_perf_min_local(ctx: PerfEventContext) -> u32 {
+    perf_completion::<false>(&ctx, false);
+    0
+}
+
+/// [`fault_perf_maj`] for kernels without `bpf_map_lookup_percpu_elem` (5.19).
+#[perf_event]
+pub fn fault_perf_maj_local(ctx: PerfEventContext) -> u32 {
+    perf_completion::<false>(&ctx, true);
     0
 }
 

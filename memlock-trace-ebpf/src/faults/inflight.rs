@@ -84,12 +84,17 @@ static FAULT_SLOTS: PerCpuArray<StartRing> = PerCpuArray::with_max_entries(1, 0)
 /// The latency of `tid`'s fault at `address`: its start is in this CPU's ring, or, for a
 /// fault that slept and woke on another CPU, in that CPU's (the only case that pays for the
 /// search).
+/// `ACROSS_CPUS`: search the other CPUs' rings too (`bpf_map_lookup_percpu_elem`, 5.19; a
+/// program calling a helper the kernel lacks does not load).
 #[inline(always)]
-fn slot_latency(tid: u32, address: u64) -> Option<u64> {
+fn slot_latency<const ACROSS_CPUS: bool>(tid: u32, address: u64) -> Option<u64> {
     let ring = FAULT_SLOTS.get_ptr_mut(0)?;
     // SAFETY: as in `record_start`: this CPU's ring, used by nothing else meanwhile.
     if let Some(ns) = take_start(unsafe { &mut *ring }, tid, address) {
         return Some(ns);
+    }
+    if !ACROSS_CPUS {
+        return None;
     }
     let cpus = config!(nr_cpus).min(MAX_CPUS);
     let this_cpu = this_cpu();
@@ -137,7 +142,7 @@ fn take_start(ring: &mut StartRing, tid: u32, address: u64) -> Option<u64> {
 }
 
 #[inline(always)]
-pub(super) fn perf_completion(ctx: &PerfEventContext, major: bool) {
+pub(super) fn perf_completion<const ACROSS_CPUS: bool>(ctx: &PerfEventContext, major: bool) {
     let data = ctx.ctx;
     // SAFETY: `ctx.ctx` is the `bpf_perf_event_data` the kernel hands this program, valid
     // for its whole run.
@@ -148,7 +153,7 @@ pub(super) fn perf_completion(ctx: &PerfEventContext, major: bool) {
     let (tgid, tid) = current_ids();
     // A start found in the ring also says the task is traced (only targets fill it).
     let latency = if config!(latency) != 0 {
-        slot_latency(tid, address)
+        slot_latency::<ACROSS_CPUS>(tid, address)
     } else {
         None
     };

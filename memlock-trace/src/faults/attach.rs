@@ -26,12 +26,38 @@ use crate::{
 /// Whether count-only mode on the tracepoint set can use counting perf events on the
 /// targets' threads (see `fault_counting`) instead of a BPF program per fault: it needs
 /// specific processes, and nothing per fault (no latency, events, per-thread keys or stacks).
-fn counting(options: &FaultOptions, specific_targets: bool) -> bool {
+fn counting(options: &FaultOptions, specific_targets: bool, kernel: &KernelSupport) -> bool {
+    kernel.inherit_thread && wants_counting(options, specific_targets)
+}
+
+/// Whether counting perf events would do, were the kernel recent enough.
+fn wants_counting(options: &FaultOptions, specific_targets: bool) -> bool {
     specific_targets
         && !options.latency
         && !options.events
         && !options.per_thread
         && !options.stacks
+}
+
+/// What older kernels lack that the tracepoint set would use, from the kernel's BTF.
+struct KernelSupport {
+    /// `perf_event_attr.inherit_thread` (5.13): counting events that follow new threads
+    /// but not forked children. Without it count-only mode uses the BPF programs.
+    inherit_thread: bool,
+    /// `bpf_map_lookup_percpu_elem` (5.19): a fault's start searched on other CPUs. Without
+    /// it the `_local` perf programs look on this CPU only.
+    percpu_lookup: bool,
+}
+
+impl KernelSupport {
+    fn of(btf: &crate::probe::KernelBtf) -> Self {
+        Self {
+            inherit_thread: btf
+                .field_offset("perf_event_attr", "inherit_thread")
+                .is_ok(),
+            percpu_lookup: btf.has_enum_member("bpf_func_id", "BPF_FUNC_map_lookup_percpu_elem"),
+        }
+    }
 }
 
 const FENTRY: &str = "handle_mm_fault_fentry";
@@ -43,6 +69,8 @@ const ENTRY_USER_BTF: &str = "fault_entry_user_btf";
 const ENTRY_KERNEL_BTF: &str = "fault_entry_kernel_btf";
 const PERF_MIN: &str = "fault_perf_min";
 const PERF_MAJ: &str = "fault_perf_maj";
+const PERF_MIN_LOCAL: &str = "fault_perf_min_local";
+const PERF_MAJ_LOCAL: &str = "fault_perf_maj_local";
 /// The same hooks with programs that return at once, or only read the clock: see
 /// [`BenchFloor`]. Entry user, entry kernel, perf min, perf maj.
 const EMPTY_PROGRAMS: [&str; 4] = [
@@ -68,6 +96,7 @@ const FAULT_FUNCTION: &str = "handle_mm_fault";
 pub fn attach(cx: &mut AttachContext<'_>, options: &FaultOptions) -> Result<FaultHooks> {
     let specific_targets = cx.specific_targets;
     let has_fault_function = cx.btf.has_function(FAULT_FUNCTION);
+    let kernel = KernelSupport::of(cx.btf);
     let (ebpf, aya_btf) = cx.ebpf_and_btf()?;
     let candidates: &[HookSet] = match options.hooks {
         HookChoice::Off => bail!("--fault-hooks off: the fault family is not attached"),
@@ -82,7 +111,7 @@ pub fn attach(cx: &mut AttachContext<'_>, options: &FaultOptions) -> Result<Faul
             HookSet::Fentry => attach_fentry(ebpf, has_fault_function, aya_btf),
             HookSet::Kprobe => attach_kprobe(ebpf),
             HookSet::Tracepoint => {
-                attach_tracepoints(ebpf, aya_btf, options, counting(options, specific_targets))
+                attach_tracepoints(ebpf, aya_btf, options, &kernel, specific_targets)
             }
         };
         match attached {
@@ -95,7 +124,8 @@ pub fn attach(cx: &mut AttachContext<'_>, options: &FaultOptions) -> Result<Faul
                     // nor the VMA.
                     unobserved.extend(["retried", "in_locked_vma"]);
                 }
-                let counting = set == HookSet::Tracepoint && counting(options, specific_targets);
+                let counting =
+                    set == HookSet::Tracepoint && counting(options, specific_targets, &kernel);
                 return Ok(FaultHooks {
                     counting,
                     hook_set: set,
@@ -171,10 +201,11 @@ fn attach_tracepoints(
     ebpf: &mut Ebpf,
     btf: &aya::Btf,
     options: &FaultOptions,
-    counting: bool,
+    kernel: &KernelSupport,
+    specific_targets: bool,
 ) -> Result<Vec<String>> {
     let mut hooks = Vec::new();
-    if counting {
+    if counting(options, specific_targets, kernel) {
         return Ok(vec![
             "perf counting events software:PAGE_FAULTS_MIN/MAJ on each target thread (no BPF per fault)".into(),
         ]);
@@ -182,9 +213,26 @@ fn attach_tracepoints(
     if options.latency {
         hooks.extend(attach_fault_entry(ebpf, btf, options)?);
     }
+    if wants_counting(options, specific_targets) {
+        hooks.push(
+            "count-only by BPF per fault (counting events need perf_event_attr.inherit_thread, \
+             5.13)"
+                .into(),
+        );
+    }
     let cpus = aya::util::online_cpus().map_err(|(what, e)| anyhow!("{what}: {e}"))?;
-    let (min, maj) =
-        floor_programs(options.bench_floor).map_or((PERF_MIN, PERF_MAJ), |p| (p[2], p[3]));
+    let (min, maj) = match floor_programs(options.bench_floor) {
+        Some(p) => (p[2], p[3]),
+        None if kernel.percpu_lookup => (PERF_MIN, PERF_MAJ),
+        None => {
+            hooks.push(
+                "fault starts matched on the completing CPU only (no \
+                 bpf_map_lookup_percpu_elem, 5.19)"
+                    .into(),
+            );
+            (PERF_MIN_LOCAL, PERF_MAJ_LOCAL)
+        }
+    };
     for (name, event, label) in [
         (min, SoftwareEvent::PageFaultsMin, "PAGE_FAULTS_MIN"),
         (maj, SoftwareEvent::PageFaultsMaj, "PAGE_FAULTS_MAJ"),
@@ -326,6 +374,8 @@ fn unload(ebpf: &mut Ebpf, set: HookSet) {
             ENTRY_KERNEL_BTF,
             PERF_MIN,
             PERF_MAJ,
+            PERF_MIN_LOCAL,
+            PERF_MAJ_LOCAL,
         ],
     };
     for name in names {

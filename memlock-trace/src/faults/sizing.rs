@@ -63,6 +63,26 @@ fn possible_cpus() -> Result<usize> {
         .max(1))
 }
 
+/// `FAULT_FLAG_*` values of kernels where they are `#define`s, which BTF does not carry:
+/// include/linux/mm.h of 5.10 (`#define FAULT_FLAG_TRIED 0x20`, `#define FAULT_FLAG_USER
+/// 0x40`, unchanged from 5.7 until `enum fault_flag` replaced the defines with the same
+/// values).
+const FAULT_FLAG_DEFINES: [(&str, u32); 2] =
+    [("FAULT_FLAG_TRIED", 0x20), ("FAULT_FLAG_USER", 0x40)];
+
+/// A fault flag's value: from the kernel's `enum fault_flag` where it has one, else the
+/// `#define` of older kernels ([`FAULT_FLAG_DEFINES`]).
+fn fault_flag(btf: &KernelBtf, name: &str) -> Result<u32> {
+    if btf.has_enum("fault_flag") {
+        return Ok(btf.enum_value("fault_flag", name)? as u32);
+    }
+    FAULT_FLAG_DEFINES
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|&(_, value)| value)
+        .ok_or_else(|| anyhow!("no known value of {name} for a kernel without enum fault_flag"))
+}
+
 /// The `FAULT_CONFIG` global for this kernel: result and flag bits from its BTF.
 pub fn config(btf: &KernelBtf, options: &FaultOptions) -> Result<FaultConfig> {
     let cpus = possible_cpus()?;
@@ -85,8 +105,8 @@ pub fn config(btf: &KernelBtf, options: &FaultOptions) -> Result<FaultConfig> {
         vm_fault_major: reason("VM_FAULT_MAJOR")? as u32,
         vm_fault_retry: reason("VM_FAULT_RETRY")? as u32,
         vm_fault_error: error as u32,
-        fault_flag_tried: btf.enum_value("fault_flag", "FAULT_FLAG_TRIED")? as u32,
-        fault_flag_user: btf.enum_value("fault_flag", "FAULT_FLAG_USER")? as u32,
+        fault_flag_tried: fault_flag(btf, "FAULT_FLAG_TRIED")?,
+        fault_flag_user: fault_flag(btf, "FAULT_FLAG_USER")?,
         vm_fault_oom: reason("VM_FAULT_OOM")? as u32,
         nr_cpus: u32::try_from(cpus).unwrap_or(u32::MAX),
         stacks: u32::from(options.stacks),
@@ -121,7 +141,7 @@ pub fn prepare_loader<'a>(loader: &mut EbpfLoader<'a>, config: &'a FaultConfig) 
             names::FAULT_REGIONS,
             fit(8 << 20, size_of::<RegionValue>(), MAX_FAULT_REGIONS),
         );
-    // Each entry preallocates its 520-byte key once (plus ~64 bytes of element) and an
+    // Each entry preallocates its 512-byte key once (plus ~64 bytes of element) and an
     // 8-byte count per CPU: 16 MiB is ~28000 entries on 2 CPUs, ~15000 on 64. Without
     // --stacks none is used, so keep the map at its smallest.
     let stack_counts = if config.stacks != 0 {

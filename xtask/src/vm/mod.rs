@@ -29,7 +29,7 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-pub use self::assets::ensure_assets;
+pub use self::assets::{DEFAULT_KERNEL, Kernel, ensure_assets, kernel};
 
 /// `/init` prints this and `uname -r` once booted.
 const KERNEL_MARK: &str = "MEMLOCK-TRACE-KERNEL";
@@ -51,9 +51,11 @@ pub struct VmTest {
 
 /// What to run and how.
 pub struct VmOptions {
+    /// The stock kernel to boot.
+    pub kernel: Kernel,
     /// Run in order, each as root with `/tmp` as working directory.
     pub tests: Vec<VmTest>,
-    /// Holds the cached kernel, the scratch initramfs and `console-PID.log`.
+    /// Holds the cached kernels, the scratch initramfs and `console-PID-VERSION.log`.
     pub cache_dir: PathBuf,
     /// Limit for the guest, from qemu start to the guest powering off.
     pub timeout: Duration,
@@ -102,30 +104,35 @@ pub fn cache_dir() -> PathBuf {
 /// (the error then quotes the last console lines).
 pub fn run(opts: &VmOptions) -> Result<VmReport> {
     let start = Instant::now();
-    let assets = ensure_assets(&opts.cache_dir)?;
-    let scratch = ScratchDir::new(opts.cache_dir.join(format!("vm-run-{}", process::id())))?;
+    let version = opts.kernel.version;
+    let assets = ensure_assets(&opts.cache_dir, opts.kernel)?;
+    let scratch = ScratchDir::new(
+        opts.cache_dir
+            .join(format!("vm-run-{}-{version}", process::id())),
+    )?;
     let initrd = initramfs::build(opts, &scratch.0)?;
     // One log per run: concurrent runs (several worktrees) must not share it.
     let console_log = opts
         .cache_dir
-        .join(format!("console-{}.log", process::id()));
-    let console = qemu::boot(&assets.vmlinuz, &initrd, opts, &console_log)?;
+        .join(format!("console-{}-{version}.log", process::id()));
+    let console = qemu::boot(&assets.vmlinuz, &initrd, opts, &console_log)
+        .with_context(|| format!("kernel {version}: booting {}", assets.vmlinuz.display()))?;
 
     let kernel_release = console.kernel_release.with_context(|| {
         format!(
-            "guest never printed {KERNEL_MARK}; see {}",
+            "kernel {version}: the guest never printed {KERNEL_MARK} (it did not boot); see {}",
             console_log.display()
         )
     })?;
     if kernel_release != assets.kernel_release {
         bail!(
-            "guest runs kernel {kernel_release}, expected {}",
+            "kernel {version}: guest runs kernel {kernel_release}, expected {}",
             assets.kernel_release
         );
     }
     if console.results.len() != opts.tests.len() {
         bail!(
-            "guest reported {} of {} test results; see {}",
+            "kernel {version}: guest reported {} of {} test results; see {}",
             console.results.len(),
             opts.tests.len(),
             console_log.display()
