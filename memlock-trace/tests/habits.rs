@@ -105,7 +105,8 @@ fn histograms(text: &str) -> BTreeMap<String, Vec<(u64, u64, u64)>> {
 #[test]
 fn hist_counts_every_call_in_log2_rows() {
     require_privileges();
-    let (out, made) = traced_syscalls(&["--hist", "--fault-hooks", "off"]);
+    // One run checks the histograms, the auto units and where the hook detail goes.
+    let (out, made) = traced_syscalls(&["--hist"]);
     let text = String::from_utf8_lossy(&out.stdout);
     let hists = histograms(&text);
     assert!(
@@ -124,15 +125,23 @@ fn hist_counts_every_call_in_log2_rows() {
             assert_eq!((low, high), (want_low, (2 << i) - 1), "{name} row {i}");
         }
     }
-    assert_eq!(hists.len(), made.len(), "one histogram per call: {hists:?}");
+    let calls_hists = hists.keys().filter(|t| !t.ends_with(" fault latency"));
+    assert_eq!(calls_hists.count(), made.len(), "one per call: {hists:?}");
+    assert!(
+        hists.contains_key("minor fault latency"),
+        "faults too: {hists:?}"
+    );
+    check_units(&text, made.len(), None);
+    check_hooks_on_stderr_once(&out);
 
-    // -m: the same rows in msecs; the calls are sub-millisecond here, so all in row 0.
+    // -m: the same rows in msecs, and every latency column in ms.
     let (out, made) = traced_syscalls(&["--hist", "-m", "--fault-hooks", "off"]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("     msecs "), "{text}");
     let hists = histograms(&text);
     let total: u64 = hists.values().flatten().map(|r| r.2).sum();
     assert_eq!(total, made.values().sum::<u64>(), "{text}");
+    check_units(&text, made.len(), Some("ms"));
 }
 
 #[test]
@@ -199,30 +208,41 @@ fn column_units(text: &str) -> Vec<Vec<&str>> {
     columns
 }
 
-#[test]
-fn one_unit_per_column_or_fixed() {
-    require_privileges();
-    for (flag, want) in [
-        (None, None),
-        (Some("-m"), Some("ms")),
-        (Some("-u"), Some("us")),
-    ] {
-        let mut args = vec!["--fault-hooks", "off"];
-        args.extend(flag);
-        let (out, made) = traced_syscalls(&args);
-        let text = String::from_utf8_lossy(&out.stdout);
-        let columns = column_units(&text);
-        for column in &columns {
-            assert_eq!(column.len(), made.len(), "a row per call: {text}");
-            assert!(
-                column.iter().all(|u| *u == column[0]),
-                "mixed units:\n{text}"
-            );
-            if let Some(want) = want {
-                assert_eq!(column[0], want, "{flag:?}:\n{text}");
-            }
+/// Each latency column of the syscall table in one unit (`want` when fixed by -m/-u).
+fn check_units(text: &str, rows: usize, want: Option<&str>) {
+    for column in column_units(text) {
+        assert_eq!(column.len(), rows, "a row per call: {text}");
+        assert!(
+            column.iter().all(|u| *u == column[0]),
+            "mixed units:\n{text}"
+        );
+        if let Some(want) = want {
+            assert_eq!(column[0], want, "\n{text}");
         }
     }
+}
+
+/// The hook sets once on stderr, briefly; nothing of them in the text summary.
+fn check_hooks_on_stderr_once(out: &Output) {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    for detail in ["refused", "page faults traced with", "hooks"] {
+        assert!(!stdout.contains(detail), "{detail:?} on stdout:\n{stdout}");
+    }
+    assert_eq!(
+        stderr.matches("memlock-trace: faults: ").count(),
+        1,
+        "{stderr}"
+    );
+    assert!(!stderr.contains("run `memlock-trace probe`"), "{stderr}");
+    // Refusals are noted without their reasons (-v gives those).
+    assert_eq!(
+        stderr.matches("refused").count(),
+        stderr
+            .matches("(better hooks refused: -v says why)")
+            .count(),
+        "{stderr}"
+    );
 }
 
 #[test]
@@ -279,7 +299,7 @@ fn every_json_record_has_a_realtime_stamp() {
 fn timestamp_flag_stamps_every_event_line() {
     require_privileges();
     let before = chrono::Local::now() - chrono::Duration::seconds(1);
-    let (out, made) = traced_syscalls(&["-T", "--events=syscalls", "--fault-hooks", "off"]);
+    let (out, made) = traced_syscalls(&["-T", "-u", "--events=syscalls", "--fault-hooks", "off"]);
     let after = chrono::Local::now() + chrono::Duration::seconds(1);
     let text = String::from_utf8_lossy(&out.stdout);
     let day = before.date_naive();
@@ -302,6 +322,7 @@ fn timestamp_flag_stamps_every_event_line() {
         made.values().sum::<u64>(),
         "one stamped line per call:\n{text}"
     );
+    check_units(&text, made.len(), Some("us"));
 }
 
 #[test]
@@ -332,9 +353,10 @@ fn output_file_leaves_the_command_its_stdout() {
     }
     assert_eq!(lines.last().unwrap()["type"], "summary");
 
-    // Text too.
+    // Text too, with -q: nothing at all on stderr.
     let text_file = dir.join("trace.txt");
     let out = run(&[
+        "-q",
         "-o",
         text_file.to_str().unwrap(),
         "--",
@@ -349,6 +371,7 @@ fn output_file_leaves_the_command_its_stdout() {
         "{text}"
     );
     assert_eq!(printed.len(), calls.len());
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "", "-q");
 
     // An unwritable path is a usage error before anything is loaded.
     let out = Command::new(BIN)
@@ -366,27 +389,18 @@ fn output_file_leaves_the_command_its_stdout() {
 }
 
 #[test]
-fn hook_detail_is_printed_once_on_stderr() {
+fn verbose_prints_the_hook_detail_once_on_stderr() {
     require_privileges();
-    let (out, _) = traced_syscalls(&["-i", "0.05"]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stdout.contains("--- "), "{stdout}");
-    for detail in ["refused", "page faults traced with", "hooks"] {
-        assert!(!stdout.contains(detail), "{detail:?} on stdout:\n{stdout}");
-    }
-    assert_eq!(
-        stderr.matches("memlock-trace: faults: ").count(),
-        1,
-        "{stderr}"
-    );
-    // -q: nothing; -v: the hook set with every line of each refusal.
-    let (quiet, _) = traced_syscalls(&["-q"]);
-    assert_eq!(String::from_utf8_lossy(&quiet.stderr), "");
+    // The default and -q are checked with the histogram and -o runs.
     let (verbose, _) = traced_syscalls(&["-v"]);
+    let stdout = String::from_utf8_lossy(&verbose.stdout);
+    assert!(!stdout.contains("refused"), "{stdout}");
     let verbose = String::from_utf8_lossy(&verbose.stderr);
-    assert!(
-        verbose.contains("memlock-trace: page faults traced with "),
+    assert_eq!(
+        verbose
+            .matches("memlock-trace: page faults traced with ")
+            .count(),
+        1,
         "{verbose}"
     );
     let probe = run(&["probe", "--json"]);
@@ -401,11 +415,6 @@ fn hook_detail_is_printed_once_on_stderr() {
         assert!(
             verbose.contains("run `memlock-trace probe` to see which hooks"),
             "every line of the reason: {verbose}"
-        );
-        assert!(!stderr.contains("run `memlock-trace probe`"), "{stderr}");
-        assert!(
-            stderr.contains("(better hooks refused: -v says why)"),
-            "{stderr}"
         );
     }
 }

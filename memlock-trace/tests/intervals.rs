@@ -57,6 +57,17 @@ fn interval_count_positionals_print_exactly_count_blocks() {
     let text = String::from_utf8_lossy(&out.stdout);
     let headers: Vec<&str> = text.lines().filter(|l| l.starts_with("--- ")).collect();
     assert_eq!(headers.len(), 3, "{text}");
+    // The hook sets went to stderr once, not into each block.
+    assert!(
+        !text.contains("refused") && !text.contains("hooks"),
+        "{text}"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        stderr.matches("memlock-trace: faults: ").count(),
+        1,
+        "{stderr}"
+    );
     for (header, title) in headers
         .iter()
         .zip(["interval", "interval", "session summary"])
