@@ -9,7 +9,7 @@ use aya::maps::{MapData, RingBuf};
 use super::summary::{Summary, summary_text};
 use crate::{
     event::{Event, decode},
-    faults::{self, render as fault_render, stacks::StackSymbolizer},
+    faults::{self, FaultHooks, FaultReport, render as fault_render, stacks::StackSymbolizer},
     metrics::Metrics,
     procfs::MappingCache,
     syscalls::{self, Aggregator},
@@ -92,14 +92,32 @@ impl Output {
         }
     }
 
-    /// The tracer's health with the aggregator's evictions, pushed to the metrics.
+    /// The tracer's health with the aggregator's evictions, and the fault family's figures,
+    /// pushed to the metrics.
     pub(super) fn update_health(&self, tracer: &Tracer) -> Result<()> {
         if let Some(metrics) = &self.metrics {
             let mut health = tracer.health()?;
             health.processes.evicted_processes = self.aggregator.evicted_processes();
             metrics.health.update(&health);
+            if let (Some(hooks), Some(report)) = (&tracer.fault_hooks, tracer.fault_report()?) {
+                self.update_fault_metrics(metrics, hooks, &report);
+            }
         }
         Ok(())
+    }
+
+    fn update_fault_metrics(&self, metrics: &Metrics, hooks: &FaultHooks, report: &FaultReport) {
+        metrics.faults.update(
+            &faults::summary::by_process(report),
+            hooks,
+            &report.health,
+            |pid| {
+                std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                    .ok()
+                    .map(|c| c.trim_end().to_string())
+                    .or_else(|| self.mappings.comm(pid))
+            },
+        );
     }
 
     fn vma_activity(&mut self, activity: &vma::Activity, out: &mut impl std::io::Write) {
@@ -135,6 +153,9 @@ impl Output {
         health.processes.evicted_processes = self.aggregator.evicted_processes();
         let mut summary = Summary::new(kind, self.aggregator.summaries(), health);
         if let (Some(hooks), Some(report)) = (&tracer.fault_hooks, tracer.fault_report()?) {
+            if let Some(metrics) = &self.metrics {
+                self.update_fault_metrics(metrics, hooks, &report);
+            }
             for &tgid in report.regions.keys() {
                 self.mappings.refresh(tgid, Duration::ZERO);
             }
