@@ -11,7 +11,12 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::{lint, run::workspace_root, util::output_of, vm};
+use crate::{
+    lint,
+    run::workspace_root,
+    util::{install_missing_packages, output_of},
+    vm,
+};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -44,6 +49,8 @@ struct Stage {
     kernel: String,
     hooks: Vec<(String, String)>,
     outcomes: Vec<Outcome>,
+    /// Test binaries not run on this kernel, and why.
+    not_run: Vec<(String, &'static str)>,
     secs: f64,
 }
 
@@ -61,6 +68,15 @@ impl Stage {
 /// one binary must not run concurrently.
 const LIBTEST_ARGS: [&str; 1] = ["--test-threads=1"];
 
+/// Test binaries run on the host stage only, with the reason the guest's table shows.
+const HOST_ONLY: [(&str, &str); 1] = [(
+    "memlock-trace/prometheus_server",
+    "host only: runs Debian's prometheus server, which the guest's initramfs does not carry",
+)];
+
+/// Debian packages the host stage's tests run (installed when missing, like qemu).
+const HOST_TEST_PACKAGES: [&str; 1] = ["prometheus"];
+
 pub fn run(args: &Args) -> Result<()> {
     // Every run lints, whatever the stages: there is no flag to skip it, so CI always does.
     lint::run().context("no test ran")?;
@@ -71,6 +87,7 @@ pub fn run(args: &Args) -> Result<()> {
     let tracer = workspace_root().join("target/debug/memlock-trace");
     let mut stages = Vec::new();
     if !args.vm_only {
+        install_missing_packages(&HOST_TEST_PACKAGES)?;
         stages.push(host_stage(&binaries, &tracer)?);
     }
     if !args.host_only {
@@ -174,6 +191,7 @@ fn host_stage(binaries: &[TestBinary], tracer: &std::path::Path) -> Result<Stage
         kernel,
         hooks,
         outcomes,
+        not_run: Vec::new(),
         secs: start.elapsed().as_secs_f64(),
     })
 }
@@ -182,9 +200,19 @@ fn vm_stage(binaries: &[TestBinary], tracer: &std::path::Path) -> Result<Stage> 
     let start = Instant::now();
     println!("xtask: VM stage: booting a stock Debian kernel in qemu (software emulation)");
     // Only memlock-trace's tests touch the kernel; xtask's own do not belong in the guest.
-    let guest_binaries: Vec<&TestBinary> = binaries
+    let (guest_binaries, host_only): (Vec<&TestBinary>, Vec<&TestBinary>) = binaries
         .iter()
         .filter(|b| b.package == "memlock-trace")
+        .partition(|b| !HOST_ONLY.iter().any(|(name, _)| *name == b.name));
+    let not_run = host_only
+        .iter()
+        .map(|b| {
+            let reason = HOST_ONLY
+                .iter()
+                .find(|(name, _)| *name == b.name)
+                .map_or("", |(_, reason)| *reason);
+            (b.name.clone(), reason)
+        })
         .collect();
     let mut tests = vec![vm::VmTest {
         name: "probe".into(),
@@ -257,6 +285,7 @@ fn vm_stage(binaries: &[TestBinary], tracer: &std::path::Path) -> Result<Stage> 
         kernel: report.kernel_release,
         hooks,
         outcomes,
+        not_run,
         secs: start.elapsed().as_secs_f64(),
     })
 }
@@ -334,6 +363,9 @@ fn print_table(stage: &Stage) {
             "  {:<44} {:>7} {:>7} {:>5}",
             o.name, o.passed, o.failed, o.exit_code
         );
+    }
+    for (name, reason) in &stage.not_run {
+        println!("  {name:<44} {reason}");
     }
     println!();
 }
