@@ -8,6 +8,7 @@
 
 pub mod faults;
 pub mod process;
+pub mod stacks;
 pub mod vma;
 
 /// Length of `task_struct.comm`, including the NUL.

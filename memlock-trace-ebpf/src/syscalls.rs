@@ -10,7 +10,9 @@ use aya_ebpf::{
     maps::HashMap,
     programs::TracePointContext,
 };
-use memlock_trace_common::{EventKind, MAX_INFLIGHT, SyscallEvent, counter};
+use memlock_trace_common::{
+    EventKind, MAX_INFLIGHT, SyscallEvent, counter, stacks::SyscallStackValue,
+};
 
 use crate::shared::{
     EVENTS, TaskCounters, count, current_ids, is_target, now_ns, syscall_arg, syscall_nr,
@@ -124,6 +126,21 @@ fn exit(ctx: &TracePointContext) {
     let now = now_ns();
     let after = task_counters();
     let ret = syscall_ret(ctx).unwrap_or(0);
+    let min_flt = after.min_flt.wrapping_sub(entry.before.min_flt);
+    let maj_flt = after.maj_flt.wrapping_sub(entry.before.maj_flt);
+    if crate::stacks::syscalls_enabled() {
+        // Counted before the event is written: a full ring buffer loses no call site.
+        let locked = after.locked_vm as i64 - entry.before.locked_vm as i64;
+        let call = SyscallStackValue {
+            calls: 1,
+            errors: u64::from(ret < 0),
+            populated: min_flt + maj_flt,
+            locked: if locked > 0 { locked as u64 } else { 0 },
+            unlocked: if locked < 0 { locked.unsigned_abs() } else { 0 },
+            duration_ns: now - entry.enter_ns,
+        };
+        crate::stacks::record_call(ctx, tgid, entry.nr, &call);
+    }
 
     let Some(mut slot) = EVENTS.reserve::<SyscallEvent>(0) else {
         count(counter::RINGBUF_DROPPED);
@@ -138,8 +155,8 @@ fn exit(ctx: &TracePointContext) {
         duration_ns: now - entry.enter_ns,
         args: entry.args,
         ret,
-        min_flt: after.min_flt.wrapping_sub(entry.before.min_flt),
-        maj_flt: after.maj_flt.wrapping_sub(entry.before.maj_flt),
+        min_flt,
+        maj_flt,
         locked_vm_before: entry.before.locked_vm,
         locked_vm_after: after.locked_vm,
         map_count_before: entry.before.map_count,

@@ -6,8 +6,8 @@
 //! - Shared layers: [`probe`] asks the kernel what it offers; [`object`] loads the eBPF
 //!   object and gives every family one attach signature; [`event`] decodes ring-buffer
 //!   records; [`process`] holds the target set, filters and the per-process table;
-//!   [`procfs`] parses `/proc/PID/smaps`; [`latency`] and [`output`] are shared by every
-//!   family's figures and rendering.
+//!   [`procfs`] parses `/proc/PID/smaps`; [`symbolize`] makes user call stacks readable;
+//!   [`latency`] and [`output`] are shared by every family's figures and rendering.
 //! - Hook families, each owning its attach, read-back and summary: [`syscalls`], [`faults`],
 //!   [`vma`].
 //! - On top: [`tracer`] attaches the families; [`session`] runs the event loop and prints
@@ -27,6 +27,7 @@ pub mod probe;
 pub mod process;
 pub mod procfs;
 pub mod session;
+pub mod symbolize;
 pub mod syscalls;
 pub mod tracer;
 pub mod vma;

@@ -20,7 +20,7 @@ use crate::{
     object::{self, AttachContext, HookFamily},
     probe::{self, KernelBtf},
     process::{Filters, ProcessHealth, ProcessHooks, Targets, filters},
-    syscalls::SyscallHooks,
+    syscalls::{self, SyscallHooks, stacks::CallSiteReport},
     vma::{self, VmaHooks},
 };
 
@@ -122,6 +122,7 @@ impl Tracer {
             if let Some(max) = filters.max_targets {
                 loader.map_max_entries(names::TARGET_TGIDS, max);
             }
+            syscalls::stacks::prepare_loader(loader, fault_options.stacks);
             faults::sizing::prepare_loader(loader, &fault_config)
         })?;
 
@@ -244,6 +245,14 @@ impl Tracer {
             report.stacks = Some(stacks);
         }
         Ok(Some(report))
+    }
+
+    /// `--stacks`: the mlock-family calls counted per user call site (None without it).
+    pub fn call_sites(&self) -> Result<Option<CallSiteReport>> {
+        if !self.fault_options.stacks {
+            return Ok(None);
+        }
+        syscalls::stacks::read(&self.ebpf).map(Some)
     }
 
     /// Processes with fault statistics (cheap: keys only).

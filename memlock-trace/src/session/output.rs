@@ -6,13 +6,13 @@ use std::{collections::BTreeMap, io::Write as _, sync::Arc, time::Duration};
 use anyhow::Result;
 use aya::maps::{MapData, RingBuf};
 
-use super::summary::{Summary, summary_text};
+use super::summary::{CallSiteHealth, Summary, summary_text};
 use crate::{
     event::{Event, decode},
     faults::{self, FaultHooks, FaultReport, render as fault_render, stacks::StackSymbolizer},
     metrics::Metrics,
     procfs::MappingCache,
-    syscalls::{self, Aggregator},
+    syscalls::{self, Aggregator, stacks::CallSiteReport},
     tracer::Tracer,
     vma::{self, VmaHooks},
 };
@@ -120,6 +120,28 @@ impl Output {
         );
     }
 
+    /// `--stacks`: each process's top mlock-family call sites, symbolized with its mappings
+    /// (re-read now if it still lives, else its last snapshot).
+    fn add_call_sites(&mut self, summary: &mut Summary, sites: &CallSiteReport) {
+        for p in &mut summary.processes {
+            if p.syscalls.is_empty() && !sites.counts.keys().any(|k| k.tgid == p.pid) {
+                continue;
+            }
+            self.mappings.refresh(p.pid, Duration::ZERO);
+            p.call_sites = Some(syscalls::stacks::top_call_sites(
+                sites,
+                p.pid,
+                self.mappings.get(p.pid),
+                self.top_stacks,
+                &self.symbolizer,
+            ));
+        }
+        summary.call_site_health = Some(CallSiteHealth {
+            dropped: sites.dropped,
+            evicted: sites.evicted,
+        });
+    }
+
     fn vma_activity(&mut self, activity: &vma::Activity, out: &mut impl std::io::Write) {
         if let vma::Activity::Call(call) = activity {
             let counts = self.vma.counts.entry(activity.tgid()).or_default();
@@ -171,6 +193,9 @@ impl Output {
                 );
             }
             summary.add_faults(hooks.clone(), report.health, per_process);
+        }
+        if let Some(sites) = tracer.call_sites()? {
+            self.add_call_sites(&mut summary, &sites);
         }
         if let Some(metrics) = &self.metrics {
             metrics.health.update(&summary.health);

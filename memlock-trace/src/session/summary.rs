@@ -8,7 +8,7 @@ use serde::Serialize;
 use crate::{
     faults::{self, FaultHealth, FaultHooks, FaultSummary},
     output::JSON_SCHEMA,
-    syscalls::{self, ProcessSyscalls, SyscallSummary},
+    syscalls::{self, ProcessSyscalls, SyscallSummary, stacks::CallSite},
     tracer::Health,
 };
 
@@ -26,6 +26,18 @@ pub struct Summary {
     pub fault_hooks: Option<FaultHooks>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fault_health: Option<FaultHealth>,
+    /// `--stacks`: mlock-family calls whose call site could not be kept.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub call_site_health: Option<CallSiteHealth>,
+}
+
+/// `--stacks`: what the mlock-family call-site map could not keep.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct CallSiteHealth {
+    /// Calls whose user stack could not be recorded.
+    pub dropped: u64,
+    /// (process, call, stack) entries the bounded LRU map evicted.
+    pub evicted: u64,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -37,6 +49,9 @@ pub struct ProcessSummary {
     pub syscalls: BTreeMap<&'static str, SyscallSummary>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub faults: Option<FaultSummary>,
+    /// `--stacks`: the top user call sites of the process's mlock-family calls.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub call_sites: Option<Vec<CallSite>>,
 }
 
 impl Summary {
@@ -54,12 +69,14 @@ impl Summary {
                     comm: p.comm,
                     syscalls: p.syscalls,
                     faults: None,
+                    call_sites: None,
                 })
                 .collect(),
             dropped_events: health.dropped_events,
             health,
             fault_hooks: None,
             fault_health: None,
+            call_site_health: None,
         }
     }
 
@@ -85,6 +102,7 @@ impl Summary {
                     comm,
                     syscalls: BTreeMap::new(),
                     faults: Some(summary),
+                    call_sites: None,
                 }),
             }
         }
@@ -121,6 +139,9 @@ pub fn summary_text(summary: &Summary) -> String {
             }
         }
         syscalls::render::table(&mut out, &p.syscalls);
+        if let Some(sites) = &p.call_sites {
+            syscalls::render::call_sites_text(&mut out, sites, "  ");
+        }
     }
     let h = &summary.health;
     let _ = writeln!(
@@ -143,6 +164,13 @@ pub fn summary_text(summary: &Summary) -> String {
             "children not followed (target map full): {}, processes evicted from this summary \
              (--max-processes): {}",
             p.children_not_followed, p.evicted_processes
+        );
+    }
+    if let Some(c) = &summary.call_site_health {
+        let _ = writeln!(
+            out,
+            "call-site stacks: {} mlock-family calls without a recorded stack, {} evicted",
+            c.dropped, c.evicted
         );
     }
     if let Some(f) = &summary.fault_health {
