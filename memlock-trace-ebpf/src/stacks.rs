@@ -46,7 +46,7 @@ fn add(index: u32, n: u64) {
 #[inline(always)]
 pub fn record<C: EbpfContext>(ctx: &C, tgid: u32, tid: u32, count: u64) {
     let Some(key) = STACK_SCRATCH.get_ptr_mut(0) else {
-        add(stack_counter::DROPPED, count);
+        stack_dropped(count, "map STACK_SCRATCH lookup failed");
         return;
     };
     // SAFETY: this CPU's scratch value of a per-CPU map, valid while the program runs; a
@@ -66,7 +66,7 @@ pub fn record<C: EbpfContext>(ctx: &C, tgid: u32, tid: u32, count: u64) {
         )
     };
     if copied <= 0 {
-        add(stack_counter::DROPPED, count);
+        stack_dropped(count, "no user stack (bpf_get_stack failed)");
         return;
     }
     let key = &*key;
@@ -85,7 +85,24 @@ pub fn record<C: EbpfContext>(ctx: &C, tgid: u32, tid: u32, count: u64) {
         }
         // Lost a race with another CPU's insert: add to this CPU's share of it.
     }
-    add(stack_counter::DROPPED, count);
+    stack_dropped(count, "map FAULT_STACK_COUNTS update failed");
+}
+
+/// `count` faults whose stack could not be kept; with `-v`, why. Not inlined: a call on the
+/// failure path only, so its log code cannot change the per-fault path's code.
+#[inline(never)]
+fn stack_dropped(count: u64, why: &'static str) {
+    let before = crate::shared::add(&STACK_COUNTERS, stack_counter::DROPPED, count);
+    if crate::diag::wanted(before) {
+        aya_log_ebpf::warn!(
+            &(),
+            target: "page-fault hooks",
+            "{}: {} faults counted without a stack ({} on this CPU)",
+            why,
+            count,
+            before + count
+        );
+    }
 }
 
 /// Non-zero with `--stacks` (set by the loader, see `stacks::names::SYSCALL_STACKS`).
@@ -116,7 +133,7 @@ pub fn syscalls_enabled() -> bool {
 #[inline(always)]
 pub fn record_call<C: EbpfContext>(ctx: &C, tgid: u32, nr: u32, call: &SyscallStackValue) {
     let Some(key) = SYSCALL_STACK_SCRATCH.get_ptr_mut(0) else {
-        crate::shared::add(&SYSCALL_STACK_COUNTERS, counter::DROPPED, 1);
+        call_dropped("map SYSCALL_STACK_SCRATCH lookup failed");
         return;
     };
     // SAFETY: this CPU's scratch value of a per-CPU map, valid while the program runs; a
@@ -135,7 +152,7 @@ pub fn record_call<C: EbpfContext>(ctx: &C, tgid: u32, nr: u32, call: &SyscallSt
         )
     };
     if copied <= 0 {
-        crate::shared::add(&SYSCALL_STACK_COUNTERS, counter::DROPPED, 1);
+        call_dropped("no user stack (bpf_get_stack failed)");
         return;
     }
     let key = &*key;
@@ -160,5 +177,20 @@ pub fn record_call<C: EbpfContext>(ctx: &C, tgid: u32, nr: u32, call: &SyscallSt
         }
         // Lost a race with another CPU's insert: add to this CPU's share of it.
     }
-    crate::shared::add(&SYSCALL_STACK_COUNTERS, counter::DROPPED, 1);
+    call_dropped("map SYSCALL_STACK_COUNTS update failed");
+}
+
+/// A call whose call site could not be kept; with `-v`, why.
+#[inline(always)]
+fn call_dropped(why: &'static str) {
+    let before = crate::shared::add(&SYSCALL_STACK_COUNTERS, counter::DROPPED, 1);
+    if crate::diag::wanted(before) {
+        aya_log_ebpf::warn!(
+            &(),
+            target: "sys_exit_mlock_family",
+            "{}: call counted without its call site ({} on this CPU)",
+            why,
+            before + 1
+        );
+    }
 }

@@ -14,8 +14,10 @@ use memlock_trace_common::{
     EventKind, MAX_INFLIGHT, SyscallEvent, counter, stacks::SyscallStackValue,
 };
 
+use aya_log_ebpf::warn;
+
 use crate::shared::{
-    EVENTS, TaskCounters, count, current_ids, is_target, now_ns, syscall_arg, syscall_nr,
+    COUNTERS, EVENTS, TaskCounters, add, current_ids, is_target, now_ns, syscall_arg, syscall_nr,
     syscall_ret, task_counters,
 };
 
@@ -58,28 +60,30 @@ static INFLIGHT: HashMap<u32, InFlight> = HashMap::with_max_entries(MAX_INFLIGHT
 
 #[tracepoint]
 pub fn sys_enter_mlock(ctx: TracePointContext) -> u32 {
-    enter::<2>(&ctx)
+    enter::<2>(&ctx, "sys_enter_mlock")
 }
 
 #[tracepoint]
 pub fn sys_enter_mlock2(ctx: TracePointContext) -> u32 {
-    enter::<3>(&ctx)
+    enter::<3>(&ctx, "sys_enter_mlock2")
 }
 
 #[tracepoint]
 pub fn sys_enter_munlock(ctx: TracePointContext) -> u32 {
-    enter::<2>(&ctx)
+    enter::<2>(&ctx, "sys_enter_munlock")
 }
 
 #[tracepoint]
 pub fn sys_enter_mlockall(ctx: TracePointContext) -> u32 {
-    enter::<1>(&ctx)
+    enter::<1>(&ctx, "sys_enter_mlockall")
 }
 
 #[tracepoint]
 pub fn sys_enter_munlockall(ctx: TracePointContext) -> u32 {
-    enter::<0>(&ctx)
+    enter::<0>(&ctx, "sys_enter_munlockall")
 }
+
+const EXIT_PROG: &str = "sys_exit_mlock_family";
 
 /// Attached to all five `sys_exit_*` tracepoints: the exit record has the same layout for each.
 #[tracepoint]
@@ -89,9 +93,9 @@ pub fn sys_exit_mlock_family(ctx: TracePointContext) -> u32 {
 }
 
 /// Records entry state; `ARGS` is how many 8-byte argument slots this tracepoint has, so we
-/// never read past the end of its record.
+/// never read past the end of its record. `prog` names the program in `-v` diagnostics.
 #[inline(always)]
-fn enter<const ARGS: usize>(ctx: &TracePointContext) -> u32 {
+fn enter<const ARGS: usize>(ctx: &TracePointContext, prog: &'static str) -> u32 {
     let (tgid, tid) = current_ids();
     if !is_target(tgid) {
         return 0;
@@ -105,10 +109,20 @@ fn enter<const ARGS: usize>(ctx: &TracePointContext) -> u32 {
         _pad: 0,
         enter_ns: now_ns(),
         args,
-        before: task_counters().into(),
+        before: task_counters(prog).into(),
     };
     if INFLIGHT.insert(tid, entry, 0).is_err() {
-        count(counter::INFLIGHT_FULL);
+        let before = add(&COUNTERS, counter::INFLIGHT_FULL, 1);
+        if crate::diag::wanted(before) {
+            warn!(
+                ctx,
+                target: prog,
+                "map INFLIGHT full ({} calls in flight): call of tid {} not traced ({} on this CPU)",
+                MAX_INFLIGHT,
+                tid,
+                before + 1
+            );
+        }
     }
     0
 }
@@ -124,7 +138,7 @@ fn exit(ctx: &TracePointContext) {
     let entry = unsafe { *entry };
     let _ = INFLIGHT.remove(tid);
     let now = now_ns();
-    let after = task_counters();
+    let after = task_counters(EXIT_PROG);
     let ret = syscall_ret(ctx).unwrap_or(0);
     let min_flt = after.min_flt.wrapping_sub(entry.before.min_flt);
     let maj_flt = after.maj_flt.wrapping_sub(entry.before.maj_flt);
@@ -143,7 +157,17 @@ fn exit(ctx: &TracePointContext) {
     }
 
     let Some(mut slot) = EVENTS.reserve::<SyscallEvent>(0) else {
-        count(counter::RINGBUF_DROPPED);
+        let before = add(&COUNTERS, counter::RINGBUF_DROPPED, 1);
+        if crate::diag::wanted(before) {
+            warn!(
+                ctx,
+                target: EXIT_PROG,
+                "ring buffer EVENTS full: record of syscall {} by tid {} dropped ({} on this CPU)",
+                entry.nr,
+                tid,
+                before + 1
+            );
+        }
         return;
     };
     slot.write(SyscallEvent {

@@ -89,6 +89,10 @@ pub struct TraceArgs {
     /// (`empty`) or only read the clock (`clock`); nothing is counted.
     #[arg(long, hide = true, value_enum, value_name = "FLOOR")]
     pub bench_floor: Option<BenchFloor>,
+    /// More detail on stderr; -v also prints the eBPF programs' own diagnostics (failed
+    /// kernel reads, full maps, dropped records, targets leaving), named by program.
+    #[arg(short, long, action = clap::ArgAction::Count)]
+    pub verbose: u8,
     /// Launch COMMAND and trace it and its threads until it exits.
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<String>,

@@ -6,7 +6,8 @@
 //! - Shared layers: [`probe`] asks the kernel what it offers; [`object`] loads the eBPF
 //!   object and gives every family one attach signature; [`event`] decodes ring-buffer
 //!   records; [`process`] holds the target set, filters and the per-process table;
-//!   [`procfs`] parses `/proc/PID/smaps`; [`symbolize`] makes user call stacks readable;
+//!   [`kernel_log`] prints the programs' own diagnostics (`-v`); [`procfs`] parses
+//!   `/proc/PID/smaps`; [`symbolize`] makes user call stacks readable;
 //!   [`latency`] and [`output`] are shared by every family's figures and rendering.
 //! - Hook families, each owning its attach, read-back and summary: [`syscalls`], [`faults`],
 //!   [`vma`].
@@ -19,6 +20,7 @@
 pub mod cli;
 pub mod event;
 pub mod faults;
+pub mod kernel_log;
 pub mod latency;
 pub mod metrics;
 pub mod object;
