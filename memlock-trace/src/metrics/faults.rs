@@ -54,9 +54,12 @@ pub struct FaultMetrics {
     last: Mutex<HashMap<u32, Seen>>,
 }
 
-/// One process's running totals at the last refresh.
+/// One process's running totals at the last refresh, and its name.
 #[derive(Clone, Default)]
 struct Seen {
+    /// Looked up once, when the process is first seen (system-wide, thousands of processes
+    /// would otherwise mean thousands of /proc reads a second).
+    comm: Option<String>,
     counts: [u64; stat::COUNT],
     populated_by: [u64; SLOTS],
     hists: BTreeMap<u32, [u64; HIST_BUCKETS]>,
@@ -116,9 +119,10 @@ impl FaultMetrics {
         m
     }
 
-    /// Adds each process's growth since the last refresh. `comm_of` names a process as the
-    /// syscall series do (its current comm, or its last one seen); the comm the kernel stored
-    /// with its first fault (before an exec, for a launched command) is the fallback.
+    /// Adds each process's growth since the last refresh. `comm_of` names a process the
+    /// first time it is seen, as the syscall series do (its current comm, or its last one
+    /// seen); the comm the kernel stored with its first fault (before an exec, for a launched
+    /// command) is the fallback.
     pub fn update(
         &self,
         processes: &BTreeMap<u32, ProcessFaults>,
@@ -130,8 +134,12 @@ impl FaultMetrics {
         let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
         for (&tgid, p) in processes {
             let before = last.remove(&tgid).unwrap_or_default();
-            let comm = comm_of(tgid).unwrap_or_else(|| p.stats.comm.clone());
-            let base = process_labels(self.pid_label, comm, tgid);
+            let comm = before
+                .comm
+                .clone()
+                .or_else(|| comm_of(tgid))
+                .unwrap_or_else(|| p.stats.comm.clone());
+            let base = process_labels(self.pid_label, comm.clone(), tgid);
             let with = |extra: &[(&'static str, &str)]| {
                 let mut labels = base.clone();
                 labels.extend(extra.iter().map(|&(k, v)| (k, v.to_string())));
@@ -178,6 +186,7 @@ impl FaultMetrics {
             last.insert(
                 tgid,
                 Seen {
+                    comm: Some(comm),
                     counts: p.stats.counts,
                     populated_by: p.stats.populated_by,
                     hists: p.hists.clone(),
