@@ -20,10 +20,11 @@ pub fn wanted(before: u64) -> bool {
     DIAG.load() != 0 && worth_logging(before)
 }
 
-/// Whether an occurrence is worth a record: the first, the second, then each power of two
+/// Whether an occurrence is worth a record: the 1st, 2nd, 4th, 8th, ... on this CPU
 /// (`before` is the count before this one), so a storm of losses writes a few records per
 /// CPU with the running count, not one per loss.
 #[inline(always)]
 fn worth_logging(before: u64) -> bool {
-    before & before.wrapping_sub(1) == 0
+    let n = before.wrapping_add(1);
+    n & n.wrapping_sub(1) == 0
 }

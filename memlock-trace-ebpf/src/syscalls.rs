@@ -162,7 +162,7 @@ fn exit(ctx: &TracePointContext) {
             warn!(
                 ctx,
                 target: EXIT_PROG,
-                "ring buffer EVENTS full: record of syscall {} by tid {} dropped ({} on this CPU)",
+                "ring buffer EVENTS full: record of syscall nr {} by tid {} dropped ({} on this CPU)",
                 entry.nr,
                 tid,
                 before + 1
