@@ -26,6 +26,10 @@ pub struct Args {
     /// Only run the tests inside the qemu guest.
     #[arg(long)]
     vm_only: bool,
+    /// Only run these test binaries (`package/kind:target`, e.g. `memlock-trace/test:fault_cli`;
+    /// repeatable): a quicker round on a loaded machine. Every run without it runs them all.
+    #[arg(long, value_name = "BINARY")]
+    only: Vec<String>,
 }
 
 /// A test executable built by `cargo test --no-run`.
@@ -70,7 +74,7 @@ const LIBTEST_ARGS: [&str; 1] = ["--test-threads=1"];
 
 /// Test binaries run on the host stage only, with the reason the guest's table shows.
 const HOST_ONLY: [(&str, &str); 1] = [(
-    "memlock-trace/prometheus_server",
+    "memlock-trace/test:prometheus_server",
     "host only: runs Debian's prometheus server, which the guest's initramfs does not carry",
 )];
 
@@ -83,7 +87,21 @@ pub fn run(args: &Args) -> Result<()> {
     // Both stages need them: the guest's kernel, and on the host the suite test's
     // vm-memory scenario boots the same kernel under qemu.
     vm::ensure_assets(&vm::cache_dir())?;
-    let binaries = build_test_binaries()?;
+    let mut binaries = build_test_binaries()?;
+    if !args.only.is_empty() {
+        if let Some(unknown) = args
+            .only
+            .iter()
+            .find(|name| !binaries.iter().any(|b| &b.name == *name))
+        {
+            let known: Vec<&str> = binaries.iter().map(|b| b.name.as_str()).collect();
+            bail!(
+                "--only {unknown}: no such test binary; these exist: {}",
+                known.join(", ")
+            );
+        }
+        binaries.retain(|b| args.only.contains(&b.name));
+    }
     let tracer = workspace_root().join("target/debug/memlock-trace");
     let mut stages = Vec::new();
     if !args.vm_only {
@@ -373,6 +391,19 @@ fn print_table(stage: &Stage) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A name in HOST_ONLY that matched no binary would run it in the guest after all.
+    #[test]
+    fn host_only_names_are_test_binaries() {
+        for (name, reason) in HOST_ONLY {
+            let target = name
+                .strip_prefix("memlock-trace/test:")
+                .unwrap_or_else(|| panic!("{name}: not `memlock-trace/test:TARGET`"));
+            let file = workspace_root().join(format!("memlock-trace/tests/{target}.rs"));
+            assert!(file.is_file(), "{name}: no {}", file.display());
+            assert!(reason.starts_with("host only: "), "{reason}");
+        }
+    }
 
     #[test]
     fn libtest_summaries_are_summed() {
