@@ -8,6 +8,7 @@
 
 pub mod faults;
 pub mod process;
+pub mod stacks;
 pub mod vma;
 
 /// Length of `task_struct.comm`, including the NUL.
@@ -28,6 +29,8 @@ pub mod names {
     pub const TARGET_TGIDS: &str = "TARGET_TGIDS";
     pub const COUNTERS: &str = "COUNTERS";
     pub const CONFIG: &str = "CONFIG";
+    /// `u8` global, non-zero with `-v`: the programs' diagnostics are wanted.
+    pub const DIAG: &str = "DIAG";
 }
 
 /// Size of the shared ring buffer (must be a power of two multiple of the page size).

@@ -6,6 +6,7 @@
 
 mod bench;
 mod capabilities;
+mod diag;
 mod faults;
 mod process;
 mod shared;

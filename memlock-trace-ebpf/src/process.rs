@@ -21,7 +21,7 @@ use aya_ebpf::{
 };
 use memlock_trace_common::process::counter;
 
-use crate::shared::{PROCESS_CONFIG, TARGET_TGIDS, add, current_ids, read_kernel};
+use crate::shared::{PROCESS_CONFIG, TARGET_TGIDS, add, current_ids, read_field};
 
 /// See [`counter`].
 #[map]
@@ -44,13 +44,28 @@ pub fn process_fork(ctx: BtfTracePointContext) -> i32 {
         return 0;
     }
     let child: u64 = ctx.arg(1);
-    let child_tgid: u32 = read_kernel(child, config.offsets.task_tgid);
+    let child_tgid: u32 = read_field(
+        child,
+        config.offsets.task_tgid,
+        "process_fork",
+        "task_struct.tgid",
+    );
     // A new thread shares the parent's tgid and is already traced.
     if child_tgid == 0 || child_tgid == parent_tgid {
         return 0;
     }
     if TARGET_TGIDS.insert(child_tgid, 1, 0).is_err() {
-        count(counter::CHILDREN_NOT_FOLLOWED);
+        let before = add(&PROCESS_COUNTERS, counter::CHILDREN_NOT_FOLLOWED, 1);
+        if crate::diag::wanted(before) {
+            aya_log_ebpf::warn!(
+                &ctx,
+                target: "process_fork",
+                "map TARGET_TGIDS full (--max-targets): child {} of {} not followed ({} on this CPU)",
+                child_tgid,
+                parent_tgid,
+                before + 1
+            );
+        }
     } else {
         count(counter::CHILDREN_FOLLOWED);
     }
@@ -67,12 +82,24 @@ pub fn process_exit(ctx: BtfTracePointContext) -> i32 {
     }
     let off = PROCESS_CONFIG.load().offsets;
     let task: u64 = ctx.arg(0);
-    let signal: u64 = read_kernel(task, off.task_signal);
+    let signal: u64 = read_field(task, off.task_signal, "process_exit", "task_struct.signal");
     // do_exit() decrements signal->live before this tracepoint: 0 means the whole group is
     // exiting (kernel/exit.c, `group_dead = atomic_dec_and_test(&tsk->signal->live)`).
-    let live: i32 = read_kernel(signal, off.signal_live);
+    let live: i32 = read_field(
+        signal,
+        off.signal_live,
+        "process_exit",
+        "signal_struct.live",
+    );
     if signal != 0 && live == 0 && TARGET_TGIDS.remove(tgid).is_ok() {
         count(counter::TARGETS_EXITED);
+        // Once per traced process: not on any per-fault or per-call path.
+        aya_log_ebpf::info!(
+            &ctx,
+            target: "process_exit",
+            "pid {} left the target set (its last thread exited)",
+            tgid
+        );
     }
     0
 }

@@ -44,7 +44,7 @@ pub static TARGET_TGIDS: HashMap<u32, u8> = HashMap::with_max_entries(MAX_TARGET
 
 /// The tracer's own health: see [`counter`].
 #[map]
-static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::COUNT, 0);
+pub static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::COUNT, 0);
 
 #[inline(always)]
 pub fn offsets() -> KernelOffsets {
@@ -203,6 +203,38 @@ pub fn read_kernel<T: Plain + Default>(base: u64, offset: u32) -> T {
     }
 }
 
+/// [`read_kernel`] of a named field, for the diagnostics: with `-v`, a failed read says
+/// which program read which field.
+#[inline(always)]
+pub fn read_field<T: Plain + Default>(
+    base: u64,
+    offset: u32,
+    prog: &'static str,
+    field: &'static str,
+) -> T {
+    if base != 0 {
+        // SAFETY: as in `read_kernel`: the helper checks the address and fails rather than
+        // faults; any bytes are a valid `T`.
+        if let Ok(value) = unsafe { bpf_probe_read_kernel((base + u64::from(offset)) as *const T) }
+        {
+            return value;
+        }
+    }
+    let before = add(&COUNTERS, counter::READ_FAILED, 1);
+    if crate::diag::wanted(before) {
+        aya_log_ebpf::warn!(
+            &(),
+            target: prog,
+            "kernel read of {} failed (offset {}{}): reported as 0 ({} on this CPU)",
+            field,
+            offset,
+            if base == 0 { ", NULL base" } else { "" },
+            before + 1
+        );
+    }
+    T::default()
+}
+
 /// The fields of the current task and its mm that the syscall and fault hooks compare
 /// before and after a call.
 #[derive(Clone, Copy, Default)]
@@ -213,17 +245,17 @@ pub struct TaskCounters {
     pub map_count: i32,
 }
 
+/// `prog`: the program reading them, named in `-v` diagnostics.
 #[inline(always)]
-pub fn task_counters() -> TaskCounters {
+pub fn task_counters(prog: &'static str) -> TaskCounters {
     let off = offsets();
     let task = current_task();
-    let mm: u64 = read_kernel(task, off.task_mm);
-    let (min_flt, maj_flt) = faults_of(task, &off);
+    let mm: u64 = read_field(task, off.task_mm, prog, "task_struct.mm");
     TaskCounters {
-        min_flt,
-        maj_flt,
-        locked_vm: read_kernel(mm, off.mm_locked_vm),
-        map_count: read_kernel(mm, off.mm_map_count),
+        min_flt: read_field(task, off.task_min_flt, prog, "task_struct.min_flt"),
+        maj_flt: read_field(task, off.task_maj_flt, prog, "task_struct.maj_flt"),
+        locked_vm: read_field(mm, off.mm_locked_vm, prog, "mm_struct.locked_vm"),
+        map_count: read_field(mm, off.mm_map_count, prog, "mm_struct.map_count"),
     }
 }
 

@@ -10,10 +10,14 @@ use aya_ebpf::{
     maps::HashMap,
     programs::TracePointContext,
 };
-use memlock_trace_common::{EventKind, MAX_INFLIGHT, SyscallEvent, counter};
+use memlock_trace_common::{
+    EventKind, MAX_INFLIGHT, SyscallEvent, counter, stacks::SyscallStackValue,
+};
+
+use aya_log_ebpf::warn;
 
 use crate::shared::{
-    EVENTS, TaskCounters, count, current_ids, is_target, now_ns, syscall_arg, syscall_nr,
+    COUNTERS, EVENTS, TaskCounters, add, current_ids, is_target, now_ns, syscall_arg, syscall_nr,
     syscall_ret, task_counters,
 };
 
@@ -56,28 +60,30 @@ static INFLIGHT: HashMap<u32, InFlight> = HashMap::with_max_entries(MAX_INFLIGHT
 
 #[tracepoint]
 pub fn sys_enter_mlock(ctx: TracePointContext) -> u32 {
-    enter::<2>(&ctx)
+    enter::<2>(&ctx, "sys_enter_mlock")
 }
 
 #[tracepoint]
 pub fn sys_enter_mlock2(ctx: TracePointContext) -> u32 {
-    enter::<3>(&ctx)
+    enter::<3>(&ctx, "sys_enter_mlock2")
 }
 
 #[tracepoint]
 pub fn sys_enter_munlock(ctx: TracePointContext) -> u32 {
-    enter::<2>(&ctx)
+    enter::<2>(&ctx, "sys_enter_munlock")
 }
 
 #[tracepoint]
 pub fn sys_enter_mlockall(ctx: TracePointContext) -> u32 {
-    enter::<1>(&ctx)
+    enter::<1>(&ctx, "sys_enter_mlockall")
 }
 
 #[tracepoint]
 pub fn sys_enter_munlockall(ctx: TracePointContext) -> u32 {
-    enter::<0>(&ctx)
+    enter::<0>(&ctx, "sys_enter_munlockall")
 }
+
+const EXIT_PROG: &str = "sys_exit_mlock_family";
 
 /// Attached to all five `sys_exit_*` tracepoints: the exit record has the same layout for each.
 #[tracepoint]
@@ -87,9 +93,9 @@ pub fn sys_exit_mlock_family(ctx: TracePointContext) -> u32 {
 }
 
 /// Records entry state; `ARGS` is how many 8-byte argument slots this tracepoint has, so we
-/// never read past the end of its record.
+/// never read past the end of its record. `prog` names the program in `-v` diagnostics.
 #[inline(always)]
-fn enter<const ARGS: usize>(ctx: &TracePointContext) -> u32 {
+fn enter<const ARGS: usize>(ctx: &TracePointContext, prog: &'static str) -> u32 {
     let (tgid, tid) = current_ids();
     if !is_target(tgid) {
         return 0;
@@ -103,10 +109,20 @@ fn enter<const ARGS: usize>(ctx: &TracePointContext) -> u32 {
         _pad: 0,
         enter_ns: now_ns(),
         args,
-        before: task_counters().into(),
+        before: task_counters(prog).into(),
     };
     if INFLIGHT.insert(tid, entry, 0).is_err() {
-        count(counter::INFLIGHT_FULL);
+        let before = add(&COUNTERS, counter::INFLIGHT_FULL, 1);
+        if crate::diag::wanted(before) {
+            warn!(
+                ctx,
+                target: prog,
+                "map INFLIGHT full ({} calls in flight): call of tid {} not traced ({} on this CPU)",
+                MAX_INFLIGHT,
+                tid,
+                before + 1
+            );
+        }
     }
     0
 }
@@ -122,11 +138,36 @@ fn exit(ctx: &TracePointContext) {
     let entry = unsafe { *entry };
     let _ = INFLIGHT.remove(tid);
     let now = now_ns();
-    let after = task_counters();
+    let after = task_counters(EXIT_PROG);
     let ret = syscall_ret(ctx).unwrap_or(0);
+    let min_flt = after.min_flt.wrapping_sub(entry.before.min_flt);
+    let maj_flt = after.maj_flt.wrapping_sub(entry.before.maj_flt);
+    if crate::stacks::syscalls_enabled() {
+        // Counted before the event is written: a full ring buffer loses no call site.
+        let locked = after.locked_vm as i64 - entry.before.locked_vm as i64;
+        let call = SyscallStackValue {
+            calls: 1,
+            errors: u64::from(ret < 0),
+            populated: min_flt + maj_flt,
+            locked: if locked > 0 { locked as u64 } else { 0 },
+            unlocked: if locked < 0 { locked.unsigned_abs() } else { 0 },
+            duration_ns: now - entry.enter_ns,
+        };
+        crate::stacks::record_call(ctx, tgid, entry.nr, &call);
+    }
 
     let Some(mut slot) = EVENTS.reserve::<SyscallEvent>(0) else {
-        count(counter::RINGBUF_DROPPED);
+        let before = add(&COUNTERS, counter::RINGBUF_DROPPED, 1);
+        if crate::diag::wanted(before) {
+            warn!(
+                ctx,
+                target: EXIT_PROG,
+                "ring buffer EVENTS full: record of syscall nr {} by tid {} dropped ({} on this CPU)",
+                entry.nr,
+                tid,
+                before + 1
+            );
+        }
         return;
     };
     slot.write(SyscallEvent {
@@ -138,8 +179,8 @@ fn exit(ctx: &TracePointContext) {
         duration_ns: now - entry.enter_ns,
         args: entry.args,
         ret,
-        min_flt: after.min_flt.wrapping_sub(entry.before.min_flt),
-        maj_flt: after.maj_flt.wrapping_sub(entry.before.maj_flt),
+        min_flt,
+        maj_flt,
         locked_vm_before: entry.before.locked_vm,
         locked_vm_after: after.locked_vm,
         map_count_before: entry.before.map_count,

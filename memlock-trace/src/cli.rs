@@ -66,7 +66,9 @@ pub struct TraceArgs {
     /// terminal.
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     pub output: Option<PathBuf>,
-    /// More detail on stderr (`-v`: the hook sets and why better ones were refused, in full).
+    /// More detail on stderr: `-v` prints the hook sets and why better ones were refused, in
+    /// full, and the eBPF programs' own diagnostics (failed kernel reads, full maps, dropped
+    /// records, targets leaving), named by program.
     #[arg(short = 'v', long = "verbose", action = clap::ArgAction::Count, conflicts_with = "quiet")]
     pub verbose: u8,
     /// Nothing on stderr but errors and warnings.

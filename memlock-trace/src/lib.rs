@@ -7,8 +7,9 @@
 //!   kernel what it offers; [`object`] loads the eBPF
 //!   object and gives every family one attach signature; [`event`] decodes ring-buffer
 //!   records; [`process`] holds the target set, filters and the per-process table;
-//!   [`procfs`] parses `/proc/PID/smaps`; [`latency`] and [`output`] are shared by every
-//!   family's figures and rendering.
+//!   [`kernel_log`] prints the programs' own diagnostics (`-v`); [`procfs`] parses
+//!   `/proc/PID/smaps`; [`symbolize`] makes user call stacks readable;
+//!   [`latency`] and [`output`] are shared by every family's figures and rendering.
 //! - Hook families, each owning its attach, read-back and summary: [`syscalls`], [`faults`],
 //!   [`vma`].
 //! - On top: [`tracer`] attaches the families; [`session`] runs the event loop and prints
@@ -21,6 +22,7 @@ pub mod btf;
 pub mod cli;
 pub mod event;
 pub mod faults;
+pub mod kernel_log;
 pub mod latency;
 pub mod metrics;
 pub mod object;
@@ -29,6 +31,7 @@ pub mod probe;
 pub mod process;
 pub mod procfs;
 pub mod session;
+pub mod symbolize;
 pub mod syscalls;
 pub mod tracer;
 pub mod vma;

@@ -24,6 +24,8 @@ pub fn load<'a>(
 ) -> Result<Ebpf> {
     let mut loader = EbpfLoader::new();
     loader.override_global(names::CONFIG, config, true);
+    // aya-log's default is every level: off unless the caller asks (`-v`).
+    crate::kernel_log::prepare_loader(&mut loader, 0);
     prepare(&mut loader)?;
     loader.load(EBPF_OBJECT).context(
         "creating the eBPF maps failed (is RLIMIT_MEMLOCK too low on a kernel older than 5.11?)",

@@ -15,12 +15,15 @@ use memlock_trace_common::{
     vma::{VMA_CONFIG, VmaConfig},
 };
 
+use aya_log::EbpfLogger;
+
 use crate::{
     faults::{self, FaultHooks, FaultOptions, FaultReport, HookChoice, counting::FaultCounters},
+    kernel_log::{self, KernelLog},
     object::{self, AttachContext, HookFamily},
     probe::{self, KernelBtf},
     process::{Filters, ProcessHealth, ProcessHooks, Targets, filters},
-    syscalls::SyscallHooks,
+    syscalls::{self, SyscallHooks, stacks::CallSiteReport},
     vma::{self, VmaHooks},
 };
 
@@ -50,6 +53,8 @@ pub struct Options {
     pub filters: Filters,
     /// Page-fault hooks and what they record.
     pub faults: FaultOptions,
+    /// The programs' own diagnostics (`-v`): an aya-log level, 0 for none.
+    pub kernel_log: u8,
 }
 
 /// Loaded and attached programs; dropping it detaches everything.
@@ -68,6 +73,8 @@ pub struct Tracer {
     /// The fault hooks' fast path for a single traced process (see `FAULT_SOLE_TGID` in the
     /// eBPF crate).
     sole: SoleTarget,
+    /// `-v`: the programs' log records, read by [`Tracer::flush_kernel_log`].
+    kernel_log: Option<EbpfLogger<KernelLog>>,
 }
 
 /// Whether the fault hooks may use their single-process fast path, and for whom.
@@ -122,9 +129,16 @@ impl Tracer {
             if let Some(max) = filters.max_targets {
                 loader.map_max_entries(names::TARGET_TGIDS, max);
             }
+            syscalls::stacks::prepare_loader(loader, fault_options.stacks);
+            kernel_log::prepare_loader(loader, options.kernel_log);
             faults::sizing::prepare_loader(loader, &fault_config)
         })?;
 
+        // Before any program is attached, so that nothing they log is missed.
+        let kernel_log = match options.kernel_log {
+            0 => None,
+            _ => Some(kernel_log::start(&mut ebpf)?),
+        };
         let targets_map = ebpf
             .take_map(names::TARGET_TGIDS)
             .ok_or_else(|| anyhow!("map {} missing from the eBPF object", names::TARGET_TGIDS))?;
@@ -145,6 +159,7 @@ impl Tracer {
                 targets: 0,
                 tgid: None,
             },
+            kernel_log,
         };
         // Targets first, so that nothing they do after the hooks attach is missed.
         if let Targets::Tgids(tgids) = targets {
@@ -218,6 +233,13 @@ impl Tracer {
         Ok(())
     }
 
+    /// `-v`: prints the programs' log records written since the last call.
+    pub fn flush_kernel_log(&mut self) {
+        if let Some(log) = &mut self.kernel_log {
+            log.flush();
+        }
+    }
+
     /// The ring buffer all events arrive on. Can be taken once.
     pub fn take_events(&mut self) -> Result<RingBuf<MapData>> {
         let map = self
@@ -257,6 +279,14 @@ impl Tracer {
             report.stacks = Some(stacks);
         }
         Ok(Some(report))
+    }
+
+    /// `--stacks`: the mlock-family calls counted per user call site (None without it).
+    pub fn call_sites(&self) -> Result<Option<CallSiteReport>> {
+        if !self.fault_options.stacks {
+            return Ok(None);
+        }
+        syscalls::stacks::read(&self.ebpf).map(Some)
     }
 
     /// Processes with fault statistics (cheap: keys only).

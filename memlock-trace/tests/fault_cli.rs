@@ -422,3 +422,97 @@ fn text_summary_lists_the_stacks() {
         "{text}"
     );
 }
+
+/// `--stacks` for mlock-family calls: every call counted on its user call site with the
+/// pages it populated and locked, equal to the kernel's own counts (the workload's getrusage
+/// and the summary's syscall table), and the call site named by function.
+#[test]
+fn stacks_name_the_call_sites_of_mlock_with_their_calls_and_pages() {
+    require_privileges();
+    // mlock_site_gamma makes the system call itself (no libc wrapper without a frame): 4
+    // calls, the first of 0 bytes, then 100, 50 and 30 fresh pages; libc's mlock once.
+    let commands = "noop\nsite_mlock 0\nnoop\nsite_mlock 100\nsite_mlock 50\nsite_mlock 30\n\
+                    mlock 10\nsleep\nsleep\nexit";
+    let out = traced_workload(&["--json", "--stacks"], commands);
+    let minflt = answered_minflt(&out.stdout);
+    assert_eq!(minflt.len(), 7, "{}", String::from_utf8_lossy(&out.stdout));
+    let (gamma_pages, libc_pages) = (minflt[5] - minflt[2], minflt[6] - minflt[5]);
+    assert_eq!((gamma_pages, libc_pages), (180, 10));
+
+    let lines = json_lines(&out.stdout);
+    let summary = lines.last().expect("a summary line");
+    let process = &summary["processes"][0];
+    let sites = process["call_sites"]
+        .as_array()
+        .unwrap_or_else(|| panic!("call_sites with --stacks: {process}"));
+    let shown: Vec<(&str, u64, u64, u64, Vec<&str>)> = sites
+        .iter()
+        .map(|s| {
+            (
+                s["syscall"].as_str().unwrap(),
+                s["calls"].as_u64().unwrap(),
+                s["pages_populated"].as_u64().unwrap(),
+                s["pages_locked"].as_u64().unwrap(),
+                s["frames"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|f| f["symbol"].as_str().unwrap())
+                    .collect(),
+            )
+        })
+        .collect();
+    eprintln!("call sites: {shown:#?}");
+    let gamma = stacks_naming(sites, "mlock_site_gamma");
+    assert_eq!(
+        gamma.len(),
+        1,
+        "one call site names mlock_site_gamma: {shown:#?}"
+    );
+    let gamma = gamma[0];
+    assert_eq!(gamma["syscall"], "mlock");
+    assert_eq!(gamma["calls"], 4, "{gamma}");
+    assert_eq!(gamma["errors"], 0, "{gamma}");
+    assert_eq!(gamma["pages_populated"], gamma_pages, "{gamma}");
+    assert_eq!(gamma["pages_locked"], gamma_pages, "{gamma}");
+    assert_eq!(gamma["pages_unlocked"], 0, "{gamma}");
+    let frame = &gamma["frames"][0];
+    assert_eq!(frame["resolved"], true, "{frame}");
+    assert_eq!(frame["module"], BIN, "{frame}");
+    // Every call is on some call site: the sums are the syscall table's.
+    let sum = |field: &str| -> u64 { sites.iter().map(|s| s[field].as_u64().unwrap()).sum() };
+    let mlock = &process["syscalls"]["mlock"];
+    assert_eq!(mlock["count"], 5, "{mlock}");
+    assert_eq!(sum("calls"), 5, "{shown:#?}");
+    assert_eq!(
+        sum("pages_populated"),
+        gamma_pages + libc_pages,
+        "{shown:#?}"
+    );
+    assert_eq!(sum("pages_locked"), gamma_pages + libc_pages, "{shown:#?}");
+    assert_eq!(
+        summary["call_site_health"],
+        serde_json::json!({"dropped": 0, "evicted": 0}),
+        "{summary}"
+    );
+}
+
+#[test]
+fn text_summary_lists_the_call_sites() {
+    require_privileges();
+    let out = traced_workload(&["--stacks"], "site_mlock 0\nsite_mlock 20\nsleep\nexit");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("user call site (innermost first)"), "{text}");
+    let line = text
+        .lines()
+        .find(|l| {
+            l.trim_start().starts_with("mlock ") && l.contains("workload::faults::mlock_site_gamma")
+        })
+        .unwrap_or_else(|| panic!("no call site names mlock_site_gamma:\n{text}"));
+    let words: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(&words[..4], ["mlock", "2", "20", "+20"], "{line}");
+    assert!(
+        text.contains("call-site stacks: 0 mlock-family calls without a recorded stack, 0 evicted"),
+        "{text}"
+    );
+}

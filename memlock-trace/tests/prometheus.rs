@@ -171,9 +171,65 @@ fn scraped_metrics_count_exactly_the_calls_made() {
     let (mut tracer, url) = start(&[], &report);
     let calls = workload_report(&report);
     let labels = |syscall: &'static str| [("comm", "memlock-trace"), ("syscall", syscall)];
+    // Pages the populating calls faulted in, by the workload's own getrusage around each.
+    let populating = ["mlock", "mlock2", "mlockall"];
+    let populated_by: Vec<f64> = populating
+        .iter()
+        .map(|&syscall| {
+            calls
+                .iter()
+                .filter(|c| c["syscall"] == syscall)
+                .map(|c| {
+                    c["faults"]["minflt"].as_u64().unwrap()
+                        + c["faults"]["majflt"].as_u64().unwrap()
+                })
+                .sum::<u64>() as f64
+        })
+        .collect();
+    // The fault family's series come with the next refresh (each second).
+    let faults_by = |s: &[Sample], syscall| {
+        value(
+            s,
+            "memlock_trace_page_faults_populated_total",
+            &labels(syscall),
+        )
+        .unwrap_or(0.0)
+    };
     let (samples, text) = scrape_until(&url, |s| {
         value(s, "memlock_trace_syscalls_total", &labels("munlockall")) == Some(1.0)
+            && populating
+                .iter()
+                .zip(&populated_by)
+                .all(|(syscall, &n)| faults_by(s, syscall) == n)
     });
+    // The fault family agrees with the syscall family and the workload, per call.
+    for (syscall, &n) in populating.iter().zip(&populated_by) {
+        assert_eq!(
+            faults_by(&samples, syscall),
+            n,
+            "faults populated by {syscall}"
+        );
+    }
+    assert!(
+        populated_by[0] > 0.0 && populated_by[2] > 0.0,
+        "{populated_by:?}"
+    );
+    let faults: f64 = samples
+        .iter()
+        .filter(|x| {
+            x.name == "memlock_trace_page_faults_total" && x.labels["comm"] == "memlock-trace"
+        })
+        .map(|x| x.value)
+        .sum();
+    assert!(faults >= populated_by.iter().sum::<f64>(), "{faults}");
+    assert_eq!(
+        value(
+            &samples,
+            "memlock_trace_fault_health_total",
+            &[("counter", "update_failed")]
+        ),
+        Some(0.0)
+    );
 
     for syscall in ["mlock", "mlock2", "munlock", "mlockall", "munlockall"] {
         let made: Vec<&Value> = calls.iter().filter(|c| c["syscall"] == syscall).collect();

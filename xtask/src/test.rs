@@ -12,7 +12,12 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::{lint, run::workspace_root, util::output_of, vm};
+use crate::{
+    lint,
+    run::workspace_root,
+    util::{install_missing_packages, output_of},
+    vm,
+};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -76,6 +81,8 @@ struct Stage {
     kernel: String,
     hooks: Vec<(String, String)>,
     outcomes: Vec<Outcome>,
+    /// Test binaries not run on this kernel, and why.
+    not_run: Vec<(String, &'static str)>,
     secs: f64,
 }
 
@@ -92,6 +99,15 @@ impl Stage {
 /// Integration tests load programs into the kernel and filter on their own pid, so tests in
 /// one binary must not run concurrently.
 const LIBTEST_ARGS: [&str; 1] = ["--test-threads=1"];
+
+/// Test binaries run on the host stage only, with the reason the guest's table shows.
+const HOST_ONLY: [(&str, &str); 1] = [(
+    "memlock-trace/test:prometheus_server",
+    "host only: runs Debian's prometheus server, which the guest's initramfs does not carry",
+)];
+
+/// Debian packages the host stage's tests run (installed when missing, like qemu).
+const HOST_TEST_PACKAGES: [&str; 1] = ["prometheus"];
 
 pub fn run(args: &Args) -> Result<()> {
     // Every run lints, whatever the stages: there is no flag to skip it, so CI always does.
@@ -115,6 +131,7 @@ pub fn run(args: &Args) -> Result<()> {
     let tracer = workspace_root().join("target/debug/memlock-trace");
     let mut stages = Vec::new();
     if host {
+        install_missing_packages(&HOST_TEST_PACKAGES)?;
         stages.push(host_stage(&binaries, &tracer)?);
     }
     // Guests side by side: each is one qemu process, mostly waiting on emulation.
@@ -240,6 +257,7 @@ fn host_stage(binaries: &[TestBinary], tracer: &std::path::Path) -> Result<Stage
         kernel,
         hooks,
         outcomes,
+        not_run: Vec::new(),
         secs: start.elapsed().as_secs_f64(),
     })
 }
@@ -255,9 +273,19 @@ fn vm_stage(
         kernel.version
     );
     // Only memlock-trace's tests touch the kernel; xtask's own do not belong in the guest.
-    let guest_binaries: Vec<&TestBinary> = binaries
+    let (guest_binaries, host_only): (Vec<&TestBinary>, Vec<&TestBinary>) = binaries
         .iter()
         .filter(|b| b.package == "memlock-trace")
+        .partition(|b| !HOST_ONLY.iter().any(|(name, _)| *name == b.name));
+    let not_run = host_only
+        .iter()
+        .map(|b| {
+            let reason = HOST_ONLY
+                .iter()
+                .find(|(name, _)| *name == b.name)
+                .map_or("", |(_, reason)| *reason);
+            (b.name.clone(), reason)
+        })
         .collect();
     let mut tests = vec![vm::VmTest {
         name: "probe".into(),
@@ -333,6 +361,7 @@ fn vm_stage(
         kernel: report.kernel_release,
         hooks,
         outcomes,
+        not_run,
         secs: start.elapsed().as_secs_f64(),
     })
 }
@@ -411,12 +440,28 @@ fn print_table(stage: &Stage) {
             o.name, o.passed, o.failed, o.exit_code
         );
     }
+    for (name, reason) in &stage.not_run {
+        println!("  {name:<44} {reason}");
+    }
     println!();
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A name in HOST_ONLY that matched no binary would run it in the guest after all.
+    #[test]
+    fn host_only_names_are_test_binaries() {
+        for (name, reason) in HOST_ONLY {
+            let target = name
+                .strip_prefix("memlock-trace/test:")
+                .unwrap_or_else(|| panic!("{name}: not `memlock-trace/test:TARGET`"));
+            let file = workspace_root().join(format!("memlock-trace/tests/{target}.rs"));
+            assert!(file.is_file(), "{name}: no {}", file.display());
+            assert!(reason.starts_with("host only: "), "{reason}");
+        }
+    }
 
     #[test]
     fn libtest_summaries_are_summed() {

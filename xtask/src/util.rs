@@ -1,4 +1,4 @@
-//! Running commands with errors that name them.
+//! Running commands with errors that name them, and installing Debian packages.
 
 use std::process::Command;
 
@@ -37,4 +37,39 @@ pub fn output_of(cmd: &mut Command) -> Result<String> {
         );
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Installs those of `packages` (Debian's) that are missing with apt-get, running
+/// `apt-get update` only then. Fast and offline when everything is present.
+pub fn install_missing_packages(packages: &[&str]) -> Result<()> {
+    // dpkg-query exits non-zero when a package is unknown, so only its output counts.
+    let query = Command::new("dpkg-query")
+        .args(["-W", "-f=${Package} ${db:Status-Abbrev}\n"])
+        .args(packages)
+        .output()
+        .context("cannot run `dpkg-query`")?;
+    let listing = String::from_utf8_lossy(&query.stdout);
+    let installed: Vec<&str> = listing
+        .lines()
+        .filter_map(|line| line.split_once(' '))
+        .filter(|(_, status)| status.starts_with("ii"))
+        .map(|(package, _)| package)
+        .collect();
+    let missing: Vec<&str> = packages
+        .iter()
+        .copied()
+        .filter(|p| !installed.contains(p))
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    output_of(Command::new("apt-get").arg("update"))?;
+    output_of(
+        Command::new("apt-get")
+            .args(["install", "-y", "--no-install-recommends"])
+            .args(&missing)
+            .env("DEBIAN_FRONTEND", "noninteractive"),
+    )
+    .with_context(|| format!("installing {}", missing.join(" ")))?;
+    Ok(())
 }

@@ -12,11 +12,11 @@ use aya_ebpf::{
 };
 use memlock_trace_common::{
     PAGE_MASK, PAGE_SHIFT,
-    faults::{FaultEntry, MAX_FAULT_THREADS, class, fault_counter, populate},
+    faults::{FaultEntry, MAX_FAULT_THREADS, class, populate},
 };
 
 use super::{
-    FAILED_SIGNALLED, Fault, NO_LATENCY, NO_SYSCALL, account, bump, populate::POPULATE_INFLIGHT,
+    FAILED_SIGNALLED, Fault, NO_LATENCY, NO_SYSCALL, account, populate::POPULATE_INFLIGHT,
     record_stack, sole_tgid,
 };
 use crate::shared::{current_ids, is_target, now_ns, read_kernel, this_cpu};
@@ -360,6 +360,6 @@ fn start(address: u64, flags: u32, no_regs: u32, vm_flags: u64, vm_start: u64) {
         _pad: 0,
     };
     if FAULT_ENTRY.insert(tid, entry, u64::from(BPF_ANY)).is_err() {
-        bump(fault_counter::UPDATE_FAILED);
+        super::update_failed("FAULT_ENTRY");
     }
 }

@@ -134,6 +134,39 @@ fn bump(index: u32) -> u64 {
     add(&FAULT_COUNTERS, index, 1)
 }
 
+/// A fault-map update failed (counted in `UPDATE_FAILED`); with `-v`, which map. Not
+/// inlined (a BPF-to-BPF call on the failure path only), so that its log code cannot change
+/// the register allocation of the per-fault path around it.
+#[inline(never)]
+fn update_failed(map: &'static str) {
+    let before = bump(fault_counter::UPDATE_FAILED);
+    if crate::diag::wanted(before) {
+        aya_log_ebpf::warn!(
+            &(),
+            target: "page-fault hooks",
+            "map {} update failed (full?): a fault not fully counted ({} on this CPU)",
+            map,
+            before + 1
+        );
+    }
+}
+
+/// A sampled fault event lost to a full ring buffer; with `-v`, said. Not inlined, as
+/// [`update_failed`].
+#[inline(never)]
+fn event_dropped(tid: u32) {
+    let before = bump(fault_counter::EVENTS_DROPPED);
+    if crate::diag::wanted(before) {
+        aya_log_ebpf::warn!(
+            &(),
+            target: "page-fault hooks",
+            "ring buffer FAULT_EVENTS full: a fault event of tid {} dropped ({} on this CPU)",
+            tid,
+            before + 1
+        );
+    }
+}
+
 /// `--stacks`: the counted faults' user stack (see `stacks.rs`).
 #[inline(always)]
 fn record_stack<C: EbpfContext>(ctx: &C, tgid: u32, tid: u32, count: u64) {
@@ -185,7 +218,7 @@ fn stats_for(tgid: u32, tid: u32, known_target: bool) -> Option<*mut FaultStats>
     }
     let stats = FAULT_STATS.get_ptr_mut(key);
     if stats.is_none() {
-        bump(fault_counter::UPDATE_FAILED);
+        update_failed("FAULT_STATS");
     }
     stats
 }
@@ -338,7 +371,7 @@ fn record_latency(s: &mut FaultStats, tgid: u32, tid: u32, cls: u32, ns: u64) {
             match FAULT_HIST.get_ptr_mut(key) {
                 Some(hist) => hist,
                 None => {
-                    bump(fault_counter::UPDATE_FAILED);
+                    update_failed("FAULT_HIST");
                     return;
                 }
             }
@@ -377,7 +410,7 @@ fn emit(
         }
     }
     let Some(mut slot) = FAULT_EVENTS.reserve::<FaultEvent>(0) else {
-        bump(fault_counter::EVENTS_DROPPED);
+        event_dropped(tid);
         return;
     };
     slot.write(FaultEvent {

@@ -11,12 +11,11 @@ use aya_ebpf::{
 };
 use memlock_trace_common::{
     PAGE_MASK,
-    faults::{MAX_FAULT_THREADS, PopulateCall, SLOTS, fault_counter, fault_flags, populate, stat},
+    faults::{MAX_FAULT_THREADS, PopulateCall, SLOTS, fault_flags, populate, stat},
 };
 
 use super::{
-    FAULT_CONFIG, NO_LATENCY, NO_SYSCALL, bump, emit, record_stack, regions::flush_region,
-    stats_for,
+    FAULT_CONFIG, NO_LATENCY, NO_SYSCALL, emit, record_stack, regions::flush_region, stats_for,
 };
 use crate::shared::{
     current_ids, is_target, now_ns, syscall_arg, syscall_nr, syscall_ret, task_faults, tp_field,
@@ -115,7 +114,7 @@ pub fn populate_enter(ctx: TracePointContext) -> u32 {
         .insert(tid, call, u64::from(BPF_ANY))
         .is_err()
     {
-        bump(fault_counter::UPDATE_FAILED);
+        super::update_failed("POPULATE_INFLIGHT");
     }
     0
 }

@@ -136,5 +136,5 @@ pub(super) fn flush_region(tgid: u32, start: u64, faults: u64, vm_flags: u64) {
         }
         // Lost a race with another CPU's insert: add to this CPU's share of it.
     }
-    bump(fault_counter::UPDATE_FAILED);
+    super::update_failed("FAULT_REGIONS");
 }

@@ -277,6 +277,35 @@ pub fn summarize(
     out
 }
 
+/// One process's counters and latency buckets, its threads folded in: what the Prometheus
+/// fault series are made of (the text and JSON summary come from [`summarize`]).
+#[derive(Clone, Debug, Default)]
+pub struct ProcessFaults {
+    pub stats: KeyStats,
+    /// Kernel latency class ([`class`]) -> its log-linear buckets.
+    pub hists: BTreeMap<u32, [u64; HIST_BUCKETS]>,
+}
+
+/// Every process in `report`, threads folded into their process.
+pub fn by_process(report: &FaultReport) -> BTreeMap<u32, ProcessFaults> {
+    let mut out: BTreeMap<u32, ProcessFaults> = BTreeMap::new();
+    for (key, s) in &report.stats {
+        let p = out.entry(key.tgid).or_default();
+        add_counts(&mut p.stats, s);
+        if p.stats.comm.is_empty() || key.tid == key.tgid {
+            p.stats.comm.clone_from(&s.comm);
+        }
+    }
+    for (hk, buckets) in &report.hists {
+        let p = out.entry(hk.key.tgid).or_default();
+        let total = p.hists.entry(hk.class).or_insert([0; HIST_BUCKETS]);
+        for (t, x) in total.iter_mut().zip(buckets) {
+            *t += x;
+        }
+    }
+    out
+}
+
 /// Attributes region counts to the process's mappings and returns the top `top` by faults.
 pub fn by_mapping(
     regions: &[(RegionKey, RegionValue)],

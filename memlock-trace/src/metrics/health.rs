@@ -89,7 +89,8 @@ impl HealthMetrics {
     }
 }
 
-fn raise(counter: &Counter, total: u64) {
+/// Raises `counter` to the running total `total` (never lowers it).
+pub(super) fn raise(counter: &Counter, total: u64) {
     let current = counter.get();
     if total > current {
         counter.inc_by(total - current);

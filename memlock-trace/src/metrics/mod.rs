@@ -3,9 +3,10 @@
 //! bounded by default), and the tracer's own health.
 //!
 //! Each hook family keeps its families in its own struct and file, registered in
-//! [`Metrics::new`] and fed from the session's drain loop. Page-fault metrics (issue 4)
-//! belong in a `faults.rs` next to `syscalls.rs`, as a `faults` field of [`Metrics`].
+//! [`Metrics::new`] and fed from the session: syscalls from the drain loop, page faults
+//! (`faults.rs`) from the fault family's read-back on the session's health ticker.
 
+mod faults;
 mod health;
 pub mod server;
 mod syscalls;
@@ -14,12 +15,13 @@ use std::fmt::Write as _;
 
 use prometheus_client::{encoding::text::encode, registry::Registry};
 
-pub use self::{health::HealthMetrics, syscalls::SyscallMetrics};
+pub use self::{faults::FaultMetrics, health::HealthMetrics, syscalls::SyscallMetrics};
 
 /// Every metric memlock-trace exports, prefixed `memlock_trace_`.
 pub struct Metrics {
     registry: Registry,
     pub syscalls: SyscallMetrics,
+    pub faults: FaultMetrics,
     pub health: HealthMetrics,
 }
 
@@ -30,10 +32,12 @@ impl Metrics {
     pub fn new(pid_label: bool) -> Self {
         let mut registry = Registry::with_prefix("memlock_trace");
         let syscalls = SyscallMetrics::register(&mut registry, pid_label);
+        let faults = FaultMetrics::register(&mut registry, pid_label);
         let health = HealthMetrics::register(&mut registry);
         Self {
             registry,
             syscalls,
+            faults,
             health,
         }
     }

@@ -74,6 +74,7 @@ pub fn run(mut args: TraceArgs) -> Result<i32> {
         all_vma_stores: args.all_vma_changes,
         filters: production.filters.clone(),
         faults: args.fault_options(),
+        kernel_log: crate::kernel_log::level(args.verbose),
         ..Options::default()
     };
     let mut tracer = Tracer::load_with(&targets, &options)?;
@@ -287,7 +288,10 @@ async fn event_loop(
                 }
             }
             _ = health_ticker.tick(), if output.metrics.is_some() => output.update_health(&tracer)?,
-            _ = drain_ticker.tick() => output.drain(ring.get_mut()),
+            _ = drain_ticker.tick() => {
+                output.drain(ring.get_mut());
+                tracer.flush_kernel_log();
+            }
             _ = mapping_ticker.tick(), if follow_mappings => {
                 output.refresh_mappings(&tracer, MAPPINGS_REFRESH);
             }
@@ -299,6 +303,7 @@ async fn event_loop(
     if let Some(fault_ring) = fault_ring.as_mut() {
         output.drain(fault_ring.get_mut());
     }
+    tracer.flush_kernel_log();
     if let (Stop::Signal(name), false) = (reason, args.quiet) {
         eprintln!("memlock-trace: stopped by {name}");
     }

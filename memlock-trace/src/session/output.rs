@@ -6,14 +6,14 @@ use std::{collections::BTreeMap, io::Write as _, sync::Arc, time::Duration};
 use anyhow::Result;
 use aya::maps::{MapData, RingBuf};
 
-use super::summary::{Summary, Window, summary_text};
+use super::summary::{CallSiteHealth, Summary, Window, summary_text};
 use crate::{
     event::{Event, decode},
-    faults::{self, FaultReport, render as fault_render, stacks::StackSymbolizer},
+    faults::{self, FaultHooks, FaultReport, render as fault_render, stacks::StackSymbolizer},
     metrics::Metrics,
     output::{Sink, TextStyle, WallClock, hms},
     procfs::MappingCache,
-    syscalls::{self, Aggregator},
+    syscalls::{self, Aggregator, stacks::CallSiteReport},
     tracer::Tracer,
     vma::{self, VmaHooks},
 };
@@ -153,14 +153,54 @@ impl Output {
         }
     }
 
-    /// The tracer's health with the aggregator's evictions, pushed to the metrics.
+    /// The tracer's health with the aggregator's evictions, and the fault family's figures,
+    /// pushed to the metrics.
     pub(super) fn update_health(&self, tracer: &Tracer) -> Result<()> {
         if let Some(metrics) = &self.metrics {
             let mut health = tracer.health()?;
             health.processes.evicted_processes = self.aggregator.evicted_processes();
             metrics.health.update(&health);
+            if let (Some(hooks), Some(report)) = (&tracer.fault_hooks, tracer.fault_report()?) {
+                self.update_fault_metrics(metrics, hooks, &report);
+            }
         }
         Ok(())
+    }
+
+    fn update_fault_metrics(&self, metrics: &Metrics, hooks: &FaultHooks, report: &FaultReport) {
+        metrics.faults.update(
+            &faults::summary::by_process(report),
+            hooks,
+            &report.health,
+            |pid| {
+                std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                    .ok()
+                    .map(|c| c.trim_end().to_string())
+                    .or_else(|| self.mappings.comm(pid))
+            },
+        );
+    }
+
+    /// `--stacks`: each process's top mlock-family call sites, symbolized with its mappings
+    /// (re-read now if it still lives, else its last snapshot).
+    fn add_call_sites(&mut self, summary: &mut Summary, sites: &CallSiteReport) {
+        for p in &mut summary.processes {
+            if p.syscalls.is_empty() && !sites.counts.keys().any(|k| k.tgid == p.pid) {
+                continue;
+            }
+            self.mappings.refresh(p.pid, Duration::ZERO);
+            p.call_sites = Some(syscalls::stacks::top_call_sites(
+                sites,
+                p.pid,
+                self.mappings.get(p.pid),
+                self.top_stacks,
+                &self.symbolizer,
+            ));
+        }
+        summary.call_site_health = Some(CallSiteHealth {
+            dropped: sites.dropped,
+            evicted: sites.evicted,
+        });
     }
 
     fn vma_activity(&mut self, activity: &vma::Activity) {
@@ -215,6 +255,9 @@ impl Output {
             end_ns: now,
         };
         if let (Some(hooks), Some(report)) = (&tracer.fault_hooks, tracer.fault_report()?) {
+            if let Some(metrics) = &self.metrics {
+                self.update_fault_metrics(metrics, hooks, &report);
+            }
             let shown = match (&mut self.window, scope) {
                 (Some(w), Scope::Interval) => {
                     let shown = match &w.faults_before {
@@ -244,6 +287,9 @@ impl Output {
                 only_thread(&mut per_process, tid);
             }
             summary.add_faults(hooks.clone(), shown.health, per_process);
+        }
+        if let Some(sites) = tracer.call_sites()? {
+            self.add_call_sites(&mut summary, &sites);
         }
         if let Some(metrics) = &self.metrics {
             metrics.health.update(&summary.health);

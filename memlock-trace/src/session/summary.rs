@@ -8,7 +8,7 @@ use serde::Serialize;
 use crate::{
     faults::{self, FaultHealth, FaultHooks, FaultSummary},
     output::{JSON_SCHEMA, TextStyle},
-    syscalls::{self, ProcessSyscalls, SyscallSummary, stats::ThreadLatencies},
+    syscalls::{self, ProcessSyscalls, SyscallSummary, stacks::CallSite, stats::ThreadLatencies},
     tracer::Health,
 };
 
@@ -30,6 +30,18 @@ pub struct Summary {
     pub fault_hooks: Option<FaultHooks>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fault_health: Option<FaultHealth>,
+    /// `--stacks`: mlock-family calls whose call site could not be kept.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub call_site_health: Option<CallSiteHealth>,
+}
+
+/// `--stacks`: what the mlock-family call-site map could not keep.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct CallSiteHealth {
+    /// Calls whose user stack could not be recorded.
+    pub dropped: u64,
+    /// (process, call, stack) entries the bounded LRU map evicted.
+    pub evicted: u64,
 }
 
 /// The span of time a summary covers, CLOCK_REALTIME ns.
@@ -51,6 +63,9 @@ pub struct ProcessSummary {
     /// `--per-thread`: each thread's call latencies, for `--hist`.
     #[serde(skip)]
     pub thread_latencies: ThreadLatencies,
+    /// `--stacks`: the top user call sites of the process's mlock-family calls.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub call_sites: Option<Vec<CallSite>>,
 }
 
 impl Summary {
@@ -71,12 +86,14 @@ impl Summary {
                     syscalls: p.syscalls,
                     faults: None,
                     thread_latencies: p.threads,
+                    call_sites: None,
                 })
                 .collect(),
             dropped_events: health.dropped_events,
             health,
             fault_hooks: None,
             fault_health: None,
+            call_site_health: None,
         }
     }
 
@@ -103,6 +120,7 @@ impl Summary {
                     syscalls: BTreeMap::new(),
                     faults: Some(summary),
                     thread_latencies: BTreeMap::new(),
+                    call_sites: None,
                 }),
             }
         }
@@ -151,6 +169,9 @@ pub fn summary_text(summary: &Summary, style: TextStyle) -> String {
                 syscalls::render::hists(&mut out, calls, unit, "    ");
             }
         }
+        if let Some(sites) = &p.call_sites {
+            syscalls::render::call_sites_text(&mut out, sites, "  ");
+        }
     }
     let h = &summary.health;
     let _ = writeln!(
@@ -173,6 +194,13 @@ pub fn summary_text(summary: &Summary, style: TextStyle) -> String {
             "children not followed (target map full): {}, processes evicted from this summary \
              (--max-processes): {}",
             p.children_not_followed, p.evicted_processes
+        );
+    }
+    if let Some(c) = &summary.call_site_health {
+        let _ = writeln!(
+            out,
+            "call-site stacks: {} mlock-family calls without a recorded stack, {} evicted",
+            c.dropped, c.evicted
         );
     }
     if let Some(f) = &summary.fault_health {

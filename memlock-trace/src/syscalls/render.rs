@@ -115,3 +115,49 @@ pub fn table(out: &mut String, syscalls: &BTreeMap<&'static str, SyscallSummary>
         );
     }
 }
+
+/// Frames shown per call site in the text summary (the JSON has them all).
+const TEXT_FRAMES: usize = 16;
+
+/// `--stacks`: a process's mlock-family call sites, each with its calls and pages, then its
+/// frames innermost first.
+pub fn call_sites_text(out: &mut String, sites: &[super::stacks::CallSite], indent: &str) {
+    let _ = writeln!(
+        out,
+        "{indent}  {:<10} {:>7} {:>10} {:>10}  user call site (innermost first)",
+        "syscall", "calls", "populated", "locked"
+    );
+    if sites.is_empty() {
+        let _ = writeln!(out, "{indent}  (no call site recorded)");
+    }
+    for site in sites {
+        let locked = match (site.pages_locked, site.pages_unlocked) {
+            (0, 0) => "0".to_string(),
+            (l, 0) => format!("+{l}"),
+            (0, u) => format!("-{u}"),
+            (l, u) => format!("+{l}/-{u}"),
+        };
+        let mut figures = format!(
+            "{:<10} {:>7} {:>10} {:>10}",
+            site.syscall, site.calls, site.pages_populated, locked
+        );
+        let blank = " ".repeat(figures.len());
+        for frame in site.frames.iter().take(TEXT_FRAMES) {
+            let place = match (&frame.file, frame.line) {
+                (Some(file), Some(line)) => format!("  {file}:{line}"),
+                (Some(file), None) => format!("  {file}"),
+                _ => String::new(),
+            };
+            let inlined = if frame.inlined { " (inlined)" } else { "" };
+            let _ = writeln!(out, "{indent}  {figures}  {}{inlined}{place}", frame.symbol);
+            figures.clone_from(&blank);
+        }
+        if site.frames.len() > TEXT_FRAMES {
+            let _ = writeln!(
+                out,
+                "{indent}  {figures}  ... {} more frames",
+                site.frames.len() - TEXT_FRAMES
+            );
+        }
+    }
+}

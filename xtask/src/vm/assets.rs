@@ -10,7 +10,7 @@ use std::{
 use anyhow::{Context, Result};
 
 use super::ScratchDir;
-use crate::util::output_of;
+use crate::util::{install_missing_packages, output_of};
 
 /// Debian packages providing the host tools.
 const HOST_PACKAGES: [&str; 3] = ["qemu-system-x86", "busybox-static", "cpio"];
@@ -94,7 +94,7 @@ pub struct VmAssets {
 /// fetches the stock cloud kernel into `cache_dir/kernel` unless it is there
 /// already. Fast and offline when everything is present.
 pub fn ensure_assets(cache_dir: &Path, kernel: Kernel) -> Result<VmAssets> {
-    install_missing_packages()?;
+    install_missing_packages(&HOST_PACKAGES)?;
     let kernel_dir = cache_dir.join(kernel.dir);
     if let Some(assets) = cached_kernel(&kernel_dir)? {
         return Ok(assets);
@@ -108,38 +108,6 @@ pub fn ensure_assets(cache_dir: &Path, kernel: Kernel) -> Result<VmAssets> {
             kernel_dir.display()
         )
     })
-}
-
-fn install_missing_packages() -> Result<()> {
-    // dpkg-query exits non-zero when a package is unknown, so only its output counts.
-    let query = Command::new("dpkg-query")
-        .args(["-W", "-f=${Package} ${db:Status-Abbrev}\n"])
-        .args(HOST_PACKAGES)
-        .output()
-        .context("cannot run `dpkg-query`")?;
-    let listing = String::from_utf8_lossy(&query.stdout);
-    let installed: Vec<&str> = listing
-        .lines()
-        .filter_map(|line| line.split_once(' '))
-        .filter(|(_, status)| status.starts_with("ii"))
-        .map(|(package, _)| package)
-        .collect();
-    let missing: Vec<&str> = HOST_PACKAGES
-        .into_iter()
-        .filter(|p| !installed.contains(p))
-        .collect();
-    if missing.is_empty() {
-        return Ok(());
-    }
-    output_of(Command::new("apt-get").arg("update"))?;
-    output_of(
-        Command::new("apt-get")
-            .args(["install", "-y", "--no-install-recommends"])
-            .args(&missing)
-            .env("DEBIAN_FRONTEND", "noninteractive"),
-    )
-    .with_context(|| format!("installing {}", missing.join(" ")))?;
-    Ok(())
 }
 
 fn cached_kernel(kernel_dir: &Path) -> Result<Option<VmAssets>> {
