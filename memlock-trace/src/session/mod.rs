@@ -37,6 +37,10 @@ pub mod summary;
 /// still attributed with recent mappings.
 const MAPPINGS_REFRESH: Duration = Duration::from_millis(250);
 
+/// The warning printed when the kernel refuses the programs with `-v`'s diagnostics.
+pub const DIAGNOSTICS_REFUSED: &str =
+    "this kernel's verifier refused the eBPF programs' own diagnostics (-v)";
+
 /// Why tracing stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Stop {
@@ -77,7 +81,25 @@ pub fn run(mut args: TraceArgs) -> Result<i32> {
         kernel_log: crate::kernel_log::level(args.verbose),
         ..Options::default()
     };
-    let mut tracer = Tracer::load_with(&targets, &options)?;
+    let mut tracer = match Tracer::load_with(&targets, &options) {
+        // The diagnostics add code to every program that logs: a kernel whose verifier
+        // gives up on that (6.1 on `sys_enter_mlock2`) still gets a tracer, without them.
+        Err(error) if options.kernel_log > 0 && format!("{error:#}").contains("kernel refused") => {
+            let reason = format!("{error:#}");
+            eprintln!(
+                "memlock-trace: warning: {DIAGNOSTICS_REFUSED}: {}; tracing without them",
+                reason.lines().next().unwrap_or_default()
+            );
+            Tracer::load_with(
+                &targets,
+                &Options {
+                    kernel_log: 0,
+                    ..options
+                },
+            )?
+        }
+        loaded => loaded?,
+    };
     // Fork before the runtime starts any thread; the child waits until it is in the filter.
     let launched = match args.command.first() {
         Some(program) => {
