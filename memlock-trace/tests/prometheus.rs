@@ -111,7 +111,9 @@ fn start(extra: &[&str], report: &std::path::Path) -> (Tracer, String) {
 
 /// The workload's own record, once it is complete.
 fn workload_report(path: &std::path::Path) -> Vec<Value> {
-    let deadline = Instant::now() + Duration::from_secs(30);
+    // The wait includes loading the programs (the command is held until then): minutes in
+    // an emulated guest on a loaded machine.
+    let deadline = Instant::now() + Duration::from_secs(300);
     loop {
         if let Ok(Ok(v)) =
             std::fs::read_to_string(path).map(|s| serde_json::from_str::<Vec<Value>>(&s))
