@@ -221,16 +221,27 @@ pub fn read_field<T: Plain + Default>(
         }
     }
     let before = add(&COUNTERS, counter::READ_FAILED, 1);
+    // Two messages rather than a string chosen at run time: 6.1's verifier loses track of a
+    // pointer that is either of two constants (and one, "", is dangling).
     if crate::diag::wanted(before) {
-        aya_log_ebpf::warn!(
-            &(),
-            target: prog,
-            "kernel read of {} failed (offset {}{}): reported as 0 ({} on this CPU)",
-            field,
-            offset,
-            if base == 0 { ", NULL base" } else { "" },
-            before + 1
-        );
+        if base == 0 {
+            aya_log_ebpf::warn!(
+                &(),
+                target: prog,
+                "kernel read of {} failed: NULL base: reported as 0 ({} on this CPU)",
+                field,
+                before + 1
+            );
+        } else {
+            aya_log_ebpf::warn!(
+                &(),
+                target: prog,
+                "kernel read of {} failed (offset {}): reported as 0 ({} on this CPU)",
+                field,
+                offset,
+                before + 1
+            );
+        }
     }
     T::default()
 }

@@ -121,7 +121,19 @@ fn loaded_sizes(args: &[&str]) -> (BTreeMap<String, u32>, String) {
     let mut cmd_args = args.to_vec();
     cmd_args.extend(["--", "sleep", "10"]);
     let mut tracer = Tracer::spawn(&cmd_args);
-    tracer.wait_for_stderr("memlock-trace: tracing ");
+    // Loading takes minutes in an emulated guest on a loaded machine: wait up to 300 s.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(300);
+    while !tracer.stderr().contains("memlock-trace: tracing ") {
+        if let Ok(Some(status)) = tracer.child.try_wait() {
+            panic!("memlock-trace exited ({status}):\n{}", tracer.stderr());
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not tracing within 300 s:\n{}",
+            tracer.stderr()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
     let ids = bpf_ids(tracer.pid());
     let sizes: BTreeMap<String, u32> = aya::programs::loaded_programs()
         .filter_map(Result::ok)

@@ -115,7 +115,9 @@ fn start(extra: &[&str], report: &std::path::Path) -> (Tracer, String) {
 /// workload's `mlockall` populating the whole (debug) binary under the fault and VMA hooks
 /// took over 30 s on 6.12 (the first of the tests, once in three runs, twice in another).
 fn workload_report(path: &std::path::Path) -> Vec<Value> {
-    let deadline = Instant::now() + Duration::from_secs(180);
+    // The wait includes loading the programs (the command is held until then): minutes in
+    // an emulated guest on a loaded machine.
+    let deadline = Instant::now() + Duration::from_secs(300);
     loop {
         if let Ok(Ok(v)) =
             std::fs::read_to_string(path).map(|s| serde_json::from_str::<Vec<Value>>(&s))

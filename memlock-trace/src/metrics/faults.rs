@@ -57,8 +57,7 @@ pub struct FaultMetrics {
 /// One process's running totals at the last refresh, and its name.
 #[derive(Clone, Default)]
 struct Seen {
-    /// Looked up once, when the process is first seen (system-wide, thousands of processes
-    /// would otherwise mean thousands of /proc reads a second).
+    /// The last name read, for when the process is gone.
     comm: Option<String>,
     counts: [u64; stat::COUNT],
     populated_by: [u64; SLOTS],
@@ -119,10 +118,9 @@ impl FaultMetrics {
         m
     }
 
-    /// Adds each process's growth since the last refresh. `comm_of` names a process the
-    /// first time it is seen, as the syscall series do (its current comm, or its last one
-    /// seen); the comm the kernel stored with its first fault (before an exec, for a launched
-    /// command) is the fallback.
+    /// Adds each process's growth since the last refresh. `comm_of` names a process as the
+    /// syscall series do (its current comm); then its last name read; the comm the kernel
+    /// stored with its first fault (before an exec, for a launched command) is the fallback.
     pub fn update(
         &self,
         processes: &BTreeMap<u32, ProcessFaults>,
@@ -134,10 +132,9 @@ impl FaultMetrics {
         let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
         for (&tgid, p) in processes {
             let before = last.remove(&tgid).unwrap_or_default();
-            let comm = before
-                .comm
-                .clone()
-                .or_else(|| comm_of(tgid))
+            // Read each time: a process first seen before its exec must not keep the old name.
+            let comm = comm_of(tgid)
+                .or_else(|| before.comm.clone())
                 .unwrap_or_else(|| p.stats.comm.clone());
             let base = process_labels(self.pid_label, comm.clone(), tgid);
             let with = |extra: &[(&'static str, &str)]| {
