@@ -41,6 +41,40 @@ const MAPPINGS_REFRESH: Duration = Duration::from_millis(250);
 pub const DIAGNOSTICS_REFUSED: &str =
     "this kernel's verifier refused the eBPF programs' own diagnostics (-v)";
 
+/// Loads the tracer. The diagnostics (`-v`) add code to every program that logs: where the
+/// kernel's verifier gives up on that (6.1 on `sys_enter_mlock2`), a family would be lost or
+/// the load would fail, so the tracer is loaded again without them, after a loud warning.
+fn load_tracer(targets: &Targets, options: Options) -> Result<Tracer> {
+    let refused = |reason: &str| reason.contains("kernel refused");
+    let loaded = Tracer::load_with(targets, &options);
+    if options.kernel_log == 0 {
+        return loaded;
+    }
+    let reason = match &loaded {
+        Ok(tracer) => tracer
+            .hooks
+            .values()
+            .find(|h| h.starts_with("not traced") && refused(h))
+            .cloned(),
+        Err(error) => Some(format!("{error:#}")).filter(|r| refused(r)),
+    };
+    let Some(reason) = reason else {
+        return loaded;
+    };
+    drop(loaded);
+    eprintln!(
+        "memlock-trace: warning: {DIAGNOSTICS_REFUSED}: {}; tracing without them",
+        reason.lines().next().unwrap_or_default()
+    );
+    Tracer::load_with(
+        targets,
+        &Options {
+            kernel_log: 0,
+            ..options
+        },
+    )
+}
+
 /// Why tracing stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Stop {
@@ -81,25 +115,7 @@ pub fn run(mut args: TraceArgs) -> Result<i32> {
         kernel_log: crate::kernel_log::level(args.verbose),
         ..Options::default()
     };
-    let mut tracer = match Tracer::load_with(&targets, &options) {
-        // The diagnostics add code to every program that logs: a kernel whose verifier
-        // gives up on that (6.1 on `sys_enter_mlock2`) still gets a tracer, without them.
-        Err(error) if options.kernel_log > 0 && format!("{error:#}").contains("kernel refused") => {
-            let reason = format!("{error:#}");
-            eprintln!(
-                "memlock-trace: warning: {DIAGNOSTICS_REFUSED}: {}; tracing without them",
-                reason.lines().next().unwrap_or_default()
-            );
-            Tracer::load_with(
-                &targets,
-                &Options {
-                    kernel_log: 0,
-                    ..options
-                },
-            )?
-        }
-        loaded => loaded?,
-    };
+    let mut tracer = load_tracer(&targets, options)?;
     // Fork before the runtime starts any thread; the child waits until it is in the filter.
     let launched = match args.command.first() {
         Some(program) => {
