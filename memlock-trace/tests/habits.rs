@@ -14,27 +14,13 @@ use std::{
 
 use common::require_privileges;
 use serde_json::Value;
-use support::{BIN, json_lines};
+use support::{BIN, json_lines, run};
 
 fn realtime_ns() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap()
         .as_nanos() as u64
-}
-
-fn run(args: &[&str]) -> Output {
-    let out = Command::new(BIN)
-        .args(args)
-        .output()
-        .expect("memlock-trace");
-    assert!(
-        out.status.success(),
-        "memlock-trace {args:?}: {:?}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
 }
 
 /// `memlock-trace ARGS -- memlock-trace workload syscalls`: the tracer's output and the

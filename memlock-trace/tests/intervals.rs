@@ -6,27 +6,13 @@ mod support;
 
 use std::{
     io::{BufRead as _, BufReader, Write as _},
-    process::{Command, Output, Stdio},
+    process::{Command, Stdio},
     time::Duration,
 };
 
 use common::require_privileges;
 use serde_json::Value;
-use support::{BIN, json_lines};
-
-fn run(args: &[&str]) -> Output {
-    let out = Command::new(BIN)
-        .args(args)
-        .output()
-        .expect("memlock-trace");
-    assert!(
-        out.status.success(),
-        "memlock-trace {args:?}: {:?}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
+use support::{BIN, json_lines, run};
 
 /// Waits for the tracer's "tracing" line. Loading takes long in an emulated guest on a
 /// busy machine: this is a hang guard, not a timing check.

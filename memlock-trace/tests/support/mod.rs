@@ -267,3 +267,18 @@ pub fn with_syscalls(summary: &Value) -> Vec<&Value> {
         .filter(|p| p["syscalls"].as_object().is_some_and(|m| !m.is_empty()))
         .collect()
 }
+
+/// Runs `memlock-trace ARGS` to completion; it must succeed (its stderr is in the message).
+pub fn run(args: &[&str]) -> std::process::Output {
+    let out = Command::new(BIN)
+        .args(args)
+        .output()
+        .expect("memlock-trace");
+    assert!(
+        out.status.success(),
+        "memlock-trace {args:?}: {:?}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
