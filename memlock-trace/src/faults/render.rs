@@ -155,8 +155,13 @@ pub fn faults_text(out: &mut String, f: &FaultSummary, indent: &str, style: Text
         if f.latency_unmatched > 0 {
             let _ = writeln!(
                 out,
-                "{indent}  ({} faults counted without a latency: start not seen)",
-                f.latency_unmatched
+                "{indent}  ({} {} counted without a latency: start not seen)",
+                f.latency_unmatched,
+                if f.latency_unmatched == 1 {
+                    "fault"
+                } else {
+                    "faults"
+                }
             );
         }
         if style.hist {
