@@ -48,16 +48,25 @@ fn traced_workload(args: &[&str], commands: &str) -> std::process::Output {
         }
         all
     });
-    let wait_for = |prefix: &str| loop {
-        let line = lines_rx
-            .recv_timeout(Duration::from_secs(300))
-            .unwrap_or_else(|_| panic!("no `{prefix}` from the workload"));
+    // On a timeout or an early end, the tracer's stderr says why: kill it and show it.
+    let wait_for = |child: &mut std::process::Child, prefix: &str| loop {
+        let line = match lines_rx.recv_timeout(Duration::from_secs(300)) {
+            Ok(line) => line,
+            Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                let mut stderr = String::new();
+                let _ =
+                    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr);
+                panic!("no `{prefix}` from the workload ({e}); tracer stderr:\n{stderr}");
+            }
+        };
         assert!(!line.starts_with("error"), "{line}");
         if line.starts_with(prefix) {
             break;
         }
     };
-    wait_for("ready");
+    wait_for(&mut child, "ready");
     let mut stdin = child.stdin.take().unwrap();
     for line in commands.lines() {
         if line == "sleep" {
@@ -66,7 +75,7 @@ fn traced_workload(args: &[&str], commands: &str) -> std::process::Output {
         }
         stdin.write_all(format!("{line}\n").as_bytes()).unwrap();
         if line != "exit" {
-            wait_for("ok ");
+            wait_for(&mut child, "ok ");
         }
     }
     drop(stdin);
