@@ -1,6 +1,9 @@
 use std::process::ExitCode;
 
-use clap::{CommandFactory as _, Parser as _};
+use clap::{
+    CommandFactory as _, Parser as _,
+    error::{ContextKind, ContextValue, ErrorKind},
+};
 use memlock_trace::{
     UsageError,
     cli::{Cli, Command},
@@ -17,7 +20,10 @@ use memlock_trace::{
 };
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match parse_cli() {
+        Ok(cli) => cli,
+        Err(code) => return code,
+    };
     let result = match cli.command {
         None => session::run(cli.trace),
         Some(Command::Probe { json }) => run_probe(json).map(|()| 0),
@@ -61,6 +67,45 @@ fn main() -> ExitCode {
             }
         }
     }
+}
+
+/// Parses the command line. clap renders its own errors, except two it gets wrong here: a
+/// value out of range is one line, as the tool's other usage errors; an unknown option
+/// gets no "use `-- -X`" tip, since `--` starts the command to trace.
+fn parse_cli() -> Result<Cli, ExitCode> {
+    let error = match Cli::try_parse() {
+        Ok(cli) => return Ok(cli),
+        Err(error) => error,
+    };
+    let message = match error.kind() {
+        ErrorKind::ValueValidation => error
+            .to_string()
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .trim_start_matches("error: ")
+            .to_string(),
+        ErrorKind::UnknownArgument => unknown_argument(&error),
+        _ => error.exit(),
+    };
+    eprintln!("memlock-trace: error: {message}");
+    Err(ExitCode::from(2))
+}
+
+fn unknown_argument(error: &clap::Error) -> String {
+    let arg = match error.get(ContextKind::InvalidArg) {
+        Some(ContextValue::String(arg)) => arg.clone(),
+        _ => String::new(),
+    };
+    let mut message = format!("unknown option `{arg}`");
+    if let Some(ContextValue::String(similar)) = error.get(ContextKind::SuggestedArg) {
+        message.push_str(&format!(" (did you mean `{similar}`?)"));
+    }
+    message.push_str(&format!(
+        ": see `memlock-trace --help`; an option of the command to trace goes after the \
+         command, which follows `--` (`memlock-trace -- COMMAND {arg}`)"
+    ));
+    message
 }
 
 #[cfg(feature = "lab")]
