@@ -5,8 +5,9 @@ use clap::{
     error::{ContextKind, ContextValue, ErrorKind},
 };
 use memlock_trace::{
-    UsageError,
+    CommandError, UsageError,
     cli::{Cli, Command},
+    exit,
     output::JSON_SCHEMA,
     probe,
     process::Targets,
@@ -57,15 +58,21 @@ fn main() -> ExitCode {
             }),
     };
     match result {
-        Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
-        Err(error) => {
-            eprintln!("memlock-trace: error: {error:#}");
-            if error.downcast_ref::<UsageError>().is_some() {
-                ExitCode::from(2)
-            } else {
-                ExitCode::FAILURE
-            }
-        }
+        Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(exit::FAILURE)),
+        Err(error) => ExitCode::from(exit_code(&error)),
+    }
+}
+
+/// Prints `error` and picks the exit code, as `timeout(1)` and `env(1)` do: the tool's own
+/// failure 125, the command's 126 or 127.
+fn exit_code(error: &anyhow::Error) -> u8 {
+    eprintln!("memlock-trace: error: {error:#}");
+    if let Some(e) = error.downcast_ref::<CommandError>() {
+        e.code
+    } else if error.downcast_ref::<UsageError>().is_some() {
+        exit::USAGE
+    } else {
+        exit::FAILURE
     }
 }
 
@@ -89,7 +96,7 @@ fn parse_cli() -> Result<Cli, ExitCode> {
         _ => error.exit(),
     };
     eprintln!("memlock-trace: error: {message}");
-    Err(ExitCode::from(2))
+    Err(ExitCode::from(exit::USAGE))
 }
 
 fn unknown_argument(error: &clap::Error) -> String {
