@@ -50,6 +50,8 @@ pub mod exit {
     pub const NOT_EXECUTABLE: u8 = 126;
     /// The command to trace was not found.
     pub const NOT_FOUND: u8 = 127;
+    /// The output was a pipe that closed (`| head`): 128 + SIGPIPE, as a tool killed by it.
+    pub const CLOSED_PIPE: u8 = 141;
 }
 
 /// The command to trace could not be run: `code` is 126 (not executable) or 127 (not found).

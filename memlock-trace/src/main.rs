@@ -1,4 +1,4 @@
-use std::process::ExitCode;
+use std::{io::Write as _, process::ExitCode};
 
 use clap::{
     CommandFactory as _, Parser as _,
@@ -8,7 +8,7 @@ use memlock_trace::{
     CommandError, UsageError,
     cli::{Cli, Command},
     exit,
-    output::JSON_SCHEMA,
+    output::{JSON_SCHEMA, Sink, WriteError},
     probe,
     process::Targets,
     session,
@@ -43,14 +43,18 @@ fn main() -> ExitCode {
         #[cfg(feature = "lab")]
         Some(Command::Verify { json, output }) => verify::run(json, output.as_deref()),
         Some(Command::Completions { shell }) => {
-            let mut cmd = Cli::command();
-            clap_complete::generate(shell, &mut cmd, "memlock-trace", &mut std::io::stdout());
-            Ok(0)
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "memlock-trace", &mut script);
+            print_result(None, &script).map(|()| 0)
         }
-        Some(Command::Man { dir: None }) => clap_mangen::Man::new(Cli::command())
-            .render(&mut std::io::stdout())
-            .map(|()| 0)
-            .map_err(Into::into),
+        Some(Command::Man { dir: None }) => {
+            let mut page = Vec::new();
+            clap_mangen::Man::new(Cli::command())
+                .render(&mut page)
+                .map_err(anyhow::Error::from)
+                .and_then(|()| print_result(None, &page))
+                .map(|()| 0)
+        }
         Some(Command::Man { dir: Some(dir) }) => clap_mangen::generate_to(Cli::command(), &dir)
             .map(|()| 0)
             .map_err(|e| {
@@ -63,9 +67,12 @@ fn main() -> ExitCode {
     }
 }
 
-/// Prints `error` and picks the exit code, as `timeout(1)` and `env(1)` do: the tool's own
-/// failure 125, the command's 126 or 127.
+/// Prints `error` (unless stdout was a pipe that closed) and picks the exit code, as
+/// `timeout(1)` and `env(1)` do: the tool's own failure 125, the command's 126 or 127.
 fn exit_code(error: &anyhow::Error) -> u8 {
+    if WriteError::find(error).is_some_and(WriteError::is_closed_pipe) {
+        return exit::CLOSED_PIPE;
+    }
     eprintln!("memlock-trace: error: {error:#}");
     if let Some(e) = error.downcast_ref::<CommandError>() {
         e.code
@@ -115,12 +122,24 @@ fn unknown_argument(error: &clap::Error) -> String {
     message
 }
 
+/// Writes a computed result to `path` (created beforehand by `Sink::open`) or stdout; see
+/// [`Sink::write_result`] for what happens when that fails.
+fn print_result(sink: Option<Sink>, result: &[u8]) -> anyhow::Result<()> {
+    let mut sink = match sink {
+        Some(sink) => sink,
+        None => Sink::open(None)?,
+    };
+    sink.write_result(result)
+}
+
 #[cfg(feature = "lab")]
 fn run_workload(
     name: WorkloadName,
     report: Option<&std::path::Path>,
     params: &WorkloadParams,
 ) -> anyhow::Result<()> {
+    // Before the workload runs, so that a bad path costs nothing.
+    let sink = Sink::open(report)?;
     let calls = match name {
         WorkloadName::Syscalls => serde_json::to_value(workload::syscalls::run()?)?,
         WorkloadName::Faults => return workload::faults::serve(),
@@ -134,11 +153,7 @@ fn run_workload(
         )?)?,
     };
     let json = serde_json::to_string_pretty(&calls)?;
-    match report {
-        Some(path) => std::fs::write(path, json)?,
-        None => println!("{json}"),
-    }
-    Ok(())
+    print_result(Some(sink), format!("{json}\n").as_bytes())
 }
 
 fn run_probe(json: bool) -> anyhow::Result<()> {
@@ -155,22 +170,23 @@ fn run_probe(json: bool) -> anyhow::Result<()> {
             "capabilities": capabilities,
             "hooks": tracer.hooks,
         });
-        println!("{report}");
-        return Ok(());
+        return print_result(None, format!("{report}\n").as_bytes());
     }
-    println!("kernel {kernel}");
+    let mut text = Vec::new();
+    writeln!(text, "kernel {kernel}")?;
     for c in &capabilities {
-        println!(
+        writeln!(
+            text,
             "{:<12} {:<4} {}",
             c.name,
             if c.usable { "yes" } else { "no" },
             c.detail
-        );
+        )?;
     }
     for (family, hooks) in &tracer.hooks {
-        println!("hooks {family}: {hooks}");
+        writeln!(text, "hooks {family}: {hooks}")?;
     }
-    Ok(())
+    print_result(None, &text)
 }
 
 #[cfg(feature = "lab")]
@@ -179,11 +195,9 @@ fn run_scenario(
     args: &workload::scenario::ScenarioArgs,
     report: Option<&std::path::Path>,
 ) -> anyhow::Result<()> {
+    // Before the experiment runs, so that its measurements always have somewhere to go.
+    let sink = Sink::open(report)?;
     let result = workload::scenario::run(name, args).map_err(|e| UsageError(format!("{e:#}")))?;
     let json = serde_json::to_string(&result)?;
-    match report {
-        Some(path) => std::fs::write(path, json)?,
-        None => println!("{json}"),
-    }
-    Ok(())
+    print_result(Some(sink), format!("{json}\n").as_bytes())
 }

@@ -333,6 +333,8 @@ async fn event_loop(
             }
             reason = &mut stop => break reason?,
         }
+        // An output that refused a write (full disk, closed pipe) ends the session.
+        output.out.check()?;
     };
     // Everything the kernel submitted before we stopped is still in the ring: read it all.
     output.drain(ring.get_mut());
