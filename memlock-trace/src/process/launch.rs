@@ -75,6 +75,10 @@ fn child_exec(gate: OwnedFd, err: OwnedFd, argv: &[CString]) -> ! {
             0,
         )
     };
+    // Rust ignores SIGPIPE, and an ignored signal stays ignored across exec: give the command
+    // the default back, as a shell does, so that `yes | head` in it ends as it should.
+    // SAFETY: signal() with SIG_DFL installs no handler; it is async-signal-safe.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let errno = match execvp(&argv[0], argv) {
         Err(e) => e as i32,
         Ok(never) => match never {},
