@@ -234,3 +234,12 @@ fn exit_codes_tell_the_tool_from_the_command() {
     let (code, _, err) = run(&["-q", "--", "sh", "-c", "kill -TERM $$"]);
     assert_eq!(code, Some(128 + 15), "{err}");
 }
+
+#[test]
+fn a_launched_command_dies_of_sigpipe_as_from_a_shell() {
+    require_privileges();
+    // With SIGPIPE left ignored (Rust's own setting), `yes` complains of EPIPE instead.
+    let (code, _, err) = run(&["-q", "--", "sh", "-c", "yes | head -1 >/dev/null"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(!err.contains("Broken pipe"), "{err}");
+}
