@@ -29,7 +29,7 @@ fn main() -> ExitCode {
         None => session::run(cli.trace),
         Some(Command::Probe { json }) => run_probe(json).map(|()| 0),
         #[cfg(feature = "lab")]
-        Some(Command::Suite(args)) => suite::run(args).map(|()| 0),
+        Some(Command::Suite(args)) => suite::run(args),
         #[cfg(feature = "lab")]
         Some(Command::Scenario { name, args, report }) => {
             run_scenario(name, &args, report.as_deref()).map(|()| 0)
