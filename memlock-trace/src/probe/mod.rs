@@ -55,7 +55,9 @@ pub fn check_privileges() -> Result<()> {
     // setcap replaces the file's set: name all that are needed, not only the missing ones.
     let grant: Vec<String> = needed.iter().map(|(_, n)| n.to_lowercase()).collect();
     let tracefs = if missing.contains(&"CAP_DAC_READ_SEARCH") {
-        format!(" (CAP_DAC_READ_SEARCH: tracepoint ids are read from {TRACEFS}, mode 0700)")
+        format!(
+            " (CAP_DAC_READ_SEARCH: tracepoint ids are read from tracefs at {TRACEFS}, mode 0700)"
+        )
     } else {
         String::new()
     };
