@@ -221,7 +221,7 @@ impl ScenarioArgs {
 }
 
 fn available_memory_mib() -> Result<usize> {
-    let meminfo = std::fs::read_to_string("/proc/meminfo")?;
+    let meminfo = std::fs::read_to_string("/proc/meminfo").context("reading /proc/meminfo")?;
     meminfo
         .lines()
         .find_map(|l| l.strip_prefix("MemAvailable:"))
