@@ -64,10 +64,19 @@ pub fn check_privileges() -> Result<()> {
     bail!(
         "missing capabilities {}{tracefs}: run memlock-trace as root, or grant them with \
          `sudo setcap {}+ep $(which memlock-trace)`{}",
-        missing.join(", "),
+        in_words(&missing),
         grant.join(","),
         paranoid_note(),
     )
+}
+
+/// `A`, `A and B`, `A, B and C`.
+fn in_words(names: &[&str]) -> String {
+    match names {
+        [] => String::new(),
+        [one] => one.to_string(),
+        [rest @ .., last] => format!("{} and {last}", rest.join(", ")),
+    }
 }
 
 /// Debian's `kernel.perf_event_paranoid` 3 refuses perf events even with CAP_PERFMON: said
