@@ -197,7 +197,7 @@ fn run_scenario(
 ) -> anyhow::Result<()> {
     // Before the experiment runs, so that its measurements always have somewhere to go.
     let sink = Sink::open(report)?;
-    let result = workload::scenario::run(name, args).map_err(|e| UsageError(format!("{e:#}")))?;
+    let result = workload::scenario::run(name, args)?;
     let json = serde_json::to_string(&result)?;
     print_result(Some(sink), format!("{json}\n").as_bytes())
 }
