@@ -11,6 +11,16 @@ use crate::{
     process::DEFAULT_MAX_PROCESSES,
 };
 
+pub mod values;
+
+use values::{MAX_PIDS, int};
+
+/// Most rows a `--top-*` list prints: more than anyone reads.
+const MAX_TOP: usize = 1_000_000;
+/// Most children or threads a bundled workload starts at once.
+#[cfg(feature = "lab")]
+const MAX_WORKERS: u32 = 1024;
+
 #[derive(Debug, Parser)]
 #[command(
     name = "memlock-trace",
@@ -37,10 +47,10 @@ pub struct TraceArgs {
     pub tid: Option<u32>,
     /// Print what happened in each SECS-second interval (counts reset per interval), then
     /// the whole session's summary at the end.
-    #[arg(short = 'i', long, value_name = "SECS", value_parser = positive_secs)]
+    #[arg(short = 'i', long, value_name = "SECS", value_parser = values::secs)]
     pub interval: Option<f64>,
     /// Stop after SECS seconds.
-    #[arg(short = 'd', long, value_name = "SECS", value_parser = positive_secs)]
+    #[arg(short = 'd', long, value_name = "SECS", value_parser = values::secs)]
     pub duration: Option<f64>,
     /// INTERVAL as in libbpf-tools: `memlock-trace 1 5` prints five one-second intervals,
     /// then exits.
@@ -105,17 +115,17 @@ pub struct TraceArgs {
     #[arg(long)]
     pub per_thread: bool,
     /// With --events, print one page fault in N.
-    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = int(1, u32::MAX))]
     pub sample: u32,
     /// Mappings listed per process, by page faults.
-    #[arg(long, value_name = "N", default_value_t = 10)]
+    #[arg(long, value_name = "N", default_value_t = 10, value_parser = int(0, MAX_TOP))]
     pub top_mappings: usize,
     /// Count page faults per user call stack and list each process's top stacks,
     /// symbolized (pages populated inside mlock, MAP_POPULATE, ... count at the call site).
     #[arg(long)]
     pub stacks: bool,
     /// Stacks listed per process with --stacks, by page faults.
-    #[arg(long, value_name = "N", default_value_t = 10, requires = "stacks")]
+    #[arg(long, value_name = "N", default_value_t = 10, requires = "stacks", value_parser = int(0, MAX_TOP))]
     pub stacks_top: usize,
     /// Benchmark only: attach the fault-start tracepoints the classic way even where tp_btf
     /// works (as bpftrace does).
@@ -267,11 +277,11 @@ pub struct ProductionArgs {
     pub prometheus_pid_label: bool,
     /// Most processes the summary keeps; past that the least recently seen is evicted and
     /// counted (`evicted_processes`).
-    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_PROCESSES, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_PROCESSES, value_parser = int(1, MAX_PIDS))]
     pub max_processes: u32,
     /// Most processes traced at once by pid (`-p`, a command, its children); children past
     /// that are counted as not followed.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, value_name = "N", value_parser = int(1, MAX_PIDS))]
     pub max_targets: Option<u32>,
 }
 
@@ -280,13 +290,13 @@ pub struct ProductionArgs {
 #[derive(Debug, Args, Clone)]
 pub struct WorkloadParams {
     /// `children`: how many children.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 4, value_parser = int(1, MAX_WORKERS))]
     pub count: u32,
     /// mlock calls per child (`children`) or per thread (`flood`).
     #[arg(long, default_value_t = 1)]
     pub calls: u32,
     /// `flood`: how many threads.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = int(1, MAX_WORKERS))]
     pub threads: u32,
     /// `flood`: wait for one byte on stdin before starting.
     #[arg(long)]
@@ -312,18 +322,11 @@ fn positive_count(s: &str) -> Result<u64, String> {
 
 /// The first positional: an interval, or a mistyped subcommand.
 fn positional_secs(s: &str) -> Result<f64, String> {
-    positive_secs(s).map_err(|_| {
+    values::secs(s).map_err(|_| {
         format!(
             "`{s}` is neither a subcommand nor an interval in seconds: see `memlock-trace --help`"
         )
     })
-}
-
-fn positive_secs(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(v) if v > 0.0 && v.is_finite() => Ok(v),
-        _ => Err(format!("`{s}` is not a positive number of seconds")),
-    }
 }
 
 #[cfg(test)]

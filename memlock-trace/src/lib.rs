@@ -39,6 +39,36 @@ pub mod vma;
 #[cfg(feature = "lab")]
 pub mod lab;
 
+/// The exit codes of the tool's own outcomes, as `timeout(1)` and `env(1)` use them, so a
+/// script can tell them from a launched command's status (which is passed through).
+pub mod exit {
+    /// What the user asked for is wrong (clap's usage errors, a bad path or pid).
+    pub const USAGE: u8 = 2;
+    /// The tool itself failed: loading, reading, writing its output.
+    pub const FAILURE: u8 = 125;
+    /// The command to trace was found but could not be executed.
+    pub const NOT_EXECUTABLE: u8 = 126;
+    /// The command to trace was not found.
+    pub const NOT_FOUND: u8 = 127;
+    /// The output was a pipe that closed (`| head`): 128 + SIGPIPE, as a tool killed by it.
+    pub const CLOSED_PIPE: u8 = 141;
+}
+
+/// The command to trace could not be run: `code` is 126 (not executable) or 127 (not found).
+#[derive(Debug)]
+pub struct CommandError {
+    pub code: u8,
+    pub message: String,
+}
+
+impl std::fmt::Display for CommandError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for CommandError {}
+
 /// An error in what the user asked for (exit code 2), as opposed to a failure while tracing.
 #[derive(Debug)]
 pub struct UsageError(pub String);

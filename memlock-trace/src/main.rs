@@ -1,10 +1,14 @@
-use std::process::ExitCode;
+use std::{io::Write as _, process::ExitCode};
 
-use clap::{CommandFactory as _, Parser as _};
+use clap::{
+    CommandFactory as _, Parser as _,
+    error::{ContextKind, ContextValue, ErrorKind},
+};
 use memlock_trace::{
-    UsageError,
+    CommandError, UsageError,
     cli::{Cli, Command},
-    output::JSON_SCHEMA,
+    exit,
+    output::{JSON_SCHEMA, Sink, WriteError},
     probe,
     process::Targets,
     session,
@@ -17,12 +21,15 @@ use memlock_trace::{
 };
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match parse_cli() {
+        Ok(cli) => cli,
+        Err(code) => return code,
+    };
     let result = match cli.command {
         None => session::run(cli.trace),
         Some(Command::Probe { json }) => run_probe(json).map(|()| 0),
         #[cfg(feature = "lab")]
-        Some(Command::Suite(args)) => suite::run(args).map(|()| 0),
+        Some(Command::Suite(args)) => suite::run(args),
         #[cfg(feature = "lab")]
         Some(Command::Scenario { name, args, report }) => {
             run_scenario(name, &args, report.as_deref()).map(|()| 0)
@@ -36,14 +43,18 @@ fn main() -> ExitCode {
         #[cfg(feature = "lab")]
         Some(Command::Verify { json, output }) => verify::run(json, output.as_deref()),
         Some(Command::Completions { shell }) => {
-            let mut cmd = Cli::command();
-            clap_complete::generate(shell, &mut cmd, "memlock-trace", &mut std::io::stdout());
-            Ok(0)
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "memlock-trace", &mut script);
+            print_result(None, &script).map(|()| 0)
         }
-        Some(Command::Man { dir: None }) => clap_mangen::Man::new(Cli::command())
-            .render(&mut std::io::stdout())
-            .map(|()| 0)
-            .map_err(Into::into),
+        Some(Command::Man { dir: None }) => {
+            let mut page = Vec::new();
+            clap_mangen::Man::new(Cli::command())
+                .render(&mut page)
+                .map_err(anyhow::Error::from)
+                .and_then(|()| print_result(None, &page))
+                .map(|()| 0)
+        }
         Some(Command::Man { dir: Some(dir) }) => clap_mangen::generate_to(Cli::command(), &dir)
             .map(|()| 0)
             .map_err(|e| {
@@ -51,16 +62,74 @@ fn main() -> ExitCode {
             }),
     };
     match result {
-        Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
-        Err(error) => {
-            eprintln!("memlock-trace: error: {error:#}");
-            if error.downcast_ref::<UsageError>().is_some() {
-                ExitCode::from(2)
-            } else {
-                ExitCode::FAILURE
-            }
-        }
+        Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(exit::FAILURE)),
+        Err(error) => ExitCode::from(exit_code(&error)),
     }
+}
+
+/// Prints `error` (unless stdout was a pipe that closed) and picks the exit code, as
+/// `timeout(1)` and `env(1)` do: the tool's own failure 125, the command's 126 or 127.
+fn exit_code(error: &anyhow::Error) -> u8 {
+    if WriteError::find(error).is_some_and(WriteError::is_closed_pipe) {
+        return exit::CLOSED_PIPE;
+    }
+    eprintln!("memlock-trace: error: {error:#}");
+    if let Some(e) = error.downcast_ref::<CommandError>() {
+        e.code
+    } else if error.downcast_ref::<UsageError>().is_some() {
+        exit::USAGE
+    } else {
+        exit::FAILURE
+    }
+}
+
+/// Parses the command line. clap renders its own errors, except two it gets wrong here: a
+/// value out of range is one line, as the tool's other usage errors; an unknown option
+/// gets no "use `-- -X`" tip, since `--` starts the command to trace.
+fn parse_cli() -> Result<Cli, ExitCode> {
+    let error = match Cli::try_parse() {
+        Ok(cli) => return Ok(cli),
+        Err(error) => error,
+    };
+    let message = match error.kind() {
+        ErrorKind::ValueValidation => error
+            .to_string()
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .trim_start_matches("error: ")
+            .to_string(),
+        ErrorKind::UnknownArgument => unknown_argument(&error),
+        _ => error.exit(),
+    };
+    eprintln!("memlock-trace: error: {message}");
+    Err(ExitCode::from(exit::USAGE))
+}
+
+fn unknown_argument(error: &clap::Error) -> String {
+    let arg = match error.get(ContextKind::InvalidArg) {
+        Some(ContextValue::String(arg)) => arg.clone(),
+        _ => String::new(),
+    };
+    let mut message = format!("unknown option `{arg}`");
+    if let Some(ContextValue::String(similar)) = error.get(ContextKind::SuggestedArg) {
+        message.push_str(&format!(" (did you mean `{similar}`?)"));
+    }
+    message.push_str(&format!(
+        ": see `memlock-trace --help`; an option of the command to trace goes after the \
+         command, which follows `--` (`memlock-trace -- COMMAND {arg}`)"
+    ));
+    message
+}
+
+/// Writes a computed result to `path` (created beforehand by `Sink::open`) or stdout; see
+/// [`Sink::write_result`] for what happens when that fails.
+fn print_result(sink: Option<Sink>, result: &[u8]) -> anyhow::Result<()> {
+    let mut sink = match sink {
+        Some(sink) => sink,
+        None => Sink::open(None)?,
+    };
+    sink.write_result(result)
 }
 
 #[cfg(feature = "lab")]
@@ -69,6 +138,8 @@ fn run_workload(
     report: Option<&std::path::Path>,
     params: &WorkloadParams,
 ) -> anyhow::Result<()> {
+    // Before the workload runs, so that a bad path costs nothing.
+    let sink = Sink::open(report)?;
     let calls = match name {
         WorkloadName::Syscalls => serde_json::to_value(workload::syscalls::run()?)?,
         WorkloadName::Faults => return workload::faults::serve(),
@@ -82,11 +153,7 @@ fn run_workload(
         )?)?,
     };
     let json = serde_json::to_string_pretty(&calls)?;
-    match report {
-        Some(path) => std::fs::write(path, json)?,
-        None => println!("{json}"),
-    }
-    Ok(())
+    print_result(Some(sink), format!("{json}\n").as_bytes())
 }
 
 fn run_probe(json: bool) -> anyhow::Result<()> {
@@ -103,22 +170,23 @@ fn run_probe(json: bool) -> anyhow::Result<()> {
             "capabilities": capabilities,
             "hooks": tracer.hooks,
         });
-        println!("{report}");
-        return Ok(());
+        return print_result(None, format!("{report}\n").as_bytes());
     }
-    println!("kernel {kernel}");
+    let mut text = Vec::new();
+    writeln!(text, "kernel {kernel}")?;
     for c in &capabilities {
-        println!(
+        writeln!(
+            text,
             "{:<12} {:<4} {}",
             c.name,
             if c.usable { "yes" } else { "no" },
             c.detail
-        );
+        )?;
     }
     for (family, hooks) in &tracer.hooks {
-        println!("hooks {family}: {hooks}");
+        writeln!(text, "hooks {family}: {hooks}")?;
     }
-    Ok(())
+    print_result(None, &text)
 }
 
 #[cfg(feature = "lab")]
@@ -127,11 +195,9 @@ fn run_scenario(
     args: &workload::scenario::ScenarioArgs,
     report: Option<&std::path::Path>,
 ) -> anyhow::Result<()> {
-    let result = workload::scenario::run(name, args).map_err(|e| UsageError(format!("{e:#}")))?;
+    // Before the experiment runs, so that its measurements always have somewhere to go.
+    let sink = Sink::open(report)?;
+    let result = workload::scenario::run(name, args)?;
     let json = serde_json::to_string(&result)?;
-    match report {
-        Some(path) => std::fs::write(path, json)?,
-        None => println!("{json}"),
-    }
-    Ok(())
+    print_result(Some(sink), format!("{json}\n").as_bytes())
 }

@@ -27,9 +27,36 @@ pub fn load<'a>(
     // aya-log's default is every level: off unless the caller asks (`-v`).
     crate::kernel_log::prepare_loader(&mut loader, 0);
     prepare(&mut loader)?;
-    loader.load(EBPF_OBJECT).context(
-        "creating the eBPF maps failed (is RLIMIT_MEMLOCK too low on a kernel older than 5.11?)",
-    )
+    loader.load(EBPF_OBJECT).map_err(|e| maps_failed(&e))
+}
+
+/// One message for a failed map creation: aya's errors repeat their source's text
+/// ("failed to create map `X`: failed to create map `X`: ..."), so each text is kept once;
+/// RLIMIT_MEMLOCK is suspected only where the kernel still charges maps to it (before 5.11).
+fn maps_failed(error: &aya::EbpfError) -> anyhow::Error {
+    let mut reason = String::new();
+    let mut next: Option<&dyn std::error::Error> = Some(error);
+    while let Some(e) = next {
+        let part = e.to_string();
+        if !reason.contains(&part) {
+            if !reason.is_empty() {
+                reason.push_str(": ");
+            }
+            reason.push_str(&part);
+        }
+        next = e.source();
+    }
+    let release = crate::probe::kernel_release();
+    let mut version = release
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|n| n.parse::<u32>().ok());
+    let hint = match (version.next(), version.next()) {
+        (Some(major), Some(minor)) if (major, minor) < (5, 11) => {
+            " (kernels before 5.11 charge maps to RLIMIT_MEMLOCK: is it too low?)"
+        }
+        _ => "",
+    };
+    anyhow!("creating the eBPF maps failed{hint}: {reason}")
 }
 
 /// A hook family (syscalls, faults, VMAs, processes): its programs, attached.
@@ -204,5 +231,28 @@ pub fn refusal_reason(error: &ProgramError) -> String {
         }
         ProgramError::SyscallError(e) => format!("{}: {}", e.call, errno_text(&e.io_error)),
         other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_refused_map_is_named_once() {
+        let error = aya::EbpfError::MapError(aya::maps::MapError::CreateError {
+            name: "TARGET_TGIDS".into(),
+            io_error: std::io::Error::from_raw_os_error(libc::E2BIG),
+        });
+        let message = format!("{:#}", super::maps_failed(&error));
+        assert_eq!(
+            message
+                .matches("failed to create map `TARGET_TGIDS`")
+                .count(),
+            1,
+            "{message}"
+        );
+        assert!(
+            message.ends_with("Argument list too long (os error 7)"),
+            "{message}"
+        );
     }
 }

@@ -184,13 +184,13 @@ fn each_capability_is_needed() {
         )
     };
     let (code, err) = run(&[CAP_PERFMON, CAP_DAC_READ_SEARCH]);
-    assert_eq!(code, Some(1), "{err}");
+    assert_eq!(code, Some(125), "{err}");
     assert!(
         err.contains("missing capabilities CAP_BPF") && !err.contains("CAP_PERFMON"),
         "{err}"
     );
     let (code, err) = run(&[CAP_BPF, CAP_DAC_READ_SEARCH]);
-    assert_eq!(code, Some(1), "{err}");
+    assert_eq!(code, Some(125), "{err}");
     assert!(err.contains("missing capabilities CAP_PERFMON"), "{err}");
 
     // tracefs is mode 0700 on current kernels; where it is world-searchable the third
@@ -201,7 +201,7 @@ fn each_capability_is_needed() {
         .mode();
     let (code, err) = run(&[CAP_BPF, CAP_PERFMON]);
     if mode & 0o001 == 0 {
-        assert_eq!(code, Some(1), "tracefs mode {mode:o}: {err}");
+        assert_eq!(code, Some(125), "tracefs mode {mode:o}: {err}");
         assert!(
             err.contains("CAP_DAC_READ_SEARCH") && err.contains("tracefs"),
             "{err}"

@@ -43,7 +43,9 @@ pub struct SuiteArgs {
     pub sizes: ScenarioArgs,
 }
 
-pub fn run(args: SuiteArgs) -> Result<()> {
+/// Runs the suite and writes its report; returns the exit code (0, or 1 when a consistency
+/// check failed).
+pub fn run(args: SuiteArgs) -> Result<i32> {
     let sizes = if args.tiny {
         ScenarioArgs::tiny()
     } else {
@@ -60,8 +62,15 @@ pub fn run(args: SuiteArgs) -> Result<()> {
             .check_limits(s)
             .map_err(|e| crate::UsageError(format!("{e:#}")))?;
     }
+    // The report's directory must take files before the scenarios run, not after.
     std::fs::create_dir_all(&args.out)
-        .with_context(|| format!("creating {}", args.out.display()))?;
+        .and_then(|()| std::fs::File::create(args.out.join("report.md")))
+        .map_err(|e| {
+            crate::UsageError(format!(
+                "cannot write the report in {}: {e}",
+                args.out.display()
+            ))
+        })?;
 
     let tracer = TracerProcess::start()?;
     let bar = ProgressBar::new(scenarios.len() as u64).with_style(
@@ -114,19 +123,22 @@ pub fn run(args: SuiteArgs) -> Result<()> {
         .collect();
     let health = summary["health"].clone();
     let written = report::write(&args.out, &runs, &health, args.tiny)?;
-    println!("report: {}", written.markdown.display());
-    for (scenario, verdicts) in &written.verdicts {
-        for v in verdicts {
-            println!("  {scenario:<15} {:<10} {}", v.verdict, v.claim);
+    let mut verdicts = format!("report: {}\n", written.markdown.display());
+    for (scenario, scenario_verdicts) in &written.verdicts {
+        for v in scenario_verdicts {
+            verdicts.push_str(&format!("  {scenario:<15} {:<10} {}\n", v.verdict, v.claim));
         }
     }
+    crate::output::Sink::open(None)?.write_result(verdicts.as_bytes())?;
+    // A finding, as verify's mismatches (exit 1), not a failure of the tool (125).
     if written.inconsistent > 0 {
-        bail!(
-            "{} tracer/workload consistency checks failed (see the report)",
+        eprintln!(
+            "memlock-trace: {} tracer/workload consistency checks failed (see the report)",
             written.inconsistent
         );
+        return Ok(1);
     }
-    Ok(())
+    Ok(0)
 }
 
 fn run_scenario(scenario: Scenario, sizes: &ScenarioArgs) -> Result<Value> {

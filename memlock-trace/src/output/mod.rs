@@ -7,7 +7,7 @@ pub mod hist;
 mod sink;
 mod time;
 
-pub use sink::Sink;
+pub use sink::{Sink, WriteError};
 pub use time::{WallClock, hms};
 
 /// Version of the JSON lines (`"schema"` in every line). Adding a field keeps it; renaming,

@@ -15,12 +15,16 @@ pub use capabilities::{Capability, capabilities};
 
 pub const TRACEFS: &str = "/sys/kernel/tracing";
 
+const CAP_DAC_READ_SEARCH: u32 = 2;
 const CAP_SYS_ADMIN: u32 = 21;
 const CAP_PERFMON: u32 = 38;
 const CAP_BPF: u32 = 39;
 
 /// Fails unless this process may load tracing programs: root, or CAP_BPF + CAP_PERFMON
-/// (CAP_SYS_ADMIN implies both on older kernels).
+/// (CAP_SYS_ADMIN implies both on older kernels), and CAP_DAC_READ_SEARCH where tracefs is
+/// closed to other users (mode 0700, current kernels). The message names every capability
+/// missing at once, and a `setcap` line granting all that are needed, so that one fix is
+/// enough.
 pub fn check_privileges() -> Result<()> {
     let status = fs::read_to_string("/proc/self/status").context("reading /proc/self/status")?;
     let cap_eff = status
@@ -29,19 +33,66 @@ pub fn check_privileges() -> Result<()> {
         .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
         .ok_or_else(|| anyhow!("no CapEff line in /proc/self/status"))?;
     let has = |cap: u32| cap_eff & (1 << cap) != 0;
-    if has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON)) {
+    let mut needed = vec![(CAP_BPF, "CAP_BPF"), (CAP_PERFMON, "CAP_PERFMON")];
+    if has(CAP_SYS_ADMIN) {
+        needed.clear();
+    }
+    // Tracepoint ids are read from tracefs; where it is closed to us, the capability is what
+    // opens it (root passes anyway).
+    let tracefs_closed = fs::metadata(Path::new(TRACEFS).join("events"))
+        .is_err_and(|e| e.kind() == std::io::ErrorKind::PermissionDenied);
+    if tracefs_closed {
+        needed.push((CAP_DAC_READ_SEARCH, "CAP_DAC_READ_SEARCH"));
+    }
+    let missing: Vec<&str> = needed
+        .iter()
+        .filter(|(cap, _)| !has(*cap))
+        .map(|(_, name)| *name)
+        .collect();
+    if missing.is_empty() {
         return Ok(());
     }
-    let missing: Vec<&str> = [(CAP_BPF, "CAP_BPF"), (CAP_PERFMON, "CAP_PERFMON")]
-        .into_iter()
-        .filter(|(cap, _)| !has(*cap))
-        .map(|(_, name)| name)
-        .collect();
+    // setcap replaces the file's set: name all that are needed, not only the missing ones.
+    let grant: Vec<String> = needed.iter().map(|(_, n)| n.to_lowercase()).collect();
+    let tracefs = if missing.contains(&"CAP_DAC_READ_SEARCH") {
+        format!(
+            " (CAP_DAC_READ_SEARCH: tracepoint ids are read from tracefs at {TRACEFS}, mode 0700)"
+        )
+    } else {
+        String::new()
+    };
     bail!(
-        "missing capabilities {}: run memlock-trace as root, or grant them with \
-         `sudo setcap cap_bpf,cap_perfmon+ep $(which memlock-trace)`",
-        missing.join(" and ")
+        "missing capabilities {}{tracefs}: run memlock-trace as root, or grant them with \
+         `sudo setcap {}+ep $(which memlock-trace)`{}",
+        in_words(&missing),
+        grant.join(","),
+        paranoid_note(),
     )
+}
+
+/// `A`, `A and B`, `A, B and C`.
+fn in_words(names: &[&str]) -> String {
+    match names {
+        [] => String::new(),
+        [one] => one.to_string(),
+        [rest @ .., last] => format!("{} and {last}", rest.join(", ")),
+    }
+}
+
+/// Debian's `kernel.perf_event_paranoid` 3 refuses perf events even with CAP_PERFMON: said
+/// with the capabilities, so that granting them is not followed by another refusal.
+fn paranoid_note() -> String {
+    match fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
+        .ok()
+        .and_then(|v| v.trim().parse::<i32>().ok())
+    {
+        Some(level) if level > 2 => format!(
+            "; and since kernel.perf_event_paranoid is {level}, also \
+             `sudo sysctl kernel.perf_event_paranoid=2` (at {level} only CAP_SYS_ADMIN may \
+             open perf events)"
+        ),
+        _ => String::new(),
+    }
 }
 
 /// Mounts tracefs if it is not mounted yet (a fresh machine has it unmounted, and aya reads

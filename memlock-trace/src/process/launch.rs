@@ -15,6 +15,8 @@ use nix::{
     unistd::{ForkResult, Pid, execvp, fork, pipe2},
 };
 
+use crate::{CommandError, exit};
+
 /// A forked child held before `exec` until [`Launched::release`].
 pub struct Launched {
     pub pid: u32,
@@ -73,6 +75,10 @@ fn child_exec(gate: OwnedFd, err: OwnedFd, argv: &[CString]) -> ! {
             0,
         )
     };
+    // Rust ignores SIGPIPE, and an ignored signal stays ignored across exec: give the command
+    // the default back, as a shell does, so that `yes | head` in it ends as it should.
+    // SAFETY: signal() with SIG_DFL installs no handler; it is async-signal-safe.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let errno = match execvp(&argv[0], argv) {
         Err(e) => e as i32,
         Ok(never) => match never {},
@@ -98,10 +104,19 @@ impl Launched {
             let errno = i32::from_ne_bytes([buf[0], buf[1], buf[2], buf[3]]);
             let _ = waitpid(Pid::from_raw(self.pid as i32), None);
             let reason = nix::errno::Errno::from_raw(errno);
-            if reason == nix::errno::Errno::ENOENT {
-                bail!("command not found: `{program}` (not in PATH and not a file)");
+            // As the shell and env(1): 127 when there is nothing to run, 126 otherwise.
+            return Err(if reason == nix::errno::Errno::ENOENT {
+                CommandError {
+                    code: exit::NOT_FOUND,
+                    message: format!("command not found: `{program}` (not in PATH and not a file)"),
+                }
+            } else {
+                CommandError {
+                    code: exit::NOT_EXECUTABLE,
+                    message: format!("cannot execute `{program}`: {}", reason.desc()),
+                }
             }
-            bail!("cannot execute `{program}`: {}", reason.desc());
+            .into());
         }
         Ok(self.pid)
     }

@@ -121,10 +121,8 @@ pub fn run(mut args: TraceArgs) -> Result<i32> {
         Some(program) => {
             let held = launch::spawn_held(&args.command)?;
             tracer.add_target(held.pid)?;
-            Some(
-                held.release(program)
-                    .map_err(|e| UsageError(format!("{e:#}")))?,
-            )
+            // A command that cannot run is a `CommandError` (exit 126 or 127).
+            Some(held.release(program)?)
         }
         None => None,
     };
@@ -335,6 +333,8 @@ async fn event_loop(
             }
             reason = &mut stop => break reason?,
         }
+        // An output that refused a write (full disk, closed pipe) ends the session.
+        output.out.check()?;
     };
     // Everything the kernel submitted before we stopped is still in the ring: read it all.
     output.drain(ring.get_mut());

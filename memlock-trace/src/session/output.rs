@@ -304,7 +304,9 @@ impl Output {
                 Aggregator::with_max_processes(self.max_processes).per_thread(self.per_thread);
             w.start_ns = now;
         }
-        let out = &mut self.out;
+        // Rendered whole, so that a summary the output refuses is printed elsewhere, not lost.
+        let mut rendered = Vec::new();
+        let out = &mut rendered;
         if self.json {
             // Before the summary, which stays the last line.
             if !vma_counts.is_empty() {
@@ -333,8 +335,7 @@ impl Output {
             }
             write!(out, "{}", summary_text(&summary, self.style))?;
         }
-        out.flush()?;
-        Ok(())
+        self.out.write_result(&rendered)
     }
 }
 

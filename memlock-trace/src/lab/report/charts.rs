@@ -222,7 +222,8 @@ pub fn bars(path: &Path, title: &str, y_label: &str, bars: &[(String, f64)]) -> 
             bar
         }))
         .map_err(err)?;
-    root.present().map_err(err)?;
+    root.present()
+        .map_err(|e| anyhow!("cannot write {}: {e}", path.display()))?;
     Ok(())
 }
 
@@ -270,6 +271,7 @@ pub fn lines(
         .border_style(BLACK)
         .draw()
         .map_err(err)?;
-    root.present().map_err(err)?;
+    root.present()
+        .map_err(|e| anyhow!("cannot write {}: {e}", path.display()))?;
     Ok(())
 }

@@ -14,7 +14,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use anyhow::Result;
+use anyhow::{Context as _, Result};
 use serde::Serialize;
 use serde_json::{Value, json};
 
@@ -187,13 +187,16 @@ pub fn write(dir: &Path, runs: &[ScenarioRun], health: &Value, tiny: bool) -> Re
         );
     }
     let markdown = dir.join("report.md");
-    std::fs::write(&markdown, md)?;
+    std::fs::write(&markdown, md)
+        .with_context(|| format!("cannot write {}", markdown.display()))?;
+    let json_path = dir.join("report.json");
     std::fs::write(
-        dir.join("report.json"),
+        &json_path,
         serde_json::to_string_pretty(
             &json!({ "kernel": crate::probe::kernel_release(), "tiny": tiny, "health": health, "scenarios": json_runs }),
         )?,
-    )?;
+    )
+    .with_context(|| format!("cannot write {}", json_path.display()))?;
     Ok(Written {
         markdown,
         verdicts,

@@ -19,7 +19,7 @@ mod scenarios;
 mod subject;
 mod table;
 
-use std::{io::Write as _, path::Path};
+use std::path::Path;
 
 use anyhow::{Context as _, Result};
 use memlock_trace_common::vma::{VM_LOCKED, VM_LOCKONFAULT, VmaRange};
@@ -159,15 +159,15 @@ pub fn run(json: bool, output: Option<&Path>) -> Result<i32> {
     let mut out = crate::output::Sink::open(output)?;
     // Locking 16 pages at a time needs RLIMIT_MEMLOCK >= 64 KiB or CAP_IPC_LOCK: root has it.
     let report = run_suite()?;
-    if json {
+    let rendered = if json {
         let mut value = serde_json::to_value(&report)?;
         value["schema"] = crate::output::JSON_SCHEMA.into();
         value["time_ns"] = crate::output::WallClock::now_ns().into();
-        writeln!(out, "{value}")?;
+        format!("{value}\n")
     } else {
-        write!(out, "{}", table(&report))?;
-    }
-    out.flush()?;
+        table(&report)
+    };
+    out.write_result(rendered.as_bytes())?;
     Ok(if report.failed == 0 { 0 } else { 1 })
 }
 

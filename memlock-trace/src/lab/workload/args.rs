@@ -7,6 +7,12 @@ use std::path::PathBuf;
 use anyhow::{Context as _, Result, bail};
 use clap::{Args, ValueEnum};
 
+use crate::cli::values::{int, secs_up_to};
+
+/// Largest size in MiB (or KiB where the flag says so): 1 TiB, beyond any machine here and
+/// far from overflowing the byte counts computed from it.
+const MAX_MIB: usize = 1 << 20;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Scenario {
     FirstTouch,
@@ -69,47 +75,47 @@ impl Scenario {
 #[derive(Clone, Debug, Args)]
 pub struct ScenarioArgs {
     /// Region size for first-touch (MiB).
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = 16, value_parser = int(1usize, MAX_MIB))]
     pub touch_mib: usize,
     /// Heap size for dynamic-alloc (MiB).
-    #[arg(long, default_value_t = 1024)]
+    #[arg(long, default_value_t = 1024, value_parser = int(1usize, MAX_MIB))]
     pub alloc_mib: usize,
     /// Region size for malloc-vs-mmap (MiB).
-    #[arg(long, default_value_t = 1024)]
+    #[arg(long, default_value_t = 1024, value_parser = int(1usize, MAX_MIB))]
     pub records_mib: usize,
     /// Random writes and reads for malloc-vs-mmap.
-    #[arg(long, default_value_t = 1_000_000)]
+    #[arg(long, default_value_t = 1_000_000, value_parser = int(1usize, 10_000_000_000))]
     pub accesses: usize,
     /// Repetitions where the experiment repeats (malloc-vs-mmap, first-touch).
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 5, value_parser = int(1usize, 1000))]
     pub runs: usize,
     /// Process counts for thread-create.
-    #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4", value_parser = int(1usize, 256))]
     pub processes: Vec<usize>,
     /// Seconds each thread-create measurement lasts.
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, value_parser = secs_up_to(3600.0))]
     pub seconds: f64,
     /// Thread stack size for thread-create (KiB; glibc's default is 8 MiB).
-    #[arg(long, default_value_t = 8192)]
+    #[arg(long, default_value_t = 8192, value_parser = int(16usize, MAX_MIB))]
     pub create_stack_kib: usize,
     /// thread-create: disable glibc's thread stack cache, so every thread maps (and under
     /// MCL_FUTURE populates) a fresh stack instead of reusing a cached one.
     #[arg(long)]
     pub no_stack_cache: bool,
     /// Threads for thread-stack.
-    #[arg(long, default_value_t = 200)]
+    #[arg(long, default_value_t = 200, value_parser = int(1usize, 10_000))]
     pub threads: usize,
     /// Stack size for thread-stack (MiB).
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 10, value_parser = int(1usize, 1024))]
     pub stack_mib: usize,
     /// Stack actually used per thread in thread-stack (KiB).
-    #[arg(long, default_value_t = 1024)]
+    #[arg(long, default_value_t = 1024, value_parser = int(0usize, MAX_MIB))]
     pub stack_used_kib: usize,
     /// RLIMIT_MEMLOCK for memlock-limit (KiB).
-    #[arg(long, default_value_t = 1024)]
+    #[arg(long, default_value_t = 1024, value_parser = int(0u64, 1 << 30))]
     pub limit_kib: u64,
     /// Guest memory for vm-memory (MiB).
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, default_value_t = 512, value_parser = int(16usize, MAX_MIB))]
     pub guest_mib: usize,
     /// Kernel image for vm-memory (default: the one `cargo xtask test` cached).
     #[arg(long)]
@@ -215,7 +221,7 @@ impl ScenarioArgs {
 }
 
 fn available_memory_mib() -> Result<usize> {
-    let meminfo = std::fs::read_to_string("/proc/meminfo")?;
+    let meminfo = std::fs::read_to_string("/proc/meminfo").context("reading /proc/meminfo")?;
     meminfo
         .lines()
         .find_map(|l| l.strip_prefix("MemAvailable:"))

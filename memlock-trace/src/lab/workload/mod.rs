@@ -88,7 +88,8 @@ pub fn proc_status_kib(field: &str) -> anyhow::Result<u64> {
 }
 
 fn status_kib(path: &str, field: &str) -> anyhow::Result<u64> {
-    let status = std::fs::read_to_string(path)?;
+    let status =
+        std::fs::read_to_string(path).map_err(|e| anyhow::anyhow!("cannot read {path}: {e}"))?;
     status
         .lines()
         .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))

@@ -105,7 +105,8 @@ fn cached_kernel() -> Result<PathBuf> {
 fn build_initramfs(dir: &Path) -> Result<PathBuf> {
     let root = dir.join("root");
     for d in ["bin", "proc", "sys", "dev"] {
-        fs::create_dir_all(root.join(d))?;
+        let d = root.join(d);
+        fs::create_dir_all(&d).with_context(|| format!("cannot create {}", d.display()))?;
     }
     fs::copy(BUSYBOX, root.join("bin/busybox"))
         .context("copying /bin/busybox (apt-get install busybox-static)")?;
@@ -115,9 +116,11 @@ fn build_initramfs(dir: &Path) -> Result<PathBuf> {
         format!(
             "#!/bin/busybox sh\n/bin/busybox sleep {GUEST_SECONDS}\n/bin/busybox poweroff -f\n"
         ),
-    )?;
+    )
+    .with_context(|| format!("cannot write {}", init.display()))?;
     use std::os::unix::fs::PermissionsExt as _;
-    fs::set_permissions(&init, fs::Permissions::from_mode(0o755))?;
+    fs::set_permissions(&init, fs::Permissions::from_mode(0o755))
+        .with_context(|| format!("cannot make {} executable", init.display()))?;
     let initrd = dir.join("initramfs.cpio");
     let status = Command::new("sh")
         .arg("-c")
