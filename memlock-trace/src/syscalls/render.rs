@@ -33,7 +33,7 @@ pub fn syscall_line(rec: &SyscallRecord, unit: Unit) -> String {
         None => r.ret.to_string(),
     };
     format!(
-        "{pid:>7}/{tid:<7} {comm:<16} {call} = {result}  {lat}  populated {pop} pages, locked_vm {locked:+} pages, VMAs {vb} -> {va}",
+        "{pid:>7}/{tid:<7} {comm:<16} {call} = {result}  {lat}  populated {pop} pages, locked_vm {locked:+} pages, map_count {vb} -> {va}",
         pid = r.tgid,
         tid = r.tid,
         comm = rec.comm(),
@@ -159,5 +159,22 @@ pub fn call_sites_text(out: &mut String, sites: &[super::stacks::CallSite], inde
                 site.frames.len() - TEXT_FRAMES
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::Syscall;
+
+    #[test]
+    fn event_line_names_map_count_not_vmas() {
+        let mut rec = SyscallRecord::fixture(Syscall::Mlock, 7, 0, 21_800, 8, 8, "t");
+        rec.raw.map_count_before = 120;
+        rec.raw.map_count_after = 122;
+        let line = syscall_line(&rec, Unit::Auto);
+        // "VMAs" is kept for the region's VMAs (the VMA family's line): one word per thing.
+        assert!(line.ends_with("map_count 120 -> 122"), "{line}");
+        assert!(!line.contains("VMAs"), "{line}");
     }
 }
