@@ -11,14 +11,14 @@ use aya_ebpf::{
     programs::TracePointContext,
 };
 use memlock_trace_common::{
-    EventKind, MAX_INFLIGHT, SyscallEvent, counter, stacks::SyscallStackValue,
+    EventKind, MAX_INFLIGHT, SyscallEvent, counter, lock_context, stacks::SyscallStackValue,
 };
 
 use aya_log_ebpf::warn;
 
 use crate::shared::{
-    COUNTERS, EVENTS, TaskCounters, add, current_ids, is_target, now_ns, syscall_arg, syscall_nr,
-    syscall_ret, task_counters,
+    COUNTERS, EVENTS, TaskCounters, add, current_ids, current_task, is_target, now_ns, offsets,
+    read_field, read_optional, syscall_arg, syscall_nr, syscall_ret, task_counters,
 };
 
 /// A call between its entry and exit, keyed by tid.
@@ -30,6 +30,61 @@ struct InFlight {
     enter_ns: u64,
     args: [u64; 3],
     before: TaskCountersRepr,
+    limits: LockLimits,
+}
+
+/// What the kernel checks a lock against, at entry: see [`lock_context`].
+#[derive(Clone, Copy)]
+#[repr(C)]
+struct LockLimits {
+    rlimit_memlock: u64,
+    total_vm: u64,
+    flags: u32,
+    _pad: u32,
+}
+
+/// Reads the limits of the current task: five probe reads, only for target processes.
+#[inline(always)]
+fn lock_limits(prog: &'static str) -> LockLimits {
+    let off = offsets();
+    let task = current_task();
+    let mut flags = 0;
+    let signal: u64 = read_field(task, off.task_signal, prog, "task_struct.signal");
+    let rlimit_memlock = match read_optional(
+        signal,
+        off.signal_rlim_memlock,
+        prog,
+        "signal_struct.rlim[RLIMIT_MEMLOCK]",
+    ) {
+        Some(v) => {
+            flags |= lock_context::RLIMIT_KNOWN;
+            v
+        }
+        None => 0,
+    };
+    let cred: u64 = read_field(task, off.task_cred, prog, "task_struct.cred");
+    if let Some(caps) =
+        read_optional::<u64>(cred, off.cred_cap_effective, prog, "cred.cap_effective")
+    {
+        flags |= lock_context::CAP_KNOWN;
+        if caps & (1 << lock_context::CAP_IPC_LOCK_BIT) != 0 {
+            flags |= lock_context::CAP_IPC_LOCK;
+        }
+    }
+    let mm: u64 = read_field(task, off.task_mm, prog, "task_struct.mm");
+    let total_vm = match read_optional(mm, off.mm_total_vm, prog, "mm_struct.total_vm") {
+        Some(v) => {
+            flags |= lock_context::TOTAL_VM_KNOWN;
+            v
+        }
+        None => 0,
+    };
+    LockLimits {
+        rlimit_memlock,
+        total_vm,
+        flags,
+        _pad: 0,
+    }
 }
 
 /// [`TaskCounters`] with a fixed layout, for storage in a map.
@@ -110,6 +165,7 @@ fn enter<const ARGS: usize>(ctx: &TracePointContext, prog: &'static str) -> u32 
         enter_ns: now_ns(),
         args,
         before: task_counters(prog).into(),
+        limits: lock_limits(prog),
     };
     if INFLIGHT.insert(tid, entry, 0).is_err() {
         let before = add(&COUNTERS, counter::INFLIGHT_FULL, 1);
@@ -187,6 +243,10 @@ fn exit(ctx: &TracePointContext) {
         map_count_after: after.map_count,
         comm: bpf_get_current_comm().unwrap_or_default(),
         process_start_ns: crate::shared::current_process_start_ns(),
+        rlimit_memlock: entry.limits.rlimit_memlock,
+        total_vm_before: entry.limits.total_vm,
+        lock_context: entry.limits.flags,
+        _pad: 0,
     });
     slot.submit(crate::shared::submit_flags());
 }
