@@ -43,42 +43,41 @@ struct LockLimits {
     _pad: u32,
 }
 
-/// Reads the limits of the current task: five probe reads, only for target processes.
+/// Reads the limits of the current task: a few probe reads, only for target processes. A
+/// field this kernel lacks (offset 0) is not read at all, so its figure stays unknown.
 #[inline(always)]
 fn lock_limits(prog: &'static str) -> LockLimits {
     let off = offsets();
     let task = current_task();
     let mut flags = 0;
-    let signal: u64 = read_field(task, off.task_signal, prog, "task_struct.signal");
-    let rlimit_memlock = match read_optional(
-        signal,
-        off.signal_rlim_memlock,
-        prog,
-        "signal_struct.rlim[RLIMIT_MEMLOCK]",
-    ) {
-        Some(v) => {
-            flags |= lock_context::RLIMIT_KNOWN;
-            v
-        }
-        None => 0,
-    };
-    let cred: u64 = read_field(task, off.task_cred, prog, "task_struct.cred");
-    if let Some(caps) =
+    let signal = read_optional::<u64>(task, off.task_signal, prog, "task_struct.signal");
+    let rlimit = signal.and_then(|signal| {
+        read_optional::<u64>(
+            signal,
+            off.signal_rlim_memlock,
+            prog,
+            "signal_struct.rlim[RLIMIT_MEMLOCK]",
+        )
+    });
+    if rlimit.is_some() {
+        flags |= lock_context::RLIMIT_KNOWN;
+    }
+    let cred = read_optional::<u64>(task, off.task_cred, prog, "task_struct.cred");
+    let caps = cred.and_then(|cred| {
         read_optional::<u64>(cred, off.cred_cap_effective, prog, "cred.cap_effective")
-    {
+    });
+    if let Some(caps) = caps {
         flags |= lock_context::CAP_KNOWN;
         if caps & (1 << lock_context::CAP_IPC_LOCK_BIT) != 0 {
             flags |= lock_context::CAP_IPC_LOCK;
         }
     }
     let mm: u64 = read_field(task, off.task_mm, prog, "task_struct.mm");
-    let total_vm = match read_optional(mm, off.mm_total_vm, prog, "mm_struct.total_vm") {
-        Some(v) => {
-            flags |= lock_context::TOTAL_VM_KNOWN;
-            v
-        }
-        None => 0,
-    };
+    let total_vm = read_optional::<u64>(mm, off.mm_total_vm, prog, "mm_struct.total_vm");
+    if total_vm.is_some() {
+        flags |= lock_context::TOTAL_VM_KNOWN;
+    }
+    let (rlimit_memlock, total_vm) = (rlimit.unwrap_or(0), total_vm.unwrap_or(0));
     LockLimits {
         rlimit_memlock,
         total_vm,

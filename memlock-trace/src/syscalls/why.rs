@@ -79,7 +79,8 @@ impl LockFigures {
 
 /// `64 KiB`, `1.5 MiB`, `100 B`: exact when the unit divides it, else one decimal.
 pub fn size(bytes: u64) -> String {
-    const UNITS: [(u64, &str); 4] = [
+    const UNITS: [(u64, &str); 5] = [
+        (1 << 60, "EiB"),
         (1 << 40, "TiB"),
         (1 << 30, "GiB"),
         (1 << 20, "MiB"),
@@ -168,5 +169,6 @@ mod tests {
         assert_eq!(size(65_536), "64 KiB");
         assert_eq!(size(3 << 19), "1.5 MiB");
         assert_eq!(size(8 << 30), "8 GiB");
+        assert_eq!(size(1 << 60), "1 EiB");
     }
 }
