@@ -83,7 +83,19 @@ pub struct KernelOffsets {
     pub mm_locked_vm: u32,
     /// `mm_struct.map_count` (number of VMAs)
     pub mm_map_count: u32,
-    pub _pad: u32,
+    // Why an mlock-family call failed, read at its entry. 0 means this kernel's BTF has no
+    // such field (none of them is first in its struct): the figure is then unknown.
+    /// `task_struct.signal`
+    pub task_signal: u32,
+    /// `signal_struct.rlim[RLIMIT_MEMLOCK].rlim_cur` (bytes)
+    pub signal_rlim_memlock: u32,
+    /// `task_struct.cred` (the subjective credentials `capable()` checks)
+    pub task_cred: u32,
+    /// `cred.cap_effective`: `{ u64 val }` since 6.3, `{ u32 cap[2] }` before; the first
+    /// 8 bytes read little-endian are the same bits either way.
+    pub cred_cap_effective: u32,
+    /// `mm_struct.total_vm` (pages): what `mlockall(MCL_CURRENT)` is checked against
+    pub mm_total_vm: u32,
 }
 
 /// Load-time configuration (the `CONFIG` global, read-only to the programs).
@@ -175,6 +187,33 @@ pub struct SyscallEvent {
     /// The calling process's start time ([`process::ProcessKey::start_ns`]): with `tgid`,
     /// tells a process from a later one that reuses its pid.
     pub process_start_ns: u64,
+    /// The process's `RLIMIT_MEMLOCK` soft limit at entry, in bytes (`u64::MAX`:
+    /// `RLIM_INFINITY`); valid with [`lock_context::RLIMIT_KNOWN`].
+    pub rlimit_memlock: u64,
+    /// `mm_struct.total_vm` at entry, in pages; valid with [`lock_context::TOTAL_VM_KNOWN`].
+    pub total_vm_before: u64,
+    /// [`lock_context`] bits: which of the figures above were read, and `CAP_IPC_LOCK`.
+    pub lock_context: u32,
+    pub _pad: u32,
+}
+
+/// Bits of [`SyscallEvent::lock_context`]: what the kernel checks an mlock against, read at
+/// the call's entry. A figure whose bit is clear could not be read (or this kernel lacks the
+/// field): unknown, not zero.
+pub mod lock_context {
+    pub const RLIMIT_KNOWN: u32 = 1;
+    pub const TOTAL_VM_KNOWN: u32 = 2;
+    /// Whether the task held `CAP_IPC_LOCK` in its effective set is known.
+    pub const CAP_KNOWN: u32 = 4;
+    /// It did (valid with [`CAP_KNOWN`]).
+    pub const CAP_IPC_LOCK: u32 = 8;
+    /// `RLIMIT_MEMLOCK` (include/uapi/asm-generic/resource.h), the index into
+    /// `signal_struct.rlim`.
+    pub const RLIMIT_MEMLOCK: u32 = 8;
+    /// `sizeof(struct rlimit)`: `rlim_cur` then `rlim_max`, both `unsigned long`.
+    pub const RLIMIT_SIZE: u32 = 16;
+    /// `CAP_IPC_LOCK` (include/uapi/linux/capability.h), a bit of `cap_effective`.
+    pub const CAP_IPC_LOCK_BIT: u32 = 14;
 }
 
 #[cfg(feature = "user")]
@@ -202,6 +241,14 @@ mod pod {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn syscall_event_stays_8_byte_aligned() {
+        // The ring buffer hands out 8-byte aligned slots; the loader reads it as `Pod`.
+        assert_eq!(core::mem::size_of::<SyscallEvent>() % 8, 0);
+        assert_eq!(core::mem::align_of::<SyscallEvent>(), 8);
+        assert_eq!(core::mem::size_of::<SyscallEvent>(), 152);
+    }
 
     #[test]
     fn event_kind_round_trips_and_rejects_other_tags() {

@@ -30,7 +30,11 @@ static CONFIG: Global<Config> = Global::new(Config {
         task_maj_flt: 0,
         mm_locked_vm: 0,
         mm_map_count: 0,
-        _pad: 0,
+        task_signal: 0,
+        signal_rlim_memlock: 0,
+        task_cred: 0,
+        cred_cap_effective: 0,
+        mm_total_vm: 0,
     },
 });
 
@@ -212,12 +216,39 @@ pub fn read_field<T: Plain + Default>(
     prog: &'static str,
     field: &'static str,
 ) -> T {
+    read_reported(base, offset, prog, field).unwrap_or_default()
+}
+
+/// [`read_field`] of a field this kernel may not have (`offset` 0, see
+/// [`KernelOffsets`]): `None` when it is missing or unreadable, so the figure is shown as
+/// unknown rather than 0. Only a failed read is counted.
+#[inline(always)]
+pub fn read_optional<T: Plain>(
+    base: u64,
+    offset: u32,
+    prog: &'static str,
+    field: &'static str,
+) -> Option<T> {
+    if offset == 0 {
+        return None;
+    }
+    read_reported(base, offset, prog, field)
+}
+
+/// The read behind [`read_field`]: a failure is counted (and, with `-v`, reported).
+#[inline(always)]
+fn read_reported<T: Plain>(
+    base: u64,
+    offset: u32,
+    prog: &'static str,
+    field: &'static str,
+) -> Option<T> {
     if base != 0 {
         // SAFETY: as in `read_kernel`: the helper checks the address and fails rather than
         // faults; any bytes are a valid `T`.
         if let Ok(value) = unsafe { bpf_probe_read_kernel((base + u64::from(offset)) as *const T) }
         {
-            return value;
+            return Some(value);
         }
     }
     let before = add(&COUNTERS, counter::READ_FAILED, 1);
@@ -243,7 +274,7 @@ pub fn read_field<T: Plain + Default>(
             );
         }
     }
-    T::default()
+    None
 }
 
 /// The fields of the current task and its mm that the syscall and fault hooks compare

@@ -11,14 +11,14 @@ use aya_ebpf::{
     programs::TracePointContext,
 };
 use memlock_trace_common::{
-    EventKind, MAX_INFLIGHT, SyscallEvent, counter, stacks::SyscallStackValue,
+    EventKind, MAX_INFLIGHT, SyscallEvent, counter, lock_context, stacks::SyscallStackValue,
 };
 
 use aya_log_ebpf::warn;
 
 use crate::shared::{
-    COUNTERS, EVENTS, TaskCounters, add, current_ids, is_target, now_ns, syscall_arg, syscall_nr,
-    syscall_ret, task_counters,
+    COUNTERS, EVENTS, TaskCounters, add, current_ids, current_task, is_target, now_ns, offsets,
+    read_field, read_optional, syscall_arg, syscall_nr, syscall_ret, task_counters,
 };
 
 /// A call between its entry and exit, keyed by tid.
@@ -30,6 +30,60 @@ struct InFlight {
     enter_ns: u64,
     args: [u64; 3],
     before: TaskCountersRepr,
+    limits: LockLimits,
+}
+
+/// What the kernel checks a lock against, at entry: see [`lock_context`].
+#[derive(Clone, Copy)]
+#[repr(C)]
+struct LockLimits {
+    rlimit_memlock: u64,
+    total_vm: u64,
+    flags: u32,
+    _pad: u32,
+}
+
+/// Reads the limits of the current task: a few probe reads, only for target processes. A
+/// field this kernel lacks (offset 0) is not read at all, so its figure stays unknown.
+#[inline(always)]
+fn lock_limits(prog: &'static str) -> LockLimits {
+    let off = offsets();
+    let task = current_task();
+    let mut flags = 0;
+    let signal = read_optional::<u64>(task, off.task_signal, prog, "task_struct.signal");
+    let rlimit = signal.and_then(|signal| {
+        read_optional::<u64>(
+            signal,
+            off.signal_rlim_memlock,
+            prog,
+            "signal_struct.rlim[RLIMIT_MEMLOCK]",
+        )
+    });
+    if rlimit.is_some() {
+        flags |= lock_context::RLIMIT_KNOWN;
+    }
+    let cred = read_optional::<u64>(task, off.task_cred, prog, "task_struct.cred");
+    let caps = cred.and_then(|cred| {
+        read_optional::<u64>(cred, off.cred_cap_effective, prog, "cred.cap_effective")
+    });
+    if let Some(caps) = caps {
+        flags |= lock_context::CAP_KNOWN;
+        if caps & (1 << lock_context::CAP_IPC_LOCK_BIT) != 0 {
+            flags |= lock_context::CAP_IPC_LOCK;
+        }
+    }
+    let mm: u64 = read_field(task, off.task_mm, prog, "task_struct.mm");
+    let total_vm = read_optional::<u64>(mm, off.mm_total_vm, prog, "mm_struct.total_vm");
+    if total_vm.is_some() {
+        flags |= lock_context::TOTAL_VM_KNOWN;
+    }
+    let (rlimit_memlock, total_vm) = (rlimit.unwrap_or(0), total_vm.unwrap_or(0));
+    LockLimits {
+        rlimit_memlock,
+        total_vm,
+        flags,
+        _pad: 0,
+    }
 }
 
 /// [`TaskCounters`] with a fixed layout, for storage in a map.
@@ -110,6 +164,7 @@ fn enter<const ARGS: usize>(ctx: &TracePointContext, prog: &'static str) -> u32 
         enter_ns: now_ns(),
         args,
         before: task_counters(prog).into(),
+        limits: lock_limits(prog),
     };
     if INFLIGHT.insert(tid, entry, 0).is_err() {
         let before = add(&COUNTERS, counter::INFLIGHT_FULL, 1);
@@ -187,6 +242,10 @@ fn exit(ctx: &TracePointContext) {
         map_count_after: after.map_count,
         comm: bpf_get_current_comm().unwrap_or_default(),
         process_start_ns: crate::shared::current_process_start_ns(),
+        rlimit_memlock: entry.limits.rlimit_memlock,
+        total_vm_before: entry.limits.total_vm,
+        lock_context: entry.limits.flags,
+        _pad: 0,
     });
     slot.submit(crate::shared::submit_flags());
 }

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use anyhow::{Context as _, Result, anyhow, bail};
 use btf_rs::{Btf, Type};
-use memlock_trace_common::KernelOffsets;
+use memlock_trace_common::{KernelOffsets, lock_context};
 
 pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
 
@@ -176,13 +176,31 @@ impl KernelBtf {
     }
 
     pub fn offsets(&self) -> Result<KernelOffsets> {
+        // Why a lock failed is extra: a kernel without one of these fields still traces,
+        // with that figure unknown (offset 0; a pointer and the field behind it go together).
+        let optional = |name: &str, field: &str| self.field_offset(name, field).unwrap_or(0);
+        let both = |a: u32, b: u32| if a == 0 || b == 0 { (0, 0) } else { (a, b) };
+        let rlim = self
+            .field_offset("signal_struct", "rlim")
+            .map_or(0, |rlim| {
+                rlim + lock_context::RLIMIT_MEMLOCK * lock_context::RLIMIT_SIZE
+            });
+        let (task_signal, signal_rlim_memlock) = both(optional("task_struct", "signal"), rlim);
+        let (task_cred, cred_cap_effective) = both(
+            optional("task_struct", "cred"),
+            optional("cred", "cap_effective"),
+        );
         Ok(KernelOffsets {
             task_mm: self.field_offset("task_struct", "mm")?,
             task_min_flt: self.field_offset("task_struct", "min_flt")?,
             task_maj_flt: self.field_offset("task_struct", "maj_flt")?,
             mm_locked_vm: self.field_offset("mm_struct", "locked_vm")?,
             mm_map_count: self.field_offset("mm_struct", "map_count")?,
-            _pad: 0,
+            task_signal,
+            signal_rlim_memlock,
+            task_cred,
+            cred_cap_effective,
+            mm_total_vm: optional("mm_struct", "total_vm"),
         })
     }
 }
@@ -218,6 +236,17 @@ mod tests {
         // min_flt and maj_flt are adjacent `unsigned long`s in task_struct.
         assert_eq!(off.task_maj_flt, off.task_min_flt + 8, "{off:?}");
         assert!(off.mm_locked_vm > 0 && off.mm_map_count > 0, "{off:?}");
+        // Every kernel this runs on has them, none first in its struct.
+        assert!(
+            off.task_signal > 0 && off.task_cred > 0 && off.mm_total_vm > 0,
+            "{off:?}"
+        );
+        assert!(off.cred_cap_effective > 0, "{off:?}");
+        assert_eq!(
+            off.signal_rlim_memlock,
+            btf.field_offset("signal_struct", "rlim").unwrap() + 8 * 16,
+            "rlim[RLIMIT_MEMLOCK].rlim_cur"
+        );
         assert!(btf.field_offset("task_struct", "no_such_field").is_err());
     }
 }

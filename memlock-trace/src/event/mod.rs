@@ -124,6 +124,10 @@ mod tests {
             map_count_after: 7,
             comm,
             process_start_ns: 12_345,
+            rlimit_memlock: 65_536,
+            total_vm_before: 100,
+            lock_context: memlock_trace_common::lock_context::RLIMIT_KNOWN,
+            _pad: 0,
         }
     }
 

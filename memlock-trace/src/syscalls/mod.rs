@@ -6,6 +6,7 @@
 pub mod render;
 pub mod stacks;
 pub mod stats;
+pub mod why;
 
 use anyhow::Result;
 

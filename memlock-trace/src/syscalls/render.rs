@@ -4,7 +4,7 @@ use std::{collections::BTreeMap, fmt::Write as _};
 
 use serde_json::json;
 
-use super::stats::SyscallSummary;
+use super::{stats::SyscallSummary, why::LockFigures};
 use crate::{
     event::{SyscallRecord, errno_name},
     output::{JSON_SCHEMA, Unit, hist::Log2Hist},
@@ -25,15 +25,15 @@ pub fn hists(
     }
 }
 
-/// One line per call for `--events`.
+/// One line per call for `--events`; a failed call says what it was checked against.
 pub fn syscall_line(rec: &SyscallRecord, unit: Unit) -> String {
     let r = &rec.raw;
     let result = match errno_name(r.ret) {
-        Some(errno) => format!("-1 {errno}"),
+        Some(errno) => format!("-1 {errno}: {}", LockFigures::of(rec).describe()),
         None => r.ret.to_string(),
     };
     format!(
-        "{pid:>7}/{tid:<7} {comm:<16} {call} = {result}  {lat}  populated {pop} pages, locked_vm {locked:+} pages, VMAs {vb} -> {va}",
+        "{pid:>7}/{tid:<7} {comm:<16} {call} = {result}  {lat}  populated {pop} pages, locked_vm {locked:+} pages, map_count {vb} -> {va}",
         pid = r.tgid,
         tid = r.tid,
         comm = rec.comm(),
@@ -49,6 +49,7 @@ pub fn syscall_line(rec: &SyscallRecord, unit: Unit) -> String {
 /// One JSON line per call for `--events --json`.
 pub fn syscall_json(rec: &SyscallRecord) -> serde_json::Value {
     let r = &rec.raw;
+    let why = LockFigures::of(rec);
     json!({
         "type": "syscall",
         "schema": JSON_SCHEMA,
@@ -69,6 +70,11 @@ pub fn syscall_json(rec: &SyscallRecord) -> serde_json::Value {
         "locked_vm_after": r.locked_vm_after,
         "map_count_before": r.map_count_before,
         "map_count_after": r.map_count_after,
+        "rlimit_memlock_bytes": why.rlimit_memlock_bytes,
+        "rlimit_memlock_unlimited": why.rlimit_memlock_unlimited,
+        "locked_bytes_before": why.locked_bytes_before,
+        "asked_bytes": why.asked_bytes,
+        "cap_ipc_lock": why.cap_ipc_lock,
     })
 }
 
@@ -113,6 +119,12 @@ pub fn table(out: &mut String, syscalls: &BTreeMap<&'static str, SyscallSummary>
             s.pages_locked,
             errors
         );
+    }
+    // Why the calls failed, under the table: one line per call and errno.
+    for (name, s) in syscalls {
+        for (errno, why) in &s.last_failure {
+            let _ = writeln!(out, "  {name} {errno} (last): {}", why.describe());
+        }
     }
 }
 
@@ -159,5 +171,22 @@ pub fn call_sites_text(out: &mut String, sites: &[super::stacks::CallSite], inde
                 site.frames.len() - TEXT_FRAMES
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::Syscall;
+
+    #[test]
+    fn event_line_names_map_count_not_vmas() {
+        let mut rec = SyscallRecord::fixture(Syscall::Mlock, 7, 0, 21_800, 8, 8, "t");
+        rec.raw.map_count_before = 120;
+        rec.raw.map_count_after = 122;
+        let line = syscall_line(&rec, Unit::Auto);
+        // "VMAs" is kept for the region's VMAs (the VMA family's line): one word per thing.
+        assert!(line.ends_with("map_count 120 -> 122"), "{line}");
+        assert!(!line.contains("VMAs"), "{line}");
     }
 }

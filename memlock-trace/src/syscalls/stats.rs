@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
+use super::why::LockFigures;
 use crate::{
     event::{Syscall, SyscallRecord, errno_name},
     latency::{Latency, histogram, record_latency},
@@ -32,6 +33,8 @@ struct ProcessStats {
 struct SyscallStats {
     count: u64,
     errors: BTreeMap<String, u64>,
+    /// Per errno, the figures of the last failure (why it failed).
+    last_failure: BTreeMap<String, LockFigures>,
     latency: Histogram<u64>,
     pages_populated: u64,
     pages_locked: i64,
@@ -42,6 +45,7 @@ impl SyscallStats {
         Self {
             count: 0,
             errors: BTreeMap::new(),
+            last_failure: BTreeMap::new(),
             latency: histogram(),
             pages_populated: 0,
             pages_locked: 0,
@@ -80,6 +84,9 @@ impl Aggregator {
             .or_insert_with(SyscallStats::new);
         stats.count += 1;
         if let Some(errno) = errno_name(rec.raw.ret) {
+            stats
+                .last_failure
+                .insert(errno.clone(), LockFigures::of(rec));
             *stats.errors.entry(errno).or_default() += 1;
         }
         record_latency(&mut stats.latency, rec.raw.duration_ns);
@@ -128,6 +135,7 @@ impl SyscallStats {
         SyscallSummary {
             count: self.count,
             errors: self.errors.clone(),
+            last_failure: self.last_failure.clone(),
             latency_ns: Latency::of(&self.latency),
             latency_values: values(&self.latency),
             pages_populated: self.pages_populated,
@@ -168,6 +176,8 @@ pub struct ProcessSyscalls {
 pub struct SyscallSummary {
     pub count: u64,
     pub errors: BTreeMap<String, u64>,
+    /// Per errno, what the last failed call was checked against.
+    pub last_failure: BTreeMap<String, LockFigures>,
     pub latency_ns: Latency,
     /// The latencies the percentiles come from, as (ns, calls), for `--hist`.
     #[serde(skip)]

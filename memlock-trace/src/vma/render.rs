@@ -172,11 +172,13 @@ pub fn function_str(f: &FuncEvent, hooks: Option<&VmaHooks>) -> String {
 }
 
 impl VmaCall {
-    /// `1 -> 3 VMAs: split .. at ..; 7f..-7f.. (8 pages) +VM_LOCKED`
+    /// `VMAs around range 1 -> 3 (map_count 10 -> 12): split .. at ..; 7f..-7f.. (8 pages)
+    /// +VM_LOCKED`: the snapshots' VMAs (the range and its adjacent neighbours), then the
+    /// whole process's `map_count`.
     pub fn summary(&self) -> String {
         let count = |s: &[VmaRange]| s.len();
         let mut out = format!(
-            "VMAs {} -> {} (map_count {} -> {})",
+            "VMAs around range {} -> {} (map_count {} -> {})",
             count(&self.before),
             count(&self.after),
             self.syscall.raw.map_count_before,
@@ -404,7 +406,7 @@ mod tests {
         assert_eq!(call.after.len(), 3);
         assert!(
             call.summary()
-                .starts_with("VMAs 1 -> 3 (map_count 10 -> 12): split"),
+                .starts_with("VMAs around range 1 -> 3 (map_count 10 -> 12): split"),
             "{}",
             call.summary()
         );

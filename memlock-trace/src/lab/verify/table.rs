@@ -58,7 +58,7 @@ pub(super) fn calls_str(c: &ExpectCalls) -> String {
     if c.onfault_pages.is_some_and(|v| v != 0) {
         add("lf ", c.onfault_pages.map(|v| format!("{v:+}p")));
     }
-    add("VMAs ", c.map_count.map(|v| format!("{v:+}")));
+    add("map_count ", c.map_count.map(|v| format!("{v:+}")));
     add("locked_vm ", c.locked_vm.map(|v| format!("{v:+}")));
     add("locked_vm=", c.locked_vm_after.map(|v| v.to_string()));
     add("populated ", c.populated.map(|v| v.to_string()));

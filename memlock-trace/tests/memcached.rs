@@ -1,0 +1,86 @@
+//! The case of issue 12 item 13 with the real server: `memcached -k -u nobody` under a
+//! 64 KiB `RLIMIT_MEMLOCK` fails `mlockall` with ENOMEM, and the tracer names the limit,
+//! what was locked, what was asked and the missing `CAP_IPC_LOCK`.
+//!
+//! Host stage only (`cargo xtask test` says so in the guest's table): the guest's initramfs
+//! does not carry memcached. `cargo xtask test` installs Debian's package when missing.
+
+mod common;
+mod support;
+
+use std::path::Path;
+
+use common::require_privileges;
+use support::{Tracer, json_lines};
+
+const MEMCACHED: &str = "/usr/bin/memcached";
+
+/// Terminates memcached (the launched command) when dropped, so a failed assertion does
+/// not leave the server running.
+struct Server(i32);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on the server this test launched; ESRCH if it is gone already.
+        unsafe { libc::kill(self.0, libc::SIGTERM) };
+    }
+}
+
+#[test]
+fn memcached_k_under_a_low_limit_is_told_why_mlockall_failed() {
+    require_privileges();
+    assert!(
+        Path::new(MEMCACHED).is_file(),
+        "{MEMCACHED} is missing: `cargo xtask test` installs Debian's memcached package \
+         (or: apt-get install memcached)"
+    );
+    let mut tracer = Tracer::spawn(&[
+        "--json",
+        "--events",
+        "--",
+        "prlimit",
+        "--memlock=65536:65536",
+        MEMCACHED,
+        "-k",
+        "-u",
+        "nobody",
+        // No listening sockets: nothing but the start-up matters here.
+        "-p",
+        "0",
+        "-U",
+        "0",
+        "-l",
+        "127.0.0.1",
+    ]);
+    // prlimit execs memcached in the same process: the launched pid is the server's.
+    let line = tracer.wait_for_stderr("tracing `prlimit` (pid ");
+    let pid: i32 = line
+        .rsplit("(pid ")
+        .next()
+        .and_then(|s| s.trim_end_matches(')').parse().ok())
+        .unwrap_or_else(|| panic!("no pid in {line:?}"));
+    let server = Server(pid);
+    tracer.wait_for_stderr("mlockall() failed");
+    drop(server);
+    let done = tracer.finish();
+
+    let lines = json_lines(&done.stdout);
+    let mlockall = lines
+        .iter()
+        .find(|l| l["type"] == "syscall" && l["syscall"] == "mlockall")
+        .unwrap_or_else(|| panic!("no mlockall event:\n{}\n{}", done.stdout, done.stderr));
+    assert_eq!(mlockall["comm"], "memcached", "{mlockall}");
+    assert_eq!(mlockall["errno"], "ENOMEM", "{mlockall}");
+    assert_eq!(mlockall["rlimit_memlock_bytes"], 65_536, "{mlockall}");
+    assert_eq!(mlockall["locked_bytes_before"], 0, "{mlockall}");
+    assert_eq!(mlockall["cap_ipc_lock"], false, "{mlockall}");
+    // MCL_CURRENT asks for the whole address space, well past 64 KiB.
+    assert!(
+        mlockall["asked_bytes"].as_u64().unwrap() > 65_536,
+        "{mlockall}"
+    );
+    let summary = lines.iter().rev().find(|l| l["type"] == "summary").unwrap();
+    let process = support::with_syscalls(summary)[0];
+    let why = &process["syscalls"]["mlockall"]["last_failure"]["ENOMEM"];
+    assert_eq!(why["rlimit_memlock_bytes"], 65_536, "{process}");
+}

@@ -1,0 +1,129 @@
+//! A failed mlock says why: the process's `RLIMIT_MEMLOCK`, its `locked_vm` before the
+//! call, the bytes asked for and whether it held `CAP_IPC_LOCK`, read in the kernel at the
+//! call (issue 12 item 13).
+#![cfg(feature = "lab")]
+
+mod common;
+mod support;
+
+use common::require_privileges;
+use serde_json::Value;
+use support::{BIN, json_lines, run};
+
+/// The memlock-limit scenario under a 64 KiB limit, as uid nobody (no capabilities): it
+/// locks 32 KiB, then asks for 128 KiB, ..., then mlocks with the limit at 0.
+fn memlock_limit_64k(json: bool) -> String {
+    let mut args = vec!["--events"];
+    if json {
+        args.push("--json");
+    }
+    args.extend([
+        "--",
+        BIN,
+        "scenario",
+        "memlock-limit",
+        "--limit-kib",
+        "64",
+        "-o",
+        "/dev/null",
+    ]);
+    String::from_utf8_lossy(&run(&args).stdout).into_owned()
+}
+
+fn syscall_events<'a>(lines: &'a [Value], syscall: &str) -> Vec<&'a Value> {
+    lines
+        .iter()
+        .filter(|l| l["type"] == "syscall" && l["syscall"] == syscall)
+        .collect()
+}
+
+#[test]
+fn an_enomem_names_the_limit_the_locked_bytes_and_the_request() {
+    require_privileges();
+    let lines = json_lines(&memlock_limit_64k(true));
+    let mlocks = syscall_events(&lines, "mlock");
+    assert!(mlocks.len() >= 4, "{mlocks:?}");
+
+    let half = mlocks[0];
+    assert_eq!(half["errno"], Value::Null, "{half}");
+    assert_eq!(half["rlimit_memlock_bytes"], 65_536, "{half}");
+    assert_eq!(half["locked_bytes_before"], 0, "{half}");
+    assert_eq!(half["asked_bytes"], 32_768, "{half}");
+
+    let over = mlocks[1];
+    assert_eq!(over["errno"], "ENOMEM", "{over}");
+    assert_eq!(over["rlimit_memlock_bytes"], 65_536, "{over}");
+    assert_eq!(over["rlimit_memlock_unlimited"], false, "{over}");
+    assert_eq!(over["locked_bytes_before"], 32_768, "{over}");
+    assert_eq!(over["asked_bytes"], 131_072, "{over}");
+    assert_eq!(over["cap_ipc_lock"], false, "{over}");
+
+    // mlockall(MCL_CURRENT) is checked against the whole address space.
+    let mlockall = syscall_events(&lines, "mlockall")[0];
+    assert_eq!(mlockall["errno"], "ENOMEM", "{mlockall}");
+    assert!(
+        mlockall["asked_bytes"].as_u64().unwrap() > 65_536,
+        "{mlockall}"
+    );
+
+    // A limit of 0 is EPERM, and the event says the limit was 0, not unknown.
+    let zero = mlocks.last().unwrap();
+    assert_eq!(zero["errno"], "EPERM", "{zero}");
+    assert_eq!(zero["rlimit_memlock_bytes"], 0, "{zero}");
+
+    // The summary keeps the figures of the last failure per call and errno.
+    let summary = lines.iter().rev().find(|l| l["type"] == "summary").unwrap();
+    let process = support::with_syscalls(summary)[0];
+    let eperm = &process["syscalls"]["mlock"]["last_failure"]["EPERM"];
+    assert_eq!(eperm["rlimit_memlock_bytes"], 0, "{process}");
+    assert_eq!(eperm["cap_ipc_lock"], false, "{process}");
+    let enomem = &process["syscalls"]["mlockall"]["last_failure"]["ENOMEM"];
+    assert_eq!(enomem["rlimit_memlock_bytes"], 65_536, "{process}");
+}
+
+#[test]
+fn the_text_line_and_summary_say_why() {
+    require_privileges();
+    let out = memlock_limit_64k(false);
+    let want = ", 131072) = -1 ENOMEM: RLIMIT_MEMLOCK 64 KiB, 32 KiB locked, asked 128 KiB, no CAP_IPC_LOCK  ";
+    assert!(out.contains(want), "no {want:?} in:\n{out}");
+    assert!(
+        out.contains("  mlock EPERM (last): RLIMIT_MEMLOCK 0 B, "),
+        "summary:\n{out}"
+    );
+    // A successful call's line stays short.
+    let ok = out
+        .lines()
+        .find(|l| l.contains(", 32768) = 0 "))
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(!ok.contains("RLIMIT_MEMLOCK"), "{ok}");
+}
+
+#[test]
+fn root_with_cap_ipc_lock_is_reported_as_holding_it() {
+    require_privileges();
+    let out = run(&[
+        "--json",
+        "--events",
+        "--",
+        BIN,
+        "workload",
+        "syscalls",
+        "--report",
+        "/dev/null",
+    ]);
+    let lines = json_lines(&String::from_utf8_lossy(&out.stdout));
+    let (soft, _) =
+        nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_MEMLOCK).unwrap();
+    let events: Vec<_> = lines.iter().filter(|l| l["type"] == "syscall").collect();
+    assert!(!events.is_empty());
+    for e in events {
+        assert_eq!(e["cap_ipc_lock"], true, "{e}");
+        if soft == libc::RLIM_INFINITY {
+            assert_eq!(e["rlimit_memlock_unlimited"], true, "{e}");
+            assert_eq!(e["rlimit_memlock_bytes"], Value::Null, "{e}");
+        } else {
+            assert_eq!(e["rlimit_memlock_bytes"], soft, "{e}");
+        }
+    }
+}
