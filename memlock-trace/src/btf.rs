@@ -9,6 +9,13 @@ use memlock_trace_common::{KernelOffsets, lock_context};
 
 pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
 
+/// The running kernel's release, `uname -r`.
+pub fn kernel_release() -> String {
+    nix::sys::utsname::uname()
+        .map(|u| u.release().to_string_lossy().into_owned())
+        .unwrap_or_else(|_| "unknown".into())
+}
+
 /// The running kernel's type information.
 pub struct KernelBtf {
     btf: Btf,

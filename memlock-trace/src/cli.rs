@@ -11,9 +11,7 @@ use crate::{
     process::DEFAULT_MAX_PROCESSES,
 };
 
-pub mod values;
-
-use values::{MAX_PIDS, int};
+use crate::values::{self, MAX_PIDS, int};
 
 /// Most rows a `--top-*` list prints: more than anyone reads.
 const MAX_TOP: usize = 1_000_000;

@@ -9,7 +9,8 @@
 //!   records; [`process`] holds the target set, filters and the per-process table;
 //!   [`kernel_log`] prints the programs' own diagnostics (`-v`); [`procfs`] parses
 //!   `/proc/PID/smaps`; [`symbolize`] makes user call stacks readable;
-//!   [`latency`] and [`output`] are shared by every family's figures and rendering.
+//!   [`latency`] and [`output`] are shared by every family's figures and rendering;
+//!   [`values`] checks every number on the command line, the tracer's and the lab's.
 //! - Hook families, each owning its attach, read-back and summary: [`syscalls`], [`faults`],
 //!   [`vma`].
 //! - On top: [`tracer`] attaches the families; [`session`] runs the event loop and prints
@@ -34,6 +35,7 @@ pub mod session;
 pub mod symbolize;
 pub mod syscalls;
 pub mod tracer;
+pub mod values;
 pub mod vma;
 
 #[cfg(feature = "lab")]

@@ -46,7 +46,7 @@ fn maps_failed(error: &aya::EbpfError) -> anyhow::Error {
         }
         next = e.source();
     }
-    let release = crate::probe::kernel_release();
+    let release = crate::btf::kernel_release();
     let mut version = release
         .split(|c: char| !c.is_ascii_digit())
         .filter_map(|n| n.parse::<u32>().ok());

@@ -10,7 +10,7 @@ use std::{fs, path::Path};
 
 use anyhow::{Context as _, Result, anyhow, bail};
 
-pub use crate::btf::{KernelBtf, VMLINUX_BTF};
+pub use crate::btf::{KernelBtf, VMLINUX_BTF, kernel_release};
 pub use capabilities::{Capability, capabilities};
 
 pub const TRACEFS: &str = "/sys/kernel/tracing";
@@ -118,11 +118,4 @@ pub fn ensure_tracefs() -> Result<()> {
     .with_context(|| {
         format!("tracefs is not mounted and mounting it failed: run `mount -t tracefs tracefs {TRACEFS}`")
     })
-}
-
-/// `uname -r`.
-pub fn kernel_release() -> String {
-    nix::sys::utsname::uname()
-        .map(|u| u.release().to_string_lossy().into_owned())
-        .unwrap_or_else(|_| "unknown".into())
 }

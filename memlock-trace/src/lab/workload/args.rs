@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use anyhow::{Context as _, Result, bail};
 use clap::{Args, ValueEnum};
 
-use crate::cli::values::{int, secs_up_to};
+use crate::values::{int, secs_up_to};
 
 /// Largest size in MiB (or KiB where the flag says so): 1 TiB, beyond any machine here and
 /// far from overflowing the byte counts computed from it.
