@@ -153,9 +153,13 @@ pub fn run(mut args: TraceArgs) -> Result<i32> {
         .enable_all()
         .build()
         .context("starting the tokio runtime")?;
-    runtime.block_on(event_loop(
+    let code = runtime.block_on(event_loop(
         tracer, args, launched, production, described, sink, started_ns,
-    ))
+    ));
+    // Stopped by a signal or --duration while the command runs: its blocking waitpid must
+    // not hold the tracer's exit (dropping the runtime would wait for it).
+    runtime.shutdown_background();
+    code
 }
 
 /// A family's hook description cut to the hook set, noting refusals without their reasons.
