@@ -116,15 +116,17 @@ pub fn run(mut args: TraceArgs) -> Result<i32> {
         ..Options::default()
     };
     let mut tracer = load_tracer(&targets, options)?;
-    // Fork before the runtime starts any thread; the child waits until it is in the filter.
+    // Fork before the runtime starts any thread. The command is added to the filter at its
+    // exec trap: what the launcher does before exec is not the command's.
+    let mut faults_before_exec = None;
     let launched = match args.command.first() {
         Some(program) => {
-            let held = launch::spawn_held(&args.command)?;
-            tracer.add_target(held.pid)?;
-            Some(
-                held.release(program)
-                    .map_err(|e| UsageError(format!("{e:#}")))?,
-            )
+            let at_exec = launch::spawn(&args.command)?
+                .wait_exec(program)
+                .map_err(|e| UsageError(format!("{e:#}")))?;
+            tracer.add_target(at_exec.pid)?;
+            faults_before_exec = at_exec.faults_before_exec;
+            Some(at_exec.resume()?)
         }
         None => None,
     };
@@ -146,6 +148,11 @@ pub fn run(mut args: TraceArgs) -> Result<i32> {
         }
     }
     let mut described = describe_targets(&args, launched);
+    if let Some(n) = faults_before_exec {
+        described.push_str(&format!(
+            " from its exec ({n} faults before it, in the launcher and execve, not counted)"
+        ));
+    }
     for filter in production.filters.describe() {
         described = format!("{described}, {filter}");
     }
