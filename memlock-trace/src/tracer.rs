@@ -233,6 +233,13 @@ impl Tracer {
         Ok(())
     }
 
+    /// The name each traced process had when it exited, by (pid, start time).
+    pub fn exit_comms(
+        &self,
+    ) -> Result<BTreeMap<memlock_trace_common::process::ProcessKey, String>> {
+        filters::exit_comms(&self.ebpf)
+    }
+
     /// `-v`: prints the programs' log records written since the last call.
     pub fn flush_kernel_log(&mut self) {
         if let Some(log) = &mut self.kernel_log {

@@ -268,7 +268,13 @@ pub fn summarize(
             .filter(|(k, _)| k.tgid == tgid && k.tid != 0)
             .map(|(k, ts)| ThreadFaults {
                 tid: k.tid,
-                comm: ts.comm.clone(),
+                // The kernel keeps a thread's comm from its first fault; the main thread's
+                // follows an exec through the process's latest name.
+                comm: if k.tid == tgid {
+                    comm.clone()
+                } else {
+                    ts.comm.clone()
+                },
                 faults: summarize_key(report, *k, ts, hooks),
             })
             .collect();

@@ -12,6 +12,7 @@ use crate::{
     faults::{self, FaultHooks, FaultReport, render as fault_render, stacks::StackSymbolizer},
     metrics::Metrics,
     output::{Sink, TextStyle, WallClock, hms},
+    process::table::ProcessKey,
     procfs::MappingCache,
     syscalls::{self, Aggregator, stacks::CallSiteReport},
     tracer::Tracer,
@@ -288,6 +289,7 @@ impl Output {
             }
             summary.add_faults(hooks.clone(), shown.health, per_process);
         }
+        name_exited(&mut summary, &tracer.exit_comms()?);
         if let Some(sites) = tracer.call_sites()? {
             self.add_call_sites(&mut summary, &sites);
         }
@@ -359,5 +361,25 @@ fn only_thread(per_process: &mut BTreeMap<u32, (String, faults::FaultSummary)>, 
         *f = thread.faults;
         // Mappings are counted per process only.
         f.by_mapping = mappings;
+    }
+}
+
+/// An exited process is named as it was at its exit (after any exec), not by its first
+/// event or an older /proc snapshot; so is its main thread.
+fn name_exited(summary: &mut Summary, exit_comms: &BTreeMap<ProcessKey, String>) {
+    for p in &mut summary.processes {
+        let Some(comm) = exit_comms
+            .iter()
+            .find(|(k, _)| k.tgid == p.pid && (p.start_ns == 0 || k.start_ns == p.start_ns))
+            .map(|(_, c)| c)
+        else {
+            continue;
+        };
+        p.comm.clone_from(comm);
+        if let Some(f) = &mut p.faults {
+            for t in f.threads.iter_mut().filter(|t| t.tid == p.pid) {
+                t.comm.clone_from(comm);
+            }
+        }
     }
 }
