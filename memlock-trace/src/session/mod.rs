@@ -23,7 +23,7 @@ use crate::{
     cli::TraceArgs,
     faults::stacks::StackSymbolizer,
     output::{Sink, TextStyle, WallClock},
-    process::{Targets, launch},
+    process::{Targets, launch, pids},
     procfs::MappingCache,
     syscalls::Aggregator,
     tracer::{Options, Tracer},
@@ -96,9 +96,20 @@ pub fn run(mut args: TraceArgs) -> Result<i32> {
             return Err(UsageError(format!("no process with pid {pid}")).into());
         }
     }
+    // A thread id given to -p stands for its process; kernel threads are refused.
+    let mut processes = Vec::new();
+    for &pid in &args.pids {
+        let tgid = pids::process_of(pid)?;
+        if !processes.contains(&tgid) {
+            processes.push(tgid);
+        }
+    }
+    args.pids = processes;
     if let Some(tid) = args.tid {
         // The kernel filters by process: trace the thread's, keep the thread's own figures.
-        args.pids = vec![thread_group(tid)?];
+        let tgid = thread_group(tid)?;
+        pids::refuse_kernel_thread("-t", tid)?;
+        args.pids = vec![tgid];
     }
     // A file that cannot be written is refused before anything is loaded.
     let sink = Sink::open(args.output.as_deref())?;

@@ -1,0 +1,66 @@
+//! What a session traces: `-p` given a thread id traces its process and says so, a kernel
+//! thread is refused.
+
+mod common;
+mod support;
+
+use std::{process::Command, sync::mpsc};
+
+use common::{gettid, require_privileges};
+use support::{BIN, Tracer, calls_of, summary};
+
+#[test]
+fn a_thread_id_given_to_p_traces_its_process_and_says_so() {
+    require_privileges();
+    let me = std::process::id();
+    let (tid_tx, tid_rx) = mpsc::channel();
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    // A thread of this process, not its leader: it makes 3 mlock calls once traced.
+    let thread = std::thread::spawn(move || {
+        tid_tx.send(gettid()).unwrap();
+        go_rx.recv().unwrap();
+        let page = vec![0u8; 4096];
+        for _ in 0..3 {
+            // SAFETY: mlock changes no memory contents; the buffer outlives the call.
+            assert_eq!(unsafe { libc::mlock(page.as_ptr().cast(), page.len()) }, 0);
+        }
+        // SAFETY: as above.
+        unsafe { libc::munlock(page.as_ptr().cast(), page.len()) };
+    });
+    let tid = tid_rx.recv().unwrap();
+    let mut tracer = Tracer::spawn(&["--json", "-p", &tid.to_string()]);
+    tracer.wait_for_stderr("memlock-trace: tracing");
+    go_tx.send(()).unwrap();
+    thread.join().unwrap();
+    tracer.signal(libc::SIGINT);
+    let done = tracer.finish();
+    assert!(done.status.success(), "{}", done.stderr);
+    let said = format!(
+        "memlock-trace: -p {tid} is a thread of pid {me}: tracing pid {me} \
+         (use -t {tid} for that thread alone)"
+    );
+    assert!(done.stderr.contains(&said), "{}", done.stderr);
+    assert!(
+        done.stderr.contains(&format!("tracing pid {me}\n")),
+        "{}",
+        done.stderr
+    );
+    let s = summary(&done.stdout);
+    assert_eq!(calls_of(&s, me, "mlock"), 3, "{s}");
+}
+
+#[test]
+fn a_kernel_thread_is_refused_with_the_reason() {
+    // kthreadd is pid 2 on every Linux system.
+    let out = Command::new(BIN).args(["-p", "2"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("-p 2 is a kernel thread") && stderr.contains("no mlock-family calls"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("tracing"),
+        "refused before tracing: {stderr}"
+    );
+}
