@@ -37,6 +37,10 @@ pub mod summary;
 /// still attributed with recent mappings.
 const MAPPINGS_REFRESH: Duration = Duration::from_millis(250);
 
+/// How often, once the command or `-p` processes are gone, `--follow-children` checks
+/// whether a followed process still lives.
+const FOLLOWED_POLL: Duration = Duration::from_millis(100);
+
 /// The warning printed when the kernel refuses the programs with `-v`'s diagnostics.
 pub const DIAGNOSTICS_REFUSED: &str =
     "this kernel's verifier refused the eBPF programs' own diagnostics (-v)";
@@ -309,8 +313,15 @@ async fn event_loop(
     // tells: mappings are then read when a summary is printed.
     let follow_mappings = targets_are_specific(&args) && tracer.fault_hooks.is_some();
     let mut mapping_ticker = tokio::time::interval(MAPPINGS_REFRESH);
-    let stop = wait_for_stop(&args, launched, sigint, sigterm);
+    let stop = wait_for_stop(&args, sigint, sigterm);
     tokio::pin!(stop);
+    let ended = targets_ended(&args, launched);
+    tokio::pin!(ended);
+    // --follow-children: once the command or the -p processes are gone, the session lasts
+    // while a followed process lives (a daemon outlives its launcher).
+    let follow = args.production.follow_children && targets_are_specific(&args);
+    let mut outlived: Option<Stop> = None;
+    let mut followed_ticker = tokio::time::interval(FOLLOWED_POLL);
     let mut ticker = interval.map(|secs| tokio::time::interval(Duration::from_secs_f64(secs)));
     if let Some(t) = ticker.as_mut() {
         t.tick().await; // the first tick is immediate
@@ -356,6 +367,30 @@ async fn event_loop(
                 output.refresh_mappings(&tracer, MAPPINGS_REFRESH);
             }
             reason = &mut stop => break reason?,
+            reason = &mut ended, if outlived.is_none() => {
+                let reason = reason?;
+                if !follow || tracer.live_targets() == 0 {
+                    break reason;
+                }
+                if !args.quiet {
+                    let gone = match launched {
+                        Some(_) => "the command has exited",
+                        None => "the -p processes have exited",
+                    };
+                    let n = tracer.live_targets();
+                    let plural = if n == 1 { "" } else { "es" };
+                    eprintln!(
+                        "memlock-trace: {gone}; still tracing {n} followed \
+                         process{plural} until the last exits (--follow-children)"
+                    );
+                }
+                outlived = Some(reason);
+            }
+            _ = followed_ticker.tick(), if outlived.is_some() => {
+                if tracer.live_targets() == 0 {
+                    break outlived.expect("guarded");
+                }
+            }
         }
     };
     // Everything the kernel submitted before we stopped is still in the ring: read it all.
@@ -380,36 +415,33 @@ async fn event_loop(
     })
 }
 
+/// Signals and `--duration`.
 async fn wait_for_stop(
     args: &TraceArgs,
-    launched: Option<u32>,
     mut sigint: tokio::signal::unix::Signal,
     mut sigterm: tokio::signal::unix::Signal,
 ) -> Result<Stop> {
     let duration = args.duration.map(Duration::from_secs_f64);
-    let command = async {
-        match launched {
-            Some(pid) => tokio::task::spawn_blocking(move || launch::wait_exit(pid)).await?,
-            None => std::future::pending().await,
-        }
-    };
-    let pids = args.pids.clone();
-    let targets = async move {
-        if pids.is_empty() {
-            return std::future::pending().await;
-        }
-        for pid in pids {
-            wait_pid_exit(pid).await?;
-        }
-        anyhow::Ok(())
-    };
     tokio::select! {
         _ = sigint.recv() => Ok(Stop::Signal("SIGINT")),
         _ = sigterm.recv() => Ok(Stop::Signal("SIGTERM")),
         _ = async { tokio::time::sleep(duration.expect("guarded")).await }, if duration.is_some() => Ok(Stop::DurationOver),
-        code = command => Ok(Stop::CommandExited(code?)),
-        done = targets => done.map(|()| Stop::TargetsExited),
     }
+}
+
+/// The launched command exited, or every `-p` process did (never, for neither).
+async fn targets_ended(args: &TraceArgs, launched: Option<u32>) -> Result<Stop> {
+    if let Some(pid) = launched {
+        let code = tokio::task::spawn_blocking(move || launch::wait_exit(pid)).await??;
+        return Ok(Stop::CommandExited(code));
+    }
+    if args.pids.is_empty() {
+        return std::future::pending().await;
+    }
+    for &pid in &args.pids {
+        wait_pid_exit(pid).await?;
+    }
+    Ok(Stop::TargetsExited)
 }
 
 /// Resolves when process `pid` (not necessarily our child) exits, through a pidfd.
