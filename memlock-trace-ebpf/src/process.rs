@@ -1,5 +1,6 @@
 //! Process lifecycle: `--follow-children` (fork) and removal of exited targets (exit), which
-//! keep the target set in step with the processes it names. The per-process filters
+//! keep the target set in step with the processes it names; at exit, also the name a process
+//! ended with (`EXIT_COMMS`). The per-process filters
 //! (`--comm`, `--cgroup`) and the process start time live in `shared.rs`, beside the
 //! target check every family calls.
 //!
@@ -111,7 +112,7 @@ pub fn process_exit(ctx: BtfTracePointContext) -> i32 {
             start_ns: current_process_start_ns(),
         };
         let comm: [u8; TASK_COMM_LEN] = read_kernel(current_leader(&off), off.task_comm);
-        let _ = EXIT_COMMS.insert(&key, &comm, 0);
+        let _ = EXIT_COMMS.insert(key, comm, 0);
         // Once per traced process: not on any per-fault or per-call path.
         aya_log_ebpf::info!(
             &ctx,
