@@ -153,6 +153,9 @@ struct Snapshot {
     taken: Instant,
     comm: Option<String>,
     mappings: Vec<Mapping>,
+    /// The process was gone (or a zombie) at a later refresh: these are its last mappings,
+    /// and an address outside them may have been mapped after they were read.
+    exited: bool,
 }
 
 impl MappingCache {
@@ -169,11 +172,13 @@ impl MappingCache {
         let shows_lockonfault = smaps_shows_lockonfault(&crate::probe::kernel_release());
         // Unreadable (the process is gone) or unparsable: keep what we had.
         let Ok(entries) = read_smaps(&format!("/proc/{pid}/smaps"), shows_lockonfault) else {
+            self.mark_exited(pid);
             return;
         };
         let mappings: Vec<Mapping> = entries.into_iter().map(|e| e.mapping).collect();
         // A zombie (or a kernel thread) has no mappings: keep what we saw while it lived.
         if mappings.is_empty() && self.entries.contains_key(&pid) {
+            self.mark_exited(pid);
             return;
         }
         let comm = std::fs::read_to_string(format!("/proc/{pid}/comm"))
@@ -185,8 +190,20 @@ impl MappingCache {
                 taken: Instant::now(),
                 comm,
                 mappings,
+                exited: false,
             },
         );
+    }
+
+    fn mark_exited(&mut self, pid: u32) {
+        if let Some(s) = self.entries.get_mut(&pid) {
+            s.exited = true;
+        }
+    }
+
+    /// Whether `pid`'s mappings are the last ones seen before it exited.
+    pub fn exited(&self, pid: u32) -> bool {
+        self.entries.get(&pid).is_some_and(|s| s.exited)
     }
 
     pub fn get(&self, pid: u32) -> Option<&[Mapping]> {

@@ -16,6 +16,7 @@ use serde::Serialize;
 use super::{
     FaultHooks,
     read::{FaultReport, KeyStats},
+    sizing::REGION_SHIFT,
 };
 use crate::{
     latency::Latency,
@@ -81,7 +82,8 @@ impl ClassLatency {
 pub struct MappingFaults {
     /// `[heap]`, `[stack]`, a file path, `anonymous`; `unmapped` when no current mapping holds
     /// the address any more, `unknown` when the process's mappings could not be read (it
-    /// exited before a snapshot).
+    /// exited before a snapshot) or the address is outside the last ones read before it
+    /// exited. Neighbouring runs outside every mapping are one row, `start` to `end`.
     pub mapping: String,
     pub start: String,
     pub end: String,
@@ -260,6 +262,7 @@ pub fn summarize(
         summary.by_mapping = by_mapping(
             report.regions.get(&tgid).map_or(&[][..], Vec::as_slice),
             mappings.get(tgid),
+            mappings.exited(tgid),
             top_mappings,
         );
         summary.threads = report
@@ -313,12 +316,22 @@ pub fn by_process(report: &FaultReport) -> BTreeMap<u32, ProcessFaults> {
 }
 
 /// Attributes region counts to the process's mappings and returns the top `top` by faults.
+/// `exited`: `maps` are the last seen before the process exited, so an address outside them
+/// is unknown (mapped after they were read), not unmapped.
 pub fn by_mapping(
     regions: &[(RegionKey, RegionValue)],
     maps: Option<&[Mapping]>,
+    exited: bool,
     top: usize,
 ) -> Vec<MappingFaults> {
     let mut per_mapping: StdHashMap<(u64, u64), MappingFaults> = StdHashMap::new();
+    // Runs no mapping holds, merged below into spans of neighbouring runs.
+    let mut outside: Vec<(u64, u64)> = Vec::new();
+    let unattributed = if maps.is_none() || exited {
+        "unknown"
+    } else {
+        "unmapped"
+    };
     for (key, value) in regions {
         // The key is a VMA start or the page of a run's first fault: the mapping that
         // contains it.
@@ -339,17 +352,14 @@ pub fn by_mapping(
                     locked_source: "smaps",
                 },
             ),
+            None if key.exact == 0 => {
+                outside.push((key.start, value.faults));
+                continue;
+            }
             None => (
                 (key.start, key.start),
                 MappingFaults {
-                    // Unmapped since (a live process), or the process exited before its
-                    // mappings could be read.
-                    mapping: if maps.is_some() {
-                        "unmapped"
-                    } else {
-                        "unknown"
-                    }
-                    .into(),
+                    mapping: unattributed.into(),
                     start: format!("{:#x}", key.start),
                     end: String::new(),
                     faults: 0,
@@ -374,9 +384,43 @@ pub fn by_mapping(
         }
     }
     let mut list: Vec<MappingFaults> = per_mapping.into_values().collect();
+    list.extend(
+        spans(outside)
+            .into_iter()
+            .map(|(start, end, faults)| MappingFaults {
+                mapping: unattributed.into(),
+                start: format!("{start:#x}"),
+                end: format!("{end:#x}"),
+                faults,
+                locked: None,
+                lockonfault: None,
+                locked_source: "unknown",
+            }),
+    );
     list.sort_by(|a, b| b.faults.cmp(&a.faults).then_with(|| a.start.cmp(&b.start)));
     list.truncate(top);
     list
+}
+
+/// Runs of faults (first page, faults) outside every known mapping, as (start, end, faults)
+/// spans: a run in the same or the next `1 << REGION_SHIFT` window as the span before it
+/// continues that span (an 8 MiB region touched in order is one span, not 128 rows). The end
+/// is the end of the last run's window.
+fn spans(mut runs: Vec<(u64, u64)>) -> Vec<(u64, u64, u64)> {
+    let window = 1u64 << REGION_SHIFT;
+    runs.sort_unstable();
+    let mut spans: Vec<(u64, u64, u64)> = Vec::new();
+    for (start, faults) in runs {
+        let window_end = (start & !(window - 1)) + window;
+        match spans.last_mut() {
+            Some(span) if start < span.1 + window => {
+                span.1 = span.1.max(window_end);
+                span.2 += faults;
+            }
+            _ => spans.push((start, window_end, faults)),
+        }
+    }
+    spans
 }
 
 #[cfg(test)]
@@ -440,7 +484,7 @@ mod tests {
             region(0x49000, 3),
             region(0x90000, 1),
         ];
-        let list = by_mapping(&regions, Some(&maps), 10);
+        let list = by_mapping(&regions, Some(&maps), false, 10);
         assert_eq!(list.len(), 3, "{list:?}");
         assert_eq!((list[0].mapping.as_str(), list[0].faults), ("[heap]", 20));
         assert_eq!(
@@ -448,7 +492,52 @@ mod tests {
             ("/lib/x.so", 3, Some(true))
         );
         assert_eq!((list[2].mapping.as_str(), list[2].faults), ("unmapped", 1));
-        assert_eq!(by_mapping(&regions, Some(&maps), 1).len(), 1);
+        assert_eq!(by_mapping(&regions, Some(&maps), false, 1).len(), 1);
+    }
+
+    #[test]
+    fn neighbouring_runs_outside_every_mapping_are_one_row_and_exited_is_not_unmapped() {
+        let maps = [mapping(0x10000, 0x40000, "[heap]", false)];
+        let run = |start, faults| {
+            let key = RegionKey {
+                tgid: 1,
+                exact: 0,
+                start,
+            };
+            let value = RegionValue {
+                faults,
+                vm_flags: 0,
+            };
+            (key, value)
+        };
+        // 8 MiB touched in order (runs of 16 pages, one per 64 KiB window, the first one
+        // starting mid-window), then a lone run far away.
+        let base = 0x7f00_0000_0000u64;
+        let mut regions: Vec<_> = (0..128)
+            .map(|i| run(base + 0x3000 + i * 0x10000, 16))
+            .collect();
+        regions.push(run(base + 0x1000_0000, 2));
+        for (exited, label) in [(false, "unmapped"), (true, "unknown")] {
+            let list = by_mapping(&regions, Some(&maps), exited, 10);
+            let rows: Vec<_> = list
+                .iter()
+                .map(|m| {
+                    (
+                        m.mapping.as_str(),
+                        m.faults,
+                        m.start.as_str(),
+                        m.end.as_str(),
+                    )
+                })
+                .collect();
+            assert_eq!(
+                rows,
+                [
+                    (label, 2048, "0x7f0000003000", "0x7f0000800000"),
+                    (label, 2, "0x7f0010000000", "0x7f0010010000"),
+                ]
+            );
+        }
     }
 
     #[test]
@@ -465,7 +554,7 @@ mod tests {
                 vm_flags: VM_LOCKED | 0x3,
             },
         )];
-        let list = by_mapping(&regions, Some(&maps), 10);
+        let list = by_mapping(&regions, Some(&maps), false, 10);
         assert_eq!(list[0].locked, Some(true));
         assert_eq!(list[0].locked_source, "vma");
     }
