@@ -147,6 +147,9 @@ pub fn read_smaps(path: &str, shows_lockonfault: bool) -> Result<Vec<SmapsEntry>
 #[derive(Default)]
 pub struct MappingCache {
     entries: HashMap<u32, Snapshot>,
+    /// VMAs seen by mlock-family calls since the last snapshot, newest last: for a process
+    /// that exits before the next snapshot, the only record of a region it mapped since.
+    noted: HashMap<u32, Vec<Mapping>>,
 }
 
 struct Snapshot {
@@ -193,6 +196,28 @@ impl MappingCache {
                 exited: false,
             },
         );
+        // The snapshot has the VMAs noted before it, as they are now (or not, if unmapped).
+        self.noted.remove(&pid);
+    }
+
+    /// Notes a VMA seen by an mlock-family call (`name` says which). Bounded: system-wide,
+    /// nothing re-reads /proc (which would clear them) until a summary.
+    pub fn note_vma(&mut self, pid: u32, mapping: Mapping) {
+        const MAX_PROCESSES: usize = 4096;
+        const MAX_PER_PROCESS: usize = 256;
+        if self.noted.len() >= MAX_PROCESSES && !self.noted.contains_key(&pid) {
+            return;
+        }
+        let noted = self.noted.entry(pid).or_default();
+        if noted.len() >= MAX_PER_PROCESS {
+            noted.remove(0);
+        }
+        noted.push(mapping);
+    }
+
+    /// VMAs noted since the last snapshot, newest last.
+    pub fn noted(&self, pid: u32) -> &[Mapping] {
+        self.noted.get(&pid).map_or(&[], Vec::as_slice)
     }
 
     fn mark_exited(&mut self, pid: u32) {

@@ -89,7 +89,8 @@ pub struct MappingFaults {
     pub end: String,
     pub faults: u64,
     /// `VM_LOCKED` / `VM_LOCKONFAULT` of the VMA: as the fault hook saw it (`"vma"`), or from
-    /// `/proc/PID/smaps` when the summary was made (`"smaps"`), or unknown.
+    /// `/proc/PID/smaps` when the summary was made (`"smaps"`), or, for an exited process's
+    /// VMA known only from an mlock-family call, as that call left it (`"call"`), or unknown.
     pub locked: Option<bool>,
     pub lockonfault: Option<bool>,
     pub locked_source: &'static str,
@@ -262,7 +263,8 @@ pub fn summarize(
         summary.by_mapping = by_mapping(
             report.regions.get(&tgid).map_or(&[][..], Vec::as_slice),
             mappings.get(tgid),
-            mappings.exited(tgid),
+            // Gone (or never read: gone before the first read).
+            (mappings.exited(tgid) || mappings.get(tgid).is_none()).then(|| mappings.noted(tgid)),
             top_mappings,
         );
         summary.threads = report
@@ -317,17 +319,18 @@ pub fn by_process(report: &FaultReport) -> BTreeMap<u32, ProcessFaults> {
 
 /// Attributes region counts to the process's mappings and returns the top `top` by faults.
 /// `exited`: `maps` are the last seen before the process exited, so an address outside them
-/// is unknown (mapped after they were read), not unmapped.
+/// is unknown (mapped after they were read), not unmapped, unless a VMA an mlock-family call
+/// saw since holds it (`noted`, newest last).
 pub fn by_mapping(
     regions: &[(RegionKey, RegionValue)],
     maps: Option<&[Mapping]>,
-    exited: bool,
+    exited: Option<&[Mapping]>,
     top: usize,
 ) -> Vec<MappingFaults> {
     let mut per_mapping: StdHashMap<(u64, u64), MappingFaults> = StdHashMap::new();
     // Runs no mapping holds, merged below into spans of neighbouring runs.
     let mut outside: Vec<(u64, u64)> = Vec::new();
-    let unattributed = if maps.is_none() || exited {
+    let unattributed = if maps.is_none() || exited.is_some() {
         "unknown"
     } else {
         "unmapped"
@@ -335,12 +338,15 @@ pub fn by_mapping(
     for (key, value) in regions {
         // The key is a VMA start or the page of a run's first fault: the mapping that
         // contains it.
-        let found = maps.and_then(|maps| {
-            maps.iter()
-                .find(|m| m.start <= key.start && key.start < m.end)
-        });
+        let holds = |m: &&Mapping| m.start <= key.start && key.start < m.end;
+        let found = maps
+            .and_then(|maps| maps.iter().find(holds).map(|m| (m, "smaps")))
+            .or_else(|| {
+                let noted = exited?.iter().rev().find(holds)?;
+                Some((noted, "call"))
+            });
         let (range, mut entry) = match found {
-            Some(m) => (
+            Some((m, source)) => (
                 (m.start, m.end),
                 MappingFaults {
                     mapping: m.name.clone(),
@@ -349,7 +355,7 @@ pub fn by_mapping(
                     faults: 0,
                     locked: Some(m.locked),
                     lockonfault: m.lockonfault,
-                    locked_source: "smaps",
+                    locked_source: source,
                 },
             ),
             None if key.exact == 0 => {
@@ -484,7 +490,7 @@ mod tests {
             region(0x49000, 3),
             region(0x90000, 1),
         ];
-        let list = by_mapping(&regions, Some(&maps), false, 10);
+        let list = by_mapping(&regions, Some(&maps), None, 10);
         assert_eq!(list.len(), 3, "{list:?}");
         assert_eq!((list[0].mapping.as_str(), list[0].faults), ("[heap]", 20));
         assert_eq!(
@@ -492,7 +498,7 @@ mod tests {
             ("/lib/x.so", 3, Some(true))
         );
         assert_eq!((list[2].mapping.as_str(), list[2].faults), ("unmapped", 1));
-        assert_eq!(by_mapping(&regions, Some(&maps), false, 1).len(), 1);
+        assert_eq!(by_mapping(&regions, Some(&maps), None, 1).len(), 1);
     }
 
     #[test]
@@ -517,7 +523,7 @@ mod tests {
             .map(|i| run(base + 0x3000 + i * 0x10000, 16))
             .collect();
         regions.push(run(base + 0x1000_0000, 2));
-        for (exited, label) in [(false, "unmapped"), (true, "unknown")] {
+        for (exited, label) in [(None, "unmapped"), (Some(&[][..]), "unknown")] {
             let list = by_mapping(&regions, Some(&maps), exited, 10);
             let rows: Vec<_> = list
                 .iter()
@@ -541,6 +547,41 @@ mod tests {
     }
 
     #[test]
+    fn an_exited_process_region_known_from_an_mlock_call_is_named_by_it() {
+        let maps = [mapping(0x10000, 0x40000, "[heap]", false)];
+        let run = |start| {
+            let key = RegionKey {
+                tgid: 1,
+                exact: 0,
+                start,
+            };
+            let value = RegionValue {
+                faults: 16,
+                vm_flags: 0,
+            };
+            (key, value)
+        };
+        let regions = [run(0x100000), run(0x110000), run(0x900000)];
+        // Locked, then unlocked: the newest state counts.
+        let noted = [
+            mapping(0x100000, 0x200000, "VMA seen by mlock2", true),
+            mapping(0x100000, 0x200000, "VMA seen by munlock", false),
+        ];
+        let list = by_mapping(&regions, Some(&maps), Some(&noted), 10);
+        let rows: Vec<_> = list
+            .iter()
+            .map(|m| (m.mapping.as_str(), m.faults, m.locked, m.locked_source))
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                ("VMA seen by munlock", 32, Some(false), "call"),
+                ("unknown", 16, None, "unknown"),
+            ]
+        );
+    }
+
+    #[test]
     fn exact_regions_use_the_vma_flags() {
         let maps = [mapping(0x10000, 0x40000, "anonymous", false)];
         let regions = [(
@@ -554,7 +595,7 @@ mod tests {
                 vm_flags: VM_LOCKED | 0x3,
             },
         )];
-        let list = by_mapping(&regions, Some(&maps), false, 10);
+        let list = by_mapping(&regions, Some(&maps), None, 10);
         assert_eq!(list[0].locked, Some(true));
         assert_eq!(list[0].locked_source, "vma");
     }

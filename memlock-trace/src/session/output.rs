@@ -5,6 +5,7 @@ use std::{collections::BTreeMap, io::Write as _, sync::Arc, time::Duration};
 
 use anyhow::Result;
 use aya::maps::{MapData, RingBuf};
+use memlock_trace_common::vma::{VM_LOCKED, VM_LOCKONFAULT};
 
 use super::summary::{CallSiteHealth, Summary, Window, summary_text};
 use crate::{
@@ -13,7 +14,7 @@ use crate::{
     metrics::Metrics,
     output::{Sink, TextStyle, WallClock, hms},
     process::table::ProcessKey,
-    procfs::MappingCache,
+    procfs::{Mapping, MappingCache},
     syscalls::{self, Aggregator, stacks::CallSiteReport},
     tracer::Tracer,
     vma::{self, VmaHooks},
@@ -206,6 +207,20 @@ impl Output {
 
     fn vma_activity(&mut self, activity: &vma::Activity) {
         if let vma::Activity::Call(call) = activity {
+            // A region mapped and locked after the last /proc read is known from here only.
+            for range in &call.after {
+                self.mappings.note_vma(
+                    activity.tgid(),
+                    Mapping {
+                        start: range.start,
+                        end: range.end,
+                        offset: 0,
+                        name: format!("VMA seen by {}", call.syscall.syscall.name()),
+                        locked: range.flags & VM_LOCKED != 0,
+                        lockonfault: Some(range.flags & VM_LOCKONFAULT != 0),
+                    },
+                );
+            }
             let changes = vma::ChangeCounts::of(&call.changes);
             let counts = self.vma.counts.entry(activity.tgid()).or_default();
             counts.merge(&changes);
