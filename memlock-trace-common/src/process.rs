@@ -8,7 +8,12 @@ use crate::TASK_COMM_LEN;
 pub mod names {
     pub const PROCESS_CONFIG: &str = "PROCESS_CONFIG";
     pub const PROCESS_COUNTERS: &str = "PROCESS_COUNTERS";
+    pub const EXIT_COMMS: &str = "EXIT_COMMS";
 }
+
+/// Entries of `EXIT_COMMS`: the name each traced process had when it exited (after any
+/// exec), for the summary of a process /proc no longer shows. LRU: the oldest go first.
+pub const EXIT_COMMS_MAX: u32 = 4096;
 
 /// Indices of the per-CPU counters of fork/exit tracking (`PROCESS_COUNTERS`).
 pub mod counter {

@@ -1,5 +1,6 @@
 //! Process lifecycle: `--follow-children` (fork) and removal of exited targets (exit), which
-//! keep the target set in step with the processes it names. The per-process filters
+//! keep the target set in step with the processes it names; at exit, also the name a process
+//! ended with (`EXIT_COMMS`). The per-process filters
 //! (`--comm`, `--cgroup`) and the process start time live in `shared.rs`, beside the
 //! target check every family calls.
 //!
@@ -16,12 +17,24 @@
 
 use aya_ebpf::{
     macros::{btf_tracepoint, map},
-    maps::PerCpuArray,
+    maps::{LruHashMap, PerCpuArray},
     programs::BtfTracePointContext,
 };
-use memlock_trace_common::process::counter;
+use memlock_trace_common::{
+    TASK_COMM_LEN,
+    process::{EXIT_COMMS_MAX, ProcessKey, counter},
+};
 
-use crate::shared::{PROCESS_CONFIG, TARGET_TGIDS, add, current_ids, read_field};
+use crate::shared::{
+    PROCESS_CONFIG, TARGET_TGIDS, add, current_ids, current_leader, current_process_start_ns,
+    read_field, read_kernel,
+};
+
+/// The group leader's comm when a traced process exits: its name after any exec, which
+/// /proc can no longer tell once it is reaped.
+#[map]
+static EXIT_COMMS: LruHashMap<ProcessKey, [u8; TASK_COMM_LEN]> =
+    LruHashMap::with_max_entries(EXIT_COMMS_MAX, 0);
 
 /// See [`counter`].
 #[map]
@@ -93,6 +106,13 @@ pub fn process_exit(ctx: BtfTracePointContext) -> i32 {
     );
     if signal != 0 && live == 0 && TARGET_TGIDS.remove(tgid).is_ok() {
         count(counter::TARGETS_EXITED);
+        let key = ProcessKey {
+            tgid,
+            _pad: 0,
+            start_ns: current_process_start_ns(),
+        };
+        let comm: [u8; TASK_COMM_LEN] = read_kernel(current_leader(&off), off.task_comm);
+        let _ = EXIT_COMMS.insert(key, comm, 0);
         // Once per traced process: not on any per-fault or per-call path.
         aya_log_ebpf::info!(
             &ctx,

@@ -170,6 +170,8 @@ pub fn syscall_ret(ctx: &TracePointContext) -> Option<i64> {
 pub unsafe trait Plain: Copy {}
 
 // SAFETY: integers, and arrays of them, have no invalid bit patterns.
+unsafe impl Plain for u8 {}
+// SAFETY: as above.
 unsafe impl Plain for i32 {}
 // SAFETY: as above.
 unsafe impl Plain for u32 {}

@@ -147,12 +147,18 @@ pub fn read_smaps(path: &str, shows_lockonfault: bool) -> Result<Vec<SmapsEntry>
 #[derive(Default)]
 pub struct MappingCache {
     entries: HashMap<u32, Snapshot>,
+    /// VMAs seen by mlock-family calls since the last snapshot, newest last: for a process
+    /// that exits before the next snapshot, the only record of a region it mapped since.
+    noted: HashMap<u32, Vec<Mapping>>,
 }
 
 struct Snapshot {
     taken: Instant,
     comm: Option<String>,
     mappings: Vec<Mapping>,
+    /// The process was gone (or a zombie) at a later refresh: these are its last mappings,
+    /// and an address outside them may have been mapped after they were read.
+    exited: bool,
 }
 
 impl MappingCache {
@@ -169,11 +175,13 @@ impl MappingCache {
         let shows_lockonfault = smaps_shows_lockonfault(&crate::probe::kernel_release());
         // Unreadable (the process is gone) or unparsable: keep what we had.
         let Ok(entries) = read_smaps(&format!("/proc/{pid}/smaps"), shows_lockonfault) else {
+            self.mark_exited(pid);
             return;
         };
         let mappings: Vec<Mapping> = entries.into_iter().map(|e| e.mapping).collect();
         // A zombie (or a kernel thread) has no mappings: keep what we saw while it lived.
         if mappings.is_empty() && self.entries.contains_key(&pid) {
+            self.mark_exited(pid);
             return;
         }
         let comm = std::fs::read_to_string(format!("/proc/{pid}/comm"))
@@ -185,8 +193,42 @@ impl MappingCache {
                 taken: Instant::now(),
                 comm,
                 mappings,
+                exited: false,
             },
         );
+        // The snapshot has the VMAs noted before it, as they are now (or not, if unmapped).
+        self.noted.remove(&pid);
+    }
+
+    /// Notes a VMA seen by an mlock-family call (`name` says which). Bounded: system-wide,
+    /// nothing re-reads /proc (which would clear them) until a summary.
+    pub fn note_vma(&mut self, pid: u32, mapping: Mapping) {
+        const MAX_PROCESSES: usize = 4096;
+        const MAX_PER_PROCESS: usize = 256;
+        if self.noted.len() >= MAX_PROCESSES && !self.noted.contains_key(&pid) {
+            return;
+        }
+        let noted = self.noted.entry(pid).or_default();
+        if noted.len() >= MAX_PER_PROCESS {
+            noted.remove(0);
+        }
+        noted.push(mapping);
+    }
+
+    /// VMAs noted since the last snapshot, newest last.
+    pub fn noted(&self, pid: u32) -> &[Mapping] {
+        self.noted.get(&pid).map_or(&[], Vec::as_slice)
+    }
+
+    fn mark_exited(&mut self, pid: u32) {
+        if let Some(s) = self.entries.get_mut(&pid) {
+            s.exited = true;
+        }
+    }
+
+    /// Whether `pid`'s mappings are the last ones seen before it exited.
+    pub fn exited(&self, pid: u32) -> bool {
+        self.entries.get(&pid).is_some_and(|s| s.exited)
     }
 
     pub fn get(&self, pid: u32) -> Option<&[Mapping]> {

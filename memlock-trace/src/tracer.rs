@@ -233,6 +233,23 @@ impl Tracer {
         Ok(())
     }
 
+    /// Processes of the target set still alive. The exit program removes a process when its
+    /// last thread exits; /proc is asked too, for a pid added after its process had gone.
+    pub fn live_targets(&self) -> usize {
+        self.targets
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|pid| crate::process::pids::is_alive(*pid))
+            .count()
+    }
+
+    /// The name each traced process had when it exited, by (pid, start time).
+    pub fn exit_comms(
+        &self,
+    ) -> Result<BTreeMap<memlock_trace_common::process::ProcessKey, String>> {
+        filters::exit_comms(&self.ebpf)
+    }
+
     /// `-v`: prints the programs' log records written since the last call.
     pub fn flush_kernel_log(&mut self) {
         if let Some(log) = &mut self.kernel_log {

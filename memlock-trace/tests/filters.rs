@@ -54,15 +54,19 @@ fn threads_started_after_attach_are_traced() {
     );
 }
 
-/// Runs `memlock-trace workload syscalls` (9 calls), held until `before_release` ran.
+/// Runs `memlock-trace workload syscalls` (9 calls), held at its exec until
+/// `before_release` ran.
 fn run_workload(before_release: impl FnOnce(u32)) -> u32 {
     let argv: Vec<String> = [BIN, "workload", "syscalls", "--report", "/dev/null"]
         .map(String::from)
         .to_vec();
-    let held = launch::spawn_held(&argv).expect("fork workload");
+    let held = launch::spawn(&argv)
+        .expect("fork workload")
+        .wait_exec(BIN)
+        .expect("exec workload");
     let pid = held.pid;
     before_release(pid);
-    held.release(BIN).expect("exec workload");
+    held.resume().expect("resume workload");
     assert_eq!(launch::wait_exit(pid).unwrap(), 0);
     pid
 }

@@ -16,7 +16,7 @@ use memlock_trace::{
 };
 use support::BIN;
 
-/// Forks `memlock-trace workload ARGS`, held before exec; with `pid`, retries until the
+/// Forks `memlock-trace workload ARGS` (it stops at its exec trap); with `pid`, retries until the
 /// child gets exactly that pid.
 fn spawn_workload(args: &[&str], pid: Option<u32>) -> Launched {
     let argv: Vec<String> = [BIN, "workload"]
@@ -29,13 +29,13 @@ fn spawn_workload(args: &[&str], pid: Option<u32>) -> Launched {
             std::fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string())
                 .expect("write ns_last_pid");
         }
-        let held = launch::spawn_held(&argv).expect("fork");
+        let held = launch::spawn(&argv).expect("fork");
         if pid.is_none_or(|p| p == held.pid) {
             return held;
         }
         // Another process on the machine took the pid first: let this one run untraced.
         let other = held.pid;
-        held.release(BIN).unwrap();
+        held.wait_exec(BIN).unwrap().resume().unwrap();
         launch::wait_exit(other).unwrap();
     }
     panic!("could not get pid {pid:?} back in 50 tries");
@@ -43,7 +43,7 @@ fn spawn_workload(args: &[&str], pid: Option<u32>) -> Launched {
 
 fn run(held: Launched) {
     let pid = held.pid;
-    held.release(BIN).expect("exec");
+    held.wait_exec(BIN).expect("exec").resume().expect("resume");
     assert_eq!(launch::wait_exit(pid).unwrap(), 0);
 }
 

@@ -169,30 +169,50 @@ pub fn faults_text(out: &mut String, f: &FaultSummary, indent: &str, style: Text
         }
     }
     if !f.by_mapping.is_empty() {
-        let _ = writeln!(out, "{indent}  {:>9}  {:<14}  mapping", "faults", "locked");
-        for m in &f.by_mapping {
-            let locked = match (m.locked, m.lockonfault) {
-                (Some(true), Some(true)) => "LOCKONFAULT",
-                (Some(true), _) => "VM_LOCKED",
-                (Some(false), _) => "no",
-                (None, _) => "?",
-            };
-            let source = if m.locked_source == "unknown" {
-                ""
-            } else {
-                m.locked_source
-            };
-            let range = if m.end.is_empty() {
-                m.start.clone()
-            } else {
-                format!("{}-{}", m.start, m.end)
-            };
+        let rows: Vec<(String, String, String)> = f
+            .by_mapping
+            .iter()
+            .map(|m| {
+                let locked = match (m.locked, m.lockonfault) {
+                    (Some(true), Some(true)) => "LOCKONFAULT",
+                    (Some(true), _) => "VM_LOCKED",
+                    (Some(false), _) => "no",
+                    (None, _) => "?",
+                };
+                let locked = match m.locked_source {
+                    "unknown" => locked.to_string(),
+                    source => format!("{locked} ({source})"),
+                };
+                let range = if m.end.is_empty() {
+                    m.start.clone()
+                } else {
+                    format!("{}-{}", m.start, m.end)
+                };
+                (
+                    m.faults.to_string(),
+                    locked,
+                    format!("{} {range}", m.mapping),
+                )
+            })
+            .collect();
+        // Each column as wide as its widest cell (`VM_LOCKED (smaps)` included).
+        let width = |cell: fn(&(String, String, String)) -> &String, title: &str| {
+            rows.iter()
+                .map(|r| cell(r).len())
+                .chain([title.len()])
+                .max()
+        };
+        let faults_w = width(|r| &r.0, "faults").unwrap_or(6).max(9);
+        let locked_w = width(|r| &r.1, "locked").unwrap_or(6);
+        let _ = writeln!(
+            out,
+            "{indent}  {:>faults_w$}  {:<locked_w$}  mapping",
+            "faults", "locked"
+        );
+        for (faults, locked, mapping) in &rows {
             let _ = writeln!(
                 out,
-                "{indent}  {:>9}  {:<14}  {} {range}",
-                m.faults,
-                format!("{locked} ({source})").replace(" ()", ""),
-                m.mapping,
+                "{indent}  {faults:>faults_w$}  {locked:<locked_w$}  {mapping}"
             );
         }
     }

@@ -15,7 +15,7 @@ use super::FaultOptions;
 use crate::btf::KernelBtf;
 
 /// Without a VMA, faults within 64 KiB are counted together (one region-table slot each).
-const REGION_SHIFT: u32 = 16;
+pub(crate) const REGION_SHIFT: u32 = 16;
 
 /// Slots of the per-CPU region table: [`REGION_SLOTS`], fewer where that would take more
 /// than 8 MiB over all CPUs.

@@ -16,6 +16,7 @@ use serde::Serialize;
 use super::{
     FaultHooks,
     read::{FaultReport, KeyStats},
+    sizing::REGION_SHIFT,
 };
 use crate::{
     latency::Latency,
@@ -81,13 +82,15 @@ impl ClassLatency {
 pub struct MappingFaults {
     /// `[heap]`, `[stack]`, a file path, `anonymous`; `unmapped` when no current mapping holds
     /// the address any more, `unknown` when the process's mappings could not be read (it
-    /// exited before a snapshot).
+    /// exited before a snapshot) or the address is outside the last ones read before it
+    /// exited. Neighbouring runs outside every mapping are one row, `start` to `end`.
     pub mapping: String,
     pub start: String,
     pub end: String,
     pub faults: u64,
     /// `VM_LOCKED` / `VM_LOCKONFAULT` of the VMA: as the fault hook saw it (`"vma"`), or from
-    /// `/proc/PID/smaps` when the summary was made (`"smaps"`), or unknown.
+    /// `/proc/PID/smaps` when the summary was made (`"smaps"`), or, for an exited process's
+    /// VMA known only from an mlock-family call, as that call left it (`"call"`), or unknown.
     pub locked: Option<bool>,
     pub lockonfault: Option<bool>,
     pub locked_source: &'static str,
@@ -260,6 +263,8 @@ pub fn summarize(
         summary.by_mapping = by_mapping(
             report.regions.get(&tgid).map_or(&[][..], Vec::as_slice),
             mappings.get(tgid),
+            // Gone (or never read: gone before the first read).
+            (mappings.exited(tgid) || mappings.get(tgid).is_none()).then(|| mappings.noted(tgid)),
             top_mappings,
         );
         summary.threads = report
@@ -268,7 +273,13 @@ pub fn summarize(
             .filter(|(k, _)| k.tgid == tgid && k.tid != 0)
             .map(|(k, ts)| ThreadFaults {
                 tid: k.tid,
-                comm: ts.comm.clone(),
+                // The kernel keeps a thread's comm from its first fault; the main thread's
+                // follows an exec through the process's latest name.
+                comm: if k.tid == tgid {
+                    comm.clone()
+                } else {
+                    ts.comm.clone()
+                },
                 faults: summarize_key(report, *k, ts, hooks),
             })
             .collect();
@@ -307,21 +318,35 @@ pub fn by_process(report: &FaultReport) -> BTreeMap<u32, ProcessFaults> {
 }
 
 /// Attributes region counts to the process's mappings and returns the top `top` by faults.
+/// `exited`: `maps` are the last seen before the process exited, so an address outside them
+/// is unknown (mapped after they were read), not unmapped, unless a VMA an mlock-family call
+/// saw since holds it (`noted`, newest last).
 pub fn by_mapping(
     regions: &[(RegionKey, RegionValue)],
     maps: Option<&[Mapping]>,
+    exited: Option<&[Mapping]>,
     top: usize,
 ) -> Vec<MappingFaults> {
     let mut per_mapping: StdHashMap<(u64, u64), MappingFaults> = StdHashMap::new();
+    // Runs no mapping holds, merged below into spans of neighbouring runs.
+    let mut outside: Vec<(u64, u64)> = Vec::new();
+    let unattributed = if maps.is_none() || exited.is_some() {
+        "unknown"
+    } else {
+        "unmapped"
+    };
     for (key, value) in regions {
         // The key is a VMA start or the page of a run's first fault: the mapping that
         // contains it.
-        let found = maps.and_then(|maps| {
-            maps.iter()
-                .find(|m| m.start <= key.start && key.start < m.end)
-        });
+        let holds = |m: &&Mapping| m.start <= key.start && key.start < m.end;
+        let found = maps
+            .and_then(|maps| maps.iter().find(holds).map(|m| (m, "smaps")))
+            .or_else(|| {
+                let noted = exited?.iter().rev().find(holds)?;
+                Some((noted, "call"))
+            });
         let (range, mut entry) = match found {
-            Some(m) => (
+            Some((m, source)) => (
                 (m.start, m.end),
                 MappingFaults {
                     mapping: m.name.clone(),
@@ -330,20 +355,17 @@ pub fn by_mapping(
                     faults: 0,
                     locked: Some(m.locked),
                     lockonfault: m.lockonfault,
-                    locked_source: "smaps",
+                    locked_source: source,
                 },
             ),
+            None if key.exact == 0 => {
+                outside.push((key.start, value.faults));
+                continue;
+            }
             None => (
                 (key.start, key.start),
                 MappingFaults {
-                    // Unmapped since (a live process), or the process exited before its
-                    // mappings could be read.
-                    mapping: if maps.is_some() {
-                        "unmapped"
-                    } else {
-                        "unknown"
-                    }
-                    .into(),
+                    mapping: unattributed.into(),
                     start: format!("{:#x}", key.start),
                     end: String::new(),
                     faults: 0,
@@ -368,9 +390,43 @@ pub fn by_mapping(
         }
     }
     let mut list: Vec<MappingFaults> = per_mapping.into_values().collect();
+    list.extend(
+        spans(outside)
+            .into_iter()
+            .map(|(start, end, faults)| MappingFaults {
+                mapping: unattributed.into(),
+                start: format!("{start:#x}"),
+                end: format!("{end:#x}"),
+                faults,
+                locked: None,
+                lockonfault: None,
+                locked_source: "unknown",
+            }),
+    );
     list.sort_by(|a, b| b.faults.cmp(&a.faults).then_with(|| a.start.cmp(&b.start)));
     list.truncate(top);
     list
+}
+
+/// Runs of faults (first page, faults) outside every known mapping, as (start, end, faults)
+/// spans: a run in the same or the next `1 << REGION_SHIFT` window as the span before it
+/// continues that span (an 8 MiB region touched in order is one span, not 128 rows). The end
+/// is the end of the last run's window.
+fn spans(mut runs: Vec<(u64, u64)>) -> Vec<(u64, u64, u64)> {
+    let window = 1u64 << REGION_SHIFT;
+    runs.sort_unstable();
+    let mut spans: Vec<(u64, u64, u64)> = Vec::new();
+    for (start, faults) in runs {
+        let window_end = (start & !(window - 1)) + window;
+        match spans.last_mut() {
+            Some(span) if start < span.1 + window => {
+                span.1 = span.1.max(window_end);
+                span.2 += faults;
+            }
+            _ => spans.push((start, window_end, faults)),
+        }
+    }
+    spans
 }
 
 #[cfg(test)]
@@ -434,7 +490,7 @@ mod tests {
             region(0x49000, 3),
             region(0x90000, 1),
         ];
-        let list = by_mapping(&regions, Some(&maps), 10);
+        let list = by_mapping(&regions, Some(&maps), None, 10);
         assert_eq!(list.len(), 3, "{list:?}");
         assert_eq!((list[0].mapping.as_str(), list[0].faults), ("[heap]", 20));
         assert_eq!(
@@ -442,7 +498,87 @@ mod tests {
             ("/lib/x.so", 3, Some(true))
         );
         assert_eq!((list[2].mapping.as_str(), list[2].faults), ("unmapped", 1));
-        assert_eq!(by_mapping(&regions, Some(&maps), 1).len(), 1);
+        assert_eq!(by_mapping(&regions, Some(&maps), None, 1).len(), 1);
+    }
+
+    #[test]
+    fn neighbouring_runs_outside_every_mapping_are_one_row_and_exited_is_not_unmapped() {
+        let maps = [mapping(0x10000, 0x40000, "[heap]", false)];
+        let run = |start, faults| {
+            let key = RegionKey {
+                tgid: 1,
+                exact: 0,
+                start,
+            };
+            let value = RegionValue {
+                faults,
+                vm_flags: 0,
+            };
+            (key, value)
+        };
+        // 8 MiB touched in order (runs of 16 pages, one per 64 KiB window, the first one
+        // starting mid-window), then a lone run far away.
+        let base = 0x7f00_0000_0000u64;
+        let mut regions: Vec<_> = (0..128)
+            .map(|i| run(base + 0x3000 + i * 0x10000, 16))
+            .collect();
+        regions.push(run(base + 0x1000_0000, 2));
+        for (exited, label) in [(None, "unmapped"), (Some(&[][..]), "unknown")] {
+            let list = by_mapping(&regions, Some(&maps), exited, 10);
+            let rows: Vec<_> = list
+                .iter()
+                .map(|m| {
+                    (
+                        m.mapping.as_str(),
+                        m.faults,
+                        m.start.as_str(),
+                        m.end.as_str(),
+                    )
+                })
+                .collect();
+            assert_eq!(
+                rows,
+                [
+                    (label, 2048, "0x7f0000003000", "0x7f0000800000"),
+                    (label, 2, "0x7f0010000000", "0x7f0010010000"),
+                ]
+            );
+        }
+    }
+
+    #[test]
+    fn an_exited_process_region_known_from_an_mlock_call_is_named_by_it() {
+        let maps = [mapping(0x10000, 0x40000, "[heap]", false)];
+        let run = |start| {
+            let key = RegionKey {
+                tgid: 1,
+                exact: 0,
+                start,
+            };
+            let value = RegionValue {
+                faults: 16,
+                vm_flags: 0,
+            };
+            (key, value)
+        };
+        let regions = [run(0x100000), run(0x110000), run(0x900000)];
+        // Locked, then unlocked: the newest state counts.
+        let noted = [
+            mapping(0x100000, 0x200000, "VMA seen by mlock2", true),
+            mapping(0x100000, 0x200000, "VMA seen by munlock", false),
+        ];
+        let list = by_mapping(&regions, Some(&maps), Some(&noted), 10);
+        let rows: Vec<_> = list
+            .iter()
+            .map(|m| (m.mapping.as_str(), m.faults, m.locked, m.locked_source))
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                ("VMA seen by munlock", 32, Some(false), "call"),
+                ("unknown", 16, None, "unknown"),
+            ]
+        );
     }
 
     #[test]
@@ -459,7 +595,7 @@ mod tests {
                 vm_flags: VM_LOCKED | 0x3,
             },
         )];
-        let list = by_mapping(&regions, Some(&maps), 10);
+        let list = by_mapping(&regions, Some(&maps), None, 10);
         assert_eq!(list[0].locked, Some(true));
         assert_eq!(list[0].locked_source, "vma");
     }

@@ -3,6 +3,7 @@
 //! processes it names.
 
 use std::{
+    collections::BTreeMap,
     ffi::CString,
     os::unix::ffi::OsStrExt as _,
     path::{Path, PathBuf},
@@ -11,12 +12,12 @@ use std::{
 use anyhow::{Context as _, Result, anyhow};
 use aya::{
     Ebpf,
-    maps::{MapData, PerCpuArray},
+    maps::{HashMap, MapData, PerCpuArray},
     programs::BtfTracePoint,
 };
 use memlock_trace_common::{
     TASK_COMM_LEN,
-    process::{ProcessConfig, ProcessOffsets, counter, names},
+    process::{ProcessConfig, ProcessKey, ProcessOffsets, counter, names},
 };
 
 use crate::{
@@ -318,6 +319,20 @@ pub struct ProcessHealth {
     /// Processes evicted from the per-process table (`--max-processes`): their calls are
     /// still in the totals of Prometheus, not in the summary.
     pub evicted_processes: u64,
+}
+
+/// The name each traced process had when it exited (see `EXIT_COMMS`); empty when the
+/// exit program is not attached (system-wide tracing).
+pub fn exit_comms(ebpf: &Ebpf) -> Result<BTreeMap<ProcessKey, String>> {
+    let Some(map) = ebpf.map(names::EXIT_COMMS) else {
+        return Ok(BTreeMap::new());
+    };
+    let comms: HashMap<&MapData, ProcessKey, [u8; TASK_COMM_LEN]> = HashMap::try_from(map)?;
+    Ok(comms
+        .iter()
+        .filter_map(Result::ok)
+        .map(|(key, comm)| (key, crate::event::comm_str(&comm)))
+        .collect())
 }
 
 pub fn health(ebpf: &Ebpf) -> Result<ProcessHealth> {

@@ -4,6 +4,7 @@
 
 pub mod filters;
 pub mod launch;
+pub mod pids;
 pub mod table;
 
 pub use filters::{Cgroup, Filters, ProcessHealth, ProcessHooks};

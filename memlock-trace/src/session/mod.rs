@@ -23,7 +23,7 @@ use crate::{
     cli::TraceArgs,
     faults::stacks::StackSymbolizer,
     output::{Sink, TextStyle, WallClock},
-    process::{Targets, launch},
+    process::{Targets, launch, pids},
     procfs::MappingCache,
     syscalls::Aggregator,
     tracer::{Options, Tracer},
@@ -36,6 +36,10 @@ pub mod summary;
 /// How often the mappings of traced processes are re-read, so that a process that exits is
 /// still attributed with recent mappings.
 const MAPPINGS_REFRESH: Duration = Duration::from_millis(250);
+
+/// How often, once the command or `-p` processes are gone, `--follow-children` checks
+/// whether a followed process still lives.
+const FOLLOWED_POLL: Duration = Duration::from_millis(100);
 
 /// The warning printed when the kernel refuses the programs with `-v`'s diagnostics.
 pub const DIAGNOSTICS_REFUSED: &str =
@@ -96,9 +100,20 @@ pub fn run(mut args: TraceArgs) -> Result<i32> {
             return Err(UsageError(format!("no process with pid {pid}")).into());
         }
     }
+    // A thread id given to -p stands for its process; kernel threads are refused.
+    let mut processes = Vec::new();
+    for &pid in &args.pids {
+        let tgid = pids::process_of(pid)?;
+        if !processes.contains(&tgid) {
+            processes.push(tgid);
+        }
+    }
+    args.pids = processes;
     if let Some(tid) = args.tid {
         // The kernel filters by process: trace the thread's, keep the thread's own figures.
-        args.pids = vec![thread_group(tid)?];
+        let tgid = thread_group(tid)?;
+        pids::refuse_kernel_thread("-t", tid)?;
+        args.pids = vec![tgid];
     }
     // A file that cannot be written is refused before anything is loaded.
     let sink = Sink::open(args.output.as_deref())?;
@@ -116,13 +131,16 @@ pub fn run(mut args: TraceArgs) -> Result<i32> {
         ..Options::default()
     };
     let mut tracer = load_tracer(&targets, options)?;
-    // Fork before the runtime starts any thread; the child waits until it is in the filter.
+    // Fork before the runtime starts any thread. The command is added to the filter at its
+    // exec trap: what the launcher does before exec is not the command's.
+    let mut faults_before_exec = None;
     let launched = match args.command.first() {
         Some(program) => {
-            let held = launch::spawn_held(&args.command)?;
-            tracer.add_target(held.pid)?;
             // A command that cannot run is a `CommandError` (exit 126 or 127).
-            Some(held.release(program)?)
+            let at_exec = launch::spawn(&args.command)?.wait_exec(program)?;
+            tracer.add_target(at_exec.pid)?;
+            faults_before_exec = at_exec.faults_before_exec;
+            Some(at_exec.resume()?)
         }
         None => None,
     };
@@ -144,6 +162,11 @@ pub fn run(mut args: TraceArgs) -> Result<i32> {
         }
     }
     let mut described = describe_targets(&args, launched);
+    if let Some(n) = faults_before_exec {
+        described.push_str(&format!(
+            " from its exec ({n} faults before it, in the launcher and execve, not counted)"
+        ));
+    }
     for filter in production.filters.describe() {
         described = format!("{described}, {filter}");
     }
@@ -151,9 +174,13 @@ pub fn run(mut args: TraceArgs) -> Result<i32> {
         .enable_all()
         .build()
         .context("starting the tokio runtime")?;
-    runtime.block_on(event_loop(
+    let code = runtime.block_on(event_loop(
         tracer, args, launched, production, described, sink, started_ns,
-    ))
+    ));
+    // Stopped by a signal or --duration while the command runs: its blocking waitpid must
+    // not hold the tracer's exit (dropping the runtime would wait for it).
+    runtime.shutdown_background();
+    code
 }
 
 /// A family's hook description cut to the hook set, noting refusals without their reasons.
@@ -285,8 +312,15 @@ async fn event_loop(
     // tells: mappings are then read when a summary is printed.
     let follow_mappings = targets_are_specific(&args) && tracer.fault_hooks.is_some();
     let mut mapping_ticker = tokio::time::interval(MAPPINGS_REFRESH);
-    let stop = wait_for_stop(&args, launched, sigint, sigterm);
+    let stop = wait_for_stop(&args, sigint, sigterm);
     tokio::pin!(stop);
+    let ended = targets_ended(&args, launched);
+    tokio::pin!(ended);
+    // --follow-children: once the command or the -p processes are gone, the session lasts
+    // while a followed process lives (a daemon outlives its launcher).
+    let follow = args.production.follow_children && targets_are_specific(&args);
+    let mut outlived: Option<Stop> = None;
+    let mut followed_ticker = tokio::time::interval(FOLLOWED_POLL);
     let mut ticker = interval.map(|secs| tokio::time::interval(Duration::from_secs_f64(secs)));
     if let Some(t) = ticker.as_mut() {
         t.tick().await; // the first tick is immediate
@@ -332,6 +366,30 @@ async fn event_loop(
                 output.refresh_mappings(&tracer, MAPPINGS_REFRESH);
             }
             reason = &mut stop => break reason?,
+            reason = &mut ended, if outlived.is_none() => {
+                let reason = reason?;
+                if !follow || tracer.live_targets() == 0 {
+                    break reason;
+                }
+                if !args.quiet {
+                    let gone = match launched {
+                        Some(_) => "the command has exited",
+                        None => "the -p processes have exited",
+                    };
+                    let n = tracer.live_targets();
+                    let plural = if n == 1 { "" } else { "es" };
+                    eprintln!(
+                        "memlock-trace: {gone}; still tracing {n} followed \
+                         process{plural} until the last exits (--follow-children)"
+                    );
+                }
+                outlived = Some(reason);
+            }
+            _ = followed_ticker.tick(), if outlived.is_some() => {
+                if tracer.live_targets() == 0 {
+                    break outlived.expect("guarded");
+                }
+            }
         }
         // An output that refused a write (full disk, closed pipe) ends the session.
         output.out.check()?;
@@ -358,36 +416,33 @@ async fn event_loop(
     })
 }
 
+/// Signals and `--duration`.
 async fn wait_for_stop(
     args: &TraceArgs,
-    launched: Option<u32>,
     mut sigint: tokio::signal::unix::Signal,
     mut sigterm: tokio::signal::unix::Signal,
 ) -> Result<Stop> {
     let duration = args.duration.map(Duration::from_secs_f64);
-    let command = async {
-        match launched {
-            Some(pid) => tokio::task::spawn_blocking(move || launch::wait_exit(pid)).await?,
-            None => std::future::pending().await,
-        }
-    };
-    let pids = args.pids.clone();
-    let targets = async move {
-        if pids.is_empty() {
-            return std::future::pending().await;
-        }
-        for pid in pids {
-            wait_pid_exit(pid).await?;
-        }
-        anyhow::Ok(())
-    };
     tokio::select! {
         _ = sigint.recv() => Ok(Stop::Signal("SIGINT")),
         _ = sigterm.recv() => Ok(Stop::Signal("SIGTERM")),
         _ = async { tokio::time::sleep(duration.expect("guarded")).await }, if duration.is_some() => Ok(Stop::DurationOver),
-        code = command => Ok(Stop::CommandExited(code?)),
-        done = targets => done.map(|()| Stop::TargetsExited),
     }
+}
+
+/// The launched command exited, or every `-p` process did (never, for neither).
+async fn targets_ended(args: &TraceArgs, launched: Option<u32>) -> Result<Stop> {
+    if let Some(pid) = launched {
+        let code = tokio::task::spawn_blocking(move || launch::wait_exit(pid)).await??;
+        return Ok(Stop::CommandExited(code));
+    }
+    if args.pids.is_empty() {
+        return std::future::pending().await;
+    }
+    for &pid in &args.pids {
+        wait_pid_exit(pid).await?;
+    }
+    Ok(Stop::TargetsExited)
 }
 
 /// Resolves when process `pid` (not necessarily our child) exits, through a pidfd.

@@ -5,6 +5,7 @@ use std::{collections::BTreeMap, io::Write as _, sync::Arc, time::Duration};
 
 use anyhow::Result;
 use aya::maps::{MapData, RingBuf};
+use memlock_trace_common::vma::{VM_LOCKED, VM_LOCKONFAULT};
 
 use super::summary::{CallSiteHealth, Summary, Window, summary_text};
 use crate::{
@@ -12,7 +13,8 @@ use crate::{
     faults::{self, FaultHooks, FaultReport, render as fault_render, stacks::StackSymbolizer},
     metrics::Metrics,
     output::{Sink, TextStyle, WallClock, hms},
-    procfs::MappingCache,
+    process::table::ProcessKey,
+    procfs::{Mapping, MappingCache},
     syscalls::{self, Aggregator, stacks::CallSiteReport},
     tracer::Tracer,
     vma::{self, VmaHooks},
@@ -205,6 +207,20 @@ impl Output {
 
     fn vma_activity(&mut self, activity: &vma::Activity) {
         if let vma::Activity::Call(call) = activity {
+            // A region mapped and locked after the last /proc read is known from here only.
+            for range in &call.after {
+                self.mappings.note_vma(
+                    activity.tgid(),
+                    Mapping {
+                        start: range.start,
+                        end: range.end,
+                        offset: 0,
+                        name: format!("VMA seen by {}", call.syscall.syscall.name()),
+                        locked: range.flags & VM_LOCKED != 0,
+                        lockonfault: Some(range.flags & VM_LOCKONFAULT != 0),
+                    },
+                );
+            }
             let changes = vma::ChangeCounts::of(&call.changes);
             let counts = self.vma.counts.entry(activity.tgid()).or_default();
             counts.merge(&changes);
@@ -288,6 +304,7 @@ impl Output {
             }
             summary.add_faults(hooks.clone(), shown.health, per_process);
         }
+        name_exited(&mut summary, &tracer.exit_comms()?);
         if let Some(sites) = tracer.call_sites()? {
             self.add_call_sites(&mut summary, &sites);
         }
@@ -360,5 +377,25 @@ fn only_thread(per_process: &mut BTreeMap<u32, (String, faults::FaultSummary)>, 
         *f = thread.faults;
         // Mappings are counted per process only.
         f.by_mapping = mappings;
+    }
+}
+
+/// An exited process is named as it was at its exit (after any exec), not by its first
+/// event or an older /proc snapshot; so is its main thread.
+fn name_exited(summary: &mut Summary, exit_comms: &BTreeMap<ProcessKey, String>) {
+    for p in &mut summary.processes {
+        let Some(comm) = exit_comms
+            .iter()
+            .find(|(k, _)| k.tgid == p.pid && (p.start_ns == 0 || k.start_ns == p.start_ns))
+            .map(|(_, c)| c)
+        else {
+            continue;
+        };
+        p.comm.clone_from(comm);
+        if let Some(f) = &mut p.faults {
+            for t in f.threads.iter_mut().filter(|t| t.tid == p.pid) {
+                t.comm.clone_from(comm);
+            }
+        }
     }
 }
