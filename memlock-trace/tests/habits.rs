@@ -174,8 +174,10 @@ fn column_units(text: &str) -> Vec<Vec<&str>> {
     let mut columns = vec![Vec::new(); 4];
     for line in text.lines() {
         let fields: Vec<&str> = line.split_whitespace().collect();
+        // A table row is a call and its count (`mlock ENOMEM (last): ...` explains a failure).
         if fields.len() < 8
             || !["mlock", "mlock2", "munlock", "mlockall", "munlockall"].contains(&fields[0])
+            || fields[1].parse::<u64>().is_err()
         {
             continue;
         }
