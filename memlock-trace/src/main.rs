@@ -1,4 +1,4 @@
-use std::{io::Write as _, process::ExitCode};
+use std::process::ExitCode;
 
 use clap::{
     CommandFactory as _, Parser as _,
@@ -8,7 +8,7 @@ use memlock_trace::{
     CommandError, UsageError,
     cli::{Cli, Command},
     exit,
-    output::{JSON_SCHEMA, Sink, WriteError},
+    output::{COLUMNS, JSON_SCHEMA, Sink, WriteError, wrap},
     probe,
     process::Targets,
     session,
@@ -156,37 +156,81 @@ fn run_workload(
     print_result(Some(sink), format!("{json}\n").as_bytes())
 }
 
+/// `memlock-trace probe`: what the kernel allows. Without the capabilities to load programs,
+/// what can be seen (kernel, BTF, the capabilities missing) and every hook kind and family
+/// marked as not checked, exit 0: a report, not a refusal.
 fn run_probe(json: bool) -> anyhow::Result<()> {
+    use memlock_trace::{
+        faults::FaultHooks, object::HookFamily as _, process::ProcessHooks, syscalls::SyscallHooks,
+        vma::VmaHooks,
+    };
     let kernel = probe::kernel_release();
-    let capabilities = probe::capabilities()?;
-    // The hook sets a real session would pick, by loading the tracer with nothing to trace.
-    let tracer = Tracer::load(&Targets::Tgids(Vec::new()))?;
+    let lacking = probe::missing_capabilities()?;
+    let missing = (!lacking.is_empty()).then(|| probe::in_words(&lacking));
+    let (capabilities, hooks) = match &missing {
+        None => {
+            let capabilities = probe::capabilities()?;
+            // The hook sets a real session would pick, by loading the tracer with nothing
+            // to trace.
+            let tracer = Tracer::load(&Targets::Tgids(Vec::new()))?;
+            (capabilities, tracer.hooks)
+        }
+        Some(missing) => {
+            let families = [
+                ProcessHooks::NAME,
+                SyscallHooks::NAME,
+                VmaHooks::NAME,
+                FaultHooks::NAME,
+            ];
+            let not_checked = format!("not checked: needs {missing}");
+            (
+                probe::unprivileged(missing),
+                families.map(|f| (f, not_checked.clone())).into(),
+            )
+        }
+    };
     if json {
         let report = serde_json::json!({
             "type": "probe",
             "schema": JSON_SCHEMA,
             "time_ns": memlock_trace::output::WallClock::now_ns(),
             "kernel": kernel,
+            "missing_capabilities": missing,
             "capabilities": capabilities,
-            "hooks": tracer.hooks,
+            "hooks": hooks,
         });
         return print_result(None, format!("{report}\n").as_bytes());
     }
-    let mut text = Vec::new();
-    writeln!(text, "kernel {kernel}")?;
+    let mut lines = vec![format!("kernel {kernel}")];
+    if let Some(missing) = &missing {
+        lines.extend(wrap(
+            "",
+            &format!(
+                "not privileged: missing {missing}, so no hook was tried: run as root, or \
+                 grant them with `sudo setcap {}+ep $(which memlock-trace)`",
+                lacking.join(",").to_lowercase()
+            ),
+            COLUMNS,
+            4,
+        ));
+    }
     for c in &capabilities {
-        writeln!(
-            text,
-            "{:<12} {:<4} {}",
-            c.name,
-            if c.usable { "yes" } else { "no" },
-            c.detail
-        )?;
+        let usable = match (c.checked, c.usable) {
+            (false, _) => "?",
+            (true, true) => "yes",
+            (true, false) => "no",
+        };
+        lines.extend(wrap(
+            &format!("{:<12} {usable:<4}", c.name),
+            &c.detail,
+            COLUMNS,
+            18,
+        ));
     }
-    for (family, hooks) in &tracer.hooks {
-        writeln!(text, "hooks {family}: {hooks}")?;
+    for (family, described) in &hooks {
+        lines.extend(wrap(&format!("hooks {family}:"), described, COLUMNS, 4));
     }
-    print_result(None, &text)
+    print_result(None, format!("{}\n", lines.join("\n")).as_bytes())
 }
 
 #[cfg(feature = "lab")]

@@ -50,3 +50,72 @@ fn capabilities_match_the_kernel() {
         );
     }
 }
+
+const BIN: &str = env!("CARGO_BIN_EXE_memlock-trace");
+
+/// Every line of `probe`'s text within 100 columns, the verifier's empty log not printed.
+fn assert_fits(text: &str) {
+    for line in text.lines() {
+        assert!(
+            line.chars().count() <= 100,
+            "{} columns: {line}",
+            line.chars().count()
+        );
+    }
+    assert!(!text.contains("Verifier output: :"), "{text}");
+}
+
+#[test]
+fn probe_fits_a_terminal() {
+    require_privileges();
+    let out = std::process::Command::new(BIN)
+        .arg("probe")
+        .output()
+        .expect("run probe");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_fits(&text);
+    // A refusal's errno once.
+    for line in text.lines().filter(|l| l.contains("os error")) {
+        assert_eq!(line.matches("os error").count(), 1, "{line}");
+    }
+}
+
+#[test]
+fn unprivileged_probe_reports_what_it_sees() {
+    require_privileges();
+    // SAFETY: the child only drops privileges and execs.
+    let out = unsafe {
+        std::os::unix::process::CommandExt::pre_exec(
+            std::process::Command::new(BIN).arg("probe"),
+            || {
+                if libc::setgroups(0, std::ptr::null()) != 0
+                    || libc::setresgid(65534, 65534, 65534) != 0
+                    || libc::setresuid(65534, 65534, 65534) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            },
+        )
+        .output()
+        .expect("run probe as nobody")
+    };
+    let text = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}\n{text}{stderr}", out.status);
+    assert_fits(&text);
+    assert!(text.starts_with("kernel "), "{text}");
+    assert!(text.contains("missing CAP_BPF"), "{text}");
+    assert!(text.contains("CAP_PERFMON"), "{text}");
+    for family in ["syscalls", "faults", "vma"] {
+        assert!(
+            text.contains(&format!("hooks {family}: not checked: needs CAP_BPF")),
+            "{text}"
+        );
+    }
+}

@@ -41,6 +41,14 @@ fn every_step_agrees_with_the_tracer_and_proc() {
     let report = verify::run_suite().unwrap_or_else(|e| panic!("verify could not run: {e:#}"));
     let table = verify::table(&report);
     println!("{table}");
+    // It fits a terminal; the three views in full are in `verify --json`.
+    for line in table.lines() {
+        assert!(
+            line.chars().count() <= 100,
+            "{} columns: {line}",
+            line.len()
+        );
+    }
     let steps: Vec<&str> = report.steps.iter().map(|s| s.step.as_str()).collect();
     assert_eq!(steps, STEPS, "{table}");
     assert_eq!((report.passed, report.failed), (STEPS.len(), 0), "{table}");

@@ -402,7 +402,8 @@ fn outcome(name: &str, output: &str, exit_code: i32) -> Outcome {
 }
 
 /// `memlock-trace probe` prints `CAPABILITY yes|no DETAIL` lines, then
-/// `hooks FAMILY: HOOK SET` lines; both go into the table.
+/// `hooks FAMILY: HOOK SET` lines, wrapped at 100 columns (continuation lines indented);
+/// both go into the table.
 fn parse_hooks(probe_output: &str) -> Vec<(String, String)> {
     const CAPABILITIES: [&str; 7] = [
         "btf",
@@ -413,8 +414,18 @@ fn parse_hooks(probe_output: &str) -> Vec<(String, String)> {
         "tracepoint",
         "perf_event",
     ];
-    probe_output
-        .lines()
+    let mut joined: Vec<String> = Vec::new();
+    for line in probe_output.lines() {
+        match joined.last_mut() {
+            Some(previous) if line.starts_with(' ') => {
+                previous.push(' ');
+                previous.push_str(line.trim());
+            }
+            _ => joined.push(line.to_string()),
+        }
+    }
+    joined
+        .iter()
         .filter_map(|l| {
             if let Some(hooks) = l.strip_prefix("hooks ") {
                 let (family, set) = hooks.split_once(": ")?;
@@ -485,7 +496,7 @@ mod tests {
     #[test]
     fn hooks_lines_parse() {
         let h = parse_hooks(
-            "kernel 6.1\nfentry       no   refused\nhooks faults: fentry/fexit handle_mm_fault\nother",
+            "kernel 6.1\nfentry       no   refused\nhooks faults: fentry/fexit\n    handle_mm_fault\nother",
         );
         assert_eq!(
             h,

@@ -126,7 +126,7 @@ pub fn run(args: SuiteArgs) -> Result<i32> {
     let mut verdicts = format!("report: {}\n", written.markdown.display());
     for (scenario, scenario_verdicts) in &written.verdicts {
         for v in scenario_verdicts {
-            verdicts.push_str(&format!("  {scenario:<15} {:<10} {}\n", v.verdict, v.claim));
+            verdicts.push_str(&format!("  {scenario:<15} {:<13} {}\n", v.verdict, v.claim));
         }
     }
     crate::output::Sink::open(None)?.write_result(verdicts.as_bytes())?;

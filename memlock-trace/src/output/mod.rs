@@ -6,9 +6,11 @@
 pub mod hist;
 mod sink;
 mod time;
+mod wrap;
 
 pub use sink::{Sink, WriteError};
 pub use time::{WallClock, hms};
+pub use wrap::{COLUMNS, wrap};
 
 /// Version of the JSON lines (`"schema"` in every line). Adding a field keeps it; renaming,
 /// removing or retyping one bumps it. Documented in the README.

@@ -12,7 +12,41 @@ use crate::object::{self, program};
 pub struct Capability {
     pub name: &'static str,
     pub usable: bool,
+    /// False when this process may not try (no CAP_BPF): `usable` then says nothing.
+    pub checked: bool,
     pub detail: String,
+}
+
+/// The hook kinds [`capabilities`] tries.
+pub const KINDS: [&str; 6] = [
+    "ring_buffer",
+    "fentry",
+    "kprobe",
+    "tp_btf",
+    "tracepoint",
+    "perf_event",
+];
+
+/// What an unprivileged process can see: the kernel's BTF, and each hook kind named as not
+/// checked, with the capabilities trying it needs.
+pub fn unprivileged(missing: &str) -> Vec<Capability> {
+    let btf = std::fs::File::open(VMLINUX_BTF);
+    let mut caps = vec![Capability {
+        name: "btf",
+        usable: btf.is_ok(),
+        checked: true,
+        detail: match btf {
+            Ok(_) => VMLINUX_BTF.into(),
+            Err(e) => format!("{VMLINUX_BTF}: {e}"),
+        },
+    }];
+    caps.extend(KINDS.map(|name| Capability {
+        name,
+        usable: false,
+        checked: false,
+        detail: format!("not checked: needs {missing}"),
+    }));
+    caps
 }
 
 /// Loads and attaches one empty program of each kind (fentry, kprobe, tp_btf, tracepoint,
@@ -20,7 +54,9 @@ pub struct Capability {
 pub fn capabilities() -> Result<Vec<Capability>> {
     use aya::{
         Btf,
-        programs::{BtfTracePoint, FEntry, KProbe, PerfEvent, TracePoint, perf_event},
+        programs::{
+            BtfTracePoint, FEntry, KProbe, PerfEvent, ProgramError, TracePoint, perf_event,
+        },
     };
 
     check_privileges()?;
@@ -29,6 +65,7 @@ pub fn capabilities() -> Result<Vec<Capability>> {
     let mut caps = vec![Capability {
         name: "btf",
         usable: true,
+        checked: true,
         detail: VMLINUX_BTF.into(),
     }];
     let config = memlock_trace_common::Config {
@@ -40,16 +77,21 @@ pub fn capabilities() -> Result<Vec<Capability>> {
     caps.push(Capability {
         name: "ring_buffer",
         usable: true,
+        checked: true,
         detail: "BPF_MAP_TYPE_RINGBUF created".into(),
     });
     let btf = Btf::from_sys_fs().context("reading the kernel BTF for aya")?;
 
-    fn outcome<E: std::error::Error>(result: std::result::Result<(), E>) -> (bool, String) {
+    fn outcome(result: std::result::Result<(), ProgramError>) -> (bool, String) {
         match result {
             Ok(()) => (true, "loaded and attached".into()),
+            // The errno once, and the verifier's last words only when it said any.
+            Err(e @ (ProgramError::LoadError { .. } | ProgramError::SyscallError(_))) => {
+                (false, object::refusal_reason(&e))
+            }
             Err(e) => {
                 let mut reason = e.to_string();
-                let mut source = e.source();
+                let mut source = std::error::Error::source(&e);
                 while let Some(s) = source {
                     reason = format!("{reason}: {s}");
                     source = s.source();
@@ -68,6 +110,7 @@ pub fn capabilities() -> Result<Vec<Capability>> {
     caps.push(Capability {
         name: "fentry",
         usable,
+        checked: true,
         detail: with_target(usable, detail, "fentry/fexit on handle_mm_fault"),
     });
 
@@ -80,6 +123,7 @@ pub fn capabilities() -> Result<Vec<Capability>> {
     caps.push(Capability {
         name: "kprobe",
         usable,
+        checked: true,
         detail: with_target(usable, detail, "kprobe on handle_mm_fault"),
     });
 
@@ -92,6 +136,7 @@ pub fn capabilities() -> Result<Vec<Capability>> {
     caps.push(Capability {
         name: "tp_btf",
         usable,
+        checked: true,
         detail: with_target(usable, detail, "tp_btf sched_process_exit"),
     });
 
@@ -104,6 +149,7 @@ pub fn capabilities() -> Result<Vec<Capability>> {
     caps.push(Capability {
         name: "tracepoint",
         usable,
+        checked: true,
         detail: with_target(usable, detail, "tracepoint exceptions:page_fault_user"),
     });
 
@@ -120,6 +166,7 @@ pub fn capabilities() -> Result<Vec<Capability>> {
     caps.push(Capability {
         name: "perf_event",
         usable,
+        checked: true,
         detail: with_target(usable, detail, "software event PAGE_FAULTS_MIN"),
     });
     Ok(caps)

@@ -11,7 +11,7 @@ use std::{fs, path::Path};
 use anyhow::{Context as _, Result, anyhow, bail};
 
 pub use crate::btf::{KernelBtf, VMLINUX_BTF, kernel_release};
-pub use capabilities::{Capability, capabilities};
+pub use capabilities::{Capability, capabilities, unprivileged};
 
 pub const TRACEFS: &str = "/sys/kernel/tracing";
 
@@ -26,6 +26,35 @@ const CAP_BPF: u32 = 39;
 /// missing at once, and a `setcap` line granting all that are needed, so that one fix is
 /// enough.
 pub fn check_privileges() -> Result<()> {
+    let (needed, missing) = privileges()?;
+    if missing.is_empty() {
+        return Ok(());
+    }
+    // setcap replaces the file's set: name all that are needed, not only the missing ones.
+    let grant: Vec<String> = needed.iter().map(|n| n.to_lowercase()).collect();
+    let tracefs = if missing.contains(&"CAP_DAC_READ_SEARCH") {
+        format!(
+            " (CAP_DAC_READ_SEARCH: tracepoint ids are read from tracefs at {TRACEFS}, mode 0700)"
+        )
+    } else {
+        String::new()
+    };
+    bail!(
+        "missing capabilities {}{tracefs}: run memlock-trace as root, or grant them with \
+         `sudo setcap {}+ep $(which memlock-trace)`{}",
+        in_words(&missing),
+        grant.join(","),
+        paranoid_note(),
+    )
+}
+
+/// The capabilities a session needs that this process lacks (empty when it has them all).
+pub fn missing_capabilities() -> Result<Vec<&'static str>> {
+    Ok(privileges()?.1)
+}
+
+/// The capabilities needed, and those of them this process lacks.
+fn privileges() -> Result<(Vec<&'static str>, Vec<&'static str>)> {
     let status = fs::read_to_string("/proc/self/status").context("reading /proc/self/status")?;
     let cap_eff = status
         .lines()
@@ -44,34 +73,16 @@ pub fn check_privileges() -> Result<()> {
     if tracefs_closed {
         needed.push((CAP_DAC_READ_SEARCH, "CAP_DAC_READ_SEARCH"));
     }
-    let missing: Vec<&str> = needed
+    let missing = needed
         .iter()
         .filter(|(cap, _)| !has(*cap))
         .map(|(_, name)| *name)
         .collect();
-    if missing.is_empty() {
-        return Ok(());
-    }
-    // setcap replaces the file's set: name all that are needed, not only the missing ones.
-    let grant: Vec<String> = needed.iter().map(|(_, n)| n.to_lowercase()).collect();
-    let tracefs = if missing.contains(&"CAP_DAC_READ_SEARCH") {
-        format!(
-            " (CAP_DAC_READ_SEARCH: tracepoint ids are read from tracefs at {TRACEFS}, mode 0700)"
-        )
-    } else {
-        String::new()
-    };
-    bail!(
-        "missing capabilities {}{tracefs}: run memlock-trace as root, or grant them with \
-         `sudo setcap {}+ep $(which memlock-trace)`{}",
-        in_words(&missing),
-        grant.join(","),
-        paranoid_note(),
-    )
+    Ok((needed.into_iter().map(|(_, name)| name).collect(), missing))
 }
 
 /// `A`, `A and B`, `A, B and C`.
-fn in_words(names: &[&str]) -> String {
+pub fn in_words(names: &[&str]) -> String {
     match names {
         [] => String::new(),
         [one] => one.to_string(),

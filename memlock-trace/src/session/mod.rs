@@ -3,7 +3,7 @@
 //! the summary.
 
 use std::{
-    os::fd::{FromRawFd as _, OwnedFd},
+    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
     path::Path,
     time::Duration,
 };
@@ -29,6 +29,7 @@ use crate::{
     tracer::{Options, Tracer},
 };
 
+mod order;
 mod output;
 mod production;
 pub mod summary;
@@ -301,7 +302,13 @@ async fn event_loop(
         top_mappings: args.top_mappings,
         top_stacks: args.stacks_top,
         symbolizer: StackSymbolizer::default(),
+        order: Default::default(),
     };
+    // Event lines wait until both rings were read past them.
+    output.order.watch(ring.get_ref().as_raw_fd());
+    if let Some(fault_ring) = &fault_ring {
+        output.order.watch(fault_ring.get_ref().as_raw_fd());
+    }
     // The kernel's loss counters change without any event arriving: refresh them for scrapes.
     let mut health_ticker = tokio::time::interval(Duration::from_secs(1));
     // Small batches do not wake us (`EVENTS_WAKEUP_BYTES`): drain on a timer as well.
@@ -360,6 +367,10 @@ async fn event_loop(
             _ = health_ticker.tick(), if output.metrics.is_some() => output.update_health(&tracer)?,
             _ = drain_ticker.tick() => {
                 output.drain(ring.get_mut());
+                // Both rings, so that held event lines are not kept waiting for a wakeup.
+                if let Some(fault_ring) = fault_ring.as_mut() {
+                    output.drain(fault_ring.get_mut());
+                }
                 tracer.flush_kernel_log();
             }
             _ = mapping_ticker.tick(), if follow_mappings => {
@@ -404,6 +415,12 @@ async fn event_loop(
         eprintln!("memlock-trace: stopped by {name}");
     }
     output.summary(&tracer, Scope::Session)?;
+    if output.order.late > 0 {
+        eprintln!(
+            "memlock-trace: warning: {} event lines arrived too late to print in time order",
+            output.order.late
+        );
+    }
     if output.undecodable > 0 {
         eprintln!(
             "memlock-trace: warning: {} ring buffer records could not be decoded",

@@ -1,13 +1,16 @@
 //! What the event loop does with what arrives: decodes each record, feeds the families'
 //! aggregation and the metrics, prints event lines, and puts the summary together.
 
-use std::{collections::BTreeMap, io::Write as _, sync::Arc, time::Duration};
+use std::{collections::BTreeMap, io::Write as _, os::fd::AsRawFd as _, sync::Arc, time::Duration};
 
 use anyhow::Result;
 use aya::maps::{MapData, RingBuf};
 use memlock_trace_common::vma::{VM_LOCKED, VM_LOCKONFAULT};
 
-use super::summary::{CallSiteHealth, Summary, Window, summary_text};
+use super::{
+    order::Reorder,
+    summary::{CallSiteHealth, Summary, Window, summary_text},
+};
 use crate::{
     event::{Event, decode},
     faults::{self, FaultHooks, FaultReport, render as fault_render, stacks::StackSymbolizer},
@@ -47,6 +50,8 @@ pub(super) struct Output {
     pub(super) per_thread: bool,
     /// Keeps the files it parsed from one summary to the next.
     pub(super) symbolizer: StackSymbolizer,
+    /// Event lines waiting for their turn in time order.
+    pub(super) order: Reorder,
 }
 
 /// One interval's own figures: reset when its block is printed.
@@ -74,22 +79,27 @@ pub(super) struct VmaOutput {
 }
 
 impl Output {
-    /// Writes one event: JSON with its wall-clock `time_ns`, or text lines with `-T`'s time.
+    /// Renders one event (JSON with its wall-clock `time_ns`, or text lines with `-T`'s
+    /// time) and holds it for the time-ordered stream. Without a kernel stamp, the time it
+    /// was read stands in.
     fn emit(&mut self, ktime_ns: Option<u64>, json: Option<serde_json::Value>, lines: &[String]) {
-        let wall = ktime_ns.map_or_else(WallClock::now_ns, |ns| self.clock.wall_ns(ns));
+        let key = ktime_ns.unwrap_or_else(WallClock::monotonic_ns);
+        let wall = self.clock.wall_ns(key);
+        let mut text = Vec::new();
         if let Some(mut value) = json {
             value["time_ns"] = wall.into();
-            let _ = writeln!(self.out, "{value}");
-            return;
-        }
-        let stamp = if self.timestamps {
-            format!("{} ", hms(wall))
+            let _ = writeln!(text, "{value}");
         } else {
-            String::new()
-        };
-        for line in lines {
-            let _ = writeln!(self.out, "{stamp}{line}");
+            let stamp = if self.timestamps {
+                format!("{} ", hms(wall))
+            } else {
+                String::new()
+            };
+            for line in lines {
+                let _ = writeln!(text, "{stamp}{line}");
+            }
         }
+        self.order.push(key, text);
     }
 
     fn wanted(&self, tid: u32) -> bool {
@@ -97,6 +107,7 @@ impl Output {
     }
 
     pub(super) fn drain(&mut self, ring: &mut RingBuf<MapData>) {
+        let began = WallClock::monotonic_ns();
         let (mut syscalls, mut vmas, undecodable_before) = (0, 0, self.undecodable);
         while let Some(item) = ring.next() {
             match decode(&item) {
@@ -105,6 +116,7 @@ impl Output {
                         continue;
                     }
                     syscalls += 1;
+                    self.order.saw_call(rec.raw.duration_ns);
                     self.aggregator.record_syscall(&rec);
                     if let Some(window) = &mut self.window {
                         window.aggregator.record_syscall(&rec);
@@ -146,6 +158,8 @@ impl Output {
                 Err(_) => self.undecodable += 1,
             }
         }
+        self.order.drained(ring.as_raw_fd(), began);
+        self.order.release(&mut self.out);
         let _ = self.out.flush();
         if let Some(metrics) = &self.metrics {
             metrics.health.record_events(
@@ -257,6 +271,8 @@ impl Output {
     }
 
     pub(super) fn summary(&mut self, tracer: &Tracer, scope: Scope) -> Result<()> {
+        // The events a summary covers are printed before it.
+        self.order.flush(&mut self.out);
         let now = WallClock::now_ns();
         let mut health = tracer.health()?;
         health.processes.evicted_processes = self.aggregator.evicted_processes();

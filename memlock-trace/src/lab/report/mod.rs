@@ -7,6 +7,7 @@
 
 mod assess;
 mod charts;
+mod shape;
 
 use std::{
     collections::BTreeMap,
@@ -25,7 +26,7 @@ pub struct Verdict {
     pub claim: String,
     pub published: String,
     pub measured: String,
-    /// `agrees` / `disagrees` for a published claim; `consistent` / `INCONSISTENT` for a
+    /// `agrees` / `partly agrees` / `disagrees` (`not checked`) for a published claim; `consistent` / `INCONSISTENT` for a
     /// tracer-versus-workload check.
     pub verdict: &'static str,
     pub why: String,
@@ -91,7 +92,7 @@ pub fn write(dir: &Path, runs: &[ScenarioRun], health: &Value, tiny: bool) -> Re
     let _ = writeln!(md, "# memlock-trace: the reference experiments, traced\n");
     let _ = writeln!(
         md,
-        "Kernel {}; {}. Published figures come from other hardware and years: a reproduction agrees when the direction and rough ratio agree. Tracer health: {health}.\n",
+        "Kernel {}; {}. Published figures come from other hardware and years: a reproduction agrees when the direction and rough ratio agree at every point, and partly agrees (naming the points that do not) when only some do. Tracer health: {health}.\n",
         crate::probe::kernel_release(),
         if tiny {
             "**tiny sizes** (a consistency check, not a measurement)"

@@ -3,7 +3,10 @@
 use std::fmt::Write as _;
 
 use super::{ExpectCalls, Piece, Report};
-use crate::procfs::PAGE_SIZE;
+use crate::{
+    output::{COLUMNS, wrap},
+    procfs::PAGE_SIZE,
+};
 
 /// `[4 rw][8 rw lo][4 rw]`: sizes in pages from the region's start; a piece that does not
 /// start where the previous one ended (or at the region's start) shows its page offset.
@@ -81,58 +84,74 @@ pub(super) fn run_lengths(names: &[String]) -> String {
     out.join(" ")
 }
 
-/// The report as a table: step, expected, traced, /proc says, verdict; then the mismatches.
+/// Column widths of the table: step (at most), agrees, and what was checked (the rest).
+const MAX_STEP_COLUMN: usize = 34;
+const AGREES_COLUMN: usize = 6;
+
+/// The report as a table that fits 100 columns: step, whether expected, traced and /proc
+/// agree, and the checked value once (all three where they differ); then the mismatches.
+/// The three views in full are in `verify --json`.
 pub fn table(report: &Report) -> String {
-    let mut out = format!(
-        "kernel {}; hooks: {}\n",
-        report.kernel,
-        report.hooks.lines().next().unwrap_or("")
-    );
-    let headers = ["step", "expected", "traced", "/proc says", "verdict"];
-    let rows: Vec<[String; 5]> = report
+    let mut out = String::new();
+    let hooks = report.hooks.lines().next().unwrap_or("");
+    for line in wrap(
+        &format!("kernel {}; hooks:", report.kernel),
+        hooks,
+        COLUMNS,
+        4,
+    ) {
+        let _ = writeln!(out, "{line}");
+    }
+    let step_column = report
         .steps
         .iter()
-        .map(|r| {
-            [
-                r.step.clone(),
-                r.expected.clone(),
-                r.traced.clone(),
-                r.proc.clone(),
-                if r.ok { "ok".into() } else { "MISMATCH".into() },
-            ]
-        })
-        .collect();
-    let mut widths = headers.map(str::len);
-    for row in &rows {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
+        .map(|r| r.step.chars().count())
+        .fold(4, usize::max)
+        .min(MAX_STEP_COLUMN);
+    let value_column = COLUMNS - step_column - AGREES_COLUMN - 6;
+    let row = |out: &mut String, cells: [&str; 3]| {
+        let step = wrap("", cells[0], step_column, 2);
+        let value = wrap("", cells[2], value_column, 2);
+        for i in 0..step.len().max(value.len()) {
+            let cell = |lines: &[String]| lines.get(i).cloned().unwrap_or_default();
+            let agrees = if i == 0 { cells[1] } else { "" };
+            let line = format!(
+                "{:<step_column$} | {agrees:<AGREES_COLUMN$} | {}",
+                cell(&step),
+                cell(&value)
+            );
+            let _ = writeln!(out, "{}", line.trim_end());
         }
-    }
-    let line = |cells: [&str; 5]| -> String {
-        let mut s = String::new();
-        for (i, (cell, w)) in cells.iter().zip(widths).enumerate() {
-            if i > 0 {
-                s.push_str(" | ");
-            }
-            let _ = write!(s, "{cell:<w$}");
-        }
-        s.trim_end().to_string() + "\n"
     };
-    out.push_str(&line(headers));
-    out.push_str(&line(
-        widths.map(|w| "-".repeat(w)).each_ref().map(String::as_str),
-    ));
-    for row in &rows {
-        out.push_str(&line(row.each_ref().map(String::as_str)));
+    row(&mut out, ["step", "agrees", "expected = traced = /proc"]);
+    let _ = writeln!(
+        out,
+        "{}-|-{}-|-{}",
+        "-".repeat(step_column),
+        "-".repeat(AGREES_COLUMN),
+        "-".repeat(value_column)
+    );
+    for r in &report.steps {
+        let value = if r.ok {
+            r.expected.clone()
+        } else {
+            format!(
+                "expected {}, traced {}, /proc {}",
+                r.expected, r.traced, r.proc
+            )
+        };
+        row(&mut out, [&r.step, if r.ok { "yes" } else { "NO" }, &value]);
     }
     for r in report.steps.iter().filter(|r| !r.ok) {
-        let _ = writeln!(
-            out,
-            "\n{} (pid {}, tid {}): {}",
-            r.step, r.pid, r.tid, r.action
-        );
+        let _ = writeln!(out);
+        let head = format!("{} (pid {}, tid {}):", r.step, r.pid, r.tid);
+        for line in wrap(&head, &r.action, COLUMNS, 2) {
+            let _ = writeln!(out, "{line}");
+        }
         for m in &r.mismatches {
-            let _ = writeln!(out, "  - {m}");
+            for line in wrap("  -", m, COLUMNS, 4) {
+                let _ = writeln!(out, "{line}");
+            }
         }
     }
     let _ = writeln!(
@@ -147,7 +166,10 @@ pub fn table(report: &Report) -> String {
 mod tests {
     use super::*;
     use crate::lab::{
-        verify::scenarios::{N, RW, Y},
+        verify::{
+            StepResult,
+            scenarios::{N, RW, Y},
+        },
         workload::Region,
     };
 
@@ -168,6 +190,62 @@ mod tests {
         assert_eq!(
             layout_str(r.window(), &[]),
             "(ends -16 pages off)(nothing mapped)"
+        );
+    }
+
+    #[test]
+    fn the_table_fits_100_columns_and_shows_a_value_once_when_all_agree() {
+        let long = "[4 rw][8 rw lo][4 rw] Locked 32k Rss 64k; split 1 merge 0 lo +8p \
+                    map_count +2 locked_vm +8 populated 8; locked_vm 8; born locked";
+        let step = |name: &str, ok: bool, traced: &str| StepResult {
+            step: name.into(),
+            action: "mlock pages 4-11 of an 16-page VMA (page 0 touched)".into(),
+            pid: 1,
+            tid: 1,
+            expected: long.into(),
+            traced: traced.into(),
+            proc: "[4 rw][8 rw lo][4 rw] Locked 32k Rss 64k".into(),
+            ok,
+            mismatches: if ok {
+                vec![]
+            } else {
+                vec![format!("traced VMAs {traced} != expected {long}")]
+            },
+            stores: 2,
+            functions: vec![],
+            expected_layout: vec![],
+            traced_layout: vec![],
+            proc_layout: vec![],
+        };
+        let report = Report {
+            kind: "verify",
+            kernel: "6.18.0".into(),
+            hooks: "tp_btf maple_tree:ma_write (fentry refused: BPF_PROG_LOAD: Operation not \
+                    permitted (os error 1); kprobe refused: no kprobe PMU)"
+                .into(),
+            smaps_shows_lf: true,
+            steps: vec![
+                step("mlock-middle", true, long),
+                step("mlock-adjacent", false, "[16 rw]"),
+            ],
+            passed: 1,
+            failed: 1,
+        };
+        let text = table(&report);
+        for line in text.lines() {
+            assert!(
+                line.chars().count() <= COLUMNS,
+                "{} long: {line}",
+                line.len()
+            );
+        }
+        // Agreeing: the value once; disagreeing: each view.
+        assert_eq!(text.matches("+8p").count(), 3, "{text}");
+        assert!(text.contains("mlock-middle"), "{text}");
+        assert!(text.contains("| NO     | expected [4 rw]"), "{text}");
+        assert!(
+            text.contains(", traced") && text.contains("[16 rw]"),
+            "{text}"
         );
     }
 

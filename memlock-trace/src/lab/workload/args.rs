@@ -89,8 +89,9 @@ pub struct ScenarioArgs {
     /// Repetitions where the experiment repeats (malloc-vs-mmap, first-touch).
     #[arg(long, default_value_t = 5, value_parser = int(1usize, 1000))]
     pub runs: usize,
-    /// Process counts for thread-create.
-    #[arg(long, value_delimiter = ',', default_value = "1,2,4", value_parser = int(1usize, 256))]
+    /// Process counts for thread-create (default: 1 up to the online CPUs, and twice the
+    /// CPUs as one oversubscribed point).
+    #[arg(long, value_delimiter = ',', value_parser = int(1usize, 256))]
     pub processes: Vec<usize>,
     /// Seconds each thread-create measurement lasts.
     #[arg(long, default_value_t = 1.0, value_parser = secs_up_to(3600.0))]
@@ -177,6 +178,8 @@ impl ScenarioArgs {
             ("--guest-mib", self.guest_mib.to_string()),
         ]
         .into_iter()
+        // No list given: the child works out the same default from the same CPUs.
+        .filter(|(k, v)| *k != "--processes" || !v.is_empty())
         .flat_map(|(k, v)| [k.to_string(), v])
         .collect();
         if self.no_stack_cache {
@@ -186,6 +189,16 @@ impl ScenarioArgs {
             a.extend(["--kernel".into(), k.display().to_string()]);
         }
         a
+    }
+
+    /// thread-create's process counts: as given, or 1 up to the online CPUs plus one
+    /// oversubscribed point (twice the CPUs), which measures time-slicing as well.
+    pub fn process_counts(&self) -> Vec<usize> {
+        if !self.processes.is_empty() {
+            return self.processes.clone();
+        }
+        let cpus = online_cpus();
+        (1..=cpus).chain([cpus * 2]).collect()
     }
 
     /// Refuses sizes the machine cannot hold before anything starts.
@@ -213,11 +226,16 @@ impl ScenarioArgs {
                 self.stack_mib
             );
         }
-        if self.runs == 0 || self.processes.is_empty() || self.processes.contains(&0) {
+        if self.runs == 0 || self.processes.contains(&0) {
             bail!("--runs and --processes must be positive");
         }
         Ok(())
     }
+}
+
+/// The CPUs this process may run on.
+pub fn online_cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, usize::from)
 }
 
 fn available_memory_mib() -> Result<usize> {

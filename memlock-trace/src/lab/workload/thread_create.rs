@@ -25,7 +25,8 @@ pub fn run(args: &ScenarioArgs) -> Result<Value> {
     // Modes interleave within each repetition, and each figure is the median of the
     // repetitions, so a burst of noise on this shared machine hits one sample, not one mode.
     let repetitions = args.runs.min(3);
-    for &processes in &args.processes {
+    let cpus = super::args::online_cpus();
+    for processes in args.process_counts() {
         for mode in MODES {
             let mut rates = Vec::new();
             let mut threads_total = 0;
@@ -37,6 +38,8 @@ pub fn run(args: &ScenarioArgs) -> Result<Value> {
             results.push(json!({
                 "mode": mode,
                 "processes": processes,
+                // More workers than CPUs: they take turns, which is not what is measured.
+                "oversubscribed": processes > cpus,
                 "workers": processes * repetitions,
                 "threads": threads_total,
                 "threads_per_sec": super::median(rates.iter().copied()),
@@ -45,6 +48,7 @@ pub fn run(args: &ScenarioArgs) -> Result<Value> {
         }
     }
     Ok(json!({
+        "cpus": cpus,
         "stack_kib": args.create_stack_kib,
         "stack_cache": !args.no_stack_cache,
         "results": results,
