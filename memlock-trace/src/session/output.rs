@@ -205,7 +205,7 @@ impl Output {
 
     fn vma_activity(&mut self, activity: &vma::Activity) {
         if let vma::Activity::Call(call) = activity {
-            let changes = vma::ChangeCounts::of(&call.changes);
+            let changes = call.counts();
             let counts = self.vma.counts.entry(activity.tgid()).or_default();
             counts.merge(&changes);
             if let Some(window) = &mut self.window {
