@@ -53,7 +53,10 @@ fn python_ctypes_threads_are_counted_exactly() {
     for l in lines.iter().filter(|l| l["type"] == "syscall") {
         assert_eq!(l["pid"], pid, "only python's calls: {l}");
         assert_eq!(l["errno"], Value::Null, "every call succeeded: {l}");
-        let key = (l["tid"].as_u64().unwrap(), l["syscall"].as_str().unwrap().to_string());
+        let key = (
+            l["tid"].as_u64().unwrap(),
+            l["syscall"].as_str().unwrap().to_string(),
+        );
         *per_thread.entry(key).or_default() += 1;
     }
     let mut expected: BTreeMap<(u64, String), u64> = BTreeMap::new();
@@ -119,7 +122,8 @@ fn python_ctypes_threads_are_counted_exactly() {
     );
     eprintln!(
         "VmLck {vmlck:?} KiB; locked_vm after mlockall {} pages; VM_LOCKED set {} B, cleared {} B",
-        mlockall["locked_vm_after"], vma_lock["counts"]["locked_bytes"],
+        mlockall["locked_vm_after"],
+        vma_lock["counts"]["locked_bytes"],
         vma_unlock["counts"]["unlocked_bytes"]
     );
     let _ = munlockall;

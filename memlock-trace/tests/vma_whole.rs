@@ -87,9 +87,12 @@ fn mlockall_and_munlockall_count_the_bytes_locked_vm_counts() {
         "every VM_LOCKED byte after mlockall is in locked_vm: {whole}"
     );
     // MCL_CURRENT leaves no VMA unlocked but the special ones mlock_fixup skips.
-    let skipped = whole["after"]["vmas"].as_u64().unwrap()
-        - whole["after"]["locked_vmas"].as_u64().unwrap();
-    assert!((1..=4).contains(&skipped), "[vvar], [vdso] and the like: {whole}");
+    let skipped =
+        whole["after"]["vmas"].as_u64().unwrap() - whole["after"]["locked_vmas"].as_u64().unwrap();
+    assert!(
+        (1..=4).contains(&skipped),
+        "[vvar], [vdso] and the like: {whole}"
+    );
 
     let lost = -locked_vm(munlockall);
     assert_eq!(munlockall["locked_vm_after"], 0, "{munlockall}");
@@ -99,7 +102,10 @@ fn mlockall_and_munlockall_count_the_bytes_locked_vm_counts() {
         "munlockall: VM_LOCKED cleared on exactly the pages locked_vm lost\n{vma_unlock}"
     );
     assert_eq!(vma_unlock["counts"]["locked_bytes"], 0, "{vma_unlock}");
-    assert_eq!(vma_unlock["whole"]["after"]["locked_bytes"], 0, "{vma_unlock}");
+    assert_eq!(
+        vma_unlock["whole"]["after"]["locked_bytes"], 0,
+        "{vma_unlock}"
+    );
 
     eprintln!(
         "mlockall: locked_vm +{gained} pages, VM_LOCKED set on {} B; munlockall: locked_vm \
@@ -110,7 +116,10 @@ fn mlockall_and_munlockall_count_the_bytes_locked_vm_counts() {
     // with nothing locked.
     let changes = &summary["changes"];
     assert_eq!(changes["unmeasured_calls"], 0, "{changes}");
-    assert_eq!(changes["locked_bytes"], changes["unlocked_bytes"], "{changes}");
+    assert_eq!(
+        changes["locked_bytes"], changes["unlocked_bytes"],
+        "{changes}"
+    );
     assert!(
         changes["locked_bytes"].as_i64().unwrap() >= gained * PAGE as i64,
         "{changes}"

@@ -5,9 +5,9 @@
 //! The encoding (lib/maple_tree.c, 6.1 to 6.18): a node entry is the node's address with its
 //! type in bits 3..7 (`maple_leaf_64` = 1, `maple_range_64` = 2, `maple_arange_64` = 3; below
 //! `maple_range_64` is a leaf) and flags in the low bits; the mm tree's root is a node
-//! (`(entry & 3) == 2`). Slot `i` covers `[min_i, pivot[i]]`, `min_i` = the previous pivot
-//! + 1; the last used slot (`ma_data_end()`) reaches the node's max. Leaves hold VMAs, or
-//! NULL for holes.
+//! (`(entry & 3) == 2`). Slot `i` covers `[min_i, pivot[i]]`, `min_i` being one past the
+//! previous pivot; the last used slot (`ma_data_end()`) reaches the node's max. Leaves hold
+//! VMAs, or NULL for holes.
 //!
 //! The mmap lock is not held at `sys_enter`/`sys_exit`: a tree another thread changes
 //! meanwhile can read inconsistently, which the walk detects (a VMA whose bounds are not its

@@ -4,8 +4,8 @@
 use std::{collections::BTreeMap, fmt::Write as _};
 
 use memlock_trace_common::vma::{
-    FuncEvent, NR_UNKNOWN, STORE_FN_LEN, StoreEvent, VM_LOCKED, VM_LOCKONFAULT, VmaRange, WholeTotals,
-    phase,
+    FuncEvent, NR_UNKNOWN, STORE_FN_LEN, StoreEvent, VM_LOCKED, VM_LOCKONFAULT, VmaRange,
+    WholeTotals, phase,
 };
 use serde_json::json;
 
@@ -498,7 +498,10 @@ mod tests {
         };
         let lock = call(Syscall::Mlockall, whole(1, 0, 0), whole(1, 37, 400 * P));
         let c = lock.counts();
-        assert_eq!((c.locked_bytes, c.unlocked_bytes, c.unmeasured_calls), (400 * P, 0, 0));
+        assert_eq!(
+            (c.locked_bytes, c.unlocked_bytes, c.unmeasured_calls),
+            (400 * P, 0, 0)
+        );
         assert!(
             lock.summary().ends_with(
                 "VM_LOCKED on 0 KiB in 0 VMAs -> 1600 KiB in 37 VMAs: VM_LOCKED set on 1600 KiB"
@@ -513,8 +516,15 @@ mod tests {
         let unread = call(Syscall::Mlockall, whole(0, 0, 0), whole(1, 37, 400 * P));
         let c = unread.counts();
         assert_eq!((c.locked_bytes, c.unmeasured_calls), (0, 1));
-        assert!(unread.summary().contains("not measured"), "{}", unread.summary());
-        assert!(summary_line(1, &c).ends_with("(1 mlockall/munlockall calls not measured, not included)"));
+        assert!(
+            unread.summary().contains("not measured"),
+            "{}",
+            unread.summary()
+        );
+        assert!(
+            summary_line(1, &c)
+                .ends_with("(1 mlockall/munlockall calls not measured, not included)")
+        );
     }
 
     #[test]
