@@ -84,6 +84,10 @@ pub struct VmaOffsets {
     pub ma64_pivot: u32,
     pub ma64_slot: u32,
     pub mt_walk: u32,
+    /// `mm_struct.mmap` (the head of the `vm_next` list before 6.1); `list_walk` is 1 when
+    /// it is valid (the offset itself is 0 on 5.10).
+    pub mm_mmap: u32,
+    pub list_walk: u32,
 }
 
 /// Where one [`FuncEvent`] slot value comes from.
@@ -162,6 +166,8 @@ impl VmaConfig {
             ma64_pivot: 0,
             ma64_slot: 0,
             mt_walk: 0,
+            mm_mmap: 0,
+            list_walk: 0,
         },
         all_stores: 0,
         _pad: 0,

@@ -100,8 +100,8 @@ pub fn vma_enter_range_rb(ctx: TracePointContext) -> u32 {
     0
 }
 
-/// [`vma_enter_whole`] on kernels without the maple tree and `bpf_loop` (5.10): the
-/// snapshots say the whole-process totals were not measured.
+/// [`vma_enter_whole`] on kernels without the maple tree and `bpf_loop` (5.10): the totals
+/// follow the `vm_next` list instead ([`rbtree::totals`]).
 #[tracepoint]
 pub fn vma_enter_whole_rb(ctx: TracePointContext) -> u32 {
     enter::<true>(&ctx, false);
@@ -191,8 +191,12 @@ fn snapshot<const RB: bool>(tgid: u32, tid: u32, phase: u32, call: &CallRange) {
             } else {
                 walk(call, &mut *event);
             }
-        } else if call.ranged == 0 && !RB {
-            maple::totals(&mut (*event).whole);
+        } else if call.ranged == 0 {
+            if RB {
+                rbtree::totals(&mut (*event).whole);
+            } else {
+                maple::totals(&mut (*event).whole);
+            }
         }
     }
     slot.submit(0);

@@ -4,8 +4,7 @@
 //! adds to `locked_vm` exactly the pages of each VMA whose VM_LOCKED it sets, and never sets
 //! it on the VMAs it skips ([vvar], [vdso], VM_IO/VM_PFNMAP, hugetlb), which stay out of both.
 //!
-//! Runs in the guests too: on 5.10 (no maple tree, no `bpf_loop`) the calls must say "not
-//! measured" rather than 0.
+//! Runs in the guests too: 6.1 walks the maple tree like the host, 5.10 the `vm_next` list.
 
 #![cfg(feature = "lab")]
 
@@ -17,11 +16,6 @@ use serde_json::Value;
 use support::{BIN, json_lines, run};
 
 const PAGE: u64 = 4096;
-
-/// Whether the kernel keeps VMAs in a maple tree (6.1+): its BTF names `mm_struct.mm_mt`.
-fn has_maple_tree() -> bool {
-    std::fs::read("/sys/kernel/btf/vmlinux").is_ok_and(|b| b.windows(7).any(|w| w == b"\0mm_mt\0"))
-}
 
 #[test]
 fn mlockall_and_munlockall_count_the_bytes_locked_vm_counts() {
@@ -62,16 +56,7 @@ fn mlockall_and_munlockall_count_the_bytes_locked_vm_counts() {
         .unwrap_or_else(|| panic!("no vma_summary for {pid}:\n{stdout}"));
     let stderr = String::from_utf8_lossy(&out.stderr);
 
-    if !has_maple_tree() {
-        // No walk here: said so, and left out of the totals rather than counted as 0.
-        for v in [vma_lock, vma_unlock] {
-            assert!(v["whole"].is_null(), "{v}");
-            assert_eq!(v["counts"]["unmeasured_calls"], 1, "{v}");
-        }
-        assert_eq!(summary["changes"]["unmeasured_calls"], 2, "{summary}");
-        return;
-    }
-
+    assert_eq!(summary["changes"]["unmeasured_calls"], 0, "{summary}");
     let gained = locked_vm(mlockall);
     assert!(gained > 0, "{mlockall}");
     assert_eq!(

@@ -171,6 +171,9 @@ pub fn config(btf: &KernelBtf, all_stores: bool) -> Result<VmaConfig> {
                 vma_next: btf.field_offset("vm_area_struct", "vm_next")?,
                 rb_left: btf.field_offset("rb_node", "rb_left")?,
                 rb_right: btf.field_offset("rb_node", "rb_right")?,
+                // mlockall/munlockall totals follow the list; without it: not measured.
+                mm_mmap: btf.field_offset("mm_struct", "mmap").unwrap_or(0),
+                list_walk: u32::from(btf.field_offset("mm_struct", "mmap").is_ok()),
                 ..VmaConfig::ZERO.offsets
             })
         })();
