@@ -75,6 +75,19 @@ pub struct VmaOffsets {
     /// `rb_node.rb_left`, `.rb_right`.
     pub rb_left: u32,
     pub rb_right: u32,
+    /// `maple_tree.ma_root`; `maple_range_64.pivot`, `.slot` (leaves);
+    /// `maple_arange_64.pivot`, `.slot` (the mm tree's inner nodes): for the whole-tree walk
+    /// of `mlockall`/`munlockall`. `mt_walk` is 1 when they are valid.
+    pub mt_root: u32,
+    pub mr64_pivot: u32,
+    pub mr64_slot: u32,
+    pub ma64_pivot: u32,
+    pub ma64_slot: u32,
+    pub mt_walk: u32,
+    /// `mm_struct.mmap` (the head of the `vm_next` list before 6.1); `list_walk` is 1 when
+    /// it is valid (the offset itself is 0 on 5.10).
+    pub mm_mmap: u32,
+    pub list_walk: u32,
 }
 
 /// Where one [`FuncEvent`] slot value comes from.
@@ -147,6 +160,14 @@ impl VmaConfig {
             vma_next: 0,
             rb_left: 0,
             rb_right: 0,
+            mt_root: 0,
+            mr64_pivot: 0,
+            mr64_slot: 0,
+            ma64_pivot: 0,
+            ma64_slot: 0,
+            mt_walk: 0,
+            mm_mmap: 0,
+            list_walk: 0,
         },
         all_stores: 0,
         _pad: 0,
@@ -163,7 +184,8 @@ pub struct VmaRange {
 }
 
 /// The VMAs covering `[start - 1, end]` of an mlock-family call (so the neighbours a merge
-/// may absorb are included), in address order. Empty for `mlockall`/`munlockall`.
+/// may absorb are included), in address order. Empty for `mlockall`/`munlockall`, which
+/// have no range: for those the `whole` totals over every VMA of the process instead.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SnapshotEvent {
@@ -185,6 +207,25 @@ pub struct SnapshotEvent {
     pub start: u64,
     pub end: u64,
     pub vmas: [VmaRange; MAX_SNAPSHOT_VMAS],
+    pub whole: WholeTotals,
+}
+
+/// Totals over every VMA of the process, taken for `mlockall`/`munlockall`: the difference
+/// between the entry and exit totals is what the call set or cleared (each call only sets,
+/// or only clears, VM_LOCKED).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WholeTotals {
+    /// 1 when the walk read the whole tree; 0 when it could not (no walk on this kernel, a
+    /// tree changing under it, more VMAs than the walk's bound).
+    pub measured: u32,
+    /// VMAs seen, and those with VM_LOCKED.
+    pub vmas: u32,
+    pub locked_vmas: u32,
+    pub _pad: u32,
+    /// Bytes of VMAs with VM_LOCKED, and with VM_LOCKONFAULT.
+    pub locked_bytes: u64,
+    pub onfault_bytes: u64,
 }
 
 /// One store into the task's VMA tree (`trace_ma_write(fn, mas, piv, val)`).
@@ -240,6 +281,7 @@ mod pod {
     unsafe impl aya::Pod for super::VmaConfig {}
     unsafe impl aya::Pod for super::HookSpec {}
     unsafe impl aya::Pod for super::SnapshotEvent {}
+    unsafe impl aya::Pod for super::WholeTotals {}
     unsafe impl aya::Pod for super::StoreEvent {}
     unsafe impl aya::Pod for super::FuncEvent {}
 }

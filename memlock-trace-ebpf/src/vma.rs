@@ -33,10 +33,12 @@ use memlock_trace_common::{
     EventKind, MAX_INFLIGHT, PAGE_MASK, PAGE_SIZE, counter,
     vma::{
         FN_SLOTS, FuncEvent, HookSpec, MAX_FN_HOOKS, MAX_SNAPSHOT_VMAS, NR_UNKNOWN, SnapshotEvent,
-        StoreEvent, VM_LOCKED, VM_LOCKONFAULT, VmaConfig, VmaOffsets, VmaRange, phase, slot,
+        StoreEvent, VM_LOCKED, VM_LOCKONFAULT, VmaConfig, VmaOffsets, VmaRange, WholeTotals, phase,
+        slot,
     },
 };
 
+mod maple;
 mod rbtree;
 
 use crate::shared::{
@@ -95,6 +97,14 @@ pub fn vma_exit(_ctx: TracePointContext) -> u32 {
 #[tracepoint]
 pub fn vma_enter_range_rb(ctx: TracePointContext) -> u32 {
     enter::<true>(&ctx, true);
+    0
+}
+
+/// [`vma_enter_whole`] on kernels without the maple tree and `bpf_loop` (5.10): the totals
+/// follow the `vm_next` list instead ([`rbtree::totals`]).
+#[tracepoint]
+pub fn vma_enter_whole_rb(ctx: TracePointContext) -> u32 {
+    enter::<true>(&ctx, false);
     0
 }
 
@@ -174,11 +184,18 @@ fn snapshot<const RB: bool>(tgid: u32, tid: u32, phase: u32, call: &CallRange) {
         (*event).start = call.start;
         (*event).end = call.end;
         (*event).vmas = [VmaRange::default(); MAX_SNAPSHOT_VMAS];
+        (*event).whole = WholeTotals::default();
         if call.ranged != 0 && call.end > call.start {
             if RB {
                 rbtree::walk(call, &mut *event);
             } else {
                 walk(call, &mut *event);
+            }
+        } else if call.ranged == 0 {
+            if RB {
+                rbtree::totals(&mut (*event).whole);
+            } else {
+                maple::totals(&mut (*event).whole);
             }
         }
     }

@@ -101,7 +101,7 @@ impl Stage {
 const LIBTEST_ARGS: [&str; 1] = ["--test-threads=1"];
 
 /// Test binaries run on the host stage only, with the reason the guest's table shows.
-const HOST_ONLY: [(&str, &str); 2] = [
+const HOST_ONLY: [(&str, &str); 3] = [
     (
         "memlock-trace/test:prometheus_server",
         "host only: runs Debian's prometheus server, which the guest's initramfs does not carry",
@@ -110,10 +110,14 @@ const HOST_ONLY: [(&str, &str); 2] = [
         "memlock-trace/test:memcached",
         "host only: runs Debian's memcached, which the guest's initramfs does not carry",
     ),
+    (
+        "memlock-trace/test:third_party",
+        "host only: runs python3 with ctypes, which the guest's initramfs does not carry",
+    ),
 ];
 
 /// Debian packages the host stage's tests run (installed when missing, like qemu).
-const HOST_TEST_PACKAGES: [&str; 2] = ["prometheus", "memcached"];
+const HOST_TEST_PACKAGES: [&str; 3] = ["prometheus", "memcached", "python3"];
 
 pub fn run(args: &Args) -> Result<()> {
     // Every run lints, whatever the stages: there is no flag to skip it, so CI always does.

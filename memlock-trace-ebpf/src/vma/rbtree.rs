@@ -7,7 +7,9 @@
 //! changing its mappings meanwhile can make a snapshot stale, never unsafe (every read is a
 //! `bpf_probe_read_kernel`, and the loops are bounded).
 
-use memlock_trace_common::vma::{MAX_SNAPSHOT_VMAS, SnapshotEvent, VmaOffsets};
+use memlock_trace_common::vma::{
+    MAX_SNAPSHOT_VMAS, SnapshotEvent, VM_LOCKED, VM_LOCKONFAULT, VmaOffsets, WholeTotals,
+};
 
 use super::{CallRange, VMA_CONFIG, peek, read_vma};
 use crate::shared::current_task;
@@ -60,6 +62,50 @@ pub(super) fn walk(call: &CallRange, event: &mut SnapshotEvent) {
     }
     event.count = count as u32;
     event.incomplete = u32::from(!(complete || addr > call.end));
+}
+
+/// VMAs the `mlockall`/`munlockall` totals follow along the list at most: a process with
+/// more is reported as not measured.
+const MAX_LIST_VMAS: usize = 1024;
+
+/// Totals over every VMA, for `mlockall`/`munlockall`: the `mm->mmap` list in address order.
+/// The sums are branch-free so the verifier walks one path through the loop, not one per
+/// locked/unlocked combination.
+#[inline(always)]
+pub(super) fn totals(out: &mut WholeTotals) {
+    let off = VMA_CONFIG.load().offsets;
+    *out = WholeTotals::default();
+    if off.list_walk == 0 {
+        return;
+    }
+    let mm: u64 = peek(current_task(), off.task_mm);
+    if mm == 0 {
+        return;
+    }
+    let mut vma: u64 = peek(mm, off.mm_mmap);
+    let mut t = WholeTotals::default();
+    let mut last_end = 0u64;
+    for _ in 0..MAX_LIST_VMAS {
+        if vma == 0 {
+            t.measured = 1;
+            *out = t;
+            return;
+        }
+        let v = read_vma(vma, &off);
+        // Out of order or empty: the list changed under the walk.
+        if v.start < last_end || v.end <= v.start {
+            return;
+        }
+        let len = v.end - v.start;
+        let locked = (v.flags / VM_LOCKED) & 1;
+        let onfault = (v.flags / VM_LOCKONFAULT) & 1;
+        t.vmas += 1;
+        t.locked_vmas += locked as u32;
+        t.locked_bytes += len * locked;
+        t.onfault_bytes += len * onfault;
+        last_end = v.end;
+        vma = peek(vma, off.vma_next);
+    }
 }
 
 /// The first VMA whose end is above `addr` (5.10's `find_vma()`), or 0.

@@ -235,7 +235,7 @@ impl Output {
                     },
                 );
             }
-            let changes = vma::ChangeCounts::of(&call.changes);
+            let changes = call.counts();
             let counts = self.vma.counts.entry(activity.tgid()).or_default();
             counts.merge(&changes);
             if let Some(window) = &mut self.window {

@@ -75,14 +75,14 @@ impl HookFamily for VmaHooks {
     /// Attaches the VMA family; fails only if the snapshots or `ma_write` cannot be used.
     fn attach(cx: &mut AttachContext<'_>, (): &()) -> Result<Self> {
         let rb_walk = walks_rbtree(cx.btf);
-        let (enter_range, exit) = if rb_walk {
-            ("vma_enter_range_rb", "vma_exit_rb")
+        let (enter_range, enter_whole, exit) = if rb_walk {
+            ("vma_enter_range_rb", "vma_enter_whole_rb", "vma_exit_rb")
         } else {
-            ("vma_enter_range", "vma_exit")
+            ("vma_enter_range", "vma_enter_whole", "vma_exit")
         };
         for syscall in Syscall::ALL {
             let program = match syscall {
-                Syscall::Mlockall | Syscall::Munlockall => "vma_enter_whole",
+                Syscall::Mlockall | Syscall::Munlockall => enter_whole,
                 _ => enter_range,
             };
             let enter = format!("sys_enter_{}", syscall.name());
@@ -171,6 +171,9 @@ pub fn config(btf: &KernelBtf, all_stores: bool) -> Result<VmaConfig> {
                 vma_next: btf.field_offset("vm_area_struct", "vm_next")?,
                 rb_left: btf.field_offset("rb_node", "rb_left")?,
                 rb_right: btf.field_offset("rb_node", "rb_right")?,
+                // mlockall/munlockall totals follow the list; without it: not measured.
+                mm_mmap: btf.field_offset("mm_struct", "mmap").unwrap_or(0),
+                list_walk: u32::from(btf.field_offset("mm_struct", "mmap").is_ok()),
                 ..VmaConfig::ZERO.offsets
             })
         })();
@@ -200,6 +203,7 @@ pub fn config(btf: &KernelBtf, all_stores: bool) -> Result<VmaConfig> {
         mas_last: btf.field_offset("ma_state", "last")?,
         ..VmaConfig::ZERO.offsets
     };
+    maple_offsets(btf, &mut offsets);
     // x86-64 register names; elsewhere the syscall of a store is reported as unknown.
     let regs = ["orig_ax", "di", "si", "dx", "ax"].map(|f| btf.field_offset("pt_regs", f));
     if let [Ok(nr), Ok(a0), Ok(a1), Ok(a2), Ok(ax)] = regs {
@@ -215,6 +219,34 @@ pub fn config(btf: &KernelBtf, all_stores: bool) -> Result<VmaConfig> {
         all_stores: u32::from(all_stores),
         _pad: 0,
     })
+}
+
+/// The maple tree fields the `mlockall`/`munlockall` walk reads; without them (or with a
+/// layout other than the one the walk knows: `gap[10]` then `meta` after an `arange_64`'s
+/// slots, `meta` in place of a `range_64`'s last slot) those calls' VMA totals are reported as
+/// not measured.
+fn maple_offsets(btf: &KernelBtf, offsets: &mut VmaOffsets) {
+    let f = |s, m| btf.field_offset(s, m);
+    let (Ok(root), Ok(rp), Ok(rs), Ok(rm), Ok(ap), Ok(asl), Ok(am)) = (
+        f("maple_tree", "ma_root"),
+        f("maple_range_64", "pivot"),
+        f("maple_range_64", "slot"),
+        f("maple_range_64", "meta"),
+        f("maple_arange_64", "pivot"),
+        f("maple_arange_64", "slot"),
+        f("maple_arange_64", "meta"),
+    ) else {
+        return;
+    };
+    if rm != rs + 15 * 8 || am != asl + 20 * 8 {
+        return;
+    }
+    offsets.mt_root = root;
+    offsets.mr64_pivot = rp;
+    offsets.mr64_slot = rs;
+    offsets.ma64_pivot = ap;
+    offsets.ma64_slot = asl;
+    offsets.mt_walk = 1;
 }
 
 /// Which event slots to fill for a function with this signature: its VMA arguments, the VMA

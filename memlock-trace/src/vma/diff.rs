@@ -114,6 +114,9 @@ pub struct ChangeCounts {
     /// Bytes that gained / lost VM_LOCKONFAULT.
     pub onfault_bytes: u64,
     pub unonfault_bytes: u64,
+    /// `mlockall`/`munlockall` calls whose VMAs could not be read: their bytes are not in
+    /// the figures above.
+    pub unmeasured_calls: u32,
 }
 
 impl ChangeCounts {
@@ -152,6 +155,7 @@ impl ChangeCounts {
         self.unlocked_bytes += other.unlocked_bytes;
         self.onfault_bytes += other.onfault_bytes;
         self.unonfault_bytes += other.unonfault_bytes;
+        self.unmeasured_calls += other.unmeasured_calls;
     }
 }
 

@@ -4,7 +4,8 @@
 use std::{collections::BTreeMap, fmt::Write as _};
 
 use memlock_trace_common::vma::{
-    FuncEvent, NR_UNKNOWN, STORE_FN_LEN, StoreEvent, VM_LOCKED, VM_LOCKONFAULT, VmaRange, phase,
+    FuncEvent, NR_UNKNOWN, STORE_FN_LEN, StoreEvent, VM_LOCKED, VM_LOCKONFAULT, VmaRange,
+    WholeTotals, phase,
 };
 use serde_json::json;
 
@@ -176,6 +177,16 @@ impl VmaCall {
     /// +VM_LOCKED`: the snapshots' VMAs (the range and its adjacent neighbours), then the
     /// whole process's `map_count`.
     pub fn summary(&self) -> String {
+        if self.unmeasured {
+            return format!(
+                "whole process (map_count {} -> {}): VMAs not measured (no tree walk on this \
+                 kernel, or the tree changed under it)",
+                self.syscall.raw.map_count_before, self.syscall.raw.map_count_after
+            );
+        }
+        if let Some([b, a]) = &self.whole {
+            return whole_summary(b, a);
+        }
         let count = |s: &[VmaRange]| s.len();
         let mut out = format!(
             "VMAs around range {} -> {} (map_count {} -> {})",
@@ -202,6 +213,30 @@ impl VmaCall {
         }
         out
     }
+}
+
+/// `whole process: VMAs 40 -> 39, VM_LOCKED on 0 KiB in 0 VMAs -> 16880 KiB in 37 VMAs:
+/// VM_LOCKED set on 16880 KiB`: an `mlockall`/`munlockall`, from its entry and exit totals.
+fn whole_summary(b: &WholeTotals, a: &WholeTotals) -> String {
+    let mut out = format!(
+        "whole process: VMAs {} -> {}, VM_LOCKED on {} KiB in {} VMAs -> {} KiB in {} VMAs: ",
+        b.vmas,
+        a.vmas,
+        b.locked_bytes / 1024,
+        b.locked_vmas,
+        a.locked_bytes / 1024,
+        a.locked_vmas
+    );
+    let (set, cleared) = (
+        a.locked_bytes.saturating_sub(b.locked_bytes),
+        b.locked_bytes.saturating_sub(a.locked_bytes),
+    );
+    out.push_str(&match (set, cleared) {
+        (0, 0) => "no change".to_string(),
+        (s, 0) => format!("VM_LOCKED set on {} KiB", s / 1024),
+        (_, c) => format!("VM_LOCKED cleared on {} KiB", c / 1024),
+    });
+    out
 }
 
 /// Lines for `--events`.
@@ -277,7 +312,8 @@ pub fn activity_json(a: &Activity, hooks: Option<&VmaHooks>) -> serde_json::Valu
                 "after": c.after.iter().map(range_json).collect::<Vec<_>>(),
                 "incomplete": c.incomplete,
                 "changes": c.changes,
-                "counts": ChangeCounts::of(&c.changes),
+                "whole": c.whole.as_ref().map(|[b, a]| json!({"before": whole_json(b), "after": whole_json(a)})),
+                "counts": c.counts(),
                 "stores": c.stores.iter().map(store_json).collect::<Vec<_>>(),
                 "functions": c.functions.iter().map(|f| function_str(f, hooks)).collect::<Vec<_>>(),
             })
@@ -292,6 +328,11 @@ pub fn activity_json(a: &Activity, hooks: Option<&VmaHooks>) -> serde_json::Valu
             "call": function_str(f, hooks),
         }),
     }
+}
+
+fn whole_json(t: &WholeTotals) -> serde_json::Value {
+    json!({"vmas": t.vmas, "locked_vmas": t.locked_vmas, "locked_bytes": t.locked_bytes,
+        "onfault_bytes": t.onfault_bytes})
 }
 
 fn store_json(s: &StoreEvent) -> serde_json::Value {
@@ -310,13 +351,21 @@ fn store_json(s: &StoreEvent) -> serde_json::Value {
 
 /// The text summary's line for one process.
 pub fn summary_line(pid: u32, c: &ChangeCounts) -> String {
-    format!(
+    let mut out = format!(
         "pid {pid} VMA changes by mlock-family calls: {} splits, {} merges, VM_LOCKED set on {} KiB, cleared on {} KiB",
         c.splits,
         c.merges,
         c.locked_bytes / 1024,
         c.unlocked_bytes / 1024
-    )
+    );
+    if c.unmeasured_calls > 0 {
+        let _ = write!(
+            out,
+            " ({} mlockall/munlockall calls not measured, not included)",
+            c.unmeasured_calls
+        );
+    }
+    out
 }
 
 /// `{"type":"vma_summary","processes":[{"pid":..,"changes":{..}}]}`, printed before the summary.
@@ -421,6 +470,61 @@ mod tests {
         let mut short = bytes_of(&before);
         short.truncate(40);
         assert!(matches!(decode(&short), Err(DecodeError::Short { .. })));
+    }
+
+    #[test]
+    fn mlockall_counts_the_whole_process_or_says_it_could_not() {
+        let whole = |measured, locked_vmas, locked_bytes| WholeTotals {
+            measured,
+            vmas: 40,
+            locked_vmas,
+            locked_bytes,
+            ..WholeTotals::default()
+        };
+        let mut tracker = Tracker::default();
+        let mut call = |nr: Syscall, b: WholeTotals, a: WholeTotals| {
+            let mut before = snapshot(phase::BEFORE, &[]);
+            before.whole = b;
+            let mut after = snapshot(phase::AFTER, &[]);
+            after.whole = a;
+            let mut rec = syscall_record();
+            rec.syscall = nr;
+            tracker.record(VmaRecord::Snapshot(Box::new(before)));
+            tracker.syscall(&rec);
+            match tracker.record(VmaRecord::Snapshot(Box::new(after))) {
+                Some(Activity::Call(c)) => c,
+                other => panic!("{other:?}"),
+            }
+        };
+        let lock = call(Syscall::Mlockall, whole(1, 0, 0), whole(1, 37, 400 * P));
+        let c = lock.counts();
+        assert_eq!(
+            (c.locked_bytes, c.unlocked_bytes, c.unmeasured_calls),
+            (400 * P, 0, 0)
+        );
+        assert!(
+            lock.summary().ends_with(
+                "VM_LOCKED on 0 KiB in 0 VMAs -> 1600 KiB in 37 VMAs: VM_LOCKED set on 1600 KiB"
+            ),
+            "{}",
+            lock.summary()
+        );
+        let unlock = call(Syscall::Munlockall, whole(1, 37, 400 * P), whole(1, 0, 0));
+        assert_eq!(unlock.counts().unlocked_bytes, 400 * P);
+        assert!(unlock.summary().ends_with("VM_LOCKED cleared on 1600 KiB"));
+        // One side unread (5.10, or a tree changing under the walk): not measured, not 0.
+        let unread = call(Syscall::Mlockall, whole(0, 0, 0), whole(1, 37, 400 * P));
+        let c = unread.counts();
+        assert_eq!((c.locked_bytes, c.unmeasured_calls), (0, 1));
+        assert!(
+            unread.summary().contains("not measured"),
+            "{}",
+            unread.summary()
+        );
+        assert!(
+            summary_line(1, &c)
+                .ends_with("(1 mlockall/munlockall calls not measured, not included)")
+        );
     }
 
     #[test]

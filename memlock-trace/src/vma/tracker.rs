@@ -3,10 +3,12 @@
 
 use std::collections::HashMap;
 
-use memlock_trace_common::vma::{FuncEvent, SnapshotEvent, StoreEvent, VmaRange, phase};
+use memlock_trace_common::vma::{
+    FuncEvent, SnapshotEvent, StoreEvent, VmaRange, WholeTotals, phase,
+};
 
-use super::diff::{Change, diff};
-use crate::event::{SyscallRecord, VmaRecord};
+use super::diff::{Change, ChangeCounts, diff};
+use crate::event::{Syscall, SyscallRecord, VmaRecord};
 
 /// One mlock-family call with its VMA view.
 #[derive(Clone, Debug)]
@@ -21,6 +23,29 @@ pub struct VmaCall {
     pub stores: Vec<StoreEvent>,
     /// fentry/fexit events of hooked kernel functions during the call.
     pub functions: Vec<FuncEvent>,
+    /// `mlockall`/`munlockall` only: every VMA's totals at entry and exit, `None` when the
+    /// kernel side could not read them (5.10, or a tree changing under the walk).
+    pub whole: Option<[WholeTotals; 2]>,
+    /// `mlockall`/`munlockall` whose totals could not be read.
+    pub unmeasured: bool,
+}
+
+impl VmaCall {
+    /// What the call did: the diff of its range's snapshots, plus for `mlockall` and
+    /// `munlockall` the change of the whole process's VM_LOCKED bytes (each of them only
+    /// sets, or only clears, VM_LOCKED, so the difference of the totals is what it set or
+    /// cleared).
+    pub fn counts(&self) -> ChangeCounts {
+        let mut c = ChangeCounts::of(&self.changes);
+        if let Some([b, a]) = &self.whole {
+            c.locked_bytes += a.locked_bytes.saturating_sub(b.locked_bytes);
+            c.unlocked_bytes += b.locked_bytes.saturating_sub(a.locked_bytes);
+            c.onfault_bytes += a.onfault_bytes.saturating_sub(b.onfault_bytes);
+            c.unonfault_bytes += b.onfault_bytes.saturating_sub(a.onfault_bytes);
+        }
+        c.unmeasured_calls += u32::from(self.unmeasured);
+        c
+    }
 }
 
 /// What the tracker hands out: a completed call, or a VMA event outside mlock-family calls
@@ -120,9 +145,14 @@ impl Tracker {
         let (before, after) = (p.before?, p.after?);
         let list = |s: &SnapshotEvent| s.vmas[..s.count as usize].to_vec();
         let (b, a) = (list(&before), list(&after));
+        let syscall = p.syscall?;
+        let is_whole = matches!(syscall.syscall, Syscall::Mlockall | Syscall::Munlockall);
+        let measured = before.whole.measured != 0 && after.whole.measured != 0;
         Some(Activity::Call(Box::new(VmaCall {
+            whole: (is_whole && measured).then_some([before.whole, after.whole]),
+            unmeasured: is_whole && !measured,
             changes: diff(&b, &a),
-            syscall: p.syscall?,
+            syscall,
             before: b,
             after: a,
             incomplete: before.incomplete != 0 || after.incomplete != 0,

@@ -133,7 +133,7 @@ fn call_totals(calls: &[VmaCall]) -> ExpectCalls {
     let mut counts = ChangeCounts::default();
     let (mut map_count, mut locked_vm, mut populated) = (0i64, 0i64, 0u64);
     for c in calls {
-        counts.merge(&ChangeCounts::of(&c.changes));
+        counts.merge(&c.counts());
         map_count +=
             i64::from(c.syscall.raw.map_count_after) - i64::from(c.syscall.raw.map_count_before);
         locked_vm += c.syscall.pages_locked();
@@ -440,6 +440,8 @@ mod tests {
             after: before.to_vec(),
             incomplete: false,
             changes: Vec::new(),
+            whole: None,
+            unmeasured: false,
             stores: Vec::new(),
             functions: Vec::new(),
         }))
