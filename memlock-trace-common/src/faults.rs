@@ -170,7 +170,10 @@ pub struct FaultConfig {
     /// This architecture's syscall numbers of the [`populate`] calls, by index
     /// (`u32::MAX` where the architecture has no such call).
     pub populate_nrs: [u32; populate::COUNT],
-    pub _pad2: u32,
+    /// Non-zero (`--latency-sample N`, N > 1): the completion programs run for one fault in N
+    /// and only time it; the exception faults are counted by the perf events themselves, read
+    /// by the loader, and their mappings by the start hook, which sees every one.
+    pub counted_by_perf: u32,
 }
 
 const _: () = assert!(

@@ -115,6 +115,11 @@ pub struct TraceArgs {
     /// With --events, print one page fault in N.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = int(1, u32::MAX))]
     pub sample: u32,
+    /// Time one page fault in N, counts staying exact (tracepoint hooks, with -p or a
+    /// command): the completion event runs its program once per N faults.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = int(1, u32::MAX),
+          conflicts_with_all = ["count_only", "per_thread", "stacks"])]
+    pub latency_sample: u32,
     /// Mappings listed per process, by page faults.
     #[arg(long, value_name = "N", default_value_t = 10, value_parser = int(0, MAX_TOP))]
     pub top_mappings: usize,
@@ -179,6 +184,7 @@ impl TraceArgs {
             per_thread: self.per_thread || self.tid.is_some(),
             events: self.fault_events(),
             sample_every: self.sample.max(1),
+            latency_sample: self.latency_sample.max(1),
             top_mappings: self.top_mappings,
             stacks: self.stacks,
             top_stacks: self.stacks_top,

@@ -197,14 +197,30 @@ impl Tracer {
                     tracer.fault_hooks = Some(hooks);
                 }
                 // A hook set the user forced is theirs to give up on.
-                Err(error) if fault_options.hooks != HookChoice::Auto => return Err(error),
+                // So is sampled latency: counts without it would not be what was asked.
+                Err(error)
+                    if fault_options.hooks != HookChoice::Auto
+                        || fault_options.latency_sample > 1 =>
+                {
+                    return Err(error);
+                }
                 Err(error) => {
                     tracer.hooks.insert(FaultHooks::NAME, describe(Err(error)));
                 }
             }
         }
-        if tracer.fault_hooks.as_ref().is_some_and(|h| h.counting) {
-            let mut counters = FaultCounters::default();
+        if let Some(hooks) = tracer
+            .fault_hooks
+            .as_ref()
+            .filter(|h| h.counting || h.per_target_completion)
+        {
+            let mut counters = match hooks.completion_programs {
+                Some(names) => FaultCounters::with_completion(faults::counting::Completion {
+                    programs: faults::attach::completion_fds(&tracer.ebpf, names)?,
+                    period: u64::from(hooks.latency_sample),
+                }),
+                None => FaultCounters::default(),
+            };
             if let Targets::Tgids(tgids) = targets {
                 for &tgid in tgids {
                     counters.add(tgid)?;
@@ -286,7 +302,13 @@ impl Tracer {
         }
         let mut report =
             faults::read::read(&self.ebpf, self.fault_options.per_thread, self.sole.tgid)?;
-        if let Some(counters) = &self.fault_counters {
+        // Count-only and sampled latency count the exception faults with the perf events;
+        // with every fault timed the programs count them.
+        let counted_by_perf = self
+            .fault_hooks
+            .as_ref()
+            .is_some_and(|h| h.counting || h.latency_sample > 1);
+        if let Some(counters) = self.fault_counters.as_ref().filter(|_| counted_by_perf) {
             report.add_counted(counters.read());
         }
         if self.fault_options.stacks {

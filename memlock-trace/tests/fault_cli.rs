@@ -525,3 +525,48 @@ fn text_summary_lists_the_call_sites() {
         "{text}"
     );
 }
+
+/// `--latency-sample 8` on the tracepoint set: the counts come from the completion events
+/// themselves (exact), one fault in 8 of each event is timed (a start not seen counts as
+/// unmatched instead), and the JSON and text say it is sampled and how many were timed.
+#[test]
+fn sampled_latency_is_said_and_times_one_fault_in_n() {
+    require_privileges();
+    let args = ["--latency-sample", "8", "--fault-hooks", "tracepoint"];
+    let out = traced_workload(&[&args[..], &["--json"]].concat(), "touch 4000\nexit");
+    let lines = json_lines(&out.stdout);
+    let summary = lines.last().expect("a summary line");
+    let hooks = &summary["fault_hooks"];
+    assert_eq!(hooks["latency_sample"], 8, "{hooks}");
+    assert!(
+        hooks["hooks"].as_array().unwrap().iter().any(|h| h
+            .as_str()
+            .unwrap()
+            .contains("on each target thread (period 8)")),
+        "{hooks}"
+    );
+    let f = &summary["processes"][0]["faults"];
+    let user = f["user"].as_u64().unwrap();
+    assert!(user >= 4000, "{f}");
+    let timed = f["latency_sample"]["timed"].as_u64().unwrap();
+    assert_eq!(f["latency_sample"]["every"], 8, "{f}");
+    assert_eq!(
+        timed,
+        f["latency_ns"]["user"]["count"].as_u64().unwrap(),
+        "{f}"
+    );
+    // Each of the two events (minor, major) samples floor(its count / 8) faults.
+    let sampled = timed + f["latency_unmatched"].as_u64().unwrap();
+    assert!(
+        sampled + 1 >= user / 8 && sampled <= user / 8,
+        "{sampled} sampled of {user}: {f}"
+    );
+    assert!(timed >= 4000 / 8 - 2, "{f}");
+
+    let out = traced_workload(&args, "touch 500\nexit");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("latency sampled (1 in 8 faults timed: "),
+        "{text}"
+    );
+}

@@ -252,7 +252,12 @@ enum Recording {
     /// No latency, per process (on the tracepoint set: the targets' counting perf events
     /// rather than a program per fault).
     CountOnly,
+    /// `--latency-sample 8`, per process: on the tracepoint set one fault in 8 timed, the
+    /// counts from the completion events themselves; the other sets time every fault.
+    Sampled,
 }
+
+const SAMPLE: u32 = 8;
 
 /// Runs every command against a tracer forced to `set` and checks each window.
 fn accuracy(set: HookSet, recording: Recording) {
@@ -262,6 +267,11 @@ fn accuracy(set: HookSet, recording: Recording) {
         hooks: forced(set),
         latency: !count_only,
         per_thread: recording == Recording::PerThread,
+        latency_sample: if recording == Recording::Sampled {
+            SAMPLE
+        } else {
+            1
+        },
         ..FaultOptions::default()
     };
     let mut tracer = match Tracer::load_with(
@@ -378,8 +388,33 @@ fn accuracy(set: HookSet, recording: Recording) {
         (d, addr, by_mapping)
     };
     let vma_hooks = set != HookSet::Tracepoint;
-    // Faults timed: all of them, or none in count-only mode.
-    let timed = |n: u64| (!count_only).then_some(n);
+    let sampled = recording == Recording::Sampled && set == HookSet::Tracepoint;
+    let hooks = tracer.fault_hooks.as_ref().unwrap();
+    assert_eq!(hooks.latency_sample, if sampled { SAMPLE } else { 1 });
+    // With specific targets the completion events run on the targets' threads only (5.13+).
+    if set == HookSet::Tracepoint && !count_only {
+        assert!(
+            hooks
+                .hooks
+                .iter()
+                .any(|h| h.contains("on each target thread"))
+                || !hooks.per_target_completion,
+            "{:?}",
+            hooks.hooks
+        );
+    }
+    // Faults timed: all of them, none in count-only mode, one in SAMPLE when sampled (a
+    // multiple of SAMPLE faults is exactly n / SAMPLE periods of the thread's event,
+    // whatever its phase; a sample whose start was not seen is unmatched instead).
+    let timed = |n: u64| (!count_only).then_some(if sampled { n / u64::from(SAMPLE) } else { n });
+    let timed_of = |d: &Delta, class: &str| {
+        let t = d.timed.get(class).copied();
+        if sampled {
+            t.map(|t| t + d.latency_unmatched)
+        } else {
+            t
+        }
+    };
     let zero_if_vma = |n: u64| vma_hooks.then_some(n);
 
     let (d, ..) = window("noop");
@@ -396,7 +431,7 @@ fn accuracy(set: HookSet, recording: Recording) {
     // Lazy first touch: one minor user fault per page, each timed.
     let (d, ..) = window("touch 1000");
     assert_eq!((d.user, d.minor, d.populated), (1000, 1000, 0), "{d:?}");
-    assert_eq!(d.timed.get("user").copied(), timed(1000), "{d:?}");
+    assert_eq!(timed_of(&d, "user"), timed(1000), "{d:?}");
     assert_eq!(d.latency_unmatched, 0);
 
     // mlock of untouched pages: the kernel populates every page inside the call.
@@ -483,11 +518,7 @@ fn accuracy(set: HookSet, recording: Recording) {
             (file_pages as u64, file_pages as u64),
             "{d:?}"
         );
-        assert_eq!(
-            d.timed.get("major").copied(),
-            timed(file_pages as u64),
-            "{d:?}"
-        );
+        assert_eq!(timed_of(&d, "major"), timed(file_pages as u64), "{d:?}");
     }
 
     // A SIGSEGV then its successful restart: one failed fault (every hook set counts it at
@@ -537,6 +568,18 @@ fn accuracy_tracepoint_per_process() {
 #[test]
 fn accuracy_tracepoint_count_only() {
     accuracy(HookSet::Tracepoint, Recording::CountOnly);
+}
+
+/// `--latency-sample 8`: counts exact, one fault in 8 timed.
+#[test]
+fn accuracy_tracepoint_sampled() {
+    accuracy(HookSet::Tracepoint, Recording::Sampled);
+}
+
+/// The other sets time every fault whatever `--latency-sample` says.
+#[test]
+fn accuracy_fentry_sampled() {
+    accuracy(HookSet::Fentry, Recording::Sampled);
 }
 
 /// `auto` picks the best set the kernel allows and says why the better ones were refused.

@@ -16,8 +16,8 @@ use memlock_trace_common::{
 };
 
 use super::{
-    FAILED_SIGNALLED, Fault, NO_LATENCY, NO_SYSCALL, account, populate::POPULATE_INFLIGHT,
-    record_stack, sole_tgid,
+    FAILED_SIGNALLED, Fault, NO_LATENCY, NO_SYSCALL, TIMED_ONLY, account,
+    populate::POPULATE_INFLIGHT, record_stack, regions::count_region, sole_tgid,
 };
 use crate::shared::{current_ids, is_target, now_ns, read_kernel, this_cpu};
 
@@ -37,6 +37,12 @@ pub(super) fn record_start(address: u64) {
     } else if !is_target(tgid) {
         return;
     }
+    // Sampled latency: the completion runs for one fault in N, so the mappings are counted
+    // here, where every fault passes (user addresses only: a kernel-mode fault on kernel
+    // memory has no mapping).
+    if config!(counted_by_perf) != 0 && address < USER_ADDRESS_END {
+        count_region(tgid, address & PAGE_MASK, 0);
+    }
     if let Some(ring) = FAULT_SLOTS.get_ptr_mut(0) {
         // SAFETY: this CPU's value of a per-CPU map, valid while the program runs; a program
         // runs to completion on its CPU, so nothing else uses it meanwhile.
@@ -51,6 +57,9 @@ pub(super) fn record_start(address: u64) {
         };
     }
 }
+
+/// Above the largest user address of x86-64 (4- or 5-level page tables).
+const USER_ADDRESS_END: u64 = 1 << 56;
 
 /// A fault's start, until its completion on the same CPU (tracepoint hook set).
 #[repr(C)]
@@ -173,13 +182,18 @@ pub(super) fn perf_completion<const ACROSS_CPUS: bool>(ctx: &PerfEventContext, m
             }
         }
     }
+    let cls = if major {
+        class::USER_MAJOR
+    } else {
+        class::USER_MINOR
+    };
     let counted = account(Fault {
         tgid,
         tid,
-        cls: if major {
-            class::USER_MAJOR
+        cls: if config!(counted_by_perf) != 0 {
+            cls | TIMED_ONLY
         } else {
-            class::USER_MINOR
+            cls
         },
         latency: latency.unwrap_or(NO_LATENCY),
         address,

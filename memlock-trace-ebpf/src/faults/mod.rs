@@ -78,7 +78,7 @@ static FAULT_CONFIG: FaultConfig = FaultConfig {
     region_shift: 16,
     region_slots_mask: 0,
     populate_nrs: [u32::MAX; memlock_trace_common::faults::populate::COUNT],
-    _pad2: 0,
+    counted_by_perf: 0,
 };
 
 /// Per process (or thread) counters and latency histogram: per CPU, so a fault never contends
@@ -247,6 +247,10 @@ struct Fault {
 /// A failed fault that `fault_signal` counts: only its latency is recorded here.
 const FAILED_SIGNALLED: u32 = 0x100;
 
+/// Or'ed into a class: a sampled completion (`counted_by_perf`), counted elsewhere, so only
+/// its latency is recorded here.
+const TIMED_ONLY: u32 = 0x200;
+
 /// Counts one completed (or failed) fault; false when the task is not traced.
 #[inline(always)]
 fn account(f: Fault) -> bool {
@@ -268,8 +272,11 @@ fn account(f: Fault) -> bool {
     // SAFETY: `stats_for` returns a valid pointer to this CPU's stats of the task (a per-CPU
     // value, or the LRU map's entry kept valid by RCU), used by nothing else meanwhile.
     let s = unsafe { &mut *stats };
+    let timed_only = cls & TIMED_ONLY != 0;
+    let cls = cls & !TIMED_ONLY;
     // Constant indices in every arm: nothing for the verifier to bound.
     match cls {
+        _ if timed_only => {}
         class::USER_MINOR => s.counts[stat::USER_MINOR] += 1,
         class::USER_MAJOR => s.counts[stat::USER_MAJOR] += 1,
         class::POPULATED_MINOR => s.counts[stat::POPULATED_MINOR] += 1,
@@ -306,7 +313,9 @@ fn account(f: Fault) -> bool {
             record_latency(s, tgid, tid, class::RETRIED, latency);
         }
     }
-    count_region(tgid, region, vm_flags);
+    if !timed_only {
+        count_region(tgid, region, vm_flags);
+    }
     if config!(events) != 0 {
         let mut flags = match cls {
             class::USER_MAJOR => fault_flags::MAJOR,

@@ -2,7 +2,10 @@
 //! kprobe/kretprobe, then tracepoints with software perf events) and attaches it, with the
 //! populating calls' tracepoints and the signal tracepoint every set shares.
 
-use std::path::Path;
+use std::{
+    os::fd::{AsFd as _, OwnedFd},
+    path::Path,
+};
 
 use anyhow::{Result, anyhow, bail};
 use aya::{
@@ -37,6 +40,50 @@ fn wants_counting(options: &FaultOptions, specific_targets: bool) -> bool {
         && !options.events
         && !options.per_thread
         && !options.stacks
+}
+
+/// `--latency-sample N` with N > 1: the completion events sample one fault in N.
+fn sampling(options: &FaultOptions) -> bool {
+    options.latency && options.latency_sample > 1
+}
+
+/// Whether the completion events go on the targets' threads rather than on every CPU, so a
+/// process that is not traced never runs them: specific targets, and new threads followed
+/// by `inherit_thread` (5.13). The floors keep the per-CPU events they measure.
+fn per_target_completion(
+    options: &FaultOptions,
+    specific_targets: bool,
+    kernel: &KernelSupport,
+) -> bool {
+    specific_targets
+        && kernel.inherit_thread
+        && !counting(options, specific_targets, kernel)
+        && options.bench_floor.is_none()
+}
+
+/// Why the tracepoint set cannot sample latency here, if it cannot: the sampled events'
+/// own counts replace the per-fault program's, which needs per-process events (specific
+/// targets, `inherit_thread`) and nothing else per fault.
+fn sampling_refused(
+    options: &FaultOptions,
+    specific_targets: bool,
+    kernel: &KernelSupport,
+) -> Option<&'static str> {
+    if !sampling(options) {
+        None
+    } else if !specific_targets {
+        Some(
+            "--latency-sample needs -p PID or a command: system-wide, per-process counts need              a program on every fault",
+        )
+    } else if !kernel.inherit_thread {
+        Some("--latency-sample needs perf_event_attr.inherit_thread (Linux 5.13)")
+    } else if options.events || options.per_thread || options.stacks {
+        Some(
+            "--latency-sample counts per process only: not with --events, --per-thread or --stacks",
+        )
+    } else {
+        None
+    }
 }
 
 /// What older kernels lack that the tracepoint set would use, from the kernel's BTF.
@@ -124,10 +171,19 @@ pub fn attach(cx: &mut AttachContext<'_>, options: &FaultOptions) -> Result<Faul
                     // nor the VMA.
                     unobserved.extend(["retried", "in_locked_vma"]);
                 }
-                let counting =
-                    set == HookSet::Tracepoint && counting(options, specific_targets, &kernel);
+                let tracepoints = set == HookSet::Tracepoint;
+                let counting = tracepoints && counting(options, specific_targets, &kernel);
+                let per_target =
+                    tracepoints && per_target_completion(options, specific_targets, &kernel);
                 return Ok(FaultHooks {
                     counting,
+                    latency_sample: if tracepoints && sampling(options) {
+                        options.latency_sample
+                    } else {
+                        1
+                    },
+                    per_target_completion: per_target,
+                    completion_programs: per_target.then(|| completion_names(&kernel)),
                     hook_set: set,
                     hooks,
                     refused,
@@ -205,6 +261,9 @@ fn attach_tracepoints(
     specific_targets: bool,
 ) -> Result<Vec<String>> {
     let mut hooks = Vec::new();
+    if let Some(reason) = sampling_refused(options, specific_targets, kernel) {
+        bail!("{reason}");
+    }
     if counting(options, specific_targets, kernel) {
         return Ok(vec![
             "perf counting events software:PAGE_FAULTS_MIN/MAJ on each target thread (no BPF per fault)".into(),
@@ -221,18 +280,18 @@ fn attach_tracepoints(
         );
     }
     let cpus = aya::util::online_cpus().map_err(|(what, e)| anyhow!("{what}: {e}"))?;
-    let (min, maj) = match floor_programs(options.bench_floor) {
-        Some(p) => (p[2], p[3]),
-        None if kernel.percpu_lookup => (PERF_MIN, PERF_MAJ),
-        None => {
-            hooks.push(
-                "fault starts matched on the completing CPU only (no \
-                 bpf_map_lookup_percpu_elem, 5.19)"
-                    .into(),
-            );
-            (PERF_MIN_LOCAL, PERF_MAJ_LOCAL)
-        }
+    let [min, maj] = match floor_programs(options.bench_floor) {
+        Some(p) => [p[2], p[3]],
+        None => completion_names(kernel),
     };
+    if !kernel.percpu_lookup && options.bench_floor.is_none() {
+        hooks.push(
+            "fault starts matched on the completing CPU only (no bpf_map_lookup_percpu_elem, \
+             5.19)"
+                .into(),
+        );
+    }
+    let per_target = per_target_completion(options, specific_targets, kernel);
     for (name, event, label) in [
         (min, SoftwareEvent::PageFaultsMin, "PAGE_FAULTS_MIN"),
         (maj, SoftwareEvent::PageFaultsMaj, "PAGE_FAULTS_MAJ"),
@@ -240,6 +299,18 @@ fn attach_tracepoints(
         let perf: &mut PerfEvent = program(ebpf, name)?.try_into()?;
         perf.load()
             .map_err(|e| hook_refused(name, "perf_event", e))?;
+        if per_target {
+            // Opened on each target thread as targets are added (`FaultCounters`).
+            let period = if sampling(options) {
+                format!("period {}", options.latency_sample)
+            } else {
+                "period 1".into()
+            };
+            hooks.push(format!(
+                "perf_event/software:{label} on each target thread ({period})"
+            ));
+            continue;
+        }
         for &cpu in &cpus {
             // Period 1: the program runs for every fault. Software events sample the first
             // overflow of each event unthrottled, so no fault is lost to throttling.
@@ -254,6 +325,26 @@ fn attach_tracepoints(
         hooks.push(format!("perf_event/software:{label} x{} cpus", cpus.len()));
     }
     Ok(hooks)
+}
+
+/// The completion programs (minor, major) for this kernel.
+fn completion_names(kernel: &KernelSupport) -> [&'static str; 2] {
+    if kernel.percpu_lookup {
+        [PERF_MIN, PERF_MAJ]
+    } else {
+        [PERF_MIN_LOCAL, PERF_MAJ_LOCAL]
+    }
+}
+
+/// Copies of the completion programs' fds, for the events opened on target threads.
+pub fn completion_fds(ebpf: &Ebpf, names: [&str; 2]) -> Result<[OwnedFd; 2]> {
+    let fd = |name: &str| -> Result<OwnedFd> {
+        let program = ebpf
+            .program(name)
+            .ok_or_else(|| anyhow!("program {name} missing"))?;
+        Ok(program.fd()?.as_fd().try_clone_to_owned()?)
+    };
+    Ok([fd(names[0])?, fd(names[1])?])
 }
 
 /// `signal:signal_generate`, where failed faults are counted (every hook set).

@@ -9,12 +9,16 @@
 //! `inherit_thread`, so threads created later are counted and forked children are not (they
 //! are other processes). Reading an event sums it with its inherited children, live or
 //! exited. Populated pages and failures still come from the syscall and signal hooks.
+//!
+//! The same events carry the completion programs when they are bound to the targets'
+//! threads ([`Completion`]): with `sample_period` 1 the program times every fault, with N
+//! (`--latency-sample`) one in N, while the event still counts every fault, read as above.
 
 use std::{
     collections::BTreeMap,
     fs::File,
     io::Read as _,
-    os::fd::{FromRawFd as _, OwnedFd},
+    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
 };
 
 use anyhow::{Context as _, Result, bail};
@@ -54,12 +58,23 @@ const FLAG_INHERIT: u64 = 1 << 1;
 /// Inherit into new threads only, not forked processes (Linux 5.13).
 const FLAG_INHERIT_THREAD: u64 = 1 << 35;
 const PERF_FLAG_FD_CLOEXEC: libc::c_ulong = 8;
+/// `PERF_EVENT_IOC_SET_BPF`: `_IOW('$', 8, __u32)`.
+const PERF_EVENT_IOC_SET_BPF: libc::c_ulong = 0x4004_2408;
 
-fn open_counter(tid: u32, config: u64) -> std::io::Result<File> {
+/// The completion programs (minor, major) and the period they run at, for events on
+/// target threads.
+pub struct Completion {
+    pub programs: [OwnedFd; 2],
+    pub period: u64,
+}
+
+fn open_counter(tid: u32, config: u64, program: Option<(&OwnedFd, u64)>) -> std::io::Result<File> {
     let attr = PerfEventAttr {
         kind: PERF_TYPE_SOFTWARE,
         size: size_of::<PerfEventAttr>() as u32,
         config,
+        // A sampling event runs its program at each overflow: every `period` faults.
+        sample_period: program.map_or(0, |(_, period)| period),
         flags: FLAG_INHERIT | FLAG_INHERIT_THREAD,
         ..Default::default()
     };
@@ -78,7 +93,22 @@ fn open_counter(tid: u32, config: u64) -> std::io::Result<File> {
         return Err(std::io::Error::last_os_error());
     }
     // SAFETY: a fresh fd owned by nobody else.
-    Ok(File::from(unsafe { OwnedFd::from_raw_fd(fd as i32) }))
+    let file = File::from(unsafe { OwnedFd::from_raw_fd(fd as i32) });
+    if let Some((program, _)) = program {
+        // Inherited events (new threads) take the parent event's program.
+        // SAFETY: an ioctl on our perf fd with a valid program fd as its argument.
+        let rc = unsafe {
+            libc::ioctl(
+                file.as_raw_fd(),
+                PERF_EVENT_IOC_SET_BPF as _,
+                program.as_raw_fd(),
+            )
+        };
+        if rc < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(file)
 }
 
 fn read_counter(mut file: &File) -> u64 {
@@ -94,9 +124,19 @@ fn read_counter(mut file: &File) -> u64 {
 pub struct FaultCounters {
     /// tgid -> (minor, major) counters, one pair per thread present when it was added.
     processes: BTreeMap<u32, Vec<(File, File)>>,
+    /// The programs the events run, if they carry the completion programs.
+    completion: Option<Completion>,
 }
 
 impl FaultCounters {
+    /// Events that also run the completion programs on the targets' threads.
+    pub fn with_completion(completion: Completion) -> Self {
+        Self {
+            processes: BTreeMap::new(),
+            completion: Some(completion),
+        }
+    }
+
     /// Starts counting the faults of every thread of `tgid`, and of the threads they create.
     pub fn add(&mut self, tgid: u32) -> Result<()> {
         let tasks = std::fs::read_dir(format!("/proc/{tgid}/task"))
@@ -110,9 +150,10 @@ impl FaultCounters {
             else {
                 continue;
             };
+            let program = |i: usize| self.completion.as_ref().map(|c| (&c.programs[i], c.period));
             match (
-                open_counter(tid, PERF_COUNT_SW_PAGE_FAULTS_MIN),
-                open_counter(tid, PERF_COUNT_SW_PAGE_FAULTS_MAJ),
+                open_counter(tid, PERF_COUNT_SW_PAGE_FAULTS_MIN, program(0)),
+                open_counter(tid, PERF_COUNT_SW_PAGE_FAULTS_MAJ, program(1)),
             ) {
                 (Ok(min), Ok(maj)) => counters.push((min, maj)),
                 // The thread exited meanwhile: nothing of it left to count.

@@ -70,6 +70,9 @@ pub struct FaultOptions {
     pub events: bool,
     /// Keep one streamed fault in this many.
     pub sample_every: u32,
+    /// `--latency-sample N`: time one fault in N (tracepoint set, specific targets), the
+    /// counts staying exact; 1 times every fault.
+    pub latency_sample: u32,
     /// Mappings listed per process.
     pub top_mappings: usize,
     /// Count faults per user call stack (`--stacks`).
@@ -103,6 +106,7 @@ impl Default for FaultOptions {
             per_thread: false,
             events: false,
             sample_every: 1,
+            latency_sample: 1,
             top_mappings: 10,
             stacks: false,
             top_stacks: 10,
@@ -133,6 +137,15 @@ pub struct FaultHooks {
     pub counting: bool,
     /// Fault classes this hook set cannot observe (reported as null).
     pub unobserved: Vec<&'static str>,
+    /// One exception fault in this many is timed (1: every one); the counts stay exact.
+    pub latency_sample: u32,
+    /// The completion events are bound to the targets' threads (opened by
+    /// [`counting::FaultCounters`] with the completion programs), not to every CPU, so other
+    /// processes' faults do not run them.
+    pub per_target_completion: bool,
+    /// The completion programs to bind to target threads (with `per_target_completion`).
+    #[serde(skip)]
+    pub completion_programs: Option<[&'static str; 2]>,
 }
 
 impl HookFamily for FaultHooks {

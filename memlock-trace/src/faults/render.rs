@@ -77,7 +77,11 @@ pub fn fault_hooks_detail(hooks: &FaultHooks) -> String {
     let mut out = format!(
         "page faults traced with {} hooks{}: {}\n",
         hooks.hook_set.name(),
-        if hooks.latency { "" } else { " (counts only)" },
+        match (hooks.latency, hooks.latency_sample) {
+            (false, _) => " (counts only)".to_string(),
+            (true, 1) => String::new(),
+            (true, n) => format!(" (latency sampled: 1 in {n} faults timed)"),
+        },
         hooks.hooks.join(", ")
     );
     for r in &hooks.refused {
@@ -122,6 +126,13 @@ pub fn faults_text(out: &mut String, f: &FaultSummary, indent: &str, style: Text
         let _ = writeln!(
             out,
             "{indent}  in VM_LOCKED VMAs: {locked}, in VM_LOCKONFAULT VMAs: {onfault}"
+        );
+    }
+    if let Some(sample) = f.latency_sample {
+        let _ = writeln!(
+            out,
+            "{indent}  latency sampled (1 in {} faults timed: {} timed); counts exact",
+            sample.every, sample.timed
         );
     }
     if !f.latency_ns.is_empty() {

@@ -117,7 +117,7 @@ pub fn config(btf: &KernelBtf, options: &FaultOptions) -> Result<FaultConfig> {
         region_shift: REGION_SHIFT,
         region_slots_mask: region_slots(cpus) - 1,
         populate_nrs: populate_nrs(),
-        _pad2: 0,
+        counted_by_perf: u32::from(options.latency && options.latency_sample > 1),
     })
 }
 

@@ -119,12 +119,22 @@ pub struct FaultSummary {
     pub latency_values: BTreeMap<&'static str, Vec<(u64, u64)>>,
     /// Faults counted without a latency (their start was not seen).
     pub latency_unmatched: u64,
+    /// `--latency-sample N`: one exception fault in N was timed (absent: every one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub latency_sample: Option<LatencySample>,
     pub by_mapping: Vec<MappingFaults>,
     /// `--stacks`: the top user call stacks by faults.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stacks: Option<Vec<crate::faults::stacks::StackFaults>>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub threads: Vec<ThreadFaults>,
+}
+
+/// How latency was sampled: one exception fault in `every` timed, `timed` of them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct LatencySample {
+    pub every: u32,
+    pub timed: u64,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -178,6 +188,10 @@ fn summarize_key(
             latency_values.insert(name, bucket_values(&merged, max));
         }
     }
+    let latency_sample = (hooks.latency_sample > 1).then(|| LatencySample {
+        every: hooks.latency_sample,
+        timed: latency_ns.get("user").map_or(0, |l: &ClassLatency| l.count),
+    });
     FaultSummary {
         minor: c[stat::USER_MINOR] + c[stat::POPULATED_MINOR],
         major: c[stat::USER_MAJOR] + c[stat::POPULATED_MAJOR],
@@ -196,6 +210,7 @@ fn summarize_key(
         latency_ns,
         latency_values,
         latency_unmatched: c[stat::LATENCY_UNMATCHED],
+        latency_sample,
         by_mapping: Vec::new(),
         stacks: None,
         threads: Vec::new(),

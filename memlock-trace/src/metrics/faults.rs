@@ -13,7 +13,7 @@ use std::{
 use memlock_trace_common::faults::{HIST_BUCKETS, SLOTS, bucket_range, class, populate, stat};
 use prometheus_client::{
     encoding::{EncodeMetric, MetricEncoder, NoLabelSet},
-    metrics::{MetricType, TypedMetric, counter::Counter, family::Family},
+    metrics::{MetricType, TypedMetric, counter::Counter, family::Family, gauge::Gauge},
     registry::{Registry, Unit},
 };
 
@@ -49,6 +49,8 @@ pub struct FaultMetrics {
     retried: Family<Labels, Counter>,
     failed: Family<Labels, Counter>,
     latency: LatencyFamily,
+    /// One exception fault in this many is timed (`--latency-sample`; 1: every one).
+    latency_sample_every: Gauge,
     health: Family<Vec<(&'static str, &'static str)>, Counter>,
     /// What each process's counters stood at when last seen.
     last: Mutex<HashMap<u32, Seen>>,
@@ -79,6 +81,7 @@ impl FaultMetrics {
             retried: Family::default(),
             failed: Family::default(),
             latency: LatencyFamily::default(),
+            latency_sample_every: Gauge::default(),
             health: Family::default(),
             last: Mutex::default(),
         };
@@ -110,6 +113,12 @@ impl FaultMetrics {
             m.latency.clone(),
         );
         registry.register(
+            "page_fault_latency_sample_every",
+            "Faults taken through the exception per one timed in page_fault_latency \
+             (--latency-sample N; 1: every fault timed). The page_faults counts are exact",
+            m.latency_sample_every.clone(),
+        );
+        registry.register(
             "fault_health",
             "What the fault hooks could not keep, by counter (see fault_health in the JSON \
              summary)",
@@ -129,6 +138,8 @@ impl FaultMetrics {
         comm_of: impl Fn(u32) -> Option<String>,
     ) {
         let observed = |name: &str| !hooks.unobserved.contains(&name);
+        self.latency_sample_every
+            .set(i64::from(hooks.latency_sample));
         let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
         for (&tgid, p) in processes {
             let before = last.remove(&tgid).unwrap_or_default();
@@ -295,6 +306,9 @@ mod tests {
             latency: true,
             counting: false,
             unobserved: vec!["retried", "in_locked_vma"],
+            latency_sample: 1,
+            per_target_completion: false,
+            completion_programs: None,
         }
     }
 

@@ -68,6 +68,17 @@ pub(super) struct Sample {
     pub(super) kernel_faults: u64,
     /// Faults the tracer counted in that window (None untraced).
     pub(super) traced_faults: Option<u64>,
+    /// memlock-trace's user-fault latency over the window (None without latency).
+    pub(super) latency: Option<Latency>,
+}
+
+/// Percentiles of the user faults timed, and how many were timed.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Latency {
+    pub(super) p50: u64,
+    pub(super) p90: u64,
+    pub(super) p99: u64,
+    pub(super) timed: u64,
 }
 
 /// A tracer running against the workload; its output collected until it stops.
@@ -160,7 +171,9 @@ impl Attached {
 
 /// One run of `command` in a fresh workload, traced as `mode` from after a warm-up to after
 /// the run, so the traced window holds exactly that run; with `costs`, also the run time of
-/// every BPF program the tracer loaded (kernel.bpf_stats_enabled), appended there.
+/// every BPF program the tracer loaded (kernel.bpf_stats_enabled), appended there. With
+/// `follow`, the tracer follows that process instead and the workload is a non-target.
+#[expect(clippy::too_many_arguments, reason = "one measured run's settings")]
 pub(super) fn measure(
     tracer: &Path,
     bpftrace: &Path,
@@ -169,11 +182,12 @@ pub(super) fn measure(
     placement: Placement,
     repeats: usize,
     costs: Option<&mut Vec<ProgramCost>>,
+    follow: Option<u32>,
 ) -> Result<Sample> {
     let mut workload = Workload::spawn(tracer, placement)?;
     // Warm the code paths and the workload's own buffers before anything is measured.
     workload.run("touch 256")?;
-    let pid = workload.pid().to_string();
+    let pid = follow.unwrap_or(workload.pid()).to_string();
     let programs_before = match costs {
         Some(_) => program_stats()?.into_keys().collect(),
         None => BTreeSet::new(),
@@ -209,15 +223,20 @@ pub(super) fn measure(
             }
         }
     }
-    let traced_faults = match attached {
-        None => None,
+    let (traced_faults, latency) = match attached {
+        None => (None, None),
         Some(attached) => {
             let out = attached.stop()?;
             match mode {
-                Mode::Bpftrace => Some(bpftrace_faults(&out, &pid)?),
+                // Following another process: nothing of the workload's to count.
+                _ if follow.is_some() => (None, None),
+                Mode::Bpftrace => (Some(bpftrace_faults(&out, &pid)?), None),
                 // Floor programs count nothing.
-                Mode::EmptyPrograms | Mode::ClockPrograms => None,
-                _ => Some(memlock_trace_faults(&out, &pid)?),
+                Mode::EmptyPrograms | Mode::ClockPrograms => (None, None),
+                _ => {
+                    let (faults, latency) = memlock_trace_faults(&out, &pid)?;
+                    (Some(faults), latency)
+                }
             }
         }
     };
@@ -229,6 +248,7 @@ pub(super) fn measure(
         wall_ns_per_fault: wall_ns as f64 / faults,
         kernel_faults,
         traced_faults,
+        latency,
     })
 }
 
@@ -239,6 +259,9 @@ pub(super) fn measure(
 fn memlock_trace_args(mode: Mode, pid: &str) -> Vec<&str> {
     let extra: &[&str] = match mode {
         Mode::CountOnly => &["--count-only"],
+        Mode::Sampled8 => &["--latency-sample", "8"],
+        Mode::Sampled32 => &["--latency-sample", "32"],
+        Mode::Sampled128 => &["--latency-sample", "128"],
         Mode::Streaming => &["--events"],
         Mode::DefaultClassic => &["--classic-tracepoints"],
         Mode::EmptyPrograms => &["--bench-floor", "empty"],
@@ -296,8 +319,9 @@ pub(super) fn with_bpf_stats<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
     result
 }
 
-/// minor + major of `pid` in memlock-trace's JSON summary line.
-fn memlock_trace_faults(out: &str, pid: &str) -> Result<u64> {
+/// minor + major of `pid` in memlock-trace's JSON summary line, and its user faults'
+/// latency.
+fn memlock_trace_faults(out: &str, pid: &str) -> Result<(u64, Option<Latency>)> {
     let summary = out
         .lines()
         .rev()
@@ -315,7 +339,17 @@ fn memlock_trace_faults(out: &str, pid: &str) -> Result<u64> {
         })
         .ok_or_else(|| anyhow!("pid {pid} missing from the summary"))?;
     let faults = &process["faults"];
-    Ok(faults["minor"].as_u64().unwrap_or(0) + faults["major"].as_u64().unwrap_or(0))
+    let user = &faults["latency_ns"]["user"];
+    let latency = user["count"].as_u64().map(|timed| Latency {
+        p50: user["p50"].as_u64().unwrap_or(0),
+        p90: user["p90"].as_u64().unwrap_or(0),
+        p99: user["p99"].as_u64().unwrap_or(0),
+        timed,
+    });
+    Ok((
+        faults["minor"].as_u64().unwrap_or(0) + faults["major"].as_u64().unwrap_or(0),
+        latency,
+    ))
 }
 
 /// `@minor[PID]: N` + `@major[PID]: N` in bpftrace's exit output.
@@ -348,6 +382,7 @@ mod tests {
         };
         assert!(extra(Mode::Default).is_empty());
         assert_eq!(extra(Mode::CountOnly), ["--count-only"]);
+        assert_eq!(extra(Mode::Sampled32), ["--latency-sample", "32"]);
         assert_eq!(extra(Mode::Streaming), ["--events"]);
         assert_eq!(extra(Mode::DefaultClassic), ["--classic-tracepoints"]);
         assert_eq!(extra(Mode::EmptyPrograms), ["--bench-floor", "empty"]);

@@ -64,13 +64,20 @@ enum Mode {
     /// The same hooks with programs that only read the clock at each end: the floor under
     /// any tool that times faults on them.
     ClockPrograms,
+    /// `--latency-sample N`: counts exact, one fault in N timed.
+    Sampled8,
+    Sampled32,
+    Sampled128,
 }
 
 impl Mode {
-    const ALL: [Mode; 8] = [
+    const ALL: [Mode; 11] = [
         Mode::Untraced,
         Mode::CountOnly,
         Mode::Default,
+        Mode::Sampled8,
+        Mode::Sampled32,
+        Mode::Sampled128,
         Mode::DefaultClassic,
         Mode::Streaming,
         Mode::Bpftrace,
@@ -88,6 +95,9 @@ impl Mode {
             Mode::Bpftrace => "bpftrace, same hooks and job",
             Mode::EmptyPrograms => "the same hooks, programs that do nothing (floor)",
             Mode::ClockPrograms => "the same hooks, programs that only read the clock (floor)",
+            Mode::Sampled8 => "memlock-trace --latency-sample 8",
+            Mode::Sampled32 => "memlock-trace --latency-sample 32",
+            Mode::Sampled128 => "memlock-trace --latency-sample 128",
         }
     }
 }
@@ -129,8 +139,26 @@ pub fn run(args: &Args) -> Result<()> {
         Placement::Anywhere
     };
     let mut samples: Vec<(Mode, Sample)> = Vec::new();
+    // The same modes while the tracer follows another process (a `sleep`) with `-p`: what a
+    // process that is not traced pays. (round, mode, sample).
+    let mut neighbours: Vec<(usize, Mode, Sample)> = Vec::new();
     for round in 1..=args.runs {
-        for mode in Mode::ALL {
+        for (mode, neighbour) in Mode::ALL
+            .iter()
+            .map(|&m| (m, false))
+            .chain(Mode::ALL[1..].iter().map(|&m| (m, true)))
+        {
+            let bystander = if neighbour {
+                Some(
+                    pinned
+                        .command(Path::new("sleep"), true)
+                        .arg("3600")
+                        .spawn()
+                        .context("starting the traced bystander (sleep)")?,
+                )
+            } else {
+                None
+            };
             let sample = measure(
                 &tracer,
                 &bpftrace,
@@ -139,8 +167,29 @@ pub fn run(args: &Args) -> Result<()> {
                 pinned,
                 args.repeats,
                 None,
-            )
-            .with_context(|| format!("round {round}, {}", mode.label()))?;
+                bystander.as_ref().map(std::process::Child::id),
+            );
+            if let Some(mut bystander) = bystander {
+                let _ = bystander.kill();
+                let _ = bystander.wait();
+            }
+            let sample = sample.with_context(|| {
+                format!(
+                    "round {round}, {}{}",
+                    mode.label(),
+                    if neighbour { ", non-target" } else { "" }
+                )
+            })?;
+            if neighbour {
+                eprintln!(
+                    "xtask bench: round {round}/{} non-target, {:<36} {:>7.0} ns/fault",
+                    args.runs,
+                    mode.label(),
+                    sample.ns_per_fault,
+                );
+                neighbours.push((round, mode, sample));
+                continue;
+            }
             eprintln!(
                 "xtask bench: round {round}/{} {:<48} {:>7.0} ns/fault{}",
                 args.runs,
@@ -165,6 +214,7 @@ pub fn run(args: &Args) -> Result<()> {
             Placement::Anywhere,
             1,
             None,
+            None,
         )
         .with_context(|| format!("max-rate run, {}", mode.label()))?;
         eprintln!(
@@ -187,13 +237,14 @@ pub fn run(args: &Args) -> Result<()> {
                 pinned,
                 1,
                 Some(&mut costs),
+                None,
             )
             .with_context(|| format!("profiled run, {}", mode.label()))?;
         }
         Ok(())
     })?;
     env.load_after = load_average();
-    let report = report(args, pages, &env, &samples, &max_rate, &costs);
+    let report = report(args, pages, &env, &samples, &neighbours, &max_rate, &costs);
     let out = workspace_root().join(&args.out);
     let existing = std::fs::read_to_string(&out).unwrap_or_default();
     std::fs::write(&out, replace_section(&existing, &report))

@@ -54,6 +54,7 @@ pub(super) fn report(
     pages: usize,
     env: &Environment,
     samples: &[(Mode, Sample)],
+    neighbours: &[(usize, Mode, Sample)],
     max_rate: &[(Mode, Sample)],
     costs: &[ProgramCost],
 ) -> String {
@@ -87,6 +88,23 @@ pub(super) fn report(
             })
             .collect();
         median(paired)
+    };
+    // A non-target's added cost: against the untraced run of the same round.
+    let neighbour_added = |mode: Mode| -> f64 {
+        let rounds: Vec<&[(Mode, Sample)]> = samples.chunks(Mode::ALL.len()).collect();
+        median(
+            neighbours
+                .iter()
+                .filter(|(_, m, _)| *m == mode)
+                .filter_map(|(round, _, s)| {
+                    let untraced = rounds
+                        .get(round - 1)?
+                        .iter()
+                        .find(|(m, _)| *m == Mode::Untraced)?;
+                    Some(s.ns_per_fault - untraced.1.ns_per_fault)
+                })
+                .collect(),
+        )
     };
     let cpus = env.cpus;
     let mut out = String::new();
@@ -124,7 +142,8 @@ pub(super) fn report(
          least interference.\n\
          - memlock-trace runs with `--fault-hooks tracepoint`, the set this kernel allows \
          (fentry: EPERM, no kprobes): `exceptions:page_fault_{{user,kernel}}` mark the start, \
-         the `PAGE_FAULTS_MIN/MAJ` software perf events (period 1, one per CPU) the completion; \
+         the `PAGE_FAULTS_MIN/MAJ` software perf events (period 1; on the target's threads, \
+         one per CPU for the floor rows and bpftrace) the completion; \
          the populating-syscall and `signal_generate` tracepoints are attached too. It attaches \
          the start tracepoints BTF-typed (tp_btf) where the kernel allows, which bpftrace 0.17 \
          cannot; the \"classic tracepoints\" row attaches them as bpftrace does \
@@ -141,6 +160,14 @@ pub(super) fn report(
          or that only read the clock at each end (`--bench-floor clock`): what the hooks \
          themselves cost any tool, and what timing faults on them costs before any filtering \
          or counting.\n\
+         - `--latency-sample N` binds the completion events to the target's threads with \
+         sample period N (their BPF program runs once per N faults); the events' own counts, \
+         read by the tracer, keep the fault counts exact; the start hook records every target \
+         fault's start (and its mapping), and the sampled completion pairs with it. With `-p` \
+         every latency mode binds its completion events to the target's threads, not to every \
+         CPU.\n\
+         - \"Non-target\" rows: the same workload, untraced itself, while the tracer follows \
+         another process (a `sleep`) with `-p`: what every other process on the machine pays.\n\
          - {placement}\n",
         placement = if cpus >= 2 {
             format!(
@@ -194,6 +221,82 @@ pub(super) fn report(
             dash(lost.to_string()),
         );
     }
+    let _ = writeln!(
+        out,
+        "\n### A process that is not traced, while the tracer follows another with `-p`\n"
+    );
+    let _ = writeln!(
+        out,
+        "| mode (following a `sleep`) | CPU ns/fault | added | vs untraced |"
+    );
+    let _ = writeln!(out, "|---|---:|---:|---:|");
+    for mode in &Mode::ALL[1..] {
+        let cpu: Vec<f64> = neighbours
+            .iter()
+            .filter(|(_, m, _)| m == mode)
+            .map(|(_, _, s)| s.ns_per_fault)
+            .collect();
+        let add = neighbour_added(*mode);
+        let _ = writeln!(
+            out,
+            "| {} | {:.0} | {add:+.0} | {:+.1}% |",
+            mode.label(),
+            median(cpu),
+            add / untraced * 100.0
+        );
+    }
+    let _ = writeln!(
+        out,
+        "\n### Sampled latency against exact, same workload (medians over rounds)\n"
+    );
+    let _ = writeln!(
+        out,
+        "| mode | faults timed | p50 ns | p90 ns | p99 ns | p50 / exact | p90 / exact | p99 / exact |"
+    );
+    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|");
+    let pick = |mode: Mode, f: fn(&super::measure::Latency) -> u64| -> f64 {
+        median(
+            samples
+                .iter()
+                .filter(|(m, _)| *m == mode)
+                .filter_map(|(_, s)| s.latency.as_ref().map(|l| f(l) as f64))
+                .collect(),
+        )
+    };
+    let exact = [
+        pick(Mode::Default, |l| l.p50),
+        pick(Mode::Default, |l| l.p90),
+        pick(Mode::Default, |l| l.p99),
+    ];
+    let mut worst_ratio: f64 = 0.0;
+    for mode in [
+        Mode::Default,
+        Mode::Sampled8,
+        Mode::Sampled32,
+        Mode::Sampled128,
+    ] {
+        let p = [
+            pick(mode, |l| l.p50),
+            pick(mode, |l| l.p90),
+            pick(mode, |l| l.p99),
+        ];
+        let r: Vec<f64> = p.iter().zip(exact).map(|(v, e)| v / e).collect();
+        if mode != Mode::Default {
+            worst_ratio = r.iter().fold(worst_ratio, |w, x| w.max((x - 1.0).abs()));
+        }
+        let _ = writeln!(
+            out,
+            "| {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {:.2} | {:.2} |",
+            mode.label(),
+            pick(mode, |l| l.timed),
+            p[0],
+            p[1],
+            p[2],
+            r[0],
+            r[1],
+            r[2]
+        );
+    }
     let ours = added(Mode::Default);
     let classic = added(Mode::DefaultClassic);
     let bpf = added(Mode::Bpftrace);
@@ -214,6 +317,37 @@ pub(super) fn report(
         "- Count-only added cost / an untraced fault: {count_only:.0} / {untraced:.0} ns = \
          **{:.1}%** (target: at most 5%).",
         count_only / untraced * 100.0
+    );
+    let sampled32 = added(Mode::Sampled32);
+    let _ = writeln!(
+        out,
+        "- Sampled latency, N = 32, added cost / an untraced fault: {sampled32:.0} / \
+         {untraced:.0} ns = **{:.1}%** (target: at most 5%); N = 8: {:.1}%, N = 128: {:.1}%; \
+         exact: {:.1}%.",
+        sampled32 / untraced * 100.0,
+        added(Mode::Sampled8) / untraced * 100.0,
+        added(Mode::Sampled128) / untraced * 100.0,
+        ours / untraced * 100.0
+    );
+    let worst_neighbour = Mode::ALL[1..]
+        .iter()
+        .filter(|m| !matches!(m, Mode::EmptyPrograms | Mode::ClockPrograms))
+        .map(|&m| (m, neighbour_added(m) / untraced * 100.0))
+        .fold(
+            (Mode::Untraced, f64::MIN),
+            |a, b| if b.1 > a.1 { b } else { a },
+        );
+    let _ = writeln!(
+        out,
+        "- A non-target process pays at most **{:+.1}%** ({}) across the tracer's modes \
+         (target: at most 3%; the floors attach per CPU and are shown for reference).",
+        worst_neighbour.1,
+        worst_neighbour.0.label()
+    );
+    let _ = writeln!(
+        out,
+        "- Sampled p50/p90/p99 against exact: worst deviation **{:.0}%** (target: within 10%).",
+        worst_ratio * 100.0
     );
     let floor = added(Mode::EmptyPrograms);
     let clock_floor = added(Mode::ClockPrograms);
