@@ -22,7 +22,7 @@ mod common;
 
 use memlock_trace::{
     faults::{
-        self, FaultOptions, FaultReport, FaultSummary, HookChoice, HookSet, summary::MappingFaults,
+        self, FaultOptions, FaultReport, FaultSummary, HookChoice, HookSet, mappings::MappingFaults,
     },
     lab::workload::{PAGE_SIZE, faults::FILE_STRIDE},
     process::Targets,

@@ -10,6 +10,7 @@
 
 pub mod attach;
 pub mod counting;
+pub mod mappings;
 pub mod read;
 pub mod render;
 pub mod sizing;
