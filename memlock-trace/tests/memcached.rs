@@ -54,10 +54,11 @@ fn memcached_k_under_a_low_limit_is_told_why_mlockall_failed() {
     ]);
     // prlimit execs memcached in the same process: the launched pid is the server's.
     let line = tracer.wait_for_stderr("tracing `prlimit` (pid ");
+    // `tracing `prlimit` (pid N) from its exec (...)`: the digits after "(pid ".
     let pid: i32 = line
-        .rsplit("(pid ")
-        .next()
-        .and_then(|s| s.trim_end_matches(')').parse().ok())
+        .split_once("(pid ")
+        .and_then(|(_, rest)| rest.split(')').next())
+        .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("no pid in {line:?}"));
     let server = Server(pid);
     tracer.wait_for_stderr("mlockall() failed");

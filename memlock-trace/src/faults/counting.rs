@@ -21,7 +21,7 @@ use std::{
     os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
 };
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::{Context as _, Result};
 
 /// `struct perf_event_attr` up to `PERF_ATTR_SIZE_VER7` (include/uapi/linux/perf_event.h).
 #[repr(C)]
@@ -167,10 +167,11 @@ impl FaultCounters {
                 }
             }
         }
-        if counters.is_empty() {
-            bail!("pid {tgid} has no threads left to count");
+        // Every thread exited before its counters opened (a `-p` process that ends as the
+        // tracer starts): it has nothing left to count, and the session ends with it.
+        if !counters.is_empty() {
+            self.processes.insert(tgid, counters);
         }
-        self.processes.insert(tgid, counters);
         Ok(())
     }
 

@@ -104,6 +104,16 @@ pub fn pids(ebpf: &Ebpf) -> Result<BTreeSet<u32>> {
 pub fn read(ebpf: &Ebpf, per_thread: bool, sole: Option<u32>) -> Result<FaultReport> {
     let map = |name: &str| ebpf.map(name).ok_or_else(|| anyhow!("map {name} missing"));
     let mut report = FaultReport::default();
+    let counters: PerCpuArray<&MapData, u64> = PerCpuArray::try_from(map(names::FAULT_COUNTERS)?)?;
+    let sum = |index: u32| -> u64 { counters.get(&index, 0).map(|v| v.iter().sum()).unwrap_or(0) };
+    // The insert counters before the maps: a live session reads the maps while faults go on,
+    // and a key inserted meanwhile must not count as evicted (inserts minus keys seen).
+    let inserts = [
+        fault_counter::STATS_INSERTS,
+        fault_counter::HIST_INSERTS,
+        fault_counter::REGION_INSERTS,
+    ]
+    .map(sum);
 
     let stats: PerCpuHashMap<&MapData, FaultKey, FaultStats> =
         PerCpuHashMap::try_from(map(names::FAULT_STATS)?)?;
@@ -222,13 +232,10 @@ pub fn read(ebpf: &Ebpf, per_thread: bool, sole: Option<u32>) -> Result<FaultRep
         }
     }
 
-    let counters: PerCpuArray<&MapData, u64> = PerCpuArray::try_from(map(names::FAULT_COUNTERS)?)?;
-    let sum = |index: u32| -> u64 { counters.get(&index, 0).map(|v| v.iter().sum()).unwrap_or(0) };
     report.health = FaultHealth {
-        stats_evicted: sum(fault_counter::STATS_INSERTS).saturating_sub(hashed),
-        histograms_evicted: sum(fault_counter::HIST_INSERTS)
-            .saturating_sub(report.hists.len() as u64),
-        regions_evicted: sum(fault_counter::REGION_INSERTS).saturating_sub(regions_hashed),
+        stats_evicted: inserts[0].saturating_sub(hashed),
+        histograms_evicted: inserts[1].saturating_sub(report.hists.len() as u64),
+        regions_evicted: inserts[2].saturating_sub(regions_hashed),
         update_failed: sum(fault_counter::UPDATE_FAILED),
         events_dropped: sum(fault_counter::EVENTS_DROPPED),
         // Set by the tracer with --stacks.
