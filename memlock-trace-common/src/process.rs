@@ -59,6 +59,9 @@ pub struct ProcessConfig {
     pub match_comm: u32,
     /// NUL-padded.
     pub comm: [u8; TASK_COMM_LEN],
+    /// The bytes of `comm` to compare, through its terminating NUL: older kernels (5.10 among them)
+    /// set a comm at exec with `strlcpy`, which leaves the old name's tail after the NUL.
+    pub comm_mask: [u8; TASK_COMM_LEN],
     /// Non-zero: only tasks in the cgroup v2 `cgroup_id` or below it.
     pub match_cgroup: u32,
     /// Depth of that cgroup below the root (the root is level 0), for
@@ -67,6 +70,24 @@ pub struct ProcessConfig {
     /// The cgroup's id: its kernfs node id, the directory's file handle on cgroup2.
     pub cgroup_id: u64,
     pub offsets: ProcessOffsets,
+    pub cgroup_offsets: CgroupOffsets,
+}
+
+/// Where a task's cgroup v2 ancestors are, for kernels whose tracing programs may not call
+/// `bpf_get_current_ancestor_cgroup_id` (5.10 refuses it): before 6.0 every cgroup keeps
+/// its ancestors' ids in `ancestor_ids[]`, indexed by level. All 0 on 6.0 and later, where
+/// the helper is used.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CgroupOffsets {
+    /// `task_struct.cgroups` (a `struct css_set *`)
+    pub task_cgroups: u32,
+    /// `css_set.dfl_cgrp`: the task's cgroup on the v2 hierarchy
+    pub css_set_dfl_cgrp: u32,
+    /// `cgroup.level`
+    pub cgroup_level: u32,
+    /// `cgroup.ancestor_ids`; 0 when the kernel has none (6.0 and later)
+    pub cgroup_ancestor_ids: u32,
 }
 
 /// Identifies a process for its whole life: pids are reused, (tgid, start time) is not.

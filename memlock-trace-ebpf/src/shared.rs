@@ -15,7 +15,7 @@ use aya_ebpf::{
 };
 use memlock_trace_common::{
     Config, EVENTS_BYTE_SIZE, KernelOffsets, MAX_TARGETS, TASK_COMM_LEN, counter, filter,
-    process::{ProcessConfig, ProcessOffsets},
+    process::{CgroupOffsets, ProcessConfig, ProcessOffsets},
 };
 
 /// Set by the loader before load (`EbpfLoader::override_global`): filter mode and the
@@ -349,6 +349,7 @@ pub static PROCESS_CONFIG: Global<ProcessConfig> = Global::new(ProcessConfig {
     follow_children: 0,
     match_comm: 0,
     comm: [0; TASK_COMM_LEN],
+    comm_mask: [0; TASK_COMM_LEN],
     match_cgroup: 0,
     cgroup_level: 0,
     cgroup_id: 0,
@@ -360,7 +361,27 @@ pub static PROCESS_CONFIG: Global<ProcessConfig> = Global::new(ProcessConfig {
         task_signal: 0,
         signal_live: 0,
     },
+    cgroup_offsets: CgroupOffsets {
+        task_cgroups: 0,
+        css_set_dfl_cgrp: 0,
+        cgroup_level: 0,
+        cgroup_ancestor_ids: 0,
+    },
 });
+
+/// One field of [`PROCESS_CONFIG`], read alone: a whole-struct `load` would copy it onto the
+/// stack of every program that checks a target, which the VMA programs cannot spare.
+macro_rules! process_config {
+    ($($field:ident).+) => {
+        // SAFETY: `Global` is a transparent wrapper of an initialised value in a static,
+        // which outlives the program.
+        unsafe {
+            core::ptr::read_volatile(
+                &raw const (*(&raw const PROCESS_CONFIG).cast::<ProcessConfig>()).$($field).+,
+            )
+        }
+    };
+}
 
 /// The current task's group leader (the process, as `/proc/PID` sees it).
 #[inline(always)]
@@ -371,29 +392,53 @@ pub fn current_leader(off: &ProcessOffsets) -> u64 {
 /// Whether the current task passes `--comm` and `--cgroup` (true when they are off).
 #[inline(always)]
 pub fn matches_filters() -> bool {
-    let config = PROCESS_CONFIG.load();
-    if config.match_cgroup != 0 {
+    if process_config!(match_cgroup) != 0 {
+        let level = process_config!(cgroup_level);
         // The ancestor at the filter cgroup's depth is the filter cgroup itself exactly when
         // the task is in it or below it.
-        // SAFETY: the helper has no preconditions; a level deeper than the task's cgroup
-        // yields 0, which matches no filter.
-        let ancestor = unsafe { bpf_get_current_ancestor_cgroup_id(config.cgroup_level as i32) };
-        if ancestor != config.cgroup_id {
+        let ancestor = if process_config!(cgroup_offsets.cgroup_ancestor_ids) == 0 {
+            // SAFETY: the helper has no preconditions; a level deeper than the task's cgroup
+            // yields 0, which matches no filter.
+            unsafe { bpf_get_current_ancestor_cgroup_id(level as i32) }
+        } else {
+            ancestor_cgroup_id(&process_config!(cgroup_offsets), level)
+        };
+        if ancestor != process_config!(cgroup_id) {
             return false;
         }
     }
-    if config.match_comm != 0 {
+    if process_config!(match_comm) != 0 {
         // The group leader's comm, so renamed threads of a matching process still match.
-        let leader = current_leader(&config.offsets);
+        let leader = read_kernel(current_task(), process_config!(offsets.task_group_leader));
         // Compared as two u64 words: BPF has no memcmp.
-        let comm: [u64; 2] = read_kernel(leader, config.offsets.task_comm);
+        let comm: [u64; 2] = read_kernel(leader, process_config!(offsets.task_comm));
+        let (want, mask) = (process_config!(comm), process_config!(comm_mask));
         // SAFETY: `[u8; 16]` and `[u64; 2]` have the same size, and any bytes are valid u64s.
-        let want: [u64; 2] = unsafe { core::mem::transmute(config.comm) };
-        if comm != want {
+        let (want, mask) = unsafe {
+            (
+                core::mem::transmute::<[u8; TASK_COMM_LEN], [u64; 2]>(want),
+                core::mem::transmute::<[u8; TASK_COMM_LEN], [u64; 2]>(mask),
+            )
+        };
+        // Bytes after the NUL may hold an older name (see `ProcessConfig::comm_mask`).
+        if comm[0] & mask[0] != want[0] || comm[1] & mask[1] != want[1] {
             return false;
         }
     }
     true
+}
+
+/// `bpf_get_current_ancestor_cgroup_id(level)` from the task's cgroup's own list of its
+/// ancestors' ids, for kernels whose tracing programs may not call the helper.
+#[inline(always)]
+fn ancestor_cgroup_id(off: &CgroupOffsets, level: u32) -> u64 {
+    let css_set: u64 = read_kernel(current_task(), off.task_cgroups);
+    let cgroup: u64 = read_kernel(css_set, off.css_set_dfl_cgrp);
+    let own_level: i32 = read_kernel(cgroup, off.cgroup_level);
+    if own_level < level as i32 {
+        return 0;
+    }
+    read_kernel(cgroup, off.cgroup_ancestor_ids + level * 8)
 }
 
 /// The current process's start time (its group leader's `start_boottime`), which with the

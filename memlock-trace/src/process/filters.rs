@@ -17,7 +17,7 @@ use aya::{
 };
 use memlock_trace_common::{
     TASK_COMM_LEN,
-    process::{ProcessConfig, ProcessKey, ProcessOffsets, counter, names},
+    process::{CgroupOffsets, ProcessConfig, ProcessKey, ProcessOffsets, counter, names},
 };
 
 use crate::{
@@ -88,11 +88,15 @@ impl Filters {
         if let Some(comm) = &self.comm {
             config.match_comm = 1;
             config.comm[..comm.len()].copy_from_slice(comm);
+            // The name and its NUL (a 15-byte name ends at the array's end).
+            let compared = (comm.len() + 1).min(TASK_COMM_LEN);
+            config.comm_mask[..compared].fill(0xff);
         }
         if let Some(cgroup) = &self.cgroup {
             config.match_cgroup = 1;
             config.cgroup_id = cgroup.id;
             config.cgroup_level = cgroup.level;
+            config.cgroup_offsets = cgroup_offsets(btf)?;
         }
         Ok(config)
     }
@@ -127,6 +131,20 @@ pub fn process_offsets(btf: &KernelBtf) -> Result<ProcessOffsets> {
         task_comm: btf.field_offset("task_struct", "comm")?,
         task_signal: btf.field_offset("task_struct", "signal")?,
         signal_live: btf.field_offset("signal_struct", "live")?,
+    })
+}
+
+/// The fields that find a task's cgroup ancestors without the helper, on kernels that have
+/// `cgroup.ancestor_ids` (before 6.0); zeros elsewhere (see [`CgroupOffsets`]).
+fn cgroup_offsets(btf: &KernelBtf) -> Result<CgroupOffsets> {
+    let Ok(cgroup_ancestor_ids) = btf.field_offset("cgroup", "ancestor_ids") else {
+        return Ok(CgroupOffsets::default());
+    };
+    Ok(CgroupOffsets {
+        task_cgroups: btf.field_offset("task_struct", "cgroups")?,
+        css_set_dfl_cgrp: btf.field_offset("css_set", "dfl_cgrp")?,
+        cgroup_level: btf.field_offset("cgroup", "level")?,
+        cgroup_ancestor_ids,
     })
 }
 
@@ -383,6 +401,10 @@ mod tests {
         let c = f.process_config(&btf).unwrap();
         assert_eq!((c.match_comm, c.follow_children, c.match_cgroup), (1, 1, 0));
         assert_eq!(&c.comm[..3], b"sh\0");
+        assert_eq!(
+            c.comm_mask,
+            [0xff, 0xff, 0xff, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]
+        );
         // tgid follows pid in task_struct; both are pid_t.
         assert!(
             c.offsets.task_tgid > 0 && c.offsets.signal_live > 0,
