@@ -331,10 +331,11 @@ fn vm_stage(
         programs: !packages_for(guest_binaries.iter().copied()).is_empty(),
     })?;
     println!(
-        "xtask: guest {} ({:.1} MiB initramfs) booted in {:.1}s, tests done in {:.1}s; \
-         console log: {}",
+        "xtask: guest {} ({:.1} MiB initramfs, packed in {:.1}s) booted in {:.1}s, \
+         tests done in {:.1}s; console log: {}",
         report.kernel_release,
         report.initramfs_bytes as f64 / (1024.0 * 1024.0),
+        report.initramfs_secs,
         report.boot_secs,
         report.total_secs,
         report.console_log.display()

@@ -89,6 +89,8 @@ pub struct VmReport {
     pub console_log: PathBuf,
     /// The size of the initramfs the guest booted.
     pub initramfs_bytes: u64,
+    /// Laying out and packing it (the programs' archive included, when built anew).
+    pub initramfs_secs: f64,
     /// From starting qemu to the guest's init printing the kernel release.
     pub boot_secs: f64,
     /// The whole of [`run`], including [`ensure_assets`] and building the initramfs.
@@ -117,7 +119,9 @@ pub fn run(opts: &VmOptions) -> Result<VmReport> {
         opts.cache_dir
             .join(format!("vm-run-{}-{version}", process::id())),
     )?;
+    let packing = Instant::now();
     let initrd = initramfs::build(opts, &scratch.0)?;
+    let initramfs_secs = packing.elapsed().as_secs_f64();
     let initramfs_bytes = fs::metadata(&initrd)
         .with_context(|| format!("reading {}", initrd.display()))?
         .len();
@@ -153,6 +157,7 @@ pub fn run(opts: &VmOptions) -> Result<VmReport> {
         results: console.results,
         console_log,
         initramfs_bytes,
+        initramfs_secs,
         boot_secs: console.boot.unwrap_or_default().as_secs_f64(),
         total_secs: start.elapsed().as_secs_f64(),
     })
