@@ -3,8 +3,9 @@
 //! (thread ids, calls per thread, `VmLck` from /proc/self/status around mlockall) is checked
 //! against the tracer's.
 //!
-//! Host stage only (`cargo xtask test` says so in the guest's table): the guest's initramfs
-//! carries no python3.
+//! `cargo xtask test` installs Debian's python3 when missing, and the guests' initramfs
+//! carries it with its standard library (less the test suite, GUIs and byte code) and the
+//! libraries it and its extension modules load, so this runs on every kernel.
 
 mod common;
 mod support;
@@ -23,7 +24,8 @@ fn python_ctypes_threads_are_counted_exactly() {
     require_privileges();
     assert!(
         Path::new(PYTHON).is_file(),
-        "{PYTHON} is missing (`cargo xtask test` installs Debian's python3 package, or: apt-get install python3)"
+        "{PYTHON} is missing (`cargo xtask test` installs Debian's python3 package and carries \
+         it into the guests, or: apt-get install python3)"
     );
     let dir = std::env::temp_dir().join(format!("memlock-trace-python-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();

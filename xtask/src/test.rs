@@ -101,23 +101,32 @@ impl Stage {
 const LIBTEST_ARGS: [&str; 1] = ["--test-threads=1"];
 
 /// Test binaries run on the host stage only, with the reason the guest's table shows.
-const HOST_ONLY: [(&str, &str); 3] = [
-    (
-        "memlock-trace/test:prometheus_server",
-        "host only: runs Debian's prometheus server, which the guest's initramfs does not carry",
-    ),
-    (
-        "memlock-trace/test:memcached",
-        "host only: runs Debian's memcached, which the guest's initramfs does not carry",
-    ),
-    (
-        "memlock-trace/test:third_party",
-        "host only: runs python3 with ctypes, which the guest's initramfs does not carry",
-    ),
+const HOST_ONLY: [(&str, &str); 1] = [(
+    "memlock-trace/test:prometheus_server",
+    "host only: runs Debian's prometheus server, which the guest's initramfs does not carry",
+)];
+
+/// Test binaries that run Debian's programs, and the package of each: installed when missing
+/// (like qemu) before any stage runs them, since a guest's initramfs carries the programs
+/// the host has (python3 with its standard library, memcached: see `vm::programs`).
+const PROGRAM_TESTS: [(&str, &str); 3] = [
+    ("memlock-trace/test:prometheus_server", "prometheus"),
+    ("memlock-trace/test:memcached", "memcached"),
+    ("memlock-trace/test:third_party", "python3"),
 ];
 
-/// Debian packages the host stage's tests run (installed when missing, like qemu).
-const HOST_TEST_PACKAGES: [&str; 3] = ["prometheus", "memcached", "python3"];
+/// The package of each test binary in [`PROGRAM_TESTS`] among `binaries`.
+fn packages_for<'a>(binaries: impl IntoIterator<Item = &'a TestBinary>) -> Vec<&'static str> {
+    let mut packages = Vec::new();
+    for binary in binaries {
+        for (name, package) in PROGRAM_TESTS {
+            if binary.name == name && !packages.contains(&package) {
+                packages.push(package);
+            }
+        }
+    }
+    packages
+}
 
 pub fn run(args: &Args) -> Result<()> {
     // Every run lints, whatever the stages: there is no flag to skip it, so CI always does.
@@ -138,10 +147,11 @@ pub fn run(args: &Args) -> Result<()> {
             bail!("no test binary matches --test {}", args.test.join(", "));
         }
     }
+    // Before any stage: the guests' initramfs is built from what the host has installed.
+    install_missing_packages(&packages_for(&binaries))?;
     let tracer = workspace_root().join("target/debug/memlock-trace");
     let mut stages = Vec::new();
     if host {
-        install_missing_packages(&HOST_TEST_PACKAGES)?;
         stages.push(host_stage(&binaries, &tracer)?);
     }
     // Guests side by side: each is one qemu process, mostly waiting on emulation.
@@ -318,10 +328,14 @@ fn vm_stage(
         memory_mib: 2048,
         // Integration tests run the CLI by its absolute host path.
         extra_files: vec![(tracer.to_path_buf(), tracer.display().to_string())],
+        programs: !packages_for(guest_binaries.iter().copied()).is_empty(),
     })?;
     println!(
-        "xtask: guest {} booted in {:.1}s, tests done in {:.1}s; console log: {}",
+        "xtask: guest {} ({:.1} MiB initramfs, packed in {:.1}s) booted in {:.1}s, \
+         tests done in {:.1}s; console log: {}",
         report.kernel_release,
+        report.initramfs_bytes as f64 / (1024.0 * 1024.0),
+        report.initramfs_secs,
         report.boot_secs,
         report.total_secs,
         report.console_log.display()
@@ -471,17 +485,40 @@ fn print_table(stage: &Stage) {
 mod tests {
     use super::*;
 
-    /// A name in HOST_ONLY that matched no binary would run it in the guest after all.
+    /// A name in HOST_ONLY that matched no binary would run it in the guest after all; one
+    /// in PROGRAM_TESTS would leave its package uninstalled and its program out of the guest.
     #[test]
-    fn host_only_names_are_test_binaries() {
-        for (name, reason) in HOST_ONLY {
+    fn host_only_and_program_test_names_are_test_binaries() {
+        let names = HOST_ONLY
+            .iter()
+            .chain(&PROGRAM_TESTS)
+            .map(|(name, _)| *name);
+        for name in names {
             let target = name
                 .strip_prefix("memlock-trace/test:")
                 .unwrap_or_else(|| panic!("{name}: not `memlock-trace/test:TARGET`"));
             let file = workspace_root().join(format!("memlock-trace/tests/{target}.rs"));
             assert!(file.is_file(), "{name}: no {}", file.display());
+        }
+        for (_, reason) in HOST_ONLY {
             assert!(reason.starts_with("host only: "), "{reason}");
         }
+    }
+
+    #[test]
+    fn program_tests_name_their_packages_once() {
+        let binary = |name: &str| TestBinary {
+            name: name.into(),
+            package: "memlock-trace".into(),
+            path: PathBuf::new(),
+        };
+        let binaries = [
+            binary("memlock-trace/test:third_party"),
+            binary("memlock-trace/test:faults"),
+            binary("memlock-trace/test:third_party"),
+        ];
+        assert_eq!(packages_for(&binaries), ["python3"]);
+        assert!(packages_for(&binaries[1..2]).is_empty());
     }
 
     #[test]

@@ -1,10 +1,12 @@
 //! The guest's root file system: busybox, the test binaries with the shared libraries they
-//! load, extra files, and an `/init` script that runs each test between marker lines
+//! load, extra files, `/etc/passwd` and `/etc/group`, the third-party programs of
+//! [`super::programs`] when asked for, and an `/init` script that runs each test between marker lines
 //! (see the parent module) and powers off.
 
 use std::{
     collections::BTreeMap,
     fs::{self, File},
+    io,
     os::unix::fs::PermissionsExt,
     path::{Path, PathBuf},
     process::{Command, Stdio},
@@ -12,11 +14,16 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-use super::{BEGIN_MARK, DONE_MARK, KERNEL_MARK, RESULT_MARK, VmOptions};
+use super::{BEGIN_MARK, DONE_MARK, KERNEL_MARK, RESULT_MARK, VmOptions, programs};
 use crate::util::output_of;
 
 /// Installed by busybox-static; statically linked, so it runs in the guest as is.
 const BUSYBOX: &str = "/bin/busybox";
+
+/// Debian's entries for the two users a guest knows.
+const PASSWD: &str = "root:x:0:0:root:/root:/bin/sh\n\
+                      nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n";
+const GROUP: &str = "root:x:0:\nnogroup:x:65534:\n";
 
 /// Lays out the guest's root file system under `dir/root` and packs it into `dir/initramfs.cpio`.
 pub(super) fn build(opts: &VmOptions, dir: &Path) -> Result<PathBuf> {
@@ -27,6 +34,10 @@ pub(super) fn build(opts: &VmOptions, dir: &Path) -> Result<PathBuf> {
         fs::create_dir_all(root.join(sub))?;
     }
     install_file(Path::new(BUSYBOX), &root, BUSYBOX)?;
+    // Programs that look users up (`memcached -u nobody`) find root and nobody.
+    fs::create_dir_all(root.join("etc"))?;
+    fs::write(root.join("etc/passwd"), PASSWD)?;
+    fs::write(root.join("etc/group"), GROUP)?;
 
     // Tests may share a binary (e.g. with different filters): copy each once.
     let mut binaries: BTreeMap<String, &Path> = BTreeMap::new();
@@ -83,9 +94,23 @@ pub(super) fn build(opts: &VmOptions, dir: &Path) -> Result<PathBuf> {
     fs::set_permissions(&init, fs::Permissions::from_mode(0o755))?;
 
     let initrd = dir.join("initramfs.cpio");
+    let mut out = File::create(&initrd)?;
+    // The programs' archive first: the kernel unpacks in order, so this run's files win.
+    if opts.programs
+        && let Some(programs) = programs::archive(&opts.cache_dir)?
+    {
+        io::copy(&mut File::open(&programs)?, &mut out)
+            .with_context(|| format!("copying {}", programs.display()))?;
+    }
+    pack(&root, out)?;
+    Ok(initrd)
+}
+
+/// Packs the tree under `root` as a newc cpio archive, written to `out` from its offset.
+pub(super) fn pack(root: &Path, out: File) -> Result<()> {
     let mut find = Command::new("find")
         .arg(".")
-        .current_dir(&root)
+        .current_dir(root)
         .stdout(Stdio::piped())
         .spawn()
         .context("cannot run `find`")?;
@@ -93,9 +118,9 @@ pub(super) fn build(opts: &VmOptions, dir: &Path) -> Result<PathBuf> {
     let packed = output_of(
         Command::new("cpio")
             .args(["-o", "-H", "newc", "--quiet"])
-            .current_dir(&root)
+            .current_dir(root)
             .stdin(names)
-            .stdout(File::create(&initrd)?),
+            .stdout(out),
     );
     // Reap `find` before reporting either failure.
     let found = find.wait()?;
@@ -103,7 +128,7 @@ pub(super) fn build(opts: &VmOptions, dir: &Path) -> Result<PathBuf> {
     if !found.success() {
         bail!("`find .` failed in {}", root.display());
     }
-    Ok(initrd)
+    Ok(())
 }
 
 /// `/tmp` stays on the initramfs root (RAM, writable already): a tmpfs there would hide
@@ -146,7 +171,7 @@ fn strip_debug(path: &Path) {
 }
 
 /// Copies `host` to the absolute `guest` path under `root`, keeping its permissions.
-fn install_file(host: &Path, root: &Path, guest: &str) -> Result<()> {
+pub(super) fn install_file(host: &Path, root: &Path, guest: &str) -> Result<()> {
     let relative = guest
         .strip_prefix('/')
         .with_context(|| format!("guest path {guest:?} is not absolute"))?;
@@ -160,7 +185,7 @@ fn install_file(host: &Path, root: &Path, guest: &str) -> Result<()> {
 }
 
 /// The libraries `ldd` resolves for `binary`, the dynamic loader included.
-fn shared_libraries(binary: &Path) -> Result<Vec<PathBuf>> {
+pub(super) fn shared_libraries(binary: &Path) -> Result<Vec<PathBuf>> {
     let out = Command::new("ldd")
         .arg(binary)
         .output()

@@ -12,12 +12,14 @@
 //! is built in, so no kernel modules are loaded.
 //!
 //! One file per stage of a run: [`assets`] installs the host tools and caches the kernel
-//! image, [`initramfs`] lays out the guest and writes its `/init`, [`qemu`] boots it under a
+//! image, [`initramfs`] lays out the guest and writes its `/init` (with [`programs`], the
+//! cached archive of third-party programs some tests run), [`qemu`] boots it under a
 //! hang guard and reads the results off the console. The marker lines below are the
 //! protocol between the last two.
 
 mod assets;
 mod initramfs;
+mod programs;
 mod qemu;
 
 use std::{
@@ -62,6 +64,9 @@ pub struct VmOptions {
     pub memory_mib: u32,
     /// Extra files to copy in: (host path, absolute guest path).
     pub extra_files: Vec<(PathBuf, String)>,
+    /// Carry the third-party programs tests run (python3 and its standard library,
+    /// memcached; see [`programs`]) where the host has them.
+    pub programs: bool,
 }
 
 /// The outcome of one test.
@@ -82,6 +87,10 @@ pub struct VmReport {
     pub results: Vec<VmTestResult>,
     /// The whole serial console (and qemu's stderr).
     pub console_log: PathBuf,
+    /// The size of the initramfs the guest booted.
+    pub initramfs_bytes: u64,
+    /// Laying out and packing it (the programs' archive included, when built anew).
+    pub initramfs_secs: f64,
     /// From starting qemu to the guest's init printing the kernel release.
     pub boot_secs: f64,
     /// The whole of [`run`], including [`ensure_assets`] and building the initramfs.
@@ -110,7 +119,12 @@ pub fn run(opts: &VmOptions) -> Result<VmReport> {
         opts.cache_dir
             .join(format!("vm-run-{}-{version}", process::id())),
     )?;
+    let packing = Instant::now();
     let initrd = initramfs::build(opts, &scratch.0)?;
+    let initramfs_secs = packing.elapsed().as_secs_f64();
+    let initramfs_bytes = fs::metadata(&initrd)
+        .with_context(|| format!("reading {}", initrd.display()))?
+        .len();
     // One log per run: concurrent runs (several worktrees) must not share it.
     let console_log = opts
         .cache_dir
@@ -142,6 +156,8 @@ pub fn run(opts: &VmOptions) -> Result<VmReport> {
         kernel_release,
         results: console.results,
         console_log,
+        initramfs_bytes,
+        initramfs_secs,
         boot_secs: console.boot.unwrap_or_default().as_secs_f64(),
         total_secs: start.elapsed().as_secs_f64(),
     })
