@@ -107,6 +107,59 @@ fn verbose_names_the_program_and_the_full_map_for_each_child_not_followed() {
     assert_eq!(lines.len(), 5, "nothing else was logged:\n{stderr}");
 }
 
+/// A failed kernel read is named by its field: with the syscall programs' `mm` pointer made
+/// unreadable (`--test-unreadable-mm`), each program that read through it writes a record,
+/// which the loader turns into the names of the `mm_struct` fields (`diag::FIELDS`).
+#[test]
+fn verbose_names_the_fields_a_program_could_not_read() {
+    require_privileges();
+    let out = Command::new(BIN)
+        .args([
+            "-v",
+            "--test-unreadable-mm",
+            "--",
+            BIN,
+            "workload",
+            "syscalls",
+        ])
+        .args(["--report", "/dev/null"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert_diagnostics_loaded(&stderr);
+    let failed = |program: &str| -> Vec<&str> {
+        kernel_lines(&stderr)
+            .into_iter()
+            .filter(|l| {
+                l.starts_with(&format!("memlock-trace: kernel: {program}"))
+                    && l.contains(": warning: kernel read failed, reported as 0 or unknown: ")
+            })
+            .collect()
+    };
+    // At entry: the counters and the limits (total_vm); the fields not read through mm are
+    // not named. A count of faults is a user address (read fails) or 0 (NULL struct).
+    let enter = failed("sys_enter_m");
+    assert!(!enter.is_empty(), "{stderr}");
+    for line in &enter {
+        assert!(
+            line.contains("mm_struct.locked_vm, mm_struct.map_count, mm_struct.total_vm (")
+                && !line.contains("task_struct"),
+            "{line}"
+        );
+    }
+    // At exit: the counters.
+    let exit = failed("sys_exit_mlock_family");
+    assert!(!exit.is_empty(), "{stderr}");
+    for line in &exit {
+        assert!(
+            line.contains("mm_struct.locked_vm, mm_struct.map_count (")
+                && !line.contains("total_vm"),
+            "{line}"
+        );
+    }
+}
+
 #[test]
 fn without_verbose_the_kernel_says_nothing_but_still_counts() {
     require_privileges();

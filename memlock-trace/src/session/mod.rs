@@ -124,6 +124,7 @@ pub fn run(mut args: TraceArgs) -> Result<i32> {
         filters: production.filters.clone(),
         faults: args.fault_options(),
         kernel_log: crate::kernel_log::level(args.verbose),
+        unreadable_mm: args.test_unreadable_mm,
         ..Options::default()
     };
     let mut tracer = load_tracer(&targets, options)?;
