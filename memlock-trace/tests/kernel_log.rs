@@ -55,7 +55,7 @@ fn full_target_map(args: &[&str]) -> (Vec<u64>, serde_json::Value, String) {
 fn assert_diagnostics_loaded(stderr: &str) {
     assert!(
         !stderr.contains(memlock_trace::session::DIAGNOSTICS_REFUSED)
-            && !stderr.contains("os error 7"),
+            && !stderr.contains("(os error 7)"),
         "the programs with -v's diagnostics were refused:\n{stderr}"
     );
 }

@@ -72,7 +72,7 @@ fn load_tracer(targets: &Targets, options: Options) -> Result<Tracer> {
 /// Whether a hook description or load error is a verifier's refusal for complexity.
 fn too_complex(reason: &str) -> bool {
     reason.contains("kernel refused")
-        && (reason.contains("os error 7") || reason.contains("too complex"))
+        && (reason.contains("(os error 7)") || reason.contains("too complex"))
 }
 
 /// Why tracing stopped.
@@ -497,5 +497,19 @@ mod tests {
             brief_hooks("tp_btf sched_process_exit"),
             "tp_btf sched_process_exit"
         );
+    }
+
+    /// Only a verifier's refusal for complexity is blamed on -v's diagnostics: an EPERM
+    /// (no trampolines on this kernel) is the hook set's business, with or without -v.
+    #[test]
+    fn only_a_refusal_for_complexity_stops_verbose() {
+        assert!(super::too_complex(
+            "not traced: the kernel refused tracepoint program `sys_enter_mlock`: Argument list \
+             too long (os error 7)\nverifier log (last lines):\n    processed 1000001 insns"
+        ));
+        assert!(!super::too_complex(
+            "the kernel refused fentry program `handle_mm_fault_fentry`: Operation not \
+             permitted (os error 1)"
+        ));
     }
 }
