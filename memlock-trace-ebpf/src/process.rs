@@ -22,11 +22,12 @@ use aya_ebpf::{
 };
 use memlock_trace_common::{
     TASK_COMM_LEN,
+    diag::{field, program},
     process::{EXIT_COMMS_MAX, ProcessKey, counter},
 };
 
 use crate::shared::{
-    PROCESS_CONFIG, TARGET_TGIDS, add, current_ids, current_leader, current_process_start_ns,
+    PROCESS_CONFIG, Prog, TARGET_TGIDS, add, current_ids, current_leader, current_process_start_ns,
     read_field, read_kernel,
 };
 
@@ -45,6 +46,15 @@ fn count(index: u32) {
     add(&PROCESS_COUNTERS, index, 1);
 }
 
+const FORK: Prog = Prog {
+    slot: program::PROCESS_FORK,
+    name: "process_fork",
+};
+const EXIT: Prog = Prog {
+    slot: program::PROCESS_EXIT,
+    name: "process_exit",
+};
+
 /// Runs in the parent. A child of a target becomes a target itself.
 #[btf_tracepoint(function = "sched_process_fork")]
 pub fn process_fork(ctx: BtfTracePointContext) -> i32 {
@@ -57,12 +67,8 @@ pub fn process_fork(ctx: BtfTracePointContext) -> i32 {
         return 0;
     }
     let child: u64 = ctx.arg(1);
-    let child_tgid: u32 = read_field(
-        child,
-        config.offsets.task_tgid,
-        "process_fork",
-        "task_struct.tgid",
-    );
+    let child_tgid: u32 = read_field(child, config.offsets.task_tgid, FORK, field::TASK_TGID);
+    crate::diag::report_reads(FORK);
     // A new thread shares the parent's tgid and is already traced.
     if child_tgid == 0 || child_tgid == parent_tgid {
         return 0;
@@ -95,15 +101,11 @@ pub fn process_exit(ctx: BtfTracePointContext) -> i32 {
     }
     let off = PROCESS_CONFIG.load().offsets;
     let task: u64 = ctx.arg(0);
-    let signal: u64 = read_field(task, off.task_signal, "process_exit", "task_struct.signal");
+    let signal: u64 = read_field(task, off.task_signal, EXIT, field::TASK_SIGNAL);
     // do_exit() decrements signal->live before this tracepoint: 0 means the whole group is
     // exiting (kernel/exit.c, `group_dead = atomic_dec_and_test(&tsk->signal->live)`).
-    let live: i32 = read_field(
-        signal,
-        off.signal_live,
-        "process_exit",
-        "signal_struct.live",
-    );
+    let live: i32 = read_field(signal, off.signal_live, EXIT, field::SIGNAL_LIVE);
+    crate::diag::report_reads(EXIT);
     if signal != 0 && live == 0 && TARGET_TGIDS.remove(tgid).is_ok() {
         count(counter::TARGETS_EXITED);
         let key = ProcessKey {

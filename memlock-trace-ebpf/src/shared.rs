@@ -14,9 +14,13 @@ use aya_ebpf::{
     programs::TracePointContext,
 };
 use memlock_trace_common::{
-    Config, EVENTS_BYTE_SIZE, KernelOffsets, MAX_TARGETS, TASK_COMM_LEN, counter, filter,
+    Config, EVENTS_BYTE_SIZE, KernelOffsets, MAX_TARGETS, TASK_COMM_LEN, counter,
+    diag::field,
+    filter,
     process::{CgroupOffsets, ProcessConfig, ProcessOffsets},
 };
+
+pub use crate::diag::Prog;
 
 /// Set by the loader before load (`EbpfLoader::override_global`): filter mode and the
 /// running kernel's struct offsets.
@@ -209,15 +213,10 @@ pub fn read_kernel<T: Plain + Default>(base: u64, offset: u32) -> T {
     }
 }
 
-/// [`read_kernel`] of a named field, for the diagnostics: with `-v`, a failed read says
-/// which program read which field.
+/// [`read_kernel`] of a named field (one of `diag::field`), for the diagnostics: with `-v`,
+/// a failed read is noted for `prog`'s record ([`crate::diag::report_reads`]).
 #[inline(always)]
-pub fn read_field<T: Plain + Default>(
-    base: u64,
-    offset: u32,
-    prog: &'static str,
-    field: &'static str,
-) -> T {
+pub fn read_field<T: Plain + Default>(base: u64, offset: u32, prog: Prog, field: u32) -> T {
     read_reported(base, offset, prog, field).unwrap_or_default()
 }
 
@@ -225,26 +224,17 @@ pub fn read_field<T: Plain + Default>(
 /// [`KernelOffsets`]): `None` when it is missing or unreadable, so the figure is shown as
 /// unknown rather than 0. Only a failed read is counted.
 #[inline(always)]
-pub fn read_optional<T: Plain>(
-    base: u64,
-    offset: u32,
-    prog: &'static str,
-    field: &'static str,
-) -> Option<T> {
+pub fn read_optional<T: Plain>(base: u64, offset: u32, prog: Prog, field: u32) -> Option<T> {
     if offset == 0 {
         return None;
     }
     read_reported(base, offset, prog, field)
 }
 
-/// The read behind [`read_field`]: a failure is counted (and, with `-v`, reported).
+/// The read behind [`read_field`]: a failure is counted (and, with `-v`, noted by field;
+/// nothing is logged here, see `diag.rs`).
 #[inline(always)]
-fn read_reported<T: Plain>(
-    base: u64,
-    offset: u32,
-    prog: &'static str,
-    field: &'static str,
-) -> Option<T> {
+fn read_reported<T: Plain>(base: u64, offset: u32, prog: Prog, field: u32) -> Option<T> {
     if base != 0 {
         // SAFETY: as in `read_kernel`: the helper checks the address and fails rather than
         // faults; any bytes are a valid `T`.
@@ -253,29 +243,8 @@ fn read_reported<T: Plain>(
             return Some(value);
         }
     }
-    let before = add(&COUNTERS, counter::READ_FAILED, 1);
-    // Two messages rather than a string chosen at run time: 6.1's verifier loses track of a
-    // pointer that is either of two constants (and one, "", is dangling).
-    if crate::diag::wanted(before) {
-        if base == 0 {
-            aya_log_ebpf::warn!(
-                &(),
-                target: prog,
-                "kernel read of {} failed: NULL base: reported as 0 ({} on this CPU)",
-                field,
-                before + 1
-            );
-        } else {
-            aya_log_ebpf::warn!(
-                &(),
-                target: prog,
-                "kernel read of {} failed (offset {}): reported as 0 ({} on this CPU)",
-                field,
-                offset,
-                before + 1
-            );
-        }
-    }
+    count(counter::READ_FAILED);
+    crate::diag::read_failed(prog, field, base == 0);
     None
 }
 
@@ -291,15 +260,15 @@ pub struct TaskCounters {
 
 /// `prog`: the program reading them, named in `-v` diagnostics.
 #[inline(always)]
-pub fn task_counters(prog: &'static str) -> TaskCounters {
+pub fn task_counters(prog: Prog) -> TaskCounters {
     let off = offsets();
     let task = current_task();
-    let mm: u64 = read_field(task, off.task_mm, prog, "task_struct.mm");
+    let mm: u64 = read_field(task, off.task_mm, prog, field::TASK_MM);
     TaskCounters {
-        min_flt: read_field(task, off.task_min_flt, prog, "task_struct.min_flt"),
-        maj_flt: read_field(task, off.task_maj_flt, prog, "task_struct.maj_flt"),
-        locked_vm: read_field(mm, off.mm_locked_vm, prog, "mm_struct.locked_vm"),
-        map_count: read_field(mm, off.mm_map_count, prog, "mm_struct.map_count"),
+        min_flt: read_field(task, off.task_min_flt, prog, field::TASK_MIN_FLT),
+        maj_flt: read_field(task, off.task_maj_flt, prog, field::TASK_MAJ_FLT),
+        locked_vm: read_field(mm, off.mm_locked_vm, prog, field::MM_LOCKED_VM),
+        map_count: read_field(mm, off.mm_map_count, prog, field::MM_MAP_COUNT),
     }
 }
 

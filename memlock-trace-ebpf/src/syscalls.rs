@@ -11,14 +11,17 @@ use aya_ebpf::{
     programs::TracePointContext,
 };
 use memlock_trace_common::{
-    EventKind, MAX_INFLIGHT, SyscallEvent, counter, lock_context, stacks::SyscallStackValue,
+    EventKind, MAX_INFLIGHT, SyscallEvent, counter,
+    diag::{field, program},
+    lock_context,
+    stacks::SyscallStackValue,
 };
 
 use aya_log_ebpf::warn;
 
 use crate::shared::{
-    COUNTERS, EVENTS, TaskCounters, add, current_ids, current_task, is_target, now_ns, offsets,
-    read_field, read_optional, syscall_arg, syscall_nr, syscall_ret, task_counters,
+    COUNTERS, EVENTS, Prog, TaskCounters, add, current_ids, current_task, is_target, now_ns,
+    offsets, read_field, read_optional, syscall_arg, syscall_nr, syscall_ret, task_counters,
 };
 
 /// A call between its entry and exit, keyed by tid.
@@ -46,25 +49,30 @@ struct LockLimits {
 /// Reads the limits of the current task: a few probe reads, only for target processes. A
 /// field this kernel lacks (offset 0) is not read at all, so its figure stays unknown.
 #[inline(always)]
-fn lock_limits(prog: &'static str) -> LockLimits {
+fn lock_limits(prog: Prog) -> LockLimits {
     let off = offsets();
     let task = current_task();
     let mut flags = 0;
-    let signal = read_optional::<u64>(task, off.task_signal, prog, "task_struct.signal");
+    let signal = read_optional::<u64>(task, off.task_signal, prog, field::TASK_SIGNAL);
     let rlimit = signal.and_then(|signal| {
         read_optional::<u64>(
             signal,
             off.signal_rlim_memlock,
             prog,
-            "signal_struct.rlim[RLIMIT_MEMLOCK]",
+            field::SIGNAL_RLIM_MEMLOCK,
         )
     });
     if rlimit.is_some() {
         flags |= lock_context::RLIMIT_KNOWN;
     }
-    let cred = read_optional::<u64>(task, off.task_cred, prog, "task_struct.cred");
+    let cred = read_optional::<u64>(task, off.task_cred, prog, field::TASK_CRED);
     let caps = cred.and_then(|cred| {
-        read_optional::<u64>(cred, off.cred_cap_effective, prog, "cred.cap_effective")
+        read_optional::<u64>(
+            cred,
+            off.cred_cap_effective,
+            prog,
+            field::CRED_CAP_EFFECTIVE,
+        )
     });
     if let Some(caps) = caps {
         flags |= lock_context::CAP_KNOWN;
@@ -72,8 +80,8 @@ fn lock_limits(prog: &'static str) -> LockLimits {
             flags |= lock_context::CAP_IPC_LOCK;
         }
     }
-    let mm: u64 = read_field(task, off.task_mm, prog, "task_struct.mm");
-    let total_vm = read_optional::<u64>(mm, off.mm_total_vm, prog, "mm_struct.total_vm");
+    let mm: u64 = read_field(task, off.task_mm, prog, field::TASK_MM);
+    let total_vm = read_optional::<u64>(mm, off.mm_total_vm, prog, field::MM_TOTAL_VM);
     if total_vm.is_some() {
         flags |= lock_context::TOTAL_VM_KNOWN;
     }
@@ -114,42 +122,78 @@ static INFLIGHT: HashMap<u32, InFlight> = HashMap::with_max_entries(MAX_INFLIGHT
 
 #[tracepoint]
 pub fn sys_enter_mlock(ctx: TracePointContext) -> u32 {
-    enter::<2>(&ctx, "sys_enter_mlock")
+    enter::<2>(
+        &ctx,
+        Prog {
+            slot: program::SYS_ENTER_MLOCK,
+            name: "sys_enter_mlock",
+        },
+    )
 }
 
 #[tracepoint]
 pub fn sys_enter_mlock2(ctx: TracePointContext) -> u32 {
-    enter::<3>(&ctx, "sys_enter_mlock2")
+    enter::<3>(
+        &ctx,
+        Prog {
+            slot: program::SYS_ENTER_MLOCK2,
+            name: "sys_enter_mlock2",
+        },
+    )
 }
 
 #[tracepoint]
 pub fn sys_enter_munlock(ctx: TracePointContext) -> u32 {
-    enter::<2>(&ctx, "sys_enter_munlock")
+    enter::<2>(
+        &ctx,
+        Prog {
+            slot: program::SYS_ENTER_MUNLOCK,
+            name: "sys_enter_munlock",
+        },
+    )
 }
 
 #[tracepoint]
 pub fn sys_enter_mlockall(ctx: TracePointContext) -> u32 {
-    enter::<1>(&ctx, "sys_enter_mlockall")
+    enter::<1>(
+        &ctx,
+        Prog {
+            slot: program::SYS_ENTER_MLOCKALL,
+            name: "sys_enter_mlockall",
+        },
+    )
 }
 
 #[tracepoint]
 pub fn sys_enter_munlockall(ctx: TracePointContext) -> u32 {
-    enter::<0>(&ctx, "sys_enter_munlockall")
+    enter::<0>(
+        &ctx,
+        Prog {
+            slot: program::SYS_ENTER_MUNLOCKALL,
+            name: "sys_enter_munlockall",
+        },
+    )
 }
 
-const EXIT_PROG: &str = "sys_exit_mlock_family";
+const EXIT_PROG: Prog = Prog {
+    slot: program::SYS_EXIT_MLOCK_FAMILY,
+    name: "sys_exit_mlock_family",
+};
 
 /// Attached to all five `sys_exit_*` tracepoints: the exit record has the same layout for each.
 #[tracepoint]
 pub fn sys_exit_mlock_family(ctx: TracePointContext) -> u32 {
-    exit(&ctx);
+    // Only a traced call read anything worth a record.
+    if exit(&ctx) {
+        crate::diag::report_reads(EXIT_PROG);
+    }
     0
 }
 
 /// Records entry state; `ARGS` is how many 8-byte argument slots this tracepoint has, so we
 /// never read past the end of its record. `prog` names the program in `-v` diagnostics.
 #[inline(always)]
-fn enter<const ARGS: usize>(ctx: &TracePointContext, prog: &'static str) -> u32 {
+fn enter<const ARGS: usize>(ctx: &TracePointContext, prog: Prog) -> u32 {
     let (tgid, tid) = current_ids();
     if !is_target(tgid) {
         return 0;
@@ -171,7 +215,7 @@ fn enter<const ARGS: usize>(ctx: &TracePointContext, prog: &'static str) -> u32 
         if crate::diag::wanted(before) {
             warn!(
                 ctx,
-                target: prog,
+                target: prog.name,
                 "map INFLIGHT full ({} calls in flight): call of tid {} not traced ({} on this CPU)",
                 MAX_INFLIGHT,
                 tid,
@@ -179,14 +223,16 @@ fn enter<const ARGS: usize>(ctx: &TracePointContext, prog: &'static str) -> u32 
             );
         }
     }
+    crate::diag::report_reads(prog);
     0
 }
 
+/// Emits the call's event; false if the call was not traced (no entry), so nothing was read.
 #[inline(always)]
-fn exit(ctx: &TracePointContext) {
+fn exit(ctx: &TracePointContext) -> bool {
     let (tgid, tid) = current_ids();
     let Some(entry) = INFLIGHT.get_ptr(tid) else {
-        return;
+        return false;
     };
     // SAFETY: a valid pointer to this thread's own entry (keyed by tid), copied out before
     // it is removed.
@@ -216,14 +262,14 @@ fn exit(ctx: &TracePointContext) {
         if crate::diag::wanted(before) {
             warn!(
                 ctx,
-                target: EXIT_PROG,
+                target: EXIT_PROG.name,
                 "ring buffer EVENTS full: record of syscall nr {} by tid {} dropped ({} on this CPU)",
                 entry.nr,
                 tid,
                 before + 1
             );
         }
-        return;
+        return true;
     };
     slot.write(SyscallEvent {
         kind: EventKind::Syscall as u32,
@@ -248,4 +294,5 @@ fn exit(ctx: &TracePointContext) {
         _pad: 0,
     });
     slot.submit(crate::shared::submit_flags());
+    true
 }

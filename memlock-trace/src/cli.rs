@@ -138,6 +138,11 @@ pub struct TraceArgs {
     /// (`empty`) or only read the clock (`clock`); nothing is counted.
     #[arg(long, hide = true, value_enum, value_name = "FLOOR")]
     pub bench_floor: Option<BenchFloor>,
+    /// Tests only: the syscall programs read `task_struct.mm` at the offset of
+    /// `task_struct.min_flt`, so every `mm_struct` read of theirs fails (-v's failed-read
+    /// records, end to end); their locked_vm and map_count figures are then wrong.
+    #[arg(long, hide = true)]
+    pub test_unreadable_mm: bool,
     /// Launch COMMAND and trace it and its threads until it exits.
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<String>,

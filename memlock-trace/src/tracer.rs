@@ -55,6 +55,9 @@ pub struct Options {
     pub faults: FaultOptions,
     /// The programs' own diagnostics (`-v`): an aya-log level, 0 for none.
     pub kernel_log: u8,
+    /// Tests only (`--test-unreadable-mm`): the syscall programs take `task_struct.min_flt`
+    /// for the `mm` pointer, so their `mm_struct` reads fail.
+    pub unreadable_mm: bool,
 }
 
 /// Loaded and attached programs; dropping it detaches everything.
@@ -101,7 +104,7 @@ impl Tracer {
         probe::check_privileges()?;
         probe::ensure_tracefs()?;
         let btf = KernelBtf::load()?;
-        let config = Config {
+        let mut config = Config {
             filter: if targets.specific() {
                 filter::TGIDS
             } else {
@@ -110,6 +113,10 @@ impl Tracer {
             _pad: 0,
             offsets: btf.offsets()?,
         };
+        if options.unreadable_mm {
+            // A count of faults is no kernel address: every read through it fails.
+            config.offsets.task_mm = config.offsets.task_min_flt;
+        }
         // Without the fields it reads, the VMA family stays unattached (or fails if required).
         let vma_config = vma::attach::config(&btf, options.all_vma_stores);
         if let (Err(error), true) = (&vma_config, options.require_vma) {

@@ -8,7 +8,7 @@ use std::{
     time::Duration,
 };
 
-use anyhow::{Context as _, Result};
+use anyhow::{Context as _, Result, anyhow};
 use tokio::{
     io::unix::AsyncFd,
     signal::unix::{SignalKind, signal},
@@ -42,42 +42,37 @@ const MAPPINGS_REFRESH: Duration = Duration::from_millis(250);
 /// whether a followed process still lives.
 const FOLLOWED_POLL: Duration = Duration::from_millis(100);
 
-/// The warning printed when the kernel refuses the programs with `-v`'s diagnostics.
+/// The error when the kernel's verifier gives up on a program with `-v`'s diagnostics in it.
 pub const DIAGNOSTICS_REFUSED: &str =
-    "this kernel's verifier refused the eBPF programs' own diagnostics (-v)";
+    "this kernel's verifier gave up on the eBPF programs with their own diagnostics (-v)";
 
-/// Loads the tracer. The diagnostics (`-v`) add code to every program that logs: where the
-/// kernel's verifier gives up on that (6.1 on `sys_enter_mlock2`), a family would be lost or
-/// the load would fail, so the tracer is loaded again without them, after a loud warning.
+/// Loads the tracer. With `-v` the programs carry their own diagnostics (see
+/// `memlock-trace-ebpf/src/diag.rs`, written so that the verifiers of 5.10 to 6.18 accept
+/// them). Should a kernel's verifier still give up on a program because of them (too
+/// complex: E2BIG), that is an error naming the program, not a family or a hook set quietly
+/// lost or different from a run without `-v`.
 fn load_tracer(targets: &Targets, options: Options) -> Result<Tracer> {
-    let refused = |reason: &str| reason.contains("kernel refused");
-    let loaded = Tracer::load_with(targets, &options);
+    let tracer = Tracer::load_with(targets, &options);
     if options.kernel_log == 0 {
-        return loaded;
+        return tracer;
     }
-    let reason = match &loaded {
-        Ok(tracer) => tracer
-            .hooks
-            .values()
-            .find(|h| h.starts_with("not traced") && refused(h))
-            .cloned(),
-        Err(error) => Some(format!("{error:#}")).filter(|r| refused(r)),
+    let reason = match &tracer {
+        Ok(tracer) => tracer.hooks.values().find(|h| too_complex(h)).cloned(),
+        Err(error) => Some(format!("{error:#}")).filter(|r| too_complex(r)),
     };
-    let Some(reason) = reason else {
-        return loaded;
-    };
-    drop(loaded);
-    eprintln!(
-        "memlock-trace: warning: {DIAGNOSTICS_REFUSED}: {}; tracing without them",
-        reason.lines().next().unwrap_or_default()
-    );
-    Tracer::load_with(
-        targets,
-        &Options {
-            kernel_log: 0,
-            ..options
-        },
-    )
+    match reason {
+        Some(reason) => Err(anyhow!(
+            "{DIAGNOSTICS_REFUSED}: {}\nrun without -v, which leaves the diagnostics out",
+            reason.trim()
+        )),
+        None => tracer,
+    }
+}
+
+/// Whether a hook description or load error is a verifier's refusal for complexity.
+fn too_complex(reason: &str) -> bool {
+    reason.contains("kernel refused")
+        && (reason.contains("(os error 7)") || reason.contains("too complex"))
 }
 
 /// Why tracing stopped.
@@ -129,6 +124,7 @@ pub fn run(mut args: TraceArgs) -> Result<i32> {
         filters: production.filters.clone(),
         faults: args.fault_options(),
         kernel_log: crate::kernel_log::level(args.verbose),
+        unreadable_mm: args.test_unreadable_mm,
         ..Options::default()
     };
     let mut tracer = load_tracer(&targets, options)?;
@@ -501,5 +497,19 @@ mod tests {
             brief_hooks("tp_btf sched_process_exit"),
             "tp_btf sched_process_exit"
         );
+    }
+
+    /// Only a verifier's refusal for complexity is blamed on -v's diagnostics: an EPERM
+    /// (no trampolines on this kernel) is the hook set's business, with or without -v.
+    #[test]
+    fn only_a_refusal_for_complexity_stops_verbose() {
+        assert!(super::too_complex(
+            "not traced: the kernel refused tracepoint program `sys_enter_mlock`: Argument list \
+             too long (os error 7)\nverifier log (last lines):\n    processed 1000001 insns"
+        ));
+        assert!(!super::too_complex(
+            "the kernel refused fentry program `handle_mm_fault_fentry`: Operation not \
+             permitted (os error 1)"
+        ));
     }
 }
