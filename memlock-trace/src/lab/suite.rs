@@ -124,10 +124,20 @@ pub fn run(args: SuiteArgs) -> Result<i32> {
     let health = summary["health"].clone();
     let written = report::write(&args.out, &runs, &health, args.tiny)?;
     let mut verdicts = format!("report: {}\n", written.markdown.display());
-    for (scenario, scenario_verdicts) in &written.verdicts {
-        for v in scenario_verdicts {
-            verdicts.push_str(&format!("  {scenario:<15} {:<13} {}\n", v.verdict, v.claim));
-        }
+    // Columns as wide as their widest entry ("partly agrees", "INCONSISTENT").
+    let rows = || {
+        written
+            .verdicts
+            .iter()
+            .flat_map(|(scenario, v)| v.iter().map(move |v| (*scenario, v)))
+    };
+    let scenario_width = rows().map(|(s, _)| s.len()).max().unwrap_or(0);
+    let verdict_width = rows().map(|(_, v)| v.verdict.len()).max().unwrap_or(0);
+    for (scenario, v) in rows() {
+        verdicts.push_str(&format!(
+            "  {scenario:<scenario_width$}  {:<verdict_width$}  {}\n",
+            v.verdict, v.claim
+        ));
     }
     crate::output::Sink::open(None)?.write_result(verdicts.as_bytes())?;
     // A finding, as verify's mismatches (exit 1), not a failure of the tool (125).
