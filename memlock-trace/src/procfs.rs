@@ -154,6 +154,9 @@ pub struct MappingCache {
 
 struct Snapshot {
     taken: Instant,
+    /// How long reading it took: periodic re-reads of a large process are spaced out so that
+    /// they cost it at most a twentieth of a CPU.
+    cost: Duration,
     comm: Option<String>,
     mappings: Vec<Mapping>,
     /// The process was gone (or a zombie) at a later refresh: these are its last mappings,
@@ -162,16 +165,18 @@ struct Snapshot {
 }
 
 impl MappingCache {
-    /// Re-reads `pid`'s mappings if the snapshot is older than `max_age`; keeps the old one
-    /// if the process is gone.
+    /// Re-reads `pid`'s mappings if the snapshot is older than `max_age` (and than twenty
+    /// times what the last read took); keeps the old one if the process is gone.
     pub fn refresh(&mut self, pid: u32, max_age: Duration) {
         if self
             .entries
             .get(&pid)
-            .is_some_and(|s| s.taken.elapsed() < max_age)
+            .is_some_and(|s| s.taken.elapsed() < max_age.max(s.cost * 20))
+            && !max_age.is_zero()
         {
             return;
         }
+        let started = Instant::now();
         let shows_lockonfault = smaps_shows_lockonfault(&crate::probe::kernel_release());
         // Unreadable (the process is gone) or unparsable: keep what we had.
         let Ok(entries) = read_smaps(&format!("/proc/{pid}/smaps"), shows_lockonfault) else {
@@ -191,6 +196,7 @@ impl MappingCache {
             pid,
             Snapshot {
                 taken: Instant::now(),
+                cost: started.elapsed(),
                 comm,
                 mappings,
                 exited: false,

@@ -34,9 +34,10 @@ mod output;
 mod production;
 pub mod summary;
 
-/// How often the mappings of traced processes are re-read, so that a process that exits is
-/// still attributed with recent mappings.
-const MAPPINGS_REFRESH: Duration = Duration::from_millis(250);
+/// How often the mappings of traced processes are re-read (at most: see
+/// `MappingCache::refresh`), so that a process that exits, even a script that runs for
+/// 100 ms, is still attributed with recent mappings.
+const MAPPINGS_REFRESH: Duration = Duration::from_millis(40);
 
 /// How often, once the command or `-p` processes are gone, `--follow-children` checks
 /// whether a followed process still lives.
