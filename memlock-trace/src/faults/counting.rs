@@ -13,6 +13,10 @@
 //! The same events carry the completion programs when they are bound to the targets'
 //! threads ([`Completion`]): with `sample_period` 1 the program times every fault, with N
 //! (`--latency-sample`) one in N, while the event still counts every fault, read as above.
+//! With faults timed, a third event per thread, `PAGE_FAULTS` (counted at the top of
+//! `do_user_addr_fault()`, before the fault is handled), runs the start program at period
+//! 1: the start no longer needs the system-wide tracepoint whose program ran for every
+//! fault on the machine.
 
 use std::{
     collections::BTreeMap,
