@@ -134,6 +134,10 @@ pub struct TraceArgs {
     /// works (as bpftrace does).
     #[arg(long, hide = true)]
     pub classic_tracepoints: bool,
+    /// Benchmark only: time faults from the system-wide start tracepoints even with -p or a
+    /// command, where the start is otherwise taken on the targets' threads only.
+    #[arg(long, hide = true)]
+    pub tracepoint_start: bool,
     /// Benchmark only: the tracepoint set's per-fault hooks with programs that do nothing
     /// (`empty`) or only read the clock (`clock`); nothing is counted.
     #[arg(long, hide = true, value_enum, value_name = "FLOOR")]
@@ -194,6 +198,7 @@ impl TraceArgs {
             stacks: self.stacks,
             top_stacks: self.stacks_top,
             classic_tracepoints: self.classic_tracepoints,
+            tracepoint_start: self.tracepoint_start,
             bench_floor: self.bench_floor,
         }
     }

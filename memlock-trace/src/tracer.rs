@@ -225,6 +225,10 @@ impl Tracer {
                 Some(names) => FaultCounters::with_completion(faults::counting::Completion {
                     programs: faults::attach::completion_fds(&tracer.ebpf, names)?,
                     period: u64::from(hooks.latency_sample),
+                    start: hooks
+                        .start_program
+                        .map(|name| faults::attach::program_fd(&tracer.ebpf, name))
+                        .transpose()?,
                 }),
                 None => FaultCounters::default(),
             };

@@ -47,6 +47,19 @@ pub fn fault_entry_kernel_btf(ctx: BtfTracePointContext) -> i32 {
     0
 }
 
+/// `PERF_COUNT_SW_PAGE_FAULTS`, counted at the top of `do_user_addr_fault()` (before the
+/// VMA lookup and `handle_mm_fault()`) for every fault on a user address, from user or
+/// kernel mode: the start, when the loader opens it on each target thread (period 1), so
+/// that processes not traced never run a program at their faults' start. The address is
+/// the event's sample address.
+#[perf_event]
+pub fn fault_perf_start(ctx: PerfEventContext) -> u32 {
+    // SAFETY: `ctx.ctx` is the `bpf_perf_event_data` the kernel hands this program, valid
+    // for its whole run.
+    record_start(unsafe { (*ctx.ctx).addr });
+    0
+}
+
 /// `PERF_COUNT_SW_PAGE_FAULTS_MIN`, fired by `mm_account_fault()` after `min_flt++` for a
 /// completed fault that has `regs`.
 #[perf_event]

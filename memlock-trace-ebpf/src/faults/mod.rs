@@ -3,7 +3,8 @@
 //!
 //! 1. fentry/fexit on `handle_mm_fault` (or 2. kprobe/kretprobe there): every fault, with its
 //!    flags, VMA, `regs` (NULL for get_user_pages, i.e. populated) and result.
-//! 3. `exceptions:page_fault_{user,kernel}` marks the start, the perf software events
+//! 3. `exceptions:page_fault_{user,kernel}` marks the start (with specific targets, the
+//!    `PAGE_FAULTS` perf software event on each target thread instead), the perf software events
 //!    `PAGE_FAULTS_MIN`/`MAJ` (emitted by `mm_account_fault()` for faults with `regs`) the
 //!    completion; pages populated without an exception are the task's `min_flt`/`maj_flt`
 //!    growth across the populating system calls (`populate_*`).

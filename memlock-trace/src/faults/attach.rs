@@ -61,6 +61,23 @@ fn per_target_completion(
         && options.bench_floor.is_none()
 }
 
+/// Whether the fault starts come from `PAGE_FAULTS` perf events on the targets' threads
+/// rather than from the system-wide start tracepoints: wherever the completion events are on
+/// the targets' threads and faults are timed. A tracepoint's program runs for every fault on
+/// the machine, and rejects other processes' only inside; a per-thread event is in the
+/// target's perf context alone, so other processes' faults find no event and run nothing.
+/// (`--classic-tracepoints` and `--tracepoint-start` keep the tracepoints, for the bench.)
+fn per_target_start(
+    options: &FaultOptions,
+    specific_targets: bool,
+    kernel: &KernelSupport,
+) -> bool {
+    options.latency
+        && !options.classic_tracepoints
+        && !options.tracepoint_start
+        && per_target_completion(options, specific_targets, kernel)
+}
+
 /// Why the tracepoint set cannot sample latency here, if it cannot: the sampled events'
 /// own counts replace the per-fault program's, which needs per-process events (specific
 /// targets, `inherit_thread`) and nothing else per fault.
@@ -73,7 +90,7 @@ fn sampling_refused(
         None
     } else if !specific_targets {
         Some(
-            "--latency-sample needs -p PID or a command: system-wide, per-process counts need              a program on every fault",
+            "--latency-sample needs -p PID or a command: system-wide, per-process counts need a program on every fault",
         )
     } else if !kernel.inherit_thread {
         Some("--latency-sample needs perf_event_attr.inherit_thread (Linux 5.13)")
@@ -118,6 +135,7 @@ const PERF_MIN: &str = "fault_perf_min";
 const PERF_MAJ: &str = "fault_perf_maj";
 const PERF_MIN_LOCAL: &str = "fault_perf_min_local";
 const PERF_MAJ_LOCAL: &str = "fault_perf_maj_local";
+const PERF_START: &str = "fault_perf_start";
 /// The same hooks with programs that return at once, or only read the clock: see
 /// [`BenchFloor`]. Entry user, entry kernel, perf min, perf maj.
 const EMPTY_PROGRAMS: [&str; 4] = [
@@ -184,6 +202,9 @@ pub fn attach(cx: &mut AttachContext<'_>, options: &FaultOptions) -> Result<Faul
                     },
                     per_target_completion: per_target,
                     completion_programs: per_target.then(|| completion_names(&kernel)),
+                    start_program: (tracepoints
+                        && per_target_start(options, specific_targets, &kernel))
+                    .then_some(PERF_START),
                     hook_set: set,
                     hooks,
                     refused,
@@ -269,7 +290,15 @@ fn attach_tracepoints(
             "perf counting events software:PAGE_FAULTS_MIN/MAJ on each target thread (no BPF per fault)".into(),
         ]);
     }
-    if options.latency {
+    if per_target_start(options, specific_targets, kernel) {
+        let start: &mut PerfEvent = program(ebpf, PERF_START)?.try_into()?;
+        start
+            .load()
+            .map_err(|e| hook_refused(PERF_START, "perf_event", e))?;
+        // Opened on each target thread as targets are added (`FaultCounters`).
+        hooks
+            .push("perf_event/software:PAGE_FAULTS on each target thread (start, period 1)".into());
+    } else if options.latency {
         hooks.extend(attach_fault_entry(ebpf, btf, options)?);
     }
     if wants_counting(options, specific_targets) {
@@ -334,6 +363,14 @@ fn completion_names(kernel: &KernelSupport) -> [&'static str; 2] {
     } else {
         [PERF_MIN_LOCAL, PERF_MAJ_LOCAL]
     }
+}
+
+/// A copy of a program's fd, for the events opened on target threads.
+pub fn program_fd(ebpf: &Ebpf, name: &str) -> Result<OwnedFd> {
+    let program = ebpf
+        .program(name)
+        .ok_or_else(|| anyhow!("program {name} missing"))?;
+    Ok(program.fd()?.as_fd().try_clone_to_owned()?)
 }
 
 /// Copies of the completion programs' fds, for the events opened on target threads.
@@ -467,6 +504,7 @@ fn unload(ebpf: &mut Ebpf, set: HookSet) {
             PERF_MAJ,
             PERF_MIN_LOCAL,
             PERF_MAJ_LOCAL,
+            PERF_START,
         ],
     };
     for name in names {

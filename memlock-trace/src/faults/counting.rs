@@ -13,6 +13,10 @@
 //! The same events carry the completion programs when they are bound to the targets'
 //! threads ([`Completion`]): with `sample_period` 1 the program times every fault, with N
 //! (`--latency-sample`) one in N, while the event still counts every fault, read as above.
+//! With faults timed, a third event per thread, `PAGE_FAULTS` (counted at the top of
+//! `do_user_addr_fault()`, before the fault is handled), runs the start program at period
+//! 1: the start no longer needs the system-wide tracepoint whose program ran for every
+//! fault on the machine.
 
 use std::{
     collections::BTreeMap,
@@ -52,6 +56,7 @@ struct PerfEventAttr {
 }
 
 const PERF_TYPE_SOFTWARE: u32 = 1;
+const PERF_COUNT_SW_PAGE_FAULTS: u64 = 2;
 const PERF_COUNT_SW_PAGE_FAULTS_MIN: u64 = 5;
 const PERF_COUNT_SW_PAGE_FAULTS_MAJ: u64 = 6;
 const FLAG_INHERIT: u64 = 1 << 1;
@@ -66,6 +71,9 @@ const PERF_EVENT_IOC_SET_BPF: libc::c_ulong = 0x4004_2408;
 pub struct Completion {
     pub programs: [OwnedFd; 2],
     pub period: u64,
+    /// The start program, run by a `PAGE_FAULTS` event (period 1) on each target thread;
+    /// None when the starts come from the system-wide tracepoints.
+    pub start: Option<OwnedFd>,
 }
 
 fn open_counter(tid: u32, config: u64, program: Option<(&OwnedFd, u64)>) -> std::io::Result<File> {
@@ -124,6 +132,8 @@ fn read_counter(mut file: &File) -> u64 {
 pub struct FaultCounters {
     /// tgid -> (minor, major) counters, one pair per thread present when it was added.
     processes: BTreeMap<u32, Vec<(File, File)>>,
+    /// The start events, kept open beside the counters (never read).
+    starts: Vec<File>,
     /// The programs the events run, if they carry the completion programs.
     completion: Option<Completion>,
 }
@@ -133,6 +143,7 @@ impl FaultCounters {
     pub fn with_completion(completion: Completion) -> Self {
         Self {
             processes: BTreeMap::new(),
+            starts: Vec::new(),
             completion: Some(completion),
         }
     }
@@ -151,6 +162,21 @@ impl FaultCounters {
                 continue;
             };
             let program = |i: usize| self.completion.as_ref().map(|c| (&c.programs[i], c.period));
+            // The start first: a completion whose start was missed counts as unmatched,
+            // a start whose completion was missed is overwritten.
+            if let Some(start) = self.completion.as_ref().and_then(|c| c.start.as_ref()) {
+                match open_counter(tid, PERF_COUNT_SW_PAGE_FAULTS, Some((start, 1))) {
+                    Ok(file) => self.starts.push(file),
+                    Err(e) if e.raw_os_error() == Some(libc::ESRCH) => continue,
+                    Err(e) => {
+                        return Err(e).with_context(|| {
+                            format!(
+                                "perf_event_open(PAGE_FAULTS, start) on thread {tid} of pid {tgid}"
+                            )
+                        });
+                    }
+                }
+            }
             match (
                 open_counter(tid, PERF_COUNT_SW_PAGE_FAULTS_MIN, program(0)),
                 open_counter(tid, PERF_COUNT_SW_PAGE_FAULTS_MAJ, program(1)),

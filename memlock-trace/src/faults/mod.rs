@@ -84,6 +84,10 @@ pub struct FaultOptions {
     /// bpftrace 0.17 attaches them, for a like-for-like benchmark (hidden
     /// `--classic-tracepoints`).
     pub classic_tracepoints: bool,
+    /// Time faults from the system-wide start tracepoints even where the start could be
+    /// taken from per-thread perf events on the targets (hidden `--tracepoint-start`, to
+    /// compare the two in `cargo xtask bench`).
+    pub tracepoint_start: bool,
     /// The benchmark's floor programs in place of the tracepoint set's per-fault hooks
     /// (hidden `--bench-floor`).
     pub bench_floor: Option<BenchFloor>,
@@ -112,6 +116,7 @@ impl Default for FaultOptions {
             stacks: false,
             top_stacks: 10,
             classic_tracepoints: false,
+            tracepoint_start: false,
             bench_floor: None,
         }
     }
@@ -147,6 +152,11 @@ pub struct FaultHooks {
     /// The completion programs to bind to target threads (with `per_target_completion`).
     #[serde(skip)]
     pub completion_programs: Option<[&'static str; 2]>,
+    /// A fault's start is taken from `PAGE_FAULTS` perf events on the targets' threads (the
+    /// program named here), not from the system-wide start tracepoints, so other processes'
+    /// faults run no program at all.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub start_program: Option<&'static str>,
 }
 
 impl HookFamily for FaultHooks {

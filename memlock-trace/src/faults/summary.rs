@@ -4,7 +4,6 @@
 
 use std::collections::BTreeMap;
 
-use hdrhistogram::Histogram;
 use memlock_trace_common::faults::{
     FaultKey, HIST_BUCKETS, HistKey, bucket_range, class, populate, stat,
 };
@@ -15,7 +14,7 @@ use super::{
     FaultHooks,
     read::{FaultReport, KeyStats},
 };
-use crate::{latency::Latency, procfs::MappingCache};
+use crate::procfs::MappingCache;
 
 /// Latency of one reported class, from the kernel's log-linear buckets.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -45,30 +44,44 @@ pub fn bucket_values(buckets: &[u64; HIST_BUCKETS], max: u64) -> Vec<(u64, u64)>
 }
 
 impl ClassLatency {
-    /// Each bucket's faults are recorded at the bucket's midpoint (so percentiles are good to
-    /// half a bucket, 1/16 of the value); the max is the kernel's exact one.
+    /// Percentiles interpolated inside the bucket they fall in, taking its faults as spread
+    /// evenly across it; the max is the kernel's exact one. Why not each bucket at its
+    /// midpoint (as before): a percentile then moves in whole buckets (1/8 of the value), so
+    /// two nearly equal distributions, e.g. a sampled one and the exact one, could differ by
+    /// 14% at p90 when the rank fell either side of a bucket edge (BENCHMARKS.md, issue 14).
     pub fn from_buckets(buckets: &[u64; HIST_BUCKETS], max: u64) -> Option<Self> {
-        let mut h = Histogram::<u64>::new(3).expect("3 significant figures is valid");
-        let mut count = 0;
-        for (mid, n) in bucket_values(buckets, max) {
-            // Auto-resizing: recording cannot fail.
-            let _ = h.record_n(mid, n);
-            count += n;
-        }
+        let count: u64 = buckets.iter().sum();
         if count == 0 {
             return None;
         }
-        let Latency { p50, p90, p99, .. } = Latency::of(&h);
-        let clamp = |v: u64| v.min(max);
+        let at = |q: f64| quantile(buckets, count, q).min(max);
         Some(Self {
             count,
-            p50: clamp(p50),
-            p90: clamp(p90),
-            p99: clamp(p99),
-            p99_9: clamp(h.value_at_quantile(0.999)),
+            p50: at(0.50),
+            p90: at(0.90),
+            p99: at(0.99),
+            p99_9: at(0.999),
             max,
         })
     }
+}
+
+/// The value at quantile `q` of `count` faults in kernel buckets, linear inside its bucket.
+fn quantile(buckets: &[u64; HIST_BUCKETS], count: u64, q: f64) -> u64 {
+    let rank = (q * count as f64).max(1.0);
+    let mut before = 0u64;
+    for (b, &n) in buckets.iter().enumerate() {
+        if n == 0 {
+            continue;
+        }
+        if (before + n) as f64 >= rank {
+            let (low, high) = bucket_range(b);
+            let within = ((rank - before as f64) / n as f64).clamp(0.0, 1.0);
+            return low + ((high - low) as f64 * within) as u64;
+        }
+        before += n;
+    }
+    u64::MAX
 }
 
 /// One process's (or thread's) faults: the `"faults"` object of the JSON summary.
@@ -328,5 +341,25 @@ mod tests {
         }
         assert!(l.p99_9 <= l.max && l.p99_9 >= l.p99);
         assert_eq!(ClassLatency::from_buckets(&[0; HIST_BUCKETS], 0), None);
+    }
+
+    #[test]
+    fn percentiles_move_smoothly_across_a_bucket_edge() {
+        // Faults spread evenly over 1000..3000 ns, and the same shifted by 2%: p90 (2800 ns)
+        // sits near the 2816 ns bucket edge, where midpoints jumped a whole bucket.
+        let spread = |shift: f64| {
+            let mut buckets = [0u64; HIST_BUCKETS];
+            for i in 0..10_000u64 {
+                let ns = ((1000 + i / 5) as f64 * shift) as u64;
+                buckets[bucket_of(ns)] += 1;
+            }
+            ClassLatency::from_buckets(&buckets, 4000).unwrap()
+        };
+        let (a, b) = (spread(1.0), spread(1.02));
+        for (x, y) in [(a.p50, b.p50), (a.p90, b.p90), (a.p99, b.p99)] {
+            let ratio = y as f64 / x as f64;
+            assert!((0.99..1.06).contains(&ratio), "{x} vs {y}: {a:?} {b:?}");
+        }
+        assert!(a.p90.abs_diff(2800) * 50 <= 2800, "{a:?}");
     }
 }

@@ -309,6 +309,7 @@ mod tests {
             latency_sample: 1,
             per_target_completion: false,
             completion_programs: None,
+            start_program: None,
         }
     }
 

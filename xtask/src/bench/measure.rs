@@ -264,6 +264,8 @@ fn memlock_trace_args(mode: Mode, pid: &str) -> Vec<&str> {
         Mode::Sampled128 => &["--latency-sample", "128"],
         Mode::Streaming => &["--events"],
         Mode::DefaultClassic => &["--classic-tracepoints"],
+        Mode::DefaultTpStart => &["--tracepoint-start"],
+        Mode::Sampled32TpStart => &["--latency-sample", "32", "--tracepoint-start"],
         Mode::EmptyPrograms => &["--bench-floor", "empty"],
         Mode::ClockPrograms => &["--bench-floor", "clock"],
         Mode::Untraced | Mode::Default | Mode::Bpftrace => &[],

@@ -68,16 +68,23 @@ enum Mode {
     Sampled8,
     Sampled32,
     Sampled128,
+    /// The default mode and `--latency-sample 32` with the start taken from the system-wide
+    /// tp_btf hook rather than from per-thread `PAGE_FAULTS` events (hidden
+    /// `--tracepoint-start`): the design before, side by side.
+    DefaultTpStart,
+    Sampled32TpStart,
 }
 
 impl Mode {
-    const ALL: [Mode; 11] = [
+    const ALL: [Mode; 13] = [
         Mode::Untraced,
         Mode::CountOnly,
         Mode::Default,
         Mode::Sampled8,
         Mode::Sampled32,
         Mode::Sampled128,
+        Mode::DefaultTpStart,
+        Mode::Sampled32TpStart,
         Mode::DefaultClassic,
         Mode::Streaming,
         Mode::Bpftrace,
@@ -98,6 +105,8 @@ impl Mode {
             Mode::Sampled8 => "memlock-trace --latency-sample 8",
             Mode::Sampled32 => "memlock-trace --latency-sample 32",
             Mode::Sampled128 => "memlock-trace --latency-sample 128",
+            Mode::DefaultTpStart => "memlock-trace, start from system-wide tp_btf (before)",
+            Mode::Sampled32TpStart => "--latency-sample 32, start from system-wide tp_btf (before)",
         }
     }
 }

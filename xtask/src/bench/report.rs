@@ -141,9 +141,14 @@ pub(super) fn report(
          (mode - untraced) in the same round; the min column shows the same story with the \
          least interference.\n\
          - memlock-trace runs with `--fault-hooks tracepoint`, the set this kernel allows \
-         (fentry: EPERM, no kprobes): `exceptions:page_fault_{{user,kernel}}` mark the start, \
-         the `PAGE_FAULTS_MIN/MAJ` software perf events (period 1; on the target's threads, \
-         one per CPU for the floor rows and bpftrace) the completion; \
+         (fentry: EPERM, no kprobes): with `-p` the `PAGE_FAULTS` software perf event on \
+         each of the target's threads (period 1, counted at the top of \
+         `do_user_addr_fault()`) marks the start, the `PAGE_FAULTS_MIN/MAJ` events on the \
+         same threads (period 1, or N with `--latency-sample N`) the completion; the \
+         \"start from system-wide tp_btf (before)\" rows take the start from \
+         `exceptions:page_fault_{{user,kernel}}` instead, as every mode did before (hidden \
+         flag `--tracepoint-start`), and so do the classic, floor and bpftrace rows (the \
+         floor and bpftrace rows with completion events one per CPU); \
          the populating-syscall and `signal_generate` tracepoints are attached too. It attaches \
          the start tracepoints BTF-typed (tp_btf) where the kernel allows, which bpftrace 0.17 \
          cannot; the \"classic tracepoints\" row attaches them as bpftrace does \
@@ -274,6 +279,8 @@ pub(super) fn report(
         Mode::Sampled8,
         Mode::Sampled32,
         Mode::Sampled128,
+        Mode::DefaultTpStart,
+        Mode::Sampled32TpStart,
     ] {
         let p = [
             pick(mode, |l| l.p50),
