@@ -172,8 +172,17 @@ fn run_probe(json: bool) -> anyhow::Result<()> {
             let capabilities = probe::capabilities()?;
             // The hook sets a real session would pick, by loading the tracer with nothing
             // to trace.
-            let tracer = Tracer::load(&Targets::Tgids(Vec::new()))?;
-            (capabilities, tracer.hooks)
+            let mut hooks = Tracer::load(&Targets::Tgids(Vec::new()))?.hooks;
+            // What the tracepoint set could not do here, though another set was picked:
+            // a forced `--fault-hooks tracepoint` would meet it.
+            let limits =
+                memlock_trace::faults::attach::tracepoint_set_limits(&probe::KernelBtf::load()?);
+            if let Some(faults) = hooks.get_mut(FaultHooks::NAME) {
+                for limit in limits {
+                    faults.push_str(&format!("; tracepoint set here: {limit}"));
+                }
+            }
+            (capabilities, hooks)
         }
         Some(missing) => {
             let families = [

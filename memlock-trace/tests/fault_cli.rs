@@ -533,6 +533,37 @@ fn text_summary_lists_the_call_sites() {
 fn sampled_latency_is_said_and_times_one_fault_in_n() {
     require_privileges();
     let args = ["--latency-sample", "8", "--fault-hooks", "tracepoint"];
+    let btf = memlock_trace::probe::KernelBtf::load().expect("kernel BTF");
+    if btf
+        .field_offset("perf_event_attr", "inherit_thread")
+        .is_err()
+    {
+        // Before 5.13 (Debian 11's 5.10) the tracepoint set cannot sample: the tracer says
+        // why at start, and `probe` names the field the kernel lacks.
+        let need = memlock_trace::faults::attach::SAMPLING_NEEDS_INHERIT_THREAD;
+        let out = Command::new(BIN)
+            .args(args)
+            .args(["--json", "--", BIN, "workload", "faults"])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(125), "{stderr}");
+        assert!(
+            stderr.contains(&format!(
+                "--fault-hooks tracepoint: the kernel refused it: {need}"
+            )),
+            "{stderr}"
+        );
+        let probe = Command::new(BIN).arg("probe").output().unwrap();
+        let text = String::from_utf8_lossy(&probe.stdout);
+        let words = text.split_whitespace().collect::<Vec<_>>().join(" ");
+        assert!(
+            words.contains(&format!("tracepoint set here: {need}")),
+            "{text}"
+        );
+        return;
+    }
     let out = traced_workload(&[&args[..], &["--json"]].concat(), "touch 4000\nexit");
     let lines = json_lines(&out.stdout);
     let summary = lines.last().expect("a summary line");

@@ -284,6 +284,27 @@ fn accuracy(set: HookSet, recording: Recording) {
         Ok(tracer) => tracer,
         Err(error) => {
             let message = format!("{error:#}");
+            let btf = memlock_trace::probe::KernelBtf::load().expect("kernel BTF");
+            if set == HookSet::Tracepoint
+                && recording == Recording::Sampled
+                && btf
+                    .field_offset("perf_event_attr", "inherit_thread")
+                    .is_err()
+            {
+                // Before 5.13 (Debian 11's 5.10) the tracepoint set cannot sample: loading it
+                // says why, and `probe` names the same missing field.
+                let need = memlock_trace::faults::attach::SAMPLING_NEEDS_INHERIT_THREAD;
+                assert!(message.contains(need), "{message}");
+                assert!(
+                    memlock_trace::faults::attach::tracepoint_set_limits(&btf).contains(&need),
+                    "probe must name it"
+                );
+                eprintln!(
+                    "\n*** kernel {} cannot sample on the tracepoint set, as probe says: {need}\n",
+                    memlock_trace::probe::kernel_release(),
+                );
+                return;
+            }
             assert!(
                 !allowed_sets().contains(&set),
                 "\n\n*** kernel {} allows {} hooks (capability probe) but the fault programs were refused:\n{message}\n",

@@ -27,8 +27,8 @@ pub struct Args {
     /// Only run the tests inside the qemu guest.
     #[arg(long, conflicts_with = "kernel")]
     vm_only: bool,
-    /// Run on these kernels only: `host`, or a guest kernel (5.10, 6.1, 6.12); repeatable.
-    /// Without it: the host and the 6.1 guest.
+    /// Run on these kernels only: `host`, a guest kernel (5.10, 6.1, 6.12), or `all` (the
+    /// host and every guest, side by side); repeatable. Without it: the host and the 6.1 guest.
     #[arg(long, value_name = "VERSION")]
     kernel: Vec<String>,
     /// Only the test binaries whose name contains this (e.g. `faults`, `lib`); repeatable.
@@ -47,6 +47,9 @@ impl Args {
                 vec![vm::DEFAULT_KERNEL]
             };
             return Ok((!self.vm_only, guests));
+        }
+        if self.kernel.iter().any(|k| k == "all") {
+            return Ok((true, vm::KERNELS.to_vec()));
         }
         let mut guests = Vec::new();
         for version in self.kernel.iter().filter(|k| *k != "host") {
@@ -100,12 +103,33 @@ impl Stage {
 /// one binary must not run concurrently.
 const LIBTEST_ARGS: [&str; 1] = ["--test-threads=1"];
 
-/// Test binaries run on the host stage only, with the reason the guest's table shows.
-const HOST_ONLY: [(&str, &str); 1] = [(
-    "memlock-trace/test:prometheus_server",
-    "host only: runs Debian's prometheus server, which the guest's initramfs does not carry",
-)];
-
+/// Test binaries run on the host stage only, with the reason the guests' tables show. Only
+/// kernel-independent behaviour belongs here (CLI parsing, output shape, JSON schema,
+/// errors decided in user space); the figures behind such output are checked on every
+/// kernel by the binaries named in each reason. Every other binary runs on every kernel.
+const HOST_ONLY: [(&str, &str); 4] = [
+    (
+        "memlock-trace/test:prometheus_server",
+        "host only: runs Debian's prometheus server, which the guest's initramfs does not carry \
+         (the metrics it scrapes: test:prometheus, on every kernel)",
+    ),
+    (
+        "memlock-trace/test:json_schema",
+        "host only: JSON shape (schema, time_ns, stack frame keys) is user space; the stacks \
+         and verify behind it: test:fault_cli and test:verify, on every kernel",
+    ),
+    (
+        "memlock-trace/test:errors",
+        "host only: usage errors, output-path and I/O errors, exit codes are decided in user \
+         space, the same on every kernel",
+    ),
+    (
+        "memlock-trace/test:habits",
+        "host only: output formats (--hist rows, units, -T, -o, -q/-v, man page, \
+         completions); the counts behind them: test:syscalls, test:intervals, \
+         test:fault_cli, on every kernel",
+    ),
+];
 /// Test binaries that run Debian's programs, and the package of each: installed when missing
 /// (like qemu) before any stage runs them, since a guest's initramfs carries the programs
 /// the host has (python3 with its standard library, memcached: see `vm::programs`).
@@ -150,26 +174,32 @@ pub fn run(args: &Args) -> Result<()> {
     // Before any stage: the guests' initramfs is built from what the host has installed.
     install_missing_packages(&packages_for(&binaries))?;
     let tracer = workspace_root().join("target/debug/memlock-trace");
-    let mut stages = Vec::new();
-    if host {
-        stages.push(host_stage(&binaries, &tracer)?);
-    }
-    // Guests side by side: each is one qemu process, mostly waiting on emulation.
+    // The host stage and the guests side by side: a guest is one qemu process emulating the
+    // kernel, the host stage mostly waits on its tests' processes, and the machine has few
+    // cores; one after the other the run took the host's time plus the slowest guest's.
     let (binaries, tracer) = (&binaries, &tracer);
-    let guest_stages: Vec<Result<Stage>> = std::thread::scope(|scope| {
+    let (host_stage, guest_stages) = std::thread::scope(|scope| {
         let handles: Vec<_> = guests
             .iter()
             .map(|&kernel| scope.spawn(move || vm_stage(binaries, tracer, kernel)))
             .collect();
-        handles
+        let host_stage = host.then(|| host_stage(binaries, tracer));
+        let guest_stages: Vec<Result<Stage>> = handles
             .into_iter()
             .map(|h| {
                 h.join()
                     .unwrap_or_else(|_| Err(anyhow::anyhow!("guest thread panicked")))
             })
-            .collect()
+            .collect();
+        (host_stage, guest_stages)
     });
+    let mut stages = Vec::new();
     let mut errors = Vec::new();
+    match host_stage {
+        Some(Ok(stage)) => stages.push(stage),
+        Some(Err(error)) => errors.push(format!("host: {error:#}")),
+        None => {}
+    }
     for stage in guest_stages {
         match stage {
             Ok(stage) => stages.push(stage),
@@ -519,6 +549,26 @@ mod tests {
         ];
         assert_eq!(packages_for(&binaries), ["python3"]);
         assert!(packages_for(&binaries[1..2]).is_empty());
+    }
+
+    #[test]
+    fn all_names_the_host_and_every_guest() {
+        let args = |kernels: &[&str]| Args {
+            host_only: false,
+            vm_only: false,
+            kernel: kernels.iter().map(|k| k.to_string()).collect(),
+            test: Vec::new(),
+        };
+        let (host, guests) = args(&["all"]).kernels().unwrap();
+        assert!(host);
+        assert_eq!(guests, vm::KERNELS);
+        let (host, guests) = args(&["6.12", "host"]).kernels().unwrap();
+        assert!(host);
+        assert_eq!(guests, [vm::kernel("6.12").unwrap()]);
+        assert_eq!(
+            args(&[]).kernels().unwrap(),
+            (true, vec![vm::DEFAULT_KERNEL])
+        );
     }
 
     #[test]

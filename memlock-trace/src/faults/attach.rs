@@ -93,13 +93,33 @@ fn sampling_refused(
             "--latency-sample needs -p PID or a command: system-wide, per-process counts need a program on every fault",
         )
     } else if !kernel.inherit_thread {
-        Some("--latency-sample needs perf_event_attr.inherit_thread (Linux 5.13)")
+        Some(SAMPLING_NEEDS_INHERIT_THREAD)
     } else if options.events || options.per_thread || options.stacks {
         Some(
             "--latency-sample counts per process only: not with --events, --per-thread or --stacks",
         )
     } else {
         None
+    }
+}
+
+/// Why the tracepoint set refuses `--latency-sample` before 5.13: the sampled events' own
+/// counts are the process's fault counts, so they must follow its new threads and not its
+/// forked children, which only `inherit_thread` does (plain `inherit` adds the children's
+/// faults to the count read back).
+pub const SAMPLING_NEEDS_INHERIT_THREAD: &str =
+    "--latency-sample needs perf_event_attr.inherit_thread (Linux 5.13)";
+/// How the tracepoint set counts without a latency before 5.13.
+const COUNT_ONLY_BY_BPF: &str =
+    "count-only by BPF per fault (counting events need perf_event_attr.inherit_thread, 5.13)";
+
+/// What the tracepoint set cannot do on this kernel, whichever set a session picks, for
+/// `probe` to name: a forced `--fault-hooks tracepoint` meets these.
+pub fn tracepoint_set_limits(btf: &crate::probe::KernelBtf) -> Vec<&'static str> {
+    if KernelSupport::of(btf).inherit_thread {
+        Vec::new()
+    } else {
+        vec![SAMPLING_NEEDS_INHERIT_THREAD, COUNT_ONLY_BY_BPF]
     }
 }
 
@@ -302,11 +322,7 @@ fn attach_tracepoints(
         hooks.extend(attach_fault_entry(ebpf, btf, options)?);
     }
     if wants_counting(options, specific_targets) {
-        hooks.push(
-            "count-only by BPF per fault (counting events need perf_event_attr.inherit_thread, \
-             5.13)"
-                .into(),
-        );
+        hooks.push(COUNT_ONLY_BY_BPF.into());
     }
     let cpus = aya::util::online_cpus().map_err(|(what, e)| anyhow!("{what}: {e}"))?;
     let [min, maj] = match floor_programs(options.bench_floor) {

@@ -31,7 +31,7 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-pub use self::assets::{DEFAULT_KERNEL, Kernel, ensure_assets, kernel};
+pub use self::assets::{DEFAULT_KERNEL, KERNELS, Kernel, ensure_assets, kernel};
 
 /// `/init` prints this and `uname -r` once booted.
 const KERNEL_MARK: &str = "MEMLOCK-TRACE-KERNEL";
