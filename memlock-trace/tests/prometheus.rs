@@ -133,9 +133,14 @@ fn workload_report(path: &std::path::Path) -> Vec<Value> {
     }
 }
 
-/// Scrapes until `ready` holds (the tracer drains asynchronously), at most 10 s.
-fn scrape_until(url: &str, ready: impl Fn(&[Sample]) -> bool) -> (Vec<Sample>, String) {
-    let deadline = Instant::now() + Duration::from_secs(10);
+/// Scrapes until `ready` holds (the tracer drains asynchronously), at most 30 s (guests in
+/// software emulation, side by side on two CPUs, can be slow); `expected` is said if not.
+fn scrape_until(
+    url: &str,
+    expected: &str,
+    ready: impl Fn(&[Sample]) -> bool,
+) -> (Vec<Sample>, String) {
+    let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let mut response = agent().get(url).call().expect("GET /metrics");
         assert_eq!(response.status(), 200);
@@ -158,7 +163,7 @@ fn scrape_until(url: &str, ready: impl Fn(&[Sample]) -> bool) -> (Vec<Sample>, S
         }
         assert!(
             Instant::now() < deadline,
-            "metrics never showed the workload:\n{text}"
+            "metrics never showed the workload ({expected}):\n{text}"
         );
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -201,7 +206,10 @@ fn scraped_metrics_count_exactly_the_calls_made() {
             .map(|x| x.value)
             .sum()
     };
-    let (samples, text) = scrape_until(&url, |s| {
+    let expected = format!(
+        "munlockall 1, pages populated by {populating:?}: {populated_by:?} (the workload's getrusage)"
+    );
+    let (samples, text) = scrape_until(&url, &expected, |s| {
         value(s, "memlock_trace_syscalls_total", &labels("munlockall")) == Some(1.0)
             && populating
                 .iter()
@@ -390,7 +398,7 @@ fn pid_label_only_when_asked() {
     let _ = std::fs::remove_file(&report);
     let (mut tracer, url) = start(&["--prometheus-pid-label"], &report);
     workload_report(&report);
-    let (samples, _) = scrape_until(&url, |s| {
+    let (samples, _) = scrape_until(&url, "the calls made", |s| {
         s.iter().any(|s| {
             s.name == "memlock_trace_syscalls_total"
                 && s.labels.get("syscall").map(String::as_str) == Some("munlockall")
