@@ -18,6 +18,7 @@
 //! protocol between the last two.
 
 mod assets;
+mod files;
 mod initramfs;
 mod programs;
 mod qemu;

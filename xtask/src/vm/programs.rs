@@ -21,7 +21,7 @@ use anyhow::{Context, Result};
 
 use super::{
     ScratchDir,
-    initramfs::{install_file, pack, shared_libraries},
+    files::{install_file, pack, shared_libraries},
 };
 
 const PYTHON: &str = "/usr/bin/python3";
