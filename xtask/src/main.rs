@@ -14,7 +14,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-/// memlock-trace's project tasks: set-up, the bundled run, lint, the tests on two kernels and
+/// memlock-trace's project tasks: set-up, the bundled run, lint, the tests on four kernels and
 /// the page-fault benchmark.
 #[derive(Parser)]
 #[command(name = "cargo xtask", bin_name = "cargo xtask")]
@@ -37,11 +37,12 @@ enum Task {
     /// `-Z build-std=core`). Every check runs; a failure names each failing check and the
     /// command that reproduces it.
     Lint,
-    /// Lint, then run the tests on this kernel and in a qemu VM booting a stock Debian kernel.
+    /// Lint, then run the tests on this kernel and in qemu guests booting Debian's 5.10, 6.1
+    /// and 6.12.
     ///
     /// The lint checks of `cargo xtask lint` always run first: if one fails, no test runs.
     /// Then the test binaries are built once and run on this machine's kernel and inside the
-    /// guest, with a table per kernel and `N passed, N failed` over both.
+    /// guests, side by side, with a table per kernel and `N passed, N failed` over all.
     Test(test::Args),
     /// Build the release binary with its man page and bash/zsh/fish completions under
     /// target/dist/ (a /usr/local-style tree: bin/, share/man/man1/, share/...completions).

@@ -28,7 +28,7 @@ pub struct Args {
     #[arg(long, conflicts_with = "kernel")]
     vm_only: bool,
     /// Run on these kernels only: `host`, a guest kernel (5.10, 6.1, 6.12), or `all` (the
-    /// host and every guest, side by side); repeatable. Without it: the host and the 6.1 guest.
+    /// host and every guest, side by side); repeatable. Without it: all of them.
     #[arg(long, value_name = "VERSION")]
     kernel: Vec<String>,
     /// Only the test binaries whose name contains this (e.g. `faults`, `lib`); repeatable.
@@ -44,7 +44,7 @@ impl Args {
             let guests = if self.host_only {
                 Vec::new()
             } else {
-                vec![vm::DEFAULT_KERNEL]
+                vm::KERNELS.to_vec()
             };
             return Ok((!self.vm_only, guests));
         }
@@ -565,10 +565,7 @@ mod tests {
         let (host, guests) = args(&["6.12", "host"]).kernels().unwrap();
         assert!(host);
         assert_eq!(guests, [vm::kernel("6.12").unwrap()]);
-        assert_eq!(
-            args(&[]).kernels().unwrap(),
-            (true, vec![vm::DEFAULT_KERNEL])
-        );
+        assert_eq!(args(&[]).kernels().unwrap(), (true, vm::KERNELS.to_vec()));
     }
 
     #[test]
