@@ -261,9 +261,13 @@ impl Output {
         }
     }
 
-    /// Snapshots the mappings of every process that has faulted.
+    /// Snapshots the mappings of every process that has faulted: a process not read yet at
+    /// once, the others when their snapshot is older than `max_age` times the number of
+    /// processes, so that following many children (a forking server) does not multiply
+    /// the re-reads.
     pub(super) fn refresh_mappings(&mut self, tracer: &Tracer, max_age: Duration) {
         if let Ok(pids) = tracer.fault_pids() {
+            let max_age = max_age * u32::try_from(pids.len()).unwrap_or(u32::MAX).max(1);
             for pid in pids {
                 self.mappings.refresh(pid, max_age);
             }
