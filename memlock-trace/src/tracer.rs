@@ -177,7 +177,11 @@ impl Tracer {
                 tracer.add_target(tgid)?;
             }
         }
-        let mut cx = AttachContext::new(&mut tracer.ebpf, &btf, targets.specific());
+        // Per-thread fault events (counting, start, completion) reach a target's new threads
+        // by inheritance, but not the children --follow-children adds in the kernel: with it,
+        // the fault family hooks every process and the target set filters, as system-wide.
+        let per_process_events = targets.specific() && !filters.follow_children;
+        let mut cx = AttachContext::new(&mut tracer.ebpf, &btf, per_process_events);
         // A family the kernel cannot serve is reported as not traced, with its reason, and
         // the others carry on: one family never stops the tracer (unless the user required it).
         let describe = |family: Result<String>| {

@@ -90,7 +90,7 @@ fn sampling_refused(
         None
     } else if !specific_targets {
         Some(
-            "--latency-sample needs -p PID or a command: system-wide, per-process counts need a program on every fault",
+            "--latency-sample needs -p PID or a command, without --follow-children: system-wide, per-process counts need a program on every fault",
         )
     } else if !kernel.inherit_thread {
         Some(SAMPLING_NEEDS_INHERIT_THREAD)
