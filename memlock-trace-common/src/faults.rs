@@ -174,6 +174,11 @@ pub struct FaultConfig {
     /// and only time it; the exception faults are counted by the perf events themselves, read
     /// by the loader, and their mappings by the start hook, which sees every one.
     pub counted_by_perf: u32,
+    /// `--latency-sample N`: one fault in N is timed (1: every one). The tracepoint set's
+    /// programs do not read it (the completion events' sample period is N); fentry/kprobe
+    /// count each thread's faults down to the next timed one.
+    pub latency_period: u32,
+    pub _pad: u32,
 }
 
 const _: () = assert!(
@@ -181,7 +186,7 @@ const _: () = assert!(
         && size_of::<FaultConfig>().is_multiple_of(8)
 );
 const _: () = assert!(
-    core::mem::offset_of!(FaultConfig, populate_nrs) + 4 * populate::COUNT + 4
+    core::mem::offset_of!(FaultConfig, populate_nrs) + 4 * populate::COUNT + 12
         == size_of::<FaultConfig>()
 );
 
@@ -402,7 +407,8 @@ pub struct FaultEntry {
     pub vm_start: u64,
     /// Non-zero: this fault already returned `VM_FAULT_RETRY` once.
     pub retried: u32,
-    pub _pad: u32,
+    /// `--latency-sample`: faults this thread takes untimed before the next timed one.
+    pub untimed_left: u32,
 }
 
 /// A populating system call in progress (`POPULATE_INFLIGHT`, keyed by tid).

@@ -115,10 +115,12 @@ pub struct TraceArgs {
     /// With --events, print one page fault in N.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = int(1, u32::MAX))]
     pub sample: u32,
-    /// Time one page fault in N, counts staying exact (tracepoint hooks, with -p or a
-    /// command): the completion event runs its program once per N faults.
+    /// Time one page fault in N, counts staying exact. Tracepoint hooks: with -p or a command
+    /// only, per process (the completion event runs its program once per N faults);
+    /// fentry/kprobe: any targets (the programs count every fault and read the clock for one
+    /// in N of each thread's).
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = int(1, u32::MAX),
-          conflicts_with_all = ["count_only", "per_thread", "stacks"])]
+          conflicts_with = "count_only")]
     pub latency_sample: u32,
     /// Mappings listed per process, by page faults.
     #[arg(long, value_name = "N", default_value_t = 10, value_parser = int(0, MAX_TOP))]

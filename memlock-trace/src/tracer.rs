@@ -317,12 +317,10 @@ impl Tracer {
         }
         let mut report =
             faults::read::read(&self.ebpf, self.fault_options.per_thread, self.sole.tgid)?;
-        // Count-only and sampled latency count the exception faults with the perf events;
-        // with every fault timed the programs count them.
         let counted_by_perf = self
             .fault_hooks
             .as_ref()
-            .is_some_and(|h| h.counting || h.latency_sample > 1);
+            .is_some_and(FaultHooks::counted_by_perf);
         if let Some(counters) = self.fault_counters.as_ref().filter(|_| counted_by_perf) {
             report.add_counted(counters.read());
         }

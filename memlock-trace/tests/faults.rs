@@ -252,8 +252,9 @@ enum Recording {
     /// No latency, per process (on the tracepoint set: the targets' counting perf events
     /// rather than a program per fault).
     CountOnly,
-    /// `--latency-sample 8`, per process: on the tracepoint set one fault in 8 timed, the
-    /// counts from the completion events themselves; the other sets time every fault.
+    /// `--latency-sample 8`, per process: one fault in 8 timed, on the tracepoint set by the
+    /// completion events, which also give the counts; on the others by the programs, which
+    /// count every fault.
     Sampled,
 }
 
@@ -409,7 +410,7 @@ fn accuracy(set: HookSet, recording: Recording) {
         (d, addr, by_mapping)
     };
     let vma_hooks = set != HookSet::Tracepoint;
-    let sampled = recording == Recording::Sampled && set == HookSet::Tracepoint;
+    let sampled = recording == Recording::Sampled;
     let hooks = tracer.fault_hooks.as_ref().unwrap();
     assert_eq!(hooks.latency_sample, if sampled { SAMPLE } else { 1 });
     // With specific targets the completion events run on the targets' threads only (5.13+).
@@ -424,16 +425,23 @@ fn accuracy(set: HookSet, recording: Recording) {
             hooks.hooks
         );
     }
-    // Faults timed: all of them, none in count-only mode, one in SAMPLE when sampled (a
-    // multiple of SAMPLE faults is exactly n / SAMPLE periods of the thread's event,
-    // whatever its phase; a sample whose start was not seen is unmatched instead).
-    let timed = |n: u64| (!count_only).then_some(if sampled { n / u64::from(SAMPLE) } else { n });
-    let timed_of = |d: &Delta, class: &str| {
+    // Faults timed of the n of `class` in a window: all of them, none in count-only mode,
+    // one in SAMPLE when sampled: n / SAMPLE rounded down or up, whatever the phase of the
+    // thread's period, so exactly n / SAMPLE for a multiple of SAMPLE (a sample whose start
+    // was not seen would be unmatched instead; the touch window checks there is none).
+    let period = u64::from(SAMPLE);
+    let check_timed = |d: &Delta, class: &str, n: u64| {
         let t = d.timed.get(class).copied();
-        if sampled {
-            t.map(|t| t + d.latency_unmatched)
+        if count_only {
+            assert_eq!(t, None, "{class}: {d:?}");
+        } else if sampled {
+            let t = t.unwrap_or(0) + d.latency_unmatched;
+            assert!(
+                (n / period..=n.div_ceil(period)).contains(&t),
+                "{class}: {t} of {n} timed, period {period}: {d:?}"
+            );
         } else {
-            t
+            assert_eq!(t, Some(n), "{class}: {d:?}");
         }
     };
     let zero_if_vma = |n: u64| vma_hooks.then_some(n);
@@ -452,8 +460,8 @@ fn accuracy(set: HookSet, recording: Recording) {
     // Lazy first touch: one minor user fault per page, each timed.
     let (d, ..) = window("touch 1000");
     assert_eq!((d.user, d.minor, d.populated), (1000, 1000, 0), "{d:?}");
-    assert_eq!(timed_of(&d, "user"), timed(1000), "{d:?}");
-    assert_eq!(d.latency_unmatched, 0);
+    check_timed(&d, "user", 1000);
+    assert_eq!(d.latency_unmatched, 0, "{d:?}");
 
     // mlock of untouched pages: the kernel populates every page inside the call.
     let (d, ..) = window("mlock 500");
@@ -462,7 +470,7 @@ fn accuracy(set: HookSet, recording: Recording) {
     assert_eq!(d.in_locked_vma, zero_if_vma(500));
     if vma_hooks {
         // Hooks inside handle_mm_fault time populated faults one by one too.
-        assert_eq!(d.timed.get("populated").copied(), timed(500), "{d:?}");
+        check_timed(&d, "populated", 500);
     }
 
     let (d, ..) = window("populate 300");
@@ -539,7 +547,7 @@ fn accuracy(set: HookSet, recording: Recording) {
             (file_pages as u64, file_pages as u64),
             "{d:?}"
         );
-        assert_eq!(timed_of(&d, "major"), timed(file_pages as u64), "{d:?}");
+        check_timed(&d, "major", file_pages as u64);
     }
 
     // A SIGSEGV then its successful restart: one failed fault (every hook set counts it at
@@ -597,7 +605,7 @@ fn accuracy_tracepoint_sampled() {
     accuracy(HookSet::Tracepoint, Recording::Sampled);
 }
 
-/// The other sets time every fault whatever `--latency-sample` says.
+/// fentry: the programs count every fault and read the clock for one in 8.
 #[test]
 fn accuracy_fentry_sampled() {
     accuracy(HookSet::Fentry, Recording::Sampled);

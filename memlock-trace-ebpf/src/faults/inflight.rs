@@ -5,7 +5,7 @@
 use aya_ebpf::{
     EbpfContext,
     bindings::BPF_ANY,
-    helpers::bpf_map_lookup_percpu_elem,
+    helpers::{bpf_get_prandom_u32, bpf_map_lookup_percpu_elem},
     macros::map,
     maps::{LruHashMap, PerCpuArray},
     programs::PerfEventContext,
@@ -16,7 +16,7 @@ use memlock_trace_common::{
 };
 
 use super::{
-    FAILED_SIGNALLED, Fault, NO_LATENCY, NO_SYSCALL, TIMED_ONLY, account,
+    FAILED_SIGNALLED, Fault, NO_LATENCY, NO_SYSCALL, NOT_TIMED, TIMED_ONLY, account,
     populate::POPULATE_INFLIGHT, record_stack, regions::count_region, sole_tgid,
 };
 use crate::shared::{current_ids, is_target, now_ns, read_kernel, this_cpu};
@@ -220,16 +220,23 @@ static FAULT_ENTRY: LruHashMap<u32, FaultEntry> =
 
 #[inline(always)]
 pub(super) fn hook_start(vma: u64, address: u64, flags: u32, no_regs: bool) {
-    // Read the VMA now: after a VM_FAULT_RETRY or COMPLETED return the lock is dropped and
-    // the VMA may be gone.
-    let vm_flags: u64 = read_kernel(vma, config!(vma_vm_flags));
-    let vm_start: u64 = read_kernel(vma, config!(vma_vm_start));
-    start(address, flags, u32::from(no_regs), vm_flags, vm_start);
+    let (tgid, tid) = current_ids();
+    // Every fault on the machine runs this: with one target, other processes leave at a
+    // compare, before any map lookup, kernel read or clock read.
+    let sole = sole_tgid();
+    if sole != 0 && tgid != sole {
+        return;
+    }
+    start(tgid, tid, vma, address, flags, u32::from(no_regs));
 }
 
 #[inline(always)]
 pub(super) fn hook_end<C: EbpfContext>(ctx: &C, ret: u32) {
     let (tgid, tid) = current_ids();
+    let sole = sole_tgid();
+    if sole != 0 && tgid != sole {
+        return;
+    }
     let Some(entry) = FAULT_ENTRY.get_ptr_mut(tid) else {
         return;
     };
@@ -246,10 +253,12 @@ pub(super) fn hook_end<C: EbpfContext>(ctx: &C, ret: u32) {
         return;
     }
     e.pending = 0;
-    let latency = if config!(latency) != 0 {
-        now_ns().wrapping_sub(e.start_ns)
-    } else {
+    let latency = if config!(latency) == 0 {
         NO_LATENCY
+    } else if e.start_ns == UNTIMED {
+        NOT_TIMED
+    } else {
+        now_ns().wrapping_sub(e.start_ns)
     };
     let retried = e.retried != 0;
     e.retried = 0;
@@ -313,13 +322,30 @@ pub(super) fn hook_end<C: EbpfContext>(ctx: &C, ret: u32) {
     }
 }
 
+/// `FaultEntry::start_ns` of a fault `--latency-sample` leaves untimed.
+const UNTIMED: u64 = 0;
+
+/// The start time of a new fault: the clock, or [`UNTIMED`] for the faults sampling skips
+/// (and with no latency asked at all). One fault in `latency_period` of each thread is timed;
+/// `untimed_left` counts down to it.
+#[inline(always)]
+fn start_time(untimed_left: &mut u32) -> u64 {
+    if config!(latency) == 0 {
+        return UNTIMED;
+    }
+    if *untimed_left > 0 {
+        *untimed_left -= 1;
+        return UNTIMED;
+    }
+    *untimed_left = config!(latency_period).saturating_sub(1);
+    now_ns()
+}
+
 /// fentry/kprobe: a fault begins; remember it per thread (it may sleep, migrate and retry
 /// before it completes). A thread with a fault still pending was left by one that never
 /// completed (a retry abandoned for a fatal signal): failed.
 #[inline(always)]
-fn start(address: u64, flags: u32, no_regs: u32, vm_flags: u64, vm_start: u64) {
-    let (tgid, tid) = current_ids();
-    let now = now_ns();
+fn start(tgid: u32, tid: u32, vma: u64, address: u64, flags: u32, no_regs: u32) {
     if let Some(entry) = FAULT_ENTRY.get_ptr_mut(tid) {
         // SAFETY: as in `hook_end`: this thread's own entry, used by nothing else meanwhile.
         let e = unsafe { &mut *entry };
@@ -345,8 +371,9 @@ fn start(address: u64, flags: u32, no_regs: u32, vm_flags: u64, vm_start: u64) {
                 known_target: true,
             });
         }
+        // A retry keeps its first attempt's start, so the latency covers every attempt.
         if !(e.pending != 0 && retry_of_same) {
-            e.start_ns = now;
+            e.start_ns = start_time(&mut e.untimed_left);
             e.retried = 0;
         }
         e.tgid = tgid;
@@ -354,24 +381,31 @@ fn start(address: u64, flags: u32, no_regs: u32, vm_flags: u64, vm_start: u64) {
         e.address = address;
         e.flags = flags;
         e.no_regs = no_regs;
-        e.vm_flags = vm_flags;
-        e.vm_start = vm_start;
+        // Read the VMA now: after a VM_FAULT_RETRY or COMPLETED return the lock is dropped
+        // and the VMA may be gone.
+        e.vm_flags = read_kernel(vma, config!(vma_vm_flags));
+        e.vm_start = read_kernel(vma, config!(vma_vm_start));
         return;
     }
     if !is_target(tgid) {
         return;
     }
+    // A new thread's first timed fault comes at a random place in its first period, so that
+    // threads that live for a few faults are not timed at their first one only.
+    let period = config!(latency_period).max(1);
+    // SAFETY: the helper has no preconditions.
+    let mut untimed_left = unsafe { bpf_get_prandom_u32() } % period;
     let entry = FaultEntry {
         tgid,
         pending: 1,
-        start_ns: now,
+        start_ns: start_time(&mut untimed_left),
         address,
         flags,
         no_regs,
-        vm_flags,
-        vm_start,
+        vm_flags: read_kernel(vma, config!(vma_vm_flags)),
+        vm_start: read_kernel(vma, config!(vma_vm_start)),
         retried: 0,
-        _pad: 0,
+        untimed_left,
     };
     if FAULT_ENTRY.insert(tid, entry, u64::from(BPF_ANY)).is_err() {
         super::update_failed("FAULT_ENTRY");

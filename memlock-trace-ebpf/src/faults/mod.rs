@@ -80,6 +80,8 @@ static FAULT_CONFIG: FaultConfig = FaultConfig {
     region_slots_mask: 0,
     populate_nrs: [u32::MAX; memlock_trace_common::faults::populate::COUNT],
     counted_by_perf: 0,
+    latency_period: 1,
+    _pad: 0,
 };
 
 /// Per process (or thread) counters and latency histogram: per CPU, so a fault never contends
@@ -126,7 +128,10 @@ static HIST_ZERO: PerCpuArray<Hist> = PerCpuArray::with_max_entries(1, 0);
 #[map]
 static STATS_SCRATCH: PerCpuArray<FaultStats> = PerCpuArray::with_max_entries(1, 0);
 
+/// A fault whose start was not seen: counted in `LATENCY_UNMATCHED`.
 const NO_LATENCY: u64 = u64::MAX;
+/// A fault `--latency-sample` chose not to time.
+const NOT_TIMED: u64 = u64::MAX - 1;
 const NO_SYSCALL: u32 = u32::MAX;
 
 /// Counts one in `FAULT_COUNTERS[index]` (see [`fault_counter`]); returns the count before.
@@ -231,7 +236,7 @@ struct Fault {
     tid: u32,
     /// A [`class`], or [`FAILED_SIGNALLED`].
     cls: u32,
-    /// ns, or [`NO_LATENCY`].
+    /// ns, or [`NO_LATENCY`] or [`NOT_TIMED`].
     latency: u64,
     address: u64,
     /// The VMA start (with `vm_flags`), or the page address.
@@ -308,7 +313,7 @@ fn account(f: Fault) -> bool {
         if config!(latency) != 0 && cls != class::FAILED {
             s.counts[stat::LATENCY_UNMATCHED] += 1;
         }
-    } else {
+    } else if latency != NOT_TIMED {
         record_latency(s, tgid, tid, cls, latency);
         if retried {
             record_latency(s, tgid, tid, class::RETRIED, latency);
@@ -328,6 +333,11 @@ fn account(f: Fault) -> bool {
         if retried {
             flags |= fault_flags::RETRIED;
         }
+        let latency = if latency == NOT_TIMED {
+            NO_LATENCY
+        } else {
+            latency
+        };
         emit(tgid, tid, flags, address, latency, vm_flags, 1, syscall);
     }
     true

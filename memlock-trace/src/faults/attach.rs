@@ -42,7 +42,9 @@ fn wants_counting(options: &FaultOptions, specific_targets: bool) -> bool {
         && !options.stacks
 }
 
-/// `--latency-sample N` with N > 1: the completion events sample one fault in N.
+/// `--latency-sample N` with N > 1: one fault in [`FaultOptions::latency_period`] is timed
+/// (on the tracepoint set the completion events sample it; on fentry/kprobe the programs
+/// count every fault and read the clock for one in N).
 fn sampling(options: &FaultOptions) -> bool {
     options.latency && options.latency_sample > 1
 }
@@ -215,8 +217,8 @@ pub fn attach(cx: &mut AttachContext<'_>, options: &FaultOptions) -> Result<Faul
                     tracepoints && per_target_completion(options, specific_targets, &kernel);
                 return Ok(FaultHooks {
                     counting,
-                    latency_sample: if tracepoints && sampling(options) {
-                        options.latency_sample
+                    latency_sample: if sampling(options) {
+                        options.latency_period()
                     } else {
                         1
                     },
@@ -347,7 +349,7 @@ fn attach_tracepoints(
         if per_target {
             // Opened on each target thread as targets are added (`FaultCounters`).
             let period = if sampling(options) {
-                format!("period {}", options.latency_sample)
+                format!("period {}", options.latency_period())
             } else {
                 "period 1".into()
             };

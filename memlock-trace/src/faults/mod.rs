@@ -71,8 +71,8 @@ pub struct FaultOptions {
     pub events: bool,
     /// Keep one streamed fault in this many.
     pub sample_every: u32,
-    /// `--latency-sample N`: time one fault in N (tracepoint set, specific targets), the
-    /// counts staying exact; 1 times every fault.
+    /// `--latency-sample N`: time one fault in N, the counts staying exact; 1 times every
+    /// fault.
     pub latency_sample: u32,
     /// Mappings listed per process.
     pub top_mappings: usize,
@@ -122,6 +122,17 @@ impl Default for FaultOptions {
     }
 }
 
+impl FaultOptions {
+    /// One fault in this many is timed (1: every one).
+    pub fn latency_period(&self) -> u32 {
+        if self.latency {
+            self.latency_sample.max(1)
+        } else {
+            1
+        }
+    }
+}
+
 /// A better hook set the kernel refused, and its reason.
 #[derive(Clone, Debug, Serialize)]
 pub struct Refusal {
@@ -143,7 +154,7 @@ pub struct FaultHooks {
     pub counting: bool,
     /// Fault classes this hook set cannot observe (reported as null).
     pub unobserved: Vec<&'static str>,
-    /// One exception fault in this many is timed (1: every one); the counts stay exact.
+    /// One fault in this many is timed (1: every one); the counts stay exact.
     pub latency_sample: u32,
     /// The completion events are bound to the targets' threads (opened by
     /// [`counting::FaultCounters`] with the completion programs), not to every CPU, so other
@@ -157,6 +168,16 @@ pub struct FaultHooks {
     /// faults run no program at all.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub start_program: Option<&'static str>,
+}
+
+impl FaultHooks {
+    /// Whether the exception faults are counted by the perf events on the targets' threads
+    /// (read back by the loader) rather than by the programs: count-only, and sampled latency
+    /// on the tracepoint set, whose completion programs run for one fault in N. With every
+    /// fault timed, and on fentry/kprobe, the programs count them.
+    pub fn counted_by_perf(&self) -> bool {
+        self.counting || (self.hook_set == HookSet::Tracepoint && self.latency_sample > 1)
+    }
 }
 
 impl HookFamily for FaultHooks {

@@ -176,9 +176,12 @@ fn summarize_key(
             latency_values.insert(name, bucket_values(&merged, max));
         }
     }
+    // Minor and major cover every timed fault: user ones on any set, populated ones on
+    // fentry/kprobe (the tracepoint set times none of those).
+    let timed = |class: &str| latency_ns.get(class).map_or(0, |l: &ClassLatency| l.count);
     let latency_sample = (hooks.latency_sample > 1).then(|| LatencySample {
         every: hooks.latency_sample,
-        timed: latency_ns.get("user").map_or(0, |l: &ClassLatency| l.count),
+        timed: timed("minor") + timed("major"),
     });
     FaultSummary {
         minor: c[stat::USER_MINOR] + c[stat::POPULATED_MINOR],
