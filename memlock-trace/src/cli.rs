@@ -141,7 +141,8 @@ pub struct TraceArgs {
     #[arg(long, hide = true)]
     pub tracepoint_start: bool,
     /// Benchmark only: the tracepoint set's per-fault hooks with programs that do nothing
-    /// (`empty`) or only read the clock (`clock`); nothing is counted.
+    /// (`empty`) or only read the clock (`clock`), or the per-thread events of `-p` with
+    /// programs that do nothing (`per-thread`); nothing is counted.
     #[arg(long, hide = true, value_enum, value_name = "FLOOR")]
     pub bench_floor: Option<BenchFloor>,
     /// Tests only: the syscall programs read `task_struct.mm` at the offset of

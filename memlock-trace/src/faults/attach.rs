@@ -51,7 +51,7 @@ fn sampling(options: &FaultOptions) -> bool {
 
 /// Whether the completion events go on the targets' threads rather than on every CPU, so a
 /// process that is not traced never runs them: specific targets, and new threads followed
-/// by `inherit_thread` (5.13). The floors keep the per-CPU events they measure.
+/// by `inherit_thread` (5.13). The system-wide floors keep the per-CPU events they measure.
 fn per_target_completion(
     options: &FaultOptions,
     specific_targets: bool,
@@ -60,7 +60,7 @@ fn per_target_completion(
     specific_targets
         && kernel.inherit_thread
         && !counting(options, specific_targets, kernel)
-        && options.bench_floor.is_none()
+        && matches!(options.bench_floor, None | Some(BenchFloor::PerThread))
 }
 
 /// Whether the fault starts come from `PAGE_FAULTS` perf events on the targets' threads
@@ -223,10 +223,11 @@ pub fn attach(cx: &mut AttachContext<'_>, options: &FaultOptions) -> Result<Faul
                         1
                     },
                     per_target_completion: per_target,
-                    completion_programs: per_target.then(|| completion_names(&kernel)),
+                    completion_programs: per_target
+                        .then(|| completion_names(options.bench_floor, &kernel)),
                     start_program: (tracepoints
                         && per_target_start(options, specific_targets, &kernel))
-                    .then_some(PERF_START),
+                    .then(|| start_name(options.bench_floor)),
                     hook_set: set,
                     hooks,
                     refused,
@@ -313,10 +314,13 @@ fn attach_tracepoints(
         ]);
     }
     if per_target_start(options, specific_targets, kernel) {
-        let start: &mut PerfEvent = program(ebpf, PERF_START)?.try_into()?;
-        start
-            .load()
-            .map_err(|e| hook_refused(PERF_START, "perf_event", e))?;
+        let name = start_name(options.bench_floor);
+        let start: &mut PerfEvent = program(ebpf, name)?.try_into()?;
+        if start.fd().is_err() {
+            start
+                .load()
+                .map_err(|e| hook_refused(name, "perf_event", e))?;
+        }
         // Opened on each target thread as targets are added (`FaultCounters`).
         hooks
             .push("perf_event/software:PAGE_FAULTS on each target thread (start, period 1)".into());
@@ -327,10 +331,7 @@ fn attach_tracepoints(
         hooks.push(COUNT_ONLY_BY_BPF.into());
     }
     let cpus = aya::util::online_cpus().map_err(|(what, e)| anyhow!("{what}: {e}"))?;
-    let [min, maj] = match floor_programs(options.bench_floor) {
-        Some(p) => [p[2], p[3]],
-        None => completion_names(kernel),
-    };
+    let [min, maj] = completion_names(options.bench_floor, kernel);
     if !kernel.percpu_lookup && options.bench_floor.is_none() {
         hooks.push(
             "fault starts matched on the completing CPU only (no bpf_map_lookup_percpu_elem, \
@@ -344,8 +345,11 @@ fn attach_tracepoints(
         (maj, SoftwareEvent::PageFaultsMaj, "PAGE_FAULTS_MAJ"),
     ] {
         let perf: &mut PerfEvent = program(ebpf, name)?.try_into()?;
-        perf.load()
-            .map_err(|e| hook_refused(name, "perf_event", e))?;
+        // The per-thread floor's start may be the same empty program, already loaded.
+        if perf.fd().is_err() {
+            perf.load()
+                .map_err(|e| hook_refused(name, "perf_event", e))?;
+        }
         if per_target {
             // Opened on each target thread as targets are added (`FaultCounters`).
             let period = if sampling(options) {
@@ -374,13 +378,20 @@ fn attach_tracepoints(
     Ok(hooks)
 }
 
-/// The completion programs (minor, major) for this kernel.
-fn completion_names(kernel: &KernelSupport) -> [&'static str; 2] {
-    if kernel.percpu_lookup {
+/// The completion programs (minor, major) for this kernel, or the floor's.
+fn completion_names(floor: Option<BenchFloor>, kernel: &KernelSupport) -> [&'static str; 2] {
+    if let Some(p) = floor_programs(floor) {
+        [p[2], p[3]]
+    } else if kernel.percpu_lookup {
         [PERF_MIN, PERF_MAJ]
     } else {
         [PERF_MIN_LOCAL, PERF_MAJ_LOCAL]
     }
+}
+
+/// The program the per-thread `PAGE_FAULTS` events run, or the floor's (an empty one).
+fn start_name(floor: Option<BenchFloor>) -> &'static str {
+    floor_programs(floor).map_or(PERF_START, |p| p[2])
 }
 
 /// A copy of a program's fd, for the events opened on target threads.
@@ -393,13 +404,7 @@ pub fn program_fd(ebpf: &Ebpf, name: &str) -> Result<OwnedFd> {
 
 /// Copies of the completion programs' fds, for the events opened on target threads.
 pub fn completion_fds(ebpf: &Ebpf, names: [&str; 2]) -> Result<[OwnedFd; 2]> {
-    let fd = |name: &str| -> Result<OwnedFd> {
-        let program = ebpf
-            .program(name)
-            .ok_or_else(|| anyhow!("program {name} missing"))?;
-        Ok(program.fd()?.as_fd().try_clone_to_owned()?)
-    };
-    Ok([fd(names[0])?, fd(names[1])?])
+    Ok([program_fd(ebpf, names[0])?, program_fd(ebpf, names[1])?])
 }
 
 /// `signal:signal_generate`, where failed faults are counted (every hook set).
@@ -418,7 +423,7 @@ fn attach_signal(ebpf: &mut Ebpf) -> Result<String> {
 /// entry user, entry kernel, perf min, perf maj (see [`BenchFloor`]).
 fn floor_programs(floor: Option<BenchFloor>) -> Option<[&'static str; 4]> {
     match floor? {
-        BenchFloor::Empty => Some(EMPTY_PROGRAMS),
+        BenchFloor::Empty | BenchFloor::PerThread => Some(EMPTY_PROGRAMS),
         BenchFloor::Clock => Some(CLOCK_PROGRAMS),
     }
 }

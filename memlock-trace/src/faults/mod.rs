@@ -93,14 +93,21 @@ pub struct FaultOptions {
     pub bench_floor: Option<BenchFloor>,
 }
 
-/// Programs that attach to the tracepoint set's per-fault hooks (tp_btf start, perf
-/// completion) and do nothing (`empty`) or only read the clock at each end (`clock`): what
-/// the hooks alone cost, and what timing a fault on them cannot go below, the floors under
-/// any tool doing this job, for `cargo xtask bench`. Nothing is counted.
+/// Programs that attach to the tracepoint set's per-fault hooks and do nothing or only read
+/// the clock at each end: what the hooks alone cost, and what timing a fault on them cannot
+/// go below, the floors under any tool doing this job, for `cargo xtask bench`. Nothing is
+/// counted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum BenchFloor {
+    /// The system-wide hooks (tp_btf start, perf completion on every CPU), programs that
+    /// return at once.
     Empty,
+    /// The same hooks, programs that only read the clock.
     Clock,
+    /// The hooks used with `-p`: `PAGE_FAULTS` (start) and `PAGE_FAULTS_MIN/MAJ`
+    /// (completion, at the `--latency-sample` period) on each target thread, programs that
+    /// return at once.
+    PerThread,
 }
 
 impl Default for FaultOptions {

@@ -107,7 +107,7 @@ pub struct FaultSummary {
     pub latency_values: BTreeMap<&'static str, Vec<(u64, u64)>>,
     /// Faults counted without a latency (their start was not seen).
     pub latency_unmatched: u64,
-    /// `--latency-sample N`: one exception fault in N was timed (absent: every one).
+    /// `--latency-sample N`: one fault in N was timed (absent: every one).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub latency_sample: Option<LatencySample>,
     pub by_mapping: Vec<MappingFaults>,
@@ -118,7 +118,7 @@ pub struct FaultSummary {
     pub threads: Vec<ThreadFaults>,
 }
 
-/// How latency was sampled: one exception fault in `every` timed, `timed` of them.
+/// How latency was sampled: one fault in `every` timed, `timed` of them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct LatencySample {
     pub every: u32,

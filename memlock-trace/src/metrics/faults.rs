@@ -49,7 +49,7 @@ pub struct FaultMetrics {
     retried: Family<Labels, Counter>,
     failed: Family<Labels, Counter>,
     latency: LatencyFamily,
-    /// One exception fault in this many is timed (`--latency-sample`; 1: every one).
+    /// One fault in this many is timed (`--latency-sample`; 1: every one).
     latency_sample_every: Gauge,
     health: Family<Vec<(&'static str, &'static str)>, Counter>,
     /// What each process's counters stood at when last seen.
@@ -114,8 +114,8 @@ impl FaultMetrics {
         );
         registry.register(
             "page_fault_latency_sample_every",
-            "Faults taken through the exception per one timed in page_fault_latency \
-             (--latency-sample N; 1: every fault timed). The page_faults counts are exact",
+            "Faults per one timed in page_fault_latency (--latency-sample N; 1: every fault \
+             timed). The page_faults counts are exact",
             m.latency_sample_every.clone(),
         );
         registry.register(

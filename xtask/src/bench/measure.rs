@@ -232,7 +232,7 @@ pub(super) fn measure(
                 _ if follow.is_some() => (None, None),
                 Mode::Bpftrace => (Some(bpftrace_faults(&out, &pid)?), None),
                 // Floor programs count nothing.
-                Mode::EmptyPrograms | Mode::ClockPrograms => (None, None),
+                _ if mode.is_floor() => (None, None),
                 _ => {
                     let (faults, latency) = memlock_trace_faults(&out, &pid)?;
                     (Some(faults), latency)
@@ -268,6 +268,8 @@ fn memlock_trace_args(mode: Mode, pid: &str) -> Vec<&str> {
         Mode::Sampled32TpStart => &["--latency-sample", "32", "--tracepoint-start"],
         Mode::EmptyPrograms => &["--bench-floor", "empty"],
         Mode::ClockPrograms => &["--bench-floor", "clock"],
+        Mode::PerThreadFloor => &["--bench-floor", "per-thread"],
+        Mode::PerThreadFloor32 => &["--bench-floor", "per-thread", "--latency-sample", "32"],
         Mode::Untraced | Mode::Default | Mode::Bpftrace => &[],
     };
     let mut args = vec!["-p", pid, "--json", "--fault-hooks", "tracepoint"];

@@ -64,19 +64,24 @@ enum Mode {
     /// The same hooks with programs that only read the clock at each end: the floor under
     /// any tool that times faults on them.
     ClockPrograms,
+    /// The per-thread events `-p` uses (`PAGE_FAULTS` start, `PAGE_FAULTS_MIN/MAJ`
+    /// completion) with programs that do nothing: the floor under the default mode with
+    /// `-p`, and with the completion at period 32 under `--latency-sample 32`.
+    PerThreadFloor,
+    PerThreadFloor32,
     /// `--latency-sample N`: counts exact, one fault in N timed.
     Sampled8,
     Sampled32,
     Sampled128,
     /// The default mode and `--latency-sample 32` with the start taken from the system-wide
     /// tp_btf hook rather than from per-thread `PAGE_FAULTS` events (hidden
-    /// `--tracepoint-start`): the design before, side by side.
+    /// `--tracepoint-start`): the other design, side by side.
     DefaultTpStart,
     Sampled32TpStart,
 }
 
 impl Mode {
-    const ALL: [Mode; 13] = [
+    const ALL: [Mode; 15] = [
         Mode::Untraced,
         Mode::CountOnly,
         Mode::Default,
@@ -90,6 +95,8 @@ impl Mode {
         Mode::Bpftrace,
         Mode::EmptyPrograms,
         Mode::ClockPrograms,
+        Mode::PerThreadFloor,
+        Mode::PerThreadFloor32,
     ];
 
     fn label(self) -> &'static str {
@@ -105,9 +112,26 @@ impl Mode {
             Mode::Sampled8 => "memlock-trace --latency-sample 8",
             Mode::Sampled32 => "memlock-trace --latency-sample 32",
             Mode::Sampled128 => "memlock-trace --latency-sample 128",
-            Mode::DefaultTpStart => "memlock-trace, start from system-wide tp_btf (before)",
-            Mode::Sampled32TpStart => "--latency-sample 32, start from system-wide tp_btf (before)",
+            Mode::DefaultTpStart => "memlock-trace, start from system-wide tp_btf",
+            Mode::Sampled32TpStart => "--latency-sample 32, start from system-wide tp_btf",
+            Mode::PerThreadFloor => "the per-thread events of -p, programs that do nothing (floor)",
+            Mode::PerThreadFloor32 => {
+                "the same, completion at period 32 (floor of --latency-sample 32)"
+            }
         }
+    }
+}
+
+impl Mode {
+    /// The floor modes: hooks with programs that count nothing.
+    fn is_floor(self) -> bool {
+        matches!(
+            self,
+            Mode::EmptyPrograms
+                | Mode::ClockPrograms
+                | Mode::PerThreadFloor
+                | Mode::PerThreadFloor32
+        )
     }
 }
 
@@ -115,10 +139,14 @@ pub fn run(args: &Args) -> Result<()> {
     if args.runs < 5 {
         bail!("--runs must be at least 5");
     }
+    // The peer tool and the program-statistics reader, before minutes of measuring: the
+    // last step needs bpftool.
+    crate::util::install_missing_packages(&["bpftrace", "bpftool"])
+        .context("the benchmark compares with bpftrace and reads program costs with bpftool")?;
     run_cmd(Command::new("cargo").args(["build", "--release", "-p", "memlock-trace"]))?;
     let tracer = workspace_root().join("target/release/memlock-trace");
     let bpftrace = which("bpftrace").ok_or_else(|| {
-        anyhow!("bpftrace is not installed: `apt-get install bpftrace` (the comparison needs it)")
+        anyhow!("bpftrace is installed but not on PATH (the comparison needs it)")
     })?;
     let pages = args.mib * 1024 * 1024 / PAGE;
     let cpus = std::thread::available_parallelism().map_or(1, usize::from);

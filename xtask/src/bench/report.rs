@@ -145,10 +145,10 @@ pub(super) fn report(
          each of the target's threads (period 1, counted at the top of \
          `do_user_addr_fault()`) marks the start, the `PAGE_FAULTS_MIN/MAJ` events on the \
          same threads (period 1, or N with `--latency-sample N`) the completion; the \
-         \"start from system-wide tp_btf (before)\" rows take the start from \
-         `exceptions:page_fault_{{user,kernel}}` instead, as every mode did before (hidden \
-         flag `--tracepoint-start`), and so do the classic, floor and bpftrace rows (the \
-         floor and bpftrace rows with completion events one per CPU); \
+         \"start from system-wide tp_btf\" rows take the start from \
+         `exceptions:page_fault_{{user,kernel}}` instead, the other design (hidden \
+         flag `--tracepoint-start`), and so do the classic, system-wide floor and bpftrace \
+         rows (the system-wide floor and bpftrace rows with completion events one per CPU); \
          the populating-syscall and `signal_generate` tracepoints are attached too. It attaches \
          the start tracepoints BTF-typed (tp_btf) where the kernel allows, which bpftrace 0.17 \
          cannot; the \"classic tracepoints\" row attaches them as bpftrace does \
@@ -160,11 +160,15 @@ pub(super) fn report(
          is `BPFTRACE_SCRIPT` in `xtask/src/bench/measure.rs`).\n\
          - `--events` additionally streams every fault through the ring buffer to user space \
          (JSON lines on a pipe): the streaming design, measured rather than assumed.\n\
-         - The two floor rows attach the default mode's per-fault hooks (tp_btf start, perf \
-         completion) with programs that return at once (hidden flag `--bench-floor empty`), \
-         or that only read the clock at each end (`--bench-floor clock`): what the hooks \
-         themselves cost any tool, and what timing faults on them costs before any filtering \
-         or counting.\n\
+         - The two system-wide floor rows attach the per-fault hooks of system-wide tracing \
+         (tp_btf start, perf completion on every CPU) with programs that return at once \
+         (hidden flag `--bench-floor empty`), or that only read the clock at each end \
+         (`--bench-floor clock`): what the hooks themselves cost any tool, and what timing \
+         faults on them costs before any filtering or counting. The two per-thread floor rows \
+         (`--bench-floor per-thread`) open the events `-p` uses on the target's threads \
+         (`PAGE_FAULTS` at period 1, `PAGE_FAULTS_MIN/MAJ` at period 1 or 32) with programs \
+         that return at once: the floor under the default and sampled modes as they run \
+         here.\n\
          - `--latency-sample N` binds the completion events to the target's threads with \
          sample period N (their BPF program runs once per N faults); the events' own counts, \
          read by the tracer, keep the fault counts exact; the start hook records every target \
@@ -338,7 +342,7 @@ pub(super) fn report(
     );
     let worst_neighbour = Mode::ALL[1..]
         .iter()
-        .filter(|m| !matches!(m, Mode::EmptyPrograms | Mode::ClockPrograms))
+        .filter(|m| !m.is_floor())
         .map(|&m| (m, neighbour_added(m) / untraced * 100.0))
         .fold(
             (Mode::Untraced, f64::MIN),
@@ -347,7 +351,7 @@ pub(super) fn report(
     let _ = writeln!(
         out,
         "- A non-target process pays at most **{:+.1}%** ({}) across the tracer's modes \
-         (target: at most 3%; the floors attach per CPU and are shown for reference).",
+         (target: at most 3%; the floors are shown for reference).",
         worst_neighbour.1,
         worst_neighbour.0.label()
     );
@@ -355,6 +359,19 @@ pub(super) fn report(
         out,
         "- Sampled p50/p90/p99 against exact: worst deviation **{:.0}%** (target: within 10%).",
         worst_ratio * 100.0
+    );
+    let per_thread_floor = added(Mode::PerThreadFloor32);
+    let _ = writeln!(
+        out,
+        "- The per-thread events alone, with programs that do nothing and the completion at \
+         period 32, add {per_thread_floor:.0} ns = **{:.1}%** to an untraced fault: the floor \
+         of `--latency-sample 32` with `-p` on this kernel, one perf overflow and program run \
+         per fault at the start; the sampled mode's programs add {:.0} ns on top. At period 1 \
+         (the default mode's floor): {:.0} ns, {:.1}%.",
+        per_thread_floor / untraced * 100.0,
+        sampled32 - per_thread_floor,
+        added(Mode::PerThreadFloor),
+        added(Mode::PerThreadFloor) / untraced * 100.0,
     );
     let floor = added(Mode::EmptyPrograms);
     let clock_floor = added(Mode::ClockPrograms);
