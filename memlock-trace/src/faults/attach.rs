@@ -217,11 +217,7 @@ pub fn attach(cx: &mut AttachContext<'_>, options: &FaultOptions) -> Result<Faul
                     tracepoints && per_target_completion(options, specific_targets, &kernel);
                 return Ok(FaultHooks {
                     counting,
-                    latency_sample: if sampling(options) {
-                        options.latency_period()
-                    } else {
-                        1
-                    },
+                    latency_sample: options.latency_period(),
                     per_target_completion: per_target,
                     completion_programs: per_target
                         .then(|| completion_names(options.bench_floor, &kernel)),
@@ -352,13 +348,9 @@ fn attach_tracepoints(
         }
         if per_target {
             // Opened on each target thread as targets are added (`FaultCounters`).
-            let period = if sampling(options) {
-                format!("period {}", options.latency_period())
-            } else {
-                "period 1".into()
-            };
             hooks.push(format!(
-                "perf_event/software:{label} on each target thread ({period})"
+                "perf_event/software:{label} on each target thread (period {})",
+                options.latency_period()
             ));
             continue;
         }
