@@ -526,6 +526,20 @@ fn text_summary_lists_the_call_sites() {
     );
 }
 
+/// The tracer's stderr for `args` on `true`, which the kernel's refusal of the hooks must
+/// stop at start with the tracer's own exit code.
+fn refused_at_start(args: &[&str]) -> String {
+    let out = Command::new(BIN)
+        .args(args)
+        .args(["--", "true"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(125), "{stderr}");
+    stderr
+}
+
 /// `--latency-sample 8` on the tracepoint set: the counts come from the completion events
 /// themselves (exact), one fault in 8 of each event is timed (a start not seen counts as
 /// unmatched instead), and the JSON and text say it is sampled and how many were timed.
@@ -541,14 +555,7 @@ fn sampled_latency_is_said_and_times_one_fault_in_n() {
         // Before 5.13 (Debian 11's 5.10) the tracepoint set cannot sample: the tracer says
         // why at start, and `probe` names the field the kernel lacks.
         let need = memlock_trace::faults::attach::SAMPLING_NEEDS_INHERIT_THREAD;
-        let out = Command::new(BIN)
-            .args(args)
-            .args(["--json", "--", BIN, "workload", "faults"])
-            .stdin(Stdio::null())
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(125), "{stderr}");
+        let stderr = refused_at_start(&args);
         assert!(
             stderr.contains(&format!(
                 "--fault-hooks tracepoint: the kernel refused it: {need}"
@@ -613,20 +620,7 @@ fn sampled_latency_on_fentry_or_kprobe_counts_every_fault_and_times_one_in_n() {
     let caps = memlock_trace::probe::capabilities().expect("probing the kernel's capabilities");
     let usable = |name: &str| caps.iter().any(|c| c.name == name && c.usable);
     let Some(set) = ["fentry", "kprobe"].into_iter().find(|s| usable(s)) else {
-        let out = Command::new(BIN)
-            .args([
-                "--latency-sample",
-                "8",
-                "--fault-hooks",
-                "fentry",
-                "--",
-                "true",
-            ])
-            .stdin(Stdio::null())
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(125), "{stderr}");
+        let stderr = refused_at_start(&["--latency-sample", "8", "--fault-hooks", "fentry"]);
         assert!(
             stderr.contains("--fault-hooks fentry: the kernel refused it"),
             "{stderr}"

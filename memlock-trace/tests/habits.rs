@@ -391,6 +391,12 @@ fn verbose_prints_the_hook_detail_once_on_stderr() {
         1,
         "{verbose}"
     );
+    // That block is the fault family's line with -v: the hook set is not said twice.
+    assert_eq!(
+        verbose.matches("memlock-trace: faults: ").count(),
+        0,
+        "{verbose}"
+    );
     let probe = run(&["probe", "--json"]);
     let probe: Value = serde_json::from_slice(&probe.stdout).unwrap();
     if probe["capabilities"]

@@ -21,7 +21,8 @@ use self::{
 use crate::{
     UsageError,
     cli::TraceArgs,
-    faults::stacks::StackSymbolizer,
+    faults::{FaultHooks, stacks::StackSymbolizer},
+    object::HookFamily as _,
     output::{Sink, TextStyle, WallClock},
     process::{Targets, launch, pids},
     procfs::MappingCache,
@@ -142,10 +143,14 @@ pub fn run(mut args: TraceArgs) -> Result<i32> {
         }
         None => None,
     };
-    // Once, on stderr: the hook set per family (-v: every hook and every refusal in full).
+    // Once, on stderr: the hook set per family (-v: every hook and every refusal in full;
+    // the fault family's is its own block, below).
     if !args.quiet {
         for (family, hooks) in &tracer.hooks {
             if args.verbose > 0 {
+                if *family == FaultHooks::NAME && tracer.fault_hooks.is_some() {
+                    continue;
+                }
                 eprintln!("memlock-trace: {family}: {hooks}");
             } else {
                 eprintln!("memlock-trace: {family}: {}", brief_hooks(hooks));
