@@ -14,6 +14,7 @@ use std::{
     io,
     path::{Path, PathBuf},
     process,
+    sync::{Mutex, PoisonError},
     time::SystemTime,
 };
 
@@ -48,9 +49,17 @@ const STDLIB_SKIPPED: [&str; 10] = [
     "config-",
 ];
 
+/// Held while an archive is looked for or built. The guests of one `cargo xtask test` boot
+/// side by side from threads of one process, which share its scratch directory's name:
+/// on a machine without the archive they all built it at once, into the same directory,
+/// removing each other's files (6.1 and 6.12 failed; 5.10 booted a python3 without
+/// `ctypes`). Now the first builds and the others wait, then find it built.
+static BUILDING: Mutex<()> = Mutex::new(());
+
 /// The cached archive of the programs the host has, building it if needed; `None` when the
 /// host has none of them.
 pub(super) fn archive(cache_dir: &Path) -> Result<Option<PathBuf>> {
+    let _one_at_a_time = BUILDING.lock().unwrap_or_else(PoisonError::into_inner);
     // (guest path, host path) of every file, libraries aside.
     let mut files: BTreeMap<String, PathBuf> = BTreeMap::new();
     let mut executables = Vec::new();
@@ -89,7 +98,7 @@ pub(super) fn archive(cache_dir: &Path) -> Result<Option<PathBuf>> {
     for lib in &libraries {
         install_file(lib, &root, &lib.to_string_lossy())?;
     }
-    // Written aside and renamed: guests built side by side may race to build it.
+    // Written aside and renamed: another process (a second worktree) may build it too.
     let partial = scratch.0.join("programs.cpio");
     pack(&root, fs::File::create(&partial)?)?;
     fs::rename(&partial, &archive)
