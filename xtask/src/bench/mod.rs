@@ -120,9 +120,7 @@ impl Mode {
             }
         }
     }
-}
 
-impl Mode {
     /// The floor modes: hooks with programs that count nothing.
     fn is_floor(self) -> bool {
         matches!(
