@@ -222,7 +222,8 @@ static FAULT_ENTRY: LruHashMap<u32, FaultEntry> =
 pub(super) fn hook_start(vma: u64, address: u64, flags: u32, no_regs: bool) {
     let (tgid, tid) = current_ids();
     // Every fault on the machine runs this: with one target, other processes leave at a
-    // compare, before any map lookup, kernel read or clock read.
+    // compare with its tgid (an inlined array read), before any hash lookup, kernel read or
+    // clock read.
     let sole = sole_tgid();
     if sole != 0 && tgid != sole {
         return;

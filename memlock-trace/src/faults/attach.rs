@@ -310,13 +310,7 @@ fn attach_tracepoints(
         ]);
     }
     if per_target_start(options, specific_targets, kernel) {
-        let name = start_name(options.bench_floor);
-        let start: &mut PerfEvent = program(ebpf, name)?.try_into()?;
-        if start.fd().is_err() {
-            start
-                .load()
-                .map_err(|e| hook_refused(name, "perf_event", e))?;
-        }
+        load_perf_event(ebpf, start_name(options.bench_floor))?;
         // Opened on each target thread as targets are added (`FaultCounters`).
         hooks
             .push("perf_event/software:PAGE_FAULTS on each target thread (start, period 1)".into());
@@ -340,12 +334,7 @@ fn attach_tracepoints(
         (min, SoftwareEvent::PageFaultsMin, "PAGE_FAULTS_MIN"),
         (maj, SoftwareEvent::PageFaultsMaj, "PAGE_FAULTS_MAJ"),
     ] {
-        let perf: &mut PerfEvent = program(ebpf, name)?.try_into()?;
-        // The per-thread floor's start may be the same empty program, already loaded.
-        if perf.fd().is_err() {
-            perf.load()
-                .map_err(|e| hook_refused(name, "perf_event", e))?;
-        }
+        let perf = load_perf_event(ebpf, name)?;
         if per_target {
             // Opened on each target thread as targets are added (`FaultCounters`).
             hooks.push(format!(
@@ -368,6 +357,17 @@ fn attach_tracepoints(
         hooks.push(format!("perf_event/software:{label} x{} cpus", cpus.len()));
     }
     Ok(hooks)
+}
+
+/// Loads perf_event program `name` unless it is loaded already (the per-thread floor's
+/// start and minor completion are one empty program).
+fn load_perf_event<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut PerfEvent> {
+    let perf: &mut PerfEvent = program(ebpf, name)?.try_into()?;
+    if perf.fd().is_err() {
+        perf.load()
+            .map_err(|e| hook_refused(name, "perf_event", e))?;
+    }
+    Ok(perf)
 }
 
 /// The completion programs (minor, major) for this kernel, or the floor's.
