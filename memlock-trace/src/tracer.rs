@@ -211,7 +211,7 @@ impl Tracer {
                 // So is sampled latency: counts without it would not be what was asked.
                 Err(error)
                     if fault_options.hooks != HookChoice::Auto
-                        || fault_options.latency_sample > 1 =>
+                        || fault_options.samples_latency() =>
                 {
                     return Err(error);
                 }

@@ -42,13 +42,6 @@ fn wants_counting(options: &FaultOptions, specific_targets: bool) -> bool {
         && !options.stacks
 }
 
-/// `--latency-sample N` with N > 1: one fault in [`FaultOptions::latency_period`] is timed
-/// (on the tracepoint set the completion events sample it; on fentry/kprobe the programs
-/// count every fault and read the clock for one in N).
-fn sampling(options: &FaultOptions) -> bool {
-    options.latency && options.latency_sample > 1
-}
-
 /// Whether the completion events go on the targets' threads rather than on every CPU, so a
 /// process that is not traced never runs them: specific targets, and new threads followed
 /// by `inherit_thread` (5.13). The system-wide floors keep the per-CPU events they measure.
@@ -88,7 +81,7 @@ fn sampling_refused(
     specific_targets: bool,
     kernel: &KernelSupport,
 ) -> Option<&'static str> {
-    if !sampling(options) {
+    if !options.samples_latency() {
         None
     } else if !specific_targets {
         Some(

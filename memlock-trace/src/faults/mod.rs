@@ -138,6 +138,13 @@ impl FaultOptions {
             1
         }
     }
+
+    /// `--latency-sample N` with N > 1: on the tracepoint set the completion events sample
+    /// one fault in N (and their counts replace the programs'); on fentry/kprobe the
+    /// programs count every fault and read the clock for one in N.
+    pub fn samples_latency(&self) -> bool {
+        self.latency_period() > 1
+    }
 }
 
 /// A better hook set the kernel refused, and its reason.

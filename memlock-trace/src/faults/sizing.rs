@@ -118,7 +118,7 @@ pub fn config(btf: &KernelBtf, options: &FaultOptions) -> Result<FaultConfig> {
         region_slots_mask: region_slots(cpus) - 1,
         populate_nrs: populate_nrs(),
         // Read by the tracepoint set's programs only: the others count every fault.
-        counted_by_perf: u32::from(options.latency && options.latency_sample > 1),
+        counted_by_perf: u32::from(options.samples_latency()),
         latency_period: options.latency_period(),
         _pad: 0,
     })

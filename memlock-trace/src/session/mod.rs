@@ -143,25 +143,19 @@ pub fn run(mut args: TraceArgs) -> Result<i32> {
         }
         None => None,
     };
-    // Once, on stderr: the hook set per family (-v: every hook and every refusal in full;
-    // the fault family's is its own block, below).
+    // Once, on stderr: the hook set per family (-v: every hook and every refusal in full,
+    // the fault family's as a block of its own).
     if !args.quiet {
         for (family, hooks) in &tracer.hooks {
-            if args.verbose > 0 {
-                if *family == FaultHooks::NAME && tracer.fault_hooks.is_some() {
-                    continue;
+            match &tracer.fault_hooks {
+                Some(faults) if args.verbose > 0 && *family == FaultHooks::NAME => {
+                    for line in crate::faults::render::fault_hooks_detail(faults).lines() {
+                        eprintln!("memlock-trace: {line}");
+                    }
                 }
-                eprintln!("memlock-trace: {family}: {hooks}");
-            } else {
-                eprintln!("memlock-trace: {family}: {}", brief_hooks(hooks));
+                _ if args.verbose > 0 => eprintln!("memlock-trace: {family}: {hooks}"),
+                _ => eprintln!("memlock-trace: {family}: {}", brief_hooks(hooks)),
             }
-        }
-    }
-    if args.verbose > 0
-        && let Some(hooks) = &tracer.fault_hooks
-    {
-        for line in crate::faults::render::fault_hooks_detail(hooks).lines() {
-            eprintln!("memlock-trace: {line}");
         }
     }
     let mut described = describe_targets(&args, launched);
