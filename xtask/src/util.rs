@@ -1,6 +1,10 @@
 //! Running commands with errors that name them, and installing Debian packages.
 
-use std::process::Command;
+use std::{
+    process::Command,
+    thread,
+    time::{Duration, Instant},
+};
 
 use anyhow::{Context as _, Result, bail};
 
@@ -63,8 +67,8 @@ pub fn install_missing_packages(packages: &[&str]) -> Result<()> {
     if missing.is_empty() {
         return Ok(());
     }
-    output_of(Command::new("apt-get").arg("update"))?;
-    output_of(
+    apt_output(Command::new("apt-get").arg("update"))?;
+    apt_output(
         Command::new("apt-get")
             .args(["install", "-y", "--no-install-recommends"])
             .args(&missing)
@@ -72,4 +76,45 @@ pub fn install_missing_packages(packages: &[&str]) -> Result<()> {
     )
     .with_context(|| format!("installing {}", missing.join(" ")))?;
     Ok(())
+}
+
+/// How long an apt command waits for another apt or dpkg (a fresh cloud machine runs
+/// unattended upgrades at boot) before giving up.
+const APT_LOCK_WAIT: Duration = Duration::from_secs(20 * 60);
+
+/// Runs an apt-get or apt-cache command like `output_of`, waiting while another process holds
+/// apt's or dpkg's lock instead of failing on "Could not get lock". dpkg's own lock is waited
+/// for by apt itself (`DPkg::Lock::Timeout`); the package lists' and archives' locks, which
+/// `apt-get update` and `download` take, only by retrying.
+pub fn apt_output(cmd: &mut Command) -> Result<String> {
+    let timeout = APT_LOCK_WAIT.as_secs().to_string();
+    cmd.args(["-o", &format!("DPkg::Lock::Timeout={timeout}")]);
+    let started = Instant::now();
+    let mut said = false;
+    loop {
+        match output_of(cmd) {
+            Err(e) if is_lock_error(&format!("{e:#}")) && started.elapsed() < APT_LOCK_WAIT => {
+                if !said {
+                    eprintln!(
+                        "xtask: another apt or dpkg holds its lock (unattended upgrades?): \
+                         waiting up to {} minutes",
+                        APT_LOCK_WAIT.as_secs() / 60
+                    );
+                    said = true;
+                }
+                thread::sleep(Duration::from_secs(5));
+            }
+            result => return result,
+        }
+    }
+}
+
+fn is_lock_error(message: &str) -> bool {
+    [
+        "Could not get lock",
+        "Unable to lock",
+        "Unable to acquire the dpkg frontend lock",
+    ]
+    .iter()
+    .any(|m| message.contains(m))
 }

@@ -10,7 +10,7 @@ use std::{
 use anyhow::{Context, Result};
 
 use super::ScratchDir;
-use crate::util::{install_missing_packages, output_of};
+use crate::util::{apt_output, install_missing_packages, output_of};
 
 /// Debian packages providing the host tools.
 const HOST_PACKAGES: [&str; 3] = ["qemu-system-x86", "busybox-static", "cpio"];
@@ -133,7 +133,7 @@ fn fetch_kernel(cache_dir: &Path, kernel_dir: &Path, source: Source) -> Result<(
         // Package lists may be missing or name a version the mirror has since
         // dropped: refresh them once and retry.
         Source::Metapackage => download_kernel_package(&scratch.0).or_else(|first_error| {
-            output_of(Command::new("apt-get").arg("update"))
+            apt_output(Command::new("apt-get").arg("update"))
                 .with_context(|| format!("refreshing package lists after: {first_error:#}"))?;
             download_kernel_package(&scratch.0)
         })?,
@@ -213,9 +213,9 @@ fn download_from_suite(dir: &Path, suite: &str, package: &str) -> Result<()> {
     if find_deb(dir, package).is_ok() {
         return Ok(());
     }
-    output_of(&mut apt(&["update"]))
+    apt_output(&mut apt(&["update"]))
         .with_context(|| format!("apt-get update for Debian {suite}"))?;
-    output_of(&mut apt(&["download", package]))
+    apt_output(&mut apt(&["download", package]))
         .with_context(|| format!("apt-get download {package} from Debian {suite}"))?;
     Ok(())
 }
@@ -243,7 +243,7 @@ fn download_kernel_package(dir: &Path) -> Result<PathBuf> {
         .with_context(|| {
             format!("`apt-cache depends {KERNEL_METAPACKAGE}` names no linux-image-* package")
         })?;
-    output_of(
+    apt_output(
         Command::new("apt-get")
             .args(["download", package])
             .current_dir(dir),
