@@ -1,0 +1,228 @@
+//! The command line: every clap type of the tool, in this folder: the tracing options here,
+//! the subcommands in [`commands`], production options in [`production`]. The lab's
+//! subcommands exist only with the `lab` feature.
+
+mod commands;
+mod production;
+#[cfg(test)]
+mod tests;
+
+use clap::{Args, Parser, ValueEnum};
+use std::path::PathBuf;
+
+pub use commands::Command;
+#[cfg(feature = "lab")]
+pub use commands::{WorkloadName, WorkloadParams};
+pub use production::ProductionArgs;
+
+use crate::{
+    faults::{BenchFloor, FaultOptions, HookChoice},
+    values::{self, int},
+};
+
+/// Most rows a `--top-*` list prints: more than anyone reads.
+const MAX_TOP: usize = 1_000_000;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "memlock-trace",
+    version,
+    about = "Trace mlock-family calls from the kernel: who, what range, how long, what it returned, \
+             how many pages it populated and locked.",
+    args_conflicts_with_subcommands = true
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub trace: TraceArgs,
+}
+
+/// `memlock-trace [OPTIONS] [-- COMMAND ARGS...]`: system-wide unless `-p` or a command.
+#[derive(Debug, Args, Default, Clone)]
+pub struct TraceArgs {
+    /// Trace this running process and all its threads (repeatable).
+    #[arg(short = 'p', long = "pid", value_name = "PID")]
+    pub pids: Vec<u32>,
+    /// Trace only this thread (its process is traced, its other threads are left out).
+    #[arg(short = 't', long = "tid", value_name = "TID", conflicts_with_all = ["pids", "command"])]
+    pub tid: Option<u32>,
+    /// Print what happened in each SECS-second interval (counts reset per interval), then
+    /// the whole session's summary at the end.
+    #[arg(short = 'i', long, value_name = "SECS", value_parser = values::secs)]
+    pub interval: Option<f64>,
+    /// Stop after SECS seconds.
+    #[arg(short = 'd', long, value_name = "SECS", value_parser = values::secs)]
+    pub duration: Option<f64>,
+    /// INTERVAL as in libbpf-tools: `memlock-trace 1 5` prints five one-second intervals,
+    /// then exits.
+    #[arg(value_name = "INTERVAL", value_parser = positional_secs, conflicts_with = "interval")]
+    pub interval_positional: Option<f64>,
+    /// Number of intervals to print before exiting.
+    #[arg(value_name = "COUNT", requires = "interval_positional", value_parser = positive_count)]
+    pub count: Option<u64>,
+    /// Log2 histograms of each call's latency and of fault latency per class, per process
+    /// (and per thread with --per-thread).
+    #[arg(long)]
+    pub hist: bool,
+    /// Latencies in milliseconds.
+    #[arg(short = 'm', long = "milliseconds", conflicts_with = "microseconds")]
+    pub milliseconds: bool,
+    /// Latencies in microseconds (by default each column picks the unit that fits it).
+    #[arg(short = 'u', long = "microseconds")]
+    pub microseconds: bool,
+    /// Put the wall-clock time (HH:MM:SS.mmm) on every event line.
+    #[arg(short = 'T', long = "timestamp")]
+    pub timestamp: bool,
+    /// Write the tracer's own output (text or JSON) to FILE; a launched command keeps the
+    /// terminal.
+    #[arg(short = 'o', long = "output", value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    /// More detail on stderr: `-v` prints the hook sets and why better ones were refused, in
+    /// full, and the eBPF programs' own diagnostics (failed kernel reads, full maps, dropped
+    /// records, targets leaving), named by program.
+    #[arg(short = 'v', long = "verbose", action = clap::ArgAction::Count, conflicts_with = "quiet")]
+    pub verbose: u8,
+    /// Nothing on stderr but errors and warnings.
+    #[arg(short = 'q', long = "quiet")]
+    pub quiet: bool,
+    /// Print each call (and page fault) as it happens; `--events=syscalls` or
+    /// `--events=faults` for one kind only.
+    #[arg(
+        long,
+        value_enum,
+        value_name = "KINDS",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "all"
+    )]
+    pub events: Option<EventKinds>,
+    /// Write JSON lines (events with --events, then the summary) instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// With --events, also show VMA stores by mmap, mprotect, munmap, madvise, brk, ... (by
+    /// default only those of mlock-family calls and of VMAs with VM_LOCKED/VM_LOCKONFAULT).
+    #[arg(long)]
+    pub all_vma_changes: bool,
+    #[command(flatten)]
+    pub production: ProductionArgs,
+    /// Page-fault hooks: the best the kernel allows (fentry, then kprobe, then tracepoint),
+    /// one of them forced, or off.
+    #[arg(long, value_enum, value_name = "HOOKS", default_value_t = HookChoice::Auto)]
+    pub fault_hooks: HookChoice,
+    /// Count page faults only: no start times or latency histograms (the cheapest mode).
+    #[arg(long)]
+    pub count_only: bool,
+    /// Report page faults per thread too.
+    #[arg(long)]
+    pub per_thread: bool,
+    /// With --events, print one page fault in N.
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = int(1, u32::MAX))]
+    pub sample: u32,
+    /// Time one page fault in N, counts staying exact. Tracepoint hooks: with -p or a command
+    /// only, per process (the completion event runs its program once per N faults);
+    /// fentry/kprobe: any targets (the programs count every fault and read the clock for one
+    /// in N of each thread's).
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = int(1, u32::MAX),
+          conflicts_with = "count_only")]
+    pub latency_sample: u32,
+    /// Mappings listed per process, by page faults.
+    #[arg(long, value_name = "N", default_value_t = 10, value_parser = int(0, MAX_TOP))]
+    pub top_mappings: usize,
+    /// Count page faults per user call stack and list each process's top stacks,
+    /// symbolized (pages populated inside mlock, MAP_POPULATE, ... count at the call site).
+    #[arg(long)]
+    pub stacks: bool,
+    /// Stacks listed per process with --stacks, by page faults.
+    #[arg(long, value_name = "N", default_value_t = 10, requires = "stacks", value_parser = int(0, MAX_TOP))]
+    pub stacks_top: usize,
+    /// Benchmark only: attach the fault-start tracepoints the classic way even where tp_btf
+    /// works (as bpftrace does).
+    #[arg(long, hide = true)]
+    pub classic_tracepoints: bool,
+    /// Benchmark only: time faults from the system-wide start tracepoints even with -p or a
+    /// command, where the start is otherwise taken on the targets' threads only.
+    #[arg(long, hide = true)]
+    pub tracepoint_start: bool,
+    /// Benchmark only: the tracepoint set's per-fault hooks with programs that do nothing
+    /// (`empty`) or only read the clock (`clock`), or the per-thread events of `-p` with
+    /// programs that do nothing (`per-thread`); nothing is counted.
+    #[arg(long, hide = true, value_enum, value_name = "FLOOR")]
+    pub bench_floor: Option<BenchFloor>,
+    /// Tests only: the syscall programs read `task_struct.mm` at the offset of
+    /// `task_struct.min_flt`, so every `mm_struct` read of theirs fails (-v's failed-read
+    /// records, end to end); their locked_vm and map_count figures are then wrong.
+    #[arg(long, hide = true)]
+    pub test_unreadable_mm: bool,
+    /// Launch COMMAND and trace it and its threads until it exits.
+    #[arg(last = true, value_name = "COMMAND")]
+    pub command: Vec<String>,
+}
+
+/// What `--events` prints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum EventKinds {
+    All,
+    Syscalls,
+    Faults,
+}
+
+impl TraceArgs {
+    /// `--interval` or the INTERVAL positional.
+    pub fn interval_secs(&self) -> Option<f64> {
+        self.interval.or(self.interval_positional)
+    }
+
+    /// The latency unit: fixed by `-m`/`-u`, or chosen per column.
+    pub fn unit(&self) -> crate::output::Unit {
+        if self.milliseconds {
+            crate::output::Unit::Ms
+        } else if self.microseconds {
+            crate::output::Unit::Us
+        } else {
+            crate::output::Unit::Auto
+        }
+    }
+
+    pub fn syscall_events(&self) -> bool {
+        matches!(self.events, Some(EventKinds::All | EventKinds::Syscalls))
+    }
+
+    pub fn fault_events(&self) -> bool {
+        matches!(self.events, Some(EventKinds::All | EventKinds::Faults))
+    }
+
+    pub fn fault_options(&self) -> FaultOptions {
+        FaultOptions {
+            hooks: self.fault_hooks,
+            latency: !self.count_only,
+            // `-t TID` needs the thread's own figures, which the kernel keeps per thread.
+            per_thread: self.per_thread || self.tid.is_some(),
+            events: self.fault_events(),
+            sample_every: self.sample.max(1),
+            latency_sample: self.latency_sample.max(1),
+            top_mappings: self.top_mappings,
+            stacks: self.stacks,
+            top_stacks: self.stacks_top,
+            classic_tracepoints: self.classic_tracepoints,
+            tracepoint_start: self.tracepoint_start,
+            bench_floor: self.bench_floor,
+        }
+    }
+}
+
+fn positive_count(s: &str) -> Result<u64, String> {
+    match s.parse::<u64>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err(format!("`{s}` is not a number of intervals (1 or more)")),
+    }
+}
+
+/// The first positional: an interval, or a mistyped subcommand.
+fn positional_secs(s: &str) -> Result<f64, String> {
+    values::secs(s).map_err(|_| {
+        format!(
+            "`{s}` is neither a subcommand nor an interval in seconds: see `memlock-trace --help`"
+        )
+    })
+}
