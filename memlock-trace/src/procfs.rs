@@ -13,6 +13,8 @@ use std::{
 
 use anyhow::{Context as _, Result, anyhow};
 
+use crate::output::Outside;
+
 /// The page size (one definition, shared with the kernel side).
 pub use memlock_trace_common::PAGE_SIZE;
 
@@ -24,8 +26,9 @@ pub struct Mapping {
     pub end: u64,
     /// Offset in the mapped file of `start` (0 for anonymous mappings).
     pub offset: u64,
-    /// `[heap]`, `[stack]`, `[vdso]`, a file path, or `anonymous`.
-    pub name: String,
+    /// `[heap]`, `[stack]`, `[vdso]`, a file path (as the bytes the kernel shows: a name
+    /// need not be UTF-8), `/memfd:NAME (deleted)`, or `anonymous`.
+    pub name: Outside,
     pub locked: bool,
     /// None where the kernel does not show `VM_LOCKONFAULT` in smaps (before 6.2).
     pub lockonfault: Option<bool>,
@@ -59,21 +62,33 @@ pub fn smaps_shows_lockonfault(release: &str) -> bool {
     (major, minor) >= (6, 2)
 }
 
-/// Parses `/proc/PID/smaps` text, or `/proc/PID/maps` text (headers only: `Rss`, `Locked`
-/// and the flags stay 0). `shows_lockonfault`: see [`smaps_shows_lockonfault`]. A line that
-/// is neither a header nor a `Key: value` field after one is an error.
-pub fn parse_smaps(text: &str, shows_lockonfault: bool) -> Result<Vec<SmapsEntry>> {
+/// Parses `/proc/PID/smaps`, or `/proc/PID/maps` (headers only: `Rss`, `Locked` and the
+/// flags stay 0), as bytes: a mapped file's name is whatever bytes its creator chose, and one
+/// that is not UTF-8 must not cost the other mappings. `shows_lockonfault`: see
+/// [`smaps_shows_lockonfault`]. A line that is neither a header nor a `Key: value` field
+/// after one is an error.
+pub fn parse_smaps(text: &[u8], shows_lockonfault: bool) -> Result<Vec<SmapsEntry>> {
     let mut entries: Vec<SmapsEntry> = Vec::new();
-    for line in text.lines() {
-        // Field lines are `Key: value`; a header's first colon (in `dev`, or in a name) comes
-        // after a space.
-        let Some((key, value)) = line
-            .split_once(':')
-            .filter(|(k, _)| !k.contains(' ') && !k.contains('-'))
-        else {
+    let text = text.strip_suffix(b"\n").unwrap_or(text);
+    for line in text.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
+        // Field lines are `Key: value` (ASCII); a header's first colon (in `dev`, or in a
+        // name) comes after a space.
+        let field = line
+            .iter()
+            .position(|&b| b == b':')
+            .map(|colon| line.split_at(colon))
+            .filter(|(k, _)| !k.contains(&b' ') && !k.contains(&b'-'))
+            .and_then(|(k, v)| {
+                Some((
+                    std::str::from_utf8(k).ok()?,
+                    std::str::from_utf8(&v[1..]).ok()?,
+                ))
+            });
+        let Some((key, value)) = field else {
             entries.push(parse_header(line, shows_lockonfault)?);
             continue;
         };
+        let line = Outside::from(line);
         let entry = entries
             .last_mut()
             .ok_or_else(|| anyhow!("smaps field before any VMA: `{line}`"))?;
@@ -101,23 +116,35 @@ pub fn parse_smaps(text: &str, shows_lockonfault: bool) -> Result<Vec<SmapsEntry
     Ok(entries)
 }
 
-/// `7f12..-7f13.. rw-p 00001000 fd:01 123   [name, which may contain spaces]`
-fn parse_header(line: &str, shows_lockonfault: bool) -> Result<SmapsEntry> {
-    let mut fields = line.split_whitespace();
-    let range = fields.next().ok_or_else(|| anyhow!("empty maps line"))?;
-    let perms = fields
-        .next()
-        .ok_or_else(|| anyhow!("no permissions in `{line}`"))?;
+/// `7f12..-7f13.. rw-p 00001000 fd:01 123   [name, which may contain spaces]`: five ASCII
+/// fields, then (after the kernel's padding) the name, as bytes, exactly.
+fn parse_header(line: &[u8], shows_lockonfault: bool) -> Result<SmapsEntry> {
+    let shown = Outside::from(line);
+    let mut rest = line;
+    let mut fields = [""; 5];
+    for field in &mut fields {
+        rest = rest.trim_ascii_start();
+        let end = rest.iter().position(|&b| b == b' ').unwrap_or(rest.len());
+        *field = std::str::from_utf8(&rest[..end])
+            .with_context(|| format!("a maps field is not text in `{shown}`"))?;
+        rest = &rest[end..];
+    }
+    let [range, perms, offset, _dev, _inode] = fields;
+    if range.is_empty() {
+        return Err(anyhow!("empty maps line"));
+    }
+    if perms.is_empty() {
+        return Err(anyhow!("no permissions in `{shown}`"));
+    }
     let (start, end) = range
         .split_once('-')
-        .ok_or_else(|| anyhow!("no range in `{line}`"))?;
+        .ok_or_else(|| anyhow!("no range in `{shown}`"))?;
     let hex = |field: &str| {
-        u64::from_str_radix(field, 16).with_context(|| format!("bad address in `{line}`"))
+        u64::from_str_radix(field, 16).with_context(|| format!("bad address in `{shown}`"))
     };
     let (start, end) = (hex(start)?, hex(end)?);
-    let offset = fields.next().map_or(Ok(0), hex)?;
-    // dev and inode, then the name.
-    let name = fields.skip(2).collect::<Vec<_>>().join(" ");
+    let offset = if offset.is_empty() { 0 } else { hex(offset)? };
+    let name = rest.trim_ascii_start();
     Ok(SmapsEntry {
         mapping: Mapping {
             start,
@@ -126,7 +153,7 @@ fn parse_header(line: &str, shows_lockonfault: bool) -> Result<SmapsEntry> {
             name: if name.is_empty() {
                 "anonymous".into()
             } else {
-                name
+                Outside::from(name)
             },
             locked: false,
             lockonfault: shows_lockonfault.then_some(false),
@@ -139,8 +166,17 @@ fn parse_header(line: &str, shows_lockonfault: bool) -> Result<SmapsEntry> {
 
 /// Reads and parses a smaps (or maps) file, e.g. `/proc/PID/task/TID/smaps`.
 pub fn read_smaps(path: &str, shows_lockonfault: bool) -> Result<Vec<SmapsEntry>> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?;
-    parse_smaps(&text, shows_lockonfault)
+    let text = std::fs::read(path).with_context(|| format!("reading {path}"))?;
+    parse_smaps(&text, shows_lockonfault).with_context(|| format!("parsing {path}"))
+}
+
+/// A process's name from `/proc/PID/comm` (the bytes it chose, without the newline).
+pub fn read_comm(pid: u32) -> Option<Outside> {
+    let mut comm = std::fs::read(format!("/proc/{pid}/comm")).ok()?;
+    if comm.last() == Some(&b'\n') {
+        comm.pop();
+    }
+    Some(Outside::from(comm))
 }
 
 /// Last known mappings and comm per process.
@@ -150,6 +186,11 @@ pub struct MappingCache {
     /// VMAs seen by mlock-family calls since the last snapshot, newest last: for a process
     /// that exits before the next snapshot, the only record of a region it mapped since.
     noted: HashMap<u32, Vec<Mapping>>,
+    /// Reads of a living process's smaps that failed (other than its exit): its faults are
+    /// then attributed to its last snapshot, or `unknown`. Counted in the health line.
+    unreadable: u64,
+    /// Processes already warned about.
+    warned: std::collections::HashSet<u32>,
 }
 
 struct Snapshot {
@@ -157,7 +198,7 @@ struct Snapshot {
     /// How long reading it took: periodic re-reads of a large process are spaced out so that
     /// they cost it at most a twentieth of a CPU.
     cost: Duration,
-    comm: Option<String>,
+    comm: Option<Outside>,
     mappings: Vec<Mapping>,
     /// The process was gone (or a zombie) at a later refresh: these are its last mappings,
     /// and an address outside them may have been mapped after they were read.
@@ -178,10 +219,24 @@ impl MappingCache {
         }
         let started = Instant::now();
         let shows_lockonfault = smaps_shows_lockonfault(&crate::probe::kernel_release());
-        // Unreadable (the process is gone) or unparsable: keep what we had.
-        let Ok(entries) = read_smaps(&format!("/proc/{pid}/smaps"), shows_lockonfault) else {
-            self.mark_exited(pid);
-            return;
+        // Unreadable or unparsable: keep what we had. Gone is the normal end of a process;
+        // anything else is said, once per process, and counted.
+        let entries = match read_smaps(&format!("/proc/{pid}/smaps"), shows_lockonfault) {
+            Ok(entries) => entries,
+            Err(e) => {
+                if crate::process::pids::is_alive(pid) {
+                    self.unreadable += 1;
+                    if self.warned.insert(pid) {
+                        eprintln!(
+                            "memlock-trace: warning: cannot read the mappings of pid {pid}: \
+                             {e:#}; its faults are attributed to its last mappings read, or \
+                             `unknown` (counted as `unreadable_mappings` in the health line)"
+                        );
+                    }
+                }
+                self.mark_exited(pid);
+                return;
+            }
         };
         let mappings: Vec<Mapping> = entries.into_iter().map(|e| e.mapping).collect();
         // A zombie (or a kernel thread) has no mappings: keep what we saw while it lived.
@@ -189,9 +244,7 @@ impl MappingCache {
             self.mark_exited(pid);
             return;
         }
-        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm"))
-            .ok()
-            .map(|c| c.trim_end().to_string());
+        let comm = read_comm(pid);
         self.entries.insert(
             pid,
             Snapshot {
@@ -241,8 +294,13 @@ impl MappingCache {
         self.entries.get(&pid).map(|s| s.mappings.as_slice())
     }
 
-    pub fn comm(&self, pid: u32) -> Option<String> {
+    pub fn comm(&self, pid: u32) -> Option<Outside> {
         self.entries.get(&pid).and_then(|s| s.comm.clone())
+    }
+
+    /// Failed reads of living processes' mappings so far.
+    pub fn unreadable(&self) -> u64 {
+        self.unreadable
     }
 }
 
@@ -269,7 +327,7 @@ VmFlags: rd wr mr mw me gd ac
 ";
 
     fn mappings(text: &str, shows_lockonfault: bool) -> Vec<Mapping> {
-        parse_smaps(text, shows_lockonfault)
+        parse_smaps(text.as_bytes(), shows_lockonfault)
             .unwrap()
             .into_iter()
             .map(|e| e.mapping)
@@ -292,11 +350,19 @@ VmFlags: rd wr mr mw me gd ac
             }
         );
         assert_eq!(
-            (maps[1].name.as_str(), maps[1].locked, maps[1].lockonfault),
+            (
+                maps[1].name.to_str().unwrap(),
+                maps[1].locked,
+                maps[1].lockonfault
+            ),
             ("anonymous", true, Some(false))
         );
         assert_eq!(
-            (maps[2].name.as_str(), maps[2].locked, maps[2].lockonfault),
+            (
+                maps[2].name.to_str().unwrap(),
+                maps[2].locked,
+                maps[2].lockonfault
+            ),
             ("/usr/lib/with space.so", false, Some(true))
         );
         assert_eq!(maps[2].offset, 0x1a000);
@@ -309,7 +375,7 @@ VmFlags: rd wr mr mw me gd ac
 
     #[test]
     fn parses_permissions_and_sizes() {
-        let e = parse_smaps(SMAPS, true).unwrap();
+        let e = parse_smaps(SMAPS.as_bytes(), true).unwrap();
         assert_eq!(
             (e[1].perms.as_str(), e[1].rss_kb, e[1].locked_kb),
             ("rw-p", 512, 512)
@@ -329,7 +395,7 @@ VmFlags: rd wr mr mw me gd ac
             .filter(|l| l.starts_with(|c: char| c.is_ascii_hexdigit()) && l.contains(' '))
             .map(|l| format!("{l}\n"))
             .collect();
-        let e = parse_smaps(&maps, true).unwrap();
+        let e = parse_smaps(maps.as_bytes(), true).unwrap();
         assert_eq!(e.len(), 4);
         assert_eq!(
             e.iter().map(|e| e.perms.as_str()).collect::<Vec<_>>(),
@@ -339,10 +405,26 @@ VmFlags: rd wr mr mw me gd ac
     }
 
     #[test]
+    fn a_name_that_is_not_utf8_costs_nothing_else() {
+        let mut text = SMAPS.as_bytes().to_vec();
+        text.extend(
+            b"7f00ac000000-7f00ac001000 r--p 00000000 08:01 99   /tmp/bad\xff\x1b[2J  name\n\
+              Rss:                   4 kB\nVmFlags: rd mr mw me lo\n",
+        );
+        let e = parse_smaps(&text, true).unwrap();
+        assert_eq!(e.len(), 5);
+        assert_eq!(e[2].mapping.name, "/usr/lib/with space.so");
+        // Exact bytes, inner spaces kept; shown escaped.
+        assert_eq!(e[4].mapping.name.as_bytes(), b"/tmp/bad\xff\x1b[2J  name");
+        assert_eq!(e[4].mapping.name.to_string(), "/tmp/bad\\xff\\x1b[2J  name");
+        assert!(e[4].mapping.locked);
+    }
+
+    #[test]
     fn rejects_what_is_not_smaps() {
-        assert!(parse_smaps("Rss: 4 kB\n", true).is_err());
-        assert!(parse_smaps("zz-7f rw-p 0 0 0\n", true).is_err());
-        assert!(parse_smaps("7f-8f rw-p 0 0 0\nRss: many kB\n", true).is_err());
+        assert!(parse_smaps(b"Rss: 4 kB\n", true).is_err());
+        assert!(parse_smaps(b"zz-7f rw-p 0 0 0\n", true).is_err());
+        assert!(parse_smaps(b"7f-8f rw-p 0 0 0\nRss: many kB\n", true).is_err());
     }
 
     #[test]

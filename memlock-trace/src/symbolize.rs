@@ -9,15 +9,13 @@
 //! still symbolized. A frame that cannot be resolved is shown as `module+0xoffset` (or the
 //! bare address when no mapping held it), never dropped.
 
-use std::path::Path;
-
 use blazesym::symbolize::{
     CodeInfo, Input, Symbolized, Symbolizer,
     source::{Elf, Source},
 };
 use serde::Serialize;
 
-use crate::procfs::Mapping;
+use crate::{output::Outside, procfs::Mapping};
 
 /// One frame of a stack.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -25,18 +23,18 @@ pub struct Frame {
     /// The instruction pointer (a return address for every frame but the first).
     pub addr: String,
     /// The function (demangled); when it could not be resolved, `module+0xoffset`, or the
-    /// address when no mapping held it.
-    pub symbol: String,
+    /// address when no mapping held it. Named by the ELF file: outside text, of any length.
+    pub symbol: Outside,
     /// Whether `symbol` names a function.
     pub resolved: bool,
     /// A function the compiler inlined into the next frame (same `addr`; DWARF only).
     pub inlined: bool,
     /// The mapped file (or `[vdso]`, `anonymous`, ...); null when no mapping held the address.
-    pub module: Option<String>,
+    pub module: Option<Outside>,
     /// Offset of the address in `module`'s file.
     pub offset: Option<String>,
     /// Source file and line, when the module has DWARF.
-    pub file: Option<String>,
+    pub file: Option<Outside>,
     pub line: Option<u32>,
 }
 
@@ -75,10 +73,11 @@ impl StackSymbolizer {
         let (mut frame, offset) = Self::unresolved(ip, maps);
         // Only files can be symbolized: not [vdso], [heap], anonymous (JIT code), nor a
         // file deleted since it was mapped.
-        let (Some(path), Some(offset)) = (frame.module.clone(), offset) else {
+        let (Some(module), Some(offset)) = (frame.module.clone(), offset) else {
             return vec![frame];
         };
-        if !path.starts_with('/') || !Path::new(&path).is_file() {
+        let path = module.as_path();
+        if !module.starts_with("/") || !path.is_file() {
             return vec![frame];
         }
         let lookup = if return_address && offset > 0 {
@@ -86,7 +85,7 @@ impl StackSymbolizer {
         } else {
             offset
         };
-        let source = Source::Elf(Elf::new(&path));
+        let source = Source::Elf(Elf::new(path));
         let Ok(Symbolized::Sym(sym)) = self
             .symbolizer
             .symbolize_single(&source, Input::FileOffset(lookup))
@@ -94,14 +93,14 @@ impl StackSymbolizer {
             return vec![frame];
         };
         let place = |code: Option<&CodeInfo>| match code {
-            Some(code) => (Some(code.to_path().display().to_string()), code.line),
+            Some(code) => (Some(Outside::from(code.to_path().as_ref())), code.line),
             None => (None, None),
         };
         let mut out = Vec::with_capacity(sym.inlined.len() + 1);
         for inlined in sym.inlined.iter().rev() {
             let (file, line) = place(inlined.code_info.as_ref());
             out.push(Frame {
-                symbol: inlined.name.to_string(),
+                symbol: Outside::from(&*inlined.name),
                 resolved: true,
                 inlined: true,
                 file,
@@ -110,7 +109,7 @@ impl StackSymbolizer {
             });
         }
         (frame.file, frame.line) = place(sym.code_info.as_deref());
-        frame.symbol = sym.name.to_string();
+        frame.symbol = Outside::from(&*sym.name);
         frame.resolved = true;
         out.push(frame);
         out
@@ -122,7 +121,7 @@ impl StackSymbolizer {
         let Some(m) = maps.and_then(|maps| maps.iter().find(|m| m.start <= ip && ip < m.end))
         else {
             let frame = Frame {
-                symbol: addr.clone(),
+                symbol: Outside::from(addr.as_str()),
                 addr,
                 resolved: false,
                 inlined: false,
@@ -136,7 +135,7 @@ impl StackSymbolizer {
         let offset = ip - m.start + m.offset;
         let frame = Frame {
             addr,
-            symbol: format!("{}+{offset:#x}", m.name),
+            symbol: Outside::from([m.name.as_bytes(), format!("+{offset:#x}").as_bytes()].concat()),
             resolved: false,
             inlined: false,
             module: Some(m.name.clone()),
@@ -181,13 +180,13 @@ mod tests {
         };
         let f = one(0x1234, false, Some(&maps));
         assert_eq!(
-            (f.symbol.as_str(), f.resolved, f.offset.as_deref()),
+            (f.symbol.to_str().unwrap(), f.resolved, f.offset.as_deref()),
             ("[vdso]+0x5234", false, Some("0x5234"))
         );
         let f = one(0x8010, true, Some(&maps));
         assert_eq!(f.symbol, "/nonexistent/lib.so+0x10");
         let f = one(0x20000, false, Some(&maps));
-        assert_eq!((f.symbol.as_str(), f.module), ("0x20000", None));
+        assert_eq!((f.symbol.to_str().unwrap(), f.module), ("0x20000", None));
         assert_eq!(one(0x1234, false, None).symbol, "0x1234");
     }
 
@@ -207,6 +206,9 @@ mod tests {
         let frames = StackSymbolizer::default().frames(ip, false, cache.get(pid));
         let f = frames.last().unwrap();
         assert!(f.resolved && !f.inlined, "{f:?}");
-        assert!(f.symbol.ends_with("a_function_to_find"), "{f:?}");
+        assert!(
+            f.symbol.as_bytes().ends_with(b"a_function_to_find"),
+            "{f:?}"
+        );
     }
 }

@@ -40,6 +40,9 @@ pub struct Health {
     pub dropped_vma_records: u64,
     /// Fork/exit tracking and the per-process table (see `filter.rs`).
     pub processes: ProcessHealth,
+    /// Reads of a living process's `/proc/PID/smaps` that failed (user space, not the
+    /// kernel programs): its faults went to its last mappings read, or `unknown`.
+    pub unreadable_mappings: u64,
 }
 
 /// What to load beyond the defaults.
@@ -277,7 +280,7 @@ impl Tracer {
     /// The name each traced process had when it exited, by (pid, start time).
     pub fn exit_comms(
         &self,
-    ) -> Result<BTreeMap<memlock_trace_common::process::ProcessKey, String>> {
+    ) -> Result<BTreeMap<memlock_trace_common::process::ProcessKey, crate::output::Outside>> {
         filters::exit_comms(&self.ebpf)
     }
 
@@ -370,6 +373,7 @@ impl Tracer {
             failed_reads: sum(counter::READ_FAILED)?,
             dropped_vma_records: sum(counter::VMA_DROPPED)?,
             processes: filters::health(&self.ebpf)?,
+            unreadable_mappings: 0,
         })
     }
 }

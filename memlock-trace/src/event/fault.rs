@@ -2,7 +2,8 @@
 
 use memlock_trace_common::faults::{FaultEvent, fault_flags, populate};
 
-use super::comm_str;
+use super::comm_of;
+use crate::output::Outside;
 
 /// A sampled fault (`--events`), or the pages one call populated (tracepoint hooks).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -11,8 +12,9 @@ pub struct FaultRecord {
 }
 
 impl FaultRecord {
-    pub fn comm(&self) -> String {
-        comm_str(&self.raw.comm)
+    /// The name the task had at the event (its comm), as outside text.
+    pub fn name(&self) -> Outside {
+        comm_of(&self.raw.comm)
     }
 
     pub fn has(&self, flag: u32) -> bool {

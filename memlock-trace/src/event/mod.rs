@@ -10,6 +10,8 @@ use aya::Pod;
 use bytes::Buf as _;
 use memlock_trace_common::{EventKind, SyscallEvent};
 
+use crate::output::Outside;
+
 pub use fault::FaultRecord;
 pub use syscall::{
     MCL_CURRENT, MCL_FUTURE, MCL_ONFAULT, MLOCK_ONFAULT, Syscall, SyscallRecord, errno_name,
@@ -85,9 +87,16 @@ pub(crate) fn read_struct<T: Pod>(kind: u32, record: &[u8]) -> Result<T, DecodeE
     Ok(unsafe { record.as_ptr().cast::<T>().read_unaligned() })
 }
 
-pub fn comm_str(comm: &[u8]) -> String {
+/// A kernel `comm` buffer (NUL-padded) as the name the process chose: outside text.
+pub fn comm_of(comm: &[u8]) -> Outside {
     let end = comm.iter().position(|&b| b == 0).unwrap_or(comm.len());
-    String::from_utf8_lossy(&comm[..end]).into_owned()
+    Outside::from(&comm[..end])
+}
+
+/// The same name as a lossy UTF-8 string: for Prometheus labels, whose encoder escapes it;
+/// text output shows [`comm_of`] instead.
+pub fn comm_str(comm: &[u8]) -> String {
+    comm_of(comm).to_str_lossy().into_owned()
 }
 
 /// The bytes of a record as the kernel writes them, for decoder round trips.
@@ -180,7 +189,7 @@ mod tests {
         assert_eq!(rec.latency_ns(), Some(1234));
         assert_eq!(rec.locked(), Some((true, false)));
         assert_eq!(rec.syscall(), None);
-        assert_eq!(rec.comm(), "faulty");
+        assert_eq!(rec.name(), "faulty");
         let populated = FaultEvent {
             flags: fault_flags::POPULATED,
             syscall: populate::MLOCK as u32,

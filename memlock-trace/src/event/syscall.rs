@@ -5,7 +5,8 @@ use std::fmt::Write as _;
 
 use memlock_trace_common::{SyscallEvent, process::ProcessKey};
 
-use super::comm_str;
+use super::{comm_of, comm_str};
+use crate::output::Outside;
 
 /// A traced system call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -130,8 +131,15 @@ pub struct SyscallRecord {
 }
 
 impl SyscallRecord {
+    /// The process's name as a lossy string, for Prometheus labels; text and JSON use
+    /// [`Self::name`].
     pub fn comm(&self) -> String {
         comm_str(&self.raw.comm)
+    }
+
+    /// The name the task had at the event (its comm), as outside text.
+    pub fn name(&self) -> Outside {
+        comm_of(&self.raw.comm)
     }
 
     /// Pages the kernel faulted in on the task's behalf during the call.

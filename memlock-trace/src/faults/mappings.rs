@@ -11,7 +11,7 @@ use memlock_trace_common::{
 use serde::Serialize;
 
 use super::sizing::REGION_SHIFT;
-use crate::procfs::Mapping;
+use crate::{output::Outside, procfs::Mapping};
 
 /// A mapping's share of a process's faults.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -20,7 +20,7 @@ pub struct MappingFaults {
     /// the address any more, `unknown` when the process's mappings could not be read (it
     /// exited before a snapshot) or the address is outside the last ones read before it
     /// exited. Neighbouring runs outside every mapping are one row, `start` to `end`.
-    pub mapping: String,
+    pub mapping: Outside,
     pub start: String,
     pub end: String,
     pub faults: u64,
@@ -190,12 +190,22 @@ mod tests {
         ];
         let list = by_mapping(&regions, Some(&maps), None, 10);
         assert_eq!(list.len(), 3, "{list:?}");
-        assert_eq!((list[0].mapping.as_str(), list[0].faults), ("[heap]", 20));
         assert_eq!(
-            (list[1].mapping.as_str(), list[1].faults, list[1].locked),
+            (list[0].mapping.to_str().unwrap(), list[0].faults),
+            ("[heap]", 20)
+        );
+        assert_eq!(
+            (
+                list[1].mapping.to_str().unwrap(),
+                list[1].faults,
+                list[1].locked
+            ),
             ("/lib/x.so", 3, Some(true))
         );
-        assert_eq!((list[2].mapping.as_str(), list[2].faults), ("unmapped", 1));
+        assert_eq!(
+            (list[2].mapping.to_str().unwrap(), list[2].faults),
+            ("unmapped", 1)
+        );
         assert_eq!(by_mapping(&regions, Some(&maps), None, 1).len(), 1);
     }
 
@@ -227,7 +237,7 @@ mod tests {
                 .iter()
                 .map(|m| {
                     (
-                        m.mapping.as_str(),
+                        m.mapping.to_str().unwrap(),
                         m.faults,
                         m.start.as_str(),
                         m.end.as_str(),
@@ -268,7 +278,14 @@ mod tests {
         let list = by_mapping(&regions, Some(&maps), Some(&noted), 10);
         let rows: Vec<_> = list
             .iter()
-            .map(|m| (m.mapping.as_str(), m.faults, m.locked, m.locked_source))
+            .map(|m| {
+                (
+                    m.mapping.to_str().unwrap(),
+                    m.faults,
+                    m.locked,
+                    m.locked_source,
+                )
+            })
             .collect();
         assert_eq!(
             rows,

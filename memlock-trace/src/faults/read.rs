@@ -17,6 +17,7 @@ use memlock_trace_common::faults::{
 use serde::Serialize;
 
 use super::stacks::StackReport;
+use crate::output::Outside;
 
 /// Everything the kernel aggregated, summed over CPUs.
 #[derive(Clone, Debug, Default)]
@@ -47,7 +48,10 @@ pub struct KeyStats {
     pub counts: [u64; stat::COUNT],
     pub populated_by: [u64; SLOTS],
     pub max_ns: [u64; SLOTS],
+    /// The comm of the first fault, lossy UTF-8: for Prometheus labels.
     pub comm: String,
+    /// The same, exact: for text and JSON.
+    pub name: Outside,
 }
 
 /// The fault hooks' own health.
@@ -69,10 +73,6 @@ pub struct FaultHealth {
     /// `--stacks` only: (process, stack) counts the bounded LRU map evicted.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stacks_evicted: Option<u64>,
-}
-
-fn comm_of(bytes: &[u8]) -> String {
-    crate::event::comm_str(bytes)
 }
 
 /// Points the fault hooks' single-process fast path at `tgid` (0 turns it off).
@@ -130,8 +130,9 @@ pub fn read(ebpf: &Ebpf, per_thread: bool, sole: Option<u32>) -> Result<FaultRep
             for (max, x) in entry.max_ns.iter_mut().zip(v.max_ns) {
                 *max = (*max).max(x);
             }
-            if entry.comm.is_empty() {
-                entry.comm = comm_of(&v.comm);
+            if entry.name.is_empty() {
+                entry.name = crate::event::comm_of(&v.comm);
+                entry.comm = entry.name.to_str_lossy().into_owned();
             }
             if v.user_minor_hist.iter().any(|&n| n > 0) {
                 let hist = user_minor.entry(key).or_insert([0; HIST_BUCKETS]);

@@ -23,7 +23,7 @@ pub fn fault_line(rec: &FaultRecord, unit: Unit) -> String {
         "{pid:>7}/{tid:<7} {comm:<16} fault {kind} {addr:#x}",
         pid = r.tgid,
         tid = r.tid,
-        comm = rec.comm(),
+        comm = rec.name(),
         kind = rec.kind(),
         addr = r.address,
     );
@@ -56,7 +56,7 @@ pub fn fault_json(rec: &FaultRecord) -> serde_json::Value {
         "schema": JSON_SCHEMA,
         "pid": r.tgid,
         "tid": r.tid,
-        "comm": rec.comm(),
+        "comm": rec.name(),
         "kind": rec.kind(),
         "address": format!("{:#x}", r.address),
         "populated": rec.has(fault_flags::POPULATED),

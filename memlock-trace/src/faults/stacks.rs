@@ -96,7 +96,7 @@ pub fn top_stacks(
 /// Adds each process's top stacks to its summary, symbolized with its mappings (re-read now
 /// if it still lives, else its last snapshot).
 pub fn add_to(
-    per_process: &mut BTreeMap<u32, (String, FaultSummary)>,
+    per_process: &mut BTreeMap<u32, (crate::output::Outside, FaultSummary)>,
     report: &StackReport,
     mappings: &mut MappingCache,
     top: usize,

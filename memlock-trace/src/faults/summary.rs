@@ -14,7 +14,7 @@ use super::{
     FaultHooks,
     read::{FaultReport, KeyStats},
 };
-use crate::procfs::MappingCache;
+use crate::{output::Outside, procfs::MappingCache};
 
 /// Latency of one reported class, from the kernel's log-linear buckets.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -128,7 +128,7 @@ pub struct LatencySample {
 #[derive(Clone, Debug, Serialize)]
 pub struct ThreadFaults {
     pub tid: u32,
-    pub comm: String,
+    pub comm: Outside,
     #[serde(flatten)]
     pub faults: FaultSummary,
 }
@@ -226,15 +226,16 @@ pub fn summarize(
     hooks: &FaultHooks,
     mappings: &mut MappingCache,
     top_mappings: usize,
-) -> BTreeMap<u32, (String, FaultSummary)> {
+) -> BTreeMap<u32, (Outside, FaultSummary)> {
     // Fold thread keys into their process; histograms too.
     let mut processes: BTreeMap<u32, KeyStats> = BTreeMap::new();
     let mut merged = report.clone();
     for (key, s) in &report.stats {
         let p = processes.entry(key.tgid).or_default();
         add_counts(p, s);
-        if p.comm.is_empty() || key.tid == key.tgid {
+        if p.name.is_empty() || key.tid == key.tgid {
             p.comm.clone_from(&s.comm);
+            p.name.clone_from(&s.name);
         }
         if key.tid != 0 {
             for cls in 0..class::COUNT as u32 {
@@ -265,7 +266,7 @@ pub fn summarize(
     for (&tgid, s) in &processes {
         let key = FaultKey { tgid, tid: 0 };
         let mut summary = summarize_key(&merged, key, s, hooks);
-        let comm = mappings.comm(tgid).unwrap_or_else(|| s.comm.clone());
+        let comm = mappings.comm(tgid).unwrap_or_else(|| s.name.clone());
         summary.by_mapping = by_mapping(
             report.regions.get(&tgid).map_or(&[][..], Vec::as_slice),
             mappings.get(tgid),
@@ -284,7 +285,7 @@ pub fn summarize(
                 comm: if k.tid == tgid {
                     comm.clone()
                 } else {
-                    ts.comm.clone()
+                    ts.name.clone()
                 },
                 faults: summarize_key(report, *k, ts, hooks),
             })
@@ -309,8 +310,9 @@ pub fn by_process(report: &FaultReport) -> BTreeMap<u32, ProcessFaults> {
     for (key, s) in &report.stats {
         let p = out.entry(key.tgid).or_default();
         add_counts(&mut p.stats, s);
-        if p.stats.comm.is_empty() || key.tid == key.tgid {
+        if p.stats.name.is_empty() || key.tid == key.tgid {
             p.stats.comm.clone_from(&s.comm);
+            p.stats.name.clone_from(&s.name);
         }
     }
     for (hk, buckets) in &report.hists {

@@ -63,14 +63,13 @@ pub fn run(args: SuiteArgs) -> Result<i32> {
             .map_err(|e| crate::UsageError(format!("{e:#}")))?;
     }
     // The report's directory must take files before the scenarios run, not after.
-    std::fs::create_dir_all(&args.out)
-        .and_then(|()| std::fs::File::create(args.out.join("report.md")))
-        .map_err(|e| {
-            crate::UsageError(format!(
-                "cannot write the report in {}: {e}",
-                args.out.display()
-            ))
-        })?;
+    std::fs::create_dir_all(&args.out).map_err(|e| {
+        crate::UsageError(format!(
+            "cannot write the report in {}: {e}",
+            args.out.display()
+        ))
+    })?;
+    crate::output::create_private(&args.out.join("report.md"), "suite -o")?;
 
     let tracer = TracerProcess::start()?;
     let bar = ProgressBar::new(scenarios.len() as u64).with_style(

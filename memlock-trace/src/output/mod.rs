@@ -1,14 +1,17 @@
 //! What every hook family's text and JSON output shares: the JSON schema version, the
 //! latency units ([`Unit`]), the wall clock ([`WallClock`]), log2 histograms ([`hist`]) and
-//! where the output goes ([`Sink`]). Each family renders its own records and summary with
-//! these; the session puts them together.
+//! where the output goes ([`Sink`]), and [`Outside`]: every string a traced process or a file
+//! on disk controls, escaped whenever it is shown as text ([`escape`]). Each family renders its
+//! own records and summary with these; the session puts them together.
 
+mod escape;
 pub mod hist;
 mod sink;
 mod time;
 mod wrap;
 
-pub use sink::{Sink, WriteError};
+pub use escape::{MAX_SHOWN, Outside, escape};
+pub use sink::{Sink, WriteError, create_private, write_private};
 pub use time::{WallClock, hms};
 pub use wrap::{COLUMNS, wrap};
 

@@ -6,8 +6,9 @@
 //! the other stream rather than lost ([`Sink::write_result`]).
 
 use std::{
-    fs::File,
+    fs::{File, OpenOptions},
     io::{self, BufWriter, Write},
+    os::unix::fs::OpenOptionsExt as _,
     path::{Path, PathBuf},
 };
 
@@ -67,20 +68,47 @@ impl WriteError {
     }
 }
 
+/// Creates (or truncates) a file the tool writes for the user: new files are 0600 (less if
+/// the umask says so), since they hold other processes' names and memory layout; and a
+/// symbolic link as the last component is refused rather than followed (`O_NOFOLLOW`), so a
+/// link planted where the user writes cannot make a privileged tracer truncate its target.
+/// `option` names the option that gave the path, for the error.
+pub fn create_private(path: &Path, option: &str) -> Result<File> {
+    OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| {
+            let shown = crate::output::Outside::from(path);
+            let why = if e.raw_os_error() == Some(libc::ELOOP) && path.is_symlink() {
+                "it is a symbolic link, which is not followed (another user may have placed \
+                 it): name the file it points to, or remove the link"
+                    .to_string()
+            } else {
+                format!("{e}: give {option} a writable file path")
+            };
+            UsageError(format!("cannot write {shown}: {why}")).into()
+        })
+}
+
+/// Writes `contents` to a new or truncated private file ([`create_private`]).
+pub fn write_private(path: &Path, contents: &[u8], option: &str) -> Result<()> {
+    create_private(path, option)?
+        .write_all(contents)
+        .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", crate::output::Outside::from(path)))
+}
+
 impl Sink {
-    /// Stdout, or FILE created (truncated) now: a path that cannot be written is a usage
-    /// error before any work is done.
+    /// Stdout, or FILE created (truncated) now with [`create_private`]: a path that cannot
+    /// be written is a usage error before any work is done.
     pub fn open(path: Option<&Path>) -> Result<Self> {
         let dest = match path {
             None => Dest::Stdout(io::stdout()),
-            Some(path) => File::create(path)
-                .map(|f| Dest::File(path.to_path_buf(), BufWriter::new(f)))
-                .map_err(|e| {
-                    UsageError(format!(
-                        "cannot write {}: {e}: give -o a writable file path",
-                        path.display()
-                    ))
-                })?,
+            Some(path) => create_private(path, "-o")
+                .map(|f| Dest::File(path.to_path_buf(), BufWriter::new(f)))?,
         };
         Ok(Self { dest, failed: None })
     }
@@ -162,7 +190,33 @@ impl Write for Sink {
 
 #[cfg(test)]
 mod tests {
+    use std::os::unix::fs::PermissionsExt as _;
+
     use super::*;
+
+    #[test]
+    fn new_files_are_private_and_links_are_not_followed() {
+        let dir = std::env::temp_dir().join(format!("memlock-trace-sink-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir(&dir).unwrap();
+        let file = dir.join("out.txt");
+        // SAFETY: umask has no preconditions; 0 shows the mode the tool asks for.
+        let old = unsafe { libc::umask(0) };
+        let created = Sink::open(Some(&file));
+        // SAFETY: as above.
+        unsafe { libc::umask(old) };
+        drop(created.unwrap());
+        let mode = std::fs::metadata(&file).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{mode:o}");
+        let target = dir.join("victim");
+        std::fs::write(&target, "keep me").unwrap();
+        let link = dir.join("link");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        let e = Sink::open(Some(&link)).err().unwrap().to_string();
+        assert!(e.contains("is a symbolic link"), "{e}");
+        assert_eq!(std::fs::read_to_string(&target).unwrap(), "keep me");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn a_failed_write_names_the_file_and_sticks() {

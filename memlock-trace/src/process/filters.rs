@@ -24,6 +24,7 @@ use crate::{
     UsageError,
     btf::KernelBtf,
     object::{AttachContext, HookFamily, hook_refused, program},
+    output::Outside,
 };
 
 /// `statfs.f_type` of cgroup v2 (include/uapi/linux/magic.h).
@@ -105,12 +106,12 @@ impl Filters {
     pub fn describe(&self) -> Vec<String> {
         let mut parts = Vec::new();
         if let Some(comm) = &self.comm {
-            parts.push(format!("comm `{}`", String::from_utf8_lossy(comm)));
+            parts.push(format!("comm `{}`", Outside::from(comm.as_slice())));
         }
         if let Some(cgroup) = &self.cgroup {
             parts.push(format!(
                 "cgroup {} (id {})",
-                cgroup.path.display(),
+                Outside::from(cgroup.path.as_path()),
                 cgroup.id
             ));
         }
@@ -341,7 +342,7 @@ pub struct ProcessHealth {
 
 /// The name each traced process had when it exited (see `EXIT_COMMS`); empty when the
 /// exit program is not attached (system-wide tracing).
-pub fn exit_comms(ebpf: &Ebpf) -> Result<BTreeMap<ProcessKey, String>> {
+pub fn exit_comms(ebpf: &Ebpf) -> Result<BTreeMap<ProcessKey, Outside>> {
     let Some(map) = ebpf.map(names::EXIT_COMMS) else {
         return Ok(BTreeMap::new());
     };
@@ -349,7 +350,7 @@ pub fn exit_comms(ebpf: &Ebpf) -> Result<BTreeMap<ProcessKey, String>> {
     Ok(comms
         .iter()
         .filter_map(Result::ok)
-        .map(|(key, comm)| (key, crate::event::comm_str(&comm)))
+        .map(|(key, comm)| (key, crate::event::comm_of(&comm)))
         .collect())
 }
 

@@ -26,11 +26,10 @@ pub fn process_of(pid: u32) -> Result<u32> {
 /// Refuses (exit 2) a kernel thread given to `option`, saying why.
 pub fn refuse_kernel_thread(option: &str, id: u32) -> Result<()> {
     if is_kernel_thread(id) {
-        let comm = std::fs::read_to_string(format!("/proc/{id}/comm")).unwrap_or_default();
+        let comm = crate::procfs::read_comm(id).unwrap_or_default();
         return Err(UsageError(format!(
-            "{option} {id} is a kernel thread ({}): it has no user memory, makes no \
-             mlock-family calls and takes no user page faults, so there is nothing to trace",
-            comm.trim_end()
+            "{option} {id} is a kernel thread ({comm}): it has no user memory, makes no \
+             mlock-family calls and takes no user page faults, so there is nothing to trace"
         ))
         .into());
     }

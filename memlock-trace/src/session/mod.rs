@@ -23,7 +23,7 @@ use crate::{
     cli::TraceArgs,
     faults::{FaultHooks, stacks::StackSymbolizer},
     object::HookFamily as _,
-    output::{Sink, TextStyle, WallClock},
+    output::{Outside, Sink, TextStyle, WallClock},
     process::{Targets, launch, pids},
     procfs::MappingCache,
     syscalls::Aggregator,
@@ -225,7 +225,8 @@ fn describe_targets(args: &TraceArgs, launched: Option<u32>) -> String {
         None => args.pids.iter().map(|p| format!("pid {p}")).collect(),
     };
     if let (Some(pid), Some(cmd)) = (launched, args.command.first()) {
-        parts.push(format!("`{cmd}` (pid {pid})"));
+        // The user's own words, but a name can hold anything: escaped like any other.
+        parts.push(format!("`{}` (pid {pid})", Outside::from(cmd.as_str())));
     }
     if parts.is_empty() {
         "all processes (Ctrl-C to stop)".into()

@@ -15,7 +15,7 @@ use crate::{
     event::{Event, decode},
     faults::{self, FaultHooks, FaultReport, render as fault_render, stacks::StackSymbolizer},
     metrics::Metrics,
-    output::{Sink, TextStyle, WallClock, hms},
+    output::{Outside, Sink, TextStyle, WallClock, hms},
     process::table::ProcessKey,
     procfs::{Mapping, MappingCache},
     syscalls::{self, Aggregator, stacks::CallSiteReport},
@@ -189,10 +189,9 @@ impl Output {
             hooks,
             &report.health,
             |pid| {
-                std::fs::read_to_string(format!("/proc/{pid}/comm"))
-                    .ok()
-                    .map(|c| c.trim_end().to_string())
+                crate::procfs::read_comm(pid)
                     .or_else(|| self.mappings.comm(pid))
+                    .map(|c| c.to_str_lossy().into_owned())
             },
         );
     }
@@ -229,7 +228,7 @@ impl Output {
                         start: range.start,
                         end: range.end,
                         offset: 0,
-                        name: format!("VMA seen by {}", call.syscall.syscall.name()),
+                        name: format!("VMA seen by {}", call.syscall.syscall.name()).into(),
                         locked: range.flags & VM_LOCKED != 0,
                         lockonfault: Some(range.flags & VM_LOCKONFAULT != 0),
                     },
@@ -328,6 +327,7 @@ impl Output {
         if let Some(sites) = tracer.call_sites()? {
             self.add_call_sites(&mut summary, &sites);
         }
+        summary.health.unreadable_mappings = self.mappings.unreadable();
         if let Some(metrics) = &self.metrics {
             metrics.health.update(&summary.health);
         }
@@ -386,7 +386,7 @@ fn activity_tid(activity: &vma::Activity) -> u32 {
 }
 
 /// `-t TID`: each process's faults become its thread's (the kernel keeps them per thread).
-fn only_thread(per_process: &mut BTreeMap<u32, (String, faults::FaultSummary)>, tid: u32) {
+fn only_thread(per_process: &mut BTreeMap<u32, (Outside, faults::FaultSummary)>, tid: u32) {
     per_process.retain(|_, (_, f)| f.threads.iter().any(|t| t.tid == tid));
     for (comm, f) in per_process.values_mut() {
         let Some(thread) = f.threads.iter().find(|t| t.tid == tid).cloned() else {
@@ -402,7 +402,7 @@ fn only_thread(per_process: &mut BTreeMap<u32, (String, faults::FaultSummary)>, 
 
 /// An exited process is named as it was at its exit (after any exec), not by its first
 /// event or an older /proc snapshot; so is its main thread.
-fn name_exited(summary: &mut Summary, exit_comms: &BTreeMap<ProcessKey, String>) {
+fn name_exited(summary: &mut Summary, exit_comms: &BTreeMap<ProcessKey, Outside>) {
     for p in &mut summary.processes {
         let Some(comm) = exit_comms
             .iter()

@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use crate::{
     faults::{self, FaultHealth, FaultHooks, FaultSummary},
-    output::{JSON_SCHEMA, TextStyle},
+    output::{JSON_SCHEMA, Outside, TextStyle},
     syscalls::{self, ProcessSyscalls, SyscallSummary, stacks::CallSite, stats::ThreadLatencies},
     tracer::Health,
 };
@@ -56,7 +56,7 @@ pub struct ProcessSummary {
     pub pid: u32,
     /// Process start, ns since boot (`/proc/PID/stat` field 22 is this in clock ticks).
     pub start_ns: u64,
-    pub comm: String,
+    pub comm: Outside,
     pub syscalls: BTreeMap<&'static str, SyscallSummary>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub faults: Option<FaultSummary>,
@@ -107,7 +107,7 @@ impl Summary {
         &mut self,
         hooks: FaultHooks,
         health: FaultHealth,
-        faults: BTreeMap<u32, (String, FaultSummary)>,
+        faults: BTreeMap<u32, (Outside, FaultSummary)>,
     ) {
         for (pid, (comm, summary)) in faults {
             match self.processes.iter_mut().find(|p| p.pid == pid) {
@@ -187,6 +187,13 @@ pub fn summary_text(summary: &Summary, style: TextStyle) -> String {
             String::new()
         }
     );
+    if h.unreadable_mappings > 0 {
+        let _ = writeln!(
+            out,
+            "unreadable mappings: {} reads of /proc/PID/smaps failed (see the warnings above)",
+            h.unreadable_mappings
+        );
+    }
     let p = &h.processes;
     if p.children_not_followed + p.evicted_processes > 0 {
         let _ = writeln!(

@@ -12,6 +12,7 @@ use super::why::LockFigures;
 use crate::{
     event::{Syscall, SyscallRecord, errno_name},
     latency::{Latency, histogram, record_latency},
+    output::Outside,
     process::ProcessTable,
 };
 
@@ -24,7 +25,7 @@ pub struct Aggregator {
 }
 
 struct ProcessStats {
-    comm: String,
+    comm: Outside,
     syscalls: BTreeMap<Syscall, SyscallStats>,
     /// Per thread and call, the latencies (with `per_thread`).
     threads: BTreeMap<u32, BTreeMap<Syscall, Histogram<u64>>>,
@@ -72,12 +73,12 @@ impl Aggregator {
         let process = self
             .processes
             .get_or_insert_with(rec.process(), || ProcessStats {
-                comm: String::new(),
+                comm: Outside::default(),
                 syscalls: BTreeMap::new(),
                 threads: BTreeMap::new(),
             });
         // The comm of the last event wins: it follows an exec.
-        process.comm = rec.comm();
+        process.comm = rec.name();
         let stats = process
             .syscalls
             .entry(rec.syscall)
@@ -166,7 +167,7 @@ pub struct ProcessSyscalls {
     pub pid: u32,
     /// Process start, ns since boot (`/proc/PID/stat` field 22 is this in clock ticks).
     pub start_ns: u64,
-    pub comm: String,
+    pub comm: Outside,
     pub syscalls: BTreeMap<&'static str, SyscallSummary>,
     /// With `--per-thread`: each thread's latencies per call.
     pub threads: ThreadLatencies,

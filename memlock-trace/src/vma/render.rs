@@ -249,7 +249,7 @@ pub fn activity_lines(a: &Activity, hooks: Option<&VmaHooks>) -> Vec<String> {
                 "{:>7}/{:<7} {:<16} {} = {}  {}",
                 r.tgid,
                 r.tid,
-                c.syscall.comm(),
+                c.syscall.name(),
                 c.syscall.syscall.describe(r.args),
                 result,
                 c.summary()
@@ -301,7 +301,7 @@ pub fn activity_json(a: &Activity, hooks: Option<&VmaHooks>) -> serde_json::Valu
                 "schema": crate::output::JSON_SCHEMA,
                 "pid": r.tgid,
                 "tid": r.tid,
-                "comm": c.syscall.comm(),
+                "comm": c.syscall.name(),
                 "syscall": c.syscall.syscall.name(),
                 "args": c.syscall.syscall.describe(r.args),
                 "ret": r.ret,

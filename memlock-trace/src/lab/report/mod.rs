@@ -15,11 +15,12 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use anyhow::{Context as _, Result};
+use anyhow::Result;
 use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::workload::scenario::Scenario;
+use crate::output::write_private;
 
 #[derive(Clone, Debug, Serialize)]
 pub struct Verdict {
@@ -188,16 +189,16 @@ pub fn write(dir: &Path, runs: &[ScenarioRun], health: &Value, tiny: bool) -> Re
         );
     }
     let markdown = dir.join("report.md");
-    std::fs::write(&markdown, md)
-        .with_context(|| format!("cannot write {}", markdown.display()))?;
+    write_private(&markdown, md.as_bytes(), "suite -o")?;
     let json_path = dir.join("report.json");
-    std::fs::write(
+    write_private(
         &json_path,
         serde_json::to_string_pretty(
             &json!({ "kernel": crate::probe::kernel_release(), "tiny": tiny, "health": health, "scenarios": json_runs }),
-        )?,
-    )
-    .with_context(|| format!("cannot write {}", json_path.display()))?;
+        )?
+        .as_bytes(),
+        "suite -o",
+    )?;
     Ok(Written {
         markdown,
         verdicts,
