@@ -60,7 +60,7 @@ fn run_workload(before_release: impl FnOnce(u32)) -> u32 {
     let argv: Vec<String> = [BIN, "workload", "syscalls", "--report", "/dev/null"]
         .map(String::from)
         .to_vec();
-    let held = launch::spawn(&argv)
+    let held = launch::spawn(&argv, None)
         .expect("fork workload")
         .wait_exec(BIN)
         .expect("exec workload");

@@ -29,7 +29,7 @@ fn spawn_workload(args: &[&str], pid: Option<u32>) -> Launched {
             std::fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string())
                 .expect("write ns_last_pid");
         }
-        let held = launch::spawn(&argv).expect("fork");
+        let held = launch::spawn(&argv, None).expect("fork");
         if pid.is_none_or(|p| p == held.pid) {
             return held;
         }

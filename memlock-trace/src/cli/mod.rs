@@ -154,6 +154,10 @@ pub struct TraceArgs {
     /// records, end to end); their locked_vm and map_count figures are then wrong.
     #[arg(long, hide = true)]
     pub test_unreadable_mm: bool,
+    /// Run COMMAND as USER (a name, or a uid `getent passwd` lists) with USER's groups and no
+    /// capabilities, as `strace -u` does; the tracer keeps its own. (`-u` is --microseconds.)
+    #[arg(long, value_name = "USER", requires = "command")]
+    pub user: Option<String>,
     /// Launch COMMAND and trace it and its threads until it exits.
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<String>,

@@ -3,6 +3,10 @@
 //! trap, before the new program runs a single instruction. Only then is its pid added to
 //! the filter and the child let go, so nothing the launcher does between `fork` and `exec`
 //! (comm `memlock-trace`, copy-on-write faults) is counted against the command.
+//!
+//! `--user USER` ([`RunAs`]): between fork and exec the child takes USER's groups, group and
+//! user ids, and drops every capability (bounding set included), as `strace -u` runs a
+//! command as its real user; the tracer keeps its own privileges.
 
 use std::{ffi::CString, fs::File, io::Read as _, os::fd::OwnedFd};
 
@@ -14,10 +18,86 @@ use nix::{
         signal::{Signal, kill},
         wait::{WaitStatus, waitpid},
     },
-    unistd::{ForkResult, Pid, execvp, fork, pipe2},
+    unistd::{ForkResult, Gid, Pid, Uid, User, execvp, fork, getgrouplist, pipe2},
 };
 
-use crate::{CommandError, exit};
+use crate::{CommandError, UsageError, exit};
+
+/// Who `--user` runs the command as: looked up before the fork (the password and group
+/// databases are not async-signal-safe), applied in the child before exec.
+#[derive(Clone, Debug)]
+pub struct RunAs {
+    pub name: String,
+    pub uid: Uid,
+    pub gid: Gid,
+    /// USER's supplementary groups, as `initgroups(3)` would set them.
+    pub groups: Vec<libc::gid_t>,
+}
+
+impl RunAs {
+    /// USER by name, or by a uid the password database knows.
+    pub fn resolve(user: &str) -> Result<Self> {
+        let found = match user.parse::<u32>() {
+            Ok(uid) => User::from_uid(Uid::from_raw(uid)),
+            Err(_) => User::from_name(user),
+        }
+        .with_context(|| format!("looking up user `{user}`"))?;
+        let Some(found) = found else {
+            return Err(UsageError(format!(
+                "--user {user}: no such user: give a name or uid that `getent passwd` lists"
+            ))
+            .into());
+        };
+        let name = CString::new(found.name.as_str()).context("a user name holding NUL")?;
+        let groups = getgrouplist(&name, found.gid)
+            .with_context(|| format!("reading the groups of user `{}`", found.name))?;
+        Ok(Self {
+            name: found.name,
+            uid: found.uid,
+            gid: found.gid,
+            groups: groups.into_iter().map(Gid::as_raw).collect(),
+        })
+    }
+}
+
+/// What the child was doing when it failed, sent to the parent with the errno.
+#[derive(Clone, Copy)]
+#[repr(i32)]
+enum Step {
+    Exec = 0,
+    SetGroups,
+    SetGid,
+    DropBounding,
+    SetUid,
+    ClearCapabilities,
+}
+
+impl Step {
+    fn from_i32(n: i32) -> Self {
+        [
+            Step::Exec,
+            Step::SetGroups,
+            Step::SetGid,
+            Step::DropBounding,
+            Step::SetUid,
+            Step::ClearCapabilities,
+        ]
+        .into_iter()
+        .find(|s| *s as i32 == n)
+        .unwrap_or(Step::Exec)
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Step::Exec => "exec",
+            Step::SetGroups => "setgroups",
+            Step::SetGid => "setresgid",
+            Step::DropBounding => "dropping the capability bounding set (PR_CAPBSET_DROP)",
+            Step::SetUid => "setresuid",
+            Step::ClearCapabilities => "capset",
+        }
+    }
+}
 
 /// A forked child on its way to `exec`.
 pub struct Launched {
@@ -35,8 +115,9 @@ pub struct AtExec {
     resumed: bool,
 }
 
-/// Forks `argv`; call only while the process is single-threaded (before the tokio runtime).
-pub fn spawn(argv: &[String]) -> Result<Launched> {
+/// Forks `argv` (as `run_as`, when given); call only while the process is single-threaded
+/// (before the tokio runtime).
+pub fn spawn(argv: &[String], run_as: Option<&RunAs>) -> Result<Launched> {
     if argv.is_empty() {
         bail!("no command given after `--`");
     }
@@ -46,12 +127,12 @@ pub fn spawn(argv: &[String]) -> Result<Launched> {
         .collect::<Result<_, _>>()
         .context("command arguments must not contain NUL bytes")?;
     let (err_r, err_w) = pipe2(OFlag::O_CLOEXEC).context("pipe")?;
-    // SAFETY: the child only calls async-signal-safe functions (ptrace, prctl, execvp,
-    // write, _exit) on memory prepared before the fork.
+    // SAFETY: the child only calls async-signal-safe functions (ptrace, prctl, setgroups,
+    // setres[ug]id, capset, execvp, write, _exit) on memory prepared before the fork.
     match unsafe { fork() }.context("fork")? {
         ForkResult::Child => {
             drop(err_r);
-            child_exec(err_w, &cargs);
+            child_exec(err_w, &cargs, run_as);
         }
         ForkResult::Parent { child } => {
             drop(err_w);
@@ -63,7 +144,7 @@ pub fn spawn(argv: &[String]) -> Result<Launched> {
     }
 }
 
-fn child_exec(err: OwnedFd, argv: &[CString]) -> ! {
+fn child_exec(err: OwnedFd, argv: &[CString], run_as: Option<&RunAs>) -> ! {
     // A successful exec then stops us with SIGTRAP until the parent has added our pid.
     if ptrace::traceme().is_err() {
         // SAFETY: _exit ends this forked child at once, without running the parent's atexit
@@ -85,13 +166,93 @@ fn child_exec(err: OwnedFd, argv: &[CString]) -> ! {
     // the default back, as a shell does, so that `yes | head` in it ends as it should.
     // SAFETY: signal() with SIG_DFL installs no handler; it is async-signal-safe.
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
-    let errno = match execvp(&argv[0], argv) {
-        Err(e) => e as i32,
-        Ok(never) => match never {},
+    let failed = |step: Step, errno: i32| -> ! {
+        let mut report = [0u8; 8];
+        report[..4].copy_from_slice(&(step as i32).to_ne_bytes());
+        report[4..].copy_from_slice(&errno.to_ne_bytes());
+        let _ = nix::unistd::write(&err, &report);
+        // SAFETY: as above.
+        unsafe { libc::_exit(127) }
     };
-    let _ = nix::unistd::write(&err, &errno.to_ne_bytes());
-    // SAFETY: as above.
-    unsafe { libc::_exit(127) }
+    if let Some(run_as) = run_as
+        && let Err((step, errno)) = become_user(run_as)
+    {
+        failed(step, errno);
+    }
+    match execvp(&argv[0], argv) {
+        Err(e) => failed(Step::Exec, e as i32),
+        Ok(never) => match never {},
+    }
+}
+
+/// In the forked child: USER's groups, gid and uid, and no capability left in any set, nor
+/// one to regain through a set-user-ID or file-capability program (the bounding set is
+/// emptied while the child still may). The order matters: groups and gid need
+/// CAP_SETGID, the bounding set CAP_SETPCAP, so the uid goes last (which clears the
+/// permitted and effective sets); the inheritable set, which setuid keeps, is cleared after.
+fn become_user(run_as: &RunAs) -> Result<(), (Step, i32)> {
+    let errno = || nix::errno::Errno::last_raw();
+    let groups = &run_as.groups;
+    // SAFETY: a pointer and length of a live slice; setgroups only reads it.
+    if unsafe { libc::setgroups(groups.len(), groups.as_ptr()) } != 0 {
+        return Err((Step::SetGroups, errno()));
+    }
+    let gid = run_as.gid.as_raw();
+    // SAFETY: integer arguments only.
+    if unsafe { libc::setresgid(gid, gid, gid) } != 0 {
+        return Err((Step::SetGid, errno()));
+    }
+    // Every capability number the kernel knows: PR_CAPBSET_DROP fails with EINVAL past the
+    // last one (CAP_LAST_CAP).
+    for cap in 0..64 {
+        // SAFETY: prctl with integer arguments only.
+        if unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) } != 0 {
+            match errno() {
+                libc::EINVAL => break,
+                e => return Err((Step::DropBounding, e)),
+            }
+        }
+    }
+    let uid = run_as.uid.as_raw();
+    // SAFETY: integer arguments only.
+    if unsafe { libc::setresuid(uid, uid, uid) } != 0 {
+        return Err((Step::SetUid, errno()));
+    }
+    clear_capabilities().map_err(|e| (Step::ClearCapabilities, e))
+}
+
+/// capset(2) with every set empty (the raw system call: libc has no wrapper).
+fn clear_capabilities() -> Result<(), i32> {
+    /// `_LINUX_CAPABILITY_VERSION_3` (include/uapi/linux/capability.h): two 32-bit words.
+    const VERSION_3: u32 = 0x2008_0522;
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: i32,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    let mut header = Header {
+        version: VERSION_3,
+        pid: 0,
+    };
+    let data = [Data {
+        effective: 0,
+        permitted: 0,
+        inheritable: 0,
+    }; 2];
+    // SAFETY: capset reads the header and two data structs, all live for the call.
+    let ret = unsafe { libc::syscall(libc::SYS_capset, &raw mut header, data.as_ptr()) };
+    if ret == 0 {
+        Ok(())
+    } else {
+        Err(nix::errno::Errno::last_raw())
+    }
 }
 
 impl Launched {
@@ -104,10 +265,20 @@ impl Launched {
         self.exec_error
             .read_to_end(&mut buf)
             .context("waiting for exec")?;
-        if buf.len() >= 4 {
-            let errno = i32::from_ne_bytes([buf[0], buf[1], buf[2], buf[3]]);
+        if buf.len() >= 8 {
+            let step = Step::from_i32(i32::from_ne_bytes([buf[0], buf[1], buf[2], buf[3]]));
+            let errno = i32::from_ne_bytes([buf[4], buf[5], buf[6], buf[7]]);
             let _ = waitpid(pid, None);
             let reason = nix::errno::Errno::from_raw(errno);
+            if !matches!(step, Step::Exec) {
+                return Err(UsageError(format!(
+                    "cannot run `{program}` as another user: {} failed: {}: --user needs \
+                     root (or CAP_SETUID, CAP_SETGID and CAP_SETPCAP)",
+                    step.name(),
+                    reason.desc()
+                ))
+                .into());
+            }
             // As the shell and env(1): 127 when there is nothing to run, 126 otherwise.
             return Err(if reason == nix::errno::Errno::ENOENT {
                 CommandError {

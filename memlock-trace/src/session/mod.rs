@@ -120,6 +120,12 @@ pub fn run(mut args: TraceArgs) -> Result<i32> {
     } else {
         Targets::Tgids(args.pids.clone())
     };
+    // `--user`: looked up now, so that an unknown user is refused before anything loads.
+    let run_as = args
+        .user
+        .as_deref()
+        .map(launch::RunAs::resolve)
+        .transpose()?;
     let production = Production::setup(&args)?;
     let options = Options {
         all_vma_stores: args.all_vma_changes,
@@ -136,7 +142,7 @@ pub fn run(mut args: TraceArgs) -> Result<i32> {
     let launched = match args.command.first() {
         Some(program) => {
             // A command that cannot run is a `CommandError` (exit 126 or 127).
-            let at_exec = launch::spawn(&args.command)?.wait_exec(program)?;
+            let at_exec = launch::spawn(&args.command, run_as.as_ref())?.wait_exec(program)?;
             tracer.add_target(at_exec.pid)?;
             faults_before_exec = at_exec.faults_before_exec;
             Some(at_exec.resume()?)
@@ -226,7 +232,14 @@ fn describe_targets(args: &TraceArgs, launched: Option<u32>) -> String {
     };
     if let (Some(pid), Some(cmd)) = (launched, args.command.first()) {
         // The user's own words, but a name can hold anything: escaped like any other.
-        parts.push(format!("`{}` (pid {pid})", Outside::from(cmd.as_str())));
+        let user = args
+            .user
+            .as_deref()
+            .map_or_else(String::new, |u| format!(", as user {}", Outside::from(u)));
+        parts.push(format!(
+            "`{}` (pid {pid}{user})",
+            Outside::from(cmd.as_str())
+        ));
     }
     if parts.is_empty() {
         "all processes (Ctrl-C to stop)".into()
