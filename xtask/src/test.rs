@@ -107,7 +107,7 @@ const LIBTEST_ARGS: [&str; 1] = ["--test-threads=1"];
 /// kernel-independent behaviour belongs here (CLI parsing, output shape, JSON schema,
 /// errors decided in user space); the figures behind such output are checked on every
 /// kernel by the binaries named in each reason. Every other binary runs on every kernel.
-const HOST_ONLY: [(&str, &str); 4] = [
+const HOST_ONLY: [(&str, &str); 6] = [
     (
         "memlock-trace/test:prometheus_server",
         "host only: runs Debian's prometheus server, which the guest's initramfs does not carry \
@@ -124,6 +124,17 @@ const HOST_ONLY: [(&str, &str); 4] = [
          space, the same on every kernel",
     ),
     (
+        "memlock-trace/test:hostile_names",
+        "host only: compiles a C program with gcc and renames a symbol with objcopy, which \
+         the guest's initramfs does not carry; the escaping is user space (the figures \
+         behind the rows: test:fault_cli and test:syscalls, on every kernel)",
+    ),
+    (
+        "memlock-trace/test:run_as_user",
+        "host only: --user switches groups, gid, uid and capabilities in user space before \
+         exec (the tracing of a launched command it keeps: test:names, on every kernel)",
+    ),
+    (
         "memlock-trace/test:habits",
         "host only: output formats (--hist rows, units, -T, -o, -q/-v, man page, \
          completions); the counts behind them: test:syscalls, test:intervals, \
@@ -133,8 +144,10 @@ const HOST_ONLY: [(&str, &str); 4] = [
 /// Test binaries that run Debian's programs, and the package of each: installed when missing
 /// (like qemu) before any stage runs them, since a guest's initramfs carries the programs
 /// the host has (python3 with its standard library, memcached: see `vm::programs`).
-const PROGRAM_TESTS: [(&str, &str); 3] = [
+const PROGRAM_TESTS: [(&str, &str); 5] = [
     ("memlock-trace/test:prometheus_server", "prometheus"),
+    ("memlock-trace/test:hostile_names", "gcc"),
+    ("memlock-trace/test:hostile_names", "binutils"),
     ("memlock-trace/test:memcached", "memcached"),
     ("memlock-trace/test:third_party", "python3"),
 ];
