@@ -1,12 +1,16 @@
 //! `--user USER`: the launched command runs as USER, with USER's groups and no capability in
-//! any set, while the tracer keeps its own privileges and traces the command exactly.
+//! any set, while the tracer keeps its own privileges and traces the command exactly. And
+//! the documented least-privilege install: a capable binary only its group may run.
 
 mod common;
 mod support;
 
 use std::{
     ffi::CString,
-    os::unix::fs::{PermissionsExt as _, chown},
+    os::unix::{
+        fs::{PermissionsExt as _, chown},
+        process::CommandExt as _,
+    },
     process::Command,
 };
 
@@ -133,4 +137,101 @@ fn an_unknown_user_is_refused_before_anything_runs() {
         .output()
         .expect("memlock-trace");
     assert_eq!(out.status.code(), Some(2));
+}
+
+/// The documented least-privilege install: a copy with file capabilities, group-owned and
+/// mode 0750 (chgrp before setcap, which chgrp would clear). `nobody` outside the group is
+/// refused at exec; inside it, it traces (exactly, as the launched workload's own report
+/// says) with the file's capabilities alone.
+#[test]
+fn the_capable_binary_runs_for_its_group_only() {
+    require_privileges();
+    /// A group id no user here has: membership is given by setgroups alone.
+    const GROUP: u32 = 424_242;
+    // Debian's level 3 lets only CAP_SYS_ADMIN open perf events; 2 is the documented
+    // least-privilege setting (test:least_privilege checks the message at 3).
+    const PARANOID: &str = "/proc/sys/kernel/perf_event_paranoid";
+    let paranoid = std::fs::read_to_string(PARANOID).unwrap();
+    if paranoid.trim().parse::<i32>().unwrap() > 2 {
+        std::fs::write(PARANOID, "2").unwrap();
+    }
+    struct Restore(String);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let _ = std::fs::write(PARANOID, self.0.trim());
+        }
+    }
+    let _restore = Restore(paranoid);
+    let dir = std::env::temp_dir().join(format!("memlock-trace-install-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let installed = dir.join("memlock-trace");
+    std::fs::copy(BIN, &installed).unwrap();
+    chown(&installed, Some(0), Some(GROUP)).unwrap();
+    std::fs::set_permissions(&installed, std::fs::Permissions::from_mode(0o750)).unwrap();
+    let setcap = Command::new("setcap")
+        .arg("cap_bpf,cap_perfmon,cap_dac_read_search+ep")
+        .arg(&installed)
+        .output()
+        .expect("setcap (apt-get install libcap2-bin)");
+    assert!(
+        setcap.status.success(),
+        "{}",
+        String::from_utf8_lossy(&setcap.stderr)
+    );
+
+    let as_nobody = |groups: &'static [u32], args: &[&str]| {
+        let mut cmd = Command::new(&installed);
+        cmd.args(args);
+        // SAFETY: only raw syscalls between fork and exec, on static data. Dropping root
+        // without PR_SET_KEEPCAPS clears every capability.
+        unsafe {
+            cmd.pre_exec(move || {
+                let check = |rc: libc::c_int| {
+                    if rc == 0 {
+                        Ok(())
+                    } else {
+                        Err(std::io::Error::last_os_error())
+                    }
+                };
+                check(libc::setgroups(groups.len(), groups.as_ptr()))?;
+                check(libc::setresgid(65534, 65534, 65534))?;
+                check(libc::setresuid(65534, 65534, 65534))
+            });
+        }
+        cmd.output()
+    };
+    let refused = as_nobody(&[], &["--version"]).expect_err("exec refused outside the group");
+    assert_eq!(
+        refused.kind(),
+        std::io::ErrorKind::PermissionDenied,
+        "{refused}"
+    );
+
+    let report = dir.join("calls.json");
+    let out = as_nobody(
+        &[GROUP],
+        &[
+            "--json",
+            "--events",
+            "--",
+            BIN,
+            "workload",
+            "syscalls",
+            "--report",
+            report.to_str().unwrap(),
+        ],
+    )
+    .expect("runs inside the group");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "in the group: {stderr}");
+    let calls: Vec<Value> =
+        serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    let events = json_lines(&String::from_utf8_lossy(&out.stdout))
+        .into_iter()
+        .filter(|l| l["type"] == "syscall")
+        .count();
+    assert_eq!(events, calls.len(), "{stderr}");
+    std::fs::remove_dir_all(&dir).unwrap();
 }

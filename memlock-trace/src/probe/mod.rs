@@ -41,7 +41,8 @@ pub fn check_privileges() -> Result<()> {
     };
     bail!(
         "missing capabilities {}{tracefs}: run memlock-trace as root, or grant them with \
-         `sudo setcap {}+ep $(which memlock-trace)`{}",
+         `sudo setcap {}+ep $(which memlock-trace)` once `chgrp GROUP` and `chmod 750` have \
+         made it a binary only GROUP may run{}",
         in_words(&missing),
         grant.join(","),
         paranoid_note(),
