@@ -15,10 +15,13 @@
 //!   [`vma`].
 //! - On top: [`tracer`] attaches the families; [`session`] runs the event loop and prints
 //!   the summary; [`metrics`] serves Prometheus; [`cli`] is the one clap definition.
+//! - [`advise`]: `memlock-trace advise`, built from a traced run's results (the tracer does
+//!   not know it); its preload library is the `memlock-preload` crate.
 //! - [`lab`] (cargo feature `lab`, on by default): the bundled workloads, `verify`, `suite`
 //!   and its report. The tracer does not know it.
 #![warn(clippy::undocumented_unsafe_blocks)]
 
+pub mod advise;
 pub mod btf;
 pub mod cli;
 pub mod event;

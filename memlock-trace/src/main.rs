@@ -28,6 +28,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         None => session::run(cli.trace),
         Some(Command::Probe { json }) => run_probe(json).map(|()| 0),
+        Some(Command::Advise(args)) => memlock_trace::advise::run(&args),
         #[cfg(feature = "lab")]
         Some(Command::Suite(args)) => suite::run(args),
         #[cfg(feature = "lab")]

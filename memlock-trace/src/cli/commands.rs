@@ -19,6 +19,10 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Trace a command (or a running process) and advise what memory to lock or populate,
+    /// what locking cannot help and what not to do; --apply runs it again with the advice
+    /// applied and compares the two runs.
+    Advise(crate::advise::AdviseArgs),
     #[cfg(feature = "lab")]
     /// Run every reference experiment with the tracer attached and write a report with charts.
     Suite(crate::lab::suite::SuiteArgs),

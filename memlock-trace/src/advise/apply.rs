@@ -1,0 +1,282 @@
+//! `advise --apply`: the environment that carries the advice out (the preload library's
+//! rules, glibc's tunables) and the two runs compared. Nothing in the program changes, and
+//! no limit is raised: advice the limit refuses was already turned into populating.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use serde::Serialize;
+
+use super::render::count;
+use super::{
+    observe::{Environment, temp_path},
+    rules::{Advice, ApplyStep, Verdict},
+    table::{Phase, Table},
+};
+use crate::UsageError;
+
+/// The preload library's file name, as cargo builds it.
+pub const PRELOAD_FILE: &str = "libmemlock_preload.so";
+/// Where to find it instead of next to the binary.
+pub const PRELOAD_ENV: &str = "MEMLOCK_TRACE_PRELOAD";
+/// Rows of the mapping comparison.
+const MAPPING_ROWS: usize = 8;
+/// The advice helped when the steady state's fault time fell below this share of before.
+const HELPED_BELOW: f64 = 0.8;
+
+pub struct Plan {
+    pub env: Environment,
+}
+
+/// The second run's environment, or None when no advice can be applied.
+pub fn plan(advice: &[Advice]) -> Result<Option<Plan>> {
+    let steps: Vec<ApplyStep> = advice
+        .iter()
+        .filter(|a| a.verdict == Verdict::Do)
+        .filter_map(|a| a.apply.clone())
+        .collect();
+    if steps.is_empty() {
+        return Ok(None);
+    }
+    let mut env = Environment::default();
+    let rules: Vec<&str> = steps
+        .iter()
+        .filter_map(|s| match s {
+            ApplyStep::Preload(r) => Some(r.as_str()),
+            ApplyStep::Tunable(_) => None,
+        })
+        .collect();
+    let tunables: Vec<&str> = steps
+        .iter()
+        .filter_map(|s| match s {
+            ApplyStep::Tunable(t) => Some(t.as_str()),
+            ApplyStep::Preload(_) => None,
+        })
+        .collect();
+    if !rules.is_empty() {
+        let library = preload_library()?;
+        let preload = match std::env::var("LD_PRELOAD") {
+            Ok(existing) if !existing.is_empty() => format!("{}:{existing}", library.display()),
+            _ => library.display().to_string(),
+        };
+        let log = temp_path("preload-log")?;
+        env.vars.push(("LD_PRELOAD".into(), preload));
+        env.vars
+            .push(("MEMLOCK_PRELOAD_RULES".into(), rules.join(";")));
+        env.vars
+            .push(("MEMLOCK_PRELOAD_LOG".into(), log.display().to_string()));
+        env.preload_log = Some(log);
+    }
+    if !tunables.is_empty() {
+        // The program's own tunables stay; ours follow, so they win where both set one.
+        let mut all: Vec<String> = std::env::var("GLIBC_TUNABLES")
+            .ok()
+            .filter(|t| !t.is_empty())
+            .into_iter()
+            .collect();
+        all.extend(tunables.iter().map(|t| t.to_string()));
+        env.vars.push(("GLIBC_TUNABLES".into(), all.join(":")));
+    }
+    Ok(Some(Plan { env }))
+}
+
+/// `$MEMLOCK_TRACE_PRELOAD`, or the library next to this binary (cargo builds both into
+/// one directory).
+fn preload_library() -> Result<PathBuf> {
+    if let Some(path) = std::env::var_os(PRELOAD_ENV) {
+        let path = PathBuf::from(path);
+        if path.is_file() {
+            return Ok(path);
+        }
+        return Err(UsageError(format!(
+            "{PRELOAD_ENV}={} is not a file: point it at {PRELOAD_FILE}",
+            path.display()
+        ))
+        .into());
+    }
+    let exe = std::env::current_exe()?;
+    let dir = exe.parent().map(PathBuf::from).unwrap_or_default();
+    let next_to = dir.join(PRELOAD_FILE);
+    if next_to.is_file() {
+        return Ok(next_to);
+    }
+    Err(UsageError(format!(
+        "--apply needs the preload library {PRELOAD_FILE}, not found next to {}: build it \
+         with `cargo build -p memlock-preload` (or `cargo build`, which builds the whole \
+         workspace), or set {PRELOAD_ENV}=PATH",
+        exe.display()
+    ))
+    .into())
+}
+
+/// One run's figures in the comparison.
+#[derive(Clone, Debug, Serialize)]
+pub struct Side {
+    pub during_startup: Phase,
+    pub after_startup: Phase,
+    pub user_p50_ns: Option<u64>,
+    pub user_p99_ns: Option<u64>,
+    pub wall_ns: Option<u64>,
+    pub locked_max_bytes: u64,
+    /// minflt + majflt the process counted itself (/proc/PID/stat) while it was sampled.
+    pub own_faults: Option<u64>,
+    pub exit_code: i32,
+}
+
+impl Side {
+    fn of(t: &Table) -> Self {
+        let user = t.latency_ns.get("user");
+        Self {
+            during_startup: t.during_startup.clone(),
+            after_startup: t.after_startup.clone(),
+            user_p50_ns: user.map(|l| l.p50),
+            user_p99_ns: user.map(|l| l.p99),
+            wall_ns: t.wall_ns,
+            locked_max_bytes: t.locked_max_bytes,
+            own_faults: t.own_faults,
+            exit_code: t.exit_code,
+        }
+    }
+}
+
+/// A mapping's faults after start-up in both runs (matched by name and size: addresses
+/// differ from run to run).
+#[derive(Clone, Debug, Serialize)]
+pub struct MappingPair {
+    pub mapping: String,
+    pub size_bytes: u64,
+    pub before: Option<(u64, u64)>,
+    pub after: Option<(u64, u64)>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Comparison {
+    /// The environment of the second run (nothing when no advice could be applied).
+    pub environment: Vec<(String, String)>,
+    pub before: Side,
+    pub after: Option<Side>,
+    pub mappings: Vec<MappingPair>,
+    /// What the preload library did in the second run, line by line.
+    pub preload_log: Vec<String>,
+    pub helped: Option<bool>,
+    pub verdict: String,
+}
+
+pub fn compare(
+    before: &Table,
+    after: Option<&Table>,
+    plan: Option<&Plan>,
+    advice: &[Advice],
+) -> Comparison {
+    let (Some(after), Some(plan)) = (after, plan) else {
+        let reasons = advice.iter().filter(|a| a.verdict == Verdict::Do).count();
+        return Comparison {
+            environment: Vec::new(),
+            before: Side::of(before),
+            after: None,
+            mappings: Vec::new(),
+            preload_log: Vec::new(),
+            helped: None,
+            verdict: if reasons == 0 {
+                "nothing to apply: no advice to lock, populate or change the allocator".into()
+            } else {
+                "nothing to apply: none of the advice can be carried out from outside the \
+                 program (see each one's note)"
+                    .into()
+            },
+        };
+    };
+    let mut mappings: Vec<MappingPair> = Vec::new();
+    for (t, is_before) in [(before, true), (after, false)] {
+        for m in t.mappings.iter().take(MAPPING_ROWS) {
+            let figures = Some((m.faults_after, m.fault_ns_after));
+            match mappings
+                .iter_mut()
+                .find(|p| p.mapping == m.mapping && p.size_bytes == m.size_bytes)
+            {
+                Some(p) if is_before => p.before = p.before.or(figures),
+                Some(p) => p.after = p.after.or(figures),
+                None => mappings.push(MappingPair {
+                    mapping: m.mapping.clone(),
+                    size_bytes: m.size_bytes,
+                    before: if is_before { figures } else { None },
+                    after: if is_before { None } else { figures },
+                }),
+            }
+        }
+    }
+    // Rows only one run listed: the other run's own figures for them, when it had them.
+    for p in &mut mappings {
+        let find = |t: &Table| {
+            t.mappings
+                .iter()
+                .find(|m| m.mapping == p.mapping && m.size_bytes == p.size_bytes)
+                .map(|m| (m.faults_after, m.fault_ns_after))
+        };
+        p.before = p.before.or_else(|| find(before));
+        p.after = p.after.or_else(|| find(after));
+    }
+    let (b, a) = (&before.after_startup, &after.after_startup);
+    let helped = (a.user_fault_ns as f64) < HELPED_BELOW * b.user_fault_ns as f64;
+    let change = |x: u64, y: u64| {
+        if x == 0 {
+            String::new()
+        } else {
+            format!(" ({:+.0}%)", (y as f64 - x as f64) * 100.0 / x as f64)
+        }
+    };
+    let failed: Vec<&String> = after
+        .preload_log
+        .iter()
+        .filter(|l| l.contains("errno="))
+        .collect();
+    let mut verdict = format!(
+        "{}: faults taken by the program's code after start-up {} -> {}{}, their time {} -> \
+         {}{}",
+        if helped {
+            "the advice helped"
+        } else {
+            "the advice did not help"
+        },
+        count(b.user),
+        count(a.user),
+        change(b.user, a.user),
+        super::rules::ms(b.user_fault_ns),
+        super::rules::ms(a.user_fault_ns),
+        change(b.user_fault_ns, a.user_fault_ns),
+    );
+    if a.populated > b.populated {
+        verdict.push_str(&format!(
+            "; {} pages were populated up front instead (inside mmap, mlock2 or madvise)",
+            count(a.populated - b.populated)
+        ));
+    }
+    if let (Some(x), Some(y)) = (before.wall_ns, after.wall_ns) {
+        verdict.push_str(&format!(
+            "; the command's wall time {:.2} s -> {:.2} s (both runs traced)",
+            x as f64 / 1e9,
+            y as f64 / 1e9
+        ));
+    }
+    if !failed.is_empty() {
+        verdict.push_str(&format!(
+            "; {} of the preload library's actions failed (see its log below)",
+            failed.len()
+        ));
+    }
+    if plan.env.preload_log.is_some() && after.preload_log.is_empty() {
+        verdict.push_str(
+            "; the preload library saw no advised mapping being made (made inside libc, or \
+             before the library loaded)",
+        );
+    }
+    Comparison {
+        environment: plan.env.vars.clone(),
+        before: Side::of(before),
+        after: Some(Side::of(after)),
+        mappings,
+        preload_log: after.preload_log.clone(),
+        helped: Some(helped),
+        verdict,
+    }
+}

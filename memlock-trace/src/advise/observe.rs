@@ -1,0 +1,290 @@
+//! One traced run: this binary run as the tracer (`--json -i`, its documented interval and
+//! summary lines into a private file) with the target's `/proc` sampled alongside, read
+//! back for the target process.
+
+use std::{
+    collections::BTreeMap,
+    io::BufRead as _,
+    path::PathBuf,
+    process::{Command, Stdio},
+};
+
+use anyhow::{Context as _, Result, anyhow, bail};
+use serde::{Deserialize, Serialize};
+
+use super::sample::{Pid, Sampler, Samples};
+use crate::{exit, output::WallClock};
+
+/// How often the tracer prints an interval: the resolution of the start-up split.
+const INTERVAL_SECS: &str = "0.1";
+/// Mappings per process in each interval line: all of them.
+const ALL_MAPPINGS: &str = "1000000";
+
+pub enum Target {
+    Pid { pid: u32, secs: f64 },
+    Command(Vec<String>),
+}
+
+/// What the second run of `--apply` changes: variables set for the command alone (through
+/// `env(1)`, so that the tracer itself does not load the preload library), and the log the
+/// preload library writes.
+#[derive(Clone, Debug, Default)]
+pub struct Environment {
+    pub vars: Vec<(String, String)>,
+    pub preload_log: Option<PathBuf>,
+}
+
+/// Latency of a class as the tracer's JSON gives it.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize)]
+pub struct Latency {
+    pub count: u64,
+    pub p50: u64,
+    pub p99: u64,
+    pub max: u64,
+    #[serde(default)]
+    pub total: u64,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+pub struct MappingRow {
+    pub mapping: String,
+    pub start: String,
+    pub end: String,
+    pub faults: u64,
+    pub locked: Option<bool>,
+}
+
+/// A process's `"faults"` object, the parts advise reads.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct Faults {
+    pub minor: u64,
+    pub major: u64,
+    pub user: u64,
+    pub populated: u64,
+    #[serde(default)]
+    pub latency_ns: BTreeMap<String, Latency>,
+    #[serde(default)]
+    pub by_mapping: Vec<MappingRow>,
+}
+
+#[derive(Clone, Copy, Debug, Default, Deserialize)]
+pub struct Window {
+    pub start_ns: u64,
+    pub end_ns: u64,
+}
+
+#[derive(Deserialize)]
+struct Line {
+    #[serde(rename = "type")]
+    kind: String,
+    window: Window,
+    processes: Vec<Process>,
+    #[serde(default)]
+    dropped_events: u64,
+    #[serde(default)]
+    fault_health: Option<serde_json::Value>,
+}
+
+#[derive(Deserialize)]
+struct Process {
+    pid: u32,
+    comm: String,
+    faults: Option<Faults>,
+}
+
+/// The target's faults in one interval.
+#[derive(Clone, Debug)]
+pub struct Interval {
+    pub window: Window,
+    pub faults: Faults,
+}
+
+pub struct Run {
+    pub pid: u32,
+    pub comm: String,
+    /// What was traced, for the report's first line.
+    pub described: String,
+    pub launched: bool,
+    pub exit_code: i32,
+    pub intervals: Vec<Interval>,
+    /// The whole session's figures for the target.
+    pub session: Faults,
+    pub session_window: Window,
+    pub samples: Samples,
+    /// Other processes of the trace (children): pid, comm, faults.
+    pub others: Vec<(u32, String, u64)>,
+    /// Fault records and maps the tracer lost (non-zero: the figures are short).
+    pub lost: u64,
+    /// The preload library's log lines.
+    pub preload_log: Vec<String>,
+    /// From the process's start to the tracer seeing it exit (launched commands).
+    pub wall_ns: Option<u64>,
+}
+
+/// Runs the tracer on `target` and reads back its lines.
+pub fn run(target: &Target, env: &Environment, latency_sample: u32) -> Result<Run> {
+    let exe = std::env::current_exe().context("finding memlock-trace's own binary")?;
+    let lines = temp_path("lines")?;
+    let mut tracer = Command::new(&exe);
+    tracer.args([
+        "--json",
+        "-q",
+        "-i",
+        INTERVAL_SECS,
+        "--top-mappings",
+        ALL_MAPPINGS,
+    ]);
+    tracer.args(["--latency-sample", &latency_sample.to_string()]);
+    tracer.arg("-o").arg(&lines);
+    let described = match target {
+        Target::Pid { pid, secs } => {
+            tracer.args(["-p", &pid.to_string(), "-d", &secs.to_string()]);
+            format!("pid {pid} for {secs} s")
+        }
+        Target::Command(argv) => {
+            tracer.arg("--");
+            if !env.vars.is_empty() {
+                tracer.arg("env");
+                tracer.args(env.vars.iter().map(|(k, v)| format!("{k}={v}")));
+            }
+            tracer.args(argv);
+            format!("`{}`", argv.join(" "))
+        }
+    };
+    if let Some(log) = &env.preload_log {
+        std::fs::write(log, "").with_context(|| format!("creating {}", log.display()))?;
+    }
+    let mut child = tracer
+        .stdin(Stdio::inherit())
+        .spawn()
+        .with_context(|| format!("running the tracer {}", exe.display()))?;
+    let sampler = Sampler::start(match target {
+        Target::Pid { pid, .. } => Pid::Known(*pid),
+        Target::Command(_) => Pid::ChildOf(child.id()),
+    });
+    let status = child.wait().context("waiting for the tracer")?;
+    let sampled_pid = sampler.pid();
+    let samples = sampler.finish();
+    let text = std::fs::read(&lines);
+    let _ = std::fs::remove_file(&lines);
+    let code = status.code().unwrap_or(i32::from(exit::FAILURE));
+    let text = text.unwrap_or_default();
+    // Interval and summary lines; the VMA family's own lines are not read here.
+    let parsed: Vec<Line> = text
+        .as_slice()
+        .lines()
+        .map_while(Result::ok)
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str::<serde_json::Value>(&l))
+        .filter(|v| {
+            v.as_ref().map_or(true, |v| {
+                matches!(v["type"].as_str(), Some("interval" | "summary"))
+            })
+        })
+        .map(|v| v.and_then(serde_json::from_value))
+        .collect::<Result<_, _>>()
+        .context("reading the tracer's JSON lines")?;
+    let Some(summary) = parsed.iter().find(|l| l.kind == "summary") else {
+        bail!(
+            "the traced run ended without a summary (tracer exit status {code}): see its error \
+             above"
+        );
+    };
+    let pid = match (target, sampled_pid) {
+        (Target::Pid { pid, .. }, _) => *pid,
+        (Target::Command(_), Some(pid)) => pid,
+        // Exited before the first sample: the process with the most faults.
+        (Target::Command(_), None) => summary
+            .processes
+            .iter()
+            .max_by_key(|p| p.faults.as_ref().map_or(0, |f| f.minor + f.major))
+            .map(|p| p.pid)
+            .ok_or_else(|| anyhow!("the traced run saw no process fault"))?,
+    };
+    let ours = summary.processes.iter().find(|p| p.pid == pid);
+    let intervals = parsed
+        .iter()
+        .filter(|l| l.kind == "interval")
+        .map(|l| Interval {
+            window: l.window,
+            faults: l
+                .processes
+                .iter()
+                .find(|p| p.pid == pid)
+                .and_then(|p| p.faults.clone())
+                .unwrap_or_default(),
+        })
+        .collect();
+    let lost = summary.dropped_events
+        + summary.fault_health.as_ref().map_or(0, |h| {
+            ["stats_evicted", "regions_evicted", "update_failed"]
+                .iter()
+                .filter_map(|k| h[k].as_u64())
+                .sum()
+        });
+    let preload_log = match &env.preload_log {
+        Some(path) => {
+            let log = std::fs::read_to_string(path).unwrap_or_default();
+            let _ = std::fs::remove_file(path);
+            log.lines().map(str::to_string).collect()
+        }
+        None => Vec::new(),
+    };
+    // The summary is made as soon as the command has exited: its end is the command's.
+    let ended_ns = summary.window.end_ns;
+    let wall_ns = match (target, samples.start_boot_ns) {
+        // The process's start in CLOCK_REALTIME: now minus its age.
+        (Target::Command(_), Some(start)) => boot_ns()
+            .checked_sub(start)
+            .and_then(|age| WallClock::now_ns().checked_sub(age))
+            .and_then(|started| ended_ns.checked_sub(started)),
+        _ => None,
+    };
+    Ok(Run {
+        pid,
+        comm: ours.map_or_else(String::new, |p| p.comm.clone()),
+        described,
+        launched: matches!(target, Target::Command(_)),
+        exit_code: code,
+        intervals,
+        session: ours.and_then(|p| p.faults.clone()).unwrap_or_default(),
+        session_window: summary.window,
+        samples,
+        others: summary
+            .processes
+            .iter()
+            .filter(|p| p.pid != pid)
+            .map(|p| {
+                let faults = p.faults.as_ref().map_or(0, |f| f.minor + f.major);
+                (p.pid, p.comm.clone(), faults)
+            })
+            .collect(),
+        lost,
+        preload_log,
+        wall_ns,
+    })
+}
+
+/// CLOCK_BOOTTIME now, ns (the clock `/proc/PID/stat`'s start time counts in).
+fn boot_ns() -> u64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME).map_or(0, |t| {
+        t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64
+    })
+}
+
+/// A file only we can read, in the temporary directory.
+pub fn temp_path(what: &str) -> Result<PathBuf> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let path = std::env::temp_dir().join(format!(
+        "memlock-trace-advise-{}-{what}-{}",
+        std::process::id(),
+        WallClock::now_ns()
+    ));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .with_context(|| format!("creating {}", path.display()))?;
+    Ok(path)
+}

@@ -1,0 +1,375 @@
+//! The advice as text (a header, the mapping table, the ranked advice; with `--apply`, the
+//! two runs side by side and the verdict) or as one JSON object.
+
+use std::fmt::Write as _;
+
+use super::{
+    apply::{Comparison, Side},
+    rules::{Advice, Verdict, ms},
+    sample::MemlockLimit,
+    table::{Phase, Table},
+};
+use crate::{
+    output::{COLUMNS, JSON_SCHEMA, WallClock, wrap},
+    syscalls::why::size,
+};
+
+/// Mappings listed in the text table.
+const TABLE_ROWS: usize = 12;
+
+/// A name the traced process chose (a path, its comm), made safe for a terminal: control
+/// characters as `\xNN`. To become `output::escape` once issue 21's lands.
+fn shown(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    for c in name.chars() {
+        if c == '\\' {
+            out.push_str("\\\\");
+        } else if c.is_control() {
+            let _ = write!(out, "\\x{:02x}", u32::from(c));
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// `16,384`: thousands apart.
+pub fn count(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// The last `n` characters of `s` (a path's end tells it apart).
+fn tail(s: &str, n: usize) -> String {
+    let skip = s.chars().count().saturating_sub(n);
+    s.chars().skip(skip).collect()
+}
+
+fn phase_line(label: &str, p: &Phase) -> String {
+    format!(
+        "faults {label}: {} ({} minor, {} major; {} taken by the program's code, {} populated \
+         by the kernel), {} in faults",
+        count(p.minor + p.major),
+        count(p.minor),
+        count(p.major),
+        count(p.user),
+        count(p.populated),
+        ms(p.fault_ns)
+    )
+}
+
+/// The report of one run and its advice.
+pub fn text(t: &Table, advice: &[Advice]) -> String {
+    let mut out = String::new();
+    let mut line = |s: String| {
+        for l in wrap("", &s, COLUMNS, 4) {
+            out.push_str(&l);
+            out.push('\n');
+        }
+    };
+    line(format!(
+        "advise: {} (pid {}, {}), traced {:.2} s, exit status {}",
+        shown(&t.described),
+        t.pid,
+        shown(&t.comm),
+        t.traced_secs,
+        t.exit_code
+    ));
+    line(match t.startup.how {
+        "detected" => format!(
+            "start-up: the first {:.2} s (detected: until the last executable file was \
+             mapped; --startup SECS sets it)",
+            t.startup.secs
+        ),
+        "flag" => format!("start-up: the first {:.2} s (--startup)", t.startup.secs),
+        _ => "start-up: not seen (a running process): every fault counts as steady state; \
+              --startup SECS sets a window"
+            .to_string(),
+    });
+    line(phase_line("during start-up", &t.during_startup));
+    line(phase_line("after start-up", &t.after_startup));
+    let latency = match t.latency_ns.get("user") {
+        Some(l) => format!(
+            "fault latency (program's code): p50 {}, p99 {}, max {}",
+            crate::output::duration(l.p50),
+            crate::output::duration(l.p99),
+            crate::output::duration(l.max)
+        ),
+        None => "fault latency: not measured".into(),
+    };
+    line(format!(
+        "{latency}; time in faults: {}; per mapping: its faults x the interval's mean latency \
+         (the kernel times faults per process, counts them per mapping); major faults are \
+         counted per process only",
+        t.time_basis
+    ));
+    if let Some(own) = t.own_faults {
+        line(format!(
+            "the process itself counted {} faults (/proc/PID/stat) while it was sampled",
+            count(own)
+        ));
+    }
+    line(limits(t));
+    if t.lost > 0 {
+        line(format!(
+            "warning: the tracer lost {} records or map entries: the figures are short",
+            t.lost
+        ));
+    }
+    for (pid, comm, faults) in &t.others {
+        line(format!(
+            "also traced: pid {pid} ({}), {} faults, not advised on",
+            shown(comm),
+            count(*faults)
+        ));
+    }
+    out.push('\n');
+    mapping_table(&mut out, t);
+    out.push('\n');
+    advice_text(&mut out, advice);
+    out
+}
+
+fn limits(t: &Table) -> String {
+    let limit = match t.memlock_limit {
+        Some(MemlockLimit::Bytes(b)) => size(b),
+        Some(MemlockLimit::Unlimited) => "unlimited".into(),
+        None => "unknown".into(),
+    };
+    let cap = match t.cap_ipc_lock {
+        Some(true) => " (the process has CAP_IPC_LOCK: the limit does not apply)",
+        Some(false) => " (no CAP_IPC_LOCK)",
+        None => "",
+    };
+    format!(
+        "limits: RLIMIT_MEMLOCK {limit}{cap}; MemAvailable {}; locked at most {}; {} thread{}",
+        t.mem_available_bytes.map_or("unknown".into(), size),
+        size(t.locked_max_bytes),
+        t.threads_max,
+        if t.threads_max == 1 { "" } else { "s" }
+    )
+}
+
+fn mapping_table(out: &mut String, t: &Table) {
+    let _ = writeln!(
+        out,
+        "{:<34} {:>10} {:>10} {:>9} {:>9} {:>11} {:>6}",
+        "MAPPING", "SIZE", "RESIDENT", "START-UP", "AFTER", "TIME AFTER", "LOCKED"
+    );
+    for m in t.mappings.iter().take(TABLE_ROWS) {
+        let mut name = shown(&m.mapping);
+        if name.chars().count() > 34 {
+            name = format!("…{}", tail(&name, 33));
+        }
+        let _ = writeln!(
+            out,
+            "{name:<34} {:>10} {:>10} {:>9} {:>9} {:>11} {:>6}",
+            size(m.size_bytes),
+            m.resident_bytes.map_or("?".into(), size),
+            count(m.faults_startup),
+            count(m.faults_after),
+            ms(m.fault_ns_after),
+            if m.locked { "yes" } else { "no" }
+        );
+    }
+    if t.mappings.len() > TABLE_ROWS {
+        let _ = writeln!(
+            out,
+            "... {} more mappings (--json lists them all)",
+            t.mappings.len() - TABLE_ROWS
+        );
+    }
+}
+
+fn advice_text(out: &mut String, advice: &[Advice]) {
+    let mut push = |first: &str, text: &str| {
+        for l in wrap(first, text, COLUMNS, 6) {
+            out.push_str(&l);
+            out.push('\n');
+        }
+    };
+    let ranked: Vec<&Advice> = advice.iter().filter(|a| a.verdict == Verdict::Do).collect();
+    if ranked.is_empty() {
+        push(
+            "",
+            "advice: nothing worth locking or populating: no mapping took 64 or more faults after start-up that locking or an allocator setting would remove",
+        );
+    } else {
+        push("", "advice, ranked by fault time saved per MiB pinned:");
+    }
+    for (i, a) in ranked.iter().enumerate() {
+        push(&format!("  {}. {}:", i + 1, a.kind), &shown(&a.what));
+        push("     ", &shown(&a.how));
+        let mut saving = format!(
+            "saves {} and {} faults after start-up; keeps {} resident ({} per MiB)",
+            ms(a.saved_ns),
+            count(a.faults_removed),
+            size(a.pinned_bytes),
+            ms(a.saved_ns_per_mib as u64)
+        );
+        if let Some(step) = &a.apply {
+            let step = match step {
+                super::rules::ApplyStep::Preload(r) => format!("preload rule {r}"),
+                super::rules::ApplyStep::Tunable(t) => format!("GLIBC_TUNABLES={t}"),
+            };
+            saving.push_str(&format!("; --apply: {}", shown(&step)));
+        }
+        push("     ", &saving);
+    }
+    for (verdict, title) in [
+        (Verdict::CannotHelp, "locking cannot help:"),
+        (Verdict::DoNot, "do not:"),
+    ] {
+        let items: Vec<&Advice> = advice.iter().filter(|a| a.verdict == verdict).collect();
+        if items.is_empty() {
+            continue;
+        }
+        push("", title);
+        for a in items {
+            push(&format!("  - {}:", a.kind), &shown(&a.what));
+            push("     ", &shown(&a.how));
+        }
+    }
+}
+
+pub fn json(t: &Table, advice: &[Advice]) -> String {
+    let v = serde_json::json!({
+        "type": "advise",
+        "schema": JSON_SCHEMA,
+        "time_ns": WallClock::now_ns(),
+        "process": t,
+        "advice": advice,
+    });
+    format!("{v}\n")
+}
+
+pub fn apply_json(t: &Table, advice: &[Advice], c: &Comparison) -> String {
+    let v = serde_json::json!({
+        "type": "advise",
+        "schema": JSON_SCHEMA,
+        "time_ns": WallClock::now_ns(),
+        "process": t,
+        "advice": advice,
+        "apply": c,
+    });
+    format!("{v}\n")
+}
+
+pub fn apply_text(t: &Table, advice: &[Advice], c: &Comparison) -> String {
+    let mut out = text(t, advice);
+    out.push('\n');
+    let Some(after) = &c.after else {
+        out.push_str(&format!("--apply: {}\n", c.verdict));
+        return out;
+    };
+    let env: Vec<String> = c
+        .environment
+        .iter()
+        .map(|(k, v)| format!("{k}={}", shown(v)))
+        .collect();
+    for l in wrap(
+        "--apply: the command run again with",
+        &env.join(" "),
+        COLUMNS,
+        4,
+    ) {
+        out.push_str(&l);
+        out.push('\n');
+    }
+    side_by_side(&mut out, &c.before, after);
+    if !c.mappings.is_empty() {
+        let _ = writeln!(out, "faults after start-up per mapping:");
+        for p in &c.mappings {
+            // A run without the row had no fault there (or no such mapping).
+            let cell = |x: Option<(u64, u64)>| {
+                x.map_or("0".into(), |(n, ns)| format!("{} ({})", count(n), ms(ns)))
+            };
+            let mut name = format!("{} {}", shown(&p.mapping), size(p.size_bytes));
+            if name.chars().count() > 44 {
+                name = format!("…{}", tail(&name, 43));
+            }
+            let _ = writeln!(
+                out,
+                "  {name:<44} {:>24} {:>24}",
+                cell(p.before),
+                cell(p.after)
+            );
+        }
+    }
+    for l in &c.preload_log {
+        let _ = writeln!(out, "preload library: {}", shown(l));
+    }
+    for l in wrap("verdict:", &c.verdict, COLUMNS, 4) {
+        out.push_str(&l);
+        out.push('\n');
+    }
+    out
+}
+
+fn side_by_side(out: &mut String, b: &Side, a: &Side) {
+    let _ = writeln!(out, "{:<44} {:>16} {:>16}", "", "BEFORE", "AFTER");
+    let mut row = |label: &str, x: String, y: String| {
+        let _ = writeln!(out, "{label:<44} {x:>16} {y:>16}");
+    };
+    let n = |p: &Phase| count(p.minor + p.major);
+    row(
+        "faults during start-up",
+        n(&b.during_startup),
+        n(&a.during_startup),
+    );
+    row(
+        "faults after start-up",
+        n(&b.after_startup),
+        n(&a.after_startup),
+    );
+    for (label, f) in [
+        ("  minor", (|p: &Phase| p.minor) as fn(&Phase) -> u64),
+        ("  major", |p: &Phase| p.major),
+        ("  taken by the program's code", |p: &Phase| p.user),
+        ("  populated by the kernel", |p: &Phase| p.populated),
+    ] {
+        row(
+            label,
+            count(f(&b.after_startup)),
+            count(f(&a.after_startup)),
+        );
+    }
+    row(
+        "time in faults after start-up",
+        ms(b.after_startup.fault_ns),
+        ms(a.after_startup.fault_ns),
+    );
+    row(
+        "  in the program's code",
+        ms(b.after_startup.user_fault_ns),
+        ms(a.after_startup.user_fault_ns),
+    );
+    let lat = |v: Option<u64>| v.map_or("-".into(), crate::output::duration);
+    row("fault latency p50", lat(b.user_p50_ns), lat(a.user_p50_ns));
+    row("fault latency p99", lat(b.user_p99_ns), lat(a.user_p99_ns));
+    let secs = |v: Option<u64>| v.map_or("-".into(), |ns| format!("{:.2} s", ns as f64 / 1e9));
+    row("the command's wall time", secs(b.wall_ns), secs(a.wall_ns));
+    row(
+        "locked at most",
+        size(b.locked_max_bytes),
+        size(a.locked_max_bytes),
+    );
+    let own = |v: Option<u64>| v.map_or("-".into(), count);
+    row(
+        "faults the process counted (/proc/PID/stat)",
+        own(b.own_faults),
+        own(a.own_faults),
+    );
+    row(
+        "exit status",
+        b.exit_code.to_string(),
+        a.exit_code.to_string(),
+    );
+}

@@ -1,0 +1,279 @@
+//! What the tracer's summaries do not hold, read from `/proc` while the target runs: every
+//! mapping it had (range, name, permissions, resident and locked bytes, when it was seen
+//! and how often it came back), when the last executable file was mapped (the end of
+//! start-up), its `RLIMIT_MEMLOCK`, `CAP_IPC_LOCK`, thread count and its own fault counters.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU32, Ordering},
+    },
+    thread::JoinHandle,
+    time::Duration,
+};
+
+use serde::Serialize;
+
+use crate::{
+    output::WallClock,
+    probe,
+    procfs::{self, PAGE_SIZE},
+};
+
+/// How often the target's smaps is read: fine enough to see a library mapped at start-up
+/// and a block that lives a few rounds; its cost (a page-table walk) stays small.
+const EVERY: Duration = Duration::from_millis(50);
+
+/// `CAP_IPC_LOCK` in `CapEff:` (include/uapi/linux/capability.h).
+const CAP_IPC_LOCK: u32 = 14;
+
+/// One mapping as the samples saw it.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Seen {
+    pub start: u64,
+    pub end: u64,
+    pub name: String,
+    pub perms: String,
+    /// CLOCK_REALTIME ns of the first and last sample that held it.
+    pub first_ns: u64,
+    pub last_ns: u64,
+    pub rss_max_bytes: u64,
+    pub locked_max_bytes: u64,
+    /// Times it appeared: 2 or more when it was unmapped and mapped again at the same place.
+    pub lifetimes: u32,
+    /// A one-page `---p` mapping right below it: a thread stack's guard.
+    pub guarded: bool,
+}
+
+/// `RLIMIT_MEMLOCK` as `/proc/PID/limits` shows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MemlockLimit {
+    Bytes(u64),
+    Unlimited,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Samples {
+    pub seen: Vec<Seen>,
+    /// When the last executable file mapping was first seen (CLOCK_REALTIME ns).
+    pub last_exec_mapping_ns: Option<u64>,
+    pub first_ns: Option<u64>,
+    pub last_ns: Option<u64>,
+    pub memlock_limit: Option<MemlockLimit>,
+    pub cap_ipc_lock: Option<bool>,
+    pub threads_max: u32,
+    /// Most bytes locked at once (the sum of smaps `Locked:`).
+    pub locked_max_bytes: u64,
+    /// `/proc/PID/stat` minflt and majflt at the first and the last sample.
+    pub stat_first: Option<(u64, u64)>,
+    pub stat_last: Option<(u64, u64)>,
+    /// Process start, ns after boot (`/proc/PID/stat` field 22).
+    pub start_boot_ns: Option<u64>,
+    pub samples: u32,
+}
+
+/// Where the target's pid comes from.
+#[derive(Clone, Copy)]
+pub enum Pid {
+    Known(u32),
+    /// The first child of this process (the tracer's launched command).
+    ChildOf(u32),
+}
+
+pub struct Sampler {
+    stop: Arc<AtomicBool>,
+    pid: Arc<AtomicU32>,
+    thread: JoinHandle<Samples>,
+}
+
+impl Sampler {
+    pub fn start(pid: Pid) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let found = Arc::new(AtomicU32::new(0));
+        let (stop2, found2) = (stop.clone(), found.clone());
+        let thread = std::thread::spawn(move || sample_until(pid, &stop2, &found2));
+        Self {
+            stop,
+            pid: found,
+            thread,
+        }
+    }
+
+    /// The target's pid once found.
+    pub fn pid(&self) -> Option<u32> {
+        Some(self.pid.load(Ordering::Relaxed)).filter(|&p| p != 0)
+    }
+
+    pub fn finish(self) -> Samples {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().unwrap_or_default()
+    }
+}
+
+fn sample_until(pid: Pid, stop: &AtomicBool, found: &AtomicU32) -> Samples {
+    let lockonfault = procfs::smaps_shows_lockonfault(&probe::kernel_release());
+    let mut samples = Samples::default();
+    let mut index: BTreeMap<(u64, u64, String), usize> = BTreeMap::new();
+    let mut present: BTreeSet<(u64, u64, String)> = BTreeSet::new();
+    while !stop.load(Ordering::Relaxed) {
+        std::thread::sleep(EVERY);
+        let pid = match pid {
+            Pid::Known(p) => p,
+            Pid::ChildOf(parent) => match first_child(parent) {
+                Some(p) => p,
+                None => continue,
+            },
+        };
+        found.store(pid, Ordering::Relaxed);
+        let Ok(entries) = procfs::read_smaps(&format!("/proc/{pid}/smaps"), lockonfault) else {
+            continue;
+        };
+        let now = WallClock::now_ns();
+        samples.samples += 1;
+        samples.first_ns.get_or_insert(now);
+        samples.last_ns = Some(now);
+        if let Some((minflt, majflt, start)) = stat(pid) {
+            samples.stat_first.get_or_insert((minflt, majflt));
+            samples.stat_last = Some((minflt, majflt));
+            samples.start_boot_ns = Some(start);
+        }
+        if let Some(status) = read(&format!("/proc/{pid}/status")) {
+            let field = |k: &str| {
+                status
+                    .lines()
+                    .find_map(|l| l.strip_prefix(k))
+                    .map(str::trim)
+            };
+            if let Some(t) = field("Threads:").and_then(|t| t.parse().ok()) {
+                samples.threads_max = samples.threads_max.max(t);
+            }
+            if let Some(caps) = field("CapEff:").and_then(|c| u64::from_str_radix(c, 16).ok()) {
+                samples.cap_ipc_lock = Some(caps & (1 << CAP_IPC_LOCK) != 0);
+            }
+        }
+        if let Some(limit) = read(&format!("/proc/{pid}/limits")).and_then(|l| memlock_limit(&l)) {
+            samples.memlock_limit = Some(limit);
+        }
+        let mut now_present = BTreeSet::new();
+        let mut locked = 0;
+        for (i, e) in entries.iter().enumerate() {
+            let m = &e.mapping;
+            let key = (m.start, m.end, m.name.clone());
+            locked += e.locked_kb * 1024;
+            let guarded = i > 0 && {
+                let below = &entries[i - 1];
+                below.perms.starts_with("---")
+                    && below.mapping.end == m.start
+                    && below.mapping.end - below.mapping.start == PAGE_SIZE
+            };
+            let slot = *index.entry(key.clone()).or_insert_with(|| {
+                samples.seen.push(Seen {
+                    start: m.start,
+                    end: m.end,
+                    name: m.name.clone(),
+                    perms: e.perms.clone(),
+                    first_ns: now,
+                    ..Seen::default()
+                });
+                if e.perms.contains('x') && m.name.starts_with('/') {
+                    samples.last_exec_mapping_ns = Some(now);
+                }
+                samples.seen.len() - 1
+            });
+            let seen = &mut samples.seen[slot];
+            if !present.contains(&key) {
+                seen.lifetimes += 1;
+            }
+            seen.last_ns = now;
+            seen.rss_max_bytes = seen.rss_max_bytes.max(e.rss_kb * 1024);
+            seen.locked_max_bytes = seen.locked_max_bytes.max(e.locked_kb * 1024);
+            seen.guarded |= guarded;
+            now_present.insert(key);
+        }
+        samples.locked_max_bytes = samples.locked_max_bytes.max(locked);
+        present = now_present;
+    }
+    samples
+}
+
+fn read(path: &str) -> Option<String> {
+    std::fs::read_to_string(path).ok()
+}
+
+/// The first child of `parent`'s main thread.
+fn first_child(parent: u32) -> Option<u32> {
+    read(&format!("/proc/{parent}/task/{parent}/children"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// minflt (field 10), majflt (12) and the start time (22, in ns after boot).
+fn stat(pid: u32) -> Option<(u64, u64, u64)> {
+    let text = read(&format!("/proc/{pid}/stat"))?;
+    // The comm (field 2) may hold spaces and parentheses: fields are counted after its end.
+    let fields: Vec<&str> = text.get(text.rfind(')')? + 2..)?.split(' ').collect();
+    let field = |n: usize| fields.get(n - 3)?.parse::<u64>().ok();
+    // SAFETY: sysconf reads a constant.
+    let hz = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).ok()?;
+    Some((
+        field(10)?,
+        field(12)?,
+        field(22)? * 1_000_000_000 / hz.max(1),
+    ))
+}
+
+/// The soft `Max locked memory` of `/proc/PID/limits`.
+fn memlock_limit(limits: &str) -> Option<MemlockLimit> {
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max locked memory"))?;
+    let soft = line["Max locked memory".len()..]
+        .split_whitespace()
+        .next()?;
+    Some(match soft {
+        "unlimited" => MemlockLimit::Unlimited,
+        bytes => MemlockLimit::Bytes(bytes.parse().ok()?),
+    })
+}
+
+/// `MemAvailable:` of /proc/meminfo, bytes.
+pub fn mem_available() -> Option<u64> {
+    let meminfo = read("/proc/meminfo")?;
+    let kb: u64 = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kb * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_memlock_limit_is_read_from_proc_limits() {
+        let limits = "Limit                     Soft Limit           Hard Limit           Units     \n\
+                      Max locked memory         8388608              8388608              bytes     \n";
+        assert_eq!(memlock_limit(limits), Some(MemlockLimit::Bytes(8 << 20)));
+        let unlimited =
+            "Max locked memory         unlimited            unlimited            bytes\n";
+        assert_eq!(memlock_limit(unlimited), Some(MemlockLimit::Unlimited));
+        assert_eq!(memlock_limit("Max open files 1024 1024 files\n"), None);
+    }
+
+    #[test]
+    fn our_own_stat_and_smaps_are_read() {
+        let pid = std::process::id();
+        let (minflt, _, start) = stat(pid).expect("own stat");
+        assert!(minflt > 0 && start > 0);
+        assert!(mem_available().is_some_and(|b| b > 0));
+    }
+}

@@ -1,0 +1,321 @@
+//! One run's figures per mapping, split at the start-up window: the tracer's per-interval
+//! fault counts per mapping, weighed by each interval's mean fault latency, joined with
+//! what the samples saw of each mapping (resident and locked bytes, permissions, lifetimes).
+
+use std::collections::BTreeMap;
+
+use anyhow::Result;
+use serde::Serialize;
+
+use super::{
+    observe::{Faults, Interval, Latency, Run},
+    sample::{MemlockLimit, Seen, mem_available},
+};
+
+/// Names the tracer gives faults no current mapping holds.
+const UNATTRIBUTED: [&str; 2] = ["unmapped", "unknown"];
+
+/// How the start-up window was set.
+#[derive(Clone, Debug, Serialize)]
+pub struct Startup {
+    /// Seconds from the trace's start.
+    pub secs: f64,
+    /// `detected` (the last executable file mapping), `flag` (--startup) or `none` (a
+    /// running process: all steady state).
+    pub how: &'static str,
+}
+
+/// One phase's faults: counts as the kernel classes them, and the time spent in them.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Phase {
+    pub minor: u64,
+    pub major: u64,
+    pub user: u64,
+    pub populated: u64,
+    /// Faults x the interval's mean latency, added up (user and populated faults).
+    pub fault_ns: u64,
+    /// The same for faults taken through the exception (the program's own code stalls).
+    pub user_fault_ns: u64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct MappingFigures {
+    pub mapping: String,
+    pub start: u64,
+    pub end: u64,
+    pub size_bytes: u64,
+    pub perms: Option<String>,
+    /// Most bytes resident in any sample.
+    pub resident_bytes: Option<u64>,
+    pub faults_startup: u64,
+    pub faults_after: u64,
+    pub fault_ns_startup: u64,
+    pub fault_ns_after: u64,
+    pub locked: bool,
+    /// Times the samples saw it appear at this place (2 or more: unmapped and mapped again).
+    pub lifetimes: u32,
+    /// A thread stack's shape: a one-page guard right below it.
+    pub guarded: bool,
+    /// When it was first seen, seconds from the trace's start.
+    pub first_seen_secs: Option<f64>,
+}
+
+impl MappingFigures {
+    pub fn pages(&self) -> u64 {
+        self.size_bytes.div_ceil(crate::procfs::PAGE_SIZE).max(1)
+    }
+
+    pub fn faults(&self) -> u64 {
+        self.faults_startup + self.faults_after
+    }
+
+    pub fn anonymous(&self) -> bool {
+        matches!(
+            self.mapping.as_str(),
+            "anonymous" | "[heap]" | "unmapped" | "unknown"
+        ) || self.shared_anonymous()
+    }
+
+    /// `MAP_SHARED | MAP_ANONYMOUS` memory shows as the deleted `/dev/zero` in smaps.
+    pub fn shared_anonymous(&self) -> bool {
+        self.mapping.starts_with("/dev/zero")
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Table {
+    pub pid: u32,
+    pub comm: String,
+    pub described: String,
+    pub launched: bool,
+    pub exit_code: i32,
+    pub traced_secs: f64,
+    pub wall_ns: Option<u64>,
+    pub startup: Startup,
+    pub during_startup: Phase,
+    pub after_startup: Phase,
+    /// The whole run's fault latency by class (`minor`, `major`, `user`, ...).
+    pub latency_ns: BTreeMap<String, Latency>,
+    /// How fault time was measured: each fault timed, or scaled from a sample.
+    pub time_basis: String,
+    pub memlock_limit: Option<MemlockLimit>,
+    pub cap_ipc_lock: Option<bool>,
+    pub mem_available_bytes: Option<u64>,
+    pub threads_max: u32,
+    pub locked_max_bytes: u64,
+    /// minflt + majflt the process itself counted while it was sampled (/proc/PID/stat).
+    pub own_faults: Option<u64>,
+    /// glibc's malloc is the allocator (libc.so.6 mapped, no other allocator library).
+    pub glibc_malloc: bool,
+    pub mappings: Vec<MappingFigures>,
+    pub others: Vec<(u32, String, u64)>,
+    pub lost: u64,
+    pub preload_log: Vec<String>,
+}
+
+/// Builds the table of `run`; `startup_flag`: --startup SECS.
+pub fn build(run: &Run, startup_flag: Option<f64>) -> Result<Table> {
+    let t0 = run
+        .intervals
+        .first()
+        .map_or(run.session_window.start_ns, |i| i.window.start_ns);
+    let startup = match (startup_flag, run.launched, run.samples.last_exec_mapping_ns) {
+        (Some(secs), _, _) => Startup { secs, how: "flag" },
+        (None, true, Some(last)) => {
+            // Up to the end of the interval the last executable mapping appeared in.
+            let end = run
+                .intervals
+                .iter()
+                .map(|i| i.window.end_ns)
+                .find(|&end| end >= last)
+                .unwrap_or(last);
+            Startup {
+                secs: end.saturating_sub(t0) as f64 / 1e9,
+                how: "detected",
+            }
+        }
+        _ => Startup {
+            secs: 0.0,
+            how: "none",
+        },
+    };
+    let boundary = t0 + (startup.secs * 1e9) as u64;
+    let mut during = Phase::default();
+    let mut after = Phase::default();
+    let mut rows: BTreeMap<(u64, u64, String), MappingFigures> = BTreeMap::new();
+    for interval in &run.intervals {
+        let w = interval.window;
+        let in_startup = w.start_ns + (w.end_ns - w.start_ns) / 2 < boundary;
+        let phase = if in_startup { &mut during } else { &mut after };
+        let f = &interval.faults;
+        let mean = mean_ns(f, &["minor", "major"]);
+        add_phase(phase, f, mean);
+        for row in &f.by_mapping {
+            let key = attribute(row, interval, &run.samples.seen);
+            let figures = rows
+                .entry(key.clone())
+                .or_insert_with(|| figures_of(&key, &run.samples.seen, t0));
+            let ns = (row.faults as f64 * mean) as u64;
+            if in_startup {
+                figures.faults_startup += row.faults;
+                figures.fault_ns_startup += ns;
+            } else {
+                figures.faults_after += row.faults;
+                figures.fault_ns_after += ns;
+            }
+            figures.locked |= row.locked == Some(true);
+        }
+    }
+    let mut mappings: Vec<MappingFigures> = rows.into_values().collect();
+    mappings.sort_by(|a, b| {
+        (b.fault_ns_after, b.faults())
+            .cmp(&(a.fault_ns_after, a.faults()))
+            .then(a.start.cmp(&b.start))
+    });
+    let s = &run.samples;
+    let sampled = run
+        .session
+        .latency_ns
+        .get("minor")
+        .zip(run.session.latency_ns.get("major"))
+        .map(|(a, b)| a.count + b.count);
+    let timed = sampled.unwrap_or_else(|| {
+        run.session
+            .latency_ns
+            .values()
+            .map(|l| l.count)
+            .max()
+            .unwrap_or(0)
+    });
+    let faults = run.session.minor + run.session.major;
+    let time_basis = if timed == 0 {
+        "not timed".to_string()
+    } else if timed + timed / 20 >= faults {
+        "each fault timed".to_string()
+    } else {
+        format!("{timed} of {faults} faults timed; the rest scaled from their mean")
+    };
+    let names = || s.seen.iter().map(|m| m.name.as_str());
+    Ok(Table {
+        pid: run.pid,
+        comm: run.comm.clone(),
+        described: run.described.clone(),
+        launched: run.launched,
+        exit_code: run.exit_code,
+        traced_secs: run
+            .session_window
+            .end_ns
+            .saturating_sub(run.session_window.start_ns) as f64
+            / 1e9,
+        wall_ns: run.wall_ns,
+        startup,
+        during_startup: during,
+        after_startup: after,
+        latency_ns: run.session.latency_ns.clone(),
+        time_basis,
+        memlock_limit: s.memlock_limit,
+        cap_ipc_lock: s.cap_ipc_lock,
+        mem_available_bytes: mem_available(),
+        threads_max: s.threads_max,
+        locked_max_bytes: s.locked_max_bytes,
+        own_faults: s
+            .stat_first
+            .zip(s.stat_last)
+            .map(|(a, b)| (b.0 + b.1).saturating_sub(a.0 + a.1)),
+        glibc_malloc: names().any(|n| n.ends_with("/libc.so.6"))
+            && !names().any(|n| {
+                ["jemalloc", "tcmalloc", "mimalloc"]
+                    .iter()
+                    .any(|a| n.contains(a))
+            }),
+        mappings,
+        others: run.others.clone(),
+        lost: run.lost,
+        preload_log: run.preload_log.clone(),
+    })
+}
+
+/// The mean latency of the timed faults of `classes`, ns (0 when none was timed).
+fn mean_ns(f: &Faults, classes: &[&str]) -> f64 {
+    let (total, count) = classes
+        .iter()
+        .filter_map(|c| f.latency_ns.get(*c))
+        .fold((0u64, 0u64), |(t, n), l| (t + l.total, n + l.count));
+    if count == 0 {
+        0.0
+    } else {
+        total as f64 / count as f64
+    }
+}
+
+fn add_phase(phase: &mut Phase, f: &Faults, mean: f64) {
+    phase.minor += f.minor;
+    phase.major += f.major;
+    phase.user += f.user;
+    phase.populated += f.populated;
+    let user_mean = mean_ns(f, &["user"]);
+    let populated_mean = mean_ns(f, &["populated"]);
+    phase.user_fault_ns += (f.user as f64 * user_mean) as u64;
+    // The tracepoint hook set times no populated fault: those then take the overall mean.
+    let populated_mean = if populated_mean > 0.0 {
+        populated_mean
+    } else {
+        mean
+    };
+    phase.fault_ns += (f.user as f64 * user_mean + f.populated as f64 * populated_mean) as u64;
+}
+
+fn hex(s: &str) -> Option<u64> {
+    u64::from_str_radix(s.trim_start_matches("0x"), 16).ok()
+}
+
+/// The mapping a row's faults belong to: the row's own when the tracer named it; for faults
+/// no mapping held when the summary was made, the mapping the samples saw at that address
+/// around the interval (the most recent one), else the row as it is.
+fn attribute(
+    row: &super::observe::MappingRow,
+    interval: &Interval,
+    seen: &[Seen],
+) -> (u64, u64, String) {
+    let start = hex(&row.start).unwrap_or(0);
+    let end = hex(&row.end).unwrap_or(start);
+    if !UNATTRIBUTED.contains(&row.mapping.as_str()) {
+        return (start, end, row.mapping.clone());
+    }
+    let slack = 200_000_000;
+    let w = interval.window;
+    let holds = |m: &&Seen| m.start <= start && start < m.end;
+    let around = |m: &&Seen| m.first_ns <= w.end_ns + slack && m.last_ns + slack >= w.start_ns;
+    seen.iter()
+        .filter(holds)
+        .filter(around)
+        .max_by_key(|m| m.first_ns)
+        .or_else(|| seen.iter().filter(holds).max_by_key(|m| m.last_ns))
+        .map_or((start, end, row.mapping.clone()), |m| {
+            (m.start, m.end, m.name.clone())
+        })
+}
+
+fn figures_of(key: &(u64, u64, String), seen: &[Seen], t0: u64) -> MappingFigures {
+    let (start, end, name) = key;
+    let found = seen
+        .iter()
+        .find(|m| m.start == *start && m.end == *end && m.name == *name)
+        .or_else(|| seen.iter().find(|m| m.start == *start && m.end == *end));
+    MappingFigures {
+        mapping: name.clone(),
+        start: *start,
+        end: *end,
+        size_bytes: end.saturating_sub(*start),
+        perms: found.map(|m| m.perms.clone()),
+        resident_bytes: found.map(|m| m.rss_max_bytes),
+        faults_startup: 0,
+        faults_after: 0,
+        fault_ns_startup: 0,
+        fault_ns_after: 0,
+        locked: found.is_some_and(|m| m.locked_max_bytes > 0),
+        lifetimes: found.map_or(0, |m| m.lifetimes),
+        guarded: found.is_some_and(|m| m.guarded),
+        first_seen_secs: found.map(|m| m.first_ns.saturating_sub(t0) as f64 / 1e9),
+    }
+}
