@@ -154,6 +154,10 @@ pub struct TraceArgs {
     /// records, end to end); their locked_vm and map_count figures are then wrong.
     #[arg(long, hide = true)]
     pub test_unreadable_mm: bool,
+    /// Tests only: the event ring buffer's size in bytes (a power of two multiple of the
+    /// page size), small enough to drop records on purpose.
+    #[arg(long, hide = true, value_name = "BYTES")]
+    pub test_ring_bytes: Option<u32>,
     /// Launch COMMAND and trace it and its threads until it exits.
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<String>,
