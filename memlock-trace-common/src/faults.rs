@@ -197,6 +197,9 @@ pub struct FaultKey {
     pub tgid: u32,
     /// 0 unless statistics are per thread.
     pub tid: u32,
+    /// The process's start ([`crate::process::ProcessKey::start_ns`]), so that a process
+    /// that reuses a pid counts apart from the one before it.
+    pub start_ns: u64,
 }
 
 /// Length of the [`FaultStats`] arrays indexed at run time: a power of two, so the eBPF side

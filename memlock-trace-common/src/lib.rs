@@ -10,6 +10,7 @@ pub mod diag;
 pub mod faults;
 pub mod process;
 pub mod stacks;
+pub mod syscalls;
 pub mod vma;
 
 /// Length of `task_struct.comm`, including the NUL.
@@ -226,6 +227,9 @@ mod pod {
     unsafe impl aya::Pod for super::process::ProcessConfig {}
     unsafe impl aya::Pod for super::process::ProcessOffsets {}
     unsafe impl aya::Pod for super::process::ProcessKey {}
+    unsafe impl aya::Pod for super::process::ProcessIdentity {}
+    unsafe impl aya::Pod for super::syscalls::SyscallKey {}
+    unsafe impl aya::Pod for super::syscalls::SyscallStats {}
     unsafe impl aya::Pod for super::faults::FaultConfig {}
     unsafe impl aya::Pod for super::faults::FaultKey {}
     unsafe impl aya::Pod for super::faults::FaultStats {}

@@ -9,6 +9,37 @@ pub mod names {
     pub const PROCESS_CONFIG: &str = "PROCESS_CONFIG";
     pub const PROCESS_COUNTERS: &str = "PROCESS_COUNTERS";
     pub const EXIT_COMMS: &str = "EXIT_COMMS";
+    pub const PROCESS_IDENTITY: &str = "PROCESS_IDENTITY";
+}
+
+/// Entries of `PROCESS_IDENTITY`: every process the families counted (its first event
+/// creates the entry), so it is sized like the largest per-process map. LRU: a machine
+/// with more processes than this loses the names of the oldest, not their counts.
+pub const PROCESS_IDENTITY_MAX: u32 = 32768;
+
+/// What the kernel says a process is, kept for its whole life and after it (value of
+/// `PROCESS_IDENTITY`, keyed by [`ProcessKey`]): its name after its last exec, and its
+/// cgroup v2.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProcessIdentity {
+    /// The group leader's comm: at the first event, then at each exec (`sched_process_exec`)
+    /// and at exit.
+    pub comm: [u8; TASK_COMM_LEN],
+    /// `bpf_get_current_cgroup_id()`: the kernfs id of the task's cgroup v2 directory (its
+    /// inode number on the cgroup2 mount), as of the last of those moments.
+    pub cgroup_id: u64,
+    /// [`identity`] bits.
+    pub flags: u32,
+    pub _pad: u32,
+}
+
+/// Bits of [`ProcessIdentity::flags`].
+pub mod identity {
+    /// The name was taken at an exec: it is the program's own, not its parent's.
+    pub const EXECED: u32 = 1;
+    /// The process has exited: the name and cgroup are its last.
+    pub const EXITED: u32 = 2;
 }
 
 /// Entries of `EXIT_COMMS`: the name each traced process had when it exited (after any
@@ -24,7 +55,9 @@ pub mod counter {
     pub const CHILDREN_FOLLOWED: u32 = 1;
     /// Targets removed from `TARGET_TGIDS` when their last thread exited.
     pub const TARGETS_EXITED: u32 = 2;
-    pub const COUNT: u32 = 3;
+    /// Execs of traced processes seen (`sched_process_exec`).
+    pub const EXECS: u32 = 3;
+    pub const COUNT: u32 = 4;
 }
 
 /// Byte offsets of the kernel fields fork/exit tracking and the filters read, from the

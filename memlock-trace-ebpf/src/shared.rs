@@ -411,9 +411,18 @@ fn ancestor_cgroup_id(off: &CgroupOffsets, level: u32) -> u64 {
 }
 
 /// The current process's start time (its group leader's `start_boottime`), which with the
-/// tgid identifies it for its whole life.
+/// tgid identifies it for its whole life. Two kernel reads, and only the two offsets it needs
+/// copied: it runs on every fault that is not on the single-process fast path.
 #[inline(always)]
 pub fn current_process_start_ns() -> u64 {
-    let off = PROCESS_CONFIG.load().offsets;
-    read_kernel(current_leader(&off), off.task_start_boottime)
+    let leader: u64 = read_kernel(current_task(), process_config!(offsets.task_group_leader));
+    read_kernel(leader, process_config!(offsets.task_start_boottime))
+}
+
+/// The current process's group leader's comm: its name after its last exec (a thread's own
+/// comm may have been renamed).
+#[inline(always)]
+pub fn current_process_comm() -> [u8; TASK_COMM_LEN] {
+    let leader: u64 = read_kernel(current_task(), process_config!(offsets.task_group_leader));
+    read_kernel(leader, process_config!(offsets.task_comm))
 }

@@ -1,13 +1,15 @@
 //! mlock-family system calls: `sys_enter_*` records the arguments and the task's counters,
-//! `sys_exit_*` emits one [`SyscallEvent`] with the deltas.
+//! `sys_exit_*` counts the call in `SYSCALL_STATS` (exact, whatever the ring buffer drops)
+//! and emits one [`SyscallEvent`] with the deltas, for `--events` and per-call detail.
 //!
 //! The tracepoint records, and how many arguments each call has: see
 //! [`crate::shared::syscall_tp`].
 
 use aya_ebpf::{
+    bindings::BPF_NOEXIST,
     helpers::bpf_get_current_comm,
     macros::{map, tracepoint},
-    maps::HashMap,
+    maps::{HashMap, LruPerCpuHashMap, PerCpuArray},
     programs::TracePointContext,
 };
 use memlock_trace_common::{
@@ -15,6 +17,9 @@ use memlock_trace_common::{
     diag::{field, program},
     lock_context,
     stacks::SyscallStackValue,
+    syscalls::{
+        LATENCY_SLOTS, MAX_SYSCALL_KEYS, SyscallKey, SyscallStats, latency_slot, syscall_counter,
+    },
 };
 
 use aya_log_ebpf::warn;
@@ -119,6 +124,73 @@ impl From<TaskCounters> for TaskCountersRepr {
 
 #[map]
 static INFLIGHT: HashMap<u32, InFlight> = HashMap::with_max_entries(MAX_INFLIGHT, 0);
+
+/// Calls per process, call and outcome, per CPU (no atomics needed, and two threads of one
+/// process calling at once never lose a count); LRU, so a machine with more callers than
+/// slots keeps the recent ones, and the loader counts the evicted (`INSERTS`).
+#[map]
+static SYSCALL_STATS: LruPerCpuHashMap<SyscallKey, SyscallStats> =
+    LruPerCpuHashMap::with_max_entries(MAX_SYSCALL_KEYS, 0);
+
+/// See [`syscall_counter`].
+#[map]
+static SYSCALL_COUNTERS: PerCpuArray<u64> =
+    PerCpuArray::with_max_entries(syscall_counter::COUNT, 0);
+
+/// Zeroed value to insert from: kept off the exit program's stack, which the event needs.
+#[map]
+static SYSCALL_STATS_ZERO: PerCpuArray<SyscallStats> = PerCpuArray::with_max_entries(1, 0);
+
+/// What one call adds to its key's figures.
+struct CallFigures {
+    populated: u64,
+    locked: u64,
+    unlocked: u64,
+    duration_ns: u64,
+}
+
+/// Counts one completed call under `key` (a new key also records who the process is).
+#[inline(always)]
+fn count_call(key: &SyscallKey, call: &CallFigures) {
+    let stats = match SYSCALL_STATS.get_ptr_mut(key) {
+        Some(stats) => stats,
+        None => {
+            let Some(zero) = SYSCALL_STATS_ZERO.get_ptr(0) else {
+                return;
+            };
+            // SAFETY: this CPU's value of SYSCALL_STATS_ZERO, which nothing writes.
+            let zero = unsafe { &*zero };
+            // By reference: by value, the stats would be copied onto the exit program's stack.
+            if SYSCALL_STATS
+                .insert(key, zero, u64::from(BPF_NOEXIST))
+                .is_ok()
+            {
+                add(&SYSCALL_COUNTERS, syscall_counter::INSERTS, 1);
+                crate::process::note_process(key.tgid, key.start_ns);
+            }
+            match SYSCALL_STATS.get_ptr_mut(key) {
+                Some(stats) => stats,
+                None => {
+                    add(&SYSCALL_COUNTERS, syscall_counter::UPDATE_FAILED, 1);
+                    return;
+                }
+            }
+        }
+    };
+    // SAFETY: this CPU's share of the entry, valid (RCU) while the program runs, and used by
+    // nothing else on this CPU meanwhile.
+    let s = unsafe { &mut *stats };
+    s.calls += 1;
+    s.pages_populated += call.populated;
+    s.pages_locked += call.locked;
+    s.pages_unlocked += call.unlocked;
+    if call.duration_ns > s.max_ns {
+        s.max_ns = call.duration_ns;
+    }
+    // A mask every verifier can follow (`LATENCY_SLOTS` is a power of two); `latency_slot`
+    // never returns more than `LATENCY_SLOTS - 1` anyway.
+    s.latency[latency_slot(call.duration_ns) & (LATENCY_SLOTS - 1)] += 1;
+}
 
 #[tracepoint]
 pub fn sys_enter_mlock(ctx: TracePointContext) -> u32 {
@@ -243,9 +315,29 @@ fn exit(ctx: &TracePointContext) -> bool {
     let ret = syscall_ret(ctx).unwrap_or(0);
     let min_flt = after.min_flt.wrapping_sub(entry.before.min_flt);
     let maj_flt = after.maj_flt.wrapping_sub(entry.before.maj_flt);
+    let locked = after.locked_vm as i64 - entry.before.locked_vm as i64;
+    let start_ns = crate::shared::current_process_start_ns();
+    // Counted before the event is written: a full ring buffer loses no call.
+    count_call(
+        &SyscallKey {
+            tgid,
+            nr: entry.nr,
+            start_ns,
+            errno: if ret < 0 {
+                ret.unsigned_abs() as u32
+            } else {
+                0
+            },
+            _pad: 0,
+        },
+        &CallFigures {
+            populated: min_flt + maj_flt,
+            locked: if locked > 0 { locked as u64 } else { 0 },
+            unlocked: if locked < 0 { locked.unsigned_abs() } else { 0 },
+            duration_ns: now - entry.enter_ns,
+        },
+    );
     if crate::stacks::syscalls_enabled() {
-        // Counted before the event is written: a full ring buffer loses no call site.
-        let locked = after.locked_vm as i64 - entry.before.locked_vm as i64;
         let call = SyscallStackValue {
             calls: 1,
             errors: u64::from(ret < 0),
@@ -287,7 +379,7 @@ fn exit(ctx: &TracePointContext) -> bool {
         map_count_before: entry.before.map_count,
         map_count_after: after.map_count,
         comm: bpf_get_current_comm().unwrap_or_default(),
-        process_start_ns: crate::shared::current_process_start_ns(),
+        process_start_ns: start_ns,
         rlimit_memlock: entry.limits.rlimit_memlock,
         total_vm_before: entry.limits.total_vm,
         lock_context: entry.limits.flags,

@@ -151,6 +151,7 @@ fn run_workload(
             params.threads,
             u64::from(params.calls),
             params.wait_stdin,
+            params.munlock,
         )?)?,
     };
     let json = serde_json::to_string_pretty(&calls)?;

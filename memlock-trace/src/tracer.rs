@@ -11,7 +11,7 @@ use aya::{
 };
 use memlock_trace_common::{
     Config, counter, filter, names,
-    process::names::PROCESS_CONFIG,
+    process::{ProcessKey, names::PROCESS_CONFIG},
     vma::{VMA_CONFIG, VmaConfig},
 };
 
@@ -22,7 +22,7 @@ use crate::{
     kernel_log::{self, KernelLog},
     object::{self, AttachContext, HookFamily},
     probe::{self, KernelBtf},
-    process::{Filters, ProcessHealth, ProcessHooks, Targets, filters},
+    process::{Filters, ProcessHealth, ProcessHooks, Targets, filters, identity::Identity},
     syscalls::{self, SyscallHooks, stacks::CallSiteReport},
     vma::{self, VmaHooks},
 };
@@ -61,6 +61,8 @@ pub struct Options {
     /// Tests only (`--test-unreadable-mm`): the syscall programs take `task_struct.min_flt`
     /// for the `mm` pointer, so their `mm_struct` reads fail.
     pub unreadable_mm: bool,
+    /// Tests only (`--test-ring-bytes`): the size of the event ring buffer, to make it drop.
+    pub ring_bytes: Option<u32>,
 }
 
 /// Loaded and attached programs; dropping it detaches everything.
@@ -140,6 +142,10 @@ impl Tracer {
                 loader.map_max_entries(names::TARGET_TGIDS, max);
             }
             syscalls::stacks::prepare_loader(loader, fault_options.stacks);
+            syscalls::read::prepare_loader(loader)?;
+            if let Some(bytes) = options.ring_bytes {
+                loader.map_max_entries(names::EVENTS, bytes);
+            }
             kernel_log::prepare_loader(loader, options.kernel_log);
             faults::sizing::prepare_loader(loader, &fault_config)
         })?;
@@ -171,11 +177,12 @@ impl Tracer {
             },
             kernel_log,
         };
-        // Targets first, so that nothing they do after the hooks attach is missed.
+        // Process identity (exec, exit) everywhere; targets first, so that nothing they do
+        // after the hooks attach is missed.
+        let mut cx = AttachContext::new(&mut tracer.ebpf, &btf, true);
+        let hooks = ProcessHooks::attach(&mut cx, filters)?;
+        tracer.hooks.insert(ProcessHooks::NAME, hooks.describe());
         if let Targets::Tgids(tgids) = targets {
-            let mut cx = AttachContext::new(&mut tracer.ebpf, &btf, true);
-            let hooks = ProcessHooks::attach(&mut cx, filters)?;
-            tracer.hooks.insert(ProcessHooks::NAME, hooks.describe());
             for &tgid in tgids {
                 tracer.add_target(tgid)?;
             }
@@ -278,10 +285,18 @@ impl Tracer {
     }
 
     /// The name each traced process had when it exited, by (pid, start time).
-    pub fn exit_comms(
-        &self,
-    ) -> Result<BTreeMap<memlock_trace_common::process::ProcessKey, crate::output::Outside>> {
+    pub fn exit_comms(&self) -> Result<BTreeMap<ProcessKey, crate::output::Outside>> {
         filters::exit_comms(&self.ebpf)
+    }
+
+    /// Who each counted process is (its name after exec, its cgroup), by (pid, start time).
+    pub fn identities(&self) -> Result<BTreeMap<ProcessKey, Identity>> {
+        crate::process::identity::read(&self.ebpf)
+    }
+
+    /// The mlock-family calls the kernel counted, per process, call and outcome.
+    pub fn syscall_report(&self) -> Result<syscalls::read::SyscallReport> {
+        syscalls::read::read(&self.ebpf)
     }
 
     /// `-v`: prints the programs' log records written since the last call.
@@ -318,14 +333,29 @@ impl Tracer {
         if self.fault_hooks.is_none() {
             return Ok(None);
         }
-        let mut report =
-            faults::read::read(&self.ebpf, self.fault_options.per_thread, self.sole.tgid)?;
+        // The fast path and the perf counters count by pid: the start time is the latest
+        // the kernel recorded for it.
+        let identities = self.identities()?;
+        let start_of = |tgid: u32| {
+            identities
+                .keys()
+                .filter(|k| k.tgid == tgid)
+                .map(|k| k.start_ns)
+                .max()
+                .unwrap_or(0)
+        };
+        let sole = self.sole.tgid.map(|tgid| ProcessKey {
+            tgid,
+            _pad: 0,
+            start_ns: start_of(tgid),
+        });
+        let mut report = faults::read::read(&self.ebpf, self.fault_options.per_thread, sole)?;
         let counted_by_perf = self
             .fault_hooks
             .as_ref()
             .is_some_and(FaultHooks::counted_by_perf);
         if let Some(counters) = self.fault_counters.as_ref().filter(|_| counted_by_perf) {
-            report.add_counted(counters.read());
+            report.add_counted(counters.read(), start_of);
         }
         if self.fault_options.stacks {
             let stacks = faults::stacks::read(&self.ebpf)?;

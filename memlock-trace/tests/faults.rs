@@ -169,8 +169,13 @@ fn summary(
     pid: u32,
 ) -> FaultSummary {
     let hooks = tracer.fault_hooks.as_ref().expect("fault hooks");
-    let mut all = faults::summarize(report, hooks, mappings, 50);
-    all.remove(&pid).map(|(_, s)| s).unwrap_or_default()
+    let all = faults::summarize(report, hooks, mappings, 50);
+    // The latest process with the pid (one, unless the pid was reused).
+    all.into_iter()
+        .filter(|(k, _)| k.tgid == pid)
+        .max_by_key(|(k, _)| k.start_ns)
+        .map(|(_, (_, s))| s)
+        .unwrap_or_default()
 }
 
 /// Differences of one window.

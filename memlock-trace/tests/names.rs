@@ -152,3 +152,42 @@ fn faults_before_exec_are_the_launchers_and_every_later_one_is_counted() {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// A shell that forks children which exec other programs and only take page faults (no
+/// mlock-family call): each child is reported under the program it exec'd, never the
+/// shell's name it had for its first faults (copy-on-write between fork and exec), and with
+/// its own start time.
+#[test]
+fn forked_children_are_named_after_their_exec() {
+    require_privileges();
+    let script = "for i in 1 2 3 4 5; do /bin/true; /bin/cat /dev/null; done";
+    let out = run(&["--json", "--follow-children", "--", "sh", "-c", script]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let summary = summary(&stdout);
+    let processes = summary["processes"].as_array().unwrap();
+    let named = |comm: &str| {
+        processes
+            .iter()
+            .filter(|p| p["comm"] == comm)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(named("sh").len(), 1, "only the shell is `sh`: {summary}");
+    for comm in ["true", "cat"] {
+        let children = named(comm);
+        assert_eq!(children.len(), 5, "five `{comm}`: {summary}");
+        let mut starts: Vec<u64> = children
+            .iter()
+            .map(|p| p["start_ns"].as_u64().unwrap())
+            .collect();
+        starts.dedup();
+        assert_eq!(starts.len(), 5, "each with its own start time: {summary}");
+        for p in children {
+            assert!(p["start_ns"].as_u64().unwrap() > 0, "{p}");
+            assert!(p["faults"]["minor"].as_u64().unwrap() > 0, "{p}");
+            assert!(p["syscalls"].as_object().unwrap().is_empty(), "{p}");
+            // The exec's own argument pages are populated once per process.
+            assert_eq!(p["faults"]["populated_by"]["execve"], 1, "{p}");
+        }
+    }
+    assert_eq!(processes.len(), 11, "{summary}");
+}

@@ -1,5 +1,6 @@
-//! A traced process exits and another one gets its pid: the two never mix. The pid is reused
-//! on purpose through `/proc/sys/kernel/ns_last_pid`.
+//! A traced process exits and another one gets its pid: the two never mix, whether they
+//! make mlock-family calls or only take page faults. The pid is reused on purpose through
+//! `/proc/sys/kernel/ns_last_pid`.
 
 mod common;
 mod support;
@@ -14,7 +15,7 @@ use memlock_trace::{
     syscalls::Aggregator,
     tracer::{Health, Tracer},
 };
-use support::BIN;
+use support::{BIN, Tracer as Cli, summary};
 
 /// Forks `memlock-trace workload ARGS` (it stops at its exec trap); with `pid`, retries until the
 /// child gets exactly that pid.
@@ -130,4 +131,61 @@ fn a_reused_pid_is_a_new_process_and_an_exited_target_leaves_the_filter() {
     // The key is the kernel's own start time: /proc/PID/stat field 22, in ticks.
     assert_eq!(a.start_ns / (1_000_000_000 / ticks_per_sec), first_ticks);
     assert_eq!(b.start_ns / (1_000_000_000 / ticks_per_sec), second_ticks);
+}
+
+/// Runs `argv` as a child that gets pid `pid` (retrying while another process takes it),
+/// to its exit.
+fn run_as(pid: u32, argv: &[&str]) {
+    for _ in 0..50 {
+        std::fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string())
+            .expect("write ns_last_pid");
+        let mut child = std::process::Command::new(argv[0])
+            .args(&argv[1..])
+            .spawn()
+            .expect("spawn");
+        let got = child.id();
+        assert!(child.wait().unwrap().success(), "{argv:?}");
+        if got == pid {
+            return;
+        }
+    }
+    panic!("could not get pid {pid} back in 50 tries");
+}
+
+/// System-wide, two programs that only fault run one after the other with the same pid:
+/// two entries, each under its own name, each with its own exec.
+#[test]
+fn fault_only_processes_that_share_a_pid_are_two_entries() {
+    require_privileges();
+    let mut tracer = Cli::spawn(&["--json"]);
+    tracer.wait_for_stderr("memlock-trace: tracing");
+    // A pid well past the current one, so the first try usually gets it.
+    let probe = std::process::Command::new("true").spawn().unwrap();
+    let pid = probe.id() + 100;
+    let _ = { probe }.wait();
+    run_as(pid, &["/bin/true"]);
+    run_as(pid, &["/usr/bin/python3", "-c", "pass"]);
+    tracer.signal(libc::SIGINT);
+    let done = tracer.finish();
+    assert!(done.status.success(), "{}", done.stderr);
+    let s = summary(&done.stdout);
+    let entries: Vec<_> = s["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["pid"] == pid)
+        .collect();
+    let comms: Vec<&str> = entries
+        .iter()
+        .map(|p| p["comm"].as_str().unwrap())
+        .collect();
+    // A failed try leaves an earlier `true` with another pid, never with this one.
+    assert_eq!(comms, ["true", "python3"], "{entries:#?}");
+    assert!(entries[0]["start_ns"].as_u64() < entries[1]["start_ns"].as_u64());
+    for p in entries {
+        assert_eq!(
+            p["faults"]["populated_by"]["execve"], 1,
+            "one exec each: {p}"
+        );
+    }
 }

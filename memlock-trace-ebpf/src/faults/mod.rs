@@ -38,7 +38,7 @@ use memlock_trace_common::{
 
 use self::regions::count_region;
 use crate::{
-    shared::{add, is_target, now_ns, this_cpu},
+    shared::{add, current_process_start_ns, is_target, now_ns, this_cpu},
     stacks,
 };
 
@@ -195,6 +195,8 @@ fn stats_for(tgid: u32, tid: u32, known_target: bool) -> Option<*mut FaultStats>
         unsafe {
             if (*stats).comm[0] == 0 {
                 (*stats).comm = bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]);
+                // Once per CPU: the loader finds the process's start time here.
+                crate::process::note_process(tgid, current_process_start_ns());
             }
         }
         return Some(stats);
@@ -202,6 +204,7 @@ fn stats_for(tgid: u32, tid: u32, known_target: bool) -> Option<*mut FaultStats>
     let key = FaultKey {
         tgid,
         tid: if config!(per_thread) != 0 { tid } else { 0 },
+        start_ns: current_process_start_ns(),
     };
     if let Some(stats) = FAULT_STATS.get_ptr_mut(key) {
         return Some(stats);
@@ -209,6 +212,7 @@ fn stats_for(tgid: u32, tid: u32, known_target: bool) -> Option<*mut FaultStats>
     if !known_target && !is_target(tgid) {
         return None;
     }
+    crate::process::note_process(tgid, key.start_ns);
     let scratch = STATS_SCRATCH.get_ptr_mut(0)?;
     // SAFETY: as above: this CPU's scratch value.
     let scratch = unsafe {
@@ -367,6 +371,7 @@ fn record_latency(s: &mut FaultStats, tgid: u32, tid: u32, cls: u32, ns: u64) {
         key: FaultKey {
             tgid,
             tid: if config!(per_thread) != 0 { tid } else { 0 },
+            start_ns: current_process_start_ns(),
         },
         class: cls,
         _pad: 0,

@@ -16,7 +16,7 @@ use std::{
 use serde::Serialize;
 
 use crate::{
-    output::WallClock,
+    output::{Outside, WallClock},
     probe,
     procfs::{self, PAGE_SIZE},
 };
@@ -33,7 +33,7 @@ const CAP_IPC_LOCK: u32 = 14;
 pub struct Seen {
     pub start: u64,
     pub end: u64,
-    pub name: String,
+    pub name: Outside,
     pub perms: String,
     /// CLOCK_REALTIME ns of the first and last sample that held it.
     pub first_ns: u64,
@@ -115,8 +115,8 @@ impl Sampler {
 fn sample_until(pid: Pid, stop: &AtomicBool, found: &AtomicU32) -> Samples {
     let lockonfault = procfs::smaps_shows_lockonfault(&probe::kernel_release());
     let mut samples = Samples::default();
-    let mut index: BTreeMap<(u64, u64, String), usize> = BTreeMap::new();
-    let mut present: BTreeSet<(u64, u64, String)> = BTreeSet::new();
+    let mut index: BTreeMap<(u64, u64, Outside), usize> = BTreeMap::new();
+    let mut present: BTreeSet<(u64, u64, Outside)> = BTreeSet::new();
     while !stop.load(Ordering::Relaxed) {
         std::thread::sleep(EVERY);
         let pid = match pid {
@@ -177,7 +177,7 @@ fn sample_until(pid: Pid, stop: &AtomicBool, found: &AtomicU32) -> Samples {
                     first_ns: now,
                     ..Seen::default()
                 });
-                if e.perms.contains('x') && m.name.starts_with('/') {
+                if e.perms.contains('x') && m.name.starts_with("/") {
                     samples.last_exec_mapping_ns = Some(now);
                 }
                 samples.seen.len() - 1

@@ -195,7 +195,7 @@ pub fn build(run: &Run, startup_flag: Option<f64>) -> Result<Table> {
     } else {
         format!("{timed} of {faults} faults timed; the rest scaled from their mean")
     };
-    let names = || s.seen.iter().map(|m| m.name.as_str());
+    let names = || s.seen.iter().map(|m| m.name.to_str_lossy());
     Ok(Table {
         pid: run.pid,
         comm: run.comm.clone(),
@@ -292,7 +292,7 @@ fn attribute(
         .max_by_key(|m| m.first_ns)
         .or_else(|| seen.iter().filter(holds).max_by_key(|m| m.last_ns))
         .map_or((start, end, row.mapping.clone()), |m| {
-            (m.start, m.end, m.name.clone())
+            (m.start, m.end, m.name.to_str_lossy().into_owned())
         })
 }
 
@@ -300,7 +300,7 @@ fn figures_of(key: &(u64, u64, String), seen: &[Seen], t0: u64) -> MappingFigure
     let (start, end, name) = key;
     let found = seen
         .iter()
-        .find(|m| m.start == *start && m.end == *end && m.name == *name)
+        .find(|m| m.start == *start && m.end == *end && m.name == name.as_str())
         .or_else(|| seen.iter().find(|m| m.start == *start && m.end == *end));
     MappingFigures {
         mapping: name.clone(),

@@ -94,4 +94,7 @@ pub struct WorkloadParams {
     /// `flood`: wait for one byte on stdin before starting.
     #[arg(long)]
     pub wait_stdin: bool,
+    /// `flood`: follow each mlock with a munlock of the same page (failing the same way).
+    #[arg(long)]
+    pub munlock: bool,
 }

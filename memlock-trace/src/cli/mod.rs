@@ -158,6 +158,10 @@ pub struct TraceArgs {
     /// capabilities, as `strace -u` does; the tracer keeps its own. (`-u` is --microseconds.)
     #[arg(long, value_name = "USER", requires = "command")]
     pub user: Option<String>,
+    /// Tests only: the event ring buffer's size in bytes (a power of two multiple of the
+    /// page size), small enough to drop records on purpose.
+    #[arg(long, hide = true, value_name = "BYTES")]
+    pub test_ring_bytes: Option<u32>,
     /// Launch COMMAND and trace it and its threads until it exits.
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<String>,

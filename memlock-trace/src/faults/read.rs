@@ -10,9 +10,12 @@ use aya::{
     Ebpf,
     maps::{HashMap, MapData, PerCpuArray, PerCpuHashMap},
 };
-use memlock_trace_common::faults::{
-    FaultEntry, FaultKey, FaultStats, HIST_BUCKETS, Hist, HistKey, RegionKey, RegionSlot,
-    RegionValue, SLOTS, class, fault_counter, names, stat,
+use memlock_trace_common::{
+    faults::{
+        FaultEntry, FaultKey, FaultStats, HIST_BUCKETS, Hist, HistKey, RegionKey, RegionSlot,
+        RegionValue, SLOTS, class, fault_counter, names, stat,
+    },
+    process::ProcessKey,
 };
 use serde::Serialize;
 
@@ -32,10 +35,20 @@ pub struct FaultReport {
 }
 
 impl FaultReport {
-    /// Adds the faults counting perf events counted per process (count-only mode).
-    pub fn add_counted(&mut self, counted: BTreeMap<u32, (u64, u64)>) {
+    /// Adds the faults counting perf events counted per process (count-only mode);
+    /// `start_of` gives each target's start time.
+    pub fn add_counted(
+        &mut self,
+        counted: BTreeMap<u32, (u64, u64)>,
+        start_of: impl Fn(u32) -> u64,
+    ) {
         for (tgid, (minor, major)) in counted {
-            let s = self.stats.entry(FaultKey { tgid, tid: 0 }).or_default();
+            let key = FaultKey {
+                tgid,
+                tid: 0,
+                start_ns: start_of(tgid),
+            };
+            let s = self.stats.entry(key).or_default();
             s.counts[stat::USER_MINOR] += minor;
             s.counts[stat::USER_MAJOR] += major;
         }
@@ -101,7 +114,7 @@ pub fn pids(ebpf: &Ebpf) -> Result<BTreeSet<u32>> {
 /// Reads every fault map. Pending region caches are folded into their regions, and faults
 /// still pending in threads that no longer exist are counted as failed.
 /// `sole`: the process the single-process fast path counted for, if it was used.
-pub fn read(ebpf: &Ebpf, per_thread: bool, sole: Option<u32>) -> Result<FaultReport> {
+pub fn read(ebpf: &Ebpf, per_thread: bool, sole: Option<ProcessKey>) -> Result<FaultReport> {
     let map = |name: &str| ebpf.map(name).ok_or_else(|| anyhow!("map {name} missing"));
     let mut report = FaultReport::default();
     let counters: PerCpuArray<&MapData, u64> = PerCpuArray::try_from(map(names::FAULT_COUNTERS)?)?;
@@ -148,13 +161,20 @@ pub fn read(ebpf: &Ebpf, per_thread: bool, sole: Option<u32>) -> Result<FaultRep
         add(key, &values);
         hashed += 1;
     }
-    if let Some(tgid) = sole {
+    if let Some(ProcessKey { tgid, start_ns, .. }) = sole {
         // The single-process fast path's statistics: the same process's, by another road.
         let fast: PerCpuArray<&MapData, FaultStats> =
             PerCpuArray::try_from(map(names::FAULT_SOLE_STATS)?)?;
         let values = fast.get(&0, 0)?;
         if values.iter().any(|v| v.comm[0] != 0) {
-            add(FaultKey { tgid, tid: 0 }, &values);
+            add(
+                FaultKey {
+                    tgid,
+                    tid: 0,
+                    start_ns,
+                },
+                &values,
+            );
         }
     }
 
@@ -223,11 +243,14 @@ pub fn read(ebpf: &Ebpf, per_thread: bool, sole: Option<u32>) -> Result<FaultRep
     for item in entries.iter() {
         let Ok((tid, entry)) = item else { continue };
         if entry.pending != 0 && !Path::new(&format!("/proc/{}/task/{tid}", entry.tgid)).exists() {
-            let key = FaultKey {
-                tgid: entry.tgid,
-                tid: if per_thread { tid } else { 0 },
-            };
-            if let Some(s) = report.stats.get_mut(&key) {
+            let tid = if per_thread { tid } else { 0 };
+            // The entry has no start time: the latest process with the pid is the one.
+            if let Some((_, s)) = report
+                .stats
+                .iter_mut()
+                .filter(|(k, _)| k.tgid == entry.tgid && k.tid == tid)
+                .max_by_key(|(k, _)| k.start_ns)
+            {
                 s.counts[stat::FAILED] += 1;
             }
         }

@@ -9,7 +9,10 @@ use aya::{
     Ebpf,
     maps::{MapData, PerCpuArray, PerCpuHashMap},
 };
-use memlock_trace_common::faults::{StackKey, names, stack_counter};
+use memlock_trace_common::{
+    faults::{StackKey, names, stack_counter},
+    process::ProcessKey,
+};
 use serde::Serialize;
 
 use super::FaultSummary;
@@ -96,13 +99,14 @@ pub fn top_stacks(
 /// Adds each process's top stacks to its summary, symbolized with its mappings (re-read now
 /// if it still lives, else its last snapshot).
 pub fn add_to(
-    per_process: &mut BTreeMap<u32, (crate::output::Outside, FaultSummary)>,
+    per_process: &mut BTreeMap<ProcessKey, (crate::output::Outside, FaultSummary)>,
     report: &StackReport,
     mappings: &mut MappingCache,
     top: usize,
     symbolizer: &StackSymbolizer,
 ) {
-    for (&tgid, (_, summary)) in per_process.iter_mut() {
+    for (key, (_, summary)) in per_process.iter_mut() {
+        let tgid = key.tgid;
         mappings.refresh(tgid, std::time::Duration::ZERO);
         summary.stacks = Some(top_stacks(
             report,

@@ -4,8 +4,9 @@
 
 use std::collections::BTreeMap;
 
-use memlock_trace_common::faults::{
-    FaultKey, HIST_BUCKETS, HistKey, bucket_range, class, populate, stat,
+use memlock_trace_common::{
+    faults::{FaultKey, HIST_BUCKETS, HistKey, bucket_range, class, populate, stat},
+    process::ProcessKey,
 };
 use serde::Serialize;
 
@@ -227,18 +228,28 @@ fn add_counts(into: &mut KeyStats, from: &KeyStats) {
     }
 }
 
-/// Per-process summaries (with their threads when the kernel kept them per thread).
+/// A process: its pid and start time, which a reused pid does not share.
+fn process_of(key: &FaultKey) -> ProcessKey {
+    ProcessKey {
+        tgid: key.tgid,
+        _pad: 0,
+        start_ns: key.start_ns,
+    }
+}
+
+/// Per-process summaries (with their threads when the kernel kept them per thread), by
+/// (pid, start time).
 pub fn summarize(
     report: &FaultReport,
     hooks: &FaultHooks,
     mappings: &mut MappingCache,
     top_mappings: usize,
-) -> BTreeMap<u32, (Outside, FaultSummary)> {
+) -> BTreeMap<ProcessKey, (Outside, FaultSummary)> {
     // Fold thread keys into their process; histograms too.
-    let mut processes: BTreeMap<u32, KeyStats> = BTreeMap::new();
+    let mut processes: BTreeMap<ProcessKey, KeyStats> = BTreeMap::new();
     let mut merged = report.clone();
     for (key, s) in &report.stats {
-        let p = processes.entry(key.tgid).or_default();
+        let p = processes.entry(process_of(key)).or_default();
         add_counts(p, s);
         if p.name.is_empty() || key.tid == key.tgid {
             p.comm.clone_from(&s.comm);
@@ -257,6 +268,7 @@ pub fn summarize(
                             key: FaultKey {
                                 tgid: key.tgid,
                                 tid: 0,
+                                start_ns: key.start_ns,
                             },
                             class: cls,
                             _pad: 0,
@@ -270,8 +282,13 @@ pub fn summarize(
         }
     }
     let mut out = BTreeMap::new();
-    for (&tgid, s) in &processes {
-        let key = FaultKey { tgid, tid: 0 };
+    for (&process, s) in &processes {
+        let tgid = process.tgid;
+        let key = FaultKey {
+            tgid,
+            tid: 0,
+            start_ns: process.start_ns,
+        };
         let mut summary = summarize_key(&merged, key, s, hooks);
         let comm = mappings.comm(tgid).unwrap_or_else(|| s.name.clone());
         summary.by_mapping = by_mapping(
@@ -284,7 +301,7 @@ pub fn summarize(
         summary.threads = report
             .stats
             .iter()
-            .filter(|(k, _)| k.tgid == tgid && k.tid != 0)
+            .filter(|(k, _)| process_of(k) == process && k.tid != 0)
             .map(|(k, ts)| ThreadFaults {
                 tid: k.tid,
                 // The kernel keeps a thread's comm from its first fault; the main thread's
@@ -297,7 +314,7 @@ pub fn summarize(
                 faults: summarize_key(report, *k, ts, hooks),
             })
             .collect();
-        out.insert(tgid, (comm, summary));
+        out.insert(process, (comm, summary));
     }
     out
 }
@@ -312,10 +329,10 @@ pub struct ProcessFaults {
 }
 
 /// Every process in `report`, threads folded into their process.
-pub fn by_process(report: &FaultReport) -> BTreeMap<u32, ProcessFaults> {
-    let mut out: BTreeMap<u32, ProcessFaults> = BTreeMap::new();
+pub fn by_process(report: &FaultReport) -> BTreeMap<ProcessKey, ProcessFaults> {
+    let mut out: BTreeMap<ProcessKey, ProcessFaults> = BTreeMap::new();
     for (key, s) in &report.stats {
-        let p = out.entry(key.tgid).or_default();
+        let p = out.entry(process_of(key)).or_default();
         add_counts(&mut p.stats, s);
         if p.stats.name.is_empty() || key.tid == key.tgid {
             p.stats.comm.clone_from(&s.comm);
@@ -323,7 +340,7 @@ pub fn by_process(report: &FaultReport) -> BTreeMap<u32, ProcessFaults> {
         }
     }
     for (hk, buckets) in &report.hists {
-        let p = out.entry(hk.key.tgid).or_default();
+        let p = out.entry(process_of(&hk.key)).or_default();
         let total = p.hists.entry(hk.class).or_insert([0; HIST_BUCKETS]);
         for (t, x) in total.iter_mut().zip(buckets) {
             *t += x;

@@ -76,7 +76,11 @@ mod tests {
     use crate::faults::read::KeyStats;
 
     fn reading(faults: u64, latencies: &[u64]) -> FaultReport {
-        let key = FaultKey { tgid: 7, tid: 0 };
+        let key = FaultKey {
+            tgid: 7,
+            tid: 0,
+            start_ns: 1,
+        };
         let mut r = FaultReport::default();
         let mut s = KeyStats::default();
         s.counts[stat::USER_MINOR] = faults;
@@ -100,7 +104,11 @@ mod tests {
         let first = reading(3, &[1_000, 2_000, 50_000]);
         let second = reading(5, &[1_000, 2_000, 50_000, 3_000, 4_000]);
         let w = second.since(&first);
-        let s = &w.stats[&FaultKey { tgid: 7, tid: 0 }];
+        let s = &w.stats[&FaultKey {
+            tgid: 7,
+            tid: 0,
+            start_ns: 1,
+        }];
         assert_eq!(s.counts[stat::USER_MINOR], 2);
         let h = w.hists.values().next().unwrap();
         assert_eq!(h.iter().sum::<u64>(), 2);

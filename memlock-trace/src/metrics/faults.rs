@@ -10,7 +10,10 @@ use std::{
     sync::Mutex,
 };
 
-use memlock_trace_common::faults::{HIST_BUCKETS, SLOTS, bucket_range, class, populate, stat};
+use memlock_trace_common::{
+    faults::{HIST_BUCKETS, SLOTS, bucket_range, class, populate, stat},
+    process::ProcessKey,
+};
 use prometheus_client::{
     encoding::{EncodeMetric, MetricEncoder, NoLabelSet},
     metrics::{MetricType, TypedMetric, counter::Counter, family::Family, gauge::Gauge},
@@ -53,7 +56,7 @@ pub struct FaultMetrics {
     latency_sample_every: Gauge,
     health: Family<Vec<(&'static str, &'static str)>, Counter>,
     /// What each process's counters stood at when last seen.
-    last: Mutex<HashMap<u32, Seen>>,
+    last: Mutex<HashMap<ProcessKey, Seen>>,
 }
 
 /// One process's running totals at the last refresh, and its name.
@@ -132,22 +135,23 @@ impl FaultMetrics {
     /// stored with its first fault (before an exec, for a launched command) is the fallback.
     pub fn update(
         &self,
-        processes: &BTreeMap<u32, ProcessFaults>,
+        processes: &BTreeMap<ProcessKey, ProcessFaults>,
         hooks: &FaultHooks,
         health: &FaultHealth,
-        comm_of: impl Fn(u32) -> Option<String>,
+        labels_of: impl Fn(&ProcessKey) -> (Option<String>, String),
     ) {
         let observed = |name: &str| !hooks.unobserved.contains(&name);
         self.latency_sample_every
             .set(i64::from(hooks.latency_sample));
         let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
-        for (&tgid, p) in processes {
-            let before = last.remove(&tgid).unwrap_or_default();
+        for (key, p) in processes {
+            let before = last.remove(key).unwrap_or_default();
             // Read each time: a process first seen before its exec must not keep the old name.
-            let comm = comm_of(tgid)
+            let (comm, cgroup) = labels_of(key);
+            let comm = comm
                 .or_else(|| before.comm.clone())
                 .unwrap_or_else(|| p.stats.comm.clone());
-            let base = process_labels(self.pid_label, comm.clone(), tgid);
+            let base = process_labels(self.pid_label, comm.clone(), cgroup, key.tgid);
             let with = |extra: &[(&'static str, &str)]| {
                 let mut labels = base.clone();
                 labels.extend(extra.iter().map(|&(k, v)| (k, v.to_string())));
@@ -192,7 +196,7 @@ impl FaultMetrics {
                 }
             }
             last.insert(
-                tgid,
+                *key,
                 Seen {
                     comm: Some(comm),
                     counts: p.stats.counts,
@@ -202,7 +206,7 @@ impl FaultMetrics {
             );
         }
         // Processes the kernel no longer holds: a later entry for the pid starts from zero.
-        last.retain(|tgid, _| processes.contains_key(tgid));
+        last.retain(|key, _| processes.contains_key(key));
         for (name, total) in [
             ("stats_evicted", health.stats_evicted),
             ("histograms_evicted", health.histograms_evicted),
@@ -220,7 +224,7 @@ impl FaultMetrics {
 /// Latency histograms built from the kernel's buckets (a prometheus-client `Histogram` takes
 /// one observation at a time; the kernel has already counted them).
 #[derive(Clone, Debug, Default)]
-struct LatencyFamily {
+pub(super) struct LatencyFamily {
     series: std::sync::Arc<Mutex<BTreeMap<Labels, LatencySeries>>>,
 }
 
@@ -234,7 +238,23 @@ struct LatencySeries {
 
 impl LatencyFamily {
     fn add(&self, labels: Labels, kernel: &[u64; HIST_BUCKETS]) {
-        if kernel.iter().all(|&n| n == 0) {
+        self.add_ranges(
+            labels,
+            kernel
+                .iter()
+                .enumerate()
+                .map(|(b, &n)| (bucket_range(b), n)),
+        );
+    }
+
+    /// Adds counts of values in `[low, high)` ranges that never straddle a power of two.
+    pub(super) fn add_ranges(
+        &self,
+        labels: Labels,
+        ranges: impl Iterator<Item = ((u64, u64), u64)>,
+    ) {
+        let ranges: Vec<_> = ranges.filter(|(_, n)| *n > 0).collect();
+        if ranges.is_empty() {
             return;
         }
         let mut series = self.series.lock().unwrap_or_else(|e| e.into_inner());
@@ -242,11 +262,7 @@ impl LatencyFamily {
             buckets: vec![0; BOUND_SHIFTS.count() + 1],
             sum: 0.0,
         });
-        for (b, &n) in kernel.iter().enumerate() {
-            if n == 0 {
-                continue;
-            }
-            let (low, high) = bucket_range(b);
+        for ((low, high), n) in ranges {
             // The first bound at or above every value of the bucket (high is exclusive).
             let slot = BOUND_SHIFTS
                 .clone()
@@ -313,6 +329,14 @@ mod tests {
         }
     }
 
+    fn key(tgid: u32) -> ProcessKey {
+        ProcessKey {
+            tgid,
+            _pad: 0,
+            start_ns: 1,
+        }
+    }
+
     /// `user_minor` faults of 3 us each, `mlock` pages populated.
     fn process(user_minor: u64, mlock: u64) -> ProcessFaults {
         let mut p = ProcessFaults::default();
@@ -330,9 +354,9 @@ mod tests {
     fn running_totals_become_counters_and_histograms() {
         let m = Metrics::new(false);
         let health = FaultHealth::default();
-        let comm = |_| Some("db".to_string());
+        let comm = |_: &ProcessKey| (Some("db".to_string()), String::new());
         m.faults.update(
-            &BTreeMap::from([(7, process(10, 4))]),
+            &BTreeMap::from([(key(7), process(10, 4))]),
             &hooks(),
             &health,
             comm,
@@ -340,13 +364,13 @@ mod tests {
         // Pid 7 grows to 25; pid 8 (same comm) appears; then 7's entry is evicted and
         // re-created with 3: every fault counts once.
         m.faults.update(
-            &BTreeMap::from([(7, process(25, 4)), (8, process(5, 0))]),
+            &BTreeMap::from([(key(7), process(25, 4)), (key(8), process(5, 0))]),
             &hooks(),
             &health,
             comm,
         );
         m.faults.update(
-            &BTreeMap::from([(7, process(3, 0))]),
+            &BTreeMap::from([(key(7), process(3, 0))]),
             &hooks(),
             &health,
             comm,
@@ -381,13 +405,13 @@ mod tests {
     fn kernel_comm_when_the_process_is_gone() {
         let m = Metrics::new(true);
         m.faults.update(
-            &BTreeMap::from([(9, process(2, 0))]),
+            &BTreeMap::from([(key(9), process(2, 0))]),
             &hooks(),
             &FaultHealth {
                 events_dropped: 6,
                 ..FaultHealth::default()
             },
-            |_| None,
+            |_| (None, String::new()),
         );
         let text = m.encode();
         assert!(

@@ -54,9 +54,13 @@ impl Metrics {
     }
 }
 
-/// The label set for one process: comm, plus the pid when asked.
-pub fn process_labels(pid_label: bool, comm: String, pid: u32) -> Labels {
+/// The label set for one process: comm, its cgroup v2 path (when known), plus the pid when
+/// asked.
+pub fn process_labels(pid_label: bool, comm: String, cgroup: String, pid: u32) -> Labels {
     let mut labels = vec![("comm", comm)];
+    if !cgroup.is_empty() {
+        labels.push(("cgroup", cgroup));
+    }
     if pid_label {
         labels.push(("pid", pid.to_string()));
     }
@@ -68,21 +72,61 @@ pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; cha
 
 #[cfg(test)]
 mod tests {
+    use memlock_trace_common::{
+        process::ProcessKey,
+        syscalls::{LATENCY_SLOTS, SyscallKey, latency_slot},
+    };
+
     use super::*;
     use crate::{
-        event::{Syscall, SyscallRecord},
+        event::Syscall,
+        syscalls::read::{KeyCounts, SyscallReport},
         tracer::Health,
     };
 
-    fn rec(syscall: Syscall, tgid: u32, ret: i64, duration_ns: u64) -> SyscallRecord {
-        SyscallRecord::fixture(syscall, tgid, ret, duration_ns, 4, 4, "db")
+    fn key(tgid: u32, syscall: Syscall, errno: u32) -> SyscallKey {
+        SyscallKey {
+            tgid,
+            nr: syscall.nr(),
+            start_ns: 1,
+            errno,
+            _pad: 0,
+        }
+    }
+
+    fn counts(calls: u64, ns: u64) -> KeyCounts {
+        let mut latency = [0; LATENCY_SLOTS];
+        latency[latency_slot(ns)] = calls;
+        KeyCounts {
+            calls,
+            pages_populated: 4 * calls,
+            pages_locked: 4 * calls,
+            pages_unlocked: 0,
+            max_ns: ns,
+            latency,
+        }
+    }
+
+    fn db(_: &ProcessKey) -> (String, String) {
+        ("db".into(), String::new())
     }
 
     #[test]
     fn syscalls_and_health_encode_as_openmetrics() {
         let m = Metrics::new(false);
-        m.syscalls.record(&rec(Syscall::Mlock, 7, 0, 3_000));
-        m.syscalls.record(&rec(Syscall::Mlock, 8, -12, 1_500));
+        let mut report = SyscallReport::default();
+        report
+            .counts
+            .insert(key(7, Syscall::Mlock, 0), counts(1, 3_000));
+        report
+            .counts
+            .insert(key(8, Syscall::Mlock, 12), counts(1, 1_500));
+        m.syscalls.update(&report, db);
+        // The kernel's running totals: a second refresh adds only the growth.
+        report
+            .counts
+            .insert(key(7, Syscall::Mlock, 0), counts(2, 3_000));
+        m.syscalls.update(&report, db);
         m.health.update(&Health {
             dropped_events: 5,
             ..Default::default()
@@ -92,41 +136,42 @@ mod tests {
             ..Default::default()
         });
         let text = m.encode();
+        let has = |line: &str| assert!(text.contains(line), "{line}\n{text}");
         // Two pids, one comm: one series without a pid label.
-        assert!(
-            text.contains("memlock_trace_syscalls_total{comm=\"db\",syscall=\"mlock\"} 2\n"),
-            "{text}"
+        has("memlock_trace_syscalls_total{comm=\"db\",syscall=\"mlock\"} 3\n");
+        has(
+            "memlock_trace_syscall_errors_total{comm=\"db\",syscall=\"mlock\",errno=\"ENOMEM\"} 1\n",
         );
-        assert!(text.contains("memlock_trace_syscall_errors_total{comm=\"db\",syscall=\"mlock\",errno=\"ENOMEM\"} 1\n"), "{text}");
-        assert!(
-            text.contains(
-                "memlock_trace_syscall_latency_seconds_count{comm=\"db\",syscall=\"mlock\"} 2\n"
-            ),
-            "{text}"
+        has("memlock_trace_syscall_latency_seconds_count{comm=\"db\",syscall=\"mlock\"} 3\n");
+        // 1.5 us in [1.024, 2.048) us, 3 us in [2.048, 4.096) us.
+        has(
+            "memlock_trace_syscall_latency_seconds_bucket{le=\"0.000002048\",comm=\"db\",syscall=\"mlock\"} 1\n",
         );
-        // 1.5 us and 3 us: one below the 2 us bound, both below 4 us.
-        assert!(text.contains("memlock_trace_syscall_latency_seconds_bucket{le=\"2e-6\",comm=\"db\",syscall=\"mlock\"} 1\n")
-            || text.contains("memlock_trace_syscall_latency_seconds_bucket{le=\"0.000002\",comm=\"db\",syscall=\"mlock\"} 1\n"), "{text}");
-        assert!(
-            text.contains(
-                "memlock_trace_syscall_pages_populated_total{comm=\"db\",syscall=\"mlock\"} 8\n"
-            ),
-            "{text}"
+        has(
+            "memlock_trace_syscall_latency_seconds_bucket{le=\"0.000004096\",comm=\"db\",syscall=\"mlock\"} 3\n",
         );
+        has("memlock_trace_syscall_pages_populated_total{comm=\"db\",syscall=\"mlock\"} 12\n");
         // The kernel's running total, not the sum of the updates.
-        assert!(
-            text.contains("memlock_trace_dropped_events_total 7\n"),
-            "{text}"
-        );
+        has("memlock_trace_dropped_events_total 7\n");
         assert!(text.ends_with("# EOF\n"));
     }
 
     #[test]
-    fn pid_label_when_asked() {
+    fn pid_and_cgroup_labels() {
         let m = Metrics::new(true);
-        m.syscalls.record(&rec(Syscall::Munlock, 42, 0, 1_000));
-        assert!(m.encode().contains(
-            "memlock_trace_syscalls_total{comm=\"db\",pid=\"42\",syscall=\"munlock\"} 1\n"
-        ));
+        let mut report = SyscallReport::default();
+        report
+            .counts
+            .insert(key(42, Syscall::Munlock, 0), counts(1, 1_000));
+        m.syscalls.update(&report, |_| {
+            ("db".into(), "/system.slice/db.service".into())
+        });
+        let text = m.encode();
+        assert!(
+            text.contains(
+                "memlock_trace_syscalls_total{comm=\"db\",cgroup=\"/system.slice/db.service\",pid=\"42\",syscall=\"munlock\"} 1\n"
+            ),
+            "{text}"
+        );
     }
 }

@@ -1,31 +1,40 @@
-//! mlock-family call metrics.
+//! mlock-family call metrics, from the kernel's per-process counts (`SYSCALL_STATS`): exact
+//! whatever the event ring buffer drops. Like the fault series, each refresh adds each
+//! key's growth since the last one to its label set.
 
+use std::{collections::HashMap, sync::Mutex};
+
+use memlock_trace_common::{
+    process::ProcessKey,
+    syscalls::{SyscallKey, latency_slot_range},
+};
 use prometheus_client::{
-    metrics::{
-        counter::Counter,
-        family::Family,
-        histogram::{Histogram, exponential_buckets},
-    },
+    metrics::{counter::Counter, family::Family},
     registry::{Registry, Unit},
 };
 
-use super::{Labels, process_labels};
-use crate::event::{SyscallRecord, errno_name};
+use super::{Labels, faults::LatencyFamily, process_labels};
+use crate::{
+    event::{Syscall, errno_name},
+    syscalls::read::{KeyCounts, SyscallReport},
+};
 
 pub struct SyscallMetrics {
     pid_label: bool,
     calls: Family<Labels, Counter>,
     errors: Family<Labels, Counter>,
-    latency: Family<Labels, Histogram>,
+    latency: LatencyFamily,
     pages_populated: Family<Labels, Counter>,
     pages_locked: Family<Labels, Counter>,
     pages_unlocked: Family<Labels, Counter>,
+    /// Each key's running totals at the last refresh.
+    last: Mutex<HashMap<SyscallKey, KeyCounts>>,
 }
 
-/// 1 us to 8.4 s in powers of two: mlock of one page takes microseconds, mlockall of a
-/// large process seconds.
-fn latency_histogram() -> Histogram {
-    Histogram::new(exponential_buckets(1e-6, 2.0, 24))
+/// Growth since `before`; a total that went down is an entry the kernel evicted and
+/// re-created, whose whole value is new.
+fn growth(now: u64, before: u64) -> u64 {
+    if now >= before { now - before } else { now }
 }
 
 impl SyscallMetrics {
@@ -34,10 +43,11 @@ impl SyscallMetrics {
             pid_label,
             calls: Family::default(),
             errors: Family::default(),
-            latency: Family::new_with_constructor(latency_histogram),
+            latency: LatencyFamily::default(),
             pages_populated: Family::default(),
             pages_locked: Family::default(),
             pages_unlocked: Family::default(),
+            last: Mutex::default(),
         };
         registry.register(
             "syscalls",
@@ -73,32 +83,74 @@ impl SyscallMetrics {
         metrics
     }
 
-    pub fn record(&self, rec: &SyscallRecord) {
-        let mut labels = process_labels(self.pid_label, rec.comm(), rec.raw.tgid);
-        labels.push(("syscall", rec.syscall.name().to_string()));
-        self.calls.get_or_create(&labels).inc();
-        self.latency
-            .get_or_create(&labels)
-            .observe(rec.raw.duration_ns as f64 / 1e9);
-        let populated = rec.pages_populated();
-        if populated > 0 {
-            self.pages_populated
-                .get_or_create(&labels)
-                .inc_by(populated);
+    /// Adds each key's growth since the last refresh; `labels_of` gives a process's name
+    /// and cgroup path.
+    pub fn update(
+        &self,
+        report: &SyscallReport,
+        labels_of: impl Fn(&ProcessKey) -> (String, String),
+    ) {
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        for (key, now) in &report.counts {
+            let Some(syscall) = Syscall::from_nr(key.nr) else {
+                continue;
+            };
+            let before = last.insert(*key, *now).unwrap_or_default();
+            // An entry evicted and made anew: all of it is new.
+            let before = if now.calls < before.calls {
+                KeyCounts::default()
+            } else {
+                before
+            };
+            let calls = now.calls - before.calls;
+            if calls == 0 {
+                continue;
+            }
+            let process = ProcessKey {
+                tgid: key.tgid,
+                _pad: 0,
+                start_ns: key.start_ns,
+            };
+            let (comm, cgroup) = labels_of(&process);
+            let mut labels = process_labels(self.pid_label, comm, cgroup, key.tgid);
+            labels.push(("syscall", syscall.name().to_string()));
+            self.calls.get_or_create(&labels).inc_by(calls);
+            self.latency.add_ranges(
+                labels.clone(),
+                now.latency
+                    .iter()
+                    .zip(before.latency)
+                    .enumerate()
+                    .map(|(slot, (&n, b))| {
+                        // The open-ended last slot: past every finite bound.
+                        let (low, high) = latency_slot_range(slot);
+                        ((low, high.min(low.saturating_mul(2))), growth(n, b))
+                    }),
+            );
+            for (family, n, b) in [
+                (
+                    &self.pages_populated,
+                    now.pages_populated,
+                    before.pages_populated,
+                ),
+                (&self.pages_locked, now.pages_locked, before.pages_locked),
+                (
+                    &self.pages_unlocked,
+                    now.pages_unlocked,
+                    before.pages_unlocked,
+                ),
+            ] {
+                let n = growth(n, b);
+                if n > 0 {
+                    family.get_or_create(&labels).inc_by(n);
+                }
+            }
+            if let Some(errno) = errno_name(-i64::from(key.errno)) {
+                labels.push(("errno", errno));
+                self.errors.get_or_create(&labels).inc_by(calls);
+            }
         }
-        let locked = rec.pages_locked();
-        if locked > 0 {
-            self.pages_locked
-                .get_or_create(&labels)
-                .inc_by(locked.unsigned_abs());
-        } else if locked < 0 {
-            self.pages_unlocked
-                .get_or_create(&labels)
-                .inc_by(locked.unsigned_abs());
-        }
-        if let Some(errno) = errno_name(rec.raw.ret) {
-            labels.push(("errno", errno));
-            self.errors.get_or_create(&labels).inc();
-        }
+        // Keys the kernel no longer holds: a later entry starts from zero.
+        last.retain(|key, _| report.counts.contains_key(key));
     }
 }

@@ -201,15 +201,17 @@ impl Cgroup {
     }
 }
 
-struct Cgroup2Mount {
-    point: PathBuf,
+pub(crate) struct Cgroup2Mount {
+    pub(crate) point: PathBuf,
+    /// The mount's root inside the cgroup2 hierarchy (`/` unless a subtree is mounted).
+    pub(crate) root: String,
     /// Depth of the mount's root inside the cgroup2 hierarchy (0 unless a subtree is
     /// bind-mounted).
     root_depth: u32,
 }
 
 /// The first cgroup2 mount in `/proc/self/mountinfo`.
-fn cgroup2_mount() -> Result<Option<Cgroup2Mount>> {
+pub(crate) fn cgroup2_mount() -> Result<Option<Cgroup2Mount>> {
     let info =
         std::fs::read_to_string("/proc/self/mountinfo").context("reading /proc/self/mountinfo")?;
     Ok(info.lines().find_map(|line| {
@@ -222,6 +224,7 @@ fn cgroup2_mount() -> Result<Option<Cgroup2Mount>> {
         let root = *fields.get(3)?;
         Some(Cgroup2Mount {
             point: PathBuf::from(unescape_mountinfo(fields.get(4)?)),
+            root: unescape_mountinfo(root),
             root_depth: Path::new(root).components().skip(1).count() as u32,
         })
     }))
@@ -301,12 +304,15 @@ impl HookFamily for ProcessHooks {
     const NAME: &'static str = "processes";
     type Options = Filters;
 
-    /// Exit whenever a tgid set is in use (an exited target must leave it before its pid is
-    /// reused), fork with `--follow-children`.
+    /// Exec and exit always (a process's name after exec, its last name; an exited target
+    /// must leave the tgid set before its pid is reused), fork with `--follow-children`.
     fn attach(cx: &mut AttachContext<'_>, filters: &Filters) -> Result<Self> {
         let (ebpf, btf) = cx.ebpf_and_btf()?;
-        let mut hooks = vec!["tp_btf sched_process_exit"];
-        let mut programs = vec![("process_exit", "sched_process_exit")];
+        let mut hooks = vec!["tp_btf sched_process_exec", "tp_btf sched_process_exit"];
+        let mut programs = vec![
+            ("process_exec", "sched_process_exec"),
+            ("process_exit", "sched_process_exit"),
+        ];
         if filters.follow_children {
             programs.push(("process_fork", "sched_process_fork"));
             hooks.push("tp_btf sched_process_fork");

@@ -2,7 +2,9 @@
 //! launched under the tracer ([`launch`]), and the bounded per-process table that keeps a
 //! long session's footprint fixed ([`table`]).
 
+pub mod cgroup;
 pub mod filters;
+pub mod identity;
 pub mod launch;
 pub mod pids;
 pub mod table;

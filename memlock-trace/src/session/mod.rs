@@ -133,6 +133,7 @@ pub fn run(mut args: TraceArgs) -> Result<i32> {
         faults: args.fault_options(),
         kernel_log: crate::kernel_log::level(args.verbose),
         unreadable_mm: args.test_unreadable_mm,
+        ring_bytes: args.test_ring_bytes,
         ..Options::default()
     };
     let mut tracer = load_tracer(&targets, options)?;
@@ -294,6 +295,7 @@ async fn event_loop(
             aggregator: Aggregator::with_max_processes(max_processes).per_thread(per_thread),
             vma_counts: Default::default(),
             faults_before: None,
+            syscalls_before: None,
             start_ns: started_ns,
         }),
         started_ns,
@@ -313,6 +315,7 @@ async fn event_loop(
         top_stacks: args.stacks_top,
         symbolizer: StackSymbolizer::default(),
         order: Default::default(),
+        cgroups: Default::default(),
     };
     // Event lines wait until both rings were read past them.
     output.order.watch(ring.get_ref().as_raw_fd());

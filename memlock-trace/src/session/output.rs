@@ -16,9 +16,9 @@ use crate::{
     faults::{self, FaultHooks, FaultReport, render as fault_render, stacks::StackSymbolizer},
     metrics::Metrics,
     output::{Outside, Sink, TextStyle, WallClock, hms},
-    process::table::ProcessKey,
+    process::{cgroup::CgroupPaths, identity::Identity, table::ProcessKey},
     procfs::{Mapping, MappingCache},
-    syscalls::{self, Aggregator, stacks::CallSiteReport},
+    syscalls::{self, Aggregator, read::SyscallReport, stacks::CallSiteReport},
     tracer::Tracer,
     vma::{self, VmaHooks},
 };
@@ -52,6 +52,8 @@ pub(super) struct Output {
     pub(super) symbolizer: StackSymbolizer,
     /// Event lines waiting for their turn in time order.
     pub(super) order: Reorder,
+    /// Cgroup ids to paths, kept from one summary to the next.
+    pub(super) cgroups: CgroupPaths,
 }
 
 /// One interval's own figures: reset when its block is printed.
@@ -60,6 +62,8 @@ pub(super) struct IntervalState {
     pub(super) vma_counts: BTreeMap<u32, vma::ChangeCounts>,
     /// The fault maps as read at the interval's start.
     pub(super) faults_before: Option<FaultReport>,
+    /// The kernel's call counts as read at the interval's start.
+    pub(super) syscalls_before: Option<SyscallReport>,
     pub(super) start_ns: u64,
 }
 
@@ -121,9 +125,6 @@ impl Output {
                     if let Some(window) = &mut self.window {
                         window.aggregator.record_syscall(&rec);
                     }
-                    if let Some(metrics) = &self.metrics {
-                        metrics.syscalls.record(&rec);
-                    }
                     if self.syscall_events {
                         let unit = self.style.unit;
                         let (json, lines) = if self.json {
@@ -171,29 +172,81 @@ impl Output {
 
     /// The tracer's health with the aggregator's evictions, and the fault family's figures,
     /// pushed to the metrics.
-    pub(super) fn update_health(&self, tracer: &Tracer) -> Result<()> {
-        if let Some(metrics) = &self.metrics {
+    pub(super) fn update_health(&mut self, tracer: &Tracer) -> Result<()> {
+        if let Some(metrics) = self.metrics.clone() {
             let mut health = tracer.health()?;
             health.processes.evicted_processes = self.aggregator.evicted_processes();
             metrics.health.update(&health);
+            let identities = tracer.identities()?;
+            self.update_call_metrics(&metrics, &tracer.syscall_report()?, &identities);
             if let (Some(hooks), Some(report)) = (&tracer.fault_hooks, tracer.fault_report()?) {
-                self.update_fault_metrics(metrics, hooks, &report);
+                self.update_fault_metrics(&metrics, hooks, &report, &identities);
             }
         }
         Ok(())
     }
 
-    fn update_fault_metrics(&self, metrics: &Metrics, hooks: &FaultHooks, report: &FaultReport) {
-        metrics.faults.update(
-            &faults::summary::by_process(report),
-            hooks,
-            &report.health,
-            |pid| {
-                crate::procfs::read_comm(pid)
-                    .or_else(|| self.mappings.comm(pid))
-                    .map(|c| c.to_str_lossy().into_owned())
-            },
-        );
+    /// A process's name and cgroup path for its series: as the kernel recorded them (after
+    /// its last exec, alive or exited), else /proc's or the last mappings' name.
+    fn process_labels(
+        &mut self,
+        key: &ProcessKey,
+        identities: &BTreeMap<ProcessKey, Identity>,
+    ) -> (Option<String>, String) {
+        match identities.get(key) {
+            Some(id) => (
+                Some(id.comm.to_str_lossy().into_owned()),
+                self.cgroups.info(id.cgroup_id).label(),
+            ),
+            None => (
+                crate::procfs::read_comm(key.tgid)
+                    .or_else(|| self.mappings.comm(key.tgid))
+                    .map(|c| c.to_str_lossy().into_owned()),
+                String::new(),
+            ),
+        }
+    }
+
+    fn update_call_metrics(
+        &mut self,
+        metrics: &Metrics,
+        report: &SyscallReport,
+        identities: &BTreeMap<ProcessKey, Identity>,
+    ) {
+        let mut labels = BTreeMap::new();
+        for key in report.counts.keys() {
+            let process = ProcessKey {
+                tgid: key.tgid,
+                _pad: 0,
+                start_ns: key.start_ns,
+            };
+            if let std::collections::btree_map::Entry::Vacant(slot) = labels.entry(process) {
+                slot.insert(self.process_labels(&process, identities));
+            }
+        }
+        metrics.syscalls.update(report, |k| {
+            labels
+                .get(k)
+                .map(|(comm, cgroup)| (comm.clone().unwrap_or_default(), cgroup.clone()))
+                .unwrap_or_default()
+        });
+    }
+
+    fn update_fault_metrics(
+        &mut self,
+        metrics: &Metrics,
+        hooks: &FaultHooks,
+        report: &FaultReport,
+        identities: &BTreeMap<ProcessKey, Identity>,
+    ) {
+        let processes = faults::summary::by_process(report);
+        let labels: BTreeMap<ProcessKey, (Option<String>, String)> = processes
+            .keys()
+            .map(|k| (*k, self.process_labels(k, identities)))
+            .collect();
+        metrics
+            .faults
+            .update(&processes, hooks, &report.health, |k| labels[k].clone());
     }
 
     /// `--stacks`: each process's top mlock-family call sites, symbolized with its mappings
@@ -279,19 +332,38 @@ impl Output {
         let now = WallClock::now_ns();
         let mut health = tracer.health()?;
         health.processes.evicted_processes = self.aggregator.evicted_processes();
-        let (kind, syscalls, start_ns) = match (&self.window, scope) {
-            (Some(w), Scope::Interval) => ("interval", w.aggregator.summaries(), w.start_ns),
-            _ => ("summary", self.aggregator.summaries(), self.started_ns),
+        let identities = tracer.identities()?;
+        let calls = tracer.syscall_report()?;
+        let syscall_health = calls.health;
+        let (kind, events, start_ns, calls) = match (&mut self.window, scope) {
+            (Some(w), Scope::Interval) => {
+                let shown = match &w.syscalls_before {
+                    Some(before) => calls.since(before),
+                    None => calls.clone(),
+                };
+                w.syscalls_before = Some(calls);
+                ("interval", w.aggregator.summaries(), w.start_ns, shown)
+            }
+            _ => (
+                "summary",
+                self.aggregator.summaries(),
+                self.started_ns,
+                calls,
+            ),
         };
+        let syscalls = syscalls::read::merge(events, &calls, |k| {
+            identities.get(k).map(|i| i.comm.clone())
+        });
         let mut summary = Summary::new(kind, syscalls, health);
+        summary.syscall_health = Some(syscall_health);
         summary.time_ns = now;
         summary.window = Window {
             start_ns,
             end_ns: now,
         };
         if let (Some(hooks), Some(report)) = (&tracer.fault_hooks, tracer.fault_report()?) {
-            if let Some(metrics) = &self.metrics {
-                self.update_fault_metrics(metrics, hooks, &report);
+            if let Some(metrics) = self.metrics.clone() {
+                self.update_fault_metrics(&metrics, hooks, &report, &identities);
             }
             let shown = match (&mut self.window, scope) {
                 (Some(w), Scope::Interval) => {
@@ -323,6 +395,7 @@ impl Output {
             }
             summary.add_faults(hooks.clone(), shown.health, per_process);
         }
+        self.identify(&mut summary, &identities);
         name_exited(&mut summary, &tracer.exit_comms()?);
         if let Some(sites) = tracer.call_sites()? {
             self.add_call_sites(&mut summary, &sites);
@@ -376,6 +449,34 @@ impl Output {
     }
 }
 
+impl Output {
+    /// Names each process as the kernel recorded it (after its last exec, or at its exit)
+    /// and gives its cgroup.
+    fn identify(&mut self, summary: &mut Summary, identities: &BTreeMap<ProcessKey, Identity>) {
+        for p in &mut summary.processes {
+            let key = ProcessKey {
+                tgid: p.pid,
+                _pad: 0,
+                start_ns: p.start_ns,
+            };
+            let Some(id) = identities.get(&key) else {
+                continue;
+            };
+            // A name from the first event is older than /proc's, unless an exec or the exit
+            // set it.
+            if !id.comm.is_empty() && (id.execed || id.exited || p.comm.is_empty()) {
+                p.comm.clone_from(&id.comm);
+                if let Some(f) = &mut p.faults {
+                    for t in f.threads.iter_mut().filter(|t| t.tid == p.pid) {
+                        t.comm.clone_from(&id.comm);
+                    }
+                }
+            }
+            p.cgroup = Some(self.cgroups.info(id.cgroup_id));
+        }
+    }
+}
+
 /// The thread a VMA activity belongs to.
 fn activity_tid(activity: &vma::Activity) -> u32 {
     match activity {
@@ -386,7 +487,7 @@ fn activity_tid(activity: &vma::Activity) -> u32 {
 }
 
 /// `-t TID`: each process's faults become its thread's (the kernel keeps them per thread).
-fn only_thread(per_process: &mut BTreeMap<u32, (Outside, faults::FaultSummary)>, tid: u32) {
+fn only_thread(per_process: &mut BTreeMap<ProcessKey, (Outside, faults::FaultSummary)>, tid: u32) {
     per_process.retain(|_, (_, f)| f.threads.iter().any(|t| t.tid == tid));
     for (comm, f) in per_process.values_mut() {
         let Some(thread) = f.threads.iter().find(|t| t.tid == tid).cloned() else {

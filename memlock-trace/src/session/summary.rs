@@ -5,10 +5,16 @@ use std::{collections::BTreeMap, fmt::Write as _};
 
 use serde::Serialize;
 
+use memlock_trace_common::process::ProcessKey;
+
 use crate::{
     faults::{self, FaultHealth, FaultHooks, FaultSummary},
     output::{JSON_SCHEMA, Outside, TextStyle},
-    syscalls::{self, ProcessSyscalls, SyscallSummary, stacks::CallSite, stats::ThreadLatencies},
+    process::cgroup::CgroupInfo,
+    syscalls::{
+        self, ProcessSyscalls, SyscallSummary, read::SyscallHealth, stacks::CallSite,
+        stats::ThreadLatencies,
+    },
     tracer::Health,
 };
 
@@ -30,6 +36,9 @@ pub struct Summary {
     pub fault_hooks: Option<FaultHooks>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fault_health: Option<FaultHealth>,
+    /// What the kernel's per-process call counts could not keep.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub syscall_health: Option<SyscallHealth>,
     /// `--stacks`: mlock-family calls whose call site could not be kept.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub call_site_health: Option<CallSiteHealth>,
@@ -57,6 +66,9 @@ pub struct ProcessSummary {
     /// Process start, ns since boot (`/proc/PID/stat` field 22 is this in clock ticks).
     pub start_ns: u64,
     pub comm: Outside,
+    /// Its cgroup v2, as the kernel saw it (at its first event, exec or exit).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cgroup: Option<CgroupInfo>,
     pub syscalls: BTreeMap<&'static str, SyscallSummary>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub faults: Option<FaultSummary>,
@@ -83,6 +95,7 @@ impl Summary {
                     pid: p.pid,
                     start_ns: p.start_ns,
                     comm: p.comm,
+                    cgroup: None,
                     syscalls: p.syscalls,
                     faults: None,
                     thread_latencies: p.threads,
@@ -93,6 +106,7 @@ impl Summary {
             health,
             fault_hooks: None,
             fault_health: None,
+            syscall_health: None,
             call_site_health: None,
         }
     }
@@ -107,16 +121,20 @@ impl Summary {
         &mut self,
         hooks: FaultHooks,
         health: FaultHealth,
-        faults: BTreeMap<u32, (Outside, FaultSummary)>,
+        faults: BTreeMap<ProcessKey, (Outside, FaultSummary)>,
     ) {
-        for (pid, (comm, summary)) in faults {
-            match self.processes.iter_mut().find(|p| p.pid == pid) {
+        for (key, (comm, summary)) in faults {
+            // A start time of 0: a process counted only by pid (its start was not recorded).
+            let same = |p: &ProcessSummary| {
+                p.pid == key.tgid && (p.start_ns == key.start_ns || key.start_ns == 0)
+            };
+            match self.processes.iter_mut().find(|p| same(p)) {
                 Some(p) => p.faults = Some(summary),
                 None => self.processes.push(ProcessSummary {
-                    pid,
-                    // Fault counts are kept per tgid in the kernel: no start time to show.
-                    start_ns: 0,
+                    pid: key.tgid,
+                    start_ns: key.start_ns,
                     comm,
+                    cgroup: None,
                     syscalls: BTreeMap::new(),
                     faults: Some(summary),
                     thread_latencies: BTreeMap::new(),
@@ -124,7 +142,7 @@ impl Summary {
                 }),
             }
         }
-        self.processes.sort_by_key(|p| p.pid);
+        self.processes.sort_by_key(|p| (p.pid, p.start_ns));
         self.fault_hooks = Some(hooks);
         self.fault_health = Some(health);
     }
@@ -145,7 +163,14 @@ pub fn summary_text(summary: &Summary, style: TextStyle) -> String {
         } else {
             String::new()
         };
-        let _ = writeln!(out, "pid {} ({}){started}", p.pid, p.comm);
+        let cgroup = match &p.cgroup {
+            // The root cgroup says nothing.
+            Some(c) if c.path.as_deref() != Some("/") => {
+                format!(" cgroup {}", Outside::from(c.label()))
+            }
+            _ => String::new(),
+        };
+        let _ = writeln!(out, "pid {} ({}){started}{cgroup}", p.pid, p.comm);
         if let Some(f) = &p.faults {
             faults::render::faults_text(&mut out, f, "  ", style);
             if let Some(stacks) = &f.stacks {
@@ -176,8 +201,14 @@ pub fn summary_text(summary: &Summary, style: TextStyle) -> String {
     let h = &summary.health;
     let _ = writeln!(
         out,
-        "dropped events: {}{}",
+        "dropped events: {}{}{}",
         h.dropped_events,
+        // The counts above are the kernel's: only event lines and per-call detail are lost.
+        if h.dropped_events > 0 {
+            " (event lines and last-failure detail only: the counts above are exact)"
+        } else {
+            ""
+        },
         if h.untracked_calls + h.failed_reads + h.dropped_vma_records > 0 {
             format!(
                 " (calls not tracked: {}, failed kernel reads: {}, VMA records dropped: {})",
@@ -201,6 +232,17 @@ pub fn summary_text(summary: &Summary, style: TextStyle) -> String {
             "children not followed (target map full): {}, processes evicted from this summary \
              (--max-processes): {}",
             p.children_not_followed, p.evicted_processes
+        );
+    }
+    if let Some(s) = summary
+        .syscall_health
+        .filter(|s| s.evicted + s.update_failed > 0)
+    {
+        let _ = writeln!(
+            out,
+            "call counts: {} (process, call, outcome) entries evicted from the kernel map, {} \
+             calls not counted",
+            s.evicted, s.update_failed
         );
     }
     if let Some(c) = &summary.call_site_health {

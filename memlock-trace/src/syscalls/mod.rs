@@ -1,8 +1,11 @@
 //! The syscall hook family: every `mlock`, `mlock2`, `munlock`, `mlockall` and `munlockall`,
 //! timed between its `sys_enter` and `sys_exit` tracepoints, with the pages it populated
-//! and locked; aggregated per process in user space ([`stats`]), rendered by [`render`];
+//! and locked; counted per process, call and outcome in the kernel ([`read`]), with the
+//! per-call records aggregated in user space ([`stats`]) for what only they carry; rendered
+//! by [`render`];
 //! with `--stacks`, counted per user call site in the kernel ([`stacks`]).
 
+pub mod read;
 pub mod render;
 pub mod stacks;
 pub mod stats;

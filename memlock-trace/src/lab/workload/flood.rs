@@ -16,35 +16,46 @@ pub struct Report {
     pub calls: u64,
     /// Of which failed with ENOMEM (all of them, unless the kernel changed).
     pub enomem: u64,
+    /// munlock calls made (`--munlock`: one after each mlock), and those that failed with
+    /// ENOMEM.
+    pub munlock_calls: u64,
+    pub munlock_enomem: u64,
     pub secs: f64,
 }
 
 /// With `wait_stdin`, the threads are started, then wait for one byte on stdin, so a test
 /// can line up the tracer (and pick a thread by its id in /proc/PID/task).
-pub fn run(threads: u32, calls_per_thread: u64, wait_stdin: bool) -> Result<Report> {
+pub fn run(threads: u32, calls_per_thread: u64, wait_stdin: bool, munlock: bool) -> Result<Report> {
     let start_line = std::sync::Barrier::new(threads as usize + 1);
     let start_line = &start_line;
     // Set when the start signal came: without it the workers make no call.
     let go = &std::sync::atomic::AtomicBool::new(false);
     let mut start = std::time::Instant::now();
-    let enomem: u64 = std::thread::scope(|s| {
+    let (enomem, munlock_enomem): (u64, u64) = std::thread::scope(|s| {
         let workers: Vec<_> = (0..threads)
             .map(|_| {
                 s.spawn(move || {
                     start_line.wait();
                     if !go.load(std::sync::atomic::Ordering::Acquire) {
-                        return 0;
+                        return (0u64, 0u64);
                     }
-                    let mut enomem = 0;
+                    let failed =
+                        || std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOMEM);
+                    let (mut enomem, mut munlock_enomem) = (0u64, 0u64);
                     for _ in 0..calls_per_thread {
                         // SAFETY: page 0 is never mapped; the call only fails.
-                        if unsafe { libc::mlock(std::ptr::null(), PAGE_SIZE) } != 0
-                            && std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOMEM)
-                        {
+                        if unsafe { libc::mlock(std::ptr::null(), PAGE_SIZE) } != 0 && failed() {
                             enomem += 1;
                         }
+                        // SAFETY: as above.
+                        if munlock
+                            && unsafe { libc::munlock(std::ptr::null(), PAGE_SIZE) } != 0
+                            && failed()
+                        {
+                            munlock_enomem += 1;
+                        }
                     }
-                    enomem
+                    (enomem, munlock_enomem)
                 })
             })
             .collect();
@@ -61,9 +72,12 @@ pub fn run(threads: u32, calls_per_thread: u64, wait_stdin: bool) -> Result<Repo
         );
         start = std::time::Instant::now();
         start_line.wait();
-        let enomem = workers.into_iter().map(|w| w.join().unwrap_or(0)).sum();
+        let counts = workers
+            .into_iter()
+            .map(|w| w.join().unwrap_or((0, 0)))
+            .fold((0, 0), |(a, b), (c, d)| (a + c, b + d));
         match signalled {
-            Ok(true) => Ok(enomem),
+            Ok(true) => Ok(counts),
             Ok(false) => bail!("stdin closed before the start signal"),
             Err(e) => Err(e.into()),
         }
@@ -72,6 +86,12 @@ pub fn run(threads: u32, calls_per_thread: u64, wait_stdin: bool) -> Result<Repo
         threads,
         calls: u64::from(threads) * calls_per_thread,
         enomem,
+        munlock_calls: if munlock {
+            u64::from(threads) * calls_per_thread
+        } else {
+            0
+        },
+        munlock_enomem,
         secs: start.elapsed().as_secs_f64(),
     })
 }

@@ -1,0 +1,362 @@
+//! Reads the kernel's per-CPU counts of mlock-family calls (`SYSCALL_STATS`) back, summed
+//! over CPUs, and puts them in the summary: the counts, errors, pages and latency buckets
+//! there are the kernel's, exact whatever the ring buffer dropped; the events add only what
+//! needs a record per call (the figures of the last failure, per-thread latencies).
+
+use std::collections::BTreeMap;
+
+use anyhow::{Result, anyhow};
+use aya::{
+    EbpfLoader,
+    maps::{MapData, PerCpuArray, PerCpuHashMap},
+};
+use memlock_trace_common::{
+    process::ProcessKey,
+    syscalls::{
+        LATENCY_SLOTS, MAX_SYSCALL_KEYS, SyscallKey, SyscallStats, latency_slot_range, names,
+        syscall_counter,
+    },
+};
+use serde::Serialize;
+
+use super::{ProcessSyscalls, SyscallSummary};
+use crate::{
+    event::{Syscall, errno_name},
+    latency::Latency,
+    output::Outside,
+};
+
+/// One key's figures, summed over CPUs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KeyCounts {
+    pub calls: u64,
+    pub pages_populated: u64,
+    pub pages_locked: u64,
+    pub pages_unlocked: u64,
+    pub max_ns: u64,
+    pub latency: [u64; LATENCY_SLOTS],
+}
+
+/// Everything `SYSCALL_STATS` holds.
+#[derive(Clone, Debug, Default)]
+pub struct SyscallReport {
+    pub counts: BTreeMap<SyscallKey, KeyCounts>,
+    pub health: SyscallHealth,
+}
+
+/// What the kernel could not keep.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct SyscallHealth {
+    /// (process, call, outcome) entries the bounded LRU map evicted: their calls are missing
+    /// from the summary (not from Prometheus, which had counted them).
+    pub evicted: u64,
+    /// Calls not counted because the map update failed.
+    pub update_failed: u64,
+}
+
+/// Sizes `SYSCALL_STATS` for this machine: an LRU per-CPU hash preallocates every value on
+/// every possible CPU; 16 MiB is 16384 keys on 2 CPUs, 1560 on 64.
+pub fn prepare_loader(loader: &mut EbpfLoader<'_>) -> Result<()> {
+    let cpus = aya::util::nr_cpus().map_err(|(what, e)| anyhow!("{what}: {e}"))?;
+    let entries = u32::try_from((16 << 20) / (cpus.max(1) * size_of::<SyscallStats>()))
+        .unwrap_or(u32::MAX)
+        .clamp(1024, MAX_SYSCALL_KEYS);
+    loader.map_max_entries(names::SYSCALL_STATS, entries);
+    Ok(())
+}
+
+pub fn read(ebpf: &aya::Ebpf) -> Result<SyscallReport> {
+    let map = |name: &str| ebpf.map(name).ok_or_else(|| anyhow!("map {name} missing"));
+    let counters: PerCpuArray<&MapData, u64> =
+        PerCpuArray::try_from(map(names::SYSCALL_COUNTERS)?)?;
+    let sum = |index: u32| -> u64 { counters.get(&index, 0).map(|v| v.iter().sum()).unwrap_or(0) };
+    // Before the map: a key inserted while it is read must not count as evicted.
+    let inserts = sum(syscall_counter::INSERTS);
+    let stats: PerCpuHashMap<&MapData, SyscallKey, SyscallStats> =
+        PerCpuHashMap::try_from(map(names::SYSCALL_STATS)?)?;
+    let mut report = SyscallReport::default();
+    for item in stats.iter() {
+        let Ok((key, values)) = item else { continue };
+        let c = report.counts.entry(key).or_default();
+        for v in values.iter() {
+            c.calls += v.calls;
+            c.pages_populated += v.pages_populated;
+            c.pages_locked += v.pages_locked;
+            c.pages_unlocked += v.pages_unlocked;
+            c.max_ns = c.max_ns.max(v.max_ns);
+            for (s, &n) in c.latency.iter_mut().zip(v.latency.iter()) {
+                *s += u64::from(n);
+            }
+        }
+    }
+    report.health = SyscallHealth {
+        evicted: inserts.saturating_sub(report.counts.len() as u64),
+        update_failed: sum(syscall_counter::UPDATE_FAILED),
+    };
+    Ok(report)
+}
+
+impl SyscallReport {
+    /// What was counted since `before` (an interval's own calls).
+    pub fn since(&self, before: &SyscallReport) -> SyscallReport {
+        let mut counts = BTreeMap::new();
+        for (key, now) in &self.counts {
+            let then = before.counts.get(key).copied().unwrap_or_default();
+            // Fewer than before: the entry was evicted and made anew; all of it is new.
+            let then = if now.calls < then.calls {
+                KeyCounts::default()
+            } else {
+                then
+            };
+            if now.calls == then.calls {
+                continue;
+            }
+            let mut latency = now.latency;
+            for (n, t) in latency.iter_mut().zip(then.latency) {
+                *n = n.saturating_sub(t);
+            }
+            counts.insert(
+                *key,
+                KeyCounts {
+                    calls: now.calls - then.calls,
+                    pages_populated: now.pages_populated.saturating_sub(then.pages_populated),
+                    pages_locked: now.pages_locked.saturating_sub(then.pages_locked),
+                    pages_unlocked: now.pages_unlocked.saturating_sub(then.pages_unlocked),
+                    max_ns: now.max_ns,
+                    latency,
+                },
+            );
+        }
+        SyscallReport {
+            counts,
+            health: self.health,
+        }
+    }
+
+    /// Per process, per call: the counts over every outcome, and the errors by errno.
+    fn by_process(&self) -> BTreeMap<ProcessKey, BTreeMap<Syscall, CallTotals>> {
+        let mut out: BTreeMap<ProcessKey, BTreeMap<Syscall, CallTotals>> = BTreeMap::new();
+        for (key, c) in &self.counts {
+            let Some(syscall) = Syscall::from_nr(key.nr) else {
+                continue;
+            };
+            let process = ProcessKey {
+                tgid: key.tgid,
+                _pad: 0,
+                start_ns: key.start_ns,
+            };
+            let t = out.entry(process).or_default().entry(syscall).or_default();
+            t.all.calls += c.calls;
+            t.all.pages_populated += c.pages_populated;
+            t.all.pages_locked += c.pages_locked;
+            t.all.pages_unlocked += c.pages_unlocked;
+            t.all.max_ns = t.all.max_ns.max(c.max_ns);
+            for (s, n) in t.all.latency.iter_mut().zip(c.latency) {
+                *s += n;
+            }
+            if let Some(errno) = errno_name(-i64::from(key.errno)) {
+                *t.errors.entry(errno).or_default() += c.calls;
+            }
+        }
+        out
+    }
+}
+
+#[derive(Default)]
+struct CallTotals {
+    all: KeyCounts,
+    errors: BTreeMap<String, u64>,
+}
+
+/// The summary's calls: the kernel's counts for every process it counted, with what only
+/// the events know (the last failure's figures, per-thread latencies) added where they
+/// arrived. A process's name is the one `name_of` gives (its identity), else its events'.
+///
+/// Latency percentiles: the events' HdrHistogram (3 significant digits) when it saw every
+/// call the kernel counted, else the kernel's log2 slots (within a factor of two, the
+/// maximum exact).
+pub fn merge(
+    events: Vec<ProcessSyscalls>,
+    kernel: &SyscallReport,
+    name_of: impl Fn(&ProcessKey) -> Option<Outside>,
+) -> Vec<ProcessSyscalls> {
+    let mut from_events: BTreeMap<ProcessKey, ProcessSyscalls> = events
+        .into_iter()
+        .map(|p| {
+            (
+                ProcessKey {
+                    tgid: p.pid,
+                    _pad: 0,
+                    start_ns: p.start_ns,
+                },
+                p,
+            )
+        })
+        .collect();
+    let mut out = Vec::new();
+    for (key, calls) in kernel.by_process() {
+        let mut p = from_events.remove(&key).unwrap_or_else(|| ProcessSyscalls {
+            pid: key.tgid,
+            start_ns: key.start_ns,
+            comm: Outside::default(),
+            syscalls: BTreeMap::new(),
+            threads: BTreeMap::new(),
+        });
+        if let Some(name) = name_of(&key) {
+            p.comm = name;
+        }
+        for (syscall, t) in calls {
+            let seen = p.syscalls.remove(syscall.name());
+            let exact = seen.as_ref().filter(|s| s.count == t.all.calls);
+            let (latency_ns, latency_values) = match exact {
+                Some(s) => (s.latency_ns, s.latency_values.clone()),
+                None => slots_latency(&t.all),
+            };
+            p.syscalls.insert(
+                syscall.name(),
+                SyscallSummary {
+                    count: t.all.calls,
+                    errors: t.errors,
+                    last_failure: seen.map(|s| s.last_failure).unwrap_or_default(),
+                    latency_ns,
+                    latency_values,
+                    pages_populated: t.all.pages_populated,
+                    pages_locked: t.all.pages_locked as i64 - t.all.pages_unlocked as i64,
+                },
+            );
+        }
+        out.push(p);
+    }
+    // Processes whose kernel entries were evicted keep what their events said.
+    out.extend(from_events.into_values());
+    out.sort_by_key(|p| (p.pid, p.start_ns));
+    out
+}
+
+/// Percentiles from log2 slots, each value taken as the middle of its slot (the maximum is
+/// exact), and the (ns, calls) pairs for `--hist`.
+fn slots_latency(c: &KeyCounts) -> (Latency, Vec<(u64, u64)>) {
+    let mid = |slot: usize| {
+        let (low, high) = latency_slot_range(slot);
+        if high == u64::MAX {
+            low
+        } else {
+            low + (high - low) / 2
+        }
+    };
+    let values: Vec<(u64, u64)> = c
+        .latency
+        .iter()
+        .enumerate()
+        .filter(|(_, n)| **n > 0)
+        .map(|(slot, &n)| (mid(slot).min(c.max_ns), n))
+        .collect();
+    let total: u64 = values.iter().map(|(_, n)| n).sum();
+    let at = |q: f64| {
+        let rank = ((q * total as f64).ceil() as u64).max(1);
+        let mut seen = 0;
+        for &(v, n) in &values {
+            seen += n;
+            if seen >= rank {
+                return v;
+            }
+        }
+        c.max_ns
+    };
+    let latency = if total == 0 {
+        Latency::default()
+    } else {
+        Latency {
+            p50: at(0.50),
+            p90: at(0.90),
+            p99: at(0.99),
+            max: c.max_ns,
+        }
+    };
+    (latency, values)
+}
+
+#[cfg(test)]
+mod tests {
+    use memlock_trace_common::syscalls::latency_slot;
+
+    use super::*;
+
+    fn key(tgid: u32, start_ns: u64, syscall: Syscall, errno: u32) -> SyscallKey {
+        SyscallKey {
+            tgid,
+            nr: syscall.nr(),
+            start_ns,
+            errno,
+            _pad: 0,
+        }
+    }
+
+    fn counts(calls: u64, ns: u64) -> KeyCounts {
+        let mut latency = [0; LATENCY_SLOTS];
+        latency[latency_slot(ns)] = calls;
+        KeyCounts {
+            calls,
+            pages_populated: 4 * calls,
+            pages_locked: 4 * calls,
+            pages_unlocked: 0,
+            max_ns: ns,
+            latency,
+        }
+    }
+
+    #[test]
+    fn kernel_counts_win_and_events_fill_in_names_and_failures() {
+        let mut kernel = SyscallReport::default();
+        kernel
+            .counts
+            .insert(key(7, 100, Syscall::Mlock, 0), counts(98, 3_000));
+        kernel
+            .counts
+            .insert(key(7, 100, Syscall::Mlock, 12), counts(2, 500));
+        // Same pid, a later process: apart.
+        kernel
+            .counts
+            .insert(key(7, 900, Syscall::Munlock, 0), counts(1, 1_000));
+        let merged = merge(Vec::new(), &kernel, |k| {
+            Some(if k.start_ns == 100 { "first" } else { "second" }.into())
+        });
+        assert_eq!(merged.len(), 2);
+        let mlock = &merged[0].syscalls["mlock"];
+        assert_eq!((merged[0].comm.to_str(), mlock.count), (Some("first"), 100));
+        assert_eq!(mlock.errors["ENOMEM"], 2);
+        assert_eq!(mlock.pages_populated, 400);
+        // 98 of 100 in the 2048..4096 ns slot, the maximum exact.
+        assert!(
+            (2048..4096).contains(&mlock.latency_ns.p50),
+            "{:?}",
+            mlock.latency_ns
+        );
+        assert_eq!(mlock.latency_ns.max, 3_000);
+        assert_eq!(merged[1].syscalls["munlock"].count, 1);
+        assert_eq!(merged[1].comm, "second");
+    }
+
+    #[test]
+    fn an_interval_is_the_growth() {
+        let mut before = SyscallReport::default();
+        before
+            .counts
+            .insert(key(7, 1, Syscall::Mlock, 0), counts(10, 3_000));
+        let mut now = SyscallReport::default();
+        now.counts
+            .insert(key(7, 1, Syscall::Mlock, 0), counts(25, 3_000));
+        now.counts
+            .insert(key(8, 1, Syscall::Mlock, 0), counts(1, 3_000));
+        let d = now.since(&before);
+        assert_eq!(d.counts[&key(7, 1, Syscall::Mlock, 0)].calls, 15);
+        assert_eq!(
+            d.counts[&key(7, 1, Syscall::Mlock, 0)]
+                .latency
+                .iter()
+                .sum::<u64>(),
+            15
+        );
+        assert_eq!(d.counts[&key(8, 1, Syscall::Mlock, 0)].calls, 1);
+    }
+}
