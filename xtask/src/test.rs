@@ -133,10 +133,11 @@ const HOST_ONLY: [(&str, &str); 4] = [
 /// Test binaries that run Debian's programs, and the package of each: installed when missing
 /// (like qemu) before any stage runs them, since a guest's initramfs carries the programs
 /// the host has (python3 with its standard library, memcached: see `vm::programs`).
-const PROGRAM_TESTS: [(&str, &str); 3] = [
+const PROGRAM_TESTS: [(&str, &str); 4] = [
     ("memlock-trace/test:prometheus_server", "prometheus"),
     ("memlock-trace/test:memcached", "memcached"),
     ("memlock-trace/test:third_party", "python3"),
+    ("memlock-trace/test:mappings", "python3"),
 ];
 
 /// The package of each test binary in [`PROGRAM_TESTS`] among `binaries`.

@@ -207,6 +207,24 @@ pub fn attach(cx: &mut AttachContext<'_>, options: &FaultOptions) -> Result<Faul
         };
         match attached {
             Ok(mut hooks) => {
+                let by_page = set == HookSet::Tracepoint
+                    && (counting(options, specific_targets, &kernel) || options.samples_latency());
+                hooks.push(match set {
+                    HookSet::Tracepoint if by_page => {
+                        "faults counted by page, their mappings named from smaps (no \
+                         program per fault completion)"
+                            .into()
+                    }
+                    HookSet::Tracepoint if find_vma => {
+                        "each fault's VMA looked up with bpf_find_vma at its completion".into()
+                    }
+                    HookSet::Tracepoint => {
+                        "each fault's VMA looked up by a walk of mm->mm_rb at its completion \
+                         (no bpf_find_vma, 5.17)"
+                            .into()
+                    }
+                    _ => format!("each fault's VMA from {FAULT_FUNCTION}'s argument"),
+                });
                 hooks.extend(attach_populate(ebpf, set, find_vma)?);
                 hooks.push(attach_mappings_changed(ebpf)?);
                 hooks.push(attach_signal(ebpf)?);
