@@ -14,6 +14,7 @@ pub mod names {
     pub const FAULT_STATS: &str = "FAULT_STATS";
     pub const FAULT_HIST: &str = "FAULT_HIST";
     pub const FAULT_REGIONS: &str = "FAULT_REGIONS";
+    pub const FAULT_MAPPINGS: &str = "FAULT_MAPPINGS";
     pub const FAULT_ENTRY: &str = "FAULT_ENTRY";
     pub const FAULT_COUNTERS: &str = "FAULT_COUNTERS";
     pub const POPULATE_INFLIGHT: &str = "POPULATE_INFLIGHT";
@@ -34,6 +35,8 @@ pub const FAULT_EVENTS_BYTE_SIZE: u32 = 4 << 20;
 pub const MAX_FAULT_KEYS: u32 = 8192;
 pub const MAX_FAULT_HISTS: u32 = 8192;
 pub const MAX_FAULT_REGIONS: u32 = 65536;
+/// VMAs whose identity the fault hooks recorded (LRU, keyed like [`RegionKey`]).
+pub const MAX_FAULT_MAPPINGS: u32 = 16384;
 /// Threads with a fault or a populating call in progress (LRU: exited threads age out).
 pub const MAX_FAULT_THREADS: u32 = 65536;
 
@@ -305,10 +308,22 @@ pub fn bucket_range(bucket: usize) -> (u64, u64) {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct RegionKey {
     pub tgid: u32,
-    /// Non-zero: `start` is the faulting VMA's `vm_start` (fentry/kprobe hooks); zero: the
-    /// page of the first fault of a run of faults within `1 << region_shift` bytes.
+    /// One of [`region_kind`]: what `start` is.
     pub exact: u32,
     pub start: u64,
+}
+
+/// [`RegionKey::exact`].
+pub mod region_kind {
+    /// `start` is the page of the first fault of a run of faults within
+    /// `1 << region_shift` bytes: no VMA was found (tracepoint hooks, lookup failed).
+    pub const PAGE: u32 = 0;
+    /// `start` is the faulting VMA's `vm_start`, its identity in `FAULT_MAPPINGS`.
+    pub const VMA: u32 = 1;
+    /// Pages a populating call faulted in across VMAs the tracepoint hooks cannot tell
+    /// apart (`mlockall`, an `mlock` over several VMAs): `start` is the call's
+    /// [`populate`](super::populate) index.
+    pub const CALL: u32 = 2;
 }
 
 /// Slots of the per-CPU region table `FAULT_REGION_SLOTS` (the most; the loader may use
@@ -428,8 +443,10 @@ pub struct PopulateCall {
     /// already counted as `USER_*`, so subtracted from the delta.
     pub exception_min: u64,
     pub exception_maj: u64,
-    /// The range's start (first argument), for attributing the pages to a mapping.
+    /// The range's start and length (first two arguments), for attributing the pages to a
+    /// mapping.
     pub address: u64,
+    pub len: u64,
 }
 
 /// Bits of [`FaultEvent::flags`].

@@ -8,6 +8,7 @@
 
 pub mod diag;
 pub mod faults;
+pub mod mapping;
 pub mod process;
 pub mod stacks;
 pub mod syscalls;
@@ -197,6 +198,9 @@ pub struct SyscallEvent {
     /// [`lock_context`] bits: which of the figures above were read, and `CAP_IPC_LOCK`.
     pub lock_context: u32,
     pub _pad: u32,
+    /// `mlock`, `mlock2`, `munlock`: the first address of the page-aligned range no VMA held
+    /// at entry; valid with [`lock_context::RANGE_UNMAPPED`].
+    pub first_unmapped: u64,
 }
 
 /// Bits of [`SyscallEvent::lock_context`]: what the kernel checks an mlock against, read at
@@ -209,6 +213,11 @@ pub mod lock_context {
     pub const CAP_KNOWN: u32 = 4;
     /// It did (valid with [`CAP_KNOWN`]).
     pub const CAP_IPC_LOCK: u32 = 8;
+    /// The range of `mlock`, `mlock2`, `munlock` was looked up at entry, VMA by VMA: either
+    /// every page was mapped, or [`RANGE_UNMAPPED`] is set.
+    pub const RANGE_CHECKED: u32 = 16;
+    /// A page of the range was not mapped at entry: `first_unmapped` is the first.
+    pub const RANGE_UNMAPPED: u32 = 32;
     /// `RLIMIT_MEMLOCK` (include/uapi/asm-generic/resource.h), the index into
     /// `signal_struct.rlim`.
     pub const RLIMIT_MEMLOCK: u32 = 8;
@@ -241,6 +250,8 @@ mod pod {
     unsafe impl aya::Pod for super::faults::FaultEntry {}
     unsafe impl aya::Pod for super::faults::FaultEvent {}
     unsafe impl aya::Pod for super::faults::StackKey {}
+    unsafe impl aya::Pod for super::mapping::MappingConfig {}
+    unsafe impl aya::Pod for super::mapping::MappingInfo {}
 }
 
 #[cfg(test)]
@@ -252,7 +263,7 @@ mod tests {
         // The ring buffer hands out 8-byte aligned slots; the loader reads it as `Pod`.
         assert_eq!(core::mem::size_of::<SyscallEvent>() % 8, 0);
         assert_eq!(core::mem::align_of::<SyscallEvent>(), 8);
-        assert_eq!(core::mem::size_of::<SyscallEvent>(), 152);
+        assert_eq!(core::mem::size_of::<SyscallEvent>(), 160);
     }
 
     #[test]

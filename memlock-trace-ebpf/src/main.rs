@@ -8,6 +8,7 @@ mod bench;
 mod capabilities;
 mod diag;
 mod faults;
+mod mapping;
 mod process;
 mod shared;
 mod stacks;

@@ -24,6 +24,8 @@ use memlock_trace_common::{
 
 use aya_log_ebpf::warn;
 
+mod range;
+
 use crate::shared::{
     COUNTERS, EVENTS, Prog, TaskCounters, add, current_ids, current_task, is_target, now_ns,
     offsets, read_field, read_optional, syscall_arg, syscall_nr, syscall_ret, task_counters,
@@ -311,6 +313,7 @@ fn exit(ctx: &TracePointContext) -> bool {
     let entry = unsafe { *entry };
     let _ = INFLIGHT.remove(tid);
     let now = now_ns();
+    let range = range::take(tid);
     let after = task_counters(EXIT_PROG);
     let ret = syscall_ret(ctx).unwrap_or(0);
     let min_flt = after.min_flt.wrapping_sub(entry.before.min_flt);
@@ -382,8 +385,9 @@ fn exit(ctx: &TracePointContext) -> bool {
         process_start_ns: start_ns,
         rlimit_memlock: entry.limits.rlimit_memlock,
         total_vm_before: entry.limits.total_vm,
-        lock_context: entry.limits.flags,
+        lock_context: entry.limits.flags | range.flags,
         _pad: 0,
+        first_unmapped: range.first_unmapped,
     });
     slot.submit(crate::shared::submit_flags());
     true

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use anyhow::{Context as _, Result, anyhow, bail};
 use btf_rs::{Btf, Type};
-use memlock_trace_common::{KernelOffsets, lock_context};
+use memlock_trace_common::{KernelOffsets, lock_context, mapping::MappingConfig};
 
 pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
 
@@ -212,6 +212,57 @@ impl KernelBtf {
     }
 }
 
+impl KernelBtf {
+    /// Whether the kernel has `bpf_find_vma` (5.17): else VMA lookups walk the rbtree.
+    pub fn has_find_vma(&self) -> bool {
+        self.has_enum_member("bpf_func_id", "BPF_FUNC_find_vma")
+    }
+
+    /// The offsets the in-kernel VMA lookups read (`memlock_trace_common::mapping`); an
+    /// error names the first field this kernel lacks.
+    pub fn mapping_config(&self) -> Result<MappingConfig> {
+        let f = |name: &str, field: &str| self.field_offset(name, field);
+        let vma = |field: &str| f("vm_area_struct", field);
+        let mm = |field: &str| f("mm_struct", field);
+        let mut config = MappingConfig {
+            valid: 1,
+            task_mm: f("task_struct", "mm")?,
+            vma_start: vma("vm_start")?,
+            vma_end: vma("vm_end")?,
+            vma_flags: vma("vm_flags")?,
+            vma_pgoff: vma("vm_pgoff")?,
+            vma_file: vma("vm_file")?,
+            vma_mm: vma("vm_mm")?,
+            vma_ops: vma("vm_ops")?,
+            vma_private_data: vma("vm_private_data")?,
+            file_dentry: f("file", "f_path")? + f("path", "dentry")?,
+            file_inode: f("file", "f_inode")?,
+            dentry_name: f("dentry", "d_name")? + f("qstr", "name")?,
+            inode_ino: f("inode", "i_ino")?,
+            inode_sb: f("inode", "i_sb")?,
+            sb_dev: f("super_block", "s_dev")?,
+            mm_start_brk: mm("start_brk")?,
+            mm_brk: mm("brk")?,
+            mm_start_stack: mm("start_stack")?,
+            ..MappingConfig::ZERO
+        };
+        // Before 6.1 the VMAs are an rbtree: what the lookups walk without `bpf_find_vma`.
+        if let (Ok(mm_rb), Ok(vma_rb), Ok(rb_left), Ok(rb_right)) = (
+            mm("mm_rb"),
+            vma("vm_rb"),
+            f("rb_node", "rb_left"),
+            f("rb_node", "rb_right"),
+        ) {
+            config.rb_valid = 1;
+            config.mm_rb = mm_rb;
+            config.vma_rb = vma_rb;
+            config.rb_left = rb_left;
+            config.rb_right = rb_right;
+        }
+        Ok(config)
+    }
+}
+
 /// A kernel function's parameters (name, shape) and return type, from BTF.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Signature {
@@ -255,5 +306,16 @@ mod tests {
             "rlim[RLIMIT_MEMLOCK].rlim_cur"
         );
         assert!(btf.field_offset("task_struct", "no_such_field").is_err());
+    }
+
+    #[test]
+    fn mapping_offsets_resolve_from_running_kernel() {
+        let btf = KernelBtf::load().expect("kernel BTF");
+        let c = btf.mapping_config().expect("mapping offsets");
+        // vm_start and vm_end are adjacent `unsigned long`s in every kernel.
+        assert_eq!(c.vma_end, c.vma_start + 8, "{c:?}");
+        assert_eq!(c.mm_brk, c.mm_start_brk + 8, "{c:?}");
+        // Before 6.1 the rbtree, from 5.17 bpf_find_vma: every kernel has one of the two.
+        assert!(c.rb_valid == 1 || btf.has_find_vma(), "{c:?}");
     }
 }

@@ -10,7 +10,9 @@ use aya::{
     maps::{HashMap, MapData, PerCpuArray, RingBuf},
 };
 use memlock_trace_common::{
-    Config, counter, filter, names,
+    Config, counter, filter,
+    mapping::{MAPPING_CONFIG, MappingConfig},
+    names,
     process::{ProcessKey, names::PROCESS_CONFIG},
     vma::{VMA_CONFIG, VmaConfig},
 };
@@ -130,6 +132,9 @@ impl Tracer {
             ));
         }
         let vma_global = vma_config.as_ref().copied().unwrap_or(VmaConfig::ZERO);
+        // Without them the in-kernel VMA lookups find nothing: faults fall back to pages
+        // named from smaps, and a failed mlock's range goes unchecked (and says so).
+        let mapping_config = btf.mapping_config().unwrap_or(MappingConfig::ZERO);
         let filters = &options.filters;
         let process_config = filters.process_config(&btf)?;
         let fault_options = &options.faults;
@@ -137,6 +142,7 @@ impl Tracer {
         let mut ebpf = object::load(&config, |loader| {
             loader
                 .override_global(VMA_CONFIG, &vma_global, true)
+                .override_global(MAPPING_CONFIG, &mapping_config, true)
                 .override_global(PROCESS_CONFIG, &process_config, true);
             if let Some(max) = filters.max_targets {
                 loader.map_max_entries(names::TARGET_TGIDS, max);

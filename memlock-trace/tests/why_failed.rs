@@ -85,10 +85,12 @@ fn an_enomem_names_the_limit_the_locked_bytes_and_the_request() {
 fn the_text_line_and_summary_say_why() {
     require_privileges();
     let out = memlock_limit_64k(false);
-    let want = ", 131072) = -1 ENOMEM: RLIMIT_MEMLOCK 64 KiB, 32 KiB locked, asked 128 KiB, no CAP_IPC_LOCK  ";
+    let want = ", 131072) = -1 ENOMEM: over the limit: RLIMIT_MEMLOCK 64 KiB, 32 KiB locked, asked 128 KiB, no CAP_IPC_LOCK  ";
     assert!(out.contains(want), "no {want:?} in:\n{out}");
     assert!(
-        out.contains("  mlock EPERM (last): RLIMIT_MEMLOCK 0 B, "),
+        out.contains(
+            "  mlock EPERM (last): a limit of 0 without CAP_IPC_LOCK: RLIMIT_MEMLOCK 0 B, "
+        ),
         "summary:\n{out}"
     );
     // A successful call's line stays short.

@@ -107,7 +107,7 @@ const LIBTEST_ARGS: [&str; 1] = ["--test-threads=1"];
 /// kernel-independent behaviour belongs here (CLI parsing, output shape, JSON schema,
 /// errors decided in user space); the figures behind such output are checked on every
 /// kernel by the binaries named in each reason. Every other binary runs on every kernel.
-const HOST_ONLY: [(&str, &str); 6] = [
+const HOST_ONLY: &[(&str, &str)] = &[
     (
         "memlock-trace/test:prometheus_server",
         "host only: runs Debian's prometheus server, which the guest's initramfs does not carry \
@@ -145,20 +145,21 @@ const HOST_ONLY: [(&str, &str); 6] = [
 /// Test binaries that run Debian's programs, and the package of each: installed when missing
 /// (like qemu) before any stage runs them, since a guest's initramfs carries the programs
 /// the host has (python3 with its standard library, memcached: see `vm::programs`).
-const PROGRAM_TESTS: [(&str, &str); 6] = [
+const PROGRAM_TESTS: &[(&str, &str)] = &[
     ("memlock-trace/test:prometheus_server", "prometheus"),
     ("memlock-trace/test:hostile_names", "gcc"),
     ("memlock-trace/test:hostile_names", "binutils"),
     ("memlock-trace/test:run_as_user", "libcap2-bin"),
     ("memlock-trace/test:memcached", "memcached"),
     ("memlock-trace/test:third_party", "python3"),
+    ("memlock-trace/test:mappings", "python3"),
 ];
 
 /// The package of each test binary in [`PROGRAM_TESTS`] among `binaries`.
 fn packages_for<'a>(binaries: impl IntoIterator<Item = &'a TestBinary>) -> Vec<&'static str> {
     let mut packages = Vec::new();
     for binary in binaries {
-        for (name, package) in PROGRAM_TESTS {
+        for (name, package) in PROGRAM_TESTS.iter().copied() {
             if binary.name == name && !packages.contains(&package) {
                 packages.push(package);
             }
@@ -534,10 +535,7 @@ mod tests {
     /// in PROGRAM_TESTS would leave its package uninstalled and its program out of the guest.
     #[test]
     fn host_only_and_program_test_names_are_test_binaries() {
-        let names = HOST_ONLY
-            .iter()
-            .chain(&PROGRAM_TESTS)
-            .map(|(name, _)| *name);
+        let names = HOST_ONLY.iter().chain(PROGRAM_TESTS).map(|(name, _)| *name);
         for name in names {
             let target = name
                 .strip_prefix("memlock-trace/test:")
@@ -545,7 +543,7 @@ mod tests {
             let file = workspace_root().join(format!("memlock-trace/tests/{target}.rs"));
             assert!(file.is_file(), "{name}: no {}", file.display());
         }
-        for (_, reason) in HOST_ONLY {
+        for (_, reason) in HOST_ONLY.iter().copied() {
             assert!(reason.starts_with("host only: "), "{reason}");
         }
     }

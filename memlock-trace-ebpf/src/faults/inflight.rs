@@ -17,7 +17,11 @@ use memlock_trace_common::{
 
 use super::{
     FAILED_SIGNALLED, Fault, NO_LATENCY, NO_SYSCALL, NOT_TIMED, TIMED_ONLY, account,
-    populate::POPULATE_INFLIGHT, record_stack, regions::count_region, sole_tgid,
+    mappings::{note_vma, resolve},
+    populate::POPULATE_INFLIGHT,
+    record_stack,
+    regions::count_region,
+    sole_tgid,
 };
 use crate::shared::{current_ids, is_target, now_ns, read_kernel, this_cpu};
 
@@ -187,18 +191,38 @@ pub(super) fn perf_completion<const ACROSS_CPUS: bool>(ctx: &PerfEventContext, m
     } else {
         class::USER_MINOR
     };
+    let timed_only = config!(counted_by_perf) != 0;
+    // The fault's VMA, looked up now for the region it is counted in (not for a sampled
+    // completion, whose region the start counted). A start found says the task is traced;
+    // else the same test as `stats_for`'s, so no other process pays for a lookup.
+    let traced = latency.is_some() || {
+        let sole = sole_tgid();
+        if sole != 0 {
+            tgid == sole
+        } else {
+            is_target(tgid)
+        }
+    };
+    let vma = if traced && !timed_only {
+        // The `_local` programs run on kernels before 5.19, whose VMAs are still in an
+        // rbtree (maple tree: 6.1); the others have `bpf_find_vma` (5.17).
+        if ACROSS_CPUS {
+            resolve::<false>(tgid, address)
+        } else {
+            resolve::<true>(tgid, address)
+        }
+    } else {
+        None
+    };
+    let (region, vm_flags) = vma.unwrap_or((address & PAGE_MASK, 0));
     let counted = account(Fault {
         tgid,
         tid,
-        cls: if config!(counted_by_perf) != 0 {
-            cls | TIMED_ONLY
-        } else {
-            cls
-        },
+        cls: if timed_only { cls | TIMED_ONLY } else { cls },
         latency: latency.unwrap_or(NO_LATENCY),
         address,
-        region: address & PAGE_MASK,
-        vm_flags: 0,
+        region,
+        vm_flags,
         syscall: NO_SYSCALL,
         retried: false,
         known_target: latency.is_some(),
@@ -386,6 +410,7 @@ fn start(tgid: u32, tid: u32, vma: u64, address: u64, flags: u32, no_regs: u32) 
         // and the VMA may be gone.
         e.vm_flags = read_kernel(vma, config!(vma_vm_flags));
         e.vm_start = read_kernel(vma, config!(vma_vm_start));
+        note_vma(tgid, vma, e.vm_start, e.vm_flags);
         return;
     }
     if !is_target(tgid) {
@@ -408,6 +433,7 @@ fn start(tgid: u32, tid: u32, vma: u64, address: u64, flags: u32, no_regs: u32) 
         retried: 0,
         untimed_left,
     };
+    note_vma(tgid, vma, entry.vm_start, entry.vm_flags);
     if FAULT_ENTRY.insert(tid, entry, u64::from(BPF_ANY)).is_err() {
         super::update_failed("FAULT_ENTRY");
     }

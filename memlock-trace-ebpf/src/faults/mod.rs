@@ -17,6 +17,8 @@
 //! - [`hooks`]: the programs each hook set attaches, thin;
 //! - [`inflight`]: a fault between its start and its completion, for each hook set;
 //! - [`regions`]: where faults are counted by region (the per-CPU region table);
+//! - [`mappings`]: the faulting VMA, looked up at the fault (tracepoint set) or handed to
+//!   the hook, and its identity recorded for user space;
 //! - [`populate`]: the populating system calls, and failed faults seen as signals.
 
 use aya_ebpf::{
@@ -53,6 +55,7 @@ macro_rules! config {
 
 mod hooks;
 mod inflight;
+mod mappings;
 mod populate;
 mod regions;
 

@@ -11,12 +11,13 @@ use aya_ebpf::{
 };
 use memlock_trace_common::{
     PAGE_MASK,
-    faults::{MAX_FAULT_THREADS, PopulateCall, SLOTS, fault_flags, populate, stat},
+    faults::{MAX_FAULT_THREADS, PopulateCall, SLOTS, fault_flags, populate, region_kind, stat},
 };
 
 use super::{
     FAULT_CONFIG, NO_LATENCY, NO_SYSCALL, emit, record_stack, regions::flush_region, stats_for,
 };
+use crate::mapping;
 use crate::shared::{
     current_ids, is_target, now_ns, syscall_arg, syscall_nr, syscall_ret, task_faults, tp_field,
 };
@@ -99,6 +100,8 @@ pub fn populate_enter(ctx: TracePointContext) -> u32 {
             break;
         }
     }
+    // The call may map, unmap or split VMAs: the fault hooks look them up afresh.
+    super::mappings::changed();
     let (min_flt, maj_flt) = task_faults();
     let call = PopulateCall {
         index,
@@ -109,6 +112,7 @@ pub fn populate_enter(ctx: TracePointContext) -> u32 {
         exception_min: 0,
         exception_maj: 0,
         address: syscall_arg(&ctx, 0),
+        len: syscall_arg(&ctx, 1),
     };
     if POPULATE_INFLIGHT
         .insert(tid, call, u64::from(BPF_ANY))
@@ -120,16 +124,32 @@ pub fn populate_enter(ctx: TracePointContext) -> u32 {
 }
 
 /// `sys_exit_` with the tracepoint hook set: the task's fault-counter growth during the call,
-/// less the faults the perf events already counted, is what the call populated.
+/// less the faults the perf events already counted, is what the call populated; charged to
+/// the VMA the call populated, found with `bpf_find_vma`.
 #[tracepoint]
 pub fn populate_exit_counted(ctx: TracePointContext) -> u32 {
+    exit_counted::<false>(&ctx);
+    0
+}
+
+/// [`populate_exit_counted`] on kernels without `bpf_find_vma` (before 5.17): the VMA is
+/// found by a walk of the VMA rbtree.
+#[tracepoint]
+pub fn populate_exit_counted_rb(ctx: TracePointContext) -> u32 {
+    exit_counted::<true>(&ctx);
+    0
+}
+
+#[inline(always)]
+fn exit_counted<const RB: bool>(ctx: &TracePointContext) {
     let (tgid, tid) = current_ids();
     let Some(call) = POPULATE_INFLIGHT.get_ptr(tid) else {
-        return 0;
+        return;
     };
     // SAFETY: a valid pointer to this thread's own entry, copied out before it is removed.
     let call = unsafe { *call };
     let _ = POPULATE_INFLIGHT.remove(tid);
+    super::mappings::changed();
     let (min_flt, maj_flt) = task_faults();
     let minor = min_flt
         .wrapping_sub(call.min_flt)
@@ -138,10 +158,10 @@ pub fn populate_exit_counted(ctx: TracePointContext) -> u32 {
         .wrapping_sub(call.maj_flt)
         .saturating_sub(call.exception_maj);
     if minor == 0 && major == 0 {
-        return 0;
+        return;
     }
     let Some(stats) = stats_for(tgid, tid, true) else {
-        return 0;
+        return;
     };
     // SAFETY: as in `fault_signal`.
     let s = unsafe { &mut *stats };
@@ -150,23 +170,10 @@ pub fn populate_exit_counted(ctx: TracePointContext) -> u32 {
     s.populated_by[call.index as usize & (SLOTS - 1)] += minor + major;
     if config!(stacks) != 0 {
         // The call site of the system call that populated them.
-        record_stack(&ctx, tgid, tid, minor + major);
+        record_stack(ctx, tgid, tid, minor + major);
     }
-    // Where: mmap and mremap return the mapping; the others take it as first argument.
-    let ret = syscall_ret(&ctx).unwrap_or(-1);
-    let address = if call.index == populate::MMAP as u32 || call.index == populate::MREMAP as u32 {
-        if ret > 0 { ret as u64 } else { 0 }
-    } else if call.index == populate::MLOCKALL as u32
-        || call.index == populate::BRK as u32
-        || call.index >= populate::EXECVE as u32
-    {
-        0
-    } else {
-        call.address
-    };
-    if address != 0 {
-        flush_region(tgid, address & PAGE_MASK, minor + major, 0);
-    }
+    let ret = syscall_ret(ctx).unwrap_or(-1);
+    let address = charge::<RB>(tgid, &call, ret, minor + major);
     if config!(events) != 0 {
         let flags = fault_flags::POPULATED | if minor == 0 { fault_flags::MAJOR } else { 0 };
         emit(
@@ -180,6 +187,34 @@ pub fn populate_exit_counted(ctx: TracePointContext) -> u32 {
             call.index,
         );
     }
+}
+
+/// Charges a call's populated pages to the VMA they went into: mmap and mremap return the
+/// mapping, brk the heap's new end, execve copied its arguments into the new stack, the
+/// others take the range as their first two arguments. Pages of a call that spans VMAs
+/// (`mlockall`, an `mlock` over several) go to the call itself: without a hook per fault
+/// nothing tells them apart. Returns the address charged (0 for the call).
+#[inline(always)]
+fn charge<const RB: bool>(tgid: u32, call: &PopulateCall, ret: i64, pages: u64) -> u64 {
+    let index = call.index as usize;
+    let (address, len) = match index {
+        populate::MMAP | populate::MREMAP if ret > 0 => (ret as u64, 1),
+        populate::BRK if ret > 0 => (ret as u64 - 1, 1),
+        populate::EXECVE | populate::EXECVEAT => (mapping::current_mm_start_stack(), 1),
+        populate::MLOCKALL => (0, 0),
+        _ => (call.address, call.len),
+    };
+    let address = address & PAGE_MASK;
+    if address != 0
+        && let Some(found) = mapping::find::<RB>(address, false)
+        && found.end >= address.saturating_add(len)
+    {
+        flush_region(tgid, region_kind::VMA, found.start, pages, found.flags);
+        // Named like the faults' VMAs (those were likely met already; if not, this records it).
+        super::mappings::resolve::<RB>(tgid, address);
+        return address;
+    }
+    flush_region(tgid, region_kind::CALL, index as u64, pages, 0);
     0
 }
 
@@ -188,6 +223,8 @@ pub fn populate_exit_counted(ctx: TracePointContext) -> u32 {
 #[tracepoint]
 pub fn populate_exit(_ctx: TracePointContext) -> u32 {
     let (_, tid) = current_ids();
-    let _ = POPULATE_INFLIGHT.remove(tid);
+    if POPULATE_INFLIGHT.remove(tid).is_ok() {
+        super::mappings::changed();
+    }
     0
 }

@@ -100,6 +100,7 @@ fn stash_run(key: RegionKey, value: RegionValue) {
     if slot.value.faults != 0 {
         flush_region(
             slot.key.tgid,
+            slot.key.exact,
             slot.key.start,
             slot.value.faults,
             slot.value.vm_flags,
@@ -109,11 +110,13 @@ fn stash_run(key: RegionKey, value: RegionValue) {
     slot.value = value;
 }
 
+/// Adds `faults` to a region (`kind`: one of
+/// [`memlock_trace_common::faults::region_kind`]) in `FAULT_REGIONS`.
 #[inline(always)]
-pub(super) fn flush_region(tgid: u32, start: u64, faults: u64, vm_flags: u64) {
+pub(super) fn flush_region(tgid: u32, kind: u32, start: u64, faults: u64, vm_flags: u64) {
     let key = RegionKey {
         tgid,
-        exact: u32::from(vm_flags != 0),
+        exact: kind,
         start,
     };
     for _ in 0..2 {

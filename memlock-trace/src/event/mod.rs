@@ -137,6 +137,7 @@ mod tests {
             total_vm_before: 100,
             lock_context: memlock_trace_common::lock_context::RLIMIT_KNOWN,
             _pad: 0,
+            first_unmapped: 0x9000,
         }
     }
 

@@ -167,6 +167,16 @@ const CLOCK_PROGRAMS: [&str; 4] = [
 ];
 const POPULATE_ENTER: &str = "populate_enter";
 const POPULATE_EXIT_COUNTED: &str = "populate_exit_counted";
+const POPULATE_EXIT_COUNTED_RB: &str = "populate_exit_counted_rb";
+const MAPPINGS_CHANGED: &str = "fault_mappings_changed";
+/// Calls that change mappings without populating (the populating ones are hooked anyway):
+/// the fault hooks' cache of VMAs is dropped at them.
+const MAPPINGS_CHANGED_AT: [&str; 4] = [
+    "sys_enter_munmap",
+    "sys_exit_munmap",
+    "sys_exit_munlock",
+    "sys_exit_munlockall",
+];
 const POPULATE_EXIT: &str = "populate_exit";
 const FAULT_SIGNAL: &str = "fault_signal";
 const FAULT_FUNCTION: &str = "handle_mm_fault";
@@ -177,6 +187,7 @@ pub fn attach(cx: &mut AttachContext<'_>, options: &FaultOptions) -> Result<Faul
     let specific_targets = cx.specific_targets;
     let has_fault_function = cx.btf.has_function(FAULT_FUNCTION);
     let kernel = KernelSupport::of(cx.btf);
+    let find_vma = cx.btf.has_find_vma();
     let (ebpf, aya_btf) = cx.ebpf_and_btf()?;
     let candidates: &[HookSet] = match options.hooks {
         HookChoice::Off => bail!("--fault-hooks off: the fault family is not attached"),
@@ -196,7 +207,26 @@ pub fn attach(cx: &mut AttachContext<'_>, options: &FaultOptions) -> Result<Faul
         };
         match attached {
             Ok(mut hooks) => {
-                hooks.extend(attach_populate(ebpf, set)?);
+                let by_page = set == HookSet::Tracepoint
+                    && (counting(options, specific_targets, &kernel) || options.samples_latency());
+                hooks.push(match set {
+                    HookSet::Tracepoint if by_page => {
+                        "faults counted by page, their mappings named from smaps (no \
+                         program per fault completion)"
+                            .into()
+                    }
+                    HookSet::Tracepoint if find_vma => {
+                        "each fault's VMA looked up with bpf_find_vma at its completion".into()
+                    }
+                    HookSet::Tracepoint => {
+                        "each fault's VMA looked up by a walk of mm->mm_rb at its completion \
+                         (no bpf_find_vma, 5.17)"
+                            .into()
+                    }
+                    _ => format!("each fault's VMA from {FAULT_FUNCTION}'s argument"),
+                });
+                hooks.extend(attach_populate(ebpf, set, find_vma)?);
+                hooks.push(attach_mappings_changed(ebpf)?);
                 hooks.push(attach_signal(ebpf)?);
                 let mut unobserved = Vec::new();
                 if set == HookSet::Tracepoint {
@@ -458,13 +488,32 @@ fn attach_fault_entry(
     Ok(hooks)
 }
 
+/// Where the fault hooks' cache of VMAs is dropped, besides the populating calls.
+fn attach_mappings_changed(ebpf: &mut Ebpf) -> Result<String> {
+    let program: &mut TracePoint = program(ebpf, MAPPINGS_CHANGED)?.try_into()?;
+    program
+        .load()
+        .map_err(|e| hook_refused(MAPPINGS_CHANGED, "tracepoint", e))?;
+    for tp in MAPPINGS_CHANGED_AT {
+        program
+            .attach("syscalls", tp)
+            .map_err(|e| hook_refused(tp, "tracepoint", e))?;
+    }
+    Ok(format!(
+        "tracepoints syscalls:{{{}}} (VMAs looked up afresh)",
+        MAPPINGS_CHANGED_AT.join(",")
+    ))
+}
+
 /// The populating calls' enter/exit tracepoints: with the tracepoint set they count the
-/// pages populated; with the others they only name the call a populated fault happened in.
-fn attach_populate(ebpf: &mut Ebpf, set: HookSet) -> Result<Vec<String>> {
-    let exit_program = if set == HookSet::Tracepoint {
-        POPULATE_EXIT_COUNTED
-    } else {
-        POPULATE_EXIT
+/// pages populated and charge them to the VMA they went into (found with `bpf_find_vma`,
+/// or before 5.17 by the rbtree walk); with the others they only name the call a populated
+/// fault happened in.
+fn attach_populate(ebpf: &mut Ebpf, set: HookSet, find_vma: bool) -> Result<Vec<String>> {
+    let exit_program = match set {
+        HookSet::Tracepoint if find_vma => POPULATE_EXIT_COUNTED,
+        HookSet::Tracepoint => POPULATE_EXIT_COUNTED_RB,
+        _ => POPULATE_EXIT,
     };
     let mut attached = Vec::new();
     for (index, name) in populate::NAMES.iter().enumerate() {

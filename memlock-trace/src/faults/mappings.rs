@@ -1,11 +1,15 @@
-//! Faults attributed to the process's mappings: the kernel's per-region counts matched
-//! to `/proc/PID/smaps` (or, for an exited process, to the last mappings read and the VMAs
-//! mlock-family calls saw), with neighbouring runs outside every mapping merged into one row.
+//! Faults attributed to the process's mappings. A region the fault hooks keyed by its VMA is
+//! named from what the kernel read at the fault (range, file name, `[heap]`, ...), the path
+//! completed from `/proc/PID/smaps` when the same mapping is still there; a region keyed by
+//! page (no VMA found at the fault) is matched to `/proc/PID/smaps` (or, for an exited
+//! process, to the last mappings read and the VMAs mlock-family calls saw), with
+//! neighbouring runs outside every mapping merged into one row.
 
-use std::collections::HashMap as StdHashMap;
+use std::collections::{BTreeMap, HashMap as StdHashMap};
 
 use memlock_trace_common::{
-    faults::{RegionKey, RegionValue},
+    faults::{RegionKey, RegionValue, populate, region_kind},
+    mapping::{MappingInfo, kind},
     vma::{VM_LOCKED, VM_LOCKONFAULT},
 };
 use serde::Serialize;
@@ -16,10 +20,12 @@ use crate::{output::Outside, procfs::Mapping};
 /// A mapping's share of a process's faults.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct MappingFaults {
-    /// `[heap]`, `[stack]`, a file path, `anonymous`; `unmapped` when no current mapping holds
-    /// the address any more, `unknown` when the process's mappings could not be read (it
-    /// exited before a snapshot) or the address is outside the last ones read before it
-    /// exited. Neighbouring runs outside every mapping are one row, `start` to `end`.
+    /// `[heap]`, `[stack]`, a file path (or, when smaps no longer has it, the file's name),
+    /// `anonymous`; `populated by mlockall` for pages a call populated across VMAs the hooks
+    /// cannot tell apart; `unmapped` when no current mapping holds the address any more,
+    /// `unknown` when the process's mappings could not be read (it exited before a snapshot)
+    /// or the address is outside the last ones read before it exited. Neighbouring runs
+    /// outside every mapping are one row, `start` to `end`.
     pub mapping: Outside,
     pub start: String,
     pub end: String,
@@ -30,19 +36,85 @@ pub struct MappingFaults {
     pub locked: Option<bool>,
     pub lockonfault: Option<bool>,
     pub locked_source: &'static str,
+    /// Who named the mapping: `"fault"` (the kernel, at the fault or populating call),
+    /// `"smaps"`, `"call"` (an mlock-family call's VMA), or `"none"`.
+    pub named_by: &'static str,
+    /// The mapped file's device (`major:minor`) and inode, as the kernel read them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub file: Option<FileIdentity>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct FileIdentity {
+    pub dev: String,
+    pub inode: u64,
+    /// `vm_pgoff`: where in the file the mapping starts, bytes.
+    pub offset: u64,
+}
+
+/// The name `/proc/PID/maps` gives a VMA the kernel identified; the full path from `maps`
+/// when a mapping there starts at the same address with a path ending in the same name.
+fn kernel_name(info: &MappingInfo, maps: Option<&[Mapping]>) -> Outside {
+    let end = info
+        .name
+        .iter()
+        .position(|&b| b == 0)
+        .unwrap_or(info.name.len());
+    let name = &info.name[..end];
+    match info.kind {
+        kind::HEAP => "[heap]".into(),
+        kind::STACK => "[stack]".into(),
+        kind::SPECIAL => name.into(),
+        kind::FILE => maps
+            .into_iter()
+            .flatten()
+            .find(|m| {
+                let path = m.name.as_bytes();
+                let path = path.strip_suffix(b" (deleted)").unwrap_or(path);
+                m.start == info.start
+                    && !name.is_empty()
+                    && (path.rsplit(|&b| b == b'/').next() == Some(name)
+                        || path == internal(name).as_slice())
+            })
+            .map_or_else(|| internal_or(name), |m| m.name.clone()),
+        _ => "anonymous".into(),
+    }
+}
+
+/// The files of the kernel's internal mounts that back shared anonymous memory
+/// (`dev/zero`), System V segments (`SYSV...`) and memfds (`memfd:...`), as
+/// `/proc/PID/maps` prints them: never on a path a user could open.
+fn internal(name: &[u8]) -> Vec<u8> {
+    [b"/", name].concat()
+}
+
+fn internal_or(name: &[u8]) -> Outside {
+    if name == b"dev/zero" || name.starts_with(b"SYSV") || name.starts_with(b"memfd:") {
+        [internal(name).as_slice(), b" (deleted)"].concat().into()
+    } else {
+        name.into()
+    }
+}
+
+/// The kernel's `dev_t` (`major << 20 | minor`) as `/proc/PID/maps` prints it.
+fn dev_name(dev: u32) -> String {
+    format!("{:02x}:{:02x}", dev >> 20, dev & 0xf_ffff)
 }
 
 /// Attributes region counts to the process's mappings and returns the top `top` by faults.
-/// `exited`: `maps` are the last seen before the process exited, so an address outside them
-/// is unknown (mapped after they were read), not unmapped, unless a VMA an mlock-family call
-/// saw since holds it (`noted`, newest last).
+/// `kernel`: the VMAs the fault hooks identified, by start. `exited`: `maps` are the last
+/// seen before the process exited, so an address outside them is unknown (mapped after they
+/// were read), not unmapped, unless a VMA an mlock-family call saw since holds it (`noted`,
+/// newest last).
 pub fn by_mapping(
     regions: &[(RegionKey, RegionValue)],
+    kernel: &BTreeMap<u64, MappingInfo>,
     maps: Option<&[Mapping]>,
     exited: Option<&[Mapping]>,
     top: usize,
 ) -> Vec<MappingFaults> {
     let mut per_mapping: StdHashMap<(u64, u64), MappingFaults> = StdHashMap::new();
+    let mut extents: StdHashMap<(u64, u64), (u64, u64)> = StdHashMap::new();
     // Runs no mapping holds, merged below into spans of neighbouring runs.
     let mut outside: Vec<(u64, u64)> = Vec::new();
     let unattributed = if maps.is_none() || exited.is_some() {
@@ -50,74 +122,140 @@ pub fn by_mapping(
     } else {
         "unmapped"
     };
+    let row = |mapping: Outside, start: String, end: String, named_by| MappingFaults {
+        mapping,
+        start,
+        end,
+        faults: 0,
+        locked: None,
+        lockonfault: None,
+        locked_source: "unknown",
+        named_by,
+        file: None,
+    };
     for (key, value) in regions {
-        // The key is a VMA start or the page of a run's first fault: the mapping that
-        // contains it.
+        if key.exact == region_kind::CALL {
+            let call = populate::NAMES
+                .get(key.start as usize)
+                .copied()
+                .unwrap_or("a call");
+            let name = format!("populated by {call} (VMAs not told apart)");
+            let slot = per_mapping
+                .entry((u64::MAX, key.start))
+                .or_insert_with(|| row(name.into(), String::new(), String::new(), "call"));
+            slot.faults += value.faults;
+            continue;
+        }
+        let exact = key.exact == region_kind::VMA;
         let holds = |m: &&Mapping| m.start <= key.start && key.start < m.end;
-        let found = maps
-            .and_then(|maps| maps.iter().find(holds).map(|m| (m, "smaps")))
-            .or_else(|| {
-                let noted = exited?.iter().rev().find(holds)?;
-                Some((noted, "call"))
-            });
-        let (range, mut entry) = match found {
-            Some((m, source)) => (
-                (m.start, m.end),
-                MappingFaults {
-                    mapping: m.name.clone(),
-                    start: format!("{:#x}", m.start),
-                    end: format!("{:#x}", m.end),
-                    faults: 0,
-                    locked: Some(m.locked),
-                    lockonfault: m.lockonfault,
-                    locked_source: source,
-                },
-            ),
-            None if key.exact == 0 => {
-                outside.push((key.start, value.faults));
-                continue;
-            }
-            None => (
-                (key.start, key.start),
-                MappingFaults {
-                    mapping: unattributed.into(),
-                    start: format!("{:#x}", key.start),
-                    end: String::new(),
-                    faults: 0,
-                    locked: None,
-                    lockonfault: None,
-                    locked_source: "unknown",
-                },
-            ),
+        let identified = if exact {
+            kernel.get(&key.start)
+        } else {
+            // A page no VMA was found for at the fault, inside one found at another.
+            kernel
+                .range(..=key.start)
+                .next_back()
+                .map(|(_, info)| info)
+                .filter(|info| key.start < info.end)
         };
-        if key.exact != 0 {
+        let alive = if exited.is_none() { maps } else { None };
+        let (range, mut entry) = if let Some(info) =
+            identified.filter(|_| exact || alive.is_none_or(|maps| !maps.iter().any(|m| holds(&m))))
+        {
+            // The stack grows down and the heap up: one row each, whatever their extent
+            // when each fault was counted.
+            // An anonymous VMA grows down too, when a new mapping below merges into it.
+            let range = match info.kind {
+                kind::STACK | kind::ANONYMOUS => (0, info.end),
+                kind::HEAP => (info.start, 0),
+                _ => (info.start, info.end),
+            };
+            let mut entry = row(
+                kernel_name(info, maps),
+                format!("{:#x}", info.start),
+                format!("{:#x}", info.end),
+                "fault",
+            );
+            entry.locked = Some(info.flags & VM_LOCKED != 0);
+            entry.lockonfault = Some(info.flags & VM_LOCKONFAULT != 0);
+            entry.locked_source = "vma";
+            if info.kind == kind::FILE {
+                entry.file = Some(FileIdentity {
+                    dev: dev_name(info.dev),
+                    inode: info.ino,
+                    offset: info.pgoff << memlock_trace_common::PAGE_SHIFT,
+                });
+            }
+            (range, entry)
+        } else {
+            let found = maps
+                .and_then(|maps| maps.iter().find(holds).map(|m| (m, "smaps")))
+                .or_else(|| {
+                    let noted = exited?.iter().rev().find(holds)?;
+                    Some((noted, "call"))
+                });
+            match found {
+                Some((m, source)) => {
+                    let mut entry = row(
+                        m.name.clone(),
+                        format!("{:#x}", m.start),
+                        format!("{:#x}", m.end),
+                        source,
+                    );
+                    entry.locked = Some(m.locked);
+                    entry.lockonfault = m.lockonfault;
+                    entry.locked_source = source;
+                    ((m.start, m.end), entry)
+                }
+                None if !exact => {
+                    outside.push((key.start, value.faults));
+                    continue;
+                }
+                None => (
+                    (key.start, key.start),
+                    row(
+                        unattributed.into(),
+                        format!("{:#x}", key.start),
+                        String::new(),
+                        "none",
+                    ),
+                ),
+            }
+        };
+        if exact {
             // The hook read the VMA's own flags at fault time: better than a later snapshot.
             entry.locked = Some(value.vm_flags & VM_LOCKED != 0);
             entry.lockonfault = Some(value.vm_flags & VM_LOCKONFAULT != 0);
             entry.locked_source = "vma";
         }
-        let slot = per_mapping.entry(range).or_insert(entry);
+        if let Some(info) = identified.filter(|_| entry.named_by == "fault") {
+            // A row that grew shows its widest extent.
+            let extent = extents.entry(range).or_insert((info.start, info.end));
+            *extent = (extent.0.min(info.start), extent.1.max(info.end));
+            entry.start = format!("{:#x}", extent.0);
+            entry.end = format!("{:#x}", extent.1);
+        }
+        let slot = per_mapping.entry(range).or_insert_with(|| entry.clone());
+        slot.start.clone_from(&entry.start);
+        slot.end.clone_from(&entry.end);
         slot.faults += value.faults;
-        if key.exact != 0 {
+        if exact {
             slot.locked = Some(slot.locked == Some(true) || value.vm_flags & VM_LOCKED != 0);
             slot.lockonfault =
                 Some(slot.lockonfault == Some(true) || value.vm_flags & VM_LOCKONFAULT != 0);
         }
     }
     let mut list: Vec<MappingFaults> = per_mapping.into_values().collect();
-    list.extend(
-        spans(outside)
-            .into_iter()
-            .map(|(start, end, faults)| MappingFaults {
-                mapping: unattributed.into(),
-                start: format!("{start:#x}"),
-                end: format!("{end:#x}"),
-                faults,
-                locked: None,
-                lockonfault: None,
-                locked_source: "unknown",
-            }),
-    );
+    list.extend(spans(outside).into_iter().map(|(start, end, faults)| {
+        let mut entry = row(
+            unattributed.into(),
+            format!("{start:#x}"),
+            format!("{end:#x}"),
+            "none",
+        );
+        entry.faults = faults;
+        entry
+    }));
     list.sort_by(|a, b| b.faults.cmp(&a.faults).then_with(|| a.start.cmp(&b.start)));
     list.truncate(top);
     list
@@ -188,7 +326,7 @@ mod tests {
             region(0x49000, 3),
             region(0x90000, 1),
         ];
-        let list = by_mapping(&regions, Some(&maps), None, 10);
+        let list = by_mapping(&regions, &BTreeMap::new(), Some(&maps), None, 10);
         assert_eq!(list.len(), 3, "{list:?}");
         assert_eq!(
             (list[0].mapping.to_str().unwrap(), list[0].faults),
@@ -206,7 +344,10 @@ mod tests {
             (list[2].mapping.to_str().unwrap(), list[2].faults),
             ("unmapped", 1)
         );
-        assert_eq!(by_mapping(&regions, Some(&maps), None, 1).len(), 1);
+        assert_eq!(
+            by_mapping(&regions, &BTreeMap::new(), Some(&maps), None, 1).len(),
+            1
+        );
     }
 
     #[test]
@@ -232,7 +373,7 @@ mod tests {
             .collect();
         regions.push(run(base + 0x1000_0000, 2));
         for (exited, label) in [(None, "unmapped"), (Some(&[][..]), "unknown")] {
-            let list = by_mapping(&regions, Some(&maps), exited, 10);
+            let list = by_mapping(&regions, &BTreeMap::new(), Some(&maps), exited, 10);
             let rows: Vec<_> = list
                 .iter()
                 .map(|m| {
@@ -275,7 +416,7 @@ mod tests {
             mapping(0x100000, 0x200000, "VMA seen by mlock2", true),
             mapping(0x100000, 0x200000, "VMA seen by munlock", false),
         ];
-        let list = by_mapping(&regions, Some(&maps), Some(&noted), 10);
+        let list = by_mapping(&regions, &BTreeMap::new(), Some(&maps), Some(&noted), 10);
         let rows: Vec<_> = list
             .iter()
             .map(|m| {
@@ -310,8 +451,108 @@ mod tests {
                 vm_flags: VM_LOCKED | 0x3,
             },
         )];
-        let list = by_mapping(&regions, Some(&maps), None, 10);
+        let list = by_mapping(&regions, &BTreeMap::new(), Some(&maps), None, 10);
         assert_eq!(list[0].locked, Some(true));
         assert_eq!(list[0].locked_source, "vma");
+    }
+
+    fn info(start: u64, end: u64, kind: u32, name: &str) -> MappingInfo {
+        let mut info = MappingInfo {
+            start,
+            end,
+            flags: 0x73,
+            kind,
+            ino: 42,
+            dev: (8 << 20) | 1,
+            ..MappingInfo::default()
+        };
+        info.name[..name.len()].copy_from_slice(name.as_bytes());
+        info
+    }
+
+    fn vma_region(start: u64, faults: u64) -> (RegionKey, RegionValue) {
+        let key = RegionKey {
+            tgid: 1,
+            exact: region_kind::VMA,
+            start,
+        };
+        (
+            key,
+            RegionValue {
+                faults,
+                vm_flags: 0x73,
+            },
+        )
+    }
+
+    #[test]
+    fn vmas_identified_at_the_fault_are_named_by_the_kernel_and_completed_from_smaps() {
+        let kernel: BTreeMap<u64, MappingInfo> = [
+            info(0x1000, 0x9000, kind::FILE, "libc.so.6"),
+            // Unmapped before any smaps read.
+            info(0x20000, 0x40000, kind::FILE, "gone.bin"),
+            info(0x50000, 0x60000, kind::FILE, "dev/zero"),
+            // The stack, met twice as it grew down.
+            info(0x7000_0000, 0x7000_8000, kind::STACK, ""),
+            info(0x6fff_f000, 0x7000_8000, kind::STACK, ""),
+            info(0x9000_0000, 0x9000_1000, kind::SPECIAL, "[vdso]"),
+        ]
+        .into_iter()
+        .map(|i| (i.start, i))
+        .collect();
+        let maps = [mapping(0x1000, 0x9000, "/usr/lib/libc.so.6", false)];
+        let mut regions = vec![
+            vma_region(0x1000, 5),
+            vma_region(0x20000, 7),
+            vma_region(0x50000, 3),
+            vma_region(0x7000_0000, 2),
+            vma_region(0x6fff_f000, 4),
+            vma_region(0x9000_0000, 1),
+        ];
+        regions.push((
+            RegionKey {
+                tgid: 1,
+                exact: region_kind::CALL,
+                start: populate::MLOCKALL as u64,
+            },
+            RegionValue {
+                faults: 100,
+                vm_flags: 0,
+            },
+        ));
+        let list = by_mapping(&regions, &kernel, Some(&maps), None, 10);
+        let rows: Vec<_> = list
+            .iter()
+            .map(|m| {
+                (
+                    m.mapping.to_str().unwrap(),
+                    m.faults,
+                    m.start.as_str(),
+                    m.end.as_str(),
+                    m.named_by,
+                )
+            })
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                (
+                    "populated by mlockall (VMAs not told apart)",
+                    100,
+                    "",
+                    "",
+                    "call"
+                ),
+                ("gone.bin", 7, "0x20000", "0x40000", "fault"),
+                ("[stack]", 6, "0x6ffff000", "0x70008000", "fault"),
+                ("/usr/lib/libc.so.6", 5, "0x1000", "0x9000", "fault"),
+                ("/dev/zero (deleted)", 3, "0x50000", "0x60000", "fault"),
+                ("[vdso]", 1, "0x90000000", "0x90001000", "fault"),
+            ]
+        );
+        let file = list[1].file.as_ref().unwrap();
+        assert_eq!((file.dev.as_str(), file.inode), ("08:01", 42));
+        assert_eq!(list[1].locked, Some(false));
+        assert_eq!(list[1].locked_source, "vma");
     }
 }

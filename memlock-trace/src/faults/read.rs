@@ -10,6 +10,7 @@ use aya::{
     Ebpf,
     maps::{HashMap, MapData, PerCpuArray, PerCpuHashMap},
 };
+use memlock_trace_common::mapping::MappingInfo;
 use memlock_trace_common::{
     faults::{
         FaultEntry, FaultKey, FaultStats, HIST_BUCKETS, Hist, HistKey, RegionKey, RegionSlot,
@@ -29,6 +30,8 @@ pub struct FaultReport {
     pub hists: BTreeMap<HistKey, [u64; HIST_BUCKETS]>,
     /// Faults per region, per process.
     pub regions: BTreeMap<u32, Vec<(RegionKey, RegionValue)>>,
+    /// The VMAs the fault hooks identified, per process, by start.
+    pub mappings: BTreeMap<u32, BTreeMap<u64, MappingInfo>>,
     /// Faults per user call stack (`--stacks`).
     pub stacks: Option<StackReport>,
     pub health: FaultHealth,
@@ -235,6 +238,17 @@ pub fn read(ebpf: &Ebpf, per_thread: bool, sole: Option<ProcessKey>) -> Result<F
             .entry(key.tgid)
             .or_default()
             .push((key, value));
+    }
+
+    let identified: HashMap<&MapData, RegionKey, MappingInfo> =
+        HashMap::try_from(map(names::FAULT_MAPPINGS)?)?;
+    for item in identified.iter() {
+        let Ok((key, info)) = item else { continue };
+        report
+            .mappings
+            .entry(key.tgid)
+            .or_default()
+            .insert(key.start, info);
     }
 
     // A fault still pending in a thread that is gone never completed: it failed (the

@@ -293,6 +293,7 @@ pub fn summarize(
         let comm = mappings.comm(tgid).unwrap_or_else(|| s.name.clone());
         summary.by_mapping = by_mapping(
             report.regions.get(&tgid).map_or(&[][..], Vec::as_slice),
+            report.mappings.get(&tgid).unwrap_or(&BTreeMap::new()),
             mappings.get(tgid),
             // Gone (or never read: gone before the first read).
             (mappings.exited(tgid) || mappings.get(tgid).is_none()).then(|| mappings.noted(tgid)),

@@ -75,6 +75,9 @@ pub fn syscall_json(rec: &SyscallRecord) -> serde_json::Value {
         "locked_bytes_before": why.locked_bytes_before,
         "asked_bytes": why.asked_bytes,
         "cap_ipc_lock": why.cap_ipc_lock,
+        "range_mapped": why.range_mapped,
+        "first_unmapped": why.first_unmapped,
+        "failed_check": why.failed_check,
     })
 }
 

@@ -1,0 +1,216 @@
+//! Every fault in a named mapping, however short-lived the mapping or the process: the
+//! mapping is resolved in the kernel at the fault (issue 22 item 3), so a region mapped,
+//! touched and unmapped between two reads of /proc/PID/smaps, and a process that exits
+//! before the first, are still named; pages populated inside a call are charged to the
+//! mapping they went into. And a failed mlock on an unmapped range says so (item 4).
+//!
+//! Third-party programs: Debian's python3 (`cargo xtask test` installs it) and /bin/true.
+
+mod common;
+mod support;
+
+use std::{path::Path, process::Command};
+
+use common::require_privileges;
+use serde_json::Value;
+use support::{BIN, json_lines};
+
+const PYTHON: &str = "/usr/bin/python3";
+const TRUE: &str = "/bin/true";
+const SCRIPT: &str = include_str!("third_party/mmap_touch.py");
+/// Rows asked for: more than any of these programs has, so the rows are every fault.
+const TOP: &str = "500";
+
+/// Runs `memlock-trace --json --events -o FILE -- PROGRAM ARGS`: the JSON lines, and the
+/// program's own stdout.
+fn traced(program: &str, args: &[&str]) -> (Vec<Value>, String) {
+    assert!(
+        Path::new(program).is_file(),
+        "{program} is missing (`cargo xtask test` installs Debian's python3; or apt-get \
+         install python3)"
+    );
+    let dir = std::env::temp_dir().join(format!(
+        "memlock-trace-mappings-{}-{}",
+        std::process::id(),
+        Path::new(program).file_name().unwrap().to_string_lossy()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let trace = dir.join("trace.json");
+    let mut command = Command::new(BIN);
+    command
+        .args(["--json", "--events=syscalls", "--top-mappings", TOP, "-o"])
+        .arg(&trace)
+        .arg("--")
+        .arg(program);
+    for arg in args {
+        if *arg == "SCRIPT" {
+            let script = dir.join("mmap_touch.py");
+            std::fs::write(&script, SCRIPT).unwrap();
+            command.arg(script);
+        } else {
+            command.arg(arg);
+        }
+    }
+    let out = command.output().expect("memlock-trace");
+    assert!(
+        out.status.success(),
+        "{:?}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines = json_lines(&std::fs::read_to_string(&trace).unwrap());
+    std::fs::remove_dir_all(&dir).ok();
+    (lines, String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The faults object of the one process of the summary (the program itself).
+fn faults_of(lines: &[Value]) -> Value {
+    let summary = lines.iter().rev().find(|l| l["type"] == "summary").unwrap();
+    let processes = summary["processes"].as_array().unwrap();
+    assert_eq!(processes.len(), 1, "{summary}");
+    processes[0]["faults"].clone()
+}
+
+fn hex(v: &Value) -> u64 {
+    u64::from_str_radix(v.as_str().unwrap().trim_start_matches("0x"), 16).unwrap()
+}
+
+/// Every fault is in a row, and rows no mapping names hold under 1% of them.
+fn assert_every_fault_named(f: &Value) -> &Vec<Value> {
+    let rows = f["by_mapping"].as_array().unwrap();
+    assert!(rows.len() < TOP.parse().unwrap(), "rows truncated: {f}");
+    let total = f["minor"].as_u64().unwrap() + f["major"].as_u64().unwrap();
+    let in_rows: u64 = rows.iter().map(|r| r["faults"].as_u64().unwrap()).sum();
+    assert_eq!(
+        in_rows, total,
+        "faults and populated pages sum per mapping: {f:#}"
+    );
+    let unnamed: u64 = rows
+        .iter()
+        .filter(|r| r["mapping"] == "unknown" || r["mapping"] == "unmapped")
+        .map(|r| r["faults"].as_u64().unwrap())
+        .sum();
+    assert!(
+        unnamed * 100 < total,
+        "{unnamed} of {total} faults in no named mapping: {f:#}"
+    );
+    rows
+}
+
+/// The row whose range holds `addr`.
+fn row_holding(rows: &[Value], addr: u64) -> &Value {
+    rows.iter()
+        .find(|r| {
+            r["end"].as_str() != Some("") && hex(&r["start"]) <= addr && addr < hex(&r["end"])
+        })
+        .unwrap_or_else(|| panic!("no row holds {addr:#x}: {rows:#?}"))
+}
+
+#[test]
+fn short_lived_python_mappings_are_named_and_populated_pages_charged_to_theirs() {
+    require_privileges();
+    let (lines, stdout) = traced(PYTHON, &["SCRIPT"]);
+    let own: Value = serde_json::from_str(stdout.trim())
+        .unwrap_or_else(|e| panic!("python's account: {e}: {stdout:?}"));
+    let f = faults_of(&lines);
+    let rows = assert_every_fault_named(&f);
+
+    // Each region was mapped, touched and unmapped in well under 40 ms: named from the
+    // kernel at the fault, with every page it touched (regions at one address are one row).
+    let pages = own["touched_pages"].as_u64().unwrap();
+    for addr in own["touched"].as_array().unwrap() {
+        let addr = addr.as_u64().unwrap();
+        let same = own["touched"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|a| a.as_u64() == Some(addr))
+            .count() as u64;
+        let row = row_holding(rows, addr);
+        assert_eq!(row["mapping"], "anonymous", "{row}");
+        assert_eq!(row["named_by"], "fault", "{row}");
+        assert!(row["faults"].as_u64().unwrap() >= same * pages, "{row}");
+    }
+
+    // mmap(MAP_POPULATE): its pages charged to its mapping, not left out.
+    let populated = own["populated_pages"].as_u64().unwrap();
+    assert!(
+        f["populated_by"]["mmap"].as_u64().unwrap() >= populated,
+        "{f:#}"
+    );
+    let row = row_holding(rows, own["populated"].as_u64().unwrap());
+    assert!(row["faults"].as_u64().unwrap() >= populated, "{row}");
+
+    // python3's own file mappings are named with their paths.
+    assert!(
+        rows.iter().any(|r| r["mapping"]
+            .as_str()
+            .unwrap()
+            .starts_with("/usr/bin/python3")),
+        "{rows:#?}"
+    );
+
+    // mlock(0x10000, 4096): ENOMEM because nothing is mapped there, not the limit.
+    assert_eq!(
+        (own["mlock_ret"].as_i64(), own["mlock_errno"].as_i64()),
+        (Some(-1), Some(12))
+    );
+    let mlock = lines
+        .iter()
+        .find(|l| l["type"] == "syscall" && l["syscall"] == "mlock")
+        .unwrap_or_else(|| panic!("no mlock event"));
+    assert_eq!(mlock["errno"], "ENOMEM", "{mlock}");
+    assert_eq!(mlock["failed_check"], "unmapped", "{mlock}");
+    assert_eq!(mlock["range_mapped"], false, "{mlock}");
+    assert_eq!(mlock["first_unmapped"], 0x10000, "{mlock}");
+}
+
+#[test]
+fn every_fault_of_bin_true_is_in_a_named_mapping() {
+    require_privileges();
+    let (lines, _) = traced(TRUE, &[]);
+    let f = faults_of(&lines);
+    let rows = assert_every_fault_named(&f);
+    // It exits long before any smaps read: the kernel named them all.
+    assert!(
+        rows.iter()
+            .all(|r| r["named_by"] == "fault" || r["named_by"] == "call"),
+        "{rows:#?}"
+    );
+    // Its own file (busybox, in the guests), by the name the kernel keeps (`d_name`: the
+    // process is gone before smaps could give the path), with its identity; its stack.
+    let program = std::fs::canonicalize(TRUE).unwrap();
+    let name = program.file_name().unwrap().to_str().unwrap();
+    let inode = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&program).unwrap());
+    let own = rows
+        .iter()
+        .find(|r| r["mapping"] == name || r["mapping"] == program.to_str().unwrap())
+        .unwrap_or_else(|| panic!("no {name} row: {rows:#?}"));
+    assert_eq!(own["file"]["inode"], inode, "{own}");
+    assert!(
+        rows.iter().any(|r| r["mapping"] == "[stack]"),
+        "no [stack] row: {rows:#?}"
+    );
+}
+
+#[test]
+fn a_failed_mlock_on_an_unmapped_range_says_so_in_text() {
+    require_privileges();
+    let out = Command::new(BIN)
+        .args(["-q", "--events=syscalls", "--fault-hooks", "off", "--"])
+        .args([PYTHON, "-c"])
+        .arg(
+            "import ctypes; l = ctypes.CDLL(None); \
+             l.mlock.argtypes = [ctypes.c_void_p, ctypes.c_size_t]; l.mlock(0x10000, 4096)",
+        )
+        .output()
+        .expect("memlock-trace");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    let want = "mlock(0x10000, 4096) = -1 ENOMEM: range not mapped at 0x10000: RLIMIT_MEMLOCK ";
+    assert!(text.contains(want), "no {want:?} in:\n{text}");
+    assert!(
+        text.contains("  mlock ENOMEM (last): range not mapped at 0x10000: "),
+        "{text}"
+    );
+}
