@@ -35,6 +35,7 @@ pub mod session;
 pub mod symbolize;
 pub mod syscalls;
 pub mod tracer;
+pub mod unwind;
 pub mod values;
 pub mod vma;
 

@@ -28,6 +28,7 @@ use crate::{
     procfs::MappingCache,
     syscalls::Aggregator,
     tracer::{Options, Tracer},
+    unwind::StackCollector,
 };
 
 mod order;
@@ -263,6 +264,16 @@ async fn event_loop(
         ),
         None => None,
     };
+    // --stacks: the kept stacks, unwound as they arrive (while their process lives).
+    let mut stack_ring = match tracer.take_stack_samples()? {
+        // SAFETY: as above.
+        Some(r) => Some(
+            unsafe { AsyncFd::register(r) }
+                .map_err(std::io::Error::from)
+                .context("polling the stack ring buffer")?,
+        ),
+        None => None,
+    };
     let interval = args.interval_secs();
     let per_thread = args.per_thread || args.tid.is_some();
     let max_processes = production.max_processes;
@@ -298,8 +309,14 @@ async fn event_loop(
         top_mappings: args.top_mappings,
         top_stacks: args.stacks_top,
         symbolizer: StackSymbolizer::default(),
+        stacks: stack_ring.as_ref().map(|_| StackCollector::default()),
+        stack_sample: args.stack_sample,
         order: Default::default(),
     };
+    // The launched command's modules as at its exec, before it can exit.
+    if let (Some(pid), Some(stacks)) = (launched, output.stacks.as_mut()) {
+        stacks.modules.refresh(pid);
+    }
     // Event lines wait until both rings were read past them.
     output.order.watch(ring.get_ref().as_raw_fd());
     if let Some(fault_ring) = &fault_ring {
@@ -347,7 +364,15 @@ async fn event_loop(
                 output.drain(guard.get_inner_mut());
                 guard.clear_ready();
             }
+            guard = async { stack_ring.as_mut().expect("guarded").readable_mut().await }, if stack_ring.is_some() => {
+                let mut guard = guard.context("polling the stack ring buffer")?;
+                output.drain_stacks(guard.get_inner_mut());
+                guard.clear_ready();
+            }
             _ = async { ticker.as_mut().expect("guarded").tick().await }, if ticker.is_some() => {
+                if let Some(stack_ring) = stack_ring.as_mut() {
+                    output.drain_stacks(stack_ring.get_mut());
+                }
                 output.drain(ring.get_mut());
                 if let Some(fault_ring) = fault_ring.as_mut() {
                     output.drain(fault_ring.get_mut());
@@ -366,6 +391,9 @@ async fn event_loop(
                 // Both rings, so that held event lines are not kept waiting for a wakeup.
                 if let Some(fault_ring) = fault_ring.as_mut() {
                     output.drain(fault_ring.get_mut());
+                }
+                if let Some(stack_ring) = stack_ring.as_mut() {
+                    output.drain_stacks(stack_ring.get_mut());
                 }
                 tracer.flush_kernel_log();
             }
@@ -402,6 +430,9 @@ async fn event_loop(
         output.out.check()?;
     };
     // Everything the kernel submitted before we stopped is still in the ring: read it all.
+    if let Some(stack_ring) = stack_ring.as_mut() {
+        output.drain_stacks(stack_ring.get_mut());
+    }
     output.drain(ring.get_mut());
     if let Some(fault_ring) = fault_ring.as_mut() {
         output.drain(fault_ring.get_mut());
