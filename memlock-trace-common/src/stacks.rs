@@ -45,6 +45,18 @@ pub struct StackConfig {
     /// Keep the stack of one fault in this many (1: every fault).
     pub fault_every: u32,
     pub _pad: u32,
+    /// The file an `mmap` maps, from its descriptor: `task_struct.files`,
+    /// `files_struct.fdt`, `fdtable.fd`, `fdtable.max_fds`, `file.f_inode`, `inode.i_ino`,
+    /// `inode.i_sb`, `super_block.s_dev`. 0 for `files`: not read (the notice then has no
+    /// identity, and user space reads the maps only).
+    pub task_files: u32,
+    pub files_fdt: u32,
+    pub fdt_fd: u32,
+    pub fdt_max_fds: u32,
+    pub file_inode: u32,
+    pub inode_ino: u32,
+    pub inode_sb: u32,
+    pub sb_dev: u32,
 }
 
 /// What a [`StackSample`] is the stack of.
@@ -60,12 +72,33 @@ pub mod sample_kind {
 /// A traced process has just mapped a file executable (`mmap` with `PROT_EXEC` returned):
 /// user space reads its modules now, while the process lives, so that its stacks unwind
 /// and symbolize even if it exits before they are read.
+///
+/// With the mapping itself, as perf's `PERF_RECORD_MMAP2`: where, and which file (device
+/// and inode), so that a process that exits before user space reads its maps is still known
+/// from files user space has seen elsewhere.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ModulesChanged {
     /// [`sample_kind::MODULES`].
     pub kind: u32,
     pub tgid: u32,
+    pub start: u64,
+    pub len: u64,
+    /// File offset of `start`.
+    pub offset: u64,
+    /// The file's `super_block.s_dev` (kernel encoding: major << 20 | minor) and inode; 0
+    /// when not read.
+    pub dev: u64,
+    pub inode: u64,
+}
+
+/// An `mmap` with `PROT_EXEC` in progress: its arguments, from entry to exit.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ExecMmap {
+    pub len: u64,
+    pub offset: u64,
+    pub fd: i64,
 }
 
 /// Registers of a [`StackSample`] were not found (the stack walk is the kernel's

@@ -27,11 +27,12 @@ use aya_ebpf::{
     programs::TracePointContext,
 };
 use memlock_trace_common::stacks::{
-    ModulesChanged, SAMPLE_FRAME_POINTERS, STACK_CHUNK, STACK_COPY_BYTES, STACK_SAMPLES_BYTE_SIZE,
-    STACK_SAMPLES_WAKEUP_BYTES, StackConfig, StackSample, SyscallStackValue, counter, sample_kind,
+    ExecMmap, ModulesChanged, SAMPLE_FRAME_POINTERS, STACK_CHUNK, STACK_COPY_BYTES,
+    STACK_SAMPLES_BYTE_SIZE, STACK_SAMPLES_WAKEUP_BYTES, StackConfig, StackSample,
+    SyscallStackValue, counter, sample_kind,
 };
 
-use crate::shared::{add, current_ids, is_target, syscall_arg};
+use crate::shared::{add, current_ids, is_target, syscall_arg, syscall_ret};
 
 /// Set by the loader (see `StackConfig`).
 #[unsafe(no_mangle)]
@@ -40,6 +41,14 @@ static STACK_CONFIG: Global<StackConfig> = Global::new(StackConfig {
     thread_size: 0,
     fault_every: 1,
     _pad: 0,
+    task_files: 0,
+    files_fdt: 0,
+    fdt_fd: 0,
+    fdt_max_fds: 0,
+    file_inode: 0,
+    inode_ino: 0,
+    inode_sb: 0,
+    sb_dev: 0,
 });
 
 /// Non-zero with `--stacks` (set by the loader, see `stacks::names::SYSCALL_STACKS`).
@@ -60,7 +69,7 @@ static SYSCALL_STACK_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(
 
 /// Threads inside an `mmap` with `PROT_EXEC`, from its entry to its exit.
 #[map]
-static EXEC_MMAPS: HashMap<u32, u32> = HashMap::with_max_entries(1024, 0);
+static EXEC_MMAPS: HashMap<u32, ExecMmap> = HashMap::with_max_entries(1024, 0);
 
 /// `syscalls:sys_enter_mmap` (`--stacks` only): a traced thread mapping code.
 #[tracepoint]
@@ -69,28 +78,72 @@ pub fn stacks_mmap_enter(ctx: TracePointContext) -> u32 {
     let (tgid, tid) = current_ids();
     // mmap(addr, len, prot, flags, fd, off)
     if syscall_arg(&ctx, 2) & PROT_EXEC != 0 && is_target(tgid) {
-        let _ = EXEC_MMAPS.insert(tid, 1, 0);
+        let call = ExecMmap {
+            len: syscall_arg(&ctx, 1),
+            fd: syscall_arg(&ctx, 4) as i64,
+            offset: syscall_arg(&ctx, 5),
+        };
+        let _ = EXEC_MMAPS.insert(tid, call, 0);
     }
     0
 }
 
-/// `syscalls:sys_exit_mmap` (`--stacks` only): tells user space to read the process's
-/// modules now (see `ModulesChanged`).
+/// `syscalls:sys_exit_mmap` (`--stacks` only): tells user space where the code was mapped
+/// and from which file, and to read the process's modules now (see `ModulesChanged`).
 #[tracepoint]
-pub fn stacks_mmap_exit(_ctx: TracePointContext) -> u32 {
+pub fn stacks_mmap_exit(ctx: TracePointContext) -> u32 {
     let (tgid, tid) = current_ids();
-    if EXEC_MMAPS.get_ptr(tid).is_none() {
+    let Some(call) = EXEC_MMAPS.get_ptr(tid) else {
+        return 0;
+    };
+    // SAFETY: this thread's own entry, copied before it is removed.
+    let call = unsafe { *call };
+    let _ = EXEC_MMAPS.remove(tid);
+    let start = syscall_ret(&ctx).unwrap_or(-1);
+    if start < 0 {
         return 0;
     }
-    let _ = EXEC_MMAPS.remove(tid);
+    let (dev, inode) = file_identity(call.fd);
     if let Some(mut entry) = STACK_SAMPLES.reserve::<ModulesChanged>(0) {
         entry.write(ModulesChanged {
             kind: sample_kind::MODULES,
             tgid,
+            start: start as u64,
+            len: call.len,
+            offset: call.offset,
+            dev,
+            inode,
         });
         entry.submit(u64::from(BPF_RB_FORCE_WAKEUP));
     }
     0
+}
+
+/// The device and inode of the current task's descriptor `fd` (0, 0 if unknown):
+/// `current->files->fdt->fd[fd]->f_inode`.
+#[inline(always)]
+fn file_identity(fd: i64) -> (u64, u64) {
+    let c = STACK_CONFIG.load();
+    if fd < 0 || c.task_files == 0 {
+        return (0, 0);
+    }
+    let read = |base: u64, offset: u32| -> u64 {
+        // SAFETY: a read of kernel memory through the helper, which fails rather than faults.
+        unsafe { bpf_probe_read_kernel((base + u64::from(offset)) as *const u64) }.unwrap_or(0)
+    };
+    // SAFETY: the current task's address.
+    let task = unsafe { bpf_get_current_task() };
+    let fdt = read(read(task, c.task_files), c.files_fdt);
+    if fdt == 0 || fd as u64 >= read(fdt, c.fdt_max_fds) & 0xffff_ffff {
+        return (0, 0);
+    }
+    let file = read(read(fdt, c.fdt_fd) + fd as u64 * 8, 0);
+    let inode = read(file, c.file_inode);
+    if file == 0 || inode == 0 {
+        return (0, 0);
+    }
+    let dev = read(read(inode, c.inode_sb), c.sb_dev) & 0xffff_ffff;
+    (dev, read(inode, c.inode_ino))
 }
 
 /// Whether mlock-family calls are counted per call site (`--stacks`).

@@ -73,6 +73,9 @@ pub struct Tracer {
     /// Count-only on the tracepoint set: the targets' perf counters.
     fault_counters: Option<FaultCounters>,
     fault_options: FaultOptions,
+    /// `--stacks`: the kept stacks' modules, known from before the session starts (a
+    /// launched command's at its exec); the session takes it.
+    pub stacks: Option<crate::unwind::StackCollector>,
     /// The fault hooks' fast path for a single traced process (see `FAULT_SOLE_TGID` in the
     /// eBPF crate).
     sole: SoleTarget,
@@ -160,6 +163,9 @@ impl Tracer {
             fault_hooks: None,
             fault_counters: None,
             fault_options: fault_options.clone(),
+            stacks: fault_options
+                .stacks
+                .then(crate::unwind::StackCollector::new),
             sole: SoleTarget {
                 allowed: targets.specific()
                     && !filters.follow_children

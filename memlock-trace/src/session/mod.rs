@@ -28,7 +28,6 @@ use crate::{
     procfs::MappingCache,
     syscalls::Aggregator,
     tracer::{Options, Tracer},
-    unwind::StackCollector,
 };
 
 mod order;
@@ -139,6 +138,11 @@ pub fn run(mut args: TraceArgs) -> Result<i32> {
             // A command that cannot run is a `CommandError` (exit 126 or 127).
             let at_exec = launch::spawn(&args.command)?.wait_exec(program)?;
             tracer.add_target(at_exec.pid)?;
+            // --stacks: the program and its loader, read before it runs a single
+            // instruction (it may exit before any of its stacks is read).
+            if let Some(stacks) = tracer.stacks.as_mut() {
+                stacks.modules.refresh(at_exec.pid);
+            }
             faults_before_exec = at_exec.faults_before_exec;
             Some(at_exec.resume()?)
         }
@@ -309,14 +313,10 @@ async fn event_loop(
         top_mappings: args.top_mappings,
         top_stacks: args.stacks_top,
         symbolizer: StackSymbolizer::default(),
-        stacks: stack_ring.as_ref().map(|_| StackCollector::default()),
+        stacks: tracer.stacks.take(),
         stack_sample: args.stack_sample,
         order: Default::default(),
     };
-    // The launched command's modules as at its exec, before it can exit.
-    if let (Some(pid), Some(stacks)) = (launched, output.stacks.as_mut()) {
-        stacks.modules.refresh(pid);
-    }
     // Event lines wait until both rings were read past them.
     output.order.watch(ring.get_ref().as_raw_fd());
     if let Some(fault_ring) = &fault_ring {

@@ -58,11 +58,19 @@ pub struct StackCollector {
 }
 
 impl StackCollector {
+    /// A collector that already knows the files the tracer itself maps (see
+    /// [`ModuleRegistry::know_own_files`]).
+    pub fn new() -> Self {
+        let mut collector = Self::default();
+        collector.modules.know_own_files();
+        collector
+    }
+
     /// Unwinds every sample waiting in the ring buffer.
     pub fn drain(&mut self, ring: &mut RingBuf<MapData>) {
         while let Some(item) = ring.next() {
             if let Some(notice) = modules_changed(&item) {
-                self.modules.refresh(notice.tgid);
+                self.modules.mapped(&notice);
                 continue;
             }
             if item.len() < size_of::<StackSample>() {
@@ -208,12 +216,40 @@ pub fn config(btf: &KernelBtf, stacks: bool, fault_every: u32) -> Result<StackCo
     } else {
         16 << 10
     };
-    Ok(StackConfig {
+    let mut config = StackConfig {
         task_stack: btf.field_offset("task_struct", "stack")?,
         thread_size,
         fault_every: fault_every.max(1),
-        _pad: 0,
-    })
+        ..StackConfig::default()
+    };
+    // The identity of mapped files is a help, not a need: without one of these fields the
+    // modules are known from /proc only.
+    let field = |s: &str, f: &str| btf.field_offset(s, f).ok();
+    if let (Some(a), Some(b), Some(c), Some(d), Some(e), Some(f), Some(g), Some(h)) = (
+        field("task_struct", "files"),
+        field("files_struct", "fdt"),
+        field("fdtable", "fd"),
+        field("fdtable", "max_fds"),
+        field("file", "f_inode"),
+        field("inode", "i_ino"),
+        field("inode", "i_sb"),
+        field("super_block", "s_dev"),
+    ) {
+        // 0 is "not read" for `task_files`: no kernel has `files` first in task_struct.
+        (
+            config.task_files,
+            config.files_fdt,
+            config.fdt_fd,
+            config.fdt_max_fds,
+        ) = (a, b, c, d);
+        (
+            config.file_inode,
+            config.inode_ino,
+            config.inode_sb,
+            config.sb_dev,
+        ) = (e, f, g, h);
+    }
+    Ok(config)
 }
 
 /// Before load: the stack settings, and the ring buffer shrunk to a page without

@@ -16,6 +16,7 @@ use std::{
 };
 
 use framehop::Unwinder as _;
+use memlock_trace_common::stacks::ModulesChanged;
 use memmap2::Mmap;
 use object::{Object as _, ObjectSection as _, ObjectSegment as _};
 
@@ -200,13 +201,14 @@ impl ModuleRegistry {
     }
 
     /// Reads `/proc/PID/maps`, opening each executable file mapping through
-    /// `/proc/PID/map_files` (its path when that fails); no change if the process is gone.
-    pub fn refresh(&mut self, tgid: u32) {
+    /// `/proc/PID/map_files` (its path when that fails); false, and no change, if the
+    /// process is gone.
+    pub fn refresh(&mut self, tgid: u32) -> bool {
         let Ok(text) = std::fs::read_to_string(format!("/proc/{tgid}/maps")) else {
-            return;
+            return false;
         };
         let Ok(entries) = procfs::parse_smaps(&text, false) else {
-            return;
+            return false;
         };
         self.reads += 1;
         let mut code = Vec::new();
@@ -227,8 +229,58 @@ impl ModuleRegistry {
         }
         if code.is_empty() {
             // A zombie's maps are empty: keep what it had.
+            return false;
+        }
+        self.install(tgid, code);
+        true
+    }
+
+    /// A traced process mapped code (the kernel's notice): its maps are read now, or, if
+    /// it has already exited, the mapping is added from the notice, its file found by
+    /// identity among the files seen so far (in any process, this one included).
+    pub fn mapped(&mut self, notice: &ModulesChanged) {
+        if self.refresh(notice.tgid) {
             return;
         }
+        let id = FileId {
+            // The kernel's dev_t is major << 20 | minor; stat's is glibc's encoding.
+            dev: libc::makedev((notice.dev >> 20) as u32, (notice.dev & 0xf_ffff) as u32),
+            inode: notice.inode,
+        };
+        let file = (notice.inode != 0)
+            .then(|| self.files.get(&id).cloned())
+            .flatten();
+        let mapping = CodeMapping {
+            start: notice.start,
+            end: notice.start + notice.len.div_ceil(procfs::PAGE_SIZE) * procfs::PAGE_SIZE,
+            offset: notice.offset,
+            name: file
+                .as_ref()
+                .map_or_else(|| "unknown file".to_string(), |f| f.name.clone()),
+            file,
+        };
+        let mut code: Vec<CodeMapping> = self
+            .processes
+            .get(&notice.tgid)
+            .map(|p| p.code.clone())
+            .unwrap_or_default();
+        code.retain(|m| m.end <= mapping.start || m.start >= mapping.end);
+        code.push(mapping);
+        self.install(notice.tgid, code);
+    }
+
+    /// Every executable file this process (the tracer) maps: the C library, the dynamic
+    /// loader..., which a short-lived traced process may map and leave before its maps are
+    /// read.
+    pub fn know_own_files(&mut self) {
+        let me = std::process::id();
+        if self.refresh(me) {
+            self.processes.remove(&me);
+        }
+    }
+
+    /// Sets a process's executable mappings and builds its unwinder.
+    fn install(&mut self, tgid: u32, mut code: Vec<CodeMapping>) {
         code.sort_by_key(|m| m.start);
         let mut unwinder = framehop::x86_64::UnwinderX86_64::new();
         for m in &code {
