@@ -44,6 +44,8 @@ pub struct StackHealth {
     pub no_module: u64,
     /// Samples too short to decode.
     pub undecodable: u64,
+    /// Time spent unwinding the kept stacks from registers (module reads not included).
+    pub unwind_ns: u64,
 }
 
 /// The kept stacks, unwound and summed.
@@ -141,6 +143,7 @@ impl StackCollector {
                 let word = bytes.get(at..at + 8).ok_or(())?;
                 Ok(u64::from_ne_bytes(word.try_into().map_err(|_| ())?))
             };
+            let began = std::time::Instant::now();
             let regs = framehop::x86_64::UnwindRegsX86_64::new(s.ip, s.sp, s.bp);
             let mut frames = p
                 .unwinder
@@ -151,6 +154,7 @@ impl StackCollector {
                     break;
                 }
             }
+            self.health.unwind_ns += began.elapsed().as_nanos() as u64;
         }
         ips.truncate(STACK_DEPTH);
         let Some(p) = self.modules.get(s.tgid) else {
