@@ -23,8 +23,6 @@ pub mod names {
     pub const FAULT_SOLE_STATS: &str = "FAULT_SOLE_STATS";
     pub const FAULT_REGION_RUN: &str = "FAULT_REGION_RUN";
     pub const FAULT_REGION_SLOTS: &str = "FAULT_REGION_SLOTS";
-    pub const FAULT_STACK_COUNTS: &str = "FAULT_STACK_COUNTS";
-    pub const STACK_COUNTERS: &str = "STACK_COUNTERS";
 }
 
 /// Size of the fault event ring buffer, apart from the syscall events' so that a fault storm
@@ -349,28 +347,13 @@ pub struct RegionValue {
     pub vm_flags: u64,
 }
 
-/// Entries of `FAULT_STACK_COUNTS` (`--stacks`); the loader shrinks it to almost nothing
-/// without `--stacks`.
-pub const MAX_FAULT_STACK_COUNTS: u32 = 16384;
-/// User frames kept per stack, innermost first (the kernel's limit is 127): the call sites
-/// that fault are the inner frames, and every frame is 8 bytes of every key.
-///
-/// 63 rather than 64 so that [`StackKey`] is 512 bytes: older kernels (5.10 among them)
-/// refuse a hash map key larger than `MAX_BPF_STACK` (512) with E2BIG
-/// (`htab_map_alloc_check()` in kernel/bpf/hashtab.c), and the map is created whether
-/// `--stacks` is on or not.
-pub const STACK_DEPTH: usize = 63;
+/// User frames kept per stack, innermost first: the kernel's own limit for its
+/// frame-pointer walk (`sysctl kernel.perf_event_max_stack`, 127).
+pub const STACK_DEPTH: usize = 127;
 
-/// Key of `FAULT_STACK_COUNTS` (per CPU, LRU): faults of one process (or thread) with this
-/// user call stack. For pages the kernel populated inside a system call, the stack is the
-/// call's user call site.
-///
-/// Why the whole stack in the key rather than a `BPF_MAP_TYPE_STACK_TRACE` id: stack ids
-/// are a hash into the stack map's buckets, and without `BPF_F_REUSE_STACKID` a second stack
-/// in a taken bucket is refused (`-EEXIST`), with it the first stack is silently replaced.
-/// Measured: the fault workload's ~230 stacks in 16384 buckets lost a stack to a collision
-/// in 3 runs of 3 (once the 200 pages of an mlock). A hash map keyed by the frames compares
-/// whole keys: no collision, and the only loss is a full map, counted.
+/// Faults of one process (or thread) with this user call stack, summed in user space from
+/// the kept stacks (`--stacks`). For pages the kernel populated inside a system call, the
+/// stack is the call's user call site.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct StackKey {
@@ -389,22 +372,6 @@ impl Default for StackKey {
             ips: [0; STACK_DEPTH],
         }
     }
-}
-
-const _: () = assert!(
-    size_of::<StackKey>() <= 512,
-    "E2BIG on 5.10: see STACK_DEPTH"
-);
-
-/// Indices of the per-CPU `STACK_COUNTERS`.
-pub mod stack_counter {
-    /// Faults whose stack could not be recorded: `bpf_get_stack` failed (no user stack),
-    /// or the count could not be stored. Counted in faults, not stacks.
-    pub const DROPPED: u32 = 0;
-    /// New keys inserted into `FAULT_STACK_COUNTS`: minus the keys present, the LRU's
-    /// evictions.
-    pub const INSERTS: u32 = 1;
-    pub const COUNT: u32 = 2;
 }
 
 /// Per-thread state in `FAULT_ENTRY`: the fault in progress, so its completion can be

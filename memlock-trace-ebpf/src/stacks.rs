@@ -1,124 +1,150 @@
-//! `--stacks`: page faults, and mlock-family calls, counted per user call stack. The one
-//! place that captures stacks; the fault hooks call [`record`] for a traced task's counted
-//! faults only when the loader set `FaultConfig::stacks`, so without `--stacks` a fault pays
-//! one predictable branch; the syscall exit calls [`record_call`] only when the loader set
-//! [`SYSCALL_STACKS`], a read-only global the verifier folds, so without `--stacks` the
-//! code is not even in the loaded program.
+//! `--stacks`: the user stacks of mlock-family calls (every call) and of page faults (one
+//! fault in `StackConfig::fault_every`). The one place that captures stacks; the fault
+//! hooks call [`record`] for a traced task's counted faults only when the loader set
+//! `FaultConfig::stacks`, so without `--stacks` a fault pays one predictable branch; the
+//! syscall exit calls [`record_call`] only when the loader set [`SYSCALL_STACKS`], a
+//! read-only global the verifier folds, so without `--stacks` the code is not even in the
+//! loaded program.
 //!
-//! The stack is the task's user stack as the kernel unwinds it (frame pointers, from the
-//! user registers saved at the exception or system call entry): for a user fault the
-//! faulting instruction first, for pages populated inside a system call (mlock,
-//! `MAP_POPULATE`) the instruction after the `syscall`, i.e. the call site. Why the frames
-//! themselves are the key (no stack trace map): see [`StackKey`].
+//! What is kept is what perf's `--call-graph dwarf` keeps: the user registers saved at
+//! entry to the kernel (`ip`, `sp`, `bp`) and the top [`STACK_COPY_BYTES`] of the user
+//! stack; user space unwinds them with each module's `.eh_frame`/`.debug_frame`. The
+//! kernel's own frame-pointer walk (`bpf_get_stack`) reads data as return addresses in code
+//! built without frame pointers (every distribution's), so it is only the fallback when the
+//! registers cannot be found. For a user fault the registers are the faulting
+//! instruction's; for pages populated inside a system call (mlock, `MAP_POPULATE`) and at a
+//! call's exit they are the `syscall`'s, i.e. the call site.
 
 use aya_ebpf::{
     EbpfContext, Global,
-    bindings::{BPF_F_USER_STACK, BPF_NOEXIST},
-    helpers::bpf_get_stack,
-    macros::map,
-    maps::{LruPerCpuHashMap, PerCpuArray},
+    bindings::{BPF_F_USER_STACK, BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP},
+    helpers::{
+        bpf_get_current_task, bpf_get_stack, bpf_probe_read_kernel,
+        generated::{bpf_probe_read_kernel as bpf_probe_read_kernel_raw, bpf_probe_read_user},
+    },
+    macros::{map, tracepoint},
+    maps::{HashMap, PerCpuArray, RingBuf},
+    programs::TracePointContext,
 };
-use memlock_trace_common::{
-    faults::{MAX_FAULT_STACK_COUNTS, StackKey, stack_counter},
-    stacks::{MAX_SYSCALL_STACKS, SyscallStackKey, SyscallStackValue, counter},
+use memlock_trace_common::stacks::{
+    ExecMmap, ModulesChanged, SAMPLE_FRAME_POINTERS, STACK_CHUNK, STACK_COPY_BYTES,
+    STACK_SAMPLES_BYTE_SIZE, STACK_SAMPLES_WAKEUP_BYTES, StackConfig, StackSample,
+    SyscallStackValue, counter, sample_kind,
 };
 
-/// Faults per (process or thread, user stack), per CPU.
-#[map]
-static FAULT_STACK_COUNTS: LruPerCpuHashMap<StackKey, u64> =
-    LruPerCpuHashMap::with_max_entries(MAX_FAULT_STACK_COUNTS, 0);
+use crate::shared::{add, current_ids, is_target, syscall_arg, syscall_ret};
 
-/// Where the key is built: 520 bytes do not fit the 512-byte BPF stack.
-#[map]
-static STACK_SCRATCH: PerCpuArray<StackKey> = PerCpuArray::with_max_entries(1, 0);
-
-#[map]
-static STACK_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(stack_counter::COUNT, 0);
-
-#[inline(always)]
-fn add(index: u32, n: u64) {
-    crate::shared::add(&STACK_COUNTERS, index, n);
-}
-
-/// Adds `count` faults of `tgid` (thread `tid`, 0 unless per thread) to the current user
-/// stack. Nothing is lost silently: a fault whose stack or count cannot be stored is
-/// counted in [`stack_counter::DROPPED`].
-#[inline(always)]
-pub fn record<C: EbpfContext>(ctx: &C, tgid: u32, tid: u32, count: u64) {
-    let Some(key) = STACK_SCRATCH.get_ptr_mut(0) else {
-        stack_dropped(count, "map STACK_SCRATCH lookup failed");
-        return;
-    };
-    // SAFETY: this CPU's scratch value of a per-CPU map, valid while the program runs; a
-    // program runs to completion on its CPU, so nothing else uses it meanwhile.
-    let key = unsafe { &mut *key };
-    key.tgid = tgid;
-    key.tid = tid;
-    // Zero-fills the frames after the last, so equal stacks are equal keys.
-    // SAFETY: `ctx.as_ptr()` is this program's context, and the buffer is `key.ips`, of
-    // exactly the size passed.
-    let copied = unsafe {
-        bpf_get_stack(
-            ctx.as_ptr(),
-            key.ips.as_mut_ptr().cast(),
-            size_of_val(&key.ips) as u32,
-            u64::from(BPF_F_USER_STACK),
-        )
-    };
-    if copied <= 0 {
-        stack_dropped(count, "no user stack (bpf_get_stack failed)");
-        return;
-    }
-    let key = &*key;
-    for _ in 0..2 {
-        if let Some(value) = FAULT_STACK_COUNTS.get_ptr_mut(key) {
-            // SAFETY: this CPU's share of the entry, kept valid (RCU) while the program runs.
-            unsafe { *value += count };
-            return;
-        }
-        if FAULT_STACK_COUNTS
-            .insert(key, count, u64::from(BPF_NOEXIST))
-            .is_ok()
-        {
-            add(stack_counter::INSERTS, 1);
-            return;
-        }
-        // Lost a race with another CPU's insert: add to this CPU's share of it.
-    }
-    stack_dropped(count, "map FAULT_STACK_COUNTS update failed");
-}
-
-/// `count` faults whose stack could not be kept; with `-v`, why. Not inlined: a call on the
-/// failure path only, so its log code cannot change the per-fault path's code.
-#[inline(never)]
-fn stack_dropped(count: u64, why: &'static str) {
-    let before = crate::shared::add(&STACK_COUNTERS, stack_counter::DROPPED, count);
-    if crate::diag::wanted(before) {
-        aya_log_ebpf::warn!(
-            &(),
-            target: "page-fault hooks",
-            "{}: {} faults counted without a stack ({} on this CPU)",
-            why,
-            count,
-            before + count
-        );
-    }
-}
+/// Set by the loader (see `StackConfig`).
+#[unsafe(no_mangle)]
+static STACK_CONFIG: Global<StackConfig> = Global::new(StackConfig {
+    task_stack: 0,
+    thread_size: 0,
+    fault_every: 1,
+    _pad: 0,
+    task_files: 0,
+    files_fdt: 0,
+    fdt_fd: 0,
+    fdt_max_fds: 0,
+    file_inode: 0,
+    inode_ino: 0,
+    inode_sb: 0,
+    sb_dev: 0,
+});
 
 /// Non-zero with `--stacks` (set by the loader, see `stacks::names::SYSCALL_STACKS`).
 #[unsafe(no_mangle)]
 static SYSCALL_STACKS: Global<u32> = Global::new(0);
 
-/// mlock-family calls per (process, call, user stack), per CPU.
+/// Every kept stack, for user space to unwind.
 #[map]
-static SYSCALL_STACK_COUNTS: LruPerCpuHashMap<SyscallStackKey, SyscallStackValue> =
-    LruPerCpuHashMap::with_max_entries(MAX_SYSCALL_STACKS, 0);
+static STACK_SAMPLES: RingBuf = RingBuf::with_byte_size(STACK_SAMPLES_BYTE_SIZE, 0);
 
+/// Fault stacks: see [`counter`].
 #[map]
-static SYSCALL_STACK_SCRATCH: PerCpuArray<SyscallStackKey> = PerCpuArray::with_max_entries(1, 0);
+static STACK_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::COUNT, 0);
 
+/// Call stacks: see [`counter`].
 #[map]
 static SYSCALL_STACK_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::COUNT, 0);
+
+/// Threads inside an `mmap` with `PROT_EXEC`, from its entry to its exit.
+#[map]
+static EXEC_MMAPS: HashMap<u32, ExecMmap> = HashMap::with_max_entries(1024, 0);
+
+/// `syscalls:sys_enter_mmap` (`--stacks` only): a traced thread mapping code.
+#[tracepoint]
+pub fn stacks_mmap_enter(ctx: TracePointContext) -> u32 {
+    const PROT_EXEC: u64 = 4;
+    let (tgid, tid) = current_ids();
+    // mmap(addr, len, prot, flags, fd, off)
+    if syscall_arg(&ctx, 2) & PROT_EXEC != 0 && is_target(tgid) {
+        let call = ExecMmap {
+            len: syscall_arg(&ctx, 1),
+            fd: syscall_arg(&ctx, 4) as i64,
+            offset: syscall_arg(&ctx, 5),
+        };
+        let _ = EXEC_MMAPS.insert(tid, call, 0);
+    }
+    0
+}
+
+/// `syscalls:sys_exit_mmap` (`--stacks` only): tells user space where the code was mapped
+/// and from which file, and to read the process's modules now (see `ModulesChanged`).
+#[tracepoint]
+pub fn stacks_mmap_exit(ctx: TracePointContext) -> u32 {
+    let (tgid, tid) = current_ids();
+    let Some(call) = EXEC_MMAPS.get_ptr(tid) else {
+        return 0;
+    };
+    // SAFETY: this thread's own entry, copied before it is removed.
+    let call = unsafe { *call };
+    let _ = EXEC_MMAPS.remove(tid);
+    let start = syscall_ret(&ctx).unwrap_or(-1);
+    if start < 0 {
+        return 0;
+    }
+    let (dev, inode) = file_identity(call.fd);
+    if let Some(mut entry) = STACK_SAMPLES.reserve::<ModulesChanged>(0) {
+        entry.write(ModulesChanged {
+            kind: sample_kind::MODULES,
+            tgid,
+            start: start as u64,
+            len: call.len,
+            offset: call.offset,
+            dev,
+            inode,
+        });
+        entry.submit(u64::from(BPF_RB_FORCE_WAKEUP));
+    }
+    0
+}
+
+/// The device and inode of the current task's descriptor `fd` (0, 0 if unknown):
+/// `current->files->fdt->fd[fd]->f_inode`.
+#[inline(always)]
+fn file_identity(fd: i64) -> (u64, u64) {
+    let c = STACK_CONFIG.load();
+    if fd < 0 || c.task_files == 0 {
+        return (0, 0);
+    }
+    let read = |base: u64, offset: u32| -> u64 {
+        // SAFETY: a read of kernel memory through the helper, which fails rather than faults.
+        unsafe { bpf_probe_read_kernel((base + u64::from(offset)) as *const u64) }.unwrap_or(0)
+    };
+    // SAFETY: the current task's address.
+    let task = unsafe { bpf_get_current_task() };
+    let fdt = read(read(task, c.task_files), c.files_fdt);
+    if fdt == 0 || fd as u64 >= read(fdt, c.fdt_max_fds) & 0xffff_ffff {
+        return (0, 0);
+    }
+    let file = read(read(fdt, c.fdt_fd) + fd as u64 * 8, 0);
+    let inode = read(file, c.file_inode);
+    if file == 0 || inode == 0 {
+        return (0, 0);
+    }
+    let dev = read(read(inode, c.inode_sb), c.sb_dev) & 0xffff_ffff;
+    (dev, read(inode, c.inode_ino))
+}
 
 /// Whether mlock-family calls are counted per call site (`--stacks`).
 #[inline(always)]
@@ -126,71 +152,198 @@ pub fn syscalls_enabled() -> bool {
     SYSCALL_STACKS.load() != 0
 }
 
-/// Adds one mlock-family call (`nr`) of `tgid`, with its figures, to the current user stack:
-/// at `sys_exit` the user registers are still those saved at the `syscall`, so the stack is
-/// the call site. A call whose stack or figures cannot be stored is counted in
-/// [`counter::DROPPED`].
+/// Keeps the current user stack for `count` faults of `tgid` (thread `tid`, 0 unless per
+/// thread) if they hold the next sampled fault: one in `fault_every`, counted in faults so
+/// that the pages one call populated (hundreds at once) are sampled as often as hundreds
+/// of separate faults. A sample lost to a full ring buffer is counted in
+/// [`counter::DROPPED`], in faults.
 #[inline(always)]
-pub fn record_call<C: EbpfContext>(ctx: &C, tgid: u32, nr: u32, call: &SyscallStackValue) {
-    let Some(key) = SYSCALL_STACK_SCRATCH.get_ptr_mut(0) else {
-        call_dropped("map SYSCALL_STACK_SCRATCH lookup failed");
-        return;
-    };
-    // SAFETY: this CPU's scratch value of a per-CPU map, valid while the program runs; a
-    // program runs to completion on its CPU, so nothing else uses it meanwhile.
-    let key = unsafe { &mut *key };
-    key.tgid = tgid;
-    key.nr = nr;
-    // SAFETY: `ctx.as_ptr()` is this program's context, and the buffer is `key.ips`, of
-    // exactly the size passed; the frames after the last are zero-filled.
-    let copied = unsafe {
-        bpf_get_stack(
-            ctx.as_ptr(),
-            key.ips.as_mut_ptr().cast(),
-            size_of_val(&key.ips) as u32,
-            u64::from(BPF_F_USER_STACK),
-        )
-    };
-    if copied <= 0 {
-        call_dropped("no user stack (bpf_get_stack failed)");
+pub fn record<C: EbpfContext>(ctx: &C, tgid: u32, tid: u32, count: u64) {
+    let every = u64::from(STACK_CONFIG.load().fault_every.max(1));
+    let before = add(&STACK_COUNTERS, counter::SEEN, count);
+    if before / every == (before + count) / every {
         return;
     }
-    let key = &*key;
-    for _ in 0..2 {
-        if let Some(value) = SYSCALL_STACK_COUNTS.get_ptr_mut(key) {
-            // SAFETY: this CPU's share of the entry, kept valid (RCU) while the program runs.
-            let value = unsafe { &mut *value };
-            value.calls += call.calls;
-            value.errors += call.errors;
-            value.populated += call.populated;
-            value.locked += call.locked;
-            value.unlocked += call.unlocked;
-            value.duration_ns += call.duration_ns;
-            return;
+    let wake = STACK_SAMPLES.query(u64::from(BPF_RB_AVAIL_DATA)) >= STACK_SAMPLES_WAKEUP_BYTES;
+    let head = Head {
+        kind: sample_kind::FAULT,
+        tgid,
+        tid,
+        nr: 0,
+        faults: count,
+    };
+    match write_sample(ctx, &head, &SyscallStackValue::default(), wake) {
+        Some(fp) => {
+            add(&STACK_COUNTERS, counter::SAMPLES, 1);
+            if fp {
+                add(&STACK_COUNTERS, counter::FRAME_POINTERS, 1);
+            }
         }
-        if SYSCALL_STACK_COUNTS
-            .insert(key, call, u64::from(BPF_NOEXIST))
-            .is_ok()
-        {
-            crate::shared::add(&SYSCALL_STACK_COUNTERS, counter::INSERTS, 1);
-            return;
-        }
-        // Lost a race with another CPU's insert: add to this CPU's share of it.
+        None => stack_dropped(&STACK_COUNTERS, count, "fault"),
     }
-    call_dropped("map SYSCALL_STACK_COUNTS update failed");
 }
 
-/// A call whose call site could not be kept; with `-v`, why.
+/// Keeps the call site of one mlock-family call (`nr`) of `tgid` with its figures: at
+/// `sys_exit` the user registers are still those saved at the `syscall`. Always wakes the
+/// reader, so that it reads the process's modules while the process lives.
 #[inline(always)]
-fn call_dropped(why: &'static str) {
-    let before = crate::shared::add(&SYSCALL_STACK_COUNTERS, counter::DROPPED, 1);
+pub fn record_call<C: EbpfContext>(ctx: &C, tgid: u32, nr: u32, call: &SyscallStackValue) {
+    let head = Head {
+        kind: sample_kind::SYSCALL,
+        tgid,
+        tid: current_ids().1,
+        nr,
+        faults: 0,
+    };
+    match write_sample(ctx, &head, call, true) {
+        Some(fp) => {
+            add(&SYSCALL_STACK_COUNTERS, counter::SAMPLES, 1);
+            if fp {
+                add(&SYSCALL_STACK_COUNTERS, counter::FRAME_POINTERS, 1);
+            }
+        }
+        None => stack_dropped(&SYSCALL_STACK_COUNTERS, 1, "call"),
+    }
+}
+
+struct Head {
+    kind: u32,
+    tgid: u32,
+    tid: u32,
+    nr: u32,
+    faults: u64,
+}
+
+/// Writes one sample: registers and stack, or the frame-pointer walk when the registers
+/// cannot be found. `Some(true)` when it fell back to frame pointers; `None` when the ring
+/// buffer was full. Not inlined: a BPF function of its own, so that the fault programs'
+/// stack frames do not grow with it.
+#[inline(never)]
+fn write_sample<C: EbpfContext>(
+    ctx: &C,
+    head: &Head,
+    call: &SyscallStackValue,
+    wake: bool,
+) -> Option<bool> {
+    let mut entry = STACK_SAMPLES.reserve::<StackSample>(0)?;
+    let s = entry.as_mut_ptr();
+    let fell_back;
+    // SAFETY: `s` is the reserved record, exclusively ours until submitted; every field is
+    // written before submission (the stack bytes past `stack_len` are not read).
+    unsafe {
+        (*s).kind = head.kind;
+        (*s).tgid = head.tgid;
+        (*s).tid = head.tid;
+        (*s).nr = head.nr;
+        (*s).faults = head.faults;
+        (*s).call = *call;
+        if let Some((ip, sp, bp)) = user_regs(&mut (*s).stack) {
+            (*s).ip = ip;
+            (*s).sp = sp;
+            (*s).bp = bp;
+            let base = sp & !(STACK_CHUNK as u64 - 1);
+            (*s).stack_base = base;
+            (*s).flags = 0;
+            // Chunks aligned to their size end exactly at the top of the stack mapping (page
+            // aligned): the copy stops there, where one 8 KiB read would fail whole.
+            let mut len = 0u32;
+            for i in 0..STACK_COPY_BYTES / STACK_CHUNK {
+                let off = i * STACK_CHUNK;
+                let dst = (*s).stack.as_mut_ptr().add(off);
+                let src = (base + off as u64) as *const core::ffi::c_void;
+                if bpf_probe_read_user(dst.cast(), STACK_CHUNK as u32, src) != 0 {
+                    break;
+                }
+                len += STACK_CHUNK as u32;
+            }
+            (*s).stack_len = len;
+            fell_back = false;
+        } else {
+            let copied = bpf_get_stack(
+                ctx.as_ptr(),
+                (*s).stack.as_mut_ptr().cast(),
+                (STACK_COPY_BYTES / 8 * 8) as u32,
+                u64::from(BPF_F_USER_STACK),
+            );
+            (*s).ip = 0;
+            (*s).sp = 0;
+            (*s).bp = 0;
+            (*s).stack_base = 0;
+            (*s).stack_len = if copied > 0 { copied as u32 } else { 0 };
+            (*s).flags = SAMPLE_FRAME_POINTERS;
+            fell_back = true;
+        }
+    }
+    entry.submit(u64::from(if wake {
+        BPF_RB_FORCE_WAKEUP
+    } else {
+        BPF_RB_NO_WAKEUP
+    }));
+    Some(fell_back)
+}
+
+/// `struct pt_regs` (arch/x86/include/asm/ptrace.h, x86_64): 21 words; the indices read.
+const PT_REGS_WORDS: usize = 21;
+const BP: usize = 4;
+const IP: usize = 16;
+const CS: usize = 17;
+const SP: usize = 19;
+const SS: usize = 20;
+/// `__USER_CS` and `__USER_DS` of a 64-bit task (arch/x86/include/asm/segment.h).
+const USER_CS: u64 = 0x33;
+const USER_DS: u64 = 0x2b;
+/// Words read below the top of the kernel stack: the registers, and 2 more for
+/// `TOP_OF_KERNEL_STACK_PADDING`, 16 bytes with `CONFIG_X86_FRED` (6.9+), 0 before.
+const READ_WORDS: usize = PT_REGS_WORDS + 2;
+
+/// The user `ip`, `sp`, `bp` of the current task, from the `pt_regs` at the top of its
+/// kernel stack (`task_pt_regs()`); the helper for it, `bpf_task_pt_regs`, is 5.15+. The
+/// segment registers tell where they are (with or without FRED's padding) and that they
+/// are a 64-bit task's user registers; otherwise None. `scratch` holds the words read (the
+/// BPF stack has no room for them).
+#[inline(always)]
+fn user_regs(scratch: &mut [u8; STACK_COPY_BYTES]) -> Option<(u64, u64, u64)> {
+    let config = STACK_CONFIG.load();
+    if config.task_stack == 0 {
+        return None;
+    }
+    // SAFETY: the current task's address, and reads of kernel memory through the helper,
+    // which fails rather than faults.
+    unsafe {
+        let task = bpf_get_current_task() as *const u8;
+        let stack: u64 =
+            bpf_probe_read_kernel(task.add(config.task_stack as usize).cast::<u64>()).ok()?;
+        let top = stack + u64::from(config.thread_size);
+        let words = scratch.as_mut_ptr().cast::<u64>();
+        let src = (top - (READ_WORDS * 8) as u64) as *const core::ffi::c_void;
+        if bpf_probe_read_kernel_raw(words.cast(), (READ_WORDS * 8) as u32, src) != 0 {
+            return None;
+        }
+        let word = |at: usize| words.add(at).read_unaligned();
+        let user = |at: usize| word(at + CS) == USER_CS && word(at + SS) == USER_DS;
+        let at = if user(2) {
+            2
+        } else if user(0) {
+            0
+        } else {
+            return None;
+        };
+        Some((word(at + IP), word(at + SP), word(at + BP)))
+    }
+}
+
+/// A stack that could not be kept (`n` calls or faults); with `-v`, why. Not inlined: a
+/// call on the failure path only, so its log code cannot change the per-fault path's code.
+#[inline(never)]
+fn stack_dropped(counters: &PerCpuArray<u64>, n: u64, what: &'static str) {
+    let before = add(counters, counter::DROPPED, n);
     if crate::diag::wanted(before) {
         aya_log_ebpf::warn!(
             &(),
-            target: "sys_exit_mlock_family",
-            "{}: call counted without its call site ({} on this CPU)",
-            why,
-            before + 1
+            target: "stacks",
+            "ring buffer STACK_SAMPLES full: a {}'s stack lost ({} on this CPU)",
+            what,
+            before + n
         );
     }
 }

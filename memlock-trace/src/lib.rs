@@ -38,6 +38,7 @@ pub mod session;
 pub mod symbolize;
 pub mod syscalls;
 pub mod tracer;
+pub mod unwind;
 pub mod values;
 pub mod vma;
 

@@ -1,13 +1,14 @@
 //! User call stacks made readable, for every family that records them (`--stacks`: faults
 //! and mlock-family calls).
 //!
-//! An address is symbolized through the mapping that held it in the process's last
-//! `/proc/PID/smaps` snapshot ([`MappingCache`](crate::procfs::MappingCache)): the mapped
-//! file and the address's offset in it, resolved by [blazesym](https://docs.rs/blazesym) from
-//! the file's ELF symbols (and DWARF, when present, for file:line). Working from the snapshot
-//! rather than the live process means the stacks of a command that has already exited are
-//! still symbolized. A frame that cannot be resolved is shown as `module+0xoffset` (or the
-//! bare address when no mapping held it), never dropped.
+//! An address is symbolized through the executable mapping that held it, as kept by
+//! [`crate::unwind::modules`]: the mapped file, through the handle kept open since it was
+//! first seen, and the address's offset in it, resolved by
+//! [blazesym](https://docs.rs/blazesym) from the file's ELF symbols (and DWARF, when
+//! present, for file:line and inlined functions). So the stacks of a command that has
+//! exited, or of a file deleted or replaced since, are still symbolized from the very file
+//! that ran. A frame that cannot be resolved is shown as `module+0xoffset` (or the bare
+//! address when no mapping held it).
 
 use blazesym::symbolize::{
     CodeInfo, Input, Symbolized, Symbolizer,
@@ -15,7 +16,7 @@ use blazesym::symbolize::{
 };
 use serde::Serialize;
 
-use crate::{output::Outside, procfs::Mapping};
+use crate::{output::Outside, unwind::ProcessModules};
 
 /// One frame of a stack.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -31,6 +32,8 @@ pub struct Frame {
     pub inlined: bool,
     /// The mapped file (or `[vdso]`, `anonymous`, ...); null when no mapping held the address.
     pub module: Option<Outside>,
+    /// The GNU build id of `module`, hex, where it has one.
+    pub build_id: Option<String>,
     /// Offset of the address in `module`'s file.
     pub offset: Option<String>,
     /// Source file and line, when the module has DWARF.
@@ -58,34 +61,40 @@ impl Default for StackSymbolizer {
 impl StackSymbolizer {
     /// Every frame of a stack (instruction pointers innermost first), inlined functions
     /// included.
-    pub fn stack(&self, ips: &[u64], maps: Option<&[Mapping]>) -> Vec<Frame> {
+    pub fn stack(&self, ips: &[u64], modules: Option<&ProcessModules>) -> Vec<Frame> {
         ips.iter()
             .enumerate()
-            .flat_map(|(i, &ip)| self.frames(ip, i > 0, maps))
+            .flat_map(|(i, &ip)| self.frames(ip, i > 0, modules))
             .collect()
     }
 
-    /// The frames at `ip` of a process whose mappings were `maps`: the function, preceded by
-    /// the functions inlined into it there (innermost first). `return_address`: every frame
-    /// but the innermost holds the address after a call, looked up one byte back so that a
-    /// call at a function's very end resolves to that function and its line.
-    pub fn frames(&self, ip: u64, return_address: bool, maps: Option<&[Mapping]>) -> Vec<Frame> {
-        let (mut frame, offset) = Self::unresolved(ip, maps);
-        // Only files can be symbolized: not [vdso], [heap], anonymous (JIT code), nor a
-        // file deleted since it was mapped.
-        let (Some(module), Some(offset)) = (frame.module.clone(), offset) else {
-            return vec![frame];
-        };
-        let path = module.as_path();
-        if !module.starts_with("/") || !path.is_file() {
-            return vec![frame];
-        }
-        let lookup = if return_address && offset > 0 {
-            offset - 1
+    /// The frames at `ip` of a process with these `modules`: the function, preceded by the
+    /// functions inlined into it there (innermost first). `return_address`: every frame but
+    /// the innermost holds the address after a call, looked up one byte back so that a call
+    /// at a function's very end resolves to that function and its line.
+    pub fn frames(
+        &self,
+        ip: u64,
+        return_address: bool,
+        modules: Option<&ProcessModules>,
+    ) -> Vec<Frame> {
+        let lookup_ip = if return_address {
+            ip.saturating_sub(1)
         } else {
-            offset
+            ip
         };
-        let source = Source::Elf(Elf::new(path));
+        let (mut frame, offset) = Self::unresolved(ip, lookup_ip, modules);
+        // Only files can be symbolized: not [vdso] nor anonymous (generated) code.
+        let Some(file) = modules
+            .and_then(|m| m.at(lookup_ip))
+            .and_then(|m| m.file.as_ref())
+        else {
+            return vec![frame];
+        };
+        let Some(lookup) = offset else {
+            return vec![frame];
+        };
+        let source = Source::Elf(Elf::new(file.read_path()));
         let Ok(Symbolized::Sym(sym)) = self
             .symbolizer
             .symbolize_single(&source, Input::FileOffset(lookup))
@@ -115,17 +124,22 @@ impl StackSymbolizer {
         out
     }
 
-    /// The unresolved frame at `ip` (module and offset, or the bare address) and the offset.
-    fn unresolved(ip: u64, maps: Option<&[Mapping]>) -> (Frame, Option<u64>) {
+    /// The unresolved frame at `ip` (module and offset, or the bare address) and the file
+    /// offset of `lookup_ip` (`ip`, or one byte back for a return address).
+    fn unresolved(
+        ip: u64,
+        lookup_ip: u64,
+        modules: Option<&ProcessModules>,
+    ) -> (Frame, Option<u64>) {
         let addr = format!("{ip:#x}");
-        let Some(m) = maps.and_then(|maps| maps.iter().find(|m| m.start <= ip && ip < m.end))
-        else {
+        let Some(m) = modules.and_then(|p| p.at(lookup_ip)) else {
             let frame = Frame {
                 symbol: Outside::from(addr.as_str()),
                 addr,
                 resolved: false,
                 inlined: false,
                 module: None,
+                build_id: None,
                 offset: None,
                 file: None,
                 line: None,
@@ -139,76 +153,47 @@ impl StackSymbolizer {
             resolved: false,
             inlined: false,
             module: Some(m.name.clone()),
+            build_id: m.file.as_ref().and_then(|f| f.build_id.clone()),
             offset: Some(format!("{offset:#x}")),
             file: None,
             line: None,
         };
-        (frame, Some(offset))
+        (frame, Some(lookup_ip - m.start + m.offset))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::procfs::MappingCache;
-
-    #[test]
-    fn unresolvable_frames_keep_their_module_and_offset() {
-        let maps = [
-            Mapping {
-                start: 0x1000,
-                end: 0x3000,
-                offset: 0x5000,
-                name: "[vdso]".into(),
-                locked: false,
-                lockonfault: None,
-            },
-            Mapping {
-                start: 0x8000,
-                end: 0x9000,
-                offset: 0,
-                name: "/nonexistent/lib.so".into(),
-                locked: false,
-                lockonfault: None,
-            },
-        ];
-        let s = StackSymbolizer::default();
-        let one = |ip, ret, maps| {
-            let mut frames = s.frames(ip, ret, maps);
-            assert_eq!(frames.len(), 1, "{frames:?}");
-            frames.remove(0)
-        };
-        let f = one(0x1234, false, Some(&maps));
-        assert_eq!(
-            (f.symbol.to_str().unwrap(), f.resolved, f.offset.as_deref()),
-            ("[vdso]+0x5234", false, Some("0x5234"))
-        );
-        let f = one(0x8010, true, Some(&maps));
-        assert_eq!(f.symbol, "/nonexistent/lib.so+0x10");
-        let f = one(0x20000, false, Some(&maps));
-        assert_eq!((f.symbol.to_str().unwrap(), f.module), ("0x20000", None));
-        assert_eq!(one(0x1234, false, None).symbol, "0x1234");
-    }
+    use crate::unwind::ModuleRegistry;
 
     #[inline(never)]
     fn a_function_to_find() -> u64 {
         std::hint::black_box(7)
     }
 
-    /// This test binary's own function, found through its own smaps and ELF symbols.
+    /// This test binary's own function, found through its kept module and ELF symbols; an
+    /// address in no executable mapping stays a bare address.
     #[test]
-    fn symbolizes_through_the_mapping_snapshot() {
+    fn symbolizes_through_the_kept_modules() {
         let ip = a_function_to_find as *const () as u64;
         assert_eq!(a_function_to_find(), 7);
         let pid = std::process::id();
-        let mut cache = MappingCache::default();
-        cache.refresh(pid, std::time::Duration::ZERO);
-        let frames = StackSymbolizer::default().frames(ip, false, cache.get(pid));
+        let mut modules = ModuleRegistry::default();
+        modules.ensure(pid, ip);
+        let s = StackSymbolizer::default();
+        let frames = s.frames(ip, false, modules.get(pid));
         let f = frames.last().unwrap();
         assert!(f.resolved && !f.inlined, "{f:?}");
         assert!(
             f.symbol.as_bytes().ends_with(b"a_function_to_find"),
             "{f:?}"
         );
+        let f = &s.frames(0x10, false, modules.get(pid))[0];
+        assert_eq!(
+            (f.symbol.to_str(), f.resolved, &f.module),
+            (Some("0x10"), false, &None)
+        );
+        assert_eq!(s.frames(0x1234, true, None)[0].symbol, "0x1234");
     }
 }

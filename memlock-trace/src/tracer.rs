@@ -25,7 +25,7 @@ use crate::{
     object::{self, AttachContext, HookFamily},
     probe::{self, KernelBtf},
     process::{Filters, ProcessHealth, ProcessHooks, Targets, filters, identity::Identity},
-    syscalls::{self, SyscallHooks, stacks::CallSiteReport},
+    syscalls::{self, SyscallHooks},
     vma::{self, VmaHooks},
 };
 
@@ -80,6 +80,9 @@ pub struct Tracer {
     /// Count-only on the tracepoint set: the targets' perf counters.
     fault_counters: Option<FaultCounters>,
     fault_options: FaultOptions,
+    /// `--stacks`: the kept stacks' modules, known from before the session starts (a
+    /// launched command's at its exec); the session takes it.
+    pub stacks: Option<crate::unwind::StackCollector>,
     /// The fault hooks' fast path for a single traced process (see `FAULT_SOLE_TGID` in the
     /// eBPF crate).
     sole: SoleTarget,
@@ -139,6 +142,8 @@ impl Tracer {
         let process_config = filters.process_config(&btf)?;
         let fault_options = &options.faults;
         let fault_config = faults::sizing::config(&btf, fault_options)?;
+        let stack_config =
+            crate::unwind::config(&btf, fault_options.stacks, fault_options.stack_sample)?;
         let mut ebpf = object::load(&config, |loader| {
             loader
                 .override_global(VMA_CONFIG, &vma_global, true)
@@ -152,6 +157,7 @@ impl Tracer {
             if let Some(bytes) = options.ring_bytes {
                 loader.map_max_entries(names::EVENTS, bytes);
             }
+            crate::unwind::prepare_loader(loader, &stack_config, fault_options.stacks);
             kernel_log::prepare_loader(loader, options.kernel_log);
             faults::sizing::prepare_loader(loader, &fault_config)
         })?;
@@ -172,6 +178,9 @@ impl Tracer {
             fault_hooks: None,
             fault_counters: None,
             fault_options: fault_options.clone(),
+            stacks: fault_options
+                .stacks
+                .then(crate::unwind::StackCollector::new),
             sole: SoleTarget {
                 allowed: targets.specific()
                     && !filters.follow_children
@@ -235,6 +244,9 @@ impl Tracer {
                     tracer.hooks.insert(FaultHooks::NAME, describe(Err(error)));
                 }
             }
+        }
+        if fault_options.stacks {
+            crate::unwind::attach(&mut cx)?;
         }
         if let Some(hooks) = tracer
             .fault_hooks
@@ -363,21 +375,28 @@ impl Tracer {
         if let Some(counters) = self.fault_counters.as_ref().filter(|_| counted_by_perf) {
             report.add_counted(counters.read(), start_of);
         }
-        if self.fault_options.stacks {
-            let stacks = faults::stacks::read(&self.ebpf)?;
-            report.health.stacks_dropped = Some(stacks.dropped);
-            report.health.stacks_evicted = Some(stacks.evicted);
-            report.stacks = Some(stacks);
-        }
         Ok(Some(report))
     }
 
-    /// `--stacks`: the mlock-family calls counted per user call site (None without it).
-    pub fn call_sites(&self) -> Result<Option<CallSiteReport>> {
+    /// `--stacks`: the ring buffer of kept stacks (None without it). Can be taken once.
+    pub fn take_stack_samples(&mut self) -> Result<Option<RingBuf<MapData>>> {
         if !self.fault_options.stacks {
             return Ok(None);
         }
-        syscalls::stacks::read(&self.ebpf).map(Some)
+        let map = self
+            .ebpf
+            .take_map(memlock_trace_common::stacks::names::STACK_SAMPLES)
+            .ok_or_else(|| anyhow!("the stack ring buffer was already taken"))?;
+        Ok(Some(RingBuf::try_from(map)?))
+    }
+
+    /// `--stacks`: (calls, faults) whose stacks the kernel could not keep (ring buffer
+    /// full); None without `--stacks`.
+    pub fn stacks_dropped(&self) -> Result<Option<(u64, u64)>> {
+        if !self.fault_options.stacks {
+            return Ok(None);
+        }
+        crate::unwind::kernel_dropped(&self.ebpf).map(Some)
     }
 
     /// Processes with fault statistics (cheap: keys only).

@@ -340,7 +340,8 @@ fn stacks_name_each_call_site_with_its_exact_count() {
     // run; the sleeps leave the tracer time to read the mappings before the exit.
     let commands = "noop\nsite_a 0\nsite_b 0\nsite_mlock 0\nnoop\n\
                     site_a 1000\nsite_b 300\nsite_mlock 200\nsleep\nsleep\nexit";
-    let out = traced_workload(&["--json", "--stacks"], commands);
+    // Every fault keeps its stack, so the counts per stack are exact.
+    let out = traced_workload(&["--json", "--stacks", "--stack-sample", "1"], commands);
     let minflt = answered_minflt(&out.stdout);
     assert_eq!(minflt.len(), 8, "{}", String::from_utf8_lossy(&out.stdout));
     // The kernel's count of each measured command (its own getrusage before and after).
@@ -421,13 +422,20 @@ fn text_summary_lists_the_stacks() {
         "site_a 0\nsite_a 200\nsleep\nexit",
     );
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("user call stack (innermost first)"), "{text}");
+    assert!(
+        text.contains("user call stack (innermost first; sampled: --stack-sample)"),
+        "{text}"
+    );
     assert!(
         text.contains("workload::faults::fault_site_alpha"),
         "{text}"
     );
     assert!(
-        text.contains("fault stacks: 0 faults without a recorded stack"),
+        text.contains(&format!(
+            "fault stacks: one fault in {} keeps its stack (--stack-sample); 0 sampled faults' \
+             stacks lost",
+            memlock_trace::faults::DEFAULT_STACK_SAMPLE
+        )),
         "{text}"
     );
 }
@@ -499,11 +507,16 @@ fn stacks_name_the_call_sites_of_mlock_with_their_calls_and_pages() {
         "{shown:#?}"
     );
     assert_eq!(sum("pages_locked"), gamma_pages + libc_pages, "{shown:#?}");
+    let health = &summary["call_site_health"];
     assert_eq!(
-        summary["call_site_health"],
-        serde_json::json!({"dropped": 0, "evicted": 0}),
+        (&health["dropped"], &health["evicted"]),
+        (&0.into(), &0.into()),
         "{summary}"
     );
+    // Every call's stack was unwound from its registers, none cut at a data word.
+    let unwinding = &health["unwinding"];
+    assert_eq!(unwinding["frame_pointer_walks"], 0, "{summary}");
+    assert_eq!(unwinding["frames_dropped"], 0, "{summary}");
 }
 
 #[test]
@@ -521,7 +534,7 @@ fn text_summary_lists_the_call_sites() {
     let words: Vec<&str> = line.split_whitespace().collect();
     assert_eq!(&words[..4], ["mlock", "2", "20", "+20"], "{line}");
     assert!(
-        text.contains("call-site stacks: 0 mlock-family calls without a recorded stack, 0 evicted"),
+        text.contains("stacks: 0 mlock-family calls' stacks lost (ring buffer full)"),
         "{text}"
     );
 }

@@ -109,6 +109,11 @@ const LIBTEST_ARGS: [&str; 1] = ["--test-threads=1"];
 /// kernel by the binaries named in each reason. Every other binary runs on every kernel.
 const HOST_ONLY: &[(&str, &str)] = &[
     (
+        "memlock-trace/test:stacks",
+        "host only: compiles a C program with gcc and compares with perf, which the guests do \\
+         not carry (the kernel side of --stacks: test:fault_cli, on every kernel)",
+    ),
+    (
         "memlock-trace/test:prometheus_server",
         "host only: runs Debian's prometheus server, which the guest's initramfs does not carry \
          (the metrics it scrapes: test:prometheus, on every kernel)",
@@ -153,6 +158,9 @@ const PROGRAM_TESTS: &[(&str, &str)] = &[
     ("memlock-trace/test:memcached", "memcached"),
     ("memlock-trace/test:third_party", "python3"),
     ("memlock-trace/test:mappings", "python3"),
+    ("memlock-trace/test:stacks", "gcc"),
+    ("memlock-trace/test:stacks", "linux-perf"),
+    ("memlock-trace/test:stacks", "python3"),
 ];
 
 /// The package of each test binary in [`PROGRAM_TESTS`] among `binaries`.

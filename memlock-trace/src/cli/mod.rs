@@ -129,10 +129,16 @@ pub struct TraceArgs {
     /// Mappings listed per process, by page faults.
     #[arg(long, value_name = "N", default_value_t = 10, value_parser = int(0, MAX_TOP))]
     pub top_mappings: usize,
-    /// Count page faults per user call stack and list each process's top stacks,
-    /// symbolized (pages populated inside mlock, MAP_POPULATE, ... count at the call site).
+    /// Keep user call stacks, unwound with each module's unwind tables (as perf's
+    /// --call-graph dwarf) and symbolized: every mlock-family call's call site, and the
+    /// stack of one page fault in --stack-sample (pages populated inside mlock,
+    /// MAP_POPULATE, ... count at the call site).
     #[arg(long)]
     pub stacks: bool,
+    /// With --stacks: one page fault in N keeps its stack (1: every fault).
+    #[arg(long, value_name = "N", default_value_t = crate::faults::DEFAULT_STACK_SAMPLE,
+          requires = "stacks", value_parser = int(1, u32::MAX))]
+    pub stack_sample: u32,
     /// Stacks listed per process with --stacks, by page faults.
     #[arg(long, value_name = "N", default_value_t = 10, requires = "stacks", value_parser = int(0, MAX_TOP))]
     pub stacks_top: usize,
@@ -211,6 +217,7 @@ impl TraceArgs {
             latency_sample: self.latency_sample.max(1),
             top_mappings: self.top_mappings,
             stacks: self.stacks,
+            stack_sample: self.stack_sample,
             top_stacks: self.stacks_top,
             classic_tracepoints: self.classic_tracepoints,
             tracepoint_start: self.tracepoint_start,

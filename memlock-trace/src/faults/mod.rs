@@ -78,6 +78,8 @@ pub struct FaultOptions {
     pub top_mappings: usize,
     /// Count faults per user call stack (`--stacks`).
     pub stacks: bool,
+    /// `--stack-sample N`: one fault in N keeps its stack (copied and unwound).
+    pub stack_sample: u32,
     /// Stacks listed per process.
     pub top_stacks: usize,
     /// Attach the fault-start tracepoints the classic way even where tp_btf works: how
@@ -110,6 +112,10 @@ pub enum BenchFloor {
     PerThread,
 }
 
+/// One fault in this many keeps its stack by default (`--stack-sample`): see the cost of a
+/// kept stack in BENCHMARKS.md.
+pub const DEFAULT_STACK_SAMPLE: u32 = 16;
+
 impl Default for FaultOptions {
     fn default() -> Self {
         Self {
@@ -121,6 +127,7 @@ impl Default for FaultOptions {
             latency_sample: 1,
             top_mappings: 10,
             stacks: false,
+            stack_sample: DEFAULT_STACK_SAMPLE,
             top_stacks: 10,
             classic_tracepoints: false,
             tracepoint_start: false,

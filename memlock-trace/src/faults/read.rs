@@ -82,13 +82,18 @@ pub struct FaultHealth {
     pub update_failed: u64,
     /// Sampled fault events lost to a full ring buffer.
     pub events_dropped: u64,
-    /// `--stacks` only: faults whose call stack could not be recorded (stack map bucket
-    /// collision or full, no user stack, count map update failed).
+    /// `--stacks` only: sampled faults whose stack was lost to a full ring buffer.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stacks_dropped: Option<u64>,
-    /// `--stacks` only: (process, stack) counts the bounded LRU map evicted.
+    /// `--stacks` only: always 0 since stacks are summed in user space.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stacks_evicted: Option<u64>,
+    /// `--stacks` only: one fault in this many keeps its stack.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stacks_sample_every: Option<u32>,
+    /// `--stacks` only: how the kept stacks were unwound, and what they lost.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stack_unwinding: Option<crate::unwind::StackHealth>,
 }
 
 /// Points the fault hooks' single-process fast path at `tgid` (0 turns it off).
@@ -279,6 +284,8 @@ pub fn read(ebpf: &Ebpf, per_thread: bool, sole: Option<ProcessKey>) -> Result<F
         // Set by the tracer with --stacks.
         stacks_dropped: None,
         stacks_evicted: None,
+        stacks_sample_every: None,
+        stack_unwinding: None,
     };
     Ok(report)
 }

@@ -246,7 +246,7 @@ const TEXT_FRAMES: usize = 16;
 pub fn stacks_text(out: &mut String, stacks: &[StackFaults], indent: &str) {
     let _ = writeln!(
         out,
-        "{indent}  {:>9}  user call stack (innermost first)",
+        "{indent}  {:>9}  user call stack (innermost first; sampled: --stack-sample)",
         "faults"
     );
     if stacks.is_empty() {

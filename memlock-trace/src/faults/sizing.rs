@@ -6,7 +6,7 @@ use aya::EbpfLoader;
 use memlock_trace_common::{
     faults::{
         FaultConfig, FaultStats, Hist, MAX_FAULT_HISTS, MAX_FAULT_KEYS, MAX_FAULT_REGIONS,
-        MAX_FAULT_STACK_COUNTS, REGION_SLOTS, RegionSlot, RegionValue, StackKey, names, populate,
+        REGION_SLOTS, RegionSlot, RegionValue, names, populate,
     },
     vma::{VM_LOCKED, VM_LOCKONFAULT},
 };
@@ -144,17 +144,5 @@ pub fn prepare_loader<'a>(loader: &mut EbpfLoader<'a>, config: &'a FaultConfig) 
             names::FAULT_REGIONS,
             fit(8 << 20, size_of::<RegionValue>(), MAX_FAULT_REGIONS),
         );
-    // Each entry preallocates its 512-byte key once (plus ~64 bytes of element) and an
-    // 8-byte count per CPU: 16 MiB is ~28000 entries on 2 CPUs, ~15000 on 64. Without
-    // --stacks none is used, so keep the map at its smallest.
-    let stack_counts = if config.stacks != 0 {
-        let entry = size_of::<StackKey>() + 64 + cpus * size_of::<u64>();
-        u32::try_from((16 << 20) / entry)
-            .unwrap_or(u32::MAX)
-            .clamp(256, MAX_FAULT_STACK_COUNTS)
-    } else {
-        1
-    };
-    loader.map_max_entries(names::FAULT_STACK_COUNTS, stack_counts);
     Ok(())
 }

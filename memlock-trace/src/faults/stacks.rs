@@ -1,54 +1,27 @@
-//! `--stacks`, loader side: read the faults counted per user call stack in the kernel
-//! (`memlock-trace-ebpf/src/stacks.rs`), and symbolize each process's top stacks through
-//! the process's last mapping snapshot ([`crate::symbolize`]).
+//! `--stacks`, faults: the sampled faults per user call stack (one fault in N keeps its
+//! stack, unwound by [`crate::unwind`]), and each process's top stacks symbolized through
+//! its kept modules ([`crate::symbolize`]).
 
 use std::collections::BTreeMap;
 
-use anyhow::{Result, anyhow};
-use aya::{
-    Ebpf,
-    maps::{MapData, PerCpuArray, PerCpuHashMap},
-};
-use memlock_trace_common::{
-    faults::{StackKey, names, stack_counter},
-    process::ProcessKey,
-};
+use memlock_trace_common::{faults::StackKey, process::ProcessKey};
 use serde::Serialize;
 
 use super::FaultSummary;
-use crate::procfs::{Mapping, MappingCache};
 pub use crate::symbolize::{Frame, StackSymbolizer};
+use crate::unwind::{ModuleRegistry, ProcessModules};
 
-/// What the kernel counted per stack, summed over CPUs.
+/// The sampled faults per stack.
 #[derive(Clone, Debug, Default)]
 pub struct StackReport {
-    /// Faults per (process or thread, stack).
+    /// Sampled faults per (process or thread, stack).
     pub counts: BTreeMap<StackKey, u64>,
-    /// Faults whose stack could not be recorded (see `stack_counter::DROPPED`).
+    /// Faults whose stack would have been kept but was lost to a full ring buffer.
     pub dropped: u64,
-    /// Keys the LRU evicted.
+    /// Always 0 since the stacks are summed in user space (kept for the JSON schema).
     pub evicted: u64,
-}
-
-/// Reads the stack maps.
-pub fn read(ebpf: &Ebpf) -> Result<StackReport> {
-    let map = |name: &str| ebpf.map(name).ok_or_else(|| anyhow!("map {name} missing"));
-    let mut report = StackReport::default();
-    let counts: PerCpuHashMap<&MapData, StackKey, u64> =
-        PerCpuHashMap::try_from(map(names::FAULT_STACK_COUNTS)?)?;
-    for item in counts.iter() {
-        let Ok((key, values)) = item else { continue };
-        let sum: u64 = values.iter().sum();
-        if sum > 0 {
-            *report.counts.entry(key).or_default() += sum;
-        }
-    }
-    let counters: PerCpuArray<&MapData, u64> = PerCpuArray::try_from(map(names::STACK_COUNTERS)?)?;
-    let sum = |index: u32| -> u64 { counters.get(&index, 0).map(|v| v.iter().sum()).unwrap_or(0) };
-    report.dropped = sum(stack_counter::DROPPED);
-    let present = counts.keys().filter(Result::is_ok).count() as u64;
-    report.evicted = sum(stack_counter::INSERTS).saturating_sub(present);
-    Ok(report)
+    /// One fault in this many keeps its stack.
+    pub sample_every: u32,
 }
 
 /// One of a process's top stacks: the `"stacks"` entries of the JSON `"faults"` object.
@@ -63,7 +36,7 @@ pub struct StackFaults {
 pub fn top_stacks(
     report: &StackReport,
     tgid: u32,
-    maps: Option<&[Mapping]>,
+    modules: Option<&ProcessModules>,
     top: usize,
     symbolizer: &StackSymbolizer,
 ) -> Vec<StackFaults> {
@@ -91,30 +64,22 @@ pub fn top_stacks(
     list.into_iter()
         .map(|(ips, faults)| StackFaults {
             faults,
-            frames: symbolizer.stack(ips, maps),
+            frames: symbolizer.stack(ips, modules),
         })
         .collect()
 }
 
-/// Adds each process's top stacks to its summary, symbolized with its mappings (re-read now
-/// if it still lives, else its last snapshot).
+/// Adds each process's top stacks to its summary, symbolized with its kept modules.
 pub fn add_to(
     per_process: &mut BTreeMap<ProcessKey, (crate::output::Outside, FaultSummary)>,
     report: &StackReport,
-    mappings: &mut MappingCache,
+    modules: &ModuleRegistry,
     top: usize,
     symbolizer: &StackSymbolizer,
 ) {
     for (key, (_, summary)) in per_process.iter_mut() {
         let tgid = key.tgid;
-        mappings.refresh(tgid, std::time::Duration::ZERO);
-        summary.stacks = Some(top_stacks(
-            report,
-            tgid,
-            mappings.get(tgid),
-            top,
-            symbolizer,
-        ));
+        summary.stacks = Some(top_stacks(report, tgid, modules.get(tgid), top, symbolizer));
     }
 }
 

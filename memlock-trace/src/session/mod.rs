@@ -145,6 +145,11 @@ pub fn run(mut args: TraceArgs) -> Result<i32> {
             // A command that cannot run is a `CommandError` (exit 126 or 127).
             let at_exec = launch::spawn(&args.command, run_as.as_ref())?.wait_exec(program)?;
             tracer.add_target(at_exec.pid)?;
+            // --stacks: the program and its loader, read before it runs a single
+            // instruction (it may exit before any of its stacks is read).
+            if let Some(stacks) = tracer.stacks.as_mut() {
+                stacks.modules.refresh(at_exec.pid);
+            }
             faults_before_exec = at_exec.faults_before_exec;
             Some(at_exec.resume()?)
         }
@@ -278,6 +283,16 @@ async fn event_loop(
         ),
         None => None,
     };
+    // --stacks: the kept stacks, unwound as they arrive (while their process lives).
+    let mut stack_ring = match tracer.take_stack_samples()? {
+        // SAFETY: as above.
+        Some(r) => Some(
+            unsafe { AsyncFd::register(r) }
+                .map_err(std::io::Error::from)
+                .context("polling the stack ring buffer")?,
+        ),
+        None => None,
+    };
     let interval = args.interval_secs();
     let per_thread = args.per_thread || args.tid.is_some();
     let max_processes = production.max_processes;
@@ -314,6 +329,8 @@ async fn event_loop(
         top_mappings: args.top_mappings,
         top_stacks: args.stacks_top,
         symbolizer: StackSymbolizer::default(),
+        stacks: tracer.stacks.take(),
+        stack_sample: args.stack_sample,
         order: Default::default(),
         cgroups: Default::default(),
     };
@@ -364,7 +381,15 @@ async fn event_loop(
                 output.drain(guard.get_inner_mut());
                 guard.clear_ready();
             }
+            guard = async { stack_ring.as_mut().expect("guarded").readable_mut().await }, if stack_ring.is_some() => {
+                let mut guard = guard.context("polling the stack ring buffer")?;
+                output.drain_stacks(guard.get_inner_mut());
+                guard.clear_ready();
+            }
             _ = async { ticker.as_mut().expect("guarded").tick().await }, if ticker.is_some() => {
+                if let Some(stack_ring) = stack_ring.as_mut() {
+                    output.drain_stacks(stack_ring.get_mut());
+                }
                 output.drain(ring.get_mut());
                 if let Some(fault_ring) = fault_ring.as_mut() {
                     output.drain(fault_ring.get_mut());
@@ -383,6 +408,9 @@ async fn event_loop(
                 // Both rings, so that held event lines are not kept waiting for a wakeup.
                 if let Some(fault_ring) = fault_ring.as_mut() {
                     output.drain(fault_ring.get_mut());
+                }
+                if let Some(stack_ring) = stack_ring.as_mut() {
+                    output.drain_stacks(stack_ring.get_mut());
                 }
                 tracer.flush_kernel_log();
             }
@@ -419,6 +447,9 @@ async fn event_loop(
         output.out.check()?;
     };
     // Everything the kernel submitted before we stopped is still in the ring: read it all.
+    if let Some(stack_ring) = stack_ring.as_mut() {
+        output.drain_stacks(stack_ring.get_mut());
+    }
     output.drain(ring.get_mut());
     if let Some(fault_ring) = fault_ring.as_mut() {
         output.drain(fault_ring.get_mut());

@@ -13,13 +13,17 @@ use super::{
 };
 use crate::{
     event::{Event, decode},
-    faults::{self, FaultHooks, FaultReport, render as fault_render, stacks::StackSymbolizer},
+    faults::{
+        self, FaultHooks, FaultReport, render as fault_render,
+        stacks::{StackReport, StackSymbolizer},
+    },
     metrics::Metrics,
     output::{Outside, Sink, TextStyle, WallClock, hms},
     process::{cgroup::CgroupPaths, identity::Identity, table::ProcessKey},
     procfs::{Mapping, MappingCache},
     syscalls::{self, Aggregator, read::SyscallReport, stacks::CallSiteReport},
     tracer::Tracer,
+    unwind::StackCollector,
     vma::{self, VmaHooks},
 };
 
@@ -50,6 +54,10 @@ pub(super) struct Output {
     pub(super) per_thread: bool,
     /// Keeps the files it parsed from one summary to the next.
     pub(super) symbolizer: StackSymbolizer,
+    /// `--stacks`: the kept stacks, unwound, and the modules of every process.
+    pub(super) stacks: Option<StackCollector>,
+    /// `--stack-sample`: one fault in N keeps its stack.
+    pub(super) stack_sample: u32,
     /// Event lines waiting for their turn in time order.
     pub(super) order: Reorder,
     /// Cgroup ids to paths, kept from one summary to the next.
@@ -108,6 +116,33 @@ impl Output {
 
     fn wanted(&self, tid: u32) -> bool {
         self.tid.is_none_or(|t| t == tid)
+    }
+
+    /// `--stacks`: unwinds the kept stacks waiting in their ring.
+    pub(super) fn drain_stacks(&mut self, ring: &mut RingBuf<MapData>) {
+        if let Some(stacks) = &mut self.stacks {
+            stacks.drain(ring);
+        }
+    }
+
+    /// The kernel's fault aggregation, with the unwound fault stacks (`--stacks`).
+    fn fault_report(&self, tracer: &Tracer) -> Result<Option<FaultReport>> {
+        let Some(mut report) = tracer.fault_report()? else {
+            return Ok(None);
+        };
+        if let (Some(stacks), Some((_, dropped))) = (&self.stacks, tracer.stacks_dropped()?) {
+            report.health.stacks_dropped = Some(dropped);
+            report.health.stacks_evicted = Some(0);
+            report.health.stacks_sample_every = Some(self.stack_sample);
+            report.health.stack_unwinding = Some(stacks.health);
+            report.stacks = Some(StackReport {
+                counts: stacks.faults.clone(),
+                dropped,
+                evicted: 0,
+                sample_every: self.stack_sample,
+            });
+        }
+        Ok(Some(report))
     }
 
     pub(super) fn drain(&mut self, ring: &mut RingBuf<MapData>) {
@@ -179,7 +214,7 @@ impl Output {
             metrics.health.update(&health);
             let identities = tracer.identities()?;
             self.update_call_metrics(&metrics, &tracer.syscall_report()?, &identities);
-            if let (Some(hooks), Some(report)) = (&tracer.fault_hooks, tracer.fault_report()?) {
+            if let (Some(hooks), Some(report)) = (&tracer.fault_hooks, self.fault_report(tracer)?) {
                 self.update_fault_metrics(&metrics, hooks, &report, &identities);
             }
         }
@@ -249,18 +284,18 @@ impl Output {
             .update(&processes, hooks, &report.health, |k| labels[k].clone());
     }
 
-    /// `--stacks`: each process's top mlock-family call sites, symbolized with its mappings
-    /// (re-read now if it still lives, else its last snapshot).
-    fn add_call_sites(&mut self, summary: &mut Summary, sites: &CallSiteReport) {
+    /// `--stacks`: each process's top mlock-family call sites, symbolized with its kept
+    /// modules.
+    fn add_call_sites(&self, summary: &mut Summary, sites: &CallSiteReport) {
+        let Some(stacks) = &self.stacks else { return };
         for p in &mut summary.processes {
             if p.syscalls.is_empty() && !sites.counts.keys().any(|k| k.tgid == p.pid) {
                 continue;
             }
-            self.mappings.refresh(p.pid, Duration::ZERO);
             p.call_sites = Some(syscalls::stacks::top_call_sites(
                 sites,
                 p.pid,
-                self.mappings.get(p.pid),
+                stacks.modules.get(p.pid),
                 self.top_stacks,
                 &self.symbolizer,
             ));
@@ -268,6 +303,7 @@ impl Output {
         summary.call_site_health = Some(CallSiteHealth {
             dropped: sites.dropped,
             evicted: sites.evicted,
+            unwinding: stacks.health,
         });
     }
 
@@ -361,7 +397,7 @@ impl Output {
             start_ns,
             end_ns: now,
         };
-        if let (Some(hooks), Some(report)) = (&tracer.fault_hooks, tracer.fault_report()?) {
+        if let (Some(hooks), Some(report)) = (&tracer.fault_hooks, self.fault_report(tracer)?) {
             if let Some(metrics) = self.metrics.clone() {
                 self.update_fault_metrics(&metrics, hooks, &report, &identities);
             }
@@ -381,11 +417,11 @@ impl Output {
             }
             let mut per_process =
                 faults::summarize(&shown, hooks, &mut self.mappings, self.top_mappings);
-            if let Some(stacks) = &shown.stacks {
+            if let (Some(stacks), Some(collector)) = (&shown.stacks, &self.stacks) {
                 faults::stacks::add_to(
                     &mut per_process,
                     stacks,
-                    &mut self.mappings,
+                    &collector.modules,
                     self.top_stacks,
                     &self.symbolizer,
                 );
@@ -397,7 +433,12 @@ impl Output {
         }
         self.identify(&mut summary, &identities);
         name_exited(&mut summary, &tracer.exit_comms()?);
-        if let Some(sites) = tracer.call_sites()? {
+        if let (Some(stacks), Some((dropped, _))) = (&self.stacks, tracer.stacks_dropped()?) {
+            let sites = CallSiteReport {
+                counts: stacks.calls.clone(),
+                dropped,
+                evicted: 0,
+            };
             self.add_call_sites(&mut summary, &sites);
         }
         summary.health.unreadable_mappings = self.mappings.unreadable();

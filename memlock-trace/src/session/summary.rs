@@ -44,13 +44,15 @@ pub struct Summary {
     pub call_site_health: Option<CallSiteHealth>,
 }
 
-/// `--stacks`: what the mlock-family call-site map could not keep.
+/// `--stacks`: what the kept stacks lost, and how they were unwound (calls and faults).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct CallSiteHealth {
-    /// Calls whose user stack could not be recorded.
+    /// Calls whose user stack was lost to a full ring buffer.
     pub dropped: u64,
-    /// (process, call, stack) entries the bounded LRU map evicted.
+    /// Always 0 since call sites are summed in user space (kept for the JSON schema).
     pub evicted: u64,
+    /// Every kept stack, calls and faults: how it was unwound.
+    pub unwinding: crate::unwind::StackHealth,
 }
 
 /// The span of time a summary covers, CLOCK_REALTIME ns.
@@ -246,10 +248,13 @@ pub fn summary_text(summary: &Summary, style: TextStyle) -> String {
         );
     }
     if let Some(c) = &summary.call_site_health {
+        let u = &c.unwinding;
         let _ = writeln!(
             out,
-            "call-site stacks: {} mlock-family calls without a recorded stack, {} evicted",
-            c.dropped, c.evicted
+            "stacks: {} mlock-family calls' stacks lost (ring buffer full); {} unwound, {} \
+             frame-pointer walks (no registers), {} cut at a frame outside executable \
+             mappings, {} not in any module",
+            c.dropped, u.unwound, u.frame_pointer_walks, u.frames_dropped, u.no_module
         );
     }
     if let Some(f) = &summary.fault_health {
@@ -262,10 +267,11 @@ pub fn summary_text(summary: &Summary, style: TextStyle) -> String {
             f.update_failed,
             f.events_dropped
         );
-        if let (Some(dropped), Some(evicted)) = (f.stacks_dropped, f.stacks_evicted) {
+        if let (Some(dropped), Some(every)) = (f.stacks_dropped, f.stacks_sample_every) {
             let _ = writeln!(
                 out,
-                "fault stacks: {dropped} faults without a recorded stack, {evicted} stack counts evicted"
+                "fault stacks: one fault in {every} keeps its stack (--stack-sample); \
+                 {dropped} sampled faults' stacks lost (ring buffer full)"
             );
         }
     }

@@ -1,75 +1,36 @@
 //! `--stacks` for mlock-family calls: the calls, pages populated and pages locked per user
-//! call site, counted in the kernel at each call's exit (`memlock-trace-ebpf/src/stacks.rs`),
-//! read back here and symbolized like the fault stacks ([`crate::symbolize`]): "which code
-//! path locks 2 GiB at start-up".
+//! call site. Every call's stack is kept by the kernel at its exit
+//! (`memlock-trace-ebpf/src/stacks.rs`), unwound and summed by [`crate::unwind`], and
+//! symbolized here like the fault stacks ([`crate::symbolize`]): "which code path locks
+//! 2 GiB at start-up".
 
 use std::collections::BTreeMap;
 
-use anyhow::{Result, anyhow};
-use aya::{
-    Ebpf,
-    maps::{MapData, PerCpuArray, PerCpuHashMap},
-};
-use memlock_trace_common::stacks::{SyscallStackKey, SyscallStackValue, counter, names};
+use memlock_trace_common::stacks::{SyscallStackKey, SyscallStackValue, names};
 use serde::Serialize;
 
 use crate::{
     event::Syscall,
-    procfs::Mapping,
     symbolize::{Frame, StackSymbolizer},
+    unwind::ProcessModules,
 };
 
-/// What the kernel counted per call site, summed over CPUs.
+/// The calls per call site.
 #[derive(Clone, Debug, Default)]
 pub struct CallSiteReport {
     pub counts: BTreeMap<SyscallStackKey, SyscallStackValue>,
-    /// Calls whose stack could not be recorded.
+    /// Calls whose stack was lost to a full ring buffer.
     pub dropped: u64,
-    /// (process, call, stack) entries the bounded LRU map evicted.
+    /// Always 0 since the call sites are summed in user space (kept for the JSON schema).
     pub evicted: u64,
 }
 
-/// Before load: turns call-site counting on (`--stacks`), or shrinks its map to one entry.
+/// Before load: turns call-site stacks on (`--stacks`).
 pub fn prepare_loader(loader: &mut aya::EbpfLoader<'_>, stacks: bool) {
     // The loader keeps a reference until it loads.
     const ON: &u32 = &1;
     const OFF: &u32 = &0;
     loader.override_global(names::SYSCALL_STACKS, if stacks { ON } else { OFF }, true);
-    if !stacks {
-        loader.map_max_entries(names::SYSCALL_STACK_COUNTS, 1);
-    }
-}
-
-/// Reads the call-site maps.
-pub fn read(ebpf: &Ebpf) -> Result<CallSiteReport> {
-    let map = |name: &str| ebpf.map(name).ok_or_else(|| anyhow!("map {name} missing"));
-    let mut report = CallSiteReport::default();
-    let counts: PerCpuHashMap<&MapData, SyscallStackKey, SyscallStackValue> =
-        PerCpuHashMap::try_from(map(names::SYSCALL_STACK_COUNTS)?)?;
-    let mut present = 0u64;
-    for item in counts.iter() {
-        let Ok((key, values)) = item else { continue };
-        present += 1;
-        let sum = report.counts.entry(key).or_default();
-        for v in values.iter() {
-            add(sum, v);
-        }
-    }
-    let counters: PerCpuArray<&MapData, u64> =
-        PerCpuArray::try_from(map(names::SYSCALL_STACK_COUNTERS)?)?;
-    let sum = |index: u32| -> u64 { counters.get(&index, 0).map(|v| v.iter().sum()).unwrap_or(0) };
-    report.dropped = sum(counter::DROPPED);
-    report.evicted = sum(counter::INSERTS).saturating_sub(present);
-    Ok(report)
-}
-
-fn add(into: &mut SyscallStackValue, v: &SyscallStackValue) {
-    into.calls += v.calls;
-    into.errors += v.errors;
-    into.populated += v.populated;
-    into.locked += v.locked;
-    into.unlocked += v.unlocked;
-    into.duration_ns += v.duration_ns;
 }
 
 /// One call site of a process: the `"call_sites"` entries of a process in the JSON summary.
@@ -94,7 +55,7 @@ pub struct CallSite {
 pub fn top_call_sites(
     report: &CallSiteReport,
     tgid: u32,
-    maps: Option<&[Mapping]>,
+    modules: Option<&ProcessModules>,
     top: usize,
     symbolizer: &StackSymbolizer,
 ) -> Vec<CallSite> {
@@ -130,7 +91,7 @@ pub fn top_call_sites(
                 pages_locked: v.locked,
                 pages_unlocked: v.unlocked,
                 total_ns: v.duration_ns,
-                frames: symbolizer.stack(&key.ips[..depth], maps),
+                frames: symbolizer.stack(&key.ips[..depth], modules),
             }
         })
         .collect()

@@ -70,6 +70,18 @@ pub(super) struct Sample {
     pub(super) traced_faults: Option<u64>,
     /// memlock-trace's user-fault latency over the window (None without latency).
     pub(super) latency: Option<Latency>,
+    /// `--stacks`: what the kept stacks cost the tracer's user space (None without).
+    pub(super) stacks: Option<StackFigures>,
+}
+
+/// `--stacks`: the kept stacks of a run, from the summary's `fault_health`.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct StackFigures {
+    /// Stacks unwound from registers and stack bytes, and the time that took.
+    pub(super) unwound: u64,
+    pub(super) unwind_ns: u64,
+    /// Sampled faults whose stack was lost to a full ring buffer.
+    pub(super) lost: u64,
 }
 
 /// Percentiles of the user faults timed, and how many were timed.
@@ -223,19 +235,19 @@ pub(super) fn measure(
             }
         }
     }
-    let (traced_faults, latency) = match attached {
-        None => (None, None),
+    let (traced_faults, latency, stacks) = match attached {
+        None => (None, None, None),
         Some(attached) => {
             let out = attached.stop()?;
             match mode {
                 // Following another process: nothing of the workload's to count.
-                _ if follow.is_some() => (None, None),
-                Mode::Bpftrace => (Some(bpftrace_faults(&out, &pid)?), None),
+                _ if follow.is_some() => (None, None, None),
+                Mode::Bpftrace => (Some(bpftrace_faults(&out, &pid)?), None, None),
                 // Floor programs count nothing.
-                _ if mode.is_floor() => (None, None),
+                _ if mode.is_floor() => (None, None, None),
                 _ => {
-                    let (faults, latency) = memlock_trace_faults(&out, &pid)?;
-                    (Some(faults), latency)
+                    let (faults, latency, stacks) = memlock_trace_faults(&out, &pid)?;
+                    (Some(faults), latency, stacks)
                 }
             }
         }
@@ -249,6 +261,7 @@ pub(super) fn measure(
         kernel_faults,
         traced_faults,
         latency,
+        stacks,
     })
 }
 
@@ -270,6 +283,8 @@ fn memlock_trace_args(mode: Mode, pid: &str) -> Vec<&str> {
         Mode::ClockPrograms => &["--bench-floor", "clock"],
         Mode::PerThreadFloor => &["--bench-floor", "per-thread"],
         Mode::PerThreadFloor32 => &["--bench-floor", "per-thread", "--latency-sample", "32"],
+        Mode::StacksEvery => &["--stacks", "--stack-sample", "1"],
+        Mode::StacksDefault => &["--stacks"],
         Mode::Untraced | Mode::Default | Mode::Bpftrace => &[],
     };
     let mut args = vec!["-p", pid, "--json", "--fault-hooks", "tracepoint"];
@@ -323,9 +338,12 @@ pub(super) fn with_bpf_stats<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
     result
 }
 
-/// minor + major of `pid` in memlock-trace's JSON summary line, and its user faults'
-/// latency.
-fn memlock_trace_faults(out: &str, pid: &str) -> Result<(u64, Option<Latency>)> {
+/// minor + major of `pid` in memlock-trace's JSON summary line, its user faults' latency,
+/// and with `--stacks` what the kept stacks cost.
+fn memlock_trace_faults(
+    out: &str,
+    pid: &str,
+) -> Result<(u64, Option<Latency>, Option<StackFigures>)> {
     let summary = out
         .lines()
         .rev()
@@ -350,9 +368,17 @@ fn memlock_trace_faults(out: &str, pid: &str) -> Result<(u64, Option<Latency>)> 
         p99: user["p99"].as_u64().unwrap_or(0),
         timed,
     });
+    let health = &summary["fault_health"];
+    let unwinding = &health["stack_unwinding"];
+    let stacks = unwinding["unwound"].as_u64().map(|unwound| StackFigures {
+        unwound,
+        unwind_ns: unwinding["unwind_ns"].as_u64().unwrap_or(0),
+        lost: health["stacks_dropped"].as_u64().unwrap_or(0),
+    });
     Ok((
         faults["minor"].as_u64().unwrap_or(0) + faults["major"].as_u64().unwrap_or(0),
         latency,
+        stacks,
     ))
 }
 

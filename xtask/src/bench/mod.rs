@@ -48,6 +48,8 @@ pub struct Args {
 }
 
 const PAGE: usize = 4096;
+/// memlock-trace's `faults::DEFAULT_STACK_SAMPLE` (`--stack-sample`'s default).
+const DEFAULT_STACK_SAMPLE: u32 = 16;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Mode {
@@ -78,10 +80,15 @@ enum Mode {
     /// `--tracepoint-start`): the other design, side by side.
     DefaultTpStart,
     Sampled32TpStart,
+    /// `--stacks --stack-sample 1`: every fault keeps its stack (registers and 8 KiB of
+    /// user stack copied, unwound by the tracer): the cost of one kept stack.
+    StacksEvery,
+    /// `--stacks` at its default rate.
+    StacksDefault,
 }
 
 impl Mode {
-    const ALL: [Mode; 15] = [
+    const ALL: [Mode; 17] = [
         Mode::Untraced,
         Mode::CountOnly,
         Mode::Default,
@@ -97,6 +104,8 @@ impl Mode {
         Mode::ClockPrograms,
         Mode::PerThreadFloor,
         Mode::PerThreadFloor32,
+        Mode::StacksEvery,
+        Mode::StacksDefault,
     ];
 
     fn label(self) -> &'static str {
@@ -118,6 +127,8 @@ impl Mode {
             Mode::PerThreadFloor32 => {
                 "the same, completion at period 32 (floor of --latency-sample 32)"
             }
+            Mode::StacksEvery => "memlock-trace --stacks --stack-sample 1",
+            Mode::StacksDefault => "memlock-trace --stacks (one fault in 16 keeps its stack)",
         }
     }
 

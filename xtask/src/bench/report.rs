@@ -340,6 +340,12 @@ pub(super) fn report(
         added(Mode::Sampled128) / untraced * 100.0,
         ours / untraced * 100.0
     );
+    let stacks = StackCosts {
+        default: ours,
+        every: added(Mode::StacksEvery),
+        sampled: added(Mode::StacksDefault),
+    };
+    stacks_line(&mut out, samples, untraced, &stacks);
     // The modes a user runs: not bpftrace, the floors, or the hidden design variants.
     let worst_neighbour = [
         Mode::CountOnly,
@@ -458,6 +464,44 @@ pub(super) fn report(
         );
     }
     out
+}
+
+/// `--stacks`: what one kept stack costs the faulting thread (the kernel's copy of the
+/// registers and 8 KiB of stack: every fault keeps one with `--stack-sample 1`) and the
+/// tracer (the unwinding), and what the default rate adds per fault.
+/// Added ns per fault: the default mode, with every fault keeping its stack, and with
+/// `--stacks` at its default rate.
+struct StackCosts {
+    default: f64,
+    every: f64,
+    sampled: f64,
+}
+
+fn stacks_line(out: &mut String, samples: &[(Mode, Sample)], untraced: f64, c: &StackCosts) {
+    let (default, every, sampled) = (c.default, c.every, c.sampled);
+    let runs: Vec<_> = samples
+        .iter()
+        .filter(|(m, _)| *m == Mode::StacksEvery)
+        .filter_map(|(_, s)| s.stacks)
+        .collect();
+    let unwind = median(
+        runs.iter()
+            .map(|s| s.unwind_ns as f64 / s.unwound.max(1) as f64)
+            .collect(),
+    );
+    let lost: u64 = runs.iter().map(|s| s.lost).sum();
+    let _ = writeln!(
+        out,
+        "- `--stacks`: one kept stack costs the faulting thread **{:.0} ns** (every fault \
+         keeping its stack: {every:.0} ns added against the default mode's {default:.0}) and \
+         the tracer **{unwind:.0} ns** to unwind (median of runs); {lost} stacks lost to a \
+         full ring buffer at that rate. At the default rate (one fault in {}), `--stacks` adds \
+         {:.0} ns per fault to the default mode ({:.1}% of an untraced fault).",
+        every - default,
+        super::DEFAULT_STACK_SAMPLE,
+        sampled - default,
+        (sampled - default) / untraced * 100.0
+    );
 }
 
 #[cfg(test)]

@@ -1,0 +1,364 @@
+//! `--stacks`, user side of the kept stacks: each sample the kernel wrote (user registers
+//! and the top of the user stack, `memlock-trace-ebpf/src/stacks.rs`) is unwound here with
+//! the modules' own unwind tables by [framehop](https://docs.rs/framehop), as perf's
+//! `--call-graph dwarf` and samply do, and summed per (process, stack): the call sites of
+//! mlock-family calls and the stacks of sampled faults. Where a module has no unwind
+//! table for an address, framehop follows the frame pointer.
+//!
+//! A frame is kept only if it falls in an executable mapping of the process: the first
+//! that does not (a data word taken for a return address) ends the stack there and is
+//! counted in [`StackHealth::frames_dropped`], never printed.
+
+pub mod modules;
+
+use std::collections::BTreeMap;
+
+use anyhow::{Result, anyhow};
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{MapData, PerCpuArray, RingBuf},
+};
+use framehop::Unwinder as _;
+use memlock_trace_common::{
+    faults::{STACK_DEPTH, StackKey},
+    stacks::{
+        ModulesChanged, SAMPLE_FRAME_POINTERS, STACK_COPY_BYTES, StackConfig, StackSample,
+        SyscallStackKey, SyscallStackValue, counter, names, sample_kind,
+    },
+};
+use serde::Serialize;
+
+pub use self::modules::{ModuleRegistry, ProcessModules};
+use crate::{btf::KernelBtf, object::AttachContext, procfs::PAGE_SIZE};
+
+/// What the kept stacks lost, and how they were unwound.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct StackHealth {
+    /// Stacks unwound from registers and stack bytes.
+    pub unwound: u64,
+    /// Stacks that are the kernel's frame-pointer walk: the registers were not found.
+    pub frame_pointer_walks: u64,
+    /// Stacks cut at a frame outside every executable mapping (that frame not shown).
+    pub frames_dropped: u64,
+    /// Stacks whose first address is in no known executable mapping: not kept.
+    pub no_module: u64,
+    /// Samples too short to decode.
+    pub undecodable: u64,
+    /// Time spent unwinding the kept stacks from registers (module reads not included).
+    pub unwind_ns: u64,
+}
+
+/// The kept stacks, unwound and summed.
+#[derive(Default)]
+pub struct StackCollector {
+    pub modules: ModuleRegistry,
+    /// Mlock-family calls per (process, call, call site).
+    pub calls: BTreeMap<SyscallStackKey, SyscallStackValue>,
+    /// Sampled faults per (process or thread, stack).
+    pub faults: BTreeMap<StackKey, u64>,
+    pub health: StackHealth,
+}
+
+impl StackCollector {
+    /// A collector that already knows the files the tracer itself maps (see
+    /// [`ModuleRegistry::know_own_files`]).
+    pub fn new() -> Self {
+        let mut collector = Self::default();
+        collector.modules.know_own_files();
+        collector
+    }
+
+    /// Unwinds every sample waiting in the ring buffer.
+    pub fn drain(&mut self, ring: &mut RingBuf<MapData>) {
+        while let Some(item) = ring.next() {
+            if let Some(notice) = modules_changed(&item) {
+                self.modules.mapped(&notice);
+                continue;
+            }
+            if item.len() < size_of::<StackSample>() {
+                self.health.undecodable += 1;
+                continue;
+            }
+            // SAFETY: the record is a `StackSample` (checked length; plain integers, any bit
+            // pattern valid), read unaligned from the ring's bytes.
+            let sample: StackSample =
+                unsafe { item.as_ptr().cast::<StackSample>().read_unaligned() };
+            self.add(&sample);
+        }
+    }
+
+    fn add(&mut self, s: &StackSample) {
+        let ips = self.unwind(s);
+        if ips.is_empty() {
+            self.health.no_module += 1;
+            return;
+        }
+        let mut frames = [0u64; STACK_DEPTH];
+        frames[..ips.len()].copy_from_slice(&ips);
+        match s.kind {
+            sample_kind::SYSCALL => {
+                let key = SyscallStackKey {
+                    tgid: s.tgid,
+                    nr: s.nr,
+                    ips: frames,
+                };
+                self.calls.entry(key).or_default().add(&s.call);
+            }
+            sample_kind::FAULT => {
+                let key = StackKey {
+                    tgid: s.tgid,
+                    tid: s.tid,
+                    ips: frames,
+                };
+                *self.faults.entry(key).or_default() += s.faults;
+            }
+            _ => self.health.undecodable += 1,
+        }
+    }
+
+    /// The return addresses of a sample, innermost first, cut at the first one outside
+    /// every executable mapping of the process.
+    fn unwind(&mut self, s: &StackSample) -> Vec<u64> {
+        let len = (s.stack_len as usize).min(STACK_COPY_BYTES);
+        let mut ips = Vec::new();
+        if s.flags & SAMPLE_FRAME_POINTERS != 0 {
+            self.health.frame_pointer_walks += 1;
+            ips.extend(
+                s.stack[..len]
+                    .chunks_exact(8)
+                    .map(|w| u64::from_ne_bytes(w.try_into().unwrap_or_default()))
+                    .take_while(|&ip| ip != 0),
+            );
+            self.modules
+                .ensure(s.tgid, ips.first().copied().unwrap_or(0));
+        } else {
+            self.health.unwound += 1;
+            self.modules.ensure(s.tgid, s.ip);
+            let Some(p) = self.modules.get_mut(s.tgid) else {
+                return ips;
+            };
+            let (base, bytes) = (s.stack_base, &s.stack[..len]);
+            let mut read_stack = |addr: u64| -> Result<u64, ()> {
+                let at = usize::try_from(addr.checked_sub(base).ok_or(())?).map_err(|_| ())?;
+                let word = bytes.get(at..at + 8).ok_or(())?;
+                Ok(u64::from_ne_bytes(word.try_into().map_err(|_| ())?))
+            };
+            let began = std::time::Instant::now();
+            let regs = framehop::x86_64::UnwindRegsX86_64::new(s.ip, s.sp, s.bp);
+            let mut frames = p
+                .unwinder
+                .iter_frames(s.ip, regs, &mut p.cache, &mut read_stack);
+            while let Ok(Some(frame)) = frames.next() {
+                ips.push(frame.address());
+                if ips.len() == STACK_DEPTH {
+                    break;
+                }
+            }
+            self.health.unwind_ns += began.elapsed().as_nanos() as u64;
+        }
+        ips.truncate(STACK_DEPTH);
+        let Some(p) = self.modules.get(s.tgid) else {
+            ips.clear();
+            return ips;
+        };
+        // A return address points after a call: look it up one byte back.
+        let known = ips
+            .iter()
+            .enumerate()
+            .position(|(i, &ip)| p.at(if i > 0 { ip - 1 } else { ip }).is_none());
+        if let Some(cut) = known {
+            if cut > 0 {
+                self.health.frames_dropped += 1;
+            }
+            ips.truncate(cut);
+        }
+        ips
+    }
+}
+
+/// The record, if it is a [`ModulesChanged`] notice.
+fn modules_changed(item: &[u8]) -> Option<ModulesChanged> {
+    let head = item.get(..size_of::<ModulesChanged>())?;
+    // SAFETY: as many bytes as a `ModulesChanged` (plain integers), read unaligned.
+    let notice: ModulesChanged = unsafe { head.as_ptr().cast::<ModulesChanged>().read_unaligned() };
+    (notice.kind == sample_kind::MODULES).then_some(notice)
+}
+
+/// Attaches the `mmap` hooks that tell when a traced process maps code (`--stacks`).
+pub fn attach(cx: &mut AttachContext<'_>) -> Result<()> {
+    for (program, tracepoint) in [
+        ("stacks_mmap_enter", "sys_enter_mmap"),
+        ("stacks_mmap_exit", "sys_exit_mmap"),
+    ] {
+        cx.tracepoint(program)?
+            .attach("syscalls", tracepoint)
+            .map_err(|e| crate::object::hook_refused(program, "tracepoint", e))?;
+    }
+    Ok(())
+}
+
+/// Kept stacks the kernel lost: (calls, faults) not kept because the ring buffer was full.
+pub fn kernel_dropped(ebpf: &Ebpf) -> Result<(u64, u64)> {
+    Ok((
+        counter_sum(ebpf, names::SYSCALL_STACK_COUNTERS, counter::DROPPED)?,
+        counter_sum(ebpf, names::STACK_COUNTERS, counter::DROPPED)?,
+    ))
+}
+
+/// The kernel side's stack settings: where the user registers are, and the fault sampling.
+/// `fault_every`: one fault in this many keeps its stack.
+pub fn config(btf: &KernelBtf, stacks: bool, fault_every: u32) -> Result<StackConfig> {
+    if !stacks {
+        return Ok(StackConfig::default());
+    }
+    // THREAD_SIZE is 16 KiB on x86_64 (PAGE_SIZE << THREAD_SIZE_ORDER, order 2), doubled
+    // with KASAN's KASAN_STACK_ORDER (arch/x86/include/asm/page_64_types.h). The kernel
+    // side checks the segment registers it finds there, so a wrong guess falls back to the
+    // frame-pointer walk, counted.
+    let thread_size = if btf.has_function("kasan_report") {
+        32 << 10
+    } else {
+        16 << 10
+    };
+    let mut config = StackConfig {
+        task_stack: btf.field_offset("task_struct", "stack")?,
+        thread_size,
+        fault_every: fault_every.max(1),
+        ..StackConfig::default()
+    };
+    // The identity of mapped files is a help, not a need: without one of these fields the
+    // modules are known from /proc only.
+    let field = |s: &str, f: &str| btf.field_offset(s, f).ok();
+    if let (Some(a), Some(b), Some(c), Some(d), Some(e), Some(f), Some(g), Some(h)) = (
+        field("task_struct", "files"),
+        field("files_struct", "fdt"),
+        field("fdtable", "fd"),
+        field("fdtable", "max_fds"),
+        field("file", "f_inode"),
+        field("inode", "i_ino"),
+        field("inode", "i_sb"),
+        field("super_block", "s_dev"),
+    ) {
+        // 0 is "not read" for `task_files`: no kernel has `files` first in task_struct.
+        (
+            config.task_files,
+            config.files_fdt,
+            config.fdt_fd,
+            config.fdt_max_fds,
+        ) = (a, b, c, d);
+        (
+            config.file_inode,
+            config.inode_ino,
+            config.inode_sb,
+            config.sb_dev,
+        ) = (e, f, g, h);
+    }
+    Ok(config)
+}
+
+/// Before load: the stack settings, and the ring buffer shrunk to a page without
+/// `--stacks`.
+pub fn prepare_loader<'a>(loader: &mut EbpfLoader<'a>, config: &'a StackConfig, stacks: bool) {
+    loader.override_global(names::STACK_CONFIG, config, true);
+    if !stacks {
+        loader.map_max_entries(names::STACK_SAMPLES, PAGE_SIZE as u32);
+    }
+}
+
+fn counter_sum(ebpf: &Ebpf, map: &str, index: u32) -> Result<u64> {
+    let counters: PerCpuArray<&MapData, u64> =
+        PerCpuArray::try_from(ebpf.map(map).ok_or_else(|| anyhow!("map {map} missing"))?)?;
+    Ok(counters.get(&index, 0).map(|v| v.iter().sum()).unwrap_or(0))
+}
+
+#[cfg(test)]
+mod tests {
+    use memlock_trace_common::stacks::STACK_CHUNK;
+
+    use super::*;
+    use crate::symbolize::StackSymbolizer;
+
+    /// What the kernel copies, taken from this very thread: its registers here (a frame
+    /// kept small, so that its callers' frames are within the copy) and the top of its
+    /// stack.
+    #[inline(never)]
+    fn sample_here() -> Box<StackSample> {
+        let (ip, sp, bp): (u64, u64, u64);
+        // SAFETY: reads three registers into locals; no memory is touched.
+        unsafe {
+            std::arch::asm!(
+                "lea {ip}, [rip]",
+                "mov {sp}, rsp",
+                "mov {bp}, rbp",
+                ip = out(reg) ip,
+                sp = out(reg) sp,
+                bp = out(reg) bp,
+            );
+        }
+        copy_stack(ip, sp, bp)
+    }
+
+    /// The stack above `sp` as the kernel copies it: whole chunks, as far as it goes. Runs
+    /// below `sp`, so it changes nothing it copies.
+    #[inline(never)]
+    fn copy_stack(ip: u64, sp: u64, bp: u64) -> Box<StackSample> {
+        use std::os::unix::fs::FileExt as _;
+        // SAFETY: every field of a `StackSample` is a plain integer: all zeroes is valid.
+        let mut s = unsafe { Box::<StackSample>::new_zeroed().assume_init() };
+        s.kind = sample_kind::SYSCALL;
+        s.tgid = std::process::id();
+        s.nr = 149;
+        (s.ip, s.sp, s.bp) = (ip, sp, bp);
+        s.stack_base = sp & !(STACK_CHUNK as u64 - 1);
+        s.call.calls = 1;
+        let mem = std::fs::File::open("/proc/self/mem").unwrap();
+        let mut len = 0;
+        while len < STACK_COPY_BYTES {
+            let chunk = &mut s.stack[len..len + STACK_CHUNK];
+            if mem.read_exact_at(chunk, s.stack_base + len as u64).is_err() {
+                break;
+            }
+            len += STACK_CHUNK;
+        }
+        s.stack_len = len as u32;
+        s
+    }
+
+    #[inline(never)]
+    fn caller_two() -> Box<StackSample> {
+        std::hint::black_box(sample_here())
+    }
+
+    #[inline(never)]
+    fn caller_one() -> Box<StackSample> {
+        std::hint::black_box(caller_two())
+    }
+
+    /// This thread's own stack, unwound from its registers and stack bytes with the test
+    /// binary's unwind tables: the callers in order, each in an executable mapping.
+    #[test]
+    fn unwinds_own_stack_through_its_callers() {
+        let sample = caller_one();
+        let mut collector = StackCollector::default();
+        collector.add(&sample);
+        assert_eq!(collector.health.unwound, 1);
+        let (key, _) = collector.calls.iter().next().expect("one call site");
+        let depth = key.ips.iter().position(|&ip| ip == 0).unwrap();
+        let frames = StackSymbolizer::default()
+            .stack(&key.ips[..depth], collector.modules.get(std::process::id()));
+        let names: Vec<String> = frames
+            .iter()
+            .map(|f| f.symbol.to_str_lossy().into_owned())
+            .collect();
+        let at = |name: &str| {
+            names
+                .iter()
+                .position(|n| n.ends_with(name))
+                .unwrap_or_else(|| panic!("{name} not in {names:#?}"))
+        };
+        assert_eq!(at("sample_here") + 1, at("caller_two"), "{names:#?}");
+        assert_eq!(at("caller_two") + 1, at("caller_one"), "{names:#?}");
+        assert!(at("unwinds_own_stack_through_its_callers") > at("caller_one"));
+        eprintln!("{names:#?} {:?}", collector.health);
+    }
+}

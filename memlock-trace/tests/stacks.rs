@@ -1,0 +1,255 @@
+//! `--stacks` on code built as distributions build it, without frame pointers: the call
+//! site of an mlock is unwound from the copied user stack with the modules' unwind tables,
+//! checked frame for frame against `perf record --call-graph dwarf` (the established
+//! tool) on a C program compiled here with `-O2 -fomit-frame-pointer` whose `rbp` holds a
+//! data word, and down to python's main through ctypes. No frame outside an executable
+//! mapping is ever shown.
+//!
+//! `cargo xtask test` installs gcc, Debian's linux-perf and python3 when missing. The C
+//! program is compiled on the machine that runs the test, so this binary runs on the host.
+
+mod common;
+mod support;
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use common::require_privileges;
+use serde_json::Value;
+use support::{BIN, json_lines};
+
+const LOCK_CHAIN: &str = include_str!("stacks/lock_chain.c");
+const PYTHON: &str = "/usr/bin/python3";
+
+/// A scratch directory of this test process.
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("memlock-trace-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// `lock_chain.c` compiled without frame pointers, with DWARF for file:line.
+fn build_lock_chain(dir: &Path) -> PathBuf {
+    let source = dir.join("lock_chain.c");
+    std::fs::write(&source, LOCK_CHAIN).unwrap();
+    let bin = dir.join("lock_chain");
+    let out = Command::new("gcc")
+        .args(["-O2", "-fomit-frame-pointer", "-g", "-o"])
+        .arg(&bin)
+        .arg(&source)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("gcc: {e} (`cargo xtask test` installs Debian's gcc; or: apt-get install gcc)")
+        });
+    assert!(
+        out.status.success(),
+        "gcc: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    bin
+}
+
+/// The summary of `memlock-trace --json --stacks [extra] -- command`.
+fn traced(extra: &[&str], command: &[&str]) -> Value {
+    let out = Command::new(BIN)
+        .args(["--json", "--stacks"])
+        .args(extra)
+        .arg("--")
+        .args(command)
+        .output()
+        .expect("memlock-trace");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}\n{stderr}", out.status);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    json_lines(&stdout)
+        .pop()
+        .unwrap_or_else(|| panic!("no summary:\n{stdout}\n{stderr}"))
+}
+
+/// The frames of the one mlock call site of the one traced process, as (symbol, module).
+fn mlock_call_site(summary: &Value) -> Vec<(String, String)> {
+    let processes = summary["processes"].as_array().unwrap();
+    let sites: Vec<&Value> = processes
+        .iter()
+        .filter_map(|p| p["call_sites"].as_array())
+        .flatten()
+        .filter(|s| s["syscall"] == "mlock")
+        .collect();
+    assert_eq!(sites.len(), 1, "one mlock call site: {summary}");
+    assert_eq!(sites[0]["calls"], 1, "{summary}");
+    frames(&sites[0]["frames"])
+}
+
+fn frames(frames: &Value) -> Vec<(String, String)> {
+    frames
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            // Never a frame outside an executable mapping (a data word read as an address).
+            let module = f["module"]
+                .as_str()
+                .unwrap_or_else(|| panic!("a frame in no executable mapping: {f}"));
+            (
+                f["symbol"].as_str().unwrap().to_string(),
+                module.to_string(),
+            )
+        })
+        .collect()
+}
+
+/// perf's DWARF call chain of the one `sys_enter_mlock` of `command`, function names
+/// innermost first (`perf script`'s `addr sym+off (module)` lines).
+fn perf_dwarf_chain(dir: &Path, command: &[&str]) -> Vec<String> {
+    let data = dir.join("perf.data");
+    let out = Command::new("perf")
+        .args([
+            "record",
+            "-q",
+            "-e",
+            "syscalls:sys_enter_mlock",
+            "--call-graph",
+            "dwarf",
+            "-o",
+        ])
+        .arg(&data)
+        .args(command)
+        .output()
+        .unwrap_or_else(|e| panic!("perf: {e} (`cargo xtask test` installs Debian's linux-perf)"));
+    assert!(
+        out.status.success(),
+        "perf record: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = Command::new("perf")
+        .arg("script")
+        .arg("-i")
+        .arg(&data)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "perf script: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.starts_with(char::is_whitespace) && !l.trim().is_empty())
+        .map(|l| {
+            let symbol = l.split_whitespace().nth(1).unwrap_or_default();
+            symbol.split("+0x").next().unwrap().to_string()
+        })
+        .collect()
+}
+
+/// The C program's mlock call site reads mlock <- lock_b <- lock_a <- main, symbolized
+/// with file:line, and equals perf's DWARF chain frame for frame; where the kernel's
+/// frame-pointer walk (the tool's stacks before) showed `__GI_mlock` alone.
+#[test]
+fn c_program_without_frame_pointers_unwinds_to_main_as_perf() {
+    require_privileges();
+    let dir = scratch("stacks-c");
+    let bin = build_lock_chain(&dir);
+    let bin = bin.to_str().unwrap();
+    let summary = traced(&[], &[bin]);
+    let ours = mlock_call_site(&summary);
+    let names: Vec<&str> = ours.iter().map(|(s, _)| s.as_str()).collect();
+    assert!(names.len() >= 4, "{ours:#?}");
+    assert!(
+        names[0].ends_with("mlock"),
+        "innermost: libc's mlock: {ours:#?}"
+    );
+    assert_eq!(names[1..4], ["lock_b", "lock_a", "main"], "{ours:#?}");
+    for (_, module) in &ours[1..4] {
+        assert_eq!(module, bin, "{ours:#?}");
+    }
+    let perf = perf_dwarf_chain(&dir, &[bin]);
+    std::fs::remove_dir_all(&dir).ok();
+    assert_eq!(names, perf, "ours and perf --call-graph dwarf");
+    let unwinding = &summary["call_site_health"]["unwinding"];
+    assert_eq!(unwinding["frame_pointer_walks"], 0, "{unwinding}");
+    assert_eq!(unwinding["frames_dropped"], 0, "{unwinding}");
+}
+
+/// A program that deletes its own file before it locks, and exits at once: its call site
+/// is symbolized after it has exited, from the file it mapped, kept open since its exec.
+#[test]
+fn deleted_and_exited_program_is_still_symbolized() {
+    require_privileges();
+    let dir = scratch("stacks-deleted");
+    let bin = build_lock_chain(&dir);
+    let summary = traced(&[], &[bin.to_str().unwrap(), "unlink"]);
+    assert!(!bin.exists(), "the program deleted itself");
+    std::fs::remove_dir_all(&dir).ok();
+    let ours = mlock_call_site(&summary);
+    let names: Vec<&str> = ours.iter().map(|(s, _)| s.as_str()).collect();
+    assert_eq!(
+        names.get(1..4),
+        Some(&["lock_b", "lock_a", "main"][..]),
+        "{ours:#?}"
+    );
+}
+
+/// python3 calling libc's mlock through ctypes: the call site goes through libffi, the
+/// _ctypes module and the interpreter loop down to python's main, every frame in an
+/// executable mapping; so does every sampled fault's stack.
+#[test]
+fn python_ctypes_call_site_reaches_the_interpreter_and_main() {
+    require_privileges();
+    assert!(
+        Path::new(PYTHON).is_file(),
+        "{PYTHON} is missing (`cargo xtask test` installs Debian's python3)"
+    );
+    let dir = scratch("stacks-python");
+    let script = dir.join("lock.py");
+    std::fs::write(
+        &script,
+        "import ctypes, mmap\n\
+         libc = ctypes.CDLL(None, use_errno=True)\n\
+         buf = mmap.mmap(-1, 1 << 16)\n\
+         addr = ctypes.addressof(ctypes.c_char.from_buffer(buf))\n\
+         def lock_here():\n    \
+             if libc.mlock(ctypes.c_void_p(addr), ctypes.c_size_t(1 << 16)) != 0:\n        \
+                 raise OSError(ctypes.get_errno(), 'mlock')\n\
+         lock_here()\n",
+    )
+    .unwrap();
+    let summary = traced(
+        &["--stack-sample", "1"],
+        &[PYTHON, script.to_str().unwrap()],
+    );
+    std::fs::remove_dir_all(&dir).ok();
+    let ours = mlock_call_site(&summary);
+    let names: Vec<&str> = ours.iter().map(|(s, _)| s.as_str()).collect();
+    let at = |what: &str| {
+        names
+            .iter()
+            .position(|n| n.contains(what))
+            .unwrap_or_else(|| panic!("no frame names {what}: {ours:#?}"))
+    };
+    assert!(names[0].ends_with("mlock"), "{ours:#?}");
+    assert!(
+        ours[1].1.contains("libffi"),
+        "mlock's caller is libffi: {ours:#?}"
+    );
+    assert!(at("ffi_call") < at("_PyEval_EvalFrameDefault"), "{ours:#?}");
+    assert!(
+        at("_PyEval_EvalFrameDefault") < at("Py_BytesMain"),
+        "{ours:#?}"
+    );
+    assert!(
+        at("Py_BytesMain") < at("__libc_start_call_main"),
+        "{ours:#?}"
+    );
+    // Every sampled fault's stack too: `frames` panics on a frame in no mapping.
+    let process = &summary["processes"][0];
+    let stacks = process["faults"]["stacks"].as_array().unwrap();
+    assert!(!stacks.is_empty(), "{process}");
+    for stack in stacks {
+        assert!(!frames(&stack["frames"]).is_empty(), "{stack}");
+    }
+    let unwinding = &summary["call_site_health"]["unwinding"];
+    assert_eq!(unwinding["frame_pointer_walks"], 0, "{unwinding}");
+}
