@@ -110,8 +110,18 @@ const LIBTEST_ARGS: [&str; 1] = ["--test-threads=1"];
 const HOST_ONLY: &[(&str, &str)] = &[
     (
         "memlock-trace/test:stacks",
-        "host only: compiles a C program with gcc and compares with perf, which the guests do \\
+        "host only: compiles a C program with gcc and compares with perf, which the guests do \
          not carry (the kernel side of --stacks: test:fault_cli, on every kernel)",
+    ),
+    (
+        "memlock-trace/test:metrics_server",
+        "host only: the /metrics server's limits (connections, header size, timeouts, accept \
+         errors) are user space, the same on every kernel",
+    ),
+    (
+        "memlock-trace/test:prometheus_https",
+        "host only: runs Debian's prometheus and promtool against --web-config (TLS, basic \
+         auth), user space on every kernel",
     ),
     (
         "memlock-trace/test:prometheus_server",
@@ -152,6 +162,7 @@ const HOST_ONLY: &[(&str, &str)] = &[
 /// the host has (python3 with its standard library, memcached: see `vm::programs`).
 const PROGRAM_TESTS: &[(&str, &str)] = &[
     ("memlock-trace/test:prometheus_server", "prometheus"),
+    ("memlock-trace/test:prometheus_https", "prometheus"),
     ("memlock-trace/test:hostile_names", "gcc"),
     ("memlock-trace/test:hostile_names", "binutils"),
     ("memlock-trace/test:run_as_user", "libcap2-bin"),

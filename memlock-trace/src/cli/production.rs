@@ -26,6 +26,10 @@ pub struct ProductionArgs {
     /// interfaces; port 0 picks a free one, printed on stderr).
     #[arg(long, value_name = "ADDR", value_parser = listen_addr)]
     pub prometheus: Option<SocketAddr>,
+    /// Serve /metrics as the web configuration FILE says: TLS (`tls_server_config`) and
+    /// basic auth (`basic_auth_users`, bcrypt), the Prometheus exporter-toolkit format.
+    #[arg(long, value_name = "FILE", requires = "prometheus")]
+    pub web_config: Option<PathBuf>,
     /// Add a `pid` label to per-process metrics (one series per process: use with care).
     #[arg(long, requires = "prometheus")]
     pub prometheus_pid_label: bool,

@@ -6,10 +6,12 @@
 //! [`Metrics::new`] and fed from the session: syscalls from the drain loop, page faults
 //! (`faults.rs`) from the fault family's read-back on the session's health ticker.
 
+mod auth;
 mod faults;
 mod health;
 pub mod server;
 mod syscalls;
+pub mod web_config;
 
 use std::fmt::Write as _;
 

@@ -258,7 +258,7 @@ async fn event_loop(
     mut tracer: Tracer,
     args: TraceArgs,
     launched: Option<u32>,
-    production: Production,
+    mut production: Production,
     described: String,
     sink: Sink,
     started_ns: u64,
@@ -269,6 +269,7 @@ async fn event_loop(
     if !args.quiet {
         eprintln!("memlock-trace: tracing {described}");
     }
+    production.serve_metrics()?;
     // SAFETY: the ring buffer owns its fd for as long as the AsyncFd holds it.
     let mut ring = unsafe { AsyncFd::register(tracer.take_events()?) }
         .map_err(std::io::Error::from)

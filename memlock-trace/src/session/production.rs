@@ -8,18 +8,14 @@ use anyhow::Result;
 use crate::{
     UsageError,
     cli::TraceArgs,
-    metrics::{Metrics, server::MetricsServer},
+    metrics::{Metrics, server::MetricsServer, web_config::WebConfig},
     process::{Cgroup, Filters},
 };
 
 pub struct Production {
     pub filters: Filters,
     pub metrics: Option<Arc<Metrics>>,
-    /// Serves until dropped.
-    #[expect(
-        dead_code,
-        reason = "held for its Drop: the server runs until the session ends"
-    )]
+    /// Bound at set-up, serving from [`Self::serve_metrics`] until dropped.
     pub server: Option<MetricsServer>,
     pub max_processes: usize,
 }
@@ -50,12 +46,25 @@ impl Production {
         }
         let (metrics, server) = match p.prometheus {
             Some(addr) => {
+                let web = match &p.web_config {
+                    Some(path) => WebConfig::load(path)?,
+                    None => WebConfig::default(),
+                };
+                let open = web.tls.is_none() && web.users.is_none();
                 let metrics = Arc::new(Metrics::new(p.prometheus_pid_label));
-                let server = MetricsServer::start(addr, Arc::clone(&metrics))?;
+                let server = MetricsServer::bind(addr, web)?;
                 eprintln!(
-                    "memlock-trace: serving Prometheus metrics on http://{}/metrics",
-                    server.addr
+                    "memlock-trace: serving Prometheus metrics on {}://{}/metrics",
+                    server.scheme, server.addr
                 );
+                if open && !addr.ip().is_loopback() {
+                    eprintln!(
+                        "memlock-trace: warning: /metrics on {addr} is plain HTTP without \
+                         authentication: anyone who reaches the port reads this node's process \
+                         names and fault counts; use --web-config FILE (TLS and basic auth) or \
+                         listen on 127.0.0.1"
+                    );
+                }
                 (Some(metrics), Some(server))
             }
             None => (None, None),
@@ -66,5 +75,13 @@ impl Production {
             server,
             max_processes: p.max_processes as usize,
         })
+    }
+
+    /// Starts the metrics server on the session's runtime (bound in [`Self::setup`]).
+    pub fn serve_metrics(&mut self) -> Result<()> {
+        match (&mut self.server, &self.metrics) {
+            (Some(server), Some(metrics)) => server.serve(Arc::clone(metrics)),
+            _ => Ok(()),
+        }
     }
 }

@@ -3,6 +3,8 @@
 
 #![allow(dead_code, reason = "each test binary uses a different subset")]
 
+pub mod prometheus;
+
 use std::{
     collections::BTreeSet,
     io::{BufRead as _, BufReader, Read as _},
