@@ -226,7 +226,8 @@ impl MappingCache {
             Err(e) => {
                 if crate::process::pids::is_alive(pid) {
                     self.unreadable += 1;
-                    if self.warned.insert(pid) {
+                    // Each process once; past 1024 of them, counted only.
+                    if self.warned.len() < 1024 && self.warned.insert(pid) {
                         eprintln!(
                             "memlock-trace: warning: cannot read the mappings of pid {pid}: \
                              {e:#}; its faults are attributed to its last mappings read, or \

@@ -259,6 +259,8 @@ impl Launched {
     /// Waits until the child has exec'd and stopped at its exec trap; fails (and reaps it) if
     /// the command could not be executed.
     pub fn wait_exec(mut self, program: &str) -> Result<AtExec> {
+        // Named in messages: escaped, as every name that can hold anything.
+        let program = crate::output::Outside::from(program);
         let pid = Pid::from_raw(self.pid as i32);
         let mut buf = Vec::new();
         // The CLOEXEC pipe closes on a successful exec: EOF with no bytes means it ran.
