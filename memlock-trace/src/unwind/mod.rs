@@ -42,6 +42,8 @@ pub struct StackHealth {
     pub frames_dropped: u64,
     /// Stacks whose first address is in no known executable mapping: not kept.
     pub no_module: u64,
+    /// Stacks cut where the caller's frame lies above the copied 8 KiB.
+    pub stack_exhausted: u64,
     /// Samples too short to decode.
     pub undecodable: u64,
     /// Time spent unwinding the kept stacks from registers (module reads not included).
@@ -148,8 +150,16 @@ impl StackCollector {
             let mut frames = p
                 .unwinder
                 .iter_frames(s.ip, regs, &mut p.cache, &mut read_stack);
-            while let Ok(Some(frame)) = frames.next() {
-                ips.push(frame.address());
+            loop {
+                match frames.next() {
+                    Ok(Some(frame)) => ips.push(frame.address()),
+                    // The caller's frame is above the copied bytes: the stack is cut there.
+                    Err(framehop::Error::CouldNotReadStack(addr)) if addr >= base => {
+                        self.health.stack_exhausted += 1;
+                        break;
+                    }
+                    _ => break,
+                }
                 if ips.len() == STACK_DEPTH {
                     break;
                 }
