@@ -54,6 +54,17 @@ pub(super) struct Output {
     pub(super) order: Reorder,
     /// Cgroup ids to paths, kept from one summary to the next.
     pub(super) cgroups: CgroupPaths,
+    /// When each exited process's fault count can be checked against the kernel's.
+    pub(super) exit_check: Option<ExitCheck>,
+}
+
+/// Which processes the fault family counted from their very start, so that the kernel's
+/// count at their exit is what the summary should say.
+pub(super) struct ExitCheck {
+    /// CLOCK_BOOTTIME when the hooks were attached: processes started later.
+    pub(super) attached_ns: u64,
+    /// The launched command: its faults before exec are not counted, by design.
+    pub(super) launched: Option<u32>,
 }
 
 /// One interval's own figures: reset when its block is printed.
@@ -473,6 +484,15 @@ impl Output {
                 }
             }
             p.cgroup = Some(self.cgroups.info(id.cgroup_id));
+            let checked = self
+                .exit_check
+                .as_ref()
+                .is_some_and(|c| p.start_ns > c.attached_ns && c.launched != Some(p.pid));
+            if let (Some(kernel), true) = (id.exit_faults, checked) {
+                let counted = p.faults.as_ref().map_or(0, |f| f.minor + f.major);
+                p.kernel_faults = Some(kernel);
+                p.faults_missing = Some(kernel.saturating_sub(counted));
+            }
         }
     }
 }

@@ -72,6 +72,13 @@ pub struct ProcessSummary {
     pub syscalls: BTreeMap<&'static str, SyscallSummary>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub faults: Option<FaultSummary>,
+    /// An exited process traced from its start: the faults the kernel counted for it over
+    /// its life (what `getrusage` gives its parent), and how many of them the summary lacks
+    /// (the fault maps had to evict its counts).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kernel_faults: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub faults_missing: Option<u64>,
     /// `--per-thread`: each thread's call latencies, for `--hist`.
     #[serde(skip)]
     pub thread_latencies: ThreadLatencies,
@@ -98,6 +105,8 @@ impl Summary {
                     cgroup: None,
                     syscalls: p.syscalls,
                     faults: None,
+                    kernel_faults: None,
+                    faults_missing: None,
                     thread_latencies: p.threads,
                     call_sites: None,
                 })
@@ -137,6 +146,8 @@ impl Summary {
                     cgroup: None,
                     syscalls: BTreeMap::new(),
                     faults: Some(summary),
+                    kernel_faults: None,
+                    faults_missing: None,
                     thread_latencies: BTreeMap::new(),
                     call_sites: None,
                 }),
@@ -169,6 +180,13 @@ pub fn summary_text(summary: &Summary, style: TextStyle) -> String {
             _ => String::new(),
         };
         let _ = writeln!(out, "pid {} ({}){started}{cgroup}", p.pid, p.comm);
+        if let (Some(missing @ 1..), Some(kernel)) = (p.faults_missing, p.kernel_faults) {
+            let _ = writeln!(
+                out,
+                "  page faults missing: {missing} of the {kernel} the kernel counted (the \
+                 fault maps evicted them: too many processes at once)"
+            );
+        }
         if let Some(f) = &p.faults {
             faults::render::faults_text(&mut out, f, "  ", style);
             if let Some(stacks) = &f.stacks {
