@@ -30,6 +30,7 @@ use crate::{
     tracer::{Options, Tracer},
 };
 
+pub mod groups;
 mod order;
 mod output;
 mod production;
@@ -334,6 +335,7 @@ async fn event_loop(
         order: Default::default(),
         cgroups: Default::default(),
         exit_check: exit_check(&args, &tracer, launched, attached_ns),
+        by_cgroup: args.production.by == Some(crate::cli::GroupBy::Cgroup),
     };
     // Event lines wait until both rings were read past them.
     output.order.watch(ring.get_ref().as_raw_fd());

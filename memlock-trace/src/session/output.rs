@@ -56,6 +56,8 @@ pub(super) struct Output {
     pub(super) cgroups: CgroupPaths,
     /// When each exited process's fault count can be checked against the kernel's.
     pub(super) exit_check: Option<ExitCheck>,
+    /// `--by cgroup`.
+    pub(super) by_cgroup: bool,
 }
 
 /// Which processes the fault family counted from their very start, so that the kernel's
@@ -409,6 +411,9 @@ impl Output {
         }
         self.identify(&mut summary, &identities);
         name_exited(&mut summary, &tracer.exit_comms()?);
+        if self.by_cgroup {
+            summary.cgroups = Some(super::groups::by_cgroup(&summary.processes));
+        }
         if let Some(sites) = tracer.call_sites()? {
             self.add_call_sites(&mut summary, &sites);
         }

@@ -7,6 +7,7 @@ use serde::Serialize;
 
 use memlock_trace_common::process::ProcessKey;
 
+use super::groups::CgroupSummary;
 use crate::{
     faults::{self, FaultHealth, FaultHooks, FaultSummary},
     output::{JSON_SCHEMA, TextStyle},
@@ -36,6 +37,9 @@ pub struct Summary {
     pub fault_hooks: Option<FaultHooks>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fault_health: Option<FaultHealth>,
+    /// `--by cgroup`: the processes added up per cgroup.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cgroups: Option<Vec<CgroupSummary>>,
     /// What the kernel's per-process call counts could not keep.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub syscall_health: Option<SyscallHealth>,
@@ -115,6 +119,7 @@ impl Summary {
             health,
             fault_hooks: None,
             fault_health: None,
+            cgroups: None,
             syscall_health: None,
             call_site_health: None,
         }
@@ -167,7 +172,15 @@ pub fn summary_text(summary: &Summary, style: TextStyle) -> String {
     if summary.processes.is_empty() {
         out.push_str("no mlock-family calls or page faults traced\n");
     }
-    for p in &summary.processes {
+    if let Some(groups) = &summary.cgroups {
+        super::groups::text(&mut out, groups);
+    }
+    // `--by cgroup` replaces the per-process blocks.
+    for p in summary
+        .processes
+        .iter()
+        .filter(|_| summary.cgroups.is_none())
+    {
         // A reused pid: the start time tells the processes apart.
         let started = if summary.processes.iter().filter(|q| q.pid == p.pid).count() > 1 {
             format!(", started {:.3}s after boot", p.start_ns as f64 / 1e9)
