@@ -347,7 +347,11 @@ impl Output {
         let mut health = tracer.health()?;
         health.processes.evicted_processes = self.aggregator.evicted_processes();
         let identities = tracer.identities()?;
-        let calls = tracer.syscall_report()?;
+        let mut calls = tracer.syscall_report()?;
+        if self.tid.is_some() {
+            // The kernel counts per process: `-t`'s thread is counted from its records.
+            calls.counts.clear();
+        }
         let syscall_health = calls.health;
         let (kind, events, start_ns, calls) = match (&mut self.window, scope) {
             (Some(w), Scope::Interval) => {
