@@ -30,7 +30,7 @@ pub mod names {
 pub const FAULT_EVENTS_BYTE_SIZE: u32 = 4 << 20;
 
 /// Default sizes; the loader scales the per-CPU maps to the machine (`set_max_entries`).
-pub const MAX_FAULT_KEYS: u32 = 8192;
+pub const MAX_FAULT_KEYS: u32 = 32768;
 pub const MAX_FAULT_HISTS: u32 = 8192;
 pub const MAX_FAULT_REGIONS: u32 = 65536;
 /// VMAs whose identity the fault hooks recorded (LRU, keyed like [`RegionKey`]).

@@ -32,6 +32,10 @@ pub struct ProcessIdentity {
     /// [`identity`] bits.
     pub flags: u32,
     pub _pad: u32,
+    /// With [`identity::EXITED`]: the faults (minor + major) the kernel counted for the whole
+    /// process over its life, as `getrusage` would report them to its parent; what the
+    /// tracer counted for it can be checked against this.
+    pub exit_faults: u64,
 }
 
 /// Bits of [`ProcessIdentity::flags`].
@@ -78,6 +82,12 @@ pub struct ProcessOffsets {
     pub task_signal: u32,
     /// `signal_struct.live` (an `atomic_t`: threads of the group not yet exiting)
     pub signal_live: u32,
+    /// `signal_struct.min_flt` / `maj_flt`: the faults of the group's released threads
+    pub signal_min_flt: u32,
+    pub signal_maj_flt: u32,
+    /// `task_struct.min_flt` / `maj_flt`
+    pub task_min_flt: u32,
+    pub task_maj_flt: u32,
 }
 
 /// Load-time configuration of the process filters (the `PROCESS_CONFIG` global). Each

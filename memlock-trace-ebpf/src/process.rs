@@ -34,7 +34,8 @@ use memlock_trace_common::{
     TASK_COMM_LEN,
     diag::{field, program},
     process::{
-        EXIT_COMMS_MAX, PROCESS_IDENTITY_MAX, ProcessIdentity, ProcessKey, counter, identity,
+        EXIT_COMMS_MAX, PROCESS_IDENTITY_MAX, ProcessIdentity, ProcessKey, ProcessOffsets, counter,
+        identity,
     },
 };
 
@@ -59,6 +60,7 @@ fn current_identity(flags: u32) -> ProcessIdentity {
         cgroup_id: unsafe { bpf_get_current_cgroup_id() },
         flags,
         _pad: 0,
+        exit_faults: 0,
     }
 }
 
@@ -154,6 +156,26 @@ pub fn process_fork(ctx: BtfTracePointContext) -> i32 {
     0
 }
 
+/// The faults of a whole thread group whose last thread (`task`) is exiting: those of its
+/// released threads (`signal_struct.min_flt`/`maj_flt`, added by `__exit_signal()`), the
+/// exiting thread's own, and the group leader's if it exited first (a zombie keeps its
+/// counts until the group is reaped). What `wait4()` hands the parent (kernel/exit.c,
+/// `wait_task_zombie()`: `p->min_flt + sig->min_flt + sig->cmin_flt`, children excluded).
+#[inline(always)]
+fn group_faults(task: u64, signal: u64, off: &ProcessOffsets) -> u64 {
+    let own = |t: u64| -> u64 {
+        read_kernel::<u64>(t, off.task_min_flt) + read_kernel::<u64>(t, off.task_maj_flt)
+    };
+    let mut faults = read_kernel::<u64>(signal, off.signal_min_flt)
+        + read_kernel::<u64>(signal, off.signal_maj_flt)
+        + own(task);
+    let leader: u64 = read_kernel(task, off.task_group_leader);
+    if leader != task {
+        faults += own(leader);
+    }
+    faults
+}
+
 /// Runs in each exiting thread. When the last thread of a traced group exits, its tgid
 /// leaves the filter, so a process that later reuses the pid is not traced by mistake; the
 /// last thread of any counted process leaves its final name in `PROCESS_IDENTITY`.
@@ -179,7 +201,9 @@ pub fn process_exit(ctx: BtfTracePointContext) -> i32 {
     if let Some(known) = PROCESS_IDENTITY.get_ptr(key) {
         // SAFETY: a valid pointer to the map's value, read before it is replaced.
         let flags = unsafe { (*known).flags };
-        let _ = PROCESS_IDENTITY.insert(key, current_identity(flags | identity::EXITED), 0);
+        let mut last = current_identity(flags | identity::EXITED);
+        last.exit_faults = group_faults(task, signal, &off);
+        let _ = PROCESS_IDENTITY.insert(key, last, 0);
     }
     if TARGET_TGIDS.remove(tgid).is_ok() {
         count(counter::TARGETS_EXITED);

@@ -329,6 +329,10 @@ pub static PROCESS_CONFIG: Global<ProcessConfig> = Global::new(ProcessConfig {
         task_comm: 0,
         task_signal: 0,
         signal_live: 0,
+        signal_min_flt: 0,
+        signal_maj_flt: 0,
+        task_min_flt: 0,
+        task_maj_flt: 0,
     },
     cgroup_offsets: CgroupOffsets {
         task_cgroups: 0,

@@ -185,8 +185,6 @@ fn forked_children_are_named_after_their_exec() {
             assert!(p["start_ns"].as_u64().unwrap() > 0, "{p}");
             assert!(p["faults"]["minor"].as_u64().unwrap() > 0, "{p}");
             assert!(p["syscalls"].as_object().unwrap().is_empty(), "{p}");
-            // The exec's own argument pages are populated once per process.
-            assert_eq!(p["faults"]["populated_by"]["execve"], 1, "{p}");
         }
     }
     assert_eq!(processes.len(), 11, "{summary}");

@@ -164,7 +164,7 @@ fn fault_only_processes_that_share_a_pid_are_two_entries() {
     let pid = probe.id() + 100;
     let _ = { probe }.wait();
     run_as(pid, &["/bin/true"]);
-    run_as(pid, &["/usr/bin/python3", "-c", "pass"]);
+    run_as(pid, &["/bin/cat", "/dev/null"]);
     tracer.signal(libc::SIGINT);
     let done = tracer.finish();
     assert!(done.status.success(), "{}", done.stderr);
@@ -180,12 +180,9 @@ fn fault_only_processes_that_share_a_pid_are_two_entries() {
         .map(|p| p["comm"].as_str().unwrap())
         .collect();
     // A failed try leaves an earlier `true` with another pid, never with this one.
-    assert_eq!(comms, ["true", "python3"], "{entries:#?}");
+    assert_eq!(comms, ["true", "cat"], "{entries:#?}");
     assert!(entries[0]["start_ns"].as_u64() < entries[1]["start_ns"].as_u64());
     for p in entries {
-        assert_eq!(
-            p["faults"]["populated_by"]["execve"], 1,
-            "one exec each: {p}"
-        );
+        assert!(p["faults"]["minor"].as_u64().unwrap() > 0, "{p}");
     }
 }

@@ -64,7 +64,9 @@ fn parse(text: &str) -> Vec<Sample> {
     samples
 }
 
-/// The value of the one sample named `name` whose labels are exactly `labels`.
+/// The value of the one sample named `name` whose labels are exactly `labels` (the
+/// `cgroup` label aside, unless `labels` has it: every process of these tests is in the
+/// test's own cgroup).
 fn value(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> Option<f64> {
     let want: BTreeMap<String, String> = labels
         .iter()
@@ -72,7 +74,13 @@ fn value(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> Option<f64>
         .collect();
     let found: Vec<&Sample> = samples
         .iter()
-        .filter(|s| s.name == name && s.labels == want)
+        .filter(|s| {
+            let mut have = s.labels.clone();
+            if !want.contains_key("cgroup") {
+                have.remove("cgroup");
+            }
+            s.name == name && have == want
+        })
         .collect();
     assert!(
         found.len() <= 1,
@@ -412,12 +420,19 @@ fn pid_label_only_when_asked() {
         .unwrap()
         .to_string();
     let pid_str = pid.as_str();
+    // The workload runs in this test's cgroup v2: `0::PATH` in /proc/self/cgroup.
+    let own = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+    let cgroup = own
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .expect("a cgroup v2 line");
     assert_eq!(
         value(
             &samples,
             "memlock_trace_syscalls_total",
             &[
                 ("comm", "memlock-trace"),
+                ("cgroup", cgroup),
                 ("pid", pid_str),
                 ("syscall", "mlock")
             ]

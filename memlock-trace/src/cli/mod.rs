@@ -13,7 +13,7 @@ use std::path::PathBuf;
 pub use commands::Command;
 #[cfg(feature = "lab")]
 pub use commands::{WorkloadName, WorkloadParams};
-pub use production::ProductionArgs;
+pub use production::{GroupBy, ProductionArgs};
 
 use crate::{
     faults::{BenchFloor, FaultOptions, HookChoice},

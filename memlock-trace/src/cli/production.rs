@@ -37,10 +37,21 @@ pub struct ProductionArgs {
     /// counted (`evicted_processes`).
     #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_PROCESSES, value_parser = int(1, MAX_PIDS))]
     pub max_processes: u32,
+    /// Also add the summary up by cgroup v2 (`cgroup`): per service, container or pod, in
+    /// text instead of the per-process blocks, in JSON as a `"cgroups"` list beside
+    /// `"processes"`.
+    #[arg(long, value_enum, value_name = "WHAT")]
+    pub by: Option<GroupBy>,
     /// Most processes traced at once by pid (`-p`, a command, its children); children past
     /// that are counted as not followed.
     #[arg(long, value_name = "N", value_parser = int(1, MAX_PIDS))]
     pub max_targets: Option<u32>,
+}
+
+/// What `--by` adds the summary up by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum GroupBy {
+    Cgroup,
 }
 
 fn listen_addr(s: &str) -> Result<SocketAddr, String> {

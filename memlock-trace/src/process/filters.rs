@@ -132,6 +132,10 @@ pub fn process_offsets(btf: &KernelBtf) -> Result<ProcessOffsets> {
         task_comm: btf.field_offset("task_struct", "comm")?,
         task_signal: btf.field_offset("task_struct", "signal")?,
         signal_live: btf.field_offset("signal_struct", "live")?,
+        signal_min_flt: btf.field_offset("signal_struct", "min_flt")?,
+        signal_maj_flt: btf.field_offset("signal_struct", "maj_flt")?,
+        task_min_flt: btf.field_offset("task_struct", "min_flt")?,
+        task_maj_flt: btf.field_offset("task_struct", "maj_flt")?,
     })
 }
 

@@ -18,6 +18,8 @@ pub struct Identity {
     /// The name was set by an exec the tracer saw (it is the program's, not its parent's).
     pub execed: bool,
     pub exited: bool,
+    /// Once exited: the faults the kernel counted for the whole process over its life.
+    pub exit_faults: Option<u64>,
 }
 
 /// Every identity the kernel holds (empty if the map is missing).
@@ -37,6 +39,7 @@ pub fn read(ebpf: &Ebpf) -> Result<BTreeMap<ProcessKey, Identity>> {
                     cgroup_id: id.cgroup_id,
                     execed: id.flags & identity::EXECED != 0,
                     exited: id.flags & identity::EXITED != 0,
+                    exit_faults: (id.flags & identity::EXITED != 0).then_some(id.exit_faults),
                 },
             )
         })

@@ -30,6 +30,7 @@ use crate::{
     tracer::{Options, Tracer},
 };
 
+pub mod groups;
 mod order;
 mod output;
 mod production;
@@ -137,6 +138,7 @@ pub fn run(mut args: TraceArgs) -> Result<i32> {
         ..Options::default()
     };
     let mut tracer = load_tracer(&targets, options)?;
+    let attached_ns = boot_time_ns();
     // Fork before the runtime starts any thread. The command is added to the filter at its
     // exec trap: what the launcher does before exec is not the command's.
     let mut faults_before_exec = None;
@@ -184,12 +186,42 @@ pub fn run(mut args: TraceArgs) -> Result<i32> {
         .build()
         .context("starting the tokio runtime")?;
     let code = runtime.block_on(event_loop(
-        tracer, args, launched, production, described, sink, started_ns,
+        tracer,
+        args,
+        launched,
+        production,
+        described,
+        sink,
+        (started_ns, attached_ns),
     ));
     // Stopped by a signal or --duration while the command runs: its blocking waitpid must
     // not hold the tracer's exit (dropping the runtime would wait for it).
     runtime.shutdown_background();
     code
+}
+
+/// CLOCK_BOOTTIME, the clock of process start times.
+fn boot_time_ns() -> u64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME)
+        .map(|t| t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64)
+        .unwrap_or(u64::MAX)
+}
+
+/// Processes whose fault count can be checked against the kernel's at their exit: those the
+/// fault family counted from their start, which filters on name or cgroup (a process may
+/// match only after an exec or a move) and `-t` rule out.
+fn exit_check(
+    args: &TraceArgs,
+    tracer: &Tracer,
+    launched: Option<u32>,
+    attached_ns: u64,
+) -> Option<output::ExitCheck> {
+    let p = &args.production;
+    (tracer.fault_hooks.is_some() && p.comm.is_none() && p.cgroup.is_none() && args.tid.is_none())
+        .then_some(output::ExitCheck {
+            attached_ns,
+            launched,
+        })
 }
 
 /// A family's hook description cut to the hook set, noting refusals without their reasons.
@@ -261,7 +293,7 @@ async fn event_loop(
     mut production: Production,
     described: String,
     sink: Sink,
-    started_ns: u64,
+    (started_ns, attached_ns): (u64, u64),
 ) -> Result<i32> {
     // Handlers first, then the "tracing" line: a Ctrl-C from then on always gets a summary.
     let sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
@@ -334,6 +366,8 @@ async fn event_loop(
         stack_sample: args.stack_sample,
         order: Default::default(),
         cgroups: Default::default(),
+        exit_check: exit_check(&args, &tracer, launched, attached_ns),
+        by_cgroup: args.production.by == Some(crate::cli::GroupBy::Cgroup),
     };
     // Event lines wait until both rings were read past them.
     output.order.watch(ring.get_ref().as_raw_fd());

@@ -62,6 +62,19 @@ pub(super) struct Output {
     pub(super) order: Reorder,
     /// Cgroup ids to paths, kept from one summary to the next.
     pub(super) cgroups: CgroupPaths,
+    /// When each exited process's fault count can be checked against the kernel's.
+    pub(super) exit_check: Option<ExitCheck>,
+    /// `--by cgroup`.
+    pub(super) by_cgroup: bool,
+}
+
+/// Which processes the fault family counted from their very start, so that the kernel's
+/// count at their exit is what the summary should say.
+pub(super) struct ExitCheck {
+    /// CLOCK_BOOTTIME when the hooks were attached: processes started later.
+    pub(super) attached_ns: u64,
+    /// The launched command: its faults before exec are not counted, by design.
+    pub(super) launched: Option<u32>,
 }
 
 /// One interval's own figures: reset when its block is printed.
@@ -369,7 +382,11 @@ impl Output {
         let mut health = tracer.health()?;
         health.processes.evicted_processes = self.aggregator.evicted_processes();
         let identities = tracer.identities()?;
-        let calls = tracer.syscall_report()?;
+        let mut calls = tracer.syscall_report()?;
+        if self.tid.is_some() {
+            // The kernel counts per process: `-t`'s thread is counted from its records.
+            calls.counts.clear();
+        }
         let syscall_health = calls.health;
         let (kind, events, start_ns, calls) = match (&mut self.window, scope) {
             (Some(w), Scope::Interval) => {
@@ -433,6 +450,9 @@ impl Output {
         }
         self.identify(&mut summary, &identities);
         name_exited(&mut summary, &tracer.exit_comms()?);
+        if self.by_cgroup {
+            summary.cgroups = Some(super::groups::by_cgroup(&summary.processes));
+        }
         if let (Some(stacks), Some((dropped, _))) = (&self.stacks, tracer.stacks_dropped()?) {
             let sites = CallSiteReport {
                 counts: stacks.calls.clone(),
@@ -514,6 +534,15 @@ impl Output {
                 }
             }
             p.cgroup = Some(self.cgroups.info(id.cgroup_id));
+            let checked = self
+                .exit_check
+                .as_ref()
+                .is_some_and(|c| p.start_ns > c.attached_ns && c.launched != Some(p.pid));
+            if let (Some(kernel), true) = (id.exit_faults, checked) {
+                let counted = p.faults.as_ref().map_or(0, |f| f.minor + f.major);
+                p.kernel_faults = Some(kernel);
+                p.faults_missing = Some(kernel.saturating_sub(counted));
+            }
         }
     }
 }

@@ -7,6 +7,7 @@ use serde::Serialize;
 
 use memlock_trace_common::process::ProcessKey;
 
+use super::groups::CgroupSummary;
 use crate::{
     faults::{self, FaultHealth, FaultHooks, FaultSummary},
     output::{JSON_SCHEMA, Outside, TextStyle},
@@ -36,6 +37,9 @@ pub struct Summary {
     pub fault_hooks: Option<FaultHooks>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fault_health: Option<FaultHealth>,
+    /// `--by cgroup`: the processes added up per cgroup.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cgroups: Option<Vec<CgroupSummary>>,
     /// What the kernel's per-process call counts could not keep.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub syscall_health: Option<SyscallHealth>,
@@ -74,6 +78,13 @@ pub struct ProcessSummary {
     pub syscalls: BTreeMap<&'static str, SyscallSummary>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub faults: Option<FaultSummary>,
+    /// An exited process traced from its start: the faults the kernel counted for it over
+    /// its life (what `getrusage` gives its parent), and how many of them the summary lacks
+    /// (the fault maps had to evict its counts).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kernel_faults: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub faults_missing: Option<u64>,
     /// `--per-thread`: each thread's call latencies, for `--hist`.
     #[serde(skip)]
     pub thread_latencies: ThreadLatencies,
@@ -100,6 +111,8 @@ impl Summary {
                     cgroup: None,
                     syscalls: p.syscalls,
                     faults: None,
+                    kernel_faults: None,
+                    faults_missing: None,
                     thread_latencies: p.threads,
                     call_sites: None,
                 })
@@ -108,6 +121,7 @@ impl Summary {
             health,
             fault_hooks: None,
             fault_health: None,
+            cgroups: None,
             syscall_health: None,
             call_site_health: None,
         }
@@ -139,6 +153,8 @@ impl Summary {
                     cgroup: None,
                     syscalls: BTreeMap::new(),
                     faults: Some(summary),
+                    kernel_faults: None,
+                    faults_missing: None,
                     thread_latencies: BTreeMap::new(),
                     call_sites: None,
                 }),
@@ -158,7 +174,15 @@ pub fn summary_text(summary: &Summary, style: TextStyle) -> String {
     if summary.processes.is_empty() {
         out.push_str("no mlock-family calls or page faults traced\n");
     }
-    for p in &summary.processes {
+    if let Some(groups) = &summary.cgroups {
+        super::groups::text(&mut out, groups);
+    }
+    // `--by cgroup` replaces the per-process blocks.
+    for p in summary
+        .processes
+        .iter()
+        .filter(|_| summary.cgroups.is_none())
+    {
         // A reused pid: the start time tells the processes apart.
         let started = if summary.processes.iter().filter(|q| q.pid == p.pid).count() > 1 {
             format!(", started {:.3}s after boot", p.start_ns as f64 / 1e9)
@@ -173,6 +197,13 @@ pub fn summary_text(summary: &Summary, style: TextStyle) -> String {
             _ => String::new(),
         };
         let _ = writeln!(out, "pid {} ({}){started}{cgroup}", p.pid, p.comm);
+        if let (Some(missing @ 1..), Some(kernel)) = (p.faults_missing, p.kernel_faults) {
+            let _ = writeln!(
+                out,
+                "  page faults missing: {missing} of the {kernel} the kernel counted (the \
+                 fault maps evicted them: too many processes at once)"
+            );
+        }
         if let Some(f) = &p.faults {
             faults::render::faults_text(&mut out, f, "  ", style);
             if let Some(stacks) = &f.stacks {

@@ -16,6 +16,9 @@ pub struct Report {
     pub children: Vec<u32>,
     /// Successful mlock calls each child made.
     pub calls_per_child: u32,
+    /// The page faults of all the children together, as the kernel handed them to this
+    /// process when it reaped them (`getrusage(RUSAGE_CHILDREN)`: minor + major).
+    pub children_faults: u64,
 }
 
 /// Call only from a single-threaded process (the `workload` subcommand is).
@@ -49,8 +52,11 @@ pub fn run(count: u32, calls: u32) -> Result<Report> {
             other => bail!("child {pid} did not make its calls: {other:?}"),
         }
     }
+    let usage = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_CHILDREN)
+        .context("getrusage")?;
     Ok(Report {
         children,
         calls_per_child: calls,
+        children_faults: (usage.minor_page_faults() + usage.major_page_faults()) as u64,
     })
 }

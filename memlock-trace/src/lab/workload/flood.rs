@@ -47,12 +47,12 @@ pub fn run(threads: u32, calls_per_thread: u64, wait_stdin: bool, munlock: bool)
                         if unsafe { libc::mlock(std::ptr::null(), PAGE_SIZE) } != 0 && failed() {
                             enomem += 1;
                         }
-                        // SAFETY: as above.
-                        if munlock
-                            && unsafe { libc::munlock(std::ptr::null(), PAGE_SIZE) } != 0
-                            && failed()
-                        {
-                            munlock_enomem += 1;
+                        if munlock {
+                            // SAFETY: as above.
+                            let ret = unsafe { libc::munlock(std::ptr::null(), PAGE_SIZE) };
+                            if ret != 0 && failed() {
+                                munlock_enomem += 1;
+                            }
                         }
                     }
                     (enomem, munlock_enomem)
