@@ -10,7 +10,9 @@ use aya_ebpf::{
     },
 };
 
-use super::inflight::{hook_end, hook_start, perf_completion, record_start};
+use super::inflight::{
+    FIND_VMA, NO_LOOKUP, RB_WALK, hook_end, hook_start, perf_completion, record_start,
+};
 use crate::shared::tp_field;
 
 // ---------------------------------------------------------------------------------------
@@ -28,7 +30,7 @@ use crate::shared::tp_field;
 #[tracepoint]
 pub fn fault_exception_entry(ctx: TracePointContext) -> u32 {
     let address = tp_field::<u64>(&ctx, 8).unwrap_or(0);
-    record_start(address);
+    record_start::<NO_LOOKUP>(address);
     0
 }
 
@@ -37,13 +39,13 @@ pub fn fault_exception_entry(ctx: TracePointContext) -> u32 {
 /// `TP_PROTO(unsigned long address, struct pt_regs *regs, unsigned long error_code)`.
 #[btf_tracepoint(function = "page_fault_user")]
 pub fn fault_entry_user_btf(ctx: BtfTracePointContext) -> i32 {
-    record_start(ctx.arg(0));
+    record_start::<NO_LOOKUP>(ctx.arg(0));
     0
 }
 
 #[btf_tracepoint(function = "page_fault_kernel")]
 pub fn fault_entry_kernel_btf(ctx: BtfTracePointContext) -> i32 {
-    record_start(ctx.arg(0));
+    record_start::<NO_LOOKUP>(ctx.arg(0));
     0
 }
 
@@ -52,11 +54,23 @@ pub fn fault_entry_kernel_btf(ctx: BtfTracePointContext) -> i32 {
 /// kernel mode: the start, when the loader opens it on each target thread (period 1), so
 /// that processes not traced never run a program at their faults' start. The address is
 /// the event's sample address.
+///
+/// With `--latency-sample` it also counts every fault's region, keyed by the VMA it finds
+/// with `bpf_find_vma` (interrupts are on here, unlike at the tracepoints).
 #[perf_event]
 pub fn fault_perf_start(ctx: PerfEventContext) -> u32 {
     // SAFETY: `ctx.ctx` is the `bpf_perf_event_data` the kernel hands this program, valid
     // for its whole run.
-    record_start(unsafe { (*ctx.ctx).addr });
+    record_start::<FIND_VMA>(unsafe { (*ctx.ctx).addr });
+    0
+}
+
+/// [`fault_perf_start`] on kernels without `bpf_find_vma` (before 5.17): the VMA is found by
+/// a walk of the VMA rbtree.
+#[perf_event]
+pub fn fault_perf_start_rb(ctx: PerfEventContext) -> u32 {
+    // SAFETY: as in `fault_perf_start`.
+    record_start::<RB_WALK>(unsafe { (*ctx.ctx).addr });
     0
 }
 

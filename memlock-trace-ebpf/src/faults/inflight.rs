@@ -29,9 +29,17 @@ use crate::shared::{current_ids, is_target, now_ns, read_kernel, this_cpu};
 // Hook set 3: tracepoints + perf software events.
 // ---------------------------------------------------------------------------------------
 
+/// [`record_start`]'s `LOOKUP`: how the start program finds the faulting VMA when it
+/// counts regions (`--latency-sample`): not at all (the tracepoints, which run with
+/// interrupts off, where `bpf_find_vma` would defer its unlock to an irq_work per lookup),
+/// `bpf_find_vma`, or the rbtree walk (before 5.17).
+pub(super) const NO_LOOKUP: u8 = 0;
+pub(super) const FIND_VMA: u8 = 1;
+pub(super) const RB_WALK: u8 = 2;
+
 /// A traced task's fault starts: its start goes in this CPU's ring.
 #[inline(always)]
-pub(super) fn record_start(address: u64) {
+pub(super) fn record_start<const LOOKUP: u8>(address: u64) {
     let (tgid, tid) = current_ids();
     let sole = sole_tgid();
     if sole != 0 {
@@ -45,7 +53,13 @@ pub(super) fn record_start(address: u64) {
     // here, where every fault passes (user addresses only: a kernel-mode fault on kernel
     // memory has no mapping).
     if config!(counted_by_perf) != 0 && address < USER_ADDRESS_END {
-        count_region(tgid, address & PAGE_MASK, 0);
+        let vma = match LOOKUP {
+            FIND_VMA => resolve::<false>(tgid, address),
+            RB_WALK => resolve::<true>(tgid, address),
+            _ => None,
+        };
+        let (region, vm_flags) = vma.unwrap_or((address & PAGE_MASK, 0));
+        count_region(tgid, region, vm_flags);
     }
     if let Some(ring) = FAULT_SLOTS.get_ptr_mut(0) {
         // SAFETY: this CPU's value of a per-CPU map, valid while the program runs; a program

@@ -126,6 +126,8 @@ struct KernelSupport {
     /// `bpf_map_lookup_percpu_elem` (5.19): a fault's start searched on other CPUs. Without
     /// it the `_local` perf programs look on this CPU only.
     percpu_lookup: bool,
+    /// `bpf_find_vma` (5.17): the VMA of a fault looked up; else the rbtree walk.
+    find_vma: bool,
 }
 
 impl KernelSupport {
@@ -135,6 +137,7 @@ impl KernelSupport {
                 .field_offset("perf_event_attr", "inherit_thread")
                 .is_ok(),
             percpu_lookup: btf.has_enum_member("bpf_func_id", "BPF_FUNC_map_lookup_percpu_elem"),
+            find_vma: btf.has_find_vma(),
         }
     }
 }
@@ -151,6 +154,7 @@ const PERF_MAJ: &str = "fault_perf_maj";
 const PERF_MIN_LOCAL: &str = "fault_perf_min_local";
 const PERF_MAJ_LOCAL: &str = "fault_perf_maj_local";
 const PERF_START: &str = "fault_perf_start";
+const PERF_START_RB: &str = "fault_perf_start_rb";
 /// The same hooks with programs that return at once, or only read the clock: see
 /// [`BenchFloor`]. Entry user, entry kernel, perf min, perf maj.
 const EMPTY_PROGRAMS: [&str; 4] = [
@@ -187,7 +191,6 @@ pub fn attach(cx: &mut AttachContext<'_>, options: &FaultOptions) -> Result<Faul
     let specific_targets = cx.specific_targets;
     let has_fault_function = cx.btf.has_function(FAULT_FUNCTION);
     let kernel = KernelSupport::of(cx.btf);
-    let find_vma = cx.btf.has_find_vma();
     let (ebpf, aya_btf) = cx.ebpf_and_btf()?;
     let candidates: &[HookSet] = match options.hooks {
         HookChoice::Off => bail!("--fault-hooks off: the fault family is not attached"),
@@ -207,25 +210,8 @@ pub fn attach(cx: &mut AttachContext<'_>, options: &FaultOptions) -> Result<Faul
         };
         match attached {
             Ok(mut hooks) => {
-                let by_page = set == HookSet::Tracepoint
-                    && (counting(options, specific_targets, &kernel) || options.samples_latency());
-                hooks.push(match set {
-                    HookSet::Tracepoint if by_page => {
-                        "faults counted by page, their mappings named from smaps (no \
-                         program per fault completion)"
-                            .into()
-                    }
-                    HookSet::Tracepoint if find_vma => {
-                        "each fault's VMA looked up with bpf_find_vma at its completion".into()
-                    }
-                    HookSet::Tracepoint => {
-                        "each fault's VMA looked up by a walk of mm->mm_rb at its completion \
-                         (no bpf_find_vma, 5.17)"
-                            .into()
-                    }
-                    _ => format!("each fault's VMA from {FAULT_FUNCTION}'s argument"),
-                });
-                hooks.extend(attach_populate(ebpf, set, find_vma)?);
+                hooks.push(vma_lookup(set, options, specific_targets, &kernel));
+                hooks.extend(attach_populate(ebpf, set, kernel.find_vma)?);
                 hooks.push(attach_mappings_changed(ebpf)?);
                 hooks.push(attach_signal(ebpf)?);
                 let mut unobserved = Vec::new();
@@ -246,7 +232,7 @@ pub fn attach(cx: &mut AttachContext<'_>, options: &FaultOptions) -> Result<Faul
                         .then(|| completion_names(options.bench_floor, &kernel)),
                     start_program: (tracepoints
                         && per_target_start(options, specific_targets, &kernel))
-                    .then(|| start_name(options.bench_floor)),
+                    .then(|| start_name(options.bench_floor, &kernel)),
                     hook_set: set,
                     hooks,
                     refused,
@@ -333,7 +319,7 @@ fn attach_tracepoints(
         ]);
     }
     if per_target_start(options, specific_targets, kernel) {
-        load_perf_event(ebpf, start_name(options.bench_floor))?;
+        load_perf_event(ebpf, start_name(options.bench_floor, kernel))?;
         // Opened on each target thread as targets are added (`FaultCounters`).
         hooks
             .push("perf_event/software:PAGE_FAULTS on each target thread (start, period 1)".into());
@@ -405,8 +391,13 @@ fn completion_names(floor: Option<BenchFloor>, kernel: &KernelSupport) -> [&'sta
 }
 
 /// The program the per-thread `PAGE_FAULTS` events run, or the floor's (an empty one).
-fn start_name(floor: Option<BenchFloor>) -> &'static str {
-    floor_programs(floor).map_or(PERF_START, |p| p[2])
+fn start_name(floor: Option<BenchFloor>, kernel: &KernelSupport) -> &'static str {
+    let start = if kernel.find_vma {
+        PERF_START
+    } else {
+        PERF_START_RB
+    };
+    floor_programs(floor).map_or(start, |p| p[2])
 }
 
 /// A copy of a program's fd, for the events opened on target threads.
@@ -488,6 +479,31 @@ fn attach_fault_entry(
     Ok(hooks)
 }
 
+/// How each fault's VMA is found, for the hook lines.
+fn vma_lookup(
+    set: HookSet,
+    options: &FaultOptions,
+    specific_targets: bool,
+    kernel: &KernelSupport,
+) -> String {
+    let how = if kernel.find_vma {
+        "bpf_find_vma"
+    } else {
+        "a walk of mm->mm_rb (no bpf_find_vma, 5.17)"
+    };
+    if set != HookSet::Tracepoint {
+        format!("each fault's VMA from {FAULT_FUNCTION}'s argument")
+    } else if counting(options, specific_targets, kernel) {
+        "no program per fault: mappings from /proc/PID/smaps".into()
+    } else if !options.samples_latency() {
+        format!("each fault's VMA looked up with {how} at its completion")
+    } else if per_target_start(options, specific_targets, kernel) {
+        format!("each fault's VMA looked up with {how} at its start")
+    } else {
+        "faults counted by page at their start: mappings from /proc/PID/smaps".into()
+    }
+}
+
 /// Where the fault hooks' cache of VMAs is dropped, besides the populating calls.
 fn attach_mappings_changed(ebpf: &mut Ebpf) -> Result<String> {
     let program: &mut TracePoint = program(ebpf, MAPPINGS_CHANGED)?.try_into()?;
@@ -562,6 +578,7 @@ fn unload(ebpf: &mut Ebpf, set: HookSet) {
             PERF_MIN_LOCAL,
             PERF_MAJ_LOCAL,
             PERF_START,
+            PERF_START_RB,
         ],
     };
     for name in names {

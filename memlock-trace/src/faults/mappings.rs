@@ -164,9 +164,10 @@ pub fn by_mapping(
         {
             // The stack grows down and the heap up: one row each, whatever their extent
             // when each fault was counted.
-            // An anonymous VMA grows down too, when a new mapping below merges into it.
+            // Not anonymous VMAs by their end: an mlock of a region's top half splits off
+            // a VMA with the same end, and it is a row of its own.
             let range = match info.kind {
-                kind::STACK | kind::ANONYMOUS => (0, info.end),
+                kind::STACK => (0, info.end),
                 kind::HEAP => (info.start, 0),
                 _ => (info.start, info.end),
             };
