@@ -107,7 +107,13 @@ const LIBTEST_ARGS: [&str; 1] = ["--test-threads=1"];
 /// kernel-independent behaviour belongs here (CLI parsing, output shape, JSON schema,
 /// errors decided in user space); the figures behind such output are checked on every
 /// kernel by the binaries named in each reason. Every other binary runs on every kernel.
-const HOST_ONLY: [(&str, &str); 4] = [
+const HOST_ONLY: [(&str, &str); 5] = [
+    (
+        "memlock-trace/test:advise",
+        "host only: runs the command a second time with the preload library and setpriv, \
+         which the guest's initramfs does not carry (the per-interval fault figures advise \
+         reads: test:intervals and test:faults, on every kernel)",
+    ),
     (
         "memlock-trace/test:prometheus_server",
         "host only: runs Debian's prometheus server, which the guest's initramfs does not carry \
@@ -133,7 +139,8 @@ const HOST_ONLY: [(&str, &str); 4] = [
 /// Test binaries that run Debian's programs, and the package of each: installed when missing
 /// (like qemu) before any stage runs them, since a guest's initramfs carries the programs
 /// the host has (python3 with its standard library, memcached: see `vm::programs`).
-const PROGRAM_TESTS: [(&str, &str); 3] = [
+const PROGRAM_TESTS: [(&str, &str); 4] = [
+    ("memlock-trace/test:advise", "python3"),
     ("memlock-trace/test:prometheus_server", "prometheus"),
     ("memlock-trace/test:memcached", "memcached"),
     ("memlock-trace/test:third_party", "python3"),
@@ -232,6 +239,16 @@ pub fn run(args: &Args) -> Result<()> {
 }
 
 fn build_test_binaries() -> Result<Vec<TestBinary>> {
+    // `advise --apply` finds the preload library next to the tracer; `cargo test` builds
+    // only the crate's test harness, not the library itself.
+    let status = Command::new("cargo")
+        .current_dir(workspace_root())
+        .args(["build", "-p", "memlock-preload"])
+        .status()
+        .context("running cargo build -p memlock-preload")?;
+    if !status.success() {
+        bail!("building the preload library failed ({status})");
+    }
     // Compiler progress goes to the terminal; the JSON artifact list comes back on stdout.
     let out = Command::new("cargo")
         .current_dir(workspace_root())

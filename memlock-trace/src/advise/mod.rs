@@ -13,6 +13,8 @@ mod render;
 mod rules;
 mod sample;
 mod table;
+#[cfg(test)]
+mod tests;
 
 use std::path::PathBuf;
 

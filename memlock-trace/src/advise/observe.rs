@@ -90,6 +90,15 @@ struct Process {
     pid: u32,
     comm: String,
     faults: Option<Faults>,
+    #[serde(default)]
+    syscalls: BTreeMap<String, Calls>,
+}
+
+/// An mlock-family call's figures in the summary.
+#[derive(Deserialize)]
+struct Calls {
+    #[serde(default)]
+    pages_locked: u64,
 }
 
 /// The target's faults in one interval.
@@ -117,6 +126,8 @@ pub struct Run {
     pub lost: u64,
     /// The preload library's log lines.
     pub preload_log: Vec<String>,
+    /// Bytes the kernel counted locked by the target's mlock-family calls.
+    pub locked_by_calls: u64,
     /// From the process's start to the tracer seeing it exit (launched commands).
     pub wall_ns: Option<u64>,
 }
@@ -151,9 +162,6 @@ pub fn run(target: &Target, env: &Environment, latency_sample: u32) -> Result<Ru
             format!("`{}`", argv.join(" "))
         }
     };
-    if let Some(log) = &env.preload_log {
-        std::fs::write(log, "").with_context(|| format!("creating {}", log.display()))?;
-    }
     let mut child = tracer
         .stdin(Stdio::inherit())
         .spawn()
@@ -262,6 +270,9 @@ pub fn run(target: &Target, env: &Environment, latency_sample: u32) -> Result<Ru
         lost,
         preload_log,
         wall_ns,
+        locked_by_calls: ours.map_or(0, |p| {
+            p.syscalls.values().map(|c| c.pages_locked).sum::<u64>() * crate::procfs::PAGE_SIZE
+        }),
     })
 }
 

@@ -357,7 +357,12 @@ fn side_by_side(out: &mut String, b: &Side, a: &Side) {
     let secs = |v: Option<u64>| v.map_or("-".into(), |ns| format!("{:.2} s", ns as f64 / 1e9));
     row("the command's wall time", secs(b.wall_ns), secs(a.wall_ns));
     row(
-        "locked at most",
+        "locked by mlock-family calls (kernel's count)",
+        size(b.locked_by_calls_bytes),
+        size(a.locked_by_calls_bytes),
+    );
+    row(
+        "locked at most (smaps, sampled)",
         size(b.locked_max_bytes),
         size(a.locked_max_bytes),
     );

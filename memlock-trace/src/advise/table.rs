@@ -103,6 +103,9 @@ pub struct Table {
     pub mem_available_bytes: Option<u64>,
     pub threads_max: u32,
     pub locked_max_bytes: u64,
+    /// Bytes the kernel counted locked by the process's mlock-family calls (exact, where
+    /// the samples may miss a short-lived lock).
+    pub locked_by_calls_bytes: u64,
     /// minflt + majflt the process itself counted while it was sampled (/proc/PID/stat).
     pub own_faults: Option<u64>,
     /// glibc's malloc is the allocator (libc.so.6 mapped, no other allocator library).
@@ -143,27 +146,42 @@ pub fn build(run: &Run, startup_flag: Option<f64>) -> Result<Table> {
     let mut during = Phase::default();
     let mut after = Phase::default();
     let mut rows: BTreeMap<(u64, u64, String), MappingFigures> = BTreeMap::new();
-    for interval in &run.intervals {
+    let tail = tail(run);
+    for interval in run.intervals.iter().chain(tail.as_ref()) {
         let w = interval.window;
         let in_startup = w.start_ns + (w.end_ns - w.start_ns) / 2 < boundary;
         let phase = if in_startup { &mut during } else { &mut after };
         let f = &interval.faults;
         let mean = mean_ns(f, &["minor", "major"]);
         add_phase(phase, f, mean);
+        let is_tail = tail.as_ref().is_some_and(|t| std::ptr::eq(interval, t));
+        let mut per_key: BTreeMap<(u64, u64, String), (u64, bool)> = BTreeMap::new();
         for row in &f.by_mapping {
-            let key = attribute(row, interval, &run.samples.seen);
+            let slot = per_key
+                .entry(attribute(row, interval, &run.samples.seen))
+                .or_default();
+            slot.0 += row.faults;
+            slot.1 |= row.locked == Some(true);
+        }
+        for (key, (faults, locked)) in per_key {
             let figures = rows
                 .entry(key.clone())
                 .or_insert_with(|| figures_of(&key, &run.samples.seen, t0));
-            let ns = (row.faults as f64 * mean) as u64;
+            // The tail's rows are whole-session counts: less what the intervals had.
+            let faults = if is_tail {
+                faults.saturating_sub(figures.faults())
+            } else {
+                faults
+            };
+            let ns = (faults as f64 * mean) as u64;
             if in_startup {
-                figures.faults_startup += row.faults;
+                figures.faults_startup += faults;
                 figures.fault_ns_startup += ns;
             } else {
-                figures.faults_after += row.faults;
+                figures.faults_after += faults;
                 figures.fault_ns_after += ns;
             }
-            figures.locked |= row.locked == Some(true);
+            figures.locked |= locked;
         }
     }
     let mut mappings: Vec<MappingFigures> = rows.into_values().collect();
@@ -218,6 +236,7 @@ pub fn build(run: &Run, startup_flag: Option<f64>) -> Result<Table> {
         mem_available_bytes: mem_available(),
         threads_max: s.threads_max,
         locked_max_bytes: s.locked_max_bytes,
+        locked_by_calls_bytes: run.locked_by_calls,
         own_faults: s
             .stat_first
             .zip(s.stat_last)
@@ -232,6 +251,42 @@ pub fn build(run: &Run, startup_flag: Option<f64>) -> Result<Table> {
         others: run.others.clone(),
         lost: run.lost,
         preload_log: run.preload_log.clone(),
+    })
+}
+
+/// What happened after the last interval line (the command exited mid-interval): the
+/// session's counts and latency totals less the intervals'. Its mapping rows are the
+/// session's own (whole-run) counts, from which the caller takes away what the intervals
+/// had.
+fn tail(run: &Run) -> Option<Interval> {
+    let last = run.intervals.last()?.window.end_ns;
+    let s = &run.session;
+    let sum = |f: fn(&Faults) -> u64| run.intervals.iter().map(|i| f(&i.faults)).sum::<u64>();
+    let mut latency_ns = BTreeMap::new();
+    for (class, l) in &s.latency_ns {
+        let (mut total, mut count) = (l.total, l.count);
+        for i in &run.intervals {
+            if let Some(x) = i.faults.latency_ns.get(class) {
+                total = total.saturating_sub(x.total);
+                count = count.saturating_sub(x.count);
+            }
+        }
+        latency_ns.insert(class.clone(), Latency { count, total, ..*l });
+    }
+    let faults = Faults {
+        minor: s.minor.saturating_sub(sum(|f| f.minor)),
+        major: s.major.saturating_sub(sum(|f| f.major)),
+        user: s.user.saturating_sub(sum(|f| f.user)),
+        populated: s.populated.saturating_sub(sum(|f| f.populated)),
+        latency_ns,
+        by_mapping: s.by_mapping.clone(),
+    };
+    Some(Interval {
+        window: super::observe::Window {
+            start_ns: last,
+            end_ns: run.session_window.end_ns.max(last),
+        },
+        faults,
     })
 }
 
