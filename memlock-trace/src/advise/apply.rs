@@ -129,6 +129,9 @@ pub struct Side {
     /// minflt + majflt the process counted itself (/proc/PID/stat) while it was sampled.
     pub own_faults: Option<u64>,
     pub exit_code: i32,
+    /// Whether the hook set timed the faults the kernel populated (fentry/kprobe do; the
+    /// tracepoint set counts them only: their time is in the call that populated them).
+    pub populated_timed: bool,
 }
 
 impl Side {
@@ -144,6 +147,7 @@ impl Side {
             locked_by_calls_bytes: t.locked_by_calls_bytes,
             own_faults: t.own_faults,
             exit_code: t.exit_code,
+            populated_timed: t.latency_ns.contains_key("populated"),
         }
     }
 }

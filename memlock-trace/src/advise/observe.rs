@@ -150,7 +150,7 @@ pub fn run(target: &Target, env: &Environment, latency_sample: u32) -> Result<Ru
     let described = match target {
         Target::Pid { pid, secs } => {
             tracer.args(["-p", &pid.to_string(), "-d", &secs.to_string()]);
-            format!("pid {pid} for {secs} s")
+            format!("pid {pid}")
         }
         Target::Command(argv) => {
             tracer.arg("--");

@@ -74,14 +74,23 @@ pub fn text(t: &Table, advice: &[Advice]) -> String {
             out.push('\n');
         }
     };
-    line(format!(
-        "advise: {} (pid {}, {}), traced {:.2} s, exit status {}",
-        shown(&t.described),
-        t.pid,
-        shown(&t.comm),
-        t.traced_secs,
-        t.exit_code
-    ));
+    line(if t.launched {
+        format!(
+            "advise: {} (pid {}, {}), traced {:.2} s, exit status {}",
+            shown(&t.described),
+            t.pid,
+            shown(&t.comm),
+            t.traced_secs,
+            t.exit_code
+        )
+    } else {
+        format!(
+            "advise: {} ({}), traced {:.2} s",
+            shown(&t.described),
+            shown(&t.comm),
+            t.traced_secs
+        )
+    });
     line(match t.startup.how {
         "detected" => format!(
             "start-up: the first {:.2} s (detected: until the last executable file was \
@@ -301,6 +310,18 @@ pub fn apply_text(t: &Table, advice: &[Advice], c: &Comparison) -> String {
                 cell(p.before),
                 cell(p.after)
             );
+        }
+    }
+    if after.after_startup.populated > 0 && !after.populated_timed {
+        for l in wrap(
+            "",
+            "(this hook set counts the pages the kernel populated but does not time them: \
+             their cost is in the call that populated them, mmap, mlock2 or madvise)",
+            COLUMNS,
+            1,
+        ) {
+            out.push_str(&l);
+            out.push('\n');
         }
     }
     for l in &c.preload_log {

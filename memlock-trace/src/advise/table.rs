@@ -184,7 +184,7 @@ pub fn build(run: &Run, startup_flag: Option<f64>) -> Result<Table> {
             figures.locked |= locked;
         }
     }
-    let mut mappings: Vec<MappingFigures> = rows.into_values().collect();
+    let mut mappings = merge_grown(rows.into_values().collect());
     mappings.sort_by(|a, b| {
         (b.fault_ns_after, b.faults())
             .cmp(&(a.fault_ns_after, a.faults()))
@@ -252,6 +252,35 @@ pub fn build(run: &Run, startup_flag: Option<f64>) -> Result<Table> {
         lost: run.lost,
         preload_log: run.preload_log.clone(),
     })
+}
+
+/// One row for a mapping seen at several extents (a heap or an arena growing, a VMA
+/// merged with a neighbour): rows of one name whose ranges overlap are one, their union.
+pub(super) fn merge_grown(mut rows: Vec<MappingFigures>) -> Vec<MappingFigures> {
+    rows.sort_by(|a, b| a.mapping.cmp(&b.mapping).then(a.start.cmp(&b.start)));
+    let mut out: Vec<MappingFigures> = Vec::with_capacity(rows.len());
+    for m in rows {
+        match out.last_mut() {
+            Some(prev) if prev.mapping == m.mapping && m.start < prev.end => {
+                prev.end = prev.end.max(m.end);
+                prev.size_bytes = prev.end - prev.start;
+                prev.faults_startup += m.faults_startup;
+                prev.faults_after += m.faults_after;
+                prev.fault_ns_startup += m.fault_ns_startup;
+                prev.fault_ns_after += m.fault_ns_after;
+                prev.resident_bytes = prev.resident_bytes.max(m.resident_bytes);
+                prev.locked |= m.locked;
+                prev.lifetimes = prev.lifetimes.max(m.lifetimes);
+                prev.guarded |= m.guarded;
+                prev.first_seen_secs = match (prev.first_seen_secs, m.first_seen_secs) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+            }
+            _ => out.push(m),
+        }
+    }
+    out
 }
 
 /// What happened after the last interval line (the command exited mid-interval): the

@@ -149,3 +149,48 @@ fn the_heap_is_advised_but_not_applied_and_threads_get_the_stack_warning() {
     );
     assert!(advice.iter().any(|a| a.kind == "thread-stacks"));
 }
+
+#[test]
+fn mappings_over_the_limit_are_one_do_not_naming_the_limit_all_need() {
+    let mut big = mapping("anonymous", 64 * MIB, 0, 16384);
+    big.start += 1 << 32;
+    big.end += 1 << 32;
+    let t = table(
+        vec![big, mapping("anonymous", 16 * MIB, 0, 4096)],
+        8 * MIB,
+        false,
+    );
+    let advice = advise(&t);
+    let refused: Vec<_> = advice.iter().filter(|a| a.kind == "over-limit").collect();
+    assert_eq!(refused.len(), 1, "{advice:?}");
+    assert!(
+        refused[0].what.starts_with("2 mappings"),
+        "{}",
+        refused[0].what
+    );
+    assert!(
+        refused[0]
+            .how
+            .contains("at least 80 MiB (RLIMIT_MEMLOCK 8 MiB now"),
+        "{}",
+        refused[0].how
+    );
+}
+
+#[test]
+fn a_region_seen_growing_is_one_row() {
+    let rows = vec![
+        mapping("anonymous", 16 * MIB, 0, 100),
+        MappingFigures {
+            end: 0x7f00_0000_0000 + 32 * MIB,
+            size_bytes: 32 * MIB,
+            ..mapping("anonymous", 32 * MIB, 0, 50)
+        },
+    ];
+    let merged = super::table::merge_grown(rows);
+    assert_eq!(merged.len(), 1);
+    assert_eq!(
+        (merged[0].size_bytes, merged[0].faults_after),
+        (32 * MIB, 150)
+    );
+}
