@@ -275,3 +275,26 @@ fn an_allocator_giving_a_block_back_is_told_its_tunable_not_a_lock() {
     }
     assert_eq!(report["apply"]["helped"], true, "{}", report["apply"]);
 }
+
+#[test]
+fn advise_without_a_process_says_how_to_name_one() {
+    let out = Command::new(BIN).arg("advise").output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("advise needs a process: `memlock-trace advise -p PID"),
+        "{stderr}"
+    );
+    let out = Command::new(BIN)
+        .args(["advise", "-p", "4194304"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no process with pid 4194304"));
+    let out = Command::new(BIN)
+        .args(["advise", "-d", "3", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("-d is for -p PID"));
+}

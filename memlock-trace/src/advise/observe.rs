@@ -5,6 +5,7 @@
 use std::{
     collections::BTreeMap,
     io::BufRead as _,
+    os::unix::process::CommandExt as _,
     path::PathBuf,
     process::{Command, Stdio},
 };
@@ -162,10 +163,22 @@ pub fn run(target: &Target, env: &Environment, latency_sample: u32) -> Result<Ru
             format!("`{}`", argv.join(" "))
         }
     };
-    let mut child = tracer
+    // Ctrl-C stops the tracer, which then writes its summary: advise waits for it and
+    // advises on what was traced instead of dying with it. The tracer gets the default
+    // disposition back (an ignored signal would stay ignored across exec).
+    // SAFETY: signal(2) with a constant disposition; no memory is touched.
+    unsafe {
+        libc::signal(libc::SIGINT, libc::SIG_IGN);
+        tracer.pre_exec(|| {
+            libc::signal(libc::SIGINT, libc::SIG_DFL);
+            Ok(())
+        });
+    }
+    let spawned = tracer
         .stdin(Stdio::inherit())
         .spawn()
-        .with_context(|| format!("running the tracer {}", exe.display()))?;
+        .with_context(|| format!("running the tracer {}", exe.display()));
+    let mut child = spawned?;
     let sampler = Sampler::start(match target {
         Target::Pid { pid, .. } => Pid::Known(*pid),
         Target::Command(_) => Pid::ChildOf(child.id()),
