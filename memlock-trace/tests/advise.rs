@@ -298,3 +298,31 @@ fn advise_without_a_process_says_how_to_name_one() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("-d is for -p PID"));
 }
+
+#[test]
+fn a_command_that_cannot_run_keeps_its_exit_code_and_a_short_one_is_counted() {
+    require_privileges();
+    let out = Command::new(BIN)
+        .args(["advise", "--", "/nonexistent/memlock-trace-test"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(127), "{out:?}");
+    // Shorter than one interval: its faults are the session summary's.
+    let out = Command::new(BIN)
+        .args(["advise", "--json", "--", "false"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "false's own exit status: {out:?}"
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let p = &report["process"];
+    let faults =
+        |phase: &str| p[phase]["minor"].as_u64().unwrap() + p[phase]["major"].as_u64().unwrap();
+    assert!(
+        faults("during_startup") + faults("after_startup") > 0,
+        "no faults counted for `false`: {p}"
+    );
+}

@@ -118,10 +118,13 @@ pub struct Table {
 
 /// Builds the table of `run`; `startup_flag`: --startup SECS.
 pub fn build(run: &Run, startup_flag: Option<f64>) -> Result<Table> {
-    let t0 = run
-        .intervals
-        .first()
-        .map_or(run.session_window.start_ns, |i| i.window.start_ns);
+    // Start-up counts from the launched process's start; a running process's trace from
+    // its first interval.
+    let t0 = run.started_ns.unwrap_or_else(|| {
+        run.intervals
+            .first()
+            .map_or(run.session_window.start_ns, |i| i.window.start_ns)
+    });
     let startup = match (startup_flag, run.launched, run.samples.last_exec_mapping_ns) {
         (Some(secs), _, _) => Startup { secs, how: "flag" },
         (None, true, Some(last)) => {
@@ -288,7 +291,11 @@ pub(super) fn merge_grown(mut rows: Vec<MappingFigures>) -> Vec<MappingFigures> 
 /// session's own (whole-run) counts, from which the caller takes away what the intervals
 /// had.
 fn tail(run: &Run) -> Option<Interval> {
-    let last = run.intervals.last()?.window.end_ns;
+    // A command shorter than one interval has only the summary.
+    let last = run
+        .intervals
+        .last()
+        .map_or(run.session_window.start_ns, |i| i.window.end_ns);
     let s = &run.session;
     let sum = |f: fn(&Faults) -> u64| run.intervals.iter().map(|i| f(&i.faults)).sum::<u64>();
     let mut latency_ns = BTreeMap::new();
