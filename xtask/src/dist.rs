@@ -16,7 +16,14 @@ const COMPLETIONS: [(&str, &str); 3] = [
 ];
 
 pub fn run() -> Result<()> {
-    run_cmd(Command::new("cargo").args(["build", "--release", "-p", "memlock-trace"]))?;
+    run_cmd(Command::new("cargo").args([
+        "build",
+        "--release",
+        "-p",
+        "memlock-trace",
+        "-p",
+        "memlock-preload",
+    ]))?;
     let root = workspace_root();
     let tracer = root.join("target/release/memlock-trace");
     let dist = root.join("target/dist");
@@ -30,6 +37,11 @@ pub fn run() -> Result<()> {
     std::fs::create_dir_all(dist.join("bin"))?;
     copy(&tracer, &dist.join("bin/memlock-trace"))?;
     println!("xtask: dist: {}", dist.join("bin/memlock-trace").display());
+    // `advise --apply`'s preload library, where the tracer looks for it (../lib/memlock-trace/).
+    let preload = dist.join("lib/memlock-trace/libmemlock_preload.so");
+    std::fs::create_dir_all(preload.parent().expect("a file under dist"))?;
+    copy(&root.join("target/release/libmemlock_preload.so"), &preload)?;
+    println!("xtask: dist: {}", preload.display());
     // memlock-trace.1 and a page per subcommand it names (memlock-trace-probe.1, ...).
     let man = dist.join("share/man/man1");
     std::fs::create_dir_all(&man)?;

@@ -109,6 +109,12 @@ const LIBTEST_ARGS: [&str; 1] = ["--test-threads=1"];
 /// kernel by the binaries named in each reason. Every other binary runs on every kernel.
 const HOST_ONLY: &[(&str, &str)] = &[
     (
+        "memlock-trace/test:advise",
+        "host only: runs the command a second time with the preload library and setpriv, \
+         which the guest's initramfs does not carry (the per-interval fault figures advise \
+         reads: test:intervals and test:faults, on every kernel)",
+    ),
+    (
         "memlock-trace/test:stacks",
         "host only: compiles a C program with gcc and compares with perf, which the guests do \
          not carry (the kernel side of --stacks: test:fault_cli, on every kernel)",
@@ -161,6 +167,7 @@ const HOST_ONLY: &[(&str, &str)] = &[
 /// (like qemu) before any stage runs them, since a guest's initramfs carries the programs
 /// the host has (python3 with its standard library, memcached: see `vm::programs`).
 const PROGRAM_TESTS: &[(&str, &str)] = &[
+    ("memlock-trace/test:advise", "python3"),
     ("memlock-trace/test:prometheus_server", "prometheus"),
     ("memlock-trace/test:prometheus_https", "prometheus"),
     ("memlock-trace/test:hostile_names", "gcc"),
@@ -267,6 +274,16 @@ pub fn run(args: &Args) -> Result<()> {
 }
 
 fn build_test_binaries() -> Result<Vec<TestBinary>> {
+    // `advise --apply` finds the preload library next to the tracer; `cargo test` builds
+    // only the crate's test harness, not the library itself.
+    let status = Command::new("cargo")
+        .current_dir(workspace_root())
+        .args(["build", "-p", "memlock-preload"])
+        .status()
+        .context("running cargo build -p memlock-preload")?;
+    if !status.success() {
+        bail!("building the preload library failed ({status})");
+    }
     // Compiler progress goes to the terminal; the JSON artifact list comes back on stdout.
     let out = Command::new("cargo")
         .current_dir(workspace_root())

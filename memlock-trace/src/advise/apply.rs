@@ -59,7 +59,10 @@ pub fn plan(advice: &[Advice]) -> Result<Option<Plan>> {
             Ok(existing) if !existing.is_empty() => format!("{}:{existing}", library.display()),
             _ => library.display().to_string(),
         };
+        // Writable by the command whoever it runs as (it may drop privileges), readable
+        // by us alone.
         let log = temp_path("preload-log")?;
+        std::fs::set_permissions(&log, std::os::unix::fs::PermissionsExt::from_mode(0o622))?;
         env.vars.push(("LD_PRELOAD".into(), preload));
         env.vars
             .push(("MEMLOCK_PRELOAD_RULES".into(), rules.join(";")));
@@ -81,7 +84,7 @@ pub fn plan(advice: &[Advice]) -> Result<Option<Plan>> {
 }
 
 /// `$MEMLOCK_TRACE_PRELOAD`, or the library next to this binary (cargo builds both into
-/// one directory).
+/// one directory), or in `../lib/memlock-trace/` (as `cargo xtask dist` lays it out).
 fn preload_library() -> Result<PathBuf> {
     if let Some(path) = std::env::var_os(PRELOAD_ENV) {
         let path = PathBuf::from(path);
@@ -96,14 +99,18 @@ fn preload_library() -> Result<PathBuf> {
     }
     let exe = std::env::current_exe()?;
     let dir = exe.parent().map(PathBuf::from).unwrap_or_default();
-    let next_to = dir.join(PRELOAD_FILE);
-    if next_to.is_file() {
-        return Ok(next_to);
+    // Next to the binary (cargo's target directory), or where `cargo xtask dist` installs it.
+    let places = [
+        dir.join(PRELOAD_FILE),
+        dir.join("../lib/memlock-trace").join(PRELOAD_FILE),
+    ];
+    if let Some(found) = places.iter().find(|p| p.is_file()) {
+        return Ok(found.clone());
     }
     Err(UsageError(format!(
-        "--apply needs the preload library {PRELOAD_FILE}, not found next to {}: build it \
-         with `cargo build -p memlock-preload` (or `cargo build`, which builds the whole \
-         workspace), or set {PRELOAD_ENV}=PATH",
+        "--apply needs the preload library {PRELOAD_FILE}, found neither next to {} nor in \
+         ../lib/memlock-trace/: build it with `cargo build -p memlock-preload` (or `cargo \
+         build`, which builds the whole workspace), or set {PRELOAD_ENV}=PATH",
         exe.display()
     ))
     .into())
@@ -118,9 +125,13 @@ pub struct Side {
     pub user_p99_ns: Option<u64>,
     pub wall_ns: Option<u64>,
     pub locked_max_bytes: u64,
+    pub locked_by_calls_bytes: u64,
     /// minflt + majflt the process counted itself (/proc/PID/stat) while it was sampled.
     pub own_faults: Option<u64>,
     pub exit_code: i32,
+    /// Whether the hook set timed the faults the kernel populated (fentry/kprobe do; the
+    /// tracepoint set counts them only: their time is in the call that populated them).
+    pub populated_timed: bool,
 }
 
 impl Side {
@@ -133,8 +144,10 @@ impl Side {
             user_p99_ns: user.map(|l| l.p99),
             wall_ns: t.wall_ns,
             locked_max_bytes: t.locked_max_bytes,
+            locked_by_calls_bytes: t.locked_by_calls_bytes,
             own_faults: t.own_faults,
             exit_code: t.exit_code,
+            populated_timed: t.latency_ns.contains_key("populated"),
         }
     }
 }

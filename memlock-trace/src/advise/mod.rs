@@ -13,6 +13,8 @@ mod render;
 mod rules;
 mod sample;
 mod table;
+#[cfg(test)]
+mod tests;
 
 use std::path::PathBuf;
 
@@ -37,7 +39,7 @@ pub struct AdviseArgs {
     )]
     pub pid: Option<u32>,
     /// With -p: trace this long (default 10 s).
-    #[arg(short = 'd', long, value_name = "SECS", value_parser = values::secs, requires = "pid")]
+    #[arg(short = 'd', long, value_name = "SECS", value_parser = values::secs)]
     pub duration: Option<f64>,
     /// The start-up window: faults in the first SECS seconds of the trace are start-up's
     /// (default, for a command: detected, until the last executable file was mapped).
@@ -45,7 +47,7 @@ pub struct AdviseArgs {
     pub startup: Option<f64>,
     /// Run the command a second time with the advice applied (the preload library, or the
     /// allocator's environment) and print both runs side by side.
-    #[arg(long, requires = "command")]
+    #[arg(long, conflicts_with = "pid")]
     pub apply: bool,
     /// Time one page fault in N (the tracer's --latency-sample): fault time is then scaled
     /// from the sample, and said so.
@@ -71,6 +73,11 @@ pub fn run(args: &AdviseArgs) -> Result<i32> {
                 .into(),
         )
         .into());
+    }
+    if args.duration.is_some() && args.pid.is_none() {
+        return Err(
+            UsageError("-d is for -p PID: a command is traced until it exits".into()).into(),
+        );
     }
     if let Some(pid) = args.pid
         && (pid == 0 || !std::path::Path::new(&format!("/proc/{pid}")).exists())

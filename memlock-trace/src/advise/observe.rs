@@ -5,6 +5,7 @@
 use std::{
     collections::BTreeMap,
     io::BufRead as _,
+    os::unix::process::CommandExt as _,
     path::PathBuf,
     process::{Command, Stdio},
 };
@@ -13,7 +14,7 @@ use anyhow::{Context as _, Result, anyhow, bail};
 use serde::{Deserialize, Serialize};
 
 use super::sample::{Pid, Sampler, Samples};
-use crate::{exit, output::WallClock};
+use crate::{CommandError, exit, output::WallClock};
 
 /// How often the tracer prints an interval: the resolution of the start-up split.
 const INTERVAL_SECS: &str = "0.1";
@@ -90,6 +91,15 @@ struct Process {
     pid: u32,
     comm: String,
     faults: Option<Faults>,
+    #[serde(default)]
+    syscalls: BTreeMap<String, Calls>,
+}
+
+/// An mlock-family call's figures in the summary.
+#[derive(Deserialize)]
+struct Calls {
+    #[serde(default)]
+    pages_locked: u64,
 }
 
 /// The target's faults in one interval.
@@ -117,8 +127,12 @@ pub struct Run {
     pub lost: u64,
     /// The preload library's log lines.
     pub preload_log: Vec<String>,
+    /// Bytes the kernel counted locked by the target's mlock-family calls.
+    pub locked_by_calls: u64,
     /// From the process's start to the tracer seeing it exit (launched commands).
     pub wall_ns: Option<u64>,
+    /// When the launched process started (CLOCK_REALTIME ns, to the clock tick).
+    pub started_ns: Option<u64>,
 }
 
 /// Runs the tracer on `target` and reads back its lines.
@@ -139,7 +153,7 @@ pub fn run(target: &Target, env: &Environment, latency_sample: u32) -> Result<Ru
     let described = match target {
         Target::Pid { pid, secs } => {
             tracer.args(["-p", &pid.to_string(), "-d", &secs.to_string()]);
-            format!("pid {pid} for {secs} s")
+            format!("pid {pid}")
         }
         Target::Command(argv) => {
             tracer.arg("--");
@@ -151,13 +165,22 @@ pub fn run(target: &Target, env: &Environment, latency_sample: u32) -> Result<Ru
             format!("`{}`", argv.join(" "))
         }
     };
-    if let Some(log) = &env.preload_log {
-        std::fs::write(log, "").with_context(|| format!("creating {}", log.display()))?;
+    // Ctrl-C stops the tracer, which then writes its summary: advise waits for it and
+    // advises on what was traced instead of dying with it. The tracer gets the default
+    // disposition back (an ignored signal would stay ignored across exec).
+    // SAFETY: signal(2) with a constant disposition; no memory is touched.
+    unsafe {
+        libc::signal(libc::SIGINT, libc::SIG_IGN);
+        tracer.pre_exec(|| {
+            libc::signal(libc::SIGINT, libc::SIG_DFL);
+            Ok(())
+        });
     }
-    let mut child = tracer
+    let spawned = tracer
         .stdin(Stdio::inherit())
         .spawn()
-        .with_context(|| format!("running the tracer {}", exe.display()))?;
+        .with_context(|| format!("running the tracer {}", exe.display()));
+    let mut child = spawned?;
     let sampler = Sampler::start(match target {
         Target::Pid { pid, .. } => Pid::Known(*pid),
         Target::Command(_) => Pid::ChildOf(child.id()),
@@ -185,6 +208,16 @@ pub fn run(target: &Target, env: &Environment, latency_sample: u32) -> Result<Ru
         .collect::<Result<_, _>>()
         .context("reading the tracer's JSON lines")?;
     let Some(summary) = parsed.iter().find(|l| l.kind == "summary") else {
+        // The command could not run: its exit code, as the tracer's (126, 127).
+        if let Ok(code) = u8::try_from(code)
+            && [exit::NOT_EXECUTABLE, exit::NOT_FOUND].contains(&code)
+        {
+            return Err(CommandError {
+                code,
+                message: "the command could not be run (see the error above)".into(),
+            }
+            .into());
+        }
         bail!(
             "the traced run ended without a summary (tracer exit status {code}): see its error \
              above"
@@ -232,14 +265,14 @@ pub fn run(target: &Target, env: &Environment, latency_sample: u32) -> Result<Ru
     };
     // The summary is made as soon as the command has exited: its end is the command's.
     let ended_ns = summary.window.end_ns;
-    let wall_ns = match (target, samples.start_boot_ns) {
-        // The process's start in CLOCK_REALTIME: now minus its age.
+    // The launched process's start in CLOCK_REALTIME: now minus its age.
+    let started_ns = match (target, samples.start_boot_ns) {
         (Target::Command(_), Some(start)) => boot_ns()
             .checked_sub(start)
-            .and_then(|age| WallClock::now_ns().checked_sub(age))
-            .and_then(|started| ended_ns.checked_sub(started)),
+            .and_then(|age| WallClock::now_ns().checked_sub(age)),
         _ => None,
     };
+    let wall_ns = started_ns.and_then(|started| ended_ns.checked_sub(started));
     Ok(Run {
         pid,
         comm: ours.map_or_else(String::new, |p| p.comm.clone()),
@@ -262,6 +295,10 @@ pub fn run(target: &Target, env: &Environment, latency_sample: u32) -> Result<Ru
         lost,
         preload_log,
         wall_ns,
+        started_ns,
+        locked_by_calls: ours.map_or(0, |p| {
+            p.syscalls.values().map(|c| c.pages_locked).sum::<u64>() * crate::procfs::PAGE_SIZE
+        }),
     })
 }
 

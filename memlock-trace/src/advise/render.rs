@@ -74,14 +74,23 @@ pub fn text(t: &Table, advice: &[Advice]) -> String {
             out.push('\n');
         }
     };
-    line(format!(
-        "advise: {} (pid {}, {}), traced {:.2} s, exit status {}",
-        shown(&t.described),
-        t.pid,
-        shown(&t.comm),
-        t.traced_secs,
-        t.exit_code
-    ));
+    line(if t.launched {
+        format!(
+            "advise: {} (pid {}, {}), traced {:.2} s, exit status {}",
+            shown(&t.described),
+            t.pid,
+            shown(&t.comm),
+            t.traced_secs,
+            t.exit_code
+        )
+    } else {
+        format!(
+            "advise: {} ({}), traced {:.2} s",
+            shown(&t.described),
+            shown(&t.comm),
+            t.traced_secs
+        )
+    });
     line(match t.startup.how {
         "detected" => format!(
             "start-up: the first {:.2} s (detected: until the last executable file was \
@@ -303,6 +312,18 @@ pub fn apply_text(t: &Table, advice: &[Advice], c: &Comparison) -> String {
             );
         }
     }
+    if after.after_startup.populated > 0 && !after.populated_timed {
+        for l in wrap(
+            "",
+            "(this hook set counts the pages the kernel populated but does not time them: \
+             their cost is in the call that populated them, mmap, mlock2 or madvise)",
+            COLUMNS,
+            1,
+        ) {
+            out.push_str(&l);
+            out.push('\n');
+        }
+    }
     for l in &c.preload_log {
         let _ = writeln!(out, "preload library: {}", shown(l));
     }
@@ -357,7 +378,12 @@ fn side_by_side(out: &mut String, b: &Side, a: &Side) {
     let secs = |v: Option<u64>| v.map_or("-".into(), |ns| format!("{:.2} s", ns as f64 / 1e9));
     row("the command's wall time", secs(b.wall_ns), secs(a.wall_ns));
     row(
-        "locked at most",
+        "locked by mlock-family calls (kernel's count)",
+        size(b.locked_by_calls_bytes),
+        size(a.locked_by_calls_bytes),
+    );
+    row(
+        "locked at most (smaps, sampled)",
         size(b.locked_max_bytes),
         size(a.locked_max_bytes),
     );

@@ -114,6 +114,7 @@ pub fn advise(table: &Table) -> Vec<Advice> {
             advice.extend(lock_or_populate(table, m, &mut locking));
         }
     }
+    coalesce_over_limit(table, &mut advice);
     advice.extend(major_faults(table));
     advice.extend(thread_stacks(table));
     advice.extend(touched_once(table));
@@ -128,6 +129,47 @@ pub fn advise(table: &Table) -> Vec<Advice> {
             .then(b.saved_ns_per_mib.total_cmp(&a.saved_ns_per_mib))
     });
     advice
+}
+
+/// One "do not lock under this limit" for all the mappings the limit refuses: the last one
+/// names the limit all of them need.
+fn coalesce_over_limit(table: &Table, advice: &mut Vec<Advice>) {
+    let over: Vec<Advice> = advice
+        .iter()
+        .filter(|a| a.kind == "over-limit")
+        .cloned()
+        .collect();
+    if over.len() < 2 {
+        return;
+    }
+    advice.retain(|a| a.kind != "over-limit");
+    let names: Vec<String> = over
+        .iter()
+        .take(4)
+        .map(|a| {
+            let bytes = a.end.unwrap_or(0) - a.start.unwrap_or(0);
+            format!("{} {}", a.mapping.as_deref().unwrap_or("?"), size(bytes))
+        })
+        .collect();
+    let total: u64 = over
+        .iter()
+        .map(|a| a.end.unwrap_or(0) - a.start.unwrap_or(0))
+        .sum();
+    let what = format!(
+        "{} mappings the advice would lock, {} in all: {}{}",
+        over.len(),
+        size(total),
+        names.join(", "),
+        if over.len() > 4 { ", ..." } else { "" }
+    );
+    let how = format!(
+        "do not mlock them under this limit (mlock fails with ENOMEM, mlockall with ENOMEM or \
+         EAGAIN): locking them all needs RLIMIT_MEMLOCK of at least {} ({} now, no \
+         CAP_IPC_LOCK); memlock-trace never raises a limit",
+        size(table.locked_max_bytes + total),
+        limit_text(table.memlock_limit)
+    );
+    advice.push(Advice::new(Verdict::DoNot, "over-limit", what, how));
 }
 
 fn attributed(m: &MappingFigures) -> bool {
@@ -207,6 +249,7 @@ fn lock_or_populate(table: &Table, m: &MappingFigures, locking: &mut u64) -> Vec
     let mut out = Vec::new();
     let pinned = m.size_bytes;
     let appeared = match m.first_seen_secs {
+        Some(t) if table.startup.how == "none" => format!(", first seen {t:.2} s into the trace"),
         Some(t) if t > table.startup.secs => format!(", mapped after start-up (at {t:.2} s)"),
         _ => String::new(),
     };
@@ -239,11 +282,7 @@ fn lock_or_populate(table: &Table, m: &MappingFigures, locking: &mut u64) -> Vec
             Some(MemlockLimit::Bytes(b)) => need <= b,
             None => false,
         };
-    let limit_text = match limit {
-        Some(MemlockLimit::Unlimited) => "RLIMIT_MEMLOCK unlimited".to_string(),
-        Some(MemlockLimit::Bytes(b)) => format!("RLIMIT_MEMLOCK {}", size(b)),
-        None => "RLIMIT_MEMLOCK unknown".to_string(),
-    };
+    let limit_text = limit_text(limit);
     let kind_rule = preload_kind(m);
     let (kind, how, step) = if fits {
         *locking = need;
@@ -349,7 +388,7 @@ fn thread_stacks(table: &Table) -> Option<Advice> {
     let reserved: u64 = stacks.iter().map(|m| m.size_bytes).sum();
     let resident: u64 = stacks.iter().filter_map(|m| m.resident_bytes).sum();
     let what = format!(
-        "{} threads; {} thread stacks seen faulting, {} reserved, {} resident",
+        "{} threads; thread stacks seen faulting: {}, {} reserved, {} resident",
         table.threads_max,
         stacks.len(),
         size(reserved),
@@ -386,6 +425,14 @@ fn touched_once(table: &Table) -> Option<Advice> {
                again; locking would pin them for no steady-state gain"
         .to_string();
     Some(Advice::new(Verdict::DoNot, "touched-once", what, how))
+}
+
+fn limit_text(limit: Option<MemlockLimit>) -> String {
+    match limit {
+        Some(MemlockLimit::Unlimited) => "RLIMIT_MEMLOCK unlimited".to_string(),
+        Some(MemlockLimit::Bytes(b)) => format!("RLIMIT_MEMLOCK {}", size(b)),
+        None => "RLIMIT_MEMLOCK unknown".to_string(),
+    }
 }
 
 fn range(m: &MappingFigures) -> String {

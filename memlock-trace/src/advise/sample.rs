@@ -112,20 +112,28 @@ impl Sampler {
     }
 }
 
-fn sample_until(pid: Pid, stop: &AtomicBool, found: &AtomicU32) -> Samples {
+fn sample_until(pid_source: Pid, stop: &AtomicBool, found: &AtomicU32) -> Samples {
     let lockonfault = procfs::smaps_shows_lockonfault(&probe::kernel_release());
     let mut samples = Samples::default();
     let mut index: BTreeMap<(u64, u64, Outside), usize> = BTreeMap::new();
     let mut present: BTreeSet<(u64, u64, Outside)> = BTreeSet::new();
+    // The launched command is forked from the tracer, this same binary: until it execs,
+    // its mappings are the tracer's.
+    let tracer = std::env::current_exe().ok();
     while !stop.load(Ordering::Relaxed) {
         std::thread::sleep(EVERY);
-        let pid = match pid {
+        let pid = match pid_source {
             Pid::Known(p) => p,
             Pid::ChildOf(parent) => match first_child(parent) {
                 Some(p) => p,
                 None => continue,
             },
         };
+        if matches!(pid_source, Pid::ChildOf(_))
+            && std::fs::read_link(format!("/proc/{pid}/exe")).ok() == tracer
+        {
+            continue;
+        }
         found.store(pid, Ordering::Relaxed);
         let Ok(entries) = procfs::read_smaps(&format!("/proc/{pid}/smaps"), lockonfault) else {
             continue;

@@ -103,6 +103,9 @@ pub struct Table {
     pub mem_available_bytes: Option<u64>,
     pub threads_max: u32,
     pub locked_max_bytes: u64,
+    /// Bytes the kernel counted locked by the process's mlock-family calls (exact, where
+    /// the samples may miss a short-lived lock).
+    pub locked_by_calls_bytes: u64,
     /// minflt + majflt the process itself counted while it was sampled (/proc/PID/stat).
     pub own_faults: Option<u64>,
     /// glibc's malloc is the allocator (libc.so.6 mapped, no other allocator library).
@@ -115,10 +118,13 @@ pub struct Table {
 
 /// Builds the table of `run`; `startup_flag`: --startup SECS.
 pub fn build(run: &Run, startup_flag: Option<f64>) -> Result<Table> {
-    let t0 = run
-        .intervals
-        .first()
-        .map_or(run.session_window.start_ns, |i| i.window.start_ns);
+    // Start-up counts from the launched process's start; a running process's trace from
+    // its first interval.
+    let t0 = run.started_ns.unwrap_or_else(|| {
+        run.intervals
+            .first()
+            .map_or(run.session_window.start_ns, |i| i.window.start_ns)
+    });
     let startup = match (startup_flag, run.launched, run.samples.last_exec_mapping_ns) {
         (Some(secs), _, _) => Startup { secs, how: "flag" },
         (None, true, Some(last)) => {
@@ -143,30 +149,45 @@ pub fn build(run: &Run, startup_flag: Option<f64>) -> Result<Table> {
     let mut during = Phase::default();
     let mut after = Phase::default();
     let mut rows: BTreeMap<(u64, u64, String), MappingFigures> = BTreeMap::new();
-    for interval in &run.intervals {
+    let tail = tail(run);
+    for interval in run.intervals.iter().chain(tail.as_ref()) {
         let w = interval.window;
         let in_startup = w.start_ns + (w.end_ns - w.start_ns) / 2 < boundary;
         let phase = if in_startup { &mut during } else { &mut after };
         let f = &interval.faults;
         let mean = mean_ns(f, &["minor", "major"]);
         add_phase(phase, f, mean);
+        let is_tail = tail.as_ref().is_some_and(|t| std::ptr::eq(interval, t));
+        let mut per_key: BTreeMap<(u64, u64, String), (u64, bool)> = BTreeMap::new();
         for row in &f.by_mapping {
-            let key = attribute(row, interval, &run.samples.seen);
+            let slot = per_key
+                .entry(attribute(row, interval, &run.samples.seen))
+                .or_default();
+            slot.0 += row.faults;
+            slot.1 |= row.locked == Some(true);
+        }
+        for (key, (faults, locked)) in per_key {
             let figures = rows
                 .entry(key.clone())
                 .or_insert_with(|| figures_of(&key, &run.samples.seen, t0));
-            let ns = (row.faults as f64 * mean) as u64;
+            // The tail's rows are whole-session counts: less what the intervals had.
+            let faults = if is_tail {
+                faults.saturating_sub(figures.faults())
+            } else {
+                faults
+            };
+            let ns = (faults as f64 * mean) as u64;
             if in_startup {
-                figures.faults_startup += row.faults;
+                figures.faults_startup += faults;
                 figures.fault_ns_startup += ns;
             } else {
-                figures.faults_after += row.faults;
+                figures.faults_after += faults;
                 figures.fault_ns_after += ns;
             }
-            figures.locked |= row.locked == Some(true);
+            figures.locked |= locked;
         }
     }
-    let mut mappings: Vec<MappingFigures> = rows.into_values().collect();
+    let mut mappings = merge_grown(rows.into_values().collect());
     mappings.sort_by(|a, b| {
         (b.fault_ns_after, b.faults())
             .cmp(&(a.fault_ns_after, a.faults()))
@@ -218,6 +239,7 @@ pub fn build(run: &Run, startup_flag: Option<f64>) -> Result<Table> {
         mem_available_bytes: mem_available(),
         threads_max: s.threads_max,
         locked_max_bytes: s.locked_max_bytes,
+        locked_by_calls_bytes: run.locked_by_calls,
         own_faults: s
             .stat_first
             .zip(s.stat_last)
@@ -232,6 +254,75 @@ pub fn build(run: &Run, startup_flag: Option<f64>) -> Result<Table> {
         others: run.others.clone(),
         lost: run.lost,
         preload_log: run.preload_log.clone(),
+    })
+}
+
+/// One row for a mapping seen at several extents (a heap or an arena growing, a VMA
+/// merged with a neighbour): rows of one name whose ranges overlap are one, their union.
+pub(super) fn merge_grown(mut rows: Vec<MappingFigures>) -> Vec<MappingFigures> {
+    rows.sort_by(|a, b| a.mapping.cmp(&b.mapping).then(a.start.cmp(&b.start)));
+    let mut out: Vec<MappingFigures> = Vec::with_capacity(rows.len());
+    for m in rows {
+        match out.last_mut() {
+            Some(prev) if prev.mapping == m.mapping && m.start < prev.end => {
+                prev.end = prev.end.max(m.end);
+                prev.size_bytes = prev.end - prev.start;
+                prev.faults_startup += m.faults_startup;
+                prev.faults_after += m.faults_after;
+                prev.fault_ns_startup += m.fault_ns_startup;
+                prev.fault_ns_after += m.fault_ns_after;
+                prev.resident_bytes = prev.resident_bytes.max(m.resident_bytes);
+                prev.locked |= m.locked;
+                prev.lifetimes = prev.lifetimes.max(m.lifetimes);
+                prev.guarded |= m.guarded;
+                prev.first_seen_secs = match (prev.first_seen_secs, m.first_seen_secs) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+            }
+            _ => out.push(m),
+        }
+    }
+    out
+}
+
+/// What happened after the last interval line (the command exited mid-interval): the
+/// session's counts and latency totals less the intervals'. Its mapping rows are the
+/// session's own (whole-run) counts, from which the caller takes away what the intervals
+/// had.
+fn tail(run: &Run) -> Option<Interval> {
+    // A command shorter than one interval has only the summary.
+    let last = run
+        .intervals
+        .last()
+        .map_or(run.session_window.start_ns, |i| i.window.end_ns);
+    let s = &run.session;
+    let sum = |f: fn(&Faults) -> u64| run.intervals.iter().map(|i| f(&i.faults)).sum::<u64>();
+    let mut latency_ns = BTreeMap::new();
+    for (class, l) in &s.latency_ns {
+        let (mut total, mut count) = (l.total, l.count);
+        for i in &run.intervals {
+            if let Some(x) = i.faults.latency_ns.get(class) {
+                total = total.saturating_sub(x.total);
+                count = count.saturating_sub(x.count);
+            }
+        }
+        latency_ns.insert(class.clone(), Latency { count, total, ..*l });
+    }
+    let faults = Faults {
+        minor: s.minor.saturating_sub(sum(|f| f.minor)),
+        major: s.major.saturating_sub(sum(|f| f.major)),
+        user: s.user.saturating_sub(sum(|f| f.user)),
+        populated: s.populated.saturating_sub(sum(|f| f.populated)),
+        latency_ns,
+        by_mapping: s.by_mapping.clone(),
+    };
+    Some(Interval {
+        window: super::observe::Window {
+            start_ns: last,
+            end_ns: run.session_window.end_ns.max(last),
+        },
+        faults,
     })
 }
 

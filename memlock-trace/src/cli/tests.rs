@@ -242,3 +242,25 @@ fn bad_production_options_are_rejected() {
     assert!(parse(&["--max-processes", "0"]).is_err());
     assert!(parse(&["--max-targets", "-1"]).is_err());
 }
+
+#[test]
+fn advise_subcommand() {
+    let cli = parse(&["advise", "--apply", "--json", "--", "python3", "-c", "pass"]).unwrap();
+    let Some(Command::Advise(args)) = cli.command else {
+        panic!("not advise: {:?}", cli.command);
+    };
+    assert!(args.apply && args.json);
+    assert_eq!(args.command, ["python3", "-c", "pass"]);
+    let cli = parse(&["advise", "-p", "42", "-d", "3", "--startup", "0.5"]).unwrap();
+    let Some(Command::Advise(args)) = cli.command else {
+        panic!("not advise: {:?}", cli.command);
+    };
+    assert_eq!(
+        (args.pid, args.duration, args.startup),
+        (Some(42), Some(3.0), Some(0.5))
+    );
+    // --apply runs the command again: a running process cannot be.
+    assert!(parse(&["advise", "--apply", "-p", "42"]).is_err());
+    assert!(parse(&["advise", "-p", "42", "--", "true"]).is_err());
+    assert!(parse(&["advise", "--startup", "0", "--", "true"]).is_err());
+}

@@ -1,0 +1,196 @@
+//! The rules on hand-made tables: what each kind of advice needs to be drawn, and what
+//! keeps it from being drawn.
+
+use super::{
+    rules::{ApplyStep, Verdict, advise},
+    sample::MemlockLimit,
+    table::{MappingFigures, Phase, Startup, Table},
+};
+
+const MIB: u64 = 1 << 20;
+
+fn mapping(name: &str, size: u64, startup: u64, after: u64) -> MappingFigures {
+    MappingFigures {
+        mapping: name.into(),
+        start: 0x7f00_0000_0000,
+        end: 0x7f00_0000_0000 + size,
+        size_bytes: size,
+        perms: Some("rw-p".into()),
+        resident_bytes: Some(size),
+        faults_startup: startup,
+        faults_after: after,
+        fault_ns_startup: startup * 1500,
+        fault_ns_after: after * 1500,
+        locked: false,
+        lifetimes: 1,
+        guarded: false,
+        first_seen_secs: Some(0.5),
+    }
+}
+
+fn table(mappings: Vec<MappingFigures>, limit: u64, cap: bool) -> Table {
+    Table {
+        pid: 1,
+        comm: "prog".into(),
+        described: "`prog`".into(),
+        launched: true,
+        exit_code: 0,
+        traced_secs: 2.0,
+        wall_ns: None,
+        startup: Startup {
+            secs: 0.2,
+            how: "detected",
+        },
+        during_startup: Phase::default(),
+        after_startup: Phase::default(),
+        latency_ns: Default::default(),
+        time_basis: "each fault timed".into(),
+        memlock_limit: Some(MemlockLimit::Bytes(limit)),
+        cap_ipc_lock: Some(cap),
+        mem_available_bytes: Some(8 << 30),
+        threads_max: 1,
+        locked_max_bytes: 0,
+        locked_by_calls_bytes: 0,
+        own_faults: None,
+        glibc_malloc: true,
+        mappings,
+        others: Vec::new(),
+        lost: 0,
+        preload_log: Vec::new(),
+    }
+}
+
+#[test]
+fn a_table_faulting_after_start_up_is_locked_within_the_limit() {
+    let t = table(
+        vec![mapping("anonymous", 64 * MIB, 0, 16384)],
+        8 * MIB,
+        true,
+    );
+    let advice = advise(&t);
+    assert_eq!(advice[0].kind, "lock", "{advice:?}");
+    assert_eq!(advice[0].pinned_bytes, 64 * MIB);
+    assert_eq!(advice[0].faults_removed, 16384);
+    assert_eq!(
+        advice[0].apply,
+        Some(ApplyStep::Preload(format!("lock:anon:{}", 64 * MIB)))
+    );
+}
+
+#[test]
+fn over_the_limit_it_is_populated_and_the_limit_named() {
+    let t = table(
+        vec![mapping("anonymous", 64 * MIB, 0, 16384)],
+        8 * MIB,
+        false,
+    );
+    let advice = advise(&t);
+    assert_eq!(advice[0].kind, "populate", "{advice:?}");
+    let refused = advice.iter().find(|a| a.kind == "over-limit").unwrap();
+    assert_eq!(refused.verdict, Verdict::DoNot);
+    assert!(
+        refused
+            .how
+            .contains("RLIMIT_MEMLOCK of at least 64 MiB (RLIMIT_MEMLOCK 8 MiB now"),
+        "{}",
+        refused.how
+    );
+}
+
+#[test]
+fn memory_faulted_many_times_its_size_gets_the_allocator_setting_not_a_lock() {
+    let block = 64 * MIB + 4096;
+    let mut m = mapping("anonymous", block, 0, 10 * (block / 4096));
+    m.lifetimes = 5;
+    let advice = advise(&table(vec![m.clone()], 8 * MIB, true));
+    assert_eq!(advice.len(), 1, "{advice:?}");
+    assert_eq!(advice[0].kind, "allocator");
+    assert_eq!(
+        advice[0].apply,
+        Some(ApplyStep::Tunable(
+            "glibc.malloc.mmap_threshold=134217728:glibc.malloc.trim_threshold=268435456".into()
+        ))
+    );
+    // Another allocator: no glibc tunable to give, and nothing to apply.
+    let mut t = table(vec![m], 8 * MIB, true);
+    t.glibc_malloc = false;
+    let advice = advise(&t);
+    assert_eq!(advice[0].verdict, Verdict::CannotHelp);
+    assert_eq!(advice[0].apply, None);
+}
+
+#[test]
+fn start_up_only_memory_is_not_to_be_locked_and_few_faults_are_no_advice() {
+    let t = table(
+        vec![
+            mapping("/usr/lib/libbig.so", 4 * MIB, 1024, 0),
+            mapping("anonymous", MIB, 0, 10),
+        ],
+        8 * MIB,
+        true,
+    );
+    let advice = advise(&t);
+    assert_eq!(advice.len(), 1, "{advice:?}");
+    assert_eq!(advice[0].kind, "touched-once");
+    assert_eq!(advice[0].verdict, Verdict::DoNot);
+}
+
+#[test]
+fn the_heap_is_advised_but_not_applied_and_threads_get_the_stack_warning() {
+    let mut t = table(vec![mapping("[heap]", 16 * MIB, 0, 4096)], 64 * MIB, false);
+    t.threads_max = 8;
+    let advice = advise(&t);
+    assert_eq!(advice[0].kind, "lock");
+    assert_eq!(advice[0].apply, None);
+    assert!(
+        advice[0].how.contains("--apply cannot"),
+        "{}",
+        advice[0].how
+    );
+    assert!(advice.iter().any(|a| a.kind == "thread-stacks"));
+}
+
+#[test]
+fn mappings_over_the_limit_are_one_do_not_naming_the_limit_all_need() {
+    let mut big = mapping("anonymous", 64 * MIB, 0, 16384);
+    big.start += 1 << 32;
+    big.end += 1 << 32;
+    let t = table(
+        vec![big, mapping("anonymous", 16 * MIB, 0, 4096)],
+        8 * MIB,
+        false,
+    );
+    let advice = advise(&t);
+    let refused: Vec<_> = advice.iter().filter(|a| a.kind == "over-limit").collect();
+    assert_eq!(refused.len(), 1, "{advice:?}");
+    assert!(
+        refused[0].what.starts_with("2 mappings"),
+        "{}",
+        refused[0].what
+    );
+    assert!(
+        refused[0]
+            .how
+            .contains("at least 80 MiB (RLIMIT_MEMLOCK 8 MiB now"),
+        "{}",
+        refused[0].how
+    );
+}
+
+#[test]
+fn a_region_seen_growing_is_one_row() {
+    let rows = vec![
+        mapping("anonymous", 16 * MIB, 0, 100),
+        MappingFigures {
+            end: 0x7f00_0000_0000 + 32 * MIB,
+            size_bytes: 32 * MIB,
+            ..mapping("anonymous", 32 * MIB, 0, 50)
+        },
+    ];
+    let merged = super::table::merge_grown(rows);
+    assert_eq!(merged.len(), 1);
+    assert_eq!(
+        (merged[0].size_bytes, merged[0].faults_after),
+        (32 * MIB, 150)
+    );
+}

@@ -1,0 +1,328 @@
+//! `memlock-trace advise` and `--apply` on python3, a program nobody here wrote, in the two
+//! cases of issue 23: a table mapped up front and touched lazily inside a timed phase
+//! (tests/third_party/lazy_table.py), and an allocator that gives a 64 MiB block back to the
+//! kernel every round (tests/third_party/churn.py). The before/after figures are the
+//! program's own (getrusage and /proc/self/stat around its timed phase), not only the
+//! tracer's.
+//!
+//! `cargo xtask test` installs Debian's python3 when missing and builds the preload library
+//! (`memlock-preload`) next to the tracer.
+
+mod common;
+mod support;
+
+use std::{
+    os::unix::fs::PermissionsExt as _,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use common::require_privileges;
+use serde_json::Value;
+use support::BIN;
+
+const PYTHON: &str = "/usr/bin/python3";
+const LAZY_TABLE: &str = include_str!("third_party/lazy_table.py");
+const CHURN: &str = include_str!("third_party/churn.py");
+const TABLE_BYTES: u64 = 64 << 20;
+const PAGE: u64 = 4096;
+/// `nobody`, for the run under a memlock limit.
+const NOBODY: &str = "65534";
+
+/// A directory anyone can write to (the program may run as nobody), removed when dropped.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(name: &str) -> Self {
+        assert!(
+            Path::new(PYTHON).is_file(),
+            "{PYTHON} is missing (`cargo xtask test` installs Debian's python3 package, or: \
+             apt-get install python3)"
+        );
+        let preload = Path::new(BIN).with_file_name("libmemlock_preload.so");
+        assert!(
+            preload.is_file(),
+            "{} is missing: `cargo xtask test` builds it (or: cargo build -p memlock-preload)",
+            preload.display()
+        );
+        let dir = std::env::temp_dir().join(format!(
+            "memlock-trace-advise-{name}-{}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        Self(dir)
+    }
+
+    fn file(&self, name: &str, contents: &str) -> String {
+        let path = self.0.join(name);
+        std::fs::write(&path, contents).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+        path.display().to_string()
+    }
+
+    /// The program's own report lines: one per run.
+    fn report(&self) -> Vec<Value> {
+        std::fs::read_to_string(self.0.join("report.json"))
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Runs `advise --apply --json -- COMMAND` and returns its report.
+fn advise_apply(command: &[&str]) -> Value {
+    let out = Command::new(BIN)
+        .args(["advise", "--apply", "--json", "--"])
+        .args(command)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "advise failed ({}): {}\n{stdout}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = stdout
+        .lines()
+        .find(|l| l.contains("\"type\":\"advise\""))
+        .unwrap_or_else(|| panic!("no advise line in: {stdout}"));
+    serde_json::from_str(line).unwrap()
+}
+
+fn ranked(report: &Value) -> Vec<&Value> {
+    report["advice"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|a| a["verdict"] == "do")
+        .collect()
+}
+
+#[test]
+fn a_lazily_touched_table_is_locked_and_its_timed_faults_go() {
+    require_privileges();
+    let dir = Scratch::new("table");
+    let script = dir.file("lazy_table.py", LAZY_TABLE);
+    let report_path = dir.file("report.json", "");
+    let size = TABLE_BYTES.to_string();
+    let report = advise_apply(&[PYTHON, &script, &report_path, &size]);
+    let advice = ranked(&report);
+    let first = advice
+        .first()
+        .unwrap_or_else(|| panic!("no advice: {report}"));
+    // Root has CAP_IPC_LOCK: locking fits whatever the limit.
+    assert_eq!(first["kind"], "lock", "{first}");
+    assert!(
+        first["mapping"].as_str().unwrap().starts_with("/dev/zero"),
+        "the shared anonymous table: {first}"
+    );
+    assert_eq!(first["pinned_bytes"], TABLE_BYTES, "{first}");
+    let pages = TABLE_BYTES / PAGE;
+    let removed = first["faults_removed"].as_u64().unwrap();
+    assert!(
+        removed >= pages && removed <= pages + pages / 100,
+        "{removed} faults removed, the table has {pages} pages: {first}"
+    );
+    assert!(
+        first["how"].as_str().unwrap().contains("CAP_IPC_LOCK"),
+        "{first}"
+    );
+    assert_eq!(
+        first["apply"]["preload"],
+        format!("lock:anon:{TABLE_BYTES}"),
+        "{first}"
+    );
+    let own = dir.report();
+    assert_eq!(own.len(), 2, "one report per run: {own:?}");
+    for key in ["timed_minflt", "timed_stat_minflt"] {
+        let (before, after) = (own[0][key].as_u64().unwrap(), own[1][key].as_u64().unwrap());
+        assert!(
+            before >= pages,
+            "before: the program counted {before} ({key}) for {pages} pages"
+        );
+        assert!(
+            after * 100 <= pages,
+            "after: the program counted {after} faults ({key}) in its timed phase, more than 1% \
+             of {pages}: {own:?}"
+        );
+    }
+    let apply = &report["apply"];
+    assert_eq!(apply["helped"], true, "{apply}");
+    assert!(
+        apply["after"]["locked_by_calls_bytes"].as_u64().unwrap() >= TABLE_BYTES,
+        "{apply}"
+    );
+    assert!(
+        apply["preload_log"][0]
+            .as_str()
+            .unwrap()
+            .ends_with(&format!("{TABLE_BYTES} ok")),
+        "{apply}"
+    );
+}
+
+#[test]
+fn under_a_memlock_limit_the_table_is_populated_and_the_limit_named() {
+    require_privileges();
+    let dir = Scratch::new("limit");
+    let script = dir.file("lazy_table.py", LAZY_TABLE);
+    let report_path = dir.file("report.json", "");
+    let size = TABLE_BYTES.to_string();
+    // 8 MiB, soft and hard, and no CAP_IPC_LOCK: as an unprivileged service runs.
+    let report = advise_apply(&[
+        "sh",
+        "-c",
+        "ulimit -l 8192 && exec setpriv --reuid=\"$0\" --regid=\"$0\" --clear-groups \"$@\"",
+        NOBODY,
+        PYTHON,
+        &script,
+        &report_path,
+        &size,
+    ]);
+    assert_eq!(
+        report["process"]["memlock_limit"]["bytes"],
+        8 << 20,
+        "{}",
+        report["process"]
+    );
+    assert_eq!(report["process"]["cap_ipc_lock"], false);
+    let advice = ranked(&report);
+    let first = advice
+        .first()
+        .unwrap_or_else(|| panic!("no advice: {report}"));
+    assert_eq!(first["kind"], "populate", "{first}");
+    let refused = report["advice"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["kind"] == "over-limit")
+        .unwrap_or_else(|| panic!("no over-limit advice: {report}"));
+    assert!(
+        refused["how"]
+            .as_str()
+            .unwrap()
+            .contains("RLIMIT_MEMLOCK of at least 64 MiB (RLIMIT_MEMLOCK 8 MiB now"),
+        "{refused}"
+    );
+    let own = dir.report();
+    assert_eq!(own.len(), 2, "{own:?}");
+    let pages = TABLE_BYTES / PAGE;
+    let (before, after) = (
+        own[0]["timed_minflt"].as_u64().unwrap(),
+        own[1]["timed_minflt"].as_u64().unwrap(),
+    );
+    assert!(before >= pages && after * 100 <= pages, "{own:?}");
+    // Populated, not locked: the limit was neither raised nor met.
+    assert_eq!(report["apply"]["after"]["locked_by_calls_bytes"], 0);
+}
+
+#[test]
+fn an_allocator_giving_a_block_back_is_told_its_tunable_not_a_lock() {
+    require_privileges();
+    let dir = Scratch::new("churn");
+    let script = dir.file("churn.py", CHURN);
+    let report_path = dir.file("report.json", "");
+    let rounds = 10u64;
+    let report = advise_apply(&[PYTHON, &script, &report_path, &rounds.to_string(), "64"]);
+    let advice = ranked(&report);
+    let first = advice
+        .first()
+        .unwrap_or_else(|| panic!("no advice: {report}"));
+    assert_eq!(first["kind"], "allocator", "{first}");
+    assert_eq!(first["mapping"], "anonymous", "{first}");
+    assert!(
+        first["what"]
+            .as_str()
+            .unwrap()
+            .contains("Locking cannot help"),
+        "{first}"
+    );
+    // 64 MiB and malloc's header page: the threshold above it.
+    assert_eq!(
+        first["apply"]["tunable"],
+        "glibc.malloc.mmap_threshold=134217728:glibc.malloc.trim_threshold=268435456",
+        "{first}"
+    );
+    assert!(
+        !advice
+            .iter()
+            .any(|a| a["kind"] == "lock" || a["kind"] == "populate"),
+        "no lock advice for memory handed back: {advice:?}"
+    );
+    let own = dir.report();
+    assert_eq!(own.len(), 2, "{own:?}");
+    let per_round = own[0]["pages_per_round"].as_u64().unwrap();
+    for key in ["minflt", "stat_minflt"] {
+        let (before, after) = (own[0][key].as_u64().unwrap(), own[1][key].as_u64().unwrap());
+        assert!(
+            before >= rounds * per_round,
+            "before: {before} faults ({key}) for {rounds} rounds of {per_round} pages"
+        );
+        // The block is faulted in once, then kept in the heap.
+        assert!(
+            after <= 2 * per_round,
+            "after: {after} faults ({key}), more than two rounds' {per_round} pages: {own:?}"
+        );
+    }
+    assert_eq!(report["apply"]["helped"], true, "{}", report["apply"]);
+}
+
+#[test]
+fn advise_without_a_process_says_how_to_name_one() {
+    let out = Command::new(BIN).arg("advise").output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("advise needs a process: `memlock-trace advise -p PID"),
+        "{stderr}"
+    );
+    let out = Command::new(BIN)
+        .args(["advise", "-p", "4194304"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no process with pid 4194304"));
+    let out = Command::new(BIN)
+        .args(["advise", "-d", "3", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("-d is for -p PID"));
+}
+
+#[test]
+fn a_command_that_cannot_run_keeps_its_exit_code_and_a_short_one_is_counted() {
+    require_privileges();
+    let out = Command::new(BIN)
+        .args(["advise", "--", "/nonexistent/memlock-trace-test"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(127), "{out:?}");
+    // Shorter than one interval: its faults are the session summary's.
+    let out = Command::new(BIN)
+        .args(["advise", "--json", "--", "false"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "false's own exit status: {out:?}"
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let p = &report["process"];
+    let faults =
+        |phase: &str| p[phase]["minor"].as_u64().unwrap() + p[phase]["major"].as_u64().unwrap();
+    assert!(
+        faults("during_startup") + faults("after_startup") > 0,
+        "no faults counted for `false`: {p}"
+    );
+}
