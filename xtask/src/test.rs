@@ -111,7 +111,7 @@ const HOST_ONLY: [(&str, &str); 6] = [
     (
         "memlock-trace/test:metrics_server",
         "host only: the /metrics server's limits (connections, header size, timeouts, accept \
-         errors) are user space, the same on every kernel",
+         errors) and formats are user space, the same on every kernel",
     ),
     (
         "memlock-trace/test:prometheus_https",
@@ -143,9 +143,15 @@ const HOST_ONLY: [(&str, &str); 6] = [
 /// Test binaries that run Debian's programs, and the package of each: installed when missing
 /// (like qemu) before any stage runs them, since a guest's initramfs carries the programs
 /// the host has (python3 with its standard library, memcached: see `vm::programs`).
-const PROGRAM_TESTS: [(&str, &str); 4] = [
+const PROGRAM_TESTS: [(&str, &str); 6] = [
     ("memlock-trace/test:prometheus_server", "prometheus"),
     ("memlock-trace/test:prometheus_https", "prometheus"),
+    // promtool lints the text format; the Python client's parser checks OpenMetrics.
+    ("memlock-trace/test:metrics_server", "prometheus"),
+    (
+        "memlock-trace/test:metrics_server",
+        "python3-prometheus-client",
+    ),
     ("memlock-trace/test:memcached", "memcached"),
     ("memlock-trace/test:third_party", "python3"),
 ];

@@ -17,9 +17,11 @@ pub struct SyscallMetrics {
     calls: Family<Labels, Counter>,
     errors: Family<Labels, Counter>,
     latency: Family<Labels, Histogram>,
-    pages_populated: Family<Labels, Counter>,
-    pages_locked: Family<Labels, Counter>,
-    pages_unlocked: Family<Labels, Counter>,
+    /// In bytes (pages times the page size), Prometheus' base unit.
+    populated_bytes: Family<Labels, Counter>,
+    locked_bytes: Family<Labels, Counter>,
+    unlocked_bytes: Family<Labels, Counter>,
+    page_size: u64,
 }
 
 /// 1 us to 8.4 s in powers of two: mlock of one page takes microseconds, mlockall of a
@@ -35,9 +37,10 @@ impl SyscallMetrics {
             calls: Family::default(),
             errors: Family::default(),
             latency: Family::new_with_constructor(latency_histogram),
-            pages_populated: Family::default(),
-            pages_locked: Family::default(),
-            pages_unlocked: Family::default(),
+            populated_bytes: Family::default(),
+            locked_bytes: Family::default(),
+            unlocked_bytes: Family::default(),
+            page_size: super::page_size(),
         };
         registry.register(
             "syscalls",
@@ -55,20 +58,23 @@ impl SyscallMetrics {
             Unit::Seconds,
             metrics.latency.clone(),
         );
-        registry.register(
-            "syscall_pages_populated",
-            "Pages the kernel faulted in on the caller's behalf during mlock-family calls",
-            metrics.pages_populated.clone(),
+        registry.register_with_unit(
+            "syscall_populated",
+            "Memory the kernel faulted in on the caller's behalf during mlock-family calls",
+            Unit::Bytes,
+            metrics.populated_bytes.clone(),
         );
-        registry.register(
-            "syscall_pages_locked",
-            "Growth of mm->locked_vm across mlock-family calls, in pages",
-            metrics.pages_locked.clone(),
+        registry.register_with_unit(
+            "syscall_locked",
+            "Growth of mm->locked_vm across mlock-family calls",
+            Unit::Bytes,
+            metrics.locked_bytes.clone(),
         );
-        registry.register(
-            "syscall_pages_unlocked",
-            "Shrinkage of mm->locked_vm across mlock-family calls, in pages",
-            metrics.pages_unlocked.clone(),
+        registry.register_with_unit(
+            "syscall_unlocked",
+            "Shrinkage of mm->locked_vm across mlock-family calls",
+            Unit::Bytes,
+            metrics.unlocked_bytes.clone(),
         );
         metrics
     }
@@ -82,19 +88,19 @@ impl SyscallMetrics {
             .observe(rec.raw.duration_ns as f64 / 1e9);
         let populated = rec.pages_populated();
         if populated > 0 {
-            self.pages_populated
+            self.populated_bytes
                 .get_or_create(&labels)
-                .inc_by(populated);
+                .inc_by(populated * self.page_size);
         }
         let locked = rec.pages_locked();
         if locked > 0 {
-            self.pages_locked
+            self.locked_bytes
                 .get_or_create(&labels)
-                .inc_by(locked.unsigned_abs());
+                .inc_by(locked.unsigned_abs() * self.page_size);
         } else if locked < 0 {
-            self.pages_unlocked
+            self.unlocked_bytes
                 .get_or_create(&labels)
-                .inc_by(locked.unsigned_abs());
+                .inc_by(locked.unsigned_abs() * self.page_size);
         }
         if let Some(errno) = errno_name(rec.raw.ret) {
             labels.push(("errno", errno));
