@@ -295,8 +295,9 @@ fn both_formats_pass_the_linters() {
     require_privileges();
     support::prometheus::require(support::prometheus::PROMTOOL);
     // A workload that makes mlock calls, so the call families have samples.
+    // The shell becomes a sleep that holds none of the tracer's pipes, killed at the end.
     let script = format!(
-        "{} workload syscalls --report /dev/null; sleep 60",
+        "{} workload syscalls --report /dev/null; exec sleep 60 >/dev/null 2>&1",
         support::BIN
     );
     let mut tracer = Tracer::spawn(&[
@@ -319,7 +320,10 @@ fn both_formats_pass_the_linters() {
     let text = loop {
         let (content_type, body) = scrape_as(addr, None);
         assert_eq!(content_type, "text/plain; version=0.0.4; charset=utf-8");
-        if body.contains("memlock_trace_syscall_locked_bytes_total{") {
+        // The call series from the drain, the map fill from the first fault refresh.
+        if body.contains("memlock_trace_syscall_locked_bytes_total{")
+            && body.contains("memlock_trace_map_max_entries{map=\"fault_stats\"}")
+        {
             break body;
         }
         assert!(Instant::now() < deadline, "no mlock series:\n{body}");
@@ -371,6 +375,7 @@ fn both_formats_pass_the_linters() {
             "# TYPE process_resident_memory_bytes gauge",
             "# TYPE process_open_fds gauge",
             "# TYPE memlock_trace_syscall_latency_seconds histogram",
+            "# TYPE memlock_trace_map_entries gauge",
         ] {
             assert!(body.contains(family), "{format}: no {family}:\n{body}");
         }
@@ -393,6 +398,21 @@ fn both_formats_pass_the_linters() {
         text.contains("# TYPE process_cpu_seconds_total counter"),
         "{text}"
     );
+    // The fault statistics map's fill, within its capacity (as sized at load: thousands).
+    let gauge = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}{{map=\"fault_stats\"}} ")))
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("no {name} of fault_stats:\n{text}"))
+    };
+    let (entries, capacity) = (
+        gauge("memlock_trace_map_entries"),
+        gauge("memlock_trace_map_max_entries"),
+    );
+    assert!(
+        capacity >= 1024 && entries <= capacity,
+        "fault_stats: {entries} of {capacity}"
+    );
     // The tracer's resident memory, as the kernel reports it (within a few MiB: it moves).
     let rss = text
         .lines()
@@ -404,6 +424,15 @@ fn both_formats_pass_the_linters() {
         (rss - kernel).abs() < 8.0 * 1024.0 * 1024.0,
         "process_resident_memory_bytes {rss} vs VmRSS {kernel}"
     );
+    let launched: i32 = tracer
+        .stderr()
+        .split("`sh` (pid ")
+        .nth(1)
+        .and_then(|rest| rest.split(')').next())
+        .and_then(|pid| pid.parse().ok())
+        .expect("the launched shell's pid on stderr");
     tracer.signal(libc::SIGTERM);
     let _ = tracer.finish();
+    // SAFETY: kill(2) of the sleep the test started (through the tracer).
+    unsafe { libc::kill(launched, libc::SIGKILL) };
 }

@@ -31,6 +31,18 @@ pub struct FaultReport {
 }
 
 impl FaultReport {
+    /// (map, entries read) of the maps that hold per-process state.
+    pub fn map_entries(&self) -> [(&'static str, usize); 3] {
+        [
+            (names::FAULT_STATS, self.stats.len()),
+            (names::FAULT_HIST, self.hists.len()),
+            (
+                names::FAULT_REGIONS,
+                self.regions.values().map(Vec::len).sum(),
+            ),
+        ]
+    }
+
     /// Adds the faults counting perf events counted per process (count-only mode).
     pub fn add_counted(&mut self, counted: BTreeMap<u32, (u64, u64)>) {
         for (tgid, (minor, major)) in counted {

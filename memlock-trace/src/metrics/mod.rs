@@ -11,6 +11,7 @@ mod auth;
 mod exposition;
 mod faults;
 mod health;
+mod maps;
 mod process;
 pub mod server;
 mod syscalls;
@@ -28,7 +29,8 @@ use prometheus_client::{
 };
 
 pub use self::{
-    exposition::Format, faults::FaultMetrics, health::HealthMetrics, syscalls::SyscallMetrics,
+    exposition::Format, faults::FaultMetrics, health::HealthMetrics, maps::MapMetrics,
+    syscalls::SyscallMetrics,
 };
 
 /// Every metric memlock-trace exports, prefixed `memlock_trace_`, and its process's.
@@ -41,6 +43,7 @@ pub struct Metrics {
     pub syscalls: SyscallMetrics,
     pub faults: FaultMetrics,
     pub health: HealthMetrics,
+    pub maps: MapMetrics,
 }
 
 /// Label sets are built at run time because the pid label is optional.
@@ -52,6 +55,7 @@ impl Metrics {
         let syscalls = SyscallMetrics::register(&mut registry, pid_label);
         let faults = FaultMetrics::register(&mut registry, pid_label);
         let health = HealthMetrics::register(&mut registry);
+        let maps = MapMetrics::register(&mut registry);
         let build_info = Family::default();
         registry.register(
             "build_info",
@@ -68,6 +72,7 @@ impl Metrics {
             syscalls,
             faults,
             health,
+            maps,
         }
     }
 

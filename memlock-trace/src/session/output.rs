@@ -178,6 +178,7 @@ impl Output {
             metrics.health.update(&health);
             if let (Some(hooks), Some(report)) = (&tracer.fault_hooks, tracer.fault_report()?) {
                 self.update_fault_metrics(metrics, hooks, &report);
+                metrics.maps.update(&tracer.ebpf, &report.map_entries());
             }
         }
         Ok(())
