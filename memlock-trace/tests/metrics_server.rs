@@ -239,3 +239,200 @@ fn a_slow_client_is_dropped_within_the_timeout() {
     );
     stop(tracer);
 }
+
+/// GET /metrics with `accept` (none: no header), on a fresh connection: the content type
+/// and the body.
+fn scrape_as(addr: SocketAddr, accept: Option<&str>) -> (String, String) {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let accept = accept.map_or(String::new(), |a| format!("Accept: {a}\r\n"));
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: test\r\n{accept}Connection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    s.read_to_string(&mut response).unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").expect("a response");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let content_type = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-type: "))
+        .unwrap_or_else(|| panic!("no content-type: {head}"));
+    (content_type.to_string(), body.to_string())
+}
+
+/// Runs `program args` with `input` on stdin: (success, stdout and stderr).
+fn check_with(program: &str, args: &[&str], input: &str) -> (bool, String) {
+    let mut child = std::process::Command::new(program)
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {program}: {e}"));
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), said)
+}
+
+/// The text format 0.0.4 by default and OpenMetrics when asked: 0.0.4 passes
+/// `promtool check metrics` (which reads 0.0.4 only), OpenMetrics the strict parser of the
+/// Prometheus project's Python client; both carry a HELP for every family, the build info,
+/// the tracer's own process series and bytes, not pages.
+#[test]
+fn both_formats_pass_the_linters() {
+    require_privileges();
+    support::prometheus::require(support::prometheus::PROMTOOL);
+    // A workload that makes mlock calls, so the call families have samples.
+    // The shell becomes a sleep that holds none of the tracer's pipes, killed at the end.
+    let script = format!(
+        "{} workload syscalls --report /dev/null; exec sleep 60 >/dev/null 2>&1",
+        support::BIN
+    );
+    let mut tracer = Tracer::spawn(&[
+        "--prometheus",
+        "127.0.0.1:0",
+        "--follow-children",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    let line = tracer.wait_for_stderr("serving Prometheus metrics on http://");
+    let addr: SocketAddr = line
+        .rsplit("http://")
+        .next()
+        .and_then(|s| s.strip_suffix("/metrics"))
+        .and_then(|s| s.parse().ok())
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let text = loop {
+        let (content_type, body) = scrape_as(addr, None);
+        assert_eq!(content_type, "text/plain; version=0.0.4; charset=utf-8");
+        // The call series from the drain, the map fill from the first fault refresh.
+        if body.contains("memlock_trace_syscall_locked_bytes_total{")
+            && body.contains("memlock_trace_map_max_entries{map=\"fault_stats\"}")
+        {
+            break body;
+        }
+        assert!(Instant::now() < deadline, "no mlock series:\n{body}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let (content_type, openmetrics) = scrape_as(
+        addr,
+        Some("application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"),
+    );
+    assert_eq!(
+        content_type,
+        "application/openmetrics-text; version=1.0.0; charset=utf-8"
+    );
+    let (_, explicit) = scrape_as(addr, Some("text/plain;version=0.0.4"));
+    assert!(!explicit.contains("# EOF"), "{explicit}");
+
+    let (ok, said) = check_with(support::prometheus::PROMTOOL, &["check", "metrics"], &text);
+    assert!(ok, "promtool check metrics (0.0.4): {said}\n{text}");
+    assert!(
+        !text.contains("# EOF") && !text.contains("# UNIT"),
+        "{text}"
+    );
+    // The Prometheus project's OpenMetrics parser: raises on anything out of the spec.
+    let parse = "import sys\nfrom prometheus_client.openmetrics.parser import \
+                 text_string_to_metric_families as parse\n\
+                 families = list(parse(sys.stdin.read()))\n\
+                 missing = [f.name for f in families if not f.documentation]\n\
+                 assert not missing, missing\nprint(len(families))";
+    let (ok, said) = check_with("/usr/bin/python3", &["-c", parse], &openmetrics);
+    assert!(ok, "OpenMetrics parser: {said}\n{openmetrics}");
+    assert!(openmetrics.ends_with("# EOF\n"), "{openmetrics}");
+    // promtool lints the 0.0.4 text only: on OpenMetrics its one complaint is that each
+    // counter's `_total` samples have no HELP of their own, which they have in 0.0.4.
+    let (_, said) = check_with(
+        support::prometheus::PROMTOOL,
+        &["check", "metrics"],
+        &openmetrics,
+    );
+    for complaint in said.lines() {
+        assert!(
+            complaint.ends_with("_total no help text"),
+            "promtool on OpenMetrics: {said}"
+        );
+    }
+
+    for (format, body) in [("0.0.4", &text), ("OpenMetrics", &openmetrics)] {
+        for family in [
+            "# TYPE memlock_trace_build_info gauge",
+            "# TYPE process_resident_memory_bytes gauge",
+            "# TYPE process_open_fds gauge",
+            "# TYPE memlock_trace_syscall_latency_seconds histogram",
+            "# TYPE memlock_trace_map_entries gauge",
+        ] {
+            assert!(body.contains(family), "{format}: no {family}:\n{body}");
+        }
+        assert!(
+            !body.contains("pages_populated") && !body.contains("pages_locked"),
+            "{format}: pages, not bytes:\n{body}"
+        );
+        let info = body
+            .lines()
+            .find(|l| l.starts_with("memlock_trace_build_info{"))
+            .unwrap_or_else(|| panic!("{format}: no build info:\n{body}"));
+        assert!(
+            info.contains(&format!("version=\"{}\"", env!("CARGO_PKG_VERSION")))
+                && info.contains("faults=\"")
+                && info.ends_with(" 1"),
+            "{info}"
+        );
+    }
+    assert!(
+        text.contains("# TYPE process_cpu_seconds_total counter"),
+        "{text}"
+    );
+    // The fault statistics map's fill, within its capacity (as sized at load: thousands).
+    let gauge = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}{{map=\"fault_stats\"}} ")))
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("no {name} of fault_stats:\n{text}"))
+    };
+    let (entries, capacity) = (
+        gauge("memlock_trace_map_entries"),
+        gauge("memlock_trace_map_max_entries"),
+    );
+    assert!(
+        capacity >= 1024 && entries <= capacity,
+        "fault_stats: {entries} of {capacity}"
+    );
+    // The tracer's resident memory, as the kernel reports it (within a few MiB: it moves).
+    let rss = text
+        .lines()
+        .find_map(|l| l.strip_prefix("process_resident_memory_bytes "))
+        .and_then(|v| v.parse::<f64>().ok())
+        .expect("process_resident_memory_bytes");
+    let kernel = status_field(tracer.pid(), "VmRSS:") as f64 * 1024.0;
+    assert!(
+        (rss - kernel).abs() < 8.0 * 1024.0 * 1024.0,
+        "process_resident_memory_bytes {rss} vs VmRSS {kernel}"
+    );
+    let launched: i32 = tracer
+        .stderr()
+        .split("`sh` (pid ")
+        .nth(1)
+        .and_then(|rest| rest.split(')').next())
+        .and_then(|pid| pid.parse().ok())
+        .expect("the launched shell's pid on stderr");
+    tracer.signal(libc::SIGTERM);
+    let _ = tracer.finish();
+    // SAFETY: kill(2) of the sleep the test started (through the tracer).
+    unsafe { libc::kill(launched, libc::SIGKILL) };
+}

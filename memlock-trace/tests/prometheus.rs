@@ -90,6 +90,11 @@ fn value(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> Option<f64>
     found.first().map(|s| s.value)
 }
 
+fn page_size() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    unsafe { libc::sysconf(libc::_SC_PAGESIZE) as u64 }
+}
+
 fn agent() -> ureq::Agent {
     ureq::Agent::config_builder()
         .http_status_as_error(false)
@@ -150,7 +155,12 @@ fn scrape_until(
 ) -> (Vec<Sample>, String) {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let mut response = agent().get(url).call().expect("GET /metrics");
+        // What Prometheus asks for (without it: the text format 0.0.4, test:metrics_server).
+        let mut response = agent()
+            .get(url)
+            .header("Accept", "application/openmetrics-text;version=1.0.0")
+            .call()
+            .expect("GET /metrics");
         assert_eq!(response.status(), 200);
         let content_type = response
             .headers()
@@ -295,13 +305,14 @@ fn scraped_metrics_count_exactly_the_calls_made() {
             .sum();
         let got = value(
             &samples,
-            "memlock_trace_syscall_pages_populated_total",
+            "memlock_trace_syscall_populated_bytes_total",
             &labels(syscall),
         )
         .unwrap_or(0.0);
         assert_eq!(
-            got, populated as f64,
-            "{syscall} pages populated vs the workload's getrusage"
+            got,
+            (populated * page_size()) as f64,
+            "{syscall} bytes populated vs the workload's getrusage (pages)"
         );
     }
     let buckets: Vec<f64> = samples
@@ -329,18 +340,18 @@ fn scraped_metrics_count_exactly_the_calls_made() {
     assert_eq!(
         value(
             &samples,
-            "memlock_trace_syscall_pages_locked_total",
+            "memlock_trace_syscall_locked_bytes_total",
             &labels("mlock")
         ),
-        Some(24.0)
+        Some((24 * page_size()) as f64)
     );
     assert_eq!(
         value(
             &samples,
-            "memlock_trace_syscall_pages_unlocked_total",
+            "memlock_trace_syscall_unlocked_bytes_total",
             &labels("munlock")
         ),
-        Some(40.0)
+        Some((40 * page_size()) as f64)
     );
     // The tracer's health.
     assert_eq!(

@@ -319,9 +319,14 @@ fn promql_sums_equal_the_calls_and_faults_made() {
         4.0,
     );
     assert_eq!(calls, 4.0, "mlock calls: 1 warm-up + 3");
+    // Bytes, in pages of this machine.
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as f64;
     let populated = wait_for(
         &url,
-        &format!("sum(memlock_trace_syscall_pages_populated_total{{{sel},syscall=\"mlock\"}})"),
+        &format!(
+            "sum(memlock_trace_syscall_populated_bytes_total{{{sel},syscall=\"mlock\"}}) / {page}"
+        ),
         193.0,
     );
     assert_eq!(

@@ -122,7 +122,7 @@ const HOST_ONLY: &[(&str, &str)] = &[
     (
         "memlock-trace/test:metrics_server",
         "host only: the /metrics server's limits (connections, header size, timeouts, accept \
-         errors) are user space, the same on every kernel",
+         errors) and formats are user space, the same on every kernel",
     ),
     (
         "memlock-trace/test:prometheus_https",
@@ -170,6 +170,12 @@ const PROGRAM_TESTS: &[(&str, &str)] = &[
     ("memlock-trace/test:advise", "python3"),
     ("memlock-trace/test:prometheus_server", "prometheus"),
     ("memlock-trace/test:prometheus_https", "prometheus"),
+    // promtool lints the text format; the Python client's parser checks OpenMetrics.
+    ("memlock-trace/test:metrics_server", "prometheus"),
+    (
+        "memlock-trace/test:metrics_server",
+        "python3-prometheus-client",
+    ),
     ("memlock-trace/test:hostile_names", "gcc"),
     ("memlock-trace/test:hostile_names", "binutils"),
     ("memlock-trace/test:run_as_user", "libcap2-bin"),

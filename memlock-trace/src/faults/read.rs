@@ -38,6 +38,18 @@ pub struct FaultReport {
 }
 
 impl FaultReport {
+    /// (map, entries read) of the maps that hold per-process state.
+    pub fn map_entries(&self) -> [(&'static str, usize); 3] {
+        [
+            (names::FAULT_STATS, self.stats.len()),
+            (names::FAULT_HIST, self.hists.len()),
+            (
+                names::FAULT_REGIONS,
+                self.regions.values().map(Vec::len).sum(),
+            ),
+        ]
+    }
+
     /// Adds the faults counting perf events counted per process (count-only mode);
     /// `start_of` gives each target's start time.
     pub fn add_counted(

@@ -1,30 +1,49 @@
 //! Prometheus metrics (`--prometheus ADDR`): counters and latency histograms of the traced
 //! calls labelled by comm (and pid only with `--prometheus-pid-label`, so cardinality stays
-//! bounded by default), and the tracer's own health.
+//! bounded by default), the tracer's own health, build and process (`process_*`), served as
+//! the text format 0.0.4 or OpenMetrics as the scraper asks (`exposition.rs`).
 //!
 //! Each hook family keeps its families in its own struct and file, registered in
 //! [`Metrics::new`] and fed from the session: syscalls from the drain loop, page faults
 //! (`faults.rs`) from the fault family's read-back on the session's health ticker.
 
 mod auth;
+mod exposition;
 mod faults;
 mod health;
+mod maps;
+mod process;
 pub mod server;
 mod syscalls;
 pub mod web_config;
 
 use std::fmt::Write as _;
 
-use prometheus_client::{encoding::text::encode, registry::Registry};
+use prometheus_client::{
+    encoding::{
+        prometheus_text,
+        text::{encode_eof, encode_registry},
+    },
+    metrics::{family::Family, gauge::Gauge},
+    registry::Registry,
+};
 
-pub use self::{faults::FaultMetrics, health::HealthMetrics, syscalls::SyscallMetrics};
+pub use self::{
+    exposition::Format, faults::FaultMetrics, health::HealthMetrics, maps::MapMetrics,
+    syscalls::SyscallMetrics,
+};
 
-/// Every metric memlock-trace exports, prefixed `memlock_trace_`.
+/// Every metric memlock-trace exports, prefixed `memlock_trace_`, and its process's.
 pub struct Metrics {
     registry: Registry,
+    /// `process_*`, unprefixed as every client library names them.
+    process: Registry,
+    /// 1, labelled with the version, the kernel and each family's hook set.
+    build_info: Family<Vec<(String, String)>, Gauge>,
     pub syscalls: SyscallMetrics,
     pub faults: FaultMetrics,
     pub health: HealthMetrics,
+    pub maps: MapMetrics,
 }
 
 /// Label sets are built at run time because the pid label is optional.
@@ -36,24 +55,72 @@ impl Metrics {
         let syscalls = SyscallMetrics::register(&mut registry, pid_label);
         let faults = FaultMetrics::register(&mut registry, pid_label);
         let health = HealthMetrics::register(&mut registry);
+        let maps = MapMetrics::register(&mut registry);
+        let build_info = Family::default();
+        registry.register(
+            "build_info",
+            "Always 1: memlock-trace's version, the kernel release and the hook set each family \
+             attached (labels named after the families)",
+            build_info.clone(),
+        );
+        let mut process = Registry::default();
+        process.register_collector(Box::new(process::ProcessCollector));
         Self {
             registry,
+            process,
+            build_info,
             syscalls,
             faults,
             health,
+            maps,
         }
+    }
+
+    /// Once the programs are attached: `hook_sets` is (family, hook set) for each family.
+    pub fn set_build_info<'a>(&self, hook_sets: impl IntoIterator<Item = (&'a str, &'a str)>) {
+        let mut labels = vec![
+            ("version".to_string(), env!("CARGO_PKG_VERSION").to_string()),
+            ("kernel".to_string(), crate::probe::kernel_release()),
+        ];
+        labels.extend(
+            hook_sets
+                .into_iter()
+                .map(|(family, set)| (family.to_string(), set.to_string())),
+        );
+        self.build_info.clear();
+        self.build_info.get_or_create(&labels).set(1);
     }
 
     /// The OpenMetrics text exposition of everything registered.
     pub fn encode(&self) -> String {
+        self.encode_as(Format::OpenMetrics)
+    }
+
+    /// The exposition in `format`.
+    pub fn encode_as(&self, format: Format) -> String {
         let mut out = String::new();
-        if encode(&mut out, &self.registry).is_err() {
+        let encoded = match format {
+            Format::OpenMetrics => encode_registry(&mut out, &self.registry)
+                .and_then(|()| encode_registry(&mut out, &self.process))
+                .and_then(|()| encode_eof(&mut out)),
+            Format::Text004 => prometheus_text::encode(&mut out, &self.registry)
+                .and_then(|()| prometheus_text::encode(&mut out, &self.process)),
+        };
+        if encoded.is_err() {
             // Only a failing `fmt::Write` makes encoding fail, and a String never does.
             out.clear();
-            let _ = writeln!(out, "# EOF");
+            if format == Format::OpenMetrics {
+                let _ = writeln!(out, "# EOF");
+            }
         }
         out
     }
+}
+
+/// Bytes per page, to export memory in Prometheus' base unit.
+fn page_size() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096)
 }
 
 /// The label set for one process: comm, its cgroup v2 path (when known), plus the pid when
@@ -68,9 +135,6 @@ pub fn process_labels(pid_label: bool, comm: String, cgroup: String, pid: u32) -
     }
     labels
 }
-
-/// Content type of [`Metrics::encode`]'s output.
-pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 #[cfg(test)]
 mod tests {
@@ -152,10 +216,51 @@ mod tests {
         has(
             "memlock_trace_syscall_latency_seconds_bucket{le=\"0.000004096\",comm=\"db\",syscall=\"mlock\"} 3\n",
         );
-        has("memlock_trace_syscall_pages_populated_total{comm=\"db\",syscall=\"mlock\"} 12\n");
+        // 4 pages populated per call, in bytes.
+        has(&format!(
+            "memlock_trace_syscall_populated_bytes_total{{comm=\"db\",syscall=\"mlock\"}} {}\n",
+            12 * page_size()
+        ));
         // The kernel's running total, not the sum of the updates.
         has("memlock_trace_dropped_events_total 7\n");
         assert!(text.ends_with("# EOF\n"));
+    }
+
+    #[test]
+    fn text_format_names_counters_with_total_and_has_build_info() {
+        let m = Metrics::new(false);
+        let mut report = SyscallReport::default();
+        report
+            .counts
+            .insert(key(7, Syscall::Mlock, 0), counts(1, 3_000));
+        m.syscalls.update(&report, db);
+        m.set_build_info([("faults", "tracepoint"), ("syscalls", "tracepoint")]);
+        let text = m.encode_as(Format::Text004);
+        for line in [
+            "# HELP memlock_trace_syscalls_total mlock-family calls completed.\n",
+            "# TYPE memlock_trace_syscalls_total counter\n",
+            "memlock_trace_syscalls_total{comm=\"db\",syscall=\"mlock\"} 1\n",
+            "# TYPE process_resident_memory_bytes gauge\n",
+            "# TYPE process_cpu_seconds_total counter\n",
+        ] {
+            assert!(text.contains(line), "{line}\n{text}");
+        }
+        let info = text
+            .lines()
+            .find(|l| l.starts_with("memlock_trace_build_info{"))
+            .unwrap();
+        assert!(
+            info.contains("faults=\"tracepoint\"") && info.ends_with("} 1"),
+            "{info}"
+        );
+        assert!(
+            !text.contains("# EOF") && !text.contains("# UNIT"),
+            "{text}"
+        );
+        // Every family has its HELP.
+        let types = text.lines().filter(|l| l.starts_with("# TYPE ")).count();
+        let helps = text.lines().filter(|l| l.starts_with("# HELP ")).count();
+        assert_eq!(types, helps, "{text}");
     }
 
     #[test]

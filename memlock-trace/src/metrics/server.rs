@@ -25,7 +25,7 @@ use http_body_util::Full;
 use hyper::{
     Method, Request, Response, StatusCode,
     body::Incoming,
-    header::{CONTENT_TYPE, HeaderValue, WWW_AUTHENTICATE},
+    header::{ACCEPT, CONTENT_TYPE, HeaderValue, WWW_AUTHENTICATE},
     server::conn::http1,
     service::service_fn,
 };
@@ -39,7 +39,7 @@ use tokio::{
 use tokio_io_timeout::TimeoutStream;
 use tokio_rustls::TlsAcceptor;
 
-use super::{Metrics, web_config::WebConfig};
+use super::{Format, Metrics, web_config::WebConfig};
 use crate::UsageError;
 
 /// Connections served at once. Prometheus keeps one per scraper; a few HA replicas and a
@@ -239,15 +239,19 @@ async fn respond(request: Request<Incoming>, state: Arc<State>) -> Response<Full
     }
     match (&parts.method, parts.uri.path()) {
         (&Method::GET | &Method::HEAD, "/metrics") => {
+            let accept = parts.headers.get(ACCEPT).and_then(|v| v.to_str().ok());
+            let format = Format::negotiate(accept);
             let _one_at_a_time = state.encoding.lock().await;
             let metrics = Arc::clone(&state.metrics);
-            let Ok(body) = tokio::task::spawn_blocking(move || metrics.encode()).await else {
+            let Ok(body) = tokio::task::spawn_blocking(move || metrics.encode_as(format)).await
+            else {
                 return text(StatusCode::INTERNAL_SERVER_ERROR, "encoding failed\n");
             };
             let mut response = Response::new(Full::new(Bytes::from(body)));
-            response
-                .headers_mut()
-                .insert(CONTENT_TYPE, HeaderValue::from_static(super::CONTENT_TYPE));
+            response.headers_mut().insert(
+                CONTENT_TYPE,
+                HeaderValue::from_static(format.content_type()),
+            );
             response
         }
         (&Method::GET, "/") => text(StatusCode::OK, "memlock-trace: metrics at /metrics\n"),

@@ -24,9 +24,11 @@ pub struct SyscallMetrics {
     calls: Family<Labels, Counter>,
     errors: Family<Labels, Counter>,
     latency: LatencyFamily,
-    pages_populated: Family<Labels, Counter>,
-    pages_locked: Family<Labels, Counter>,
-    pages_unlocked: Family<Labels, Counter>,
+    /// In bytes (pages times the page size), Prometheus' base unit.
+    populated_bytes: Family<Labels, Counter>,
+    locked_bytes: Family<Labels, Counter>,
+    unlocked_bytes: Family<Labels, Counter>,
+    page_size: u64,
     /// Each key's running totals at the last refresh.
     last: Mutex<HashMap<SyscallKey, KeyCounts>>,
 }
@@ -44,9 +46,10 @@ impl SyscallMetrics {
             calls: Family::default(),
             errors: Family::default(),
             latency: LatencyFamily::default(),
-            pages_populated: Family::default(),
-            pages_locked: Family::default(),
-            pages_unlocked: Family::default(),
+            populated_bytes: Family::default(),
+            locked_bytes: Family::default(),
+            unlocked_bytes: Family::default(),
+            page_size: super::page_size(),
             last: Mutex::default(),
         };
         registry.register(
@@ -65,20 +68,23 @@ impl SyscallMetrics {
             Unit::Seconds,
             metrics.latency.clone(),
         );
-        registry.register(
-            "syscall_pages_populated",
-            "Pages the kernel faulted in on the caller's behalf during mlock-family calls",
-            metrics.pages_populated.clone(),
+        registry.register_with_unit(
+            "syscall_populated",
+            "Memory the kernel faulted in on the caller's behalf during mlock-family calls",
+            Unit::Bytes,
+            metrics.populated_bytes.clone(),
         );
-        registry.register(
-            "syscall_pages_locked",
-            "Growth of mm->locked_vm across mlock-family calls, in pages",
-            metrics.pages_locked.clone(),
+        registry.register_with_unit(
+            "syscall_locked",
+            "Growth of mm->locked_vm across mlock-family calls",
+            Unit::Bytes,
+            metrics.locked_bytes.clone(),
         );
-        registry.register(
-            "syscall_pages_unlocked",
-            "Shrinkage of mm->locked_vm across mlock-family calls, in pages",
-            metrics.pages_unlocked.clone(),
+        registry.register_with_unit(
+            "syscall_unlocked",
+            "Shrinkage of mm->locked_vm across mlock-family calls",
+            Unit::Bytes,
+            metrics.unlocked_bytes.clone(),
         );
         metrics
     }
@@ -129,20 +135,20 @@ impl SyscallMetrics {
             );
             for (family, n, b) in [
                 (
-                    &self.pages_populated,
+                    &self.populated_bytes,
                     now.pages_populated,
                     before.pages_populated,
                 ),
-                (&self.pages_locked, now.pages_locked, before.pages_locked),
+                (&self.locked_bytes, now.pages_locked, before.pages_locked),
                 (
-                    &self.pages_unlocked,
+                    &self.unlocked_bytes,
                     now.pages_unlocked,
                     before.pages_unlocked,
                 ),
             ] {
                 let n = growth(n, b);
                 if n > 0 {
-                    family.get_or_create(&labels).inc_by(n);
+                    family.get_or_create(&labels).inc_by(n * self.page_size);
                 }
             }
             if let Some(errno) = errno_name(-i64::from(key.errno)) {

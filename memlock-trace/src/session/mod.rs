@@ -301,7 +301,7 @@ async fn event_loop(
     if !args.quiet {
         eprintln!("memlock-trace: tracing {described}");
     }
-    production.serve_metrics()?;
+    production.serve_metrics(&tracer.hooks)?;
     // SAFETY: the ring buffer owns its fd for as long as the AsyncFd holds it.
     let mut ring = unsafe { AsyncFd::register(tracer.take_events()?) }
         .map_err(std::io::Error::from)

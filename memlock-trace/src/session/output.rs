@@ -229,6 +229,7 @@ impl Output {
             self.update_call_metrics(&metrics, &tracer.syscall_report()?, &identities);
             if let (Some(hooks), Some(report)) = (&tracer.fault_hooks, self.fault_report(tracer)?) {
                 self.update_fault_metrics(&metrics, hooks, &report, &identities);
+                metrics.maps.update(&tracer.ebpf, &report.map_entries());
             }
         }
         Ok(())

@@ -1,7 +1,7 @@
 //! Turns the production options into what a session needs: validated filters, the
 //! Prometheus registry and its server, the bound on per-process state.
 
-use std::sync::Arc;
+use std::{collections::BTreeMap, sync::Arc};
 
 use anyhow::Result;
 
@@ -77,10 +77,22 @@ impl Production {
         })
     }
 
-    /// Starts the metrics server on the session's runtime (bound in [`Self::setup`]).
-    pub fn serve_metrics(&mut self) -> Result<()> {
+    /// Starts the metrics server on the session's runtime (bound in [`Self::setup`]), its
+    /// build info naming the hook set of each family (`hooks`: family, description).
+    pub fn serve_metrics(&mut self, hooks: &BTreeMap<&'static str, String>) -> Result<()> {
         match (&mut self.server, &self.metrics) {
-            (Some(server), Some(metrics)) => server.serve(Arc::clone(metrics)),
+            (Some(server), Some(metrics)) => {
+                metrics.set_build_info(hooks.iter().map(|(family, described)| {
+                    // The set is the description's first words: `tracepoint (...)`.
+                    let end = [" (", "; "]
+                        .iter()
+                        .filter_map(|sep| described.find(sep))
+                        .min()
+                        .unwrap_or(described.len());
+                    (*family, &described[..end])
+                }));
+                server.serve(Arc::clone(metrics))
+            }
             _ => Ok(()),
         }
     }
