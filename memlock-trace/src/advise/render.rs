@@ -17,20 +17,9 @@ use crate::{
 /// Mappings listed in the text table.
 const TABLE_ROWS: usize = 12;
 
-/// A name the traced process chose (a path, its comm), made safe for a terminal: control
-/// characters as `\xNN`. To become `output::escape` once issue 21's lands.
+/// A name the traced process chose (a path, its comm), as text output shows every such name.
 fn shown(name: &str) -> String {
-    let mut out = String::with_capacity(name.len());
-    for c in name.chars() {
-        if c == '\\' {
-            out.push_str("\\\\");
-        } else if c.is_control() {
-            let _ = write!(out, "\\x{:02x}", u32::from(c));
-        } else {
-            out.push(c);
-        }
-    }
-    out
+    crate::output::escape(name.as_bytes())
 }
 
 /// `16,384`: thousands apart.
