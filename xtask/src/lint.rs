@@ -48,11 +48,17 @@ const CLIPPY_EBPF: &[&str] = &[
 ];
 
 /// In the order they run: the quickest first.
-const CHECKS: [Check; 3] = [
+const CHECKS: [Check; 4] = [
     Check {
         // Every member, the eBPF crate included: formatting needs no target.
         name: "rustfmt",
         cargo_args: &["fmt", "--all", "--", "--check"],
+    },
+    Check {
+        // The fuzz targets are a crate of their own, outside the workspace (cargo-fuzz's
+        // layout); building them is `scripts/fuzz.sh`'s, formatting is checked here.
+        name: "rustfmt, fuzz targets",
+        cargo_args: &["fmt", "--manifest-path", "fuzz/Cargo.toml", "--", "--check"],
     },
     Check {
         // The default members (memlock-trace, memlock-trace-common, xtask), tests included.
@@ -107,6 +113,7 @@ mod tests {
             lines,
             [
                 "cargo fmt --all -- --check",
+                "cargo fmt --manifest-path fuzz/Cargo.toml -- --check",
                 "cargo clippy --all-targets -- -D warnings",
                 "cargo +nightly clippy -p memlock-trace-ebpf --target bpfel-unknown-none \
                  -Z build-std=core --target-dir target/ebpf-clippy -- -D warnings",

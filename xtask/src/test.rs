@@ -585,7 +585,7 @@ mod tests {
             let file = workspace_root().join(format!("memlock-trace/tests/{target}.rs"));
             assert!(file.is_file(), "{name}: no {}", file.display());
         }
-        for (_, reason) in HOST_ONLY.iter().copied() {
+        for (_, reason) in HOST_ONLY {
             assert!(reason.starts_with("host only: "), "{reason}");
         }
     }
