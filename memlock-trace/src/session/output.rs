@@ -369,9 +369,15 @@ impl Output {
                 calls,
             ),
         };
-        let syscalls = syscalls::read::merge(events, &calls, |k| {
-            identities.get(k).map(|i| i.comm.clone())
-        });
+        let (syscalls, left_out) = syscalls::read::merge(
+            events,
+            &calls,
+            |k| identities.get(k).map(|i| i.comm.clone()),
+            self.max_processes,
+        );
+        // Left out by the cap: those the event table evicted are counted already.
+        let evicted = &mut health.processes.evicted_processes;
+        *evicted = (*evicted).max(left_out);
         let mut summary = Summary::new(kind, syscalls, health);
         summary.syscall_health = Some(syscall_health);
         summary.time_ns = now;
