@@ -61,13 +61,15 @@ fn a_starved_tracer_still_counts_every_call() {
         .spawn()
         .unwrap();
     let pid = flood.id();
+    // By name rather than `-p`, so that the tracer outlives the flood until it is scraped
+    // (a `-p` session ends when its process does); the checks below are by pid.
     let mut tracer = Tracer::spawn(&[
         "--json",
         "--prometheus",
         "127.0.0.1:0",
         "--prometheus-pid-label",
-        "-p",
-        &pid.to_string(),
+        "--comm",
+        "memlock-trace",
     ]);
     let line = tracer.wait_for_stderr("serving Prometheus metrics on http://");
     let url = line.rsplit(' ').next().unwrap().to_string();
