@@ -190,9 +190,14 @@ impl Output {
             let mut health = tracer.health()?;
             health.processes.evicted_processes = self.aggregator.evicted_processes();
             metrics.health.update(&health);
+            // The counts before the identities: the kernel records who a process is before
+            // its first count, so every process counted here has one (no series without
+            // its cgroup label for a process that appeared in between).
+            let calls = tracer.syscall_report()?;
+            let faults = tracer.fault_report()?;
             let identities = tracer.identities()?;
-            self.update_call_metrics(&metrics, &tracer.syscall_report()?, &identities);
-            if let (Some(hooks), Some(report)) = (&tracer.fault_hooks, tracer.fault_report()?) {
+            self.update_call_metrics(&metrics, &calls, &identities);
+            if let (Some(hooks), Some(report)) = (&tracer.fault_hooks, faults) {
                 self.update_fault_metrics(&metrics, hooks, &report, &identities);
             }
         }
@@ -346,8 +351,10 @@ impl Output {
         let now = WallClock::now_ns();
         let mut health = tracer.health()?;
         health.processes.evicted_processes = self.aggregator.evicted_processes();
-        let identities = tracer.identities()?;
+        // The counts before the identities (see `update_health`).
         let mut calls = tracer.syscall_report()?;
+        let fault_report = tracer.fault_report()?;
+        let identities = tracer.identities()?;
         if self.tid.is_some() {
             // The kernel counts per process: `-t`'s thread is counted from its records.
             calls.counts.clear();
@@ -385,7 +392,7 @@ impl Output {
             start_ns,
             end_ns: now,
         };
-        if let (Some(hooks), Some(report)) = (&tracer.fault_hooks, tracer.fault_report()?) {
+        if let (Some(hooks), Some(report)) = (&tracer.fault_hooks, fault_report) {
             if let Some(metrics) = self.metrics.clone() {
                 self.update_fault_metrics(&metrics, hooks, &report, &identities);
             }
