@@ -27,18 +27,18 @@ fn metric(text: &str, name: &str, labels: &[&str]) -> u64 {
         .sum::<f64>() as u64
 }
 
-fn scrape(url: &str) -> String {
+/// `/metrics`, or what went wrong: the tracer, just resumed, may still be draining a full
+/// ring on a loaded machine, so the caller retries until its deadline.
+fn scrape(url: &str) -> Result<String, String> {
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .timeout_global(Some(Duration::from_secs(5)))
         .build()
         .into();
-    agent
-        .get(url)
-        .call()
-        .expect("GET /metrics")
+    let mut response = agent.get(url).call().map_err(|e| e.to_string())?;
+    response
         .body_mut()
         .read_to_string()
-        .unwrap()
+        .map_err(|e| e.to_string())
 }
 
 #[test]
@@ -61,13 +61,15 @@ fn a_starved_tracer_still_counts_every_call() {
         .spawn()
         .unwrap();
     let pid = flood.id();
+    // By name rather than `-p`, so that the tracer outlives the flood until it is scraped
+    // (a `-p` session ends when its process does); the checks below are by pid.
     let mut tracer = Tracer::spawn(&[
         "--json",
         "--prometheus",
         "127.0.0.1:0",
         "--prometheus-pid-label",
-        "-p",
-        &pid.to_string(),
+        "--comm",
+        "memlock-trace",
     ]);
     let line = tracer.wait_for_stderr("serving Prometheus metrics on http://");
     let url = line.rsplit(' ').next().unwrap().to_string();
@@ -90,7 +92,10 @@ fn a_starved_tracer_still_counts_every_call() {
     let pid_label = format!("pid=\"{pid}\"");
     let deadline = Instant::now() + Duration::from_secs(30);
     let text = loop {
-        let text = scrape(&url);
+        let text = scrape(&url).unwrap_or_else(|e| {
+            assert!(Instant::now() < deadline, "GET {url}: {e}");
+            String::new()
+        });
         let calls = |call: &str| {
             metric(
                 &text,

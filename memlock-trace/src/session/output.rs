@@ -225,9 +225,14 @@ impl Output {
             let mut health = tracer.health()?;
             health.processes.evicted_processes = self.aggregator.evicted_processes();
             metrics.health.update(&health);
+            // The counts before the identities: the kernel records who a process is before
+            // its first count, so every process counted here has one (no series without
+            // its cgroup label for a process that appeared in between).
+            let calls = tracer.syscall_report()?;
+            let faults = self.fault_report(tracer)?;
             let identities = tracer.identities()?;
-            self.update_call_metrics(&metrics, &tracer.syscall_report()?, &identities);
-            if let (Some(hooks), Some(report)) = (&tracer.fault_hooks, self.fault_report(tracer)?) {
+            self.update_call_metrics(&metrics, &calls, &identities);
+            if let (Some(hooks), Some(report)) = (&tracer.fault_hooks, faults) {
                 self.update_fault_metrics(&metrics, hooks, &report, &identities);
                 metrics.maps.update(&tracer.ebpf, &report.map_entries());
             }
@@ -382,8 +387,10 @@ impl Output {
         let now = WallClock::now_ns();
         let mut health = tracer.health()?;
         health.processes.evicted_processes = self.aggregator.evicted_processes();
-        let identities = tracer.identities()?;
+        // The counts before the identities (see `update_health`).
         let mut calls = tracer.syscall_report()?;
+        let fault_report = self.fault_report(tracer)?;
+        let identities = tracer.identities()?;
         if self.tid.is_some() {
             // The kernel counts per process: `-t`'s thread is counted from its records.
             calls.counts.clear();
@@ -405,9 +412,15 @@ impl Output {
                 calls,
             ),
         };
-        let syscalls = syscalls::read::merge(events, &calls, |k| {
-            identities.get(k).map(|i| i.comm.clone())
-        });
+        let (syscalls, left_out) = syscalls::read::merge(
+            events,
+            &calls,
+            |k| identities.get(k).map(|i| i.comm.clone()),
+            self.max_processes,
+        );
+        // Left out by the cap: those the event table evicted are counted already.
+        let evicted = &mut health.processes.evicted_processes;
+        *evicted = (*evicted).max(left_out);
         let mut summary = Summary::new(kind, syscalls, health);
         summary.syscall_health = Some(syscall_health);
         summary.time_ns = now;
@@ -415,7 +428,7 @@ impl Output {
             start_ns,
             end_ns: now,
         };
-        if let (Some(hooks), Some(report)) = (&tracer.fault_hooks, self.fault_report(tracer)?) {
+        if let (Some(hooks), Some(report)) = (&tracer.fault_hooks, fault_report) {
             if let Some(metrics) = self.metrics.clone() {
                 self.update_fault_metrics(&metrics, hooks, &report, &identities);
             }
