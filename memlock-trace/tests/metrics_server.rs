@@ -390,6 +390,9 @@ fn both_formats_pass_the_linters() {
         assert!(
             info.contains(&format!("version=\"{}\"", env!("CARGO_PKG_VERSION")))
                 && info.contains("faults=\"")
+                && info.contains("syscalls=\"")
+                // One word per hook set, not the whole description.
+                && !info.rsplit_once(' ').unwrap().0.contains(' ')
                 && info.ends_with(" 1"),
             "{info}"
         );

@@ -297,7 +297,9 @@ fn plain_http_on_every_interface_is_warned_about() {
     tracer.wait_for_stderr("tracing");
     let err = tracer.stderr();
     assert!(
-        err.contains("warning: /metrics on 0.0.0.0:0 is plain HTTP without authentication"),
+        err.contains("warning: /metrics on 0.0.0.0:")
+            && err.contains("is plain HTTP without authentication")
+            && !err.contains("0.0.0.0:0 "),
         "{err}"
     );
     tracer.signal(libc::SIGTERM);

@@ -59,10 +59,11 @@ impl Production {
                 );
                 if open && !addr.ip().is_loopback() {
                     eprintln!(
-                        "memlock-trace: warning: /metrics on {addr} is plain HTTP without \
+                        "memlock-trace: warning: /metrics on {} is plain HTTP without \
                          authentication: anyone who reaches the port reads this node's process \
                          names and fault counts; use --web-config FILE (TLS and basic auth) or \
-                         listen on 127.0.0.1"
+                         listen on 127.0.0.1",
+                        server.addr
                     );
                 }
                 (Some(metrics), Some(server))
@@ -82,14 +83,10 @@ impl Production {
     pub fn serve_metrics(&mut self, hooks: &BTreeMap<&'static str, String>) -> Result<()> {
         match (&mut self.server, &self.metrics) {
             (Some(server), Some(metrics)) => {
+                // The set is the description's first word: `tracepoint (...)`, `tp_btf ...`.
                 metrics.set_build_info(hooks.iter().map(|(family, described)| {
-                    // The set is the description's first words: `tracepoint (...)`.
-                    let end = [" (", "; "]
-                        .iter()
-                        .filter_map(|sep| described.find(sep))
-                        .min()
-                        .unwrap_or(described.len());
-                    (*family, &described[..end])
+                    let set = described.split_whitespace().next().unwrap_or("none");
+                    (*family, set)
                 }));
                 server.serve(Arc::clone(metrics))
             }
