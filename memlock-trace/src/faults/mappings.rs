@@ -61,6 +61,15 @@ fn kernel_name(info: &MappingInfo, maps: Option<&[Mapping]>) -> Outside {
         .position(|&b| b == 0)
         .unwrap_or(info.name.len());
     let name = &info.name[..end];
+    // `/proc/PID/maps` shows a newline in a path as `\012` (seq_file_path's escape).
+    let in_maps: Vec<u8> = name.iter().fold(Vec::new(), |mut out, &b| {
+        if b == b'\n' {
+            out.extend_from_slice(b"\\012");
+        } else {
+            out.push(b);
+        }
+        out
+    });
     match info.kind {
         kind::HEAP => "[heap]".into(),
         kind::STACK => "[stack]".into(),
@@ -73,10 +82,10 @@ fn kernel_name(info: &MappingInfo, maps: Option<&[Mapping]>) -> Outside {
                 let path = path.strip_suffix(b" (deleted)").unwrap_or(path);
                 m.start == info.start
                     && !name.is_empty()
-                    && (path.rsplit(|&b| b == b'/').next() == Some(name)
-                        || path == internal(name).as_slice())
+                    && (path.rsplit(|&b| b == b'/').next() == Some(in_maps.as_slice())
+                        || path == internal(&in_maps).as_slice())
             })
-            .map_or_else(|| internal_or(name), |m| m.name.clone()),
+            .map_or_else(|| internal_or(&in_maps), |m| m.name.clone()),
         _ => "anonymous".into(),
     }
 }
