@@ -512,14 +512,17 @@ fn accuracy(set: HookSet, recording: Recording) {
             .iter()
             .find(|m| m.start == format!("{onfault_addr:#x}"))
             .unwrap_or_else(|| panic!("no mapping at {onfault_addr:#x} in {by_mapping:#?}"));
-        // smaps shows VM_LOCKONFAULT only from Linux 6.2; the VMA hooks always see it.
-        let lockonfault_known = vma_hooks
-            || memlock_trace::procfs::smaps_shows_lockonfault(
-                &memlock_trace::probe::kernel_release(),
-            );
+        // Every set that runs a program per fault sees the VMA (fentry/kprobe are handed it,
+        // the tracepoint set looks it up at the completion), so VM_LOCKONFAULT is known even
+        // where smaps does not show it (before Linux 6.2).
         assert_eq!(
-            (mapping.faults, mapping.locked, mapping.lockonfault),
-            (64, Some(true), lockonfault_known.then_some(true)),
+            (
+                mapping.faults,
+                mapping.locked,
+                mapping.lockonfault,
+                mapping.locked_source
+            ),
+            (64, Some(true), Some(true), "vma"),
             "{mapping:?}"
         );
     }
