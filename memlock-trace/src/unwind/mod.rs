@@ -22,8 +22,8 @@ use framehop::Unwinder as _;
 use memlock_trace_common::{
     faults::{STACK_DEPTH, StackKey},
     stacks::{
-        ModulesChanged, SAMPLE_FRAME_POINTERS, STACK_COPY_BYTES, StackConfig, StackSample,
-        SyscallStackKey, SyscallStackValue, counter, names, sample_kind,
+        ModulesChanged, SAMPLE_FRAME_POINTERS, STACK_COPY_BYTES, STACK_SAMPLES_BYTE_SIZE,
+        StackConfig, StackSample, SyscallStackKey, SyscallStackValue, counter, names, sample_kind,
     },
 };
 use serde::Serialize;
@@ -270,9 +270,17 @@ pub fn config(btf: &KernelBtf, stacks: bool, fault_every: u32) -> Result<StackCo
 /// `--stacks`.
 pub fn prepare_loader<'a>(loader: &mut EbpfLoader<'a>, config: &'a StackConfig, stacks: bool) {
     loader.override_global(names::STACK_CONFIG, config, true);
-    if !stacks {
-        loader.map_max_entries(names::STACK_SAMPLES, PAGE_SIZE as u32);
-    }
+    // A burst of faults that each keep their stack (--stack-sample below 32) outruns a busy
+    // reader: the ring grows as the rate does, up to 32 MiB (about 3,900 stacks) at 1-4.
+    let size = if stacks {
+        let scale = (32 / config.fault_every.max(1))
+            .clamp(1, 8)
+            .next_power_of_two();
+        STACK_SAMPLES_BYTE_SIZE * scale
+    } else {
+        PAGE_SIZE as u32
+    };
+    loader.map_max_entries(names::STACK_SAMPLES, size);
 }
 
 fn counter_sum(ebpf: &Ebpf, map: &str, index: u32) -> Result<u64> {
