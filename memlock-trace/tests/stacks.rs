@@ -100,20 +100,24 @@ fn frames(frames: &Value) -> Vec<(String, String)> {
         .collect()
 }
 
-/// perf's DWARF call chain of the one `sys_enter_mlock` of `command`, function names
-/// innermost first (`perf script`'s `addr sym+off (module)` lines).
+/// perf's DWARF call chain of the one mlock of `command`, user function names innermost
+/// first (`perf script`'s `addr sym+off (module)` lines). On `raw_syscalls:sys_enter`
+/// filtered to mlock's number rather than `syscalls:sys_enter_mlock`: while any BPF
+/// program on that tracepoint returns 0 (every memlock-trace running on the machine), the
+/// kernel gives perf none of its samples (`perf_syscall_enter()`).
 fn perf_dwarf_chain(dir: &Path, command: &[&str]) -> Vec<String> {
     let data = dir.join("perf.data");
+    let filter = format!("id == {}", libc::SYS_mlock);
     let out = Command::new("perf")
         .args([
             "record",
             "-q",
             "-e",
-            "syscalls:sys_enter_mlock",
-            "--call-graph",
-            "dwarf",
-            "-o",
+            "raw_syscalls:sys_enter",
+            "--filter",
+            &filter,
         ])
+        .args(["--call-graph", "dwarf", "-o"])
         .arg(&data)
         .args(command)
         .output()
@@ -137,6 +141,7 @@ fn perf_dwarf_chain(dir: &Path, command: &[&str]) -> Vec<String> {
     String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter(|l| l.starts_with(char::is_whitespace) && !l.trim().is_empty())
+        .filter(|l| !l.ends_with("([kernel.kallsyms])"))
         .map(|l| {
             let symbol = l.split_whitespace().nth(1).unwrap_or_default();
             symbol.split("+0x").next().unwrap().to_string()
