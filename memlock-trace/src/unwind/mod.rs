@@ -71,10 +71,16 @@ impl StackCollector {
     }
 
     /// Unwinds every sample waiting in the ring buffer.
+    ///
+    /// A process that maps code does so dozens of times in a row (python3 at start-up: about
+    /// 70 `mmap`s with `PROT_EXEC`): the notices of a batch are applied once per process,
+    /// before its next stack or at the end of the batch, so that the maps are read while it
+    /// still runs rather than one re-read per notice falling behind it.
     pub fn drain(&mut self, ring: &mut RingBuf<MapData>) {
+        let mut notices: Vec<ModulesChanged> = Vec::new();
         while let Some(item) = ring.next() {
             if let Some(notice) = modules_changed(&item) {
-                self.modules.mapped(&notice);
+                notices.push(notice);
                 continue;
             }
             if item.len() < size_of::<StackSample>() {
@@ -85,7 +91,21 @@ impl StackCollector {
             // pattern valid), read unaligned from the ring's bytes.
             let sample: StackSample =
                 unsafe { item.as_ptr().cast::<StackSample>().read_unaligned() };
+            if notices.iter().any(|n| n.tgid == sample.tgid) {
+                let (now, later): (Vec<_>, Vec<_>) =
+                    notices.into_iter().partition(|n| n.tgid == sample.tgid);
+                self.modules.mapped(&now);
+                notices = later;
+            }
             self.add(&sample);
+        }
+        let mut tgids: Vec<u32> = notices.iter().map(|n| n.tgid).collect();
+        tgids.sort_unstable();
+        tgids.dedup();
+        for tgid in tgids {
+            let of: Vec<ModulesChanged> =
+                notices.iter().filter(|n| n.tgid == tgid).copied().collect();
+            self.modules.mapped(&of);
         }
     }
 
