@@ -380,6 +380,9 @@ fn stacks_name_each_call_site_with_its_exact_count() {
         stacks_naming(&stacks[..1], "fault_site_alpha").len() == 1,
         "the top stack is not fault_site_alpha's: {shown:#?}"
     );
+    // Every fault keeps its stack: one lost to a full ring buffer would show here.
+    let health = &summary["fault_health"];
+    assert_eq!(health["stacks_dropped"], 0, "{health}");
     assert_eq!(stacks[0]["faults"], touched_a, "{shown:#?}");
     let beta = stacks_naming(stacks, "fault_site_beta");
     assert!(

@@ -81,7 +81,8 @@ fn every_json_line_has_the_schema_version() {
             assert_eq!(
                 keys,
                 [
-                    "addr", "file", "inlined", "line", "module", "offset", "resolved", "symbol"
+                    "addr", "build_id", "file", "inlined", "line", "module", "offset", "resolved",
+                    "symbol"
                 ],
                 "{frame}"
             );

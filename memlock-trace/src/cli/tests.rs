@@ -129,15 +129,25 @@ fn fault_options_parse() {
         "--stacks",
         "--stacks-top",
         "4",
+        "--stack-sample",
+        "8",
     ])
     .unwrap();
     let o = cli.trace.fault_options();
     assert_eq!(o.hooks, HookChoice::Tracepoint);
     assert!(!o.latency && o.per_thread && o.events);
-    assert!(o.stacks && o.top_stacks == 4);
+    assert!(o.stacks && o.top_stacks == 4 && o.stack_sample == 8);
     assert!(
         parse(&["--stacks-top", "4"]).is_err(),
         "--stacks-top needs --stacks"
+    );
+    assert!(
+        parse(&["--stack-sample", "8"]).is_err(),
+        "--stack-sample needs --stacks"
+    );
+    assert!(
+        parse(&["--stacks", "--stack-sample", "0"]).is_err(),
+        "one in 0"
     );
     assert_eq!((o.sample_every, o.top_mappings), (100, 3));
     let d = parse(&[]).unwrap().trace.fault_options();

@@ -22,8 +22,8 @@ use framehop::Unwinder as _;
 use memlock_trace_common::{
     faults::{STACK_DEPTH, StackKey},
     stacks::{
-        ModulesChanged, SAMPLE_FRAME_POINTERS, STACK_COPY_BYTES, StackConfig, StackSample,
-        SyscallStackKey, SyscallStackValue, counter, names, sample_kind,
+        ModulesChanged, SAMPLE_FRAME_POINTERS, STACK_COPY_BYTES, STACK_SAMPLES_BYTE_SIZE,
+        StackConfig, StackSample, SyscallStackKey, SyscallStackValue, counter, names, sample_kind,
     },
 };
 use serde::Serialize;
@@ -71,10 +71,16 @@ impl StackCollector {
     }
 
     /// Unwinds every sample waiting in the ring buffer.
+    ///
+    /// A process that maps code does so dozens of times in a row (python3 at start-up: about
+    /// 70 `mmap`s with `PROT_EXEC`): the notices of a batch are applied once per process,
+    /// before its next stack or at the end of the batch, so that the maps are read while it
+    /// still runs rather than one re-read per notice falling behind it.
     pub fn drain(&mut self, ring: &mut RingBuf<MapData>) {
+        let mut notices: Vec<ModulesChanged> = Vec::new();
         while let Some(item) = ring.next() {
             if let Some(notice) = modules_changed(&item) {
-                self.modules.mapped(&notice);
+                notices.push(notice);
                 continue;
             }
             if item.len() < size_of::<StackSample>() {
@@ -85,7 +91,21 @@ impl StackCollector {
             // pattern valid), read unaligned from the ring's bytes.
             let sample: StackSample =
                 unsafe { item.as_ptr().cast::<StackSample>().read_unaligned() };
+            if notices.iter().any(|n| n.tgid == sample.tgid) {
+                let (now, later): (Vec<_>, Vec<_>) =
+                    notices.into_iter().partition(|n| n.tgid == sample.tgid);
+                self.modules.mapped(&now);
+                notices = later;
+            }
             self.add(&sample);
+        }
+        let mut tgids: Vec<u32> = notices.iter().map(|n| n.tgid).collect();
+        tgids.sort_unstable();
+        tgids.dedup();
+        for tgid in tgids {
+            let of: Vec<ModulesChanged> =
+                notices.iter().filter(|n| n.tgid == tgid).copied().collect();
+            self.modules.mapped(&of);
         }
     }
 
@@ -270,9 +290,17 @@ pub fn config(btf: &KernelBtf, stacks: bool, fault_every: u32) -> Result<StackCo
 /// `--stacks`.
 pub fn prepare_loader<'a>(loader: &mut EbpfLoader<'a>, config: &'a StackConfig, stacks: bool) {
     loader.override_global(names::STACK_CONFIG, config, true);
-    if !stacks {
-        loader.map_max_entries(names::STACK_SAMPLES, PAGE_SIZE as u32);
-    }
+    // A burst of faults that each keep their stack (--stack-sample below 32) outruns a busy
+    // reader: the ring grows as the rate does, up to 32 MiB (about 3,900 stacks) at 1-4.
+    let size = if stacks {
+        let scale = (32 / config.fault_every.max(1))
+            .clamp(1, 8)
+            .next_power_of_two();
+        STACK_SAMPLES_BYTE_SIZE * scale
+    } else {
+        PAGE_SIZE as u32
+    };
+    loader.map_max_entries(names::STACK_SAMPLES, size);
 }
 
 fn counter_sum(ebpf: &Ebpf, map: &str, index: u32) -> Result<u64> {

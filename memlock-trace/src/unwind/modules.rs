@@ -235,13 +235,21 @@ impl ModuleRegistry {
         true
     }
 
-    /// A traced process mapped code (the kernel's notice): its maps are read now, or, if
-    /// it has already exited, the mapping is added from the notice, its file found by
-    /// identity among the files seen so far (in any process, this one included).
-    pub fn mapped(&mut self, notice: &ModulesChanged) {
-        if self.refresh(notice.tgid) {
+    /// A traced process mapped code (the kernel's notices, all of one process): its maps
+    /// are read now, or, if it has already exited, each mapping is added from its notice,
+    /// the file found by identity among the files seen so far (in any process, this one
+    /// included).
+    pub fn mapped(&mut self, notices: &[ModulesChanged]) {
+        let Some(first) = notices.first() else { return };
+        if self.refresh(first.tgid) {
             return;
         }
+        for notice in notices {
+            self.mapped_from_notice(notice);
+        }
+    }
+
+    fn mapped_from_notice(&mut self, notice: &ModulesChanged) {
         let id = FileId {
             // The kernel's dev_t is major << 20 | minor; stat's is glibc's encoding.
             dev: libc::makedev((notice.dev >> 20) as u32, (notice.dev & 0xf_ffff) as u32),

@@ -49,7 +49,7 @@ pub struct Args {
 
 const PAGE: usize = 4096;
 /// memlock-trace's `faults::DEFAULT_STACK_SAMPLE` (`--stack-sample`'s default).
-const DEFAULT_STACK_SAMPLE: u32 = 16;
+const DEFAULT_STACK_SAMPLE: u32 = 32;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Mode {
@@ -128,7 +128,7 @@ impl Mode {
                 "the same, completion at period 32 (floor of --latency-sample 32)"
             }
             Mode::StacksEvery => "memlock-trace --stacks --stack-sample 1",
-            Mode::StacksDefault => "memlock-trace --stacks (one fault in 16 keeps its stack)",
+            Mode::StacksDefault => "memlock-trace --stacks (one fault in 32 keeps its stack)",
         }
     }
 

@@ -3,6 +3,8 @@
 //! guests booting stock Debian kernels (where fentry/kprobes load; `--kernel` picks 5.10,
 //! 6.1, 6.12), with a table per kernel.
 
+mod binaries;
+
 use std::{
     io::{BufRead as _, BufReader},
     path::PathBuf,
@@ -12,6 +14,7 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
+use self::binaries::{HOST_ONLY, packages_for};
 use crate::{
     lint,
     run::workspace_root,
@@ -102,103 +105,6 @@ impl Stage {
 /// Integration tests load programs into the kernel and filter on their own pid, so tests in
 /// one binary must not run concurrently.
 const LIBTEST_ARGS: [&str; 1] = ["--test-threads=1"];
-
-/// Test binaries run on the host stage only, with the reason the guests' tables show. Only
-/// kernel-independent behaviour belongs here (CLI parsing, output shape, JSON schema,
-/// errors decided in user space); the figures behind such output are checked on every
-/// kernel by the binaries named in each reason. Every other binary runs on every kernel.
-const HOST_ONLY: &[(&str, &str)] = &[
-    (
-        "memlock-trace/test:advise",
-        "host only: runs the command a second time with the preload library and setpriv, \
-         which the guest's initramfs does not carry (the per-interval fault figures advise \
-         reads: test:intervals and test:faults, on every kernel)",
-    ),
-    (
-        "memlock-trace/test:stacks",
-        "host only: compiles a C program with gcc and compares with perf, which the guests do \
-         not carry (the kernel side of --stacks: test:fault_cli, on every kernel)",
-    ),
-    (
-        "memlock-trace/test:metrics_server",
-        "host only: the /metrics server's limits (connections, header size, timeouts, accept \
-         errors) and formats are user space, the same on every kernel",
-    ),
-    (
-        "memlock-trace/test:prometheus_https",
-        "host only: runs Debian's prometheus and promtool against --web-config (TLS, basic \
-         auth), user space on every kernel",
-    ),
-    (
-        "memlock-trace/test:prometheus_server",
-        "host only: runs Debian's prometheus server, which the guest's initramfs does not carry \
-         (the metrics it scrapes: test:prometheus, on every kernel)",
-    ),
-    (
-        "memlock-trace/test:json_schema",
-        "host only: JSON shape (schema, time_ns, stack frame keys) is user space; the stacks \
-         and verify behind it: test:fault_cli and test:verify, on every kernel",
-    ),
-    (
-        "memlock-trace/test:errors",
-        "host only: usage errors, output-path and I/O errors, exit codes are decided in user \
-         space, the same on every kernel",
-    ),
-    (
-        "memlock-trace/test:hostile_names",
-        "host only: compiles a C program with gcc and renames a symbol with objcopy, which \
-         the guest's initramfs does not carry; the escaping is user space (the figures \
-         behind the rows: test:fault_cli and test:syscalls, on every kernel)",
-    ),
-    (
-        "memlock-trace/test:run_as_user",
-        "host only: --user switches groups, gid, uid and capabilities in user space before \
-         exec, and the install recipe needs setcap, which the guest's initramfs does not \
-         carry (least privilege itself: test:least_privilege, on every kernel)",
-    ),
-    (
-        "memlock-trace/test:habits",
-        "host only: output formats (--hist rows, units, -T, -o, -q/-v, man page, \
-         completions); the counts behind them: test:syscalls, test:intervals, \
-         test:fault_cli, on every kernel",
-    ),
-];
-/// Test binaries that run Debian's programs, and the package of each: installed when missing
-/// (like qemu) before any stage runs them, since a guest's initramfs carries the programs
-/// the host has (python3 with its standard library, memcached: see `vm::programs`).
-const PROGRAM_TESTS: &[(&str, &str)] = &[
-    ("memlock-trace/test:advise", "python3"),
-    ("memlock-trace/test:prometheus_server", "prometheus"),
-    ("memlock-trace/test:prometheus_https", "prometheus"),
-    // promtool lints the text format; the Python client's parser checks OpenMetrics.
-    ("memlock-trace/test:metrics_server", "prometheus"),
-    (
-        "memlock-trace/test:metrics_server",
-        "python3-prometheus-client",
-    ),
-    ("memlock-trace/test:hostile_names", "gcc"),
-    ("memlock-trace/test:hostile_names", "binutils"),
-    ("memlock-trace/test:run_as_user", "libcap2-bin"),
-    ("memlock-trace/test:memcached", "memcached"),
-    ("memlock-trace/test:third_party", "python3"),
-    ("memlock-trace/test:mappings", "python3"),
-    ("memlock-trace/test:stacks", "gcc"),
-    ("memlock-trace/test:stacks", "linux-perf"),
-    ("memlock-trace/test:stacks", "python3"),
-];
-
-/// The package of each test binary in [`PROGRAM_TESTS`] among `binaries`.
-fn packages_for<'a>(binaries: impl IntoIterator<Item = &'a TestBinary>) -> Vec<&'static str> {
-    let mut packages = Vec::new();
-    for binary in binaries {
-        for (name, package) in PROGRAM_TESTS.iter().copied() {
-            if binary.name == name && !packages.contains(&package) {
-                packages.push(package);
-            }
-        }
-    }
-    packages
-}
 
 pub fn run(args: &Args) -> Result<()> {
     // Every run lints, whatever the stages: there is no flag to skip it, so CI always does.
@@ -572,39 +478,6 @@ fn print_table(stage: &Stage) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A name in HOST_ONLY that matched no binary would run it in the guest after all; one
-    /// in PROGRAM_TESTS would leave its package uninstalled and its program out of the guest.
-    #[test]
-    fn host_only_and_program_test_names_are_test_binaries() {
-        let names = HOST_ONLY.iter().chain(PROGRAM_TESTS).map(|(name, _)| *name);
-        for name in names {
-            let target = name
-                .strip_prefix("memlock-trace/test:")
-                .unwrap_or_else(|| panic!("{name}: not `memlock-trace/test:TARGET`"));
-            let file = workspace_root().join(format!("memlock-trace/tests/{target}.rs"));
-            assert!(file.is_file(), "{name}: no {}", file.display());
-        }
-        for (_, reason) in HOST_ONLY {
-            assert!(reason.starts_with("host only: "), "{reason}");
-        }
-    }
-
-    #[test]
-    fn program_tests_name_their_packages_once() {
-        let binary = |name: &str| TestBinary {
-            name: name.into(),
-            package: "memlock-trace".into(),
-            path: PathBuf::new(),
-        };
-        let binaries = [
-            binary("memlock-trace/test:third_party"),
-            binary("memlock-trace/test:faults"),
-            binary("memlock-trace/test:third_party"),
-        ];
-        assert_eq!(packages_for(&binaries), ["python3"]);
-        assert!(packages_for(&binaries[1..2]).is_empty());
-    }
 
     #[test]
     fn all_names_the_host_and_every_guest() {
