@@ -107,7 +107,12 @@ const LIBTEST_ARGS: [&str; 1] = ["--test-threads=1"];
 /// kernel-independent behaviour belongs here (CLI parsing, output shape, JSON schema,
 /// errors decided in user space); the figures behind such output are checked on every
 /// kernel by the binaries named in each reason. Every other binary runs on every kernel.
-const HOST_ONLY: [(&str, &str); 4] = [
+const HOST_ONLY: [(&str, &str); 5] = [
+    (
+        "memlock-trace/test:systemd_unit",
+        "host only: systemd-analyze checks the unit file, whatever the kernel (the capabilities \
+         it grants are exercised by test:least_privilege, on every kernel)",
+    ),
     (
         "memlock-trace/test:prometheus_server",
         "host only: runs Debian's prometheus server, which the guest's initramfs does not carry \
@@ -133,10 +138,11 @@ const HOST_ONLY: [(&str, &str); 4] = [
 /// Test binaries that run Debian's programs, and the package of each: installed when missing
 /// (like qemu) before any stage runs them, since a guest's initramfs carries the programs
 /// the host has (python3 with its standard library, memcached: see `vm::programs`).
-const PROGRAM_TESTS: [(&str, &str); 3] = [
+const PROGRAM_TESTS: [(&str, &str); 4] = [
     ("memlock-trace/test:prometheus_server", "prometheus"),
     ("memlock-trace/test:memcached", "memcached"),
     ("memlock-trace/test:third_party", "python3"),
+    ("memlock-trace/test:systemd_unit", "systemd"),
 ];
 
 /// The package of each test binary in [`PROGRAM_TESTS`] among `binaries`.
