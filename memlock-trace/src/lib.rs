@@ -21,6 +21,7 @@
 
 pub mod btf;
 pub mod cli;
+mod detach;
 pub mod event;
 pub mod faults;
 pub mod kernel_log;

@@ -5,6 +5,7 @@ use std::{collections::BTreeMap, fmt::Write as _};
 
 use serde::Serialize;
 
+use super::fold::Folded;
 use crate::{
     faults::{self, FaultHealth, FaultHooks, FaultSummary},
     output::{JSON_SCHEMA, TextStyle},
@@ -33,6 +34,9 @@ pub struct Summary {
     /// `--stacks`: mlock-family calls whose call site could not be kept.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub call_site_health: Option<CallSiteHealth>,
+    /// The processes beyond `--max-processes`, folded by name.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub folded: Option<Folded>,
 }
 
 /// `--stacks`: what the mlock-family call-site map could not keep.
@@ -94,6 +98,7 @@ impl Summary {
             fault_hooks: None,
             fault_health: None,
             call_site_health: None,
+            folded: None,
         }
     }
 
@@ -172,6 +177,9 @@ pub fn summary_text(summary: &Summary, style: TextStyle) -> String {
         if let Some(sites) = &p.call_sites {
             syscalls::render::call_sites_text(&mut out, sites, "  ");
         }
+    }
+    if let Some(folded) = &summary.folded {
+        out.push_str(&super::fold::folded_text(folded));
     }
     let h = &summary.health;
     let _ = writeln!(
