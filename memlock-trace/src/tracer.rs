@@ -132,6 +132,8 @@ impl Tracer {
         let process_config = filters.process_config(&btf)?;
         let fault_options = &options.faults;
         let fault_config = faults::sizing::config(&btf, fault_options)?;
+        let few_processes =
+            targets.specific() && !filters.follow_children && !fault_options.per_thread;
         let mut ebpf = object::load(&config, |loader| {
             loader
                 .override_global(VMA_CONFIG, &vma_global, true)
@@ -141,7 +143,7 @@ impl Tracer {
             }
             syscalls::stacks::prepare_loader(loader, fault_options.stacks);
             kernel_log::prepare_loader(loader, options.kernel_log);
-            faults::sizing::prepare_loader(loader, &fault_config)
+            faults::sizing::prepare_loader(loader, &fault_config, few_processes)
         })?;
 
         // Before any program is attached, so that nothing they log is missed.
