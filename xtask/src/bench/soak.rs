@@ -63,14 +63,18 @@ pub fn run(tracer: &Path, minutes: f64) -> Result<()> {
     crate::util::install_missing_packages(&["python3"])
         .context("the churn runs python3 children")?;
     let hz = clock_ticks();
+    // Files, not pipes: a pipe nobody reads for minutes fills and stops the tracer.
+    let dir = std::env::temp_dir().join(format!("memlock-trace-soak-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let (out_path, err_path) = (dir.join("stdout"), dir.join("stderr"));
     let mut child = Command::new(tracer)
         .args(["--prometheus", &format!("127.0.0.1:{PORT}"), "--json"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
+        .stdout(std::fs::File::create(&out_path)?)
+        .stderr(std::fs::File::create(&err_path)?)
         .spawn()
         .with_context(|| format!("starting {}", tracer.display()))?;
     let pid = child.id();
-    wait_for_metrics(&mut child)?;
+    wait_for_metrics(&mut child, &err_path)?;
     let churn = start_churn()?;
     let forks_before = forks();
     let started = Instant::now();
@@ -114,9 +118,11 @@ pub fn run(tracer: &Path, minutes: f64) -> Result<()> {
     let stop = Instant::now();
     // SAFETY: kill takes integers; `pid` is our child, not yet waited for.
     unsafe { libc::kill(pid as i32, libc::SIGTERM) };
-    let output = child.wait_with_output()?;
+    child.wait()?;
     let stop_secs = stop.elapsed().as_secs_f64();
-    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stdout = std::fs::read_to_string(&out_path)?;
+    let stderr = std::fs::read_to_string(&err_path)?;
+    eprintln!("xtask soak: the tracer's stderr:\n{stderr}");
     let summary = stdout
         .lines()
         .rev()
@@ -170,14 +176,11 @@ fn start_churn() -> Result<Vec<Child>> {
     ])
 }
 
-fn wait_for_metrics(child: &mut Child) -> Result<()> {
+fn wait_for_metrics(child: &mut Child, stderr: &Path) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(30);
     while Instant::now() < deadline {
         if let Some(status) = child.try_wait()? {
-            let mut err = String::new();
-            if let Some(mut e) = child.stderr.take() {
-                let _ = e.read_to_string(&mut err);
-            }
+            let err = std::fs::read_to_string(stderr).unwrap_or_default();
             bail!("the tracer exited ({status}) before serving /metrics:\n{err}");
         }
         if series_count().is_ok() {
