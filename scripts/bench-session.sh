@@ -48,7 +48,7 @@ echo "memlock_trace_fault_hooks_off_wall_s $o ratio_to_bpftrace $(awk -v a="$o" 
 start_tracer() { # args...; sets TPID once attached
   "$BIN" --json "$@" >"$WORK/out" 2>"$WORK/err" &
   TPID=$!
-  for _ in $(seq 1000); do grep -qs "memlock-trace: tracing" "$WORK/err" && return; sleep 0.01; done
+  for _ in $(seq 3000); do grep -qs "memlock-trace: tracing" "$WORK/err" && return; sleep 0.01; done
   cat "$WORK/err" >&2; exit 1
 }
 : >"$WORK/term"; : >"$WORK/duration"
