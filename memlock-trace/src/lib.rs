@@ -24,6 +24,7 @@
 pub mod advise;
 pub mod btf;
 pub mod cli;
+mod detach;
 pub mod event;
 pub mod faults;
 pub mod kernel_log;

@@ -94,6 +94,18 @@ impl<'a> AttachContext<'a> {
         }
     }
 
+    /// With aya's parse of the kernel BTF made already (parsing 5 MB of vmlinux BTF is a
+    /// good part of a session's start-up: once per session is enough).
+    pub fn with_aya_btf(mut self, btf: Option<Btf>) -> Self {
+        self.aya_btf = btf;
+        self
+    }
+
+    /// aya's parse of the kernel BTF, if a family needed it, for the next context.
+    pub fn into_aya_btf(self) -> Option<Btf> {
+        self.aya_btf
+    }
+
     /// The object and aya's BTF together (loading a tp_btf or fentry program needs both).
     pub fn ebpf_and_btf(&mut self) -> Result<(&mut Ebpf, &Btf)> {
         if self.aya_btf.is_none() {

@@ -113,6 +113,9 @@ impl Tracer {
     pub fn load_with(targets: &Targets, options: &Options) -> Result<Self> {
         probe::check_privileges()?;
         probe::ensure_tracefs()?;
+        // aya's parse of the kernel BTF, which tp_btf and fentry programs load against, made
+        // on a second thread while this one reads offsets with btf-rs and creates the maps.
+        let aya_btf = std::thread::spawn(aya::Btf::from_sys_fs);
         let btf = KernelBtf::load()?;
         let mut config = Config {
             filter: if targets.specific() {
@@ -144,6 +147,8 @@ impl Tracer {
         let fault_config = faults::sizing::config(&btf, fault_options)?;
         let stack_config =
             crate::unwind::config(&btf, fault_options.stacks, fault_options.stack_sample)?;
+        let few_processes =
+            targets.specific() && !filters.follow_children && !fault_options.per_thread;
         let mut ebpf = object::load(&config, |loader| {
             loader
                 .override_global(VMA_CONFIG, &vma_global, true)
@@ -159,7 +164,7 @@ impl Tracer {
             }
             crate::unwind::prepare_loader(loader, &stack_config, fault_options.stacks);
             kernel_log::prepare_loader(loader, options.kernel_log);
-            faults::sizing::prepare_loader(loader, &fault_config)
+            faults::sizing::prepare_loader(loader, &fault_config, few_processes)
         })?;
 
         // Before any program is attached, so that nothing they log is missed.
@@ -192,10 +197,13 @@ impl Tracer {
             },
             kernel_log,
         };
+        // An error is the families' to report, when they parse it again and need it.
+        let mut aya_btf = aya_btf.join().ok().and_then(Result::ok);
         // Process identity (exec, exit) everywhere; targets first, so that nothing they do
         // after the hooks attach is missed.
-        let mut cx = AttachContext::new(&mut tracer.ebpf, &btf, true);
+        let mut cx = AttachContext::new(&mut tracer.ebpf, &btf, true).with_aya_btf(aya_btf);
         let hooks = ProcessHooks::attach(&mut cx, filters)?;
+        aya_btf = cx.into_aya_btf();
         tracer.hooks.insert(ProcessHooks::NAME, hooks.describe());
         if let Targets::Tgids(tgids) = targets {
             for &tgid in tgids {
@@ -206,7 +214,8 @@ impl Tracer {
         // by inheritance, but not the children --follow-children adds in the kernel: with it,
         // the fault family hooks every process and the target set filters, as system-wide.
         let per_process_events = targets.specific() && !filters.follow_children;
-        let mut cx = AttachContext::new(&mut tracer.ebpf, &btf, per_process_events);
+        let mut cx =
+            AttachContext::new(&mut tracer.ebpf, &btf, per_process_events).with_aya_btf(aya_btf);
         // A family the kernel cannot serve is reported as not traced, with its reason, and
         // the others carry on: one family never stops the tracer (unless the user required it).
         let describe = |family: Result<String>| {
@@ -290,6 +299,14 @@ impl Tracer {
             self.sole.tgid.get_or_insert(tgid);
         }
         Ok(())
+    }
+
+    /// Detaches every hook at once ([`crate::detach`]) and forgets the tracer, whose hook
+    /// descriptors are closed by then (its maps stay open until the exit): for the end of a
+    /// session, right before the process exits.
+    pub fn detach_all(self) {
+        crate::detach::close_hooks_concurrently();
+        std::mem::forget(self);
     }
 
     /// Processes of the target set still alive. The exit program removes a process when its

@@ -1,6 +1,7 @@
 //! `cargo xtask dist`: the release binary with its man page and shell completions, all
 //! generated from the one clap definition (`memlock-trace man DIR`, `memlock-trace
-//! completions SHELL`, hidden subcommands), under target/dist/.
+//! completions SHELL`, hidden subcommands), and the systemd unit of dist/, under
+//! target/dist/.
 
 use std::{path::Path, process::Command};
 
@@ -53,6 +54,11 @@ pub fn run() -> Result<()> {
         let script = output_of(Command::new(&tracer).args(["completions", shell]))?;
         write(&format!("share/{relative}"), &script)?;
     }
+    // The hardened unit for running it as a node service (README.md, "Installing").
+    let unit = root.join("dist/memlock-trace.service");
+    let text =
+        std::fs::read_to_string(&unit).with_context(|| format!("reading {}", unit.display()))?;
+    write("lib/systemd/system/memlock-trace.service", &text)?;
     println!(
         "xtask: dist: install with `cp -r {}/* /usr/local/`; read the page with `man {}`",
         dist.display(),

@@ -44,8 +44,9 @@ enum Task {
     /// Then the test binaries are built once and run on this machine's kernel and inside the
     /// guests, side by side, with a table per kernel and `N passed, N failed` over all.
     Test(test::Args),
-    /// Build the release binary with its man page and bash/zsh/fish completions under
-    /// target/dist/ (a /usr/local-style tree: bin/, share/man/man1/, share/...completions).
+    /// Build the release binary with its man page, bash/zsh/fish completions and systemd unit
+    /// under target/dist/ (a /usr/local-style tree: bin/, share/man/man1/,
+    /// share/...completions, lib/systemd/system/).
     Dist,
     /// Measure what tracing page faults costs (untraced vs memlock-trace vs bpftrace) and
     /// write BENCHMARKS.md.

@@ -33,8 +33,9 @@ pub struct ProductionArgs {
     /// Add a `pid` label to per-process metrics (one series per process: use with care).
     #[arg(long, requires = "prometheus")]
     pub prometheus_pid_label: bool,
-    /// Most processes the summary keeps; past that the least recently seen is evicted and
-    /// counted (`evicted_processes`).
+    /// Most processes the summary lists one by one, the most active; the others fold into a
+    /// line per name. Call statistics are kept for as many; past that the least recently
+    /// seen is evicted and counted (`evicted_processes`).
     #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_PROCESSES, value_parser = int(1, MAX_PIDS))]
     pub max_processes: u32,
     /// Also add the summary up by cgroup v2 (`cgroup`): per service, container or pod, in

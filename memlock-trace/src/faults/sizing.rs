@@ -124,11 +124,29 @@ pub fn config(btf: &KernelBtf, options: &FaultOptions) -> Result<FaultConfig> {
     })
 }
 
+/// Per-process entries when a handful of processes is traced (a command or `-p`, without
+/// their children or per-thread keys): LRU, so a long `-p` list evicts and counts.
+const FEW_PROCESS_KEYS: u32 = 1024;
+/// Regions then: 1 GiB of distinct 64 KiB regions before the least recently faulted is
+/// evicted (and counted); the fault counts themselves never depend on it.
+const FEW_PROCESS_REGIONS: u32 = 16384;
+
 /// Sets the fault globals and sizes the per-CPU maps for this machine before load: an LRU
-/// per-CPU hash preallocates `max_entries` x possible CPUs values.
-pub fn prepare_loader<'a>(loader: &mut EbpfLoader<'a>, config: &'a FaultConfig) -> Result<()> {
+/// per-CPU hash preallocates `max_entries` x possible CPUs values. With `few_processes` the
+/// per-process maps and the region map are smaller: the kernel's per-CPU allocator took a
+/// good part of a short command's session creating them at the system-wide sizes.
+pub fn prepare_loader<'a>(
+    loader: &mut EbpfLoader<'a>,
+    config: &'a FaultConfig,
+    few_processes: bool,
+) -> Result<()> {
     let cpus = possible_cpus()?;
     let fit = |budget: usize, value: usize, most: u32| entries_within(budget, cpus, value, most);
+    let (keys, hists, regions) = if few_processes {
+        (FEW_PROCESS_KEYS, FEW_PROCESS_KEYS, FEW_PROCESS_REGIONS)
+    } else {
+        (MAX_FAULT_KEYS, MAX_FAULT_HISTS, MAX_FAULT_REGIONS)
+    };
     loader
         .override_global(names::FAULT_CONFIG, config, true)
         // Every process alive or exited since its entry was last used needs one: a fork
@@ -137,16 +155,13 @@ pub fn prepare_loader<'a>(loader: &mut EbpfLoader<'a>, config: &'a FaultConfig) 
         // holds 12,264 there (fewer with more CPUs: the values are per CPU).
         .map_max_entries(
             names::FAULT_STATS,
-            fit(32 << 20, size_of::<FaultStats>(), MAX_FAULT_KEYS),
+            fit(32 << 20, size_of::<FaultStats>(), keys),
         )
-        .map_max_entries(
-            names::FAULT_HIST,
-            fit(16 << 20, size_of::<Hist>(), MAX_FAULT_HISTS),
-        )
+        .map_max_entries(names::FAULT_HIST, fit(16 << 20, size_of::<Hist>(), hists))
         .map_max_entries(names::FAULT_REGION_SLOTS, region_slots(cpus))
         .map_max_entries(
             names::FAULT_REGIONS,
-            fit(8 << 20, size_of::<RegionValue>(), MAX_FAULT_REGIONS),
+            fit(8 << 20, size_of::<RegionValue>(), regions),
         );
     Ok(())
 }

@@ -6,8 +6,11 @@ use std::collections::BTreeMap;
 
 pub use memlock_trace_common::process::ProcessKey;
 
-/// Default for `--max-processes`.
-pub const DEFAULT_MAX_PROCESSES: u32 = 4096;
+/// Default for `--max-processes`. A process's call statistics hold an exact latency
+/// histogram per call it made (tens of KiB each): 4096 processes of a system-wide session
+/// under churn took hundreds of MiB; a summary lists these most active ones and folds the
+/// rest by name.
+pub const DEFAULT_MAX_PROCESSES: u32 = 1024;
 
 pub struct ProcessTable<V> {
     entries: BTreeMap<ProcessKey, Entry<V>>,

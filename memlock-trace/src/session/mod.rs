@@ -30,6 +30,7 @@ use crate::{
     tracer::{Options, Tracer},
 };
 
+pub mod fold;
 pub mod groups;
 mod order;
 mod output;
@@ -40,6 +41,10 @@ pub mod summary;
 /// `MappingCache::refresh`), so that a process that exits, even a script that runs for
 /// 100 ms, is still attributed with recent mappings.
 const MAPPINGS_REFRESH: Duration = Duration::from_millis(40);
+
+/// How long the last drain after a stop may read: the summary is written and the tool gone
+/// within half a second of SIGTERM, whatever is still flooding the rings.
+const FINAL_DRAIN: Duration = Duration::from_millis(150);
 
 /// How often, once the command or `-p` processes are gone, `--follow-children` checks
 /// whether a followed process still lives.
@@ -408,13 +413,16 @@ async fn event_loop(
         tokio::select! {
             guard = ring.readable_mut() => {
                 let mut guard = guard.context("polling the ring buffer")?;
-                output.drain(guard.get_inner_mut());
-                guard.clear_ready();
+                // Left ready when the budget ran out: the loop comes back to it next.
+                if output.drain(guard.get_inner_mut()) {
+                    guard.clear_ready();
+                }
             }
             guard = async { fault_ring.as_mut().expect("guarded").readable_mut().await }, if fault_ring.is_some() => {
                 let mut guard = guard.context("polling the fault event ring buffer")?;
-                output.drain(guard.get_inner_mut());
-                guard.clear_ready();
+                if output.drain(guard.get_inner_mut()) {
+                    guard.clear_ready();
+                }
             }
             guard = async { stack_ring.as_mut().expect("guarded").readable_mut().await }, if stack_ring.is_some() => {
                 let mut guard = guard.context("polling the stack ring buffer")?;
@@ -481,13 +489,31 @@ async fn event_loop(
         // An output that refused a write (full disk, closed pipe) ends the session.
         output.out.check()?;
     };
-    // Everything the kernel submitted before we stopped is still in the ring: read it all.
     if let Some(stack_ring) = stack_ring.as_mut() {
         output.drain_stacks(stack_ring.get_mut());
     }
-    output.drain(ring.get_mut());
+    // Everything the kernel submitted before we stopped is still in the ring: read it (at
+    // least as many bytes as the ring holds), and then only for as long as the exit's
+    // promptness allows: a flood still writing would never let the ring empty.
+    let mut complete = output.drain_for(
+        ring.get_mut(),
+        FINAL_DRAIN,
+        memlock_trace_common::EVENTS_BYTE_SIZE.into(),
+    );
     if let Some(fault_ring) = fault_ring.as_mut() {
-        output.drain(fault_ring.get_mut());
+        complete &= output.drain_for(
+            fault_ring.get_mut(),
+            FINAL_DRAIN,
+            memlock_trace_common::faults::FAULT_EVENTS_BYTE_SIZE.into(),
+        );
+    }
+    if !complete {
+        eprintln!(
+            "memlock-trace: warning: events were still arriving {} ms after the stop: the \
+             records after that were not read, and their calls are missing from the summary \
+             (fault counts come from kernel maps and are whole)",
+            FINAL_DRAIN.as_millis()
+        );
     }
     tracer.flush_kernel_log();
     if let (Stop::Signal(name), false) = (reason, args.quiet) {
@@ -506,6 +532,8 @@ async fn event_loop(
             output.undecodable
         );
     }
+    // The summary is out: what is left is the kernel's unhooking, all at once.
+    tracer.detach_all();
     Ok(match reason {
         Stop::CommandExited(code) => code,
         _ => 0,

@@ -27,6 +27,9 @@ use crate::{
     vma::{self, VmaHooks},
 };
 
+/// How long one drain may read before the loop attends to its timers and signals.
+const DRAIN_BUDGET: Duration = Duration::from_millis(50);
+
 pub(super) struct Output {
     /// Stdout, or `-o FILE`.
     pub(super) out: Sink,
@@ -158,10 +161,40 @@ impl Output {
         Ok(Some(report))
     }
 
-    pub(super) fn drain(&mut self, ring: &mut RingBuf<MapData>) {
+    /// Reads `ring` to its end, or for [`DRAIN_BUDGET`]. See [`Output::drain_for`].
+    pub(super) fn drain(&mut self, ring: &mut RingBuf<MapData>) -> bool {
+        self.drain_for(ring, DRAIN_BUDGET, 0)
+    }
+
+    /// Reads `ring` until it is empty, or `budget` has passed and at least `at_least_bytes`
+    /// were read (records and their 8-byte headers); returns whether it was read to its end. A flood keeps a ring from
+    /// ever emptying: unbounded, one drain would keep the loop from its timers and signals
+    /// (`--duration` and SIGTERM then waited minutes).
+    pub(super) fn drain_for(
+        &mut self,
+        ring: &mut RingBuf<MapData>,
+        budget: Duration,
+        at_least_bytes: u64,
+    ) -> bool {
         let began = WallClock::monotonic_ns();
+        let deadline = std::time::Instant::now() + budget;
         let (mut syscalls, mut vmas, undecodable_before) = (0, 0, self.undecodable);
-        while let Some(item) = ring.next() {
+        let mut read = 0u32;
+        let mut bytes = 0u64;
+        let mut complete = true;
+        loop {
+            // Checked before a record is taken (taking one consumes it), every 1024 records:
+            // the clock is cheap against their decoding.
+            read = read.wrapping_add(1);
+            if read.is_multiple_of(1024)
+                && bytes >= at_least_bytes
+                && std::time::Instant::now() >= deadline
+            {
+                complete = false;
+                break;
+            }
+            let Some(item) = ring.next() else { break };
+            bytes += item.len() as u64 + 8;
             match decode(&item) {
                 Ok(Event::Syscall(rec)) => {
                     if !self.wanted(rec.raw.tid) {
@@ -207,7 +240,10 @@ impl Output {
                 Err(_) => self.undecodable += 1,
             }
         }
-        self.order.drained(ring.as_raw_fd(), began);
+        // Only a drain that reached the end vouches that nothing older is still to come.
+        if complete {
+            self.order.drained(ring.as_raw_fd(), began);
+        }
         self.order.release(&mut self.out);
         let _ = self.out.flush();
         if let Some(metrics) = &self.metrics {
@@ -216,6 +252,7 @@ impl Output {
                 self.undecodable - undecodable_before,
             );
         }
+        complete
     }
 
     /// The tracer's health with the aggregator's evictions, and the fault family's figures,
@@ -467,6 +504,7 @@ impl Output {
         if self.by_cgroup {
             summary.cgroups = Some(super::groups::by_cgroup(&summary.processes));
         }
+        super::fold::fold_beyond(&mut summary, self.max_processes);
         if let (Some(stacks), Some((dropped, _))) = (&self.stacks, tracer.stacks_dropped()?) {
             let sites = CallSiteReport {
                 counts: stacks.calls.clone(),

@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use memlock_trace_common::process::ProcessKey;
 
-use super::groups::CgroupSummary;
+use super::{fold::Folded, groups::CgroupSummary};
 use crate::{
     faults::{self, FaultHealth, FaultHooks, FaultSummary},
     output::{JSON_SCHEMA, Outside, TextStyle},
@@ -46,6 +46,9 @@ pub struct Summary {
     /// `--stacks`: mlock-family calls whose call site could not be kept.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub call_site_health: Option<CallSiteHealth>,
+    /// The processes beyond `--max-processes`, folded by name.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub folded: Option<Folded>,
 }
 
 /// `--stacks`: what the kept stacks lost, and how they were unwound (calls and faults).
@@ -124,6 +127,7 @@ impl Summary {
             cgroups: None,
             syscall_health: None,
             call_site_health: None,
+            folded: None,
         }
     }
 
@@ -230,6 +234,9 @@ pub fn summary_text(summary: &Summary, style: TextStyle) -> String {
         if let Some(sites) = &p.call_sites {
             syscalls::render::call_sites_text(&mut out, sites, "  ");
         }
+    }
+    if let Some(folded) = &summary.folded {
+        out.push_str(&super::fold::folded_text(folded));
     }
     let h = &summary.health;
     let _ = writeln!(

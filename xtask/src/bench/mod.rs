@@ -15,6 +15,7 @@
 
 mod measure;
 mod report;
+mod soak;
 mod workload;
 
 use std::{
@@ -45,6 +46,10 @@ pub struct Args {
     /// Where to write the report.
     #[arg(long, default_value = "BENCHMARKS.md")]
     out: PathBuf,
+    /// Instead: run the tracer system-wide with --prometheus for MINUTES under process
+    /// churn, and plot its memory, CPU and series over time into BENCHMARKS.md.
+    #[arg(long, value_name = "MINUTES")]
+    soak: Option<f64>,
 }
 
 const PAGE: usize = 4096;
@@ -145,6 +150,13 @@ impl Mode {
 }
 
 pub fn run(args: &Args) -> Result<()> {
+    if let Some(minutes) = args.soak {
+        run_cmd(Command::new("cargo").args(["build", "--release", "-p", "memlock-trace"]))?;
+        return soak::run(
+            &workspace_root().join("target/release/memlock-trace"),
+            minutes,
+        );
+    }
     if args.runs < 5 {
         bail!("--runs must be at least 5");
     }

@@ -9,6 +9,11 @@ use super::TestBinary;
 /// kernel by the binaries named in each reason. Every other binary runs on every kernel.
 pub(super) const HOST_ONLY: &[(&str, &str)] = &[
     (
+        "memlock-trace/test:systemd_unit",
+        "host only: systemd-analyze checks the unit file, whatever the kernel (the capabilities \
+         it grants are exercised by test:least_privilege, on every kernel)",
+    ),
+    (
         "memlock-trace/test:advise",
         "host only: runs the command a second time with the preload library and setpriv, \
          which the guest's initramfs does not carry (the per-interval fault figures advise \
@@ -85,6 +90,7 @@ pub(super) const PROGRAM_TESTS: &[(&str, &str)] = &[
     ("memlock-trace/test:stacks", "gcc"),
     ("memlock-trace/test:stacks", "linux-perf"),
     ("memlock-trace/test:stacks", "python3"),
+    ("memlock-trace/test:systemd_unit", "systemd"),
 ];
 
 /// The package of each test binary in [`PROGRAM_TESTS`] among `binaries`.
