@@ -17,13 +17,14 @@ use tokio::{
 use self::{
     output::{IntervalState, Output, Scope, VmaOutput},
     production::Production,
+    targets::{describe_targets, targets_are_specific, thread_group},
 };
 use crate::{
     UsageError,
     cli::TraceArgs,
     faults::{FaultHooks, stacks::StackSymbolizer},
     object::HookFamily as _,
-    output::{Outside, Sink, TextStyle, WallClock},
+    output::{Sink, TextStyle, WallClock},
     process::{Targets, launch, pids},
     procfs::MappingCache,
     syscalls::Aggregator,
@@ -36,6 +37,7 @@ mod order;
 mod output;
 mod production;
 pub mod summary;
+mod targets;
 
 /// How often the mappings of traced processes are re-read (at most: see
 /// `MappingCache::refresh`), so that a process that exits, even a script that runs for
@@ -241,54 +243,6 @@ fn brief_hooks(described: &str) -> String {
         brief.push_str(" (better hooks refused: -v says why)");
     }
     brief
-}
-
-/// The process `tid` belongs to (`Tgid:` in /proc/TID/status).
-fn thread_group(tid: u32) -> Result<u32> {
-    let status = std::fs::read_to_string(format!("/proc/{tid}/status"))
-        .ok()
-        .filter(|_| tid != 0);
-    status
-        .as_deref()
-        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("Tgid:")))
-        .and_then(|v| v.trim().parse().ok())
-        .ok_or_else(|| {
-            UsageError(format!(
-                "no thread with tid {tid}: give -t a thread id listed under /proc/PID/task/"
-            ))
-            .into()
-        })
-}
-
-fn targets_are_specific(args: &TraceArgs) -> bool {
-    !args.pids.is_empty() || !args.command.is_empty()
-}
-
-fn describe_targets(args: &TraceArgs, launched: Option<u32>) -> String {
-    let mut parts: Vec<String> = match args.tid {
-        Some(tid) => args
-            .pids
-            .iter()
-            .map(|p| format!("thread {tid} of pid {p}"))
-            .collect(),
-        None => args.pids.iter().map(|p| format!("pid {p}")).collect(),
-    };
-    if let (Some(pid), Some(cmd)) = (launched, args.command.first()) {
-        // The user's own words, but a name can hold anything: escaped like any other.
-        let user = args
-            .user
-            .as_deref()
-            .map_or_else(String::new, |u| format!(", as user {}", Outside::from(u)));
-        parts.push(format!(
-            "`{}` (pid {pid}{user})",
-            Outside::from(cmd.as_str())
-        ));
-    }
-    if parts.is_empty() {
-        "all processes (Ctrl-C to stop)".into()
-    } else {
-        parts.join(", ")
-    }
 }
 
 async fn event_loop(

@@ -7,6 +7,11 @@ use anyhow::Result;
 use aya::maps::{MapData, RingBuf};
 use memlock_trace_common::vma::{VM_LOCKED, VM_LOCKONFAULT};
 
+mod metrics;
+mod naming;
+
+use naming::{name_exited, only_thread};
+
 use super::{
     order::Reorder,
     summary::{CallSiteHealth, Summary, Window, summary_text},
@@ -14,12 +19,12 @@ use super::{
 use crate::{
     event::{Event, decode},
     faults::{
-        self, FaultHooks, FaultReport, render as fault_render,
+        self, FaultReport, render as fault_render,
         stacks::{StackReport, StackSymbolizer},
     },
     metrics::Metrics,
-    output::{Outside, Sink, TextStyle, WallClock, hms},
-    process::{cgroup::CgroupPaths, identity::Identity, table::ProcessKey},
+    output::{Sink, TextStyle, WallClock, hms},
+    process::cgroup::CgroupPaths,
     procfs::{Mapping, MappingCache},
     syscalls::{self, Aggregator, read::SyscallReport, stacks::CallSiteReport},
     tracer::Tracer,
@@ -255,91 +260,6 @@ impl Output {
         complete
     }
 
-    /// The tracer's health with the aggregator's evictions, and the fault family's figures,
-    /// pushed to the metrics.
-    pub(super) fn update_health(&mut self, tracer: &Tracer) -> Result<()> {
-        if let Some(metrics) = self.metrics.clone() {
-            let mut health = tracer.health()?;
-            health.processes.evicted_processes = self.aggregator.evicted_processes();
-            metrics.health.update(&health);
-            // The counts before the identities: the kernel records who a process is before
-            // its first count, so every process counted here has one (no series without
-            // its cgroup label for a process that appeared in between).
-            let calls = tracer.syscall_report()?;
-            let faults = self.fault_report(tracer)?;
-            let identities = tracer.identities()?;
-            self.update_call_metrics(&metrics, &calls, &identities);
-            if let (Some(hooks), Some(report)) = (&tracer.fault_hooks, faults) {
-                self.update_fault_metrics(&metrics, hooks, &report, &identities);
-                metrics.maps.update(&tracer.ebpf, &report.map_entries());
-            }
-        }
-        Ok(())
-    }
-
-    /// A process's name and cgroup path for its series: as the kernel recorded them (after
-    /// its last exec, alive or exited), else /proc's or the last mappings' name.
-    fn process_labels(
-        &mut self,
-        key: &ProcessKey,
-        identities: &BTreeMap<ProcessKey, Identity>,
-    ) -> (Option<String>, String) {
-        match identities.get(key) {
-            Some(id) => (
-                Some(id.comm.to_str_lossy().into_owned()),
-                self.cgroups.info(id.cgroup_id).label(),
-            ),
-            None => (
-                crate::procfs::read_comm(key.tgid)
-                    .or_else(|| self.mappings.comm(key.tgid))
-                    .map(|c| c.to_str_lossy().into_owned()),
-                String::new(),
-            ),
-        }
-    }
-
-    fn update_call_metrics(
-        &mut self,
-        metrics: &Metrics,
-        report: &SyscallReport,
-        identities: &BTreeMap<ProcessKey, Identity>,
-    ) {
-        let mut labels = BTreeMap::new();
-        for key in report.counts.keys() {
-            let process = ProcessKey {
-                tgid: key.tgid,
-                _pad: 0,
-                start_ns: key.start_ns,
-            };
-            if let std::collections::btree_map::Entry::Vacant(slot) = labels.entry(process) {
-                slot.insert(self.process_labels(&process, identities));
-            }
-        }
-        metrics.syscalls.update(report, |k| {
-            labels
-                .get(k)
-                .map(|(comm, cgroup)| (comm.clone().unwrap_or_default(), cgroup.clone()))
-                .unwrap_or_default()
-        });
-    }
-
-    fn update_fault_metrics(
-        &mut self,
-        metrics: &Metrics,
-        hooks: &FaultHooks,
-        report: &FaultReport,
-        identities: &BTreeMap<ProcessKey, Identity>,
-    ) {
-        let processes = faults::summary::by_process(report);
-        let labels: BTreeMap<ProcessKey, (Option<String>, String)> = processes
-            .keys()
-            .map(|k| (*k, self.process_labels(k, identities)))
-            .collect();
-        metrics
-            .faults
-            .update(&processes, hooks, &report.health, |k| labels[k].clone());
-    }
-
     /// `--stacks`: each process's top mlock-family call sites, symbolized with its kept
     /// modules.
     fn add_call_sites(&self, summary: &mut Summary, sites: &CallSiteReport) {
@@ -562,83 +482,11 @@ impl Output {
     }
 }
 
-impl Output {
-    /// Names each process as the kernel recorded it (after its last exec, or at its exit)
-    /// and gives its cgroup.
-    fn identify(&mut self, summary: &mut Summary, identities: &BTreeMap<ProcessKey, Identity>) {
-        for p in &mut summary.processes {
-            let key = ProcessKey {
-                tgid: p.pid,
-                _pad: 0,
-                start_ns: p.start_ns,
-            };
-            let Some(id) = identities.get(&key) else {
-                continue;
-            };
-            // A name from the first event is older than /proc's, unless an exec or the exit
-            // set it.
-            if !id.comm.is_empty() && (id.execed || id.exited || p.comm.is_empty()) {
-                p.comm.clone_from(&id.comm);
-                if let Some(f) = &mut p.faults {
-                    for t in f.threads.iter_mut().filter(|t| t.tid == p.pid) {
-                        t.comm.clone_from(&id.comm);
-                    }
-                }
-            }
-            p.cgroup = Some(self.cgroups.info(id.cgroup_id));
-            let checked = self
-                .exit_check
-                .as_ref()
-                .is_some_and(|c| p.start_ns > c.attached_ns && c.launched != Some(p.pid));
-            if let (Some(kernel), true) = (id.exit_faults, checked) {
-                let counted = p.faults.as_ref().map_or(0, |f| f.minor + f.major);
-                p.kernel_faults = Some(kernel);
-                p.faults_missing = Some(kernel.saturating_sub(counted));
-            }
-        }
-    }
-}
-
 /// The thread a VMA activity belongs to.
 fn activity_tid(activity: &vma::Activity) -> u32 {
     match activity {
         vma::Activity::Call(c) => c.syscall.raw.tid,
         vma::Activity::Store(s) => s.tid,
         vma::Activity::Func(f) => f.tid,
-    }
-}
-
-/// `-t TID`: each process's faults become its thread's (the kernel keeps them per thread).
-fn only_thread(per_process: &mut BTreeMap<ProcessKey, (Outside, faults::FaultSummary)>, tid: u32) {
-    per_process.retain(|_, (_, f)| f.threads.iter().any(|t| t.tid == tid));
-    for (comm, f) in per_process.values_mut() {
-        let Some(thread) = f.threads.iter().find(|t| t.tid == tid).cloned() else {
-            continue;
-        };
-        *comm = thread.comm;
-        let mappings = std::mem::take(&mut f.by_mapping);
-        *f = thread.faults;
-        // Mappings are counted per process only.
-        f.by_mapping = mappings;
-    }
-}
-
-/// An exited process is named as it was at its exit (after any exec), not by its first
-/// event or an older /proc snapshot; so is its main thread.
-fn name_exited(summary: &mut Summary, exit_comms: &BTreeMap<ProcessKey, Outside>) {
-    for p in &mut summary.processes {
-        let Some(comm) = exit_comms
-            .iter()
-            .find(|(k, _)| k.tgid == p.pid && (p.start_ns == 0 || k.start_ns == p.start_ns))
-            .map(|(_, c)| c)
-        else {
-            continue;
-        };
-        p.comm.clone_from(comm);
-        if let Some(f) = &mut p.faults {
-            for t in f.threads.iter_mut().filter(|t| t.tid == p.pid) {
-                t.comm.clone_from(comm);
-            }
-        }
     }
 }

@@ -1,0 +1,102 @@
+//! The per-process series: each refresh's kernel counts labelled with the name and cgroup
+//! the kernel recorded for each process.
+
+use std::collections::BTreeMap;
+
+use anyhow::Result;
+
+use super::Output;
+use crate::{
+    faults::{self, FaultHooks, FaultReport},
+    metrics::Metrics,
+    process::{identity::Identity, table::ProcessKey},
+    syscalls::read::SyscallReport,
+    tracer::Tracer,
+};
+
+impl Output {
+    /// The tracer's health with the aggregator's evictions, and the fault family's figures,
+    /// pushed to the metrics.
+    pub(in crate::session) fn update_health(&mut self, tracer: &Tracer) -> Result<()> {
+        if let Some(metrics) = self.metrics.clone() {
+            let mut health = tracer.health()?;
+            health.processes.evicted_processes = self.aggregator.evicted_processes();
+            metrics.health.update(&health);
+            // The counts before the identities: the kernel records who a process is before
+            // its first count, so every process counted here has one (no series without
+            // its cgroup label for a process that appeared in between).
+            let calls = tracer.syscall_report()?;
+            let faults = self.fault_report(tracer)?;
+            let identities = tracer.identities()?;
+            self.update_call_metrics(&metrics, &calls, &identities);
+            if let (Some(hooks), Some(report)) = (&tracer.fault_hooks, faults) {
+                self.update_fault_metrics(&metrics, hooks, &report, &identities);
+                metrics.maps.update(&tracer.ebpf, &report.map_entries());
+            }
+        }
+        Ok(())
+    }
+
+    /// A process's name and cgroup path for its series: as the kernel recorded them (after
+    /// its last exec, alive or exited), else /proc's or the last mappings' name.
+    fn process_labels(
+        &mut self,
+        key: &ProcessKey,
+        identities: &BTreeMap<ProcessKey, Identity>,
+    ) -> (Option<String>, String) {
+        match identities.get(key) {
+            Some(id) => (
+                Some(id.comm.to_str_lossy().into_owned()),
+                self.cgroups.info(id.cgroup_id).label(),
+            ),
+            None => (
+                crate::procfs::read_comm(key.tgid)
+                    .or_else(|| self.mappings.comm(key.tgid))
+                    .map(|c| c.to_str_lossy().into_owned()),
+                String::new(),
+            ),
+        }
+    }
+
+    fn update_call_metrics(
+        &mut self,
+        metrics: &Metrics,
+        report: &SyscallReport,
+        identities: &BTreeMap<ProcessKey, Identity>,
+    ) {
+        let mut labels = BTreeMap::new();
+        for key in report.counts.keys() {
+            let process = ProcessKey {
+                tgid: key.tgid,
+                _pad: 0,
+                start_ns: key.start_ns,
+            };
+            if let std::collections::btree_map::Entry::Vacant(slot) = labels.entry(process) {
+                slot.insert(self.process_labels(&process, identities));
+            }
+        }
+        metrics.syscalls.update(report, |k| {
+            labels
+                .get(k)
+                .map(|(comm, cgroup)| (comm.clone().unwrap_or_default(), cgroup.clone()))
+                .unwrap_or_default()
+        });
+    }
+
+    pub(super) fn update_fault_metrics(
+        &mut self,
+        metrics: &Metrics,
+        hooks: &FaultHooks,
+        report: &FaultReport,
+        identities: &BTreeMap<ProcessKey, Identity>,
+    ) {
+        let processes = faults::summary::by_process(report);
+        let labels: BTreeMap<ProcessKey, (Option<String>, String)> = processes
+            .keys()
+            .map(|k| (*k, self.process_labels(k, identities)))
+            .collect();
+        metrics
+            .faults
+            .update(&processes, hooks, &report.health, |k| labels[k].clone());
+    }
+}
