@@ -469,3 +469,135 @@ fn a_taken_address_is_a_clear_error() {
     );
     let _ = std::io::stderr().flush();
 }
+
+/// A fresh cgroup v2 `/memlock-trace-names-PID`, removed on drop: the tracer runs
+/// system-wide and only what this test starts in it is counted.
+struct FreshCgroup(std::path::PathBuf);
+
+impl FreshCgroup {
+    fn new() -> Self {
+        let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let mount = info
+            .lines()
+            .find_map(|l| {
+                let (left, right) = l.split_once(" - ")?;
+                (right.split_whitespace().next()? == "cgroup2")
+                    .then(|| left.split_whitespace().nth(4))?
+            })
+            .expect("this test needs a cgroup2 mount (cgroup v2, or the unified hierarchy)");
+        let dir =
+            std::path::Path::new(mount).join(format!("memlock-trace-names-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
+        Self(dir)
+    }
+}
+
+impl Drop for FreshCgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+/// 50 short processes with distinct names, one mlock and one munlock each, past
+/// `--prometheus-max-names 5`: at most five names keep their own series, the others are
+/// counted under `comm="other"`, and the sums are still exactly the calls made.
+#[test]
+fn names_past_the_cap_are_counted_under_other() {
+    require_privileges();
+    const NAMES: usize = 50;
+    const KEPT: usize = 5;
+    let cgroup = FreshCgroup::new();
+    let links = std::env::temp_dir().join(format!("memlock-trace-names-{}", std::process::id()));
+    std::fs::create_dir_all(&links).unwrap();
+    // Each process is named after the link it was started by.
+    let names: Vec<String> = (0..NAMES).map(|i| format!("name-{i:02}")).collect();
+    for name in &names {
+        let _ = std::fs::remove_file(links.join(name));
+        std::os::unix::fs::symlink(BIN, links.join(name)).unwrap();
+    }
+    let cgroup_path = format!("/{}", cgroup.0.file_name().unwrap().to_string_lossy());
+    let max = KEPT.to_string();
+    let mut tracer = Tracer::spawn(&[
+        "--prometheus",
+        "127.0.0.1:0",
+        "--prometheus-max-names",
+        &max,
+        "--cgroup",
+        &cgroup_path,
+    ]);
+    let line = tracer.wait_for_stderr("serving Prometheus metrics on http://");
+    let url = line.rsplit(' ').next().unwrap().to_string();
+    tracer.wait_for_stderr("memlock-trace: tracing");
+    let script = format!(
+        "echo $$ > {}/cgroup.procs || exit 1; for name in {}; do {}/$name workload flood \
+         --threads 1 --calls 1 --munlock >/dev/null || exit 1; done",
+        cgroup.0.display(),
+        names.join(" "),
+        links.display()
+    );
+    let status = Command::new("sh").args(["-c", &script]).status().unwrap();
+    assert!(status.success(), "the workloads: {status}");
+
+    let calls = 2.0 * NAMES as f64;
+    let sum = |s: &[Sample], name: &str| -> f64 {
+        s.iter().filter(|x| x.name == name).map(|x| x.value).sum()
+    };
+    let (samples, text) = scrape_until(&url, "100 calls", |s| {
+        sum(s, "memlock_trace_syscalls_total") >= calls
+    });
+    assert_eq!(
+        sum(&samples, "memlock_trace_syscalls_total"),
+        calls,
+        "{text}"
+    );
+    // Every flood call fails with ENOMEM (page 0 is not mapped).
+    assert_eq!(
+        sum(&samples, "memlock_trace_syscall_errors_total"),
+        calls,
+        "{text}"
+    );
+    let comms = |name: &str| -> std::collections::BTreeSet<&str> {
+        samples
+            .iter()
+            .filter(|x| x.name == name)
+            .map(|x| x.labels["comm"].as_str())
+            .filter(|&c| c != "other")
+            .collect()
+    };
+    let kept = comms("memlock_trace_syscalls_total");
+    assert!(
+        kept.len() <= KEPT && kept.iter().all(|c| names.iter().any(|n| n == c)),
+        "{kept:?}\n{text}"
+    );
+    let other = value(
+        &samples,
+        "memlock_trace_syscalls_total",
+        &[("comm", "other"), ("syscall", "mlock")],
+    );
+    assert_eq!(other, Some((NAMES - kept.len()) as f64), "{text}");
+    let other_labels = samples
+        .iter()
+        .find(|x| x.name == "memlock_trace_syscalls_total" && x.labels["comm"] == "other")
+        .map(|x| x.labels.keys().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(
+        other_labels,
+        Some(vec!["comm", "syscall"]),
+        "no cgroup for other"
+    );
+    // The fault series share the cap: five names in all.
+    let mut all = kept.clone();
+    all.extend(comms("memlock_trace_page_faults_total"));
+    assert!(all.len() <= KEPT, "{all:?}\n{text}");
+    // Every name whose calls went to `other` is counted once; the shell that started them
+    // may be one more (its own faults).
+    let folded = value(&samples, "memlock_trace_series_names_folded", &[]).unwrap();
+    assert!(
+        folded >= (NAMES - kept.len()) as f64 && folded <= (NAMES + 1 - all.len()) as f64,
+        "folded {folded}, kept {all:?}\n{text}"
+    );
+
+    tracer.signal(libc::SIGINT);
+    let done = tracer.finish();
+    assert!(done.status.success(), "{}", done.stderr);
+    std::fs::remove_dir_all(&links).ok();
+}

@@ -4,6 +4,7 @@ use clap::Args;
 use std::{net::SocketAddr, path::PathBuf};
 
 use crate::{
+    metrics::DEFAULT_MAX_NAMES,
     process::DEFAULT_MAX_PROCESSES,
     values::{MAX_PIDS, int},
 };
@@ -33,6 +34,11 @@ pub struct ProductionArgs {
     /// Add a `pid` label to per-process metrics (one series per process: use with care).
     #[arg(long, requires = "prometheus")]
     pub prometheus_pid_label: bool,
+    /// Process names that keep their own series: the first N with a call or fault, for the
+    /// whole session; later names are counted under `comm="other"` (with
+    /// `--prometheus-pid-label`, N processes). 0 counts every process under `other`.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_MAX_NAMES, value_parser = int(0, MAX_PIDS))]
+    pub prometheus_max_names: u32,
     /// Most processes the summary lists one by one, the most active; the others fold into a
     /// line per name. Call statistics are kept for as many; past that the least recently
     /// seen is evicted and counted (`evicted_processes`).

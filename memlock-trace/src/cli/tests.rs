@@ -212,6 +212,8 @@ fn production_options_parse() {
         "--prometheus",
         ":9464",
         "--prometheus-pid-label",
+        "--prometheus-max-names",
+        "7",
         "--max-processes",
         "10",
         "--max-targets",
@@ -225,6 +227,7 @@ fn production_options_parse() {
         Some(std::path::Path::new("system.slice"))
     );
     assert!(p.follow_children && p.prometheus_pid_label);
+    assert_eq!(p.prometheus_max_names, 7);
     assert_eq!(p.prometheus, Some("0.0.0.0:9464".parse().unwrap()));
     assert_eq!((p.max_processes, p.max_targets), (10, Some(5)));
     let p = parse(&["--prometheus", "[::1]:0"])
@@ -236,6 +239,7 @@ fn production_options_parse() {
         p.max_processes,
         crate::process::table::DEFAULT_MAX_PROCESSES
     );
+    assert_eq!(p.prometheus_max_names, crate::metrics::DEFAULT_MAX_NAMES);
 }
 
 #[test]
@@ -250,6 +254,7 @@ fn bad_production_options_are_rejected() {
         "needs --prometheus"
     );
     assert!(parse(&["--max-processes", "0"]).is_err());
+    assert!(parse(&["--prometheus", ":0", "--prometheus-max-names", "-1"]).is_err());
     assert!(parse(&["--max-targets", "-1"]).is_err());
 }
 

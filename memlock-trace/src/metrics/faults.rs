@@ -7,7 +7,7 @@
 
 use std::{
     collections::{BTreeMap, HashMap},
-    sync::Mutex,
+    sync::{Arc, Mutex},
 };
 
 use memlock_trace_common::{
@@ -20,7 +20,7 @@ use prometheus_client::{
     registry::{Registry, Unit},
 };
 
-use super::{Labels, process_labels};
+use super::{Labels, names::NameCap};
 use crate::faults::{FaultHealth, FaultHooks, summary::ProcessFaults};
 
 /// Upper bounds of the latency buckets: powers of two nanoseconds, 256 ns to 134 ms. The
@@ -46,7 +46,7 @@ const CLASSES: [(u32, usize, &str, &str); 4] = [
 ];
 
 pub struct FaultMetrics {
-    pid_label: bool,
+    names: Arc<NameCap>,
     faults: Family<Labels, Counter>,
     populated_by: Family<Labels, Counter>,
     retried: Family<Labels, Counter>,
@@ -76,9 +76,9 @@ fn growth(now: u64, before: u64) -> u64 {
 }
 
 impl FaultMetrics {
-    pub fn register(registry: &mut Registry, pid_label: bool) -> Self {
+    pub fn register(registry: &mut Registry, names: Arc<NameCap>) -> Self {
         let m = Self {
-            pid_label,
+            names,
             faults: Family::default(),
             populated_by: Family::default(),
             retried: Family::default(),
@@ -151,13 +151,30 @@ impl FaultMetrics {
             let comm = comm
                 .or_else(|| before.comm.clone())
                 .unwrap_or_else(|| p.stats.comm.clone());
-            let base = process_labels(self.pid_label, comm.clone(), cgroup, key.tgid);
+            let c = &p.stats.counts;
+            let seen = Seen {
+                comm: Some(comm.clone()),
+                counts: p.stats.counts,
+                populated_by: p.stats.populated_by,
+                hists: p.hists.clone(),
+            };
+            // Only a process with new faults to add takes one of the names that keep their
+            // own series (every exported count grows with a completed, retried or failed one).
+            let active = CLASSES
+                .iter()
+                .map(|&(_, index, ..)| index)
+                .chain([stat::RETRIED, stat::FAILED])
+                .any(|index| growth(c[index], before.counts[index]) > 0);
+            if !active {
+                last.insert(*key, seen);
+                continue;
+            }
+            let base = self.names.labels(comm, cgroup, key.tgid);
             let with = |extra: &[(&'static str, &str)]| {
                 let mut labels = base.clone();
                 labels.extend(extra.iter().map(|&(k, v)| (k, v.to_string())));
                 labels
             };
-            let c = &p.stats.counts;
             for (kernel_class, index, class_label, origin) in CLASSES {
                 let n = growth(c[index], before.counts[index]);
                 if n > 0 {
@@ -195,15 +212,7 @@ impl FaultMetrics {
                     family.get_or_create(&base).inc_by(n);
                 }
             }
-            last.insert(
-                *key,
-                Seen {
-                    comm: Some(comm),
-                    counts: p.stats.counts,
-                    populated_by: p.stats.populated_by,
-                    hists: p.hists.clone(),
-                },
-            );
+            last.insert(*key, seen);
         }
         // Processes the kernel no longer holds: a later entry for the pid starts from zero.
         last.retain(|key, _| processes.contains_key(key));
@@ -352,7 +361,7 @@ mod tests {
 
     #[test]
     fn running_totals_become_counters_and_histograms() {
-        let m = Metrics::new(false);
+        let m = Metrics::new(false, crate::metrics::DEFAULT_MAX_NAMES);
         let health = FaultHealth::default();
         let comm = |_: &ProcessKey| (Some("db".to_string()), String::new());
         m.faults.update(
@@ -403,7 +412,7 @@ mod tests {
 
     #[test]
     fn kernel_comm_when_the_process_is_gone() {
-        let m = Metrics::new(true);
+        let m = Metrics::new(true, crate::metrics::DEFAULT_MAX_NAMES);
         m.faults.update(
             &BTreeMap::from([(key(9), process(2, 0))]),
             &hooks(),

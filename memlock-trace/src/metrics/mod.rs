@@ -1,6 +1,7 @@
 //! Prometheus metrics (`--prometheus ADDR`): counters and latency histograms of the traced
-//! calls labelled by comm (and pid only with `--prometheus-pid-label`, so cardinality stays
-//! bounded by default), the tracer's own health, build and process (`process_*`), served as
+//! calls labelled by comm (and pid only with `--prometheus-pid-label`), the first
+//! `--prometheus-max-names` names their own and the rest under `comm="other"` (`names.rs`)
+//! so the series stay bounded, the tracer's own health, build and process (`process_*`), served as
 //! the text format 0.0.4 or OpenMetrics as the scraper asks (`exposition.rs`).
 //!
 //! Each hook family keeps its families in its own struct and file, registered in
@@ -12,12 +13,13 @@ mod exposition;
 mod faults;
 mod health;
 mod maps;
+mod names;
 mod process;
 pub mod server;
 mod syscalls;
 pub mod web_config;
 
-use std::fmt::Write as _;
+use std::{fmt::Write as _, sync::Arc};
 
 use prometheus_client::{
     encoding::{
@@ -28,9 +30,10 @@ use prometheus_client::{
     registry::Registry,
 };
 
+use self::names::NameCap;
 pub use self::{
     exposition::Format, faults::FaultMetrics, health::HealthMetrics, maps::MapMetrics,
-    syscalls::SyscallMetrics,
+    names::DEFAULT_MAX_NAMES, syscalls::SyscallMetrics,
 };
 
 /// Every metric memlock-trace exports, prefixed `memlock_trace_`, and its process's.
@@ -50,10 +53,12 @@ pub struct Metrics {
 pub type Labels = Vec<(&'static str, String)>;
 
 impl Metrics {
-    pub fn new(pid_label: bool) -> Self {
+    /// `max_names`: the process names that keep their own series (`--prometheus-max-names`).
+    pub fn new(pid_label: bool, max_names: u32) -> Self {
         let mut registry = Registry::with_prefix("memlock_trace");
-        let syscalls = SyscallMetrics::register(&mut registry, pid_label);
-        let faults = FaultMetrics::register(&mut registry, pid_label);
+        let names = Arc::new(NameCap::register(&mut registry, max_names, pid_label));
+        let syscalls = SyscallMetrics::register(&mut registry, names.clone());
+        let faults = FaultMetrics::register(&mut registry, names);
         let health = HealthMetrics::register(&mut registry);
         let maps = MapMetrics::register(&mut registry);
         let build_info = Family::default();
@@ -123,19 +128,6 @@ fn page_size() -> u64 {
     u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096)
 }
 
-/// The label set for one process: comm, its cgroup v2 path (when known), plus the pid when
-/// asked.
-pub fn process_labels(pid_label: bool, comm: String, cgroup: String, pid: u32) -> Labels {
-    let mut labels = vec![("comm", comm)];
-    if !cgroup.is_empty() {
-        labels.push(("cgroup", cgroup));
-    }
-    if pid_label {
-        labels.push(("pid", pid.to_string()));
-    }
-    labels
-}
-
 #[cfg(test)]
 mod tests {
     use memlock_trace_common::{
@@ -179,7 +171,7 @@ mod tests {
 
     #[test]
     fn syscalls_and_health_encode_as_openmetrics() {
-        let m = Metrics::new(false);
+        let m = Metrics::new(false, DEFAULT_MAX_NAMES);
         let mut report = SyscallReport::default();
         report
             .counts
@@ -228,7 +220,7 @@ mod tests {
 
     #[test]
     fn text_format_names_counters_with_total_and_has_build_info() {
-        let m = Metrics::new(false);
+        let m = Metrics::new(false, DEFAULT_MAX_NAMES);
         let mut report = SyscallReport::default();
         report
             .counts
@@ -264,8 +256,39 @@ mod tests {
     }
 
     #[test]
+    fn names_past_the_cap_are_counted_under_other_and_sums_stay_exact() {
+        let m = Metrics::new(false, 1);
+        let named = |k: &ProcessKey| (format!("p{}", k.tgid), "/a.slice".to_string());
+        let mut report = SyscallReport::default();
+        report
+            .counts
+            .insert(key(7, Syscall::Mlock, 0), counts(2, 1_000));
+        m.syscalls.update(&report, named);
+        for tgid in [8, 9] {
+            report
+                .counts
+                .insert(key(tgid, Syscall::Mlock, 0), counts(1, 1_000));
+        }
+        // p7 came first and keeps its series as it grows; p8 and p9 are folded.
+        report
+            .counts
+            .insert(key(7, Syscall::Mlock, 0), counts(5, 1_000));
+        m.syscalls.update(&report, named);
+        let text = m.encode();
+        let has = |line: &str| assert!(text.contains(line), "{line}\n{text}");
+        has("memlock_trace_syscalls_total{comm=\"p7\",cgroup=\"/a.slice\",syscall=\"mlock\"} 5\n");
+        has("memlock_trace_syscalls_total{comm=\"other\",syscall=\"mlock\"} 2\n");
+        has("memlock_trace_series_names_folded 2\n");
+        let series = text
+            .lines()
+            .filter(|l| l.starts_with("memlock_trace_syscalls_total{"))
+            .count();
+        assert_eq!(series, 2, "{text}");
+    }
+
+    #[test]
     fn pid_and_cgroup_labels() {
-        let m = Metrics::new(true);
+        let m = Metrics::new(true, DEFAULT_MAX_NAMES);
         let mut report = SyscallReport::default();
         report
             .counts

@@ -2,7 +2,10 @@
 //! whatever the event ring buffer drops. Like the fault series, each refresh adds each
 //! key's growth since the last one to its label set.
 
-use std::{collections::HashMap, sync::Mutex};
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+};
 
 use memlock_trace_common::{
     process::ProcessKey,
@@ -13,14 +16,14 @@ use prometheus_client::{
     registry::{Registry, Unit},
 };
 
-use super::{Labels, faults::LatencyFamily, process_labels};
+use super::{Labels, faults::LatencyFamily, names::NameCap};
 use crate::{
     event::{Syscall, errno_name},
     syscalls::read::{KeyCounts, SyscallReport},
 };
 
 pub struct SyscallMetrics {
-    pid_label: bool,
+    names: Arc<NameCap>,
     calls: Family<Labels, Counter>,
     errors: Family<Labels, Counter>,
     latency: LatencyFamily,
@@ -40,9 +43,9 @@ fn growth(now: u64, before: u64) -> u64 {
 }
 
 impl SyscallMetrics {
-    pub fn register(registry: &mut Registry, pid_label: bool) -> Self {
+    pub fn register(registry: &mut Registry, names: Arc<NameCap>) -> Self {
         let metrics = Self {
-            pid_label,
+            names,
             calls: Family::default(),
             errors: Family::default(),
             latency: LatencyFamily::default(),
@@ -118,7 +121,7 @@ impl SyscallMetrics {
                 start_ns: key.start_ns,
             };
             let (comm, cgroup) = labels_of(&process);
-            let mut labels = process_labels(self.pid_label, comm, cgroup, key.tgid);
+            let mut labels = self.names.labels(comm, cgroup, key.tgid);
             labels.push(("syscall", syscall.name().to_string()));
             self.calls.get_or_create(&labels).inc_by(calls);
             self.latency.add_ranges(

@@ -51,7 +51,8 @@ impl Production {
                     None => WebConfig::default(),
                 };
                 let open = web.tls.is_none() && web.users.is_none();
-                let metrics = Arc::new(Metrics::new(p.prometheus_pid_label));
+                let metrics =
+                    Arc::new(Metrics::new(p.prometheus_pid_label, p.prometheus_max_names));
                 let server = MetricsServer::bind(addr, web)?;
                 eprintln!(
                     "memlock-trace: serving Prometheus metrics on {}://{}/metrics",
