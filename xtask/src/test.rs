@@ -135,6 +135,12 @@ const HOST_ONLY: &[(&str, &str)] = &[
          (the metrics it scrapes: test:prometheus, on every kernel)",
     ),
     (
+        "memlock-trace/test:prometheus_fleet",
+        "host only: runs Debian's prometheus server, which the guest's initramfs does not carry, \
+         against the tracer system-wide beside a churn of shells and python3 (the exact kernel \
+         counts it reads under a starved tracer: test:exact_calls, on every kernel)",
+    ),
+    (
         "memlock-trace/test:json_schema",
         "host only: JSON shape (schema, time_ns, stack frame keys) is user space; the stacks \
          and verify behind it: test:fault_cli and test:verify, on every kernel",
@@ -170,6 +176,9 @@ const PROGRAM_TESTS: &[(&str, &str)] = &[
     ("memlock-trace/test:advise", "python3"),
     ("memlock-trace/test:prometheus_server", "prometheus"),
     ("memlock-trace/test:prometheus_https", "prometheus"),
+    ("memlock-trace/test:prometheus_fleet", "prometheus"),
+    // The known process is a python3 script (ctypes), the churn runs python3 too.
+    ("memlock-trace/test:prometheus_fleet", "python3"),
     // promtool lints the text format; the Python client's parser checks OpenMetrics.
     ("memlock-trace/test:metrics_server", "prometheus"),
     (
