@@ -457,9 +457,10 @@ fn promql_returns_what_a_known_process_did_beside_churn_and_a_starving_flood() {
     eprintln!(
         "fleet: churn {rounds} rounds; probe pid {probe_pid}: mlock {mlocks}, munlock {munlocks}, \
          locked {locked} B, unlocked {unlocked} B, errors {probe_errors}; flood {flood_calls} + \
-         {flood_munlocks} calls: PromQL {flood_mlocks} + {flood_munlocks_seen}, ENOMEM \
+         {flood_munlocks} calls in {:.1} s: PromQL {flood_mlocks} + {flood_munlocks_seen}, ENOMEM \
          {flood_errors}; dropped records: PromQL {dropped_before} -> {dropped}, summary \
          {summary_dropped:?}; {:.1} s",
+        flood_out["secs"].as_f64().unwrap_or(0.0),
         started.elapsed().as_secs_f64()
     );
     let figures = format!(
