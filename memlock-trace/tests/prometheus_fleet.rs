@@ -116,6 +116,15 @@ impl Drop for Cgroups {
     }
 }
 
+/// The test's scratch directory, removed when dropped (also after a failed assertion).
+struct Scratch(PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// A child killed and reaped when dropped (a failed assertion leaves nothing behind).
 struct Reaped(Child);
 
@@ -254,6 +263,8 @@ fn promql_returns_what_a_known_process_did_beside_churn_and_a_starving_flood() {
     let scratch = std::env::temp_dir().join(format!("memlock-trace-fleet-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&scratch);
     std::fs::create_dir_all(&scratch).unwrap();
+    let scratch = Scratch(scratch);
+    let scratch = &scratch.0;
     let probe = scratch.join("fleetprobe");
     std::fs::write(&probe, PROBE_SCRIPT).unwrap();
     std::fs::set_permissions(&probe, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
@@ -507,6 +518,4 @@ fn promql_returns_what_a_known_process_did_beside_churn_and_a_starving_flood() {
         "the test took {:.0} s",
         started.elapsed().as_secs_f64()
     );
-    drop(prometheus);
-    let _ = std::fs::remove_dir_all(&scratch);
 }
