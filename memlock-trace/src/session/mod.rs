@@ -335,6 +335,10 @@ async fn event_loop(
     }
     // The kernel's loss counters change without any event arriving: refresh them for scrapes.
     let mut health_ticker = tokio::time::interval(Duration::from_secs(1));
+    // A refresh that outlasts the period (system-wide on a busy node) must not be followed by
+    // a burst of catch-up refreshes: the loop would do nothing else, nor would the metrics
+    // server on this thread answer a scrape.
+    health_ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // Small batches do not wake us (`EVENTS_WAKEUP_BYTES`): drain on a timer as well.
     let mut drain_ticker = tokio::time::interval(Duration::from_millis(
         memlock_trace_common::DRAIN_INTERVAL_MS,

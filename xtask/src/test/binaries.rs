@@ -9,6 +9,12 @@ use super::TestBinary;
 /// kernel by the binaries named in each reason. Every other binary runs on every kernel.
 pub(super) const HOST_ONLY: &[(&str, &str)] = &[
     (
+        "memlock-trace/test:prometheus_fleet",
+        "host only: runs Debian's prometheus against a system-wide tracer, which the guest's \
+         initramfs does not carry (the counts it scrapes: test:exact_calls and test:prometheus, \
+         on every kernel)",
+    ),
+    (
         "memlock-trace/test:systemd_unit",
         "host only: systemd-analyze checks the unit file, whatever the kernel (the capabilities \
          it grants are exercised by test:least_privilege, on every kernel)",
@@ -91,6 +97,8 @@ pub(super) const PROGRAM_TESTS: &[(&str, &str)] = &[
     ("memlock-trace/test:stacks", "linux-perf"),
     ("memlock-trace/test:stacks", "python3"),
     ("memlock-trace/test:systemd_unit", "systemd"),
+    ("memlock-trace/test:prometheus_fleet", "prometheus"),
+    ("memlock-trace/test:prometheus_fleet", "python3"),
 ];
 
 /// The package of each test binary in [`PROGRAM_TESTS`] among `binaries`.
