@@ -166,7 +166,15 @@ fn symbol_shown() -> String {
 #[test]
 fn text_summary_rows_show_every_name_escaped() {
     let run = trace(
-        &["--per-thread", "--hist", "--stacks", "--top-mappings", "50"],
+        &[
+            "--per-thread",
+            "--hist",
+            "--stacks",
+            "--stack-sample",
+            "1",
+            "--top-mappings",
+            "50",
+        ],
         false,
     );
     assert_clean("stdout", &run.stdout);
@@ -242,7 +250,15 @@ fn mappings(process: &Value) -> Vec<(&str, u64)> {
 #[test]
 fn json_keeps_every_name_exactly() {
     let run = trace(
-        &["--json", "--per-thread", "--stacks", "--top-mappings", "50"],
+        &[
+            "--json",
+            "--per-thread",
+            "--stacks",
+            "--stack-sample",
+            "1",
+            "--top-mappings",
+            "50",
+        ],
         false,
     );
     assert_clean("stderr", &run.stderr);
