@@ -9,6 +9,8 @@ use crate::lab::{seeds::AdviceRun, workload::scenario::Scenario};
 
 /// Of the faults before, the share that may remain after for "--apply removed them".
 const REMAINING_AT_MOST: f64 = 0.1;
+/// Advice entries listed in the report's cell (a thread per stack can make hundreds).
+const LISTED: usize = 6;
 
 fn verdict(claim: &str, published: &str, measured: String, agrees: bool, why: String) -> Verdict {
     Verdict {
@@ -59,10 +61,10 @@ fn listed(advise: &Value) -> String {
             )
         })
         .collect();
-    if all.is_empty() {
-        "no advice".into()
-    } else {
-        all.join("; ")
+    match all.len() {
+        0 => "no advice".into(),
+        n if n > LISTED => format!("{}; and {} more", all[..LISTED].join("; "), n - LISTED),
+        _ => all.join("; "),
     }
 }
 
