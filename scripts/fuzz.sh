@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Fuzzing (not a test: bounded, run by hand or from a nightly job): each target in fuzz/
-# (smaps/maps parsing, ring-buffer record decoding, the escaping of names) runs under
-# libFuzzer for FUZZ_SECS seconds; a panic stops it and leaves the input in
+# (smaps/maps parsing, ring-buffer record decoding, the escaping of names, cgroup paths, the
+# --web-config file) runs under libFuzzer for FUZZ_SECS seconds; a panic stops it and leaves the input in
 # fuzz/artifacts/TARGET/. Stable Rust is enough: the coverage instrumentation is the one
 # cargo-fuzz passes (without AddressSanitizer, which needs nightly; `cargo +nightly fuzz run
 # TARGET` adds it). A separate target directory keeps the instrumented build apart.
@@ -18,7 +18,7 @@ export RUSTFLAGS="-Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4
 # --target keeps RUSTFLAGS off build scripts (and the eBPF object's own build).
 cargo build --release --locked --target "$TARGET" --target-dir "$TARGET_DIR" --bins
 targets=("$@")
-if [ ${#targets[@]} -eq 0 ]; then targets=(smaps decode escape); fi
+if [ ${#targets[@]} -eq 0 ]; then targets=(smaps decode escape cgroup web_config); fi
 for t in "${targets[@]}"; do
   mkdir -p "corpus/$t" "artifacts/$t"
   echo "fuzzing $t for ${FUZZ_SECS}s"

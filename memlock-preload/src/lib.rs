@@ -8,7 +8,8 @@
 //! Environment (set by `advise --apply`, documented in docs/advise.md):
 //! - `MEMLOCK_PRELOAD_RULES`: `ACTION:KIND:LENGTH[:PATH]` separated by `;`, where ACTION is
 //!   `lock` or `populate`, KIND `anon` or `file`, LENGTH the mapping's bytes (compared after
-//!   rounding up to pages);
+//!   rounding up to pages); an anonymous rule also takes a call up to [`MERGE_SLACK`] shorter,
+//!   since the mapping `advise` saw may be the call's merged with a small neighbour;
 //! - `MEMLOCK_PRELOAD_MLOCKALL`: `mlockall` flags, a number (`MCL_CURRENT` 1, `MCL_FUTURE` 2,
 //!   `MCL_ONFAULT` 4);
 //! - `MEMLOCK_PRELOAD_LOG`: the file the actions are appended to.
@@ -25,6 +26,10 @@ use std::{
     },
 };
 
+/// How much larger than the `mmap` call that made it an anonymous mapping may be: the kernel
+/// merges a private anonymous mapping with an adjacent one of the same flags (a few pages
+/// of libc's or the program's), and `advise` sees the merged one.
+const MERGE_SLACK: usize = 16 * PAGE;
 /// Rules a program can be given at once: more than `advise` ever writes.
 const MAX_RULES: usize = 16;
 /// Longest file path a rule can name (Linux's PATH_MAX).
@@ -189,7 +194,10 @@ fn apply(addr: *mut c_void, len: usize, prot: c_int, flags: c_int, fd: c_int) {
     let mut path = [0u8; MAX_PATH];
     let mut path_len = None;
     for rule in &config.rules {
-        if rule.len != round_up(len) {
+        let call = round_up(len);
+        let merged =
+            anonymous && rule.file.is_none() && call < rule.len && rule.len - call <= MERGE_SLACK;
+        if rule.len != call && !merged {
             continue;
         }
         match &rule.file {

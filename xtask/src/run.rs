@@ -23,7 +23,15 @@ pub struct Args {
 pub fn run(args: &Args) -> Result<()> {
     // vm-memory boots the stock kernel under qemu: the same assets as the VM test stage.
     vm::ensure_assets(&vm::cache_dir(), vm::DEFAULT_KERNEL)?;
-    run_cmd(Command::new("cargo").args(["build", "--release", "-p", "memlock-trace"]))?;
+    // The preload library too: the advice section runs `advise --apply`, which loads it.
+    run_cmd(Command::new("cargo").args([
+        "build",
+        "--release",
+        "-p",
+        "memlock-trace",
+        "-p",
+        "memlock-preload",
+    ]))?;
     let tracer = workspace_root().join("target/release/memlock-trace");
     let out = workspace_root().join("target/memlock-trace-report");
     let mut cmd = Command::new(&tracer);

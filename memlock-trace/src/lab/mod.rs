@@ -4,6 +4,7 @@
 //! cargo feature, so a production build links neither plotters nor indicatif.
 
 pub mod report;
+pub mod seeds;
 pub mod suite;
 pub mod verify;
 pub mod workload;

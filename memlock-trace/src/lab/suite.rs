@@ -25,6 +25,7 @@ use serde_json::{Value, json};
 
 use super::{
     report::{self, ScenarioRun},
+    seeds,
     workload::scenario::{Scenario, ScenarioArgs},
 };
 
@@ -39,6 +40,10 @@ pub struct SuiteArgs {
     /// Tiny sizes: a quick check that every scenario runs and the figures are consistent.
     #[arg(long)]
     pub tiny: bool,
+    /// Leave out the advice section (`advise --apply` on first-touch, malloc-vs-mmap,
+    /// thread-stack and dynamic-alloc, run after the scenarios).
+    #[arg(long)]
+    pub no_advice: bool,
     #[command(flatten)]
     pub sizes: ScenarioArgs,
 }
@@ -86,8 +91,20 @@ pub fn run(args: SuiteArgs) -> Result<i32> {
         runs.push((scenario, start.elapsed().as_secs_f64(), own));
         bar.inc(1);
     }
-    bar.finish_with_message("done");
     let (events, summary) = tracer.stop()?;
+    // After the system-wide tracer stopped: advise runs tracers of its own.
+    let mut advised = Vec::new();
+    if !args.no_advice {
+        for case in seeds::cases(&scenarios) {
+            bar.set_message(format!("{} advice", case.scenario.name()));
+            let run = seeds::run(case, &sizes, &args.out);
+            if let Some(e) = &run.error {
+                eprintln!("memlock-trace: advice on {}: {e}", case.scenario.name());
+            }
+            advised.push(run);
+        }
+    }
+    bar.finish_with_message("done");
 
     let runs: Vec<ScenarioRun> = runs
         .into_iter()
@@ -121,14 +138,14 @@ pub fn run(args: SuiteArgs) -> Result<i32> {
         })
         .collect();
     let health = summary["health"].clone();
-    let written = report::write(&args.out, &runs, &health, args.tiny)?;
+    let written = report::write(&args.out, &runs, &advised, &health, args.tiny)?;
     let mut verdicts = format!("report: {}\n", written.markdown.display());
     // Columns as wide as their widest entry ("partly agrees", "INCONSISTENT").
     let rows = || {
         written
             .verdicts
             .iter()
-            .flat_map(|(scenario, v)| v.iter().map(move |v| (*scenario, v)))
+            .flat_map(|(scenario, v)| v.iter().map(move |v| (scenario.as_str(), v)))
     };
     let scenario_width = rows().map(|(s, _)| s.len()).max().unwrap_or(0);
     let verdict_width = rows().map(|(_, v)| v.verdict.len()).max().unwrap_or(0);

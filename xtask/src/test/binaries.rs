@@ -9,6 +9,11 @@ use super::TestBinary;
 /// kernel by the binaries named in each reason. Every other binary runs on every kernel.
 pub(super) const HOST_ONLY: &[(&str, &str)] = &[
     (
+        "memlock-trace/test:seed_advice",
+        "host only: advise --apply runs each seed again with the preload library, which the \
+         guest's initramfs does not carry (the seeds themselves: test:suite, on every kernel)",
+    ),
+    (
         "memlock-trace/test:prometheus_fleet",
         "host only: runs Debian's prometheus against a system-wide tracer, which the guest's \
          initramfs does not carry (the counts it scrapes: test:exact_calls and test:prometheus, \

@@ -5,6 +5,7 @@
 //! `assess` turns each scenario's figures into verdicts, `charts` draws them, and [`write`]
 //! puts it all in `report.md` and `report.json`.
 
+mod advice;
 mod assess;
 mod charts;
 mod shape;
@@ -19,7 +20,7 @@ use anyhow::Result;
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use super::workload::scenario::Scenario;
+use super::{seeds::AdviceRun, workload::scenario::Scenario};
 use crate::output::write_private;
 
 #[derive(Clone, Debug, Serialize)]
@@ -35,7 +36,8 @@ pub struct Verdict {
 
 pub struct Written {
     pub markdown: PathBuf,
-    pub verdicts: Vec<(&'static str, Vec<Verdict>)>,
+    /// Per scenario (and per advised seed, `NAME advice`), its verdicts.
+    pub verdicts: Vec<(String, Vec<Verdict>)>,
     pub inconsistent: usize,
 }
 
@@ -88,7 +90,13 @@ impl ScenarioRun {
 }
 
 /// Writes `report.md` (with the charts beside it) and `report.json` into `dir`.
-pub fn write(dir: &Path, runs: &[ScenarioRun], health: &Value, tiny: bool) -> Result<Written> {
+pub fn write(
+    dir: &Path,
+    runs: &[ScenarioRun],
+    advised: &[AdviceRun],
+    health: &Value,
+    tiny: bool,
+) -> Result<Written> {
     let mut md = String::new();
     let _ = writeln!(md, "# memlock-trace: the reference experiments, traced\n");
     let _ = writeln!(
@@ -177,7 +185,41 @@ pub fn write(dir: &Path, runs: &[ScenarioRun], health: &Value, tiny: bool) -> Re
             serde_json::to_string_pretty(&run.own)?
         );
         json_runs.push(json!({ "scenario": run.scenario.name(), "secs": run.secs, "workload": run.own, "tracer": run.traced, "events": run.events, "verdicts": v }));
-        verdicts.push((run.scenario.name(), v));
+        verdicts.push((run.scenario.name().to_string(), v));
+    }
+    let mut json_advice = Vec::new();
+    if !advised.is_empty() {
+        let _ = writeln!(
+            md,
+            "## Advice, checked against the references
+
+`memlock-trace advise --apply --json` on one variant of each scenario whose reference concludes something about locking: does the advice draw that conclusion, and does applying it move the workload's own figures the way the reference says? Each advise report is `advice-NAME.json` beside this file.
+"
+        );
+        for run in advised {
+            let v = advice::assess(run);
+            let name = run.case.scenario.name();
+            let _ = writeln!(
+                md,
+                "### {name} ({:.1} s)
+
+`memlock-trace advise --apply -- {}`
+
+| claim | published | this machine | verdict | why |
+|---|---|---|---|---|",
+                run.secs, run.command
+            );
+            for x in &v {
+                let _ = writeln!(
+                    md,
+                    "| {} | {} | {} | **{}** | {} |",
+                    x.claim, x.published, x.measured, x.verdict, x.why
+                );
+            }
+            let _ = writeln!(md);
+            json_advice.push(json!({ "scenario": name, "variant": run.case.variant, "secs": run.secs, "command": run.command, "workload": run.workload, "error": run.error, "verdicts": v }));
+            verdicts.push((format!("{name} advice"), v));
+        }
     }
     if let Some(chart) = charts::fault_latency_chart(dir, runs)? {
         let _ = writeln!(md, "## Page fault latency\n\n![fault latency]({chart})\n");
@@ -194,7 +236,7 @@ pub fn write(dir: &Path, runs: &[ScenarioRun], health: &Value, tiny: bool) -> Re
     write_private(
         &json_path,
         serde_json::to_string_pretty(
-            &json!({ "kernel": crate::probe::kernel_release(), "tiny": tiny, "health": health, "scenarios": json_runs }),
+            &json!({ "kernel": crate::probe::kernel_release(), "tiny": tiny, "health": health, "scenarios": json_runs, "advice": json_advice }),
         )?
         .as_bytes(),
         "suite -o",

@@ -80,6 +80,17 @@ pub struct ScenarioArgs {
     /// Heap size for dynamic-alloc (MiB).
     #[arg(long, default_value_t = 1024, value_parser = int(1usize, MAX_MIB))]
     pub alloc_mib: usize,
+    /// Block size for dynamic-alloc's `churn` variant (MiB): above glibc's largest adaptive
+    /// mmap threshold (32 MiB), so every `free` hands it back to the kernel.
+    #[arg(long, default_value_t = 64, value_parser = int(1usize, MAX_MIB))]
+    pub churn_mib: usize,
+    /// Rounds of dynamic-alloc's `churn` variant (malloc, touch every page, free).
+    #[arg(long, default_value_t = 10, value_parser = int(1usize, 100_000))]
+    pub churn_rounds: usize,
+    /// Sleep this long before the experiment starts: `advise` then sees the start-up end
+    /// before the measured part (the suite's advice runs use it).
+    #[arg(long, default_value_t = 0, value_parser = int(0u64, 60_000))]
+    pub settle_ms: u64,
     /// Region size for malloc-vs-mmap (MiB).
     #[arg(long, default_value_t = 1024, value_parser = int(1usize, MAX_MIB))]
     pub records_mib: usize,
@@ -135,6 +146,9 @@ impl ScenarioArgs {
         Self {
             touch_mib: 1,
             alloc_mib: 16,
+            churn_mib: 40,
+            churn_rounds: 4,
+            settle_ms: 0,
             records_mib: 8,
             accesses: 20_000,
             runs: 1,
@@ -158,6 +172,9 @@ impl ScenarioArgs {
         let mut a: Vec<String> = [
             ("--touch-mib", self.touch_mib.to_string()),
             ("--alloc-mib", self.alloc_mib.to_string()),
+            ("--churn-mib", self.churn_mib.to_string()),
+            ("--churn-rounds", self.churn_rounds.to_string()),
+            ("--settle-ms", self.settle_ms.to_string()),
             ("--records-mib", self.records_mib.to_string()),
             ("--accesses", self.accesses.to_string()),
             ("--runs", self.runs.to_string()),
@@ -206,7 +223,7 @@ impl ScenarioArgs {
         let avail_mib = available_memory_mib()?;
         let need = match scenario {
             Scenario::FirstTouch => self.touch_mib,
-            Scenario::DynamicAlloc => self.alloc_mib,
+            Scenario::DynamicAlloc => self.alloc_mib.max(self.churn_mib),
             Scenario::MallocVsMmap => self.records_mib,
             Scenario::ThreadStack => self.threads * self.stack_mib,
             Scenario::VmMemory => self.guest_mib + 256,

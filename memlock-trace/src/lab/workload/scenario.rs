@@ -43,6 +43,9 @@ pub fn run(scenario: Scenario, args: &ScenarioArgs) -> Result<Value> {
 fn run_variant(scenario: Scenario, variant: &str, args: &ScenarioArgs) -> Result<Value> {
     // THP would turn 512 first touches into one: the experiments are about 4 KiB pages.
     let _ = nix::sys::prctl::set_thp_disable(true);
+    if args.settle_ms > 0 {
+        std::thread::sleep(std::time::Duration::from_millis(args.settle_ms));
+    }
     let mut result = match scenario {
         Scenario::FirstTouch => first_touch::run(variant, args)?,
         Scenario::ThreadCreate => thread_create::run(args)?,

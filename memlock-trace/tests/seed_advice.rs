@@ -1,0 +1,79 @@
+//! `cargo xtask run`'s advice section: `advise --apply` on the seed scenarios, its verdicts
+//! checked against the references and the workload's own counts.
+#![cfg(feature = "lab")]
+
+mod common;
+
+use std::process::Command;
+
+use common::require_privileges;
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_memlock-trace");
+
+/// The seeds, answered: `advise --apply` on first-touch's lazy run must name the region and
+/// move its first-touch faults out of the timed loop, and on dynamic-alloc's churn must say
+/// locking cannot help, set glibc's tunables, and cut the refaults, all as the workload
+/// counts them itself.
+#[test]
+fn the_advice_agrees_with_the_references_on_first_touch_and_dynamic_alloc() {
+    require_privileges();
+    let out_dir = std::env::temp_dir().join(format!("memlock-trace-advice-{}", std::process::id()));
+    let out = Command::new(BIN)
+        .args(["suite", "--tiny", "--scenario", "first-touch"])
+        .args(["--scenario", "dynamic-alloc", "--out"])
+        .arg(&out_dir)
+        .output()
+        .expect("run memlock-trace suite");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "suite failed: {:?}\nstdout:\n{stdout}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value =
+        serde_json::from_str(&std::fs::read_to_string(out_dir.join("report.json")).unwrap())
+            .unwrap();
+    let advice = report["advice"].as_array().unwrap();
+    let names: Vec<&str> = advice
+        .iter()
+        .map(|a| a["scenario"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["first-touch", "dynamic-alloc"]);
+    for a in advice {
+        let name = a["scenario"].as_str().unwrap();
+        assert!(a["error"].is_null(), "{name}: {}", a["error"]);
+        let verdicts = a["verdicts"].as_array().unwrap();
+        assert_eq!(verdicts.len(), 2, "{name}: {verdicts:?}");
+        for v in verdicts {
+            assert_eq!(v["verdict"], "agrees", "{name}: {v}");
+        }
+        // Both runs' own measurements are there, and the figures say what the verdict says.
+        let (before, after) = (&a["workload"][0], &a["workload"][1]);
+        match name {
+            "first-touch" => {
+                let pages = before["pages"].as_u64().unwrap();
+                assert!(before["touch_faults_per_run"].as_u64().unwrap() >= pages);
+                assert!(after["touch_faults_per_run"].as_u64().unwrap() <= pages / 10);
+                // The faults moved into the mmap call (the preload library's mlock2).
+                assert!(after["call_faults_per_run"].as_u64().unwrap() >= pages);
+            }
+            _ => {
+                let (pages, rounds) = (
+                    before["pages"].as_u64().unwrap(),
+                    before["rounds"].as_u64().unwrap(),
+                );
+                assert!(before["faults"]["minflt"].as_u64().unwrap() >= pages * rounds);
+                // Kept by the allocator after its first round.
+                assert!(after["faults"]["minflt"].as_u64().unwrap() < pages * 2);
+            }
+        }
+    }
+    assert!(
+        std::fs::read_to_string(out_dir.join("report.md"))
+            .unwrap()
+            .contains("## Advice, checked against the references")
+    );
+    std::fs::remove_dir_all(&out_dir).ok();
+}
