@@ -110,7 +110,11 @@ pub fn advise(table: &Table) -> Vec<Advice> {
     for m in &table.mappings {
         if refaulted(m) {
             advice.extend(allocator(table, m));
-        } else if m.faults_after >= MIN_STEADY_FAULTS && !m.locked && attributed(m) {
+        } else if m.faults_after >= MIN_STEADY_FAULTS
+            && !m.locked
+            && attributed(m)
+            && !thread_stack(m)
+        {
             advice.extend(lock_or_populate(table, m, &mut locking));
         }
     }
@@ -376,15 +380,20 @@ fn major_faults(table: &Table) -> Option<Advice> {
     Some(Advice::new(Verdict::CannotHelp, "major-faults", what, how))
 }
 
+/// An anonymous mapping with a guard page below it: a thread's stack, as glibc maps them.
+/// Never advised for locking: a thread uses a little of a large stack, and locking pins
+/// all of it for every thread (the mlock paper's table 4).
+fn thread_stack(m: &MappingFigures) -> bool {
+    m.guarded && m.mapping == "anonymous"
+}
+
 fn thread_stacks(table: &Table) -> Option<Advice> {
-    if table.threads_max < 2 {
+    let stacks: Vec<&MappingFigures> = table.mappings.iter().filter(|m| thread_stack(m)).collect();
+    // Short-lived threads may come and go between two samples of the thread count; their
+    // stacks are still seen faulting.
+    if table.threads_max < 2 && stacks.len() < 2 {
         return None;
     }
-    let stacks: Vec<&MappingFigures> = table
-        .mappings
-        .iter()
-        .filter(|m| m.guarded && m.mapping == "anonymous")
-        .collect();
     let reserved: u64 = stacks.iter().map(|m| m.size_bytes).sum();
     let resident: u64 = stacks.iter().filter_map(|m| m.resident_bytes).sum();
     let what = format!(
