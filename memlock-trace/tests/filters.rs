@@ -354,12 +354,30 @@ fn full_process_table_evicts_and_counts() {
     let (s, children) = children_run(&["--follow-children", "--max-processes", "2"], 5, 1);
     assert_eq!(s["health"]["processes"]["evicted_processes"], 3);
     assert_eq!(s["health"]["processes"]["children_followed"], 5);
+    // The summary lists the two most active processes (the parent, busiest with its faults,
+    // among them) and folds the others by name, their calls kept in the totals.
+    assert_eq!(s["processes"].as_array().unwrap().len(), 2, "{s}");
     let kept = pids(&s);
-    assert_eq!(kept.len(), 2);
     assert!(
         kept.iter().all(|p| children.contains(p)),
         "{kept:?} of {children:?}"
     );
+    let listed: u64 = support::with_syscalls(&s)
+        .iter()
+        .map(|p| p["syscalls"]["mlock"]["count"].as_u64().unwrap_or(0))
+        .sum();
+    let folded: u64 = s["folded"]["names"]
+        .as_array()
+        .unwrap_or_else(|| panic!("nothing folded: {s}"))
+        .iter()
+        .map(|n| n["calls"]["mlock"].as_u64().unwrap_or(0))
+        .sum();
+    assert_eq!(
+        listed + folded,
+        5,
+        "every child's one call, listed or folded: {s}"
+    );
+    assert_eq!(s["folded"]["processes"], 4, "{}", s["folded"]);
 }
 
 #[test]

@@ -369,11 +369,14 @@ impl Output {
                 calls,
             ),
         };
+        // Every process the kernel counted: `fold` below lists the --max-processes most
+        // active and keeps the others' calls in their name's totals, where a cap here would
+        // drop them.
         let (syscalls, left_out) = syscalls::read::merge(
             events,
             &calls,
             |k| identities.get(k).map(|i| i.comm.clone()),
-            self.max_processes,
+            usize::MAX,
         );
         // Left out by the cap: those the event table evicted are counted already.
         let evicted = &mut health.processes.evicted_processes;
