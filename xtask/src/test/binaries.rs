@@ -9,6 +9,12 @@ use super::TestBinary;
 /// kernel by the binaries named in each reason. Every other binary runs on every kernel.
 pub(super) const HOST_ONLY: &[(&str, &str)] = &[
     (
+        "memlock-trace/test:promptness",
+        "host only: asserts wall-clock bounds (SIGTERM, --duration), which mean nothing in a \
+         software-emulated guest; the summary and unloading at SIGTERM: test:robustness, on \
+         every kernel",
+    ),
+    (
         "memlock-trace/test:seed_advice",
         "host only: advise --apply runs each seed again with the preload library, which the \
          guest's initramfs does not carry (the seeds themselves: test:suite, on every kernel)",

@@ -110,7 +110,8 @@ pub(super) fn build(opts: &VmOptions, dir: &Path) -> Result<PathBuf> {
 }
 
 /// `/tmp` stays on the initramfs root (RAM, writable already): a tmpfs there would hide
-/// files installed under it, such as a workspace cloned into /tmp.
+/// files installed under it, such as a workspace cloned into /tmp. cgroup2 is mounted as
+/// systemd mounts it: the kernel lists a process's v2 cgroup only once the hierarchy is.
 fn init_script_prologue() -> String {
     format!(
         "#!{BUSYBOX} sh
@@ -121,6 +122,7 @@ mount -t devtmpfs devtmpfs /dev
 mount -t tracefs tracefs /sys/kernel/tracing
 mount -t debugfs debugfs /sys/kernel/debug
 mount -t bpf bpf /sys/fs/bpf
+mount -t cgroup2 cgroup2 /sys/fs/cgroup
 ip link set lo up
 ulimit -l unlimited
 export PATH=/bin:/sbin:/usr/bin:/usr/sbin HOME=/tmp RUST_BACKTRACE=1 MEMLOCK_TRACE_IN_VM=1
