@@ -175,15 +175,12 @@ struct CallTotals {
 /// Latency percentiles: the events' HdrHistogram (3 significant digits) when it saw every
 /// call the kernel counted, else the kernel's log2 slots (within a factor of two, the
 /// maximum exact).
-///
-/// At most `max` processes (`--max-processes`): those the events kept first (the most
-/// recently seen), then the kernel's others by calls; the number left out is returned.
+/// Every process either side has: the summary's `fold` caps the list it shows.
 pub fn merge(
     events: Vec<ProcessSyscalls>,
     kernel: &SyscallReport,
     name_of: impl Fn(&ProcessKey) -> Option<Outside>,
-    max: usize,
-) -> (Vec<ProcessSyscalls>, u64) {
+) -> Vec<ProcessSyscalls> {
     let mut from_events: BTreeMap<ProcessKey, ProcessSyscalls> = events
         .into_iter()
         .map(|p| {
@@ -239,13 +236,9 @@ pub fn merge(
     }
     // Processes whose kernel entries were evicted keep what their events said.
     out.extend(from_events.into_values());
-    let calls = |p: &ProcessSyscalls| p.syscalls.values().map(|s| s.count).sum::<u64>();
-    kernel_only.sort_by_key(|p| std::cmp::Reverse(calls(p)));
-    let room = max.saturating_sub(out.len());
-    let left_out = kernel_only.len().saturating_sub(room) as u64;
-    out.extend(kernel_only.into_iter().take(room));
+    out.extend(kernel_only);
     out.sort_by_key(|p| (p.pid, p.start_ns));
-    (out, left_out)
+    out
 }
 
 /// Percentiles from log2 slots, each value taken as the middle of its slot (the maximum is
@@ -333,13 +326,9 @@ mod tests {
         kernel
             .counts
             .insert(key(7, 900, Syscall::Munlock, 0), counts(1, 1_000));
-        let (merged, left_out) = merge(
-            Vec::new(),
-            &kernel,
-            |k| Some(if k.start_ns == 100 { "first" } else { "second" }.into()),
-            10,
-        );
-        assert_eq!(left_out, 0);
+        let merged = merge(Vec::new(), &kernel, |k| {
+            Some(if k.start_ns == 100 { "first" } else { "second" }.into())
+        });
         assert_eq!(merged.len(), 2);
         let mlock = &merged[0].syscalls["mlock"];
         assert_eq!((merged[0].comm.to_str(), mlock.count), (Some("first"), 100));
@@ -354,9 +343,6 @@ mod tests {
         assert_eq!(mlock.latency_ns.max, 3_000);
         assert_eq!(merged[1].syscalls["munlock"].count, 1);
         assert_eq!(merged[1].comm, "second");
-        // --max-processes 1: the busier one stays.
-        let (merged, left_out) = merge(Vec::new(), &kernel, |_| None, 1);
-        assert_eq!((merged.len(), merged[0].start_ns, left_out), (1, 100, 1));
     }
 
     #[test]

@@ -370,17 +370,10 @@ impl Output {
             ),
         };
         // Every process the kernel counted: `fold` below lists the --max-processes most
-        // active and keeps the others' calls in their name's totals, where a cap here would
-        // drop them.
-        let (syscalls, left_out) = syscalls::read::merge(
-            events,
-            &calls,
-            |k| identities.get(k).map(|i| i.comm.clone()),
-            usize::MAX,
-        );
-        // Left out by the cap: those the event table evicted are counted already.
-        let evicted = &mut health.processes.evicted_processes;
-        *evicted = (*evicted).max(left_out);
+        // active and keeps the others' calls in their name's totals.
+        let syscalls = syscalls::read::merge(events, &calls, |k| {
+            identities.get(k).map(|i| i.comm.clone())
+        });
         let mut summary = Summary::new(kind, syscalls, health);
         summary.syscall_health = Some(syscall_health);
         summary.time_ns = now;
