@@ -8,21 +8,7 @@ mod support;
 use std::path::PathBuf;
 
 use common::require_privileges;
-use support::{BIN, run, summary};
-
-/// The cgroup2 mount: the unified hierarchy, also on hybrid hosts.
-fn cgroup2_mount() -> PathBuf {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    info.lines()
-        .find_map(|l| {
-            let (left, right) = l.split_once(" - ")?;
-            if right.split_whitespace().next()? != "cgroup2" {
-                return None;
-            }
-            left.split_whitespace().nth(4).map(PathBuf::from)
-        })
-        .expect("this test needs a cgroup2 mount (cgroup v2, or the unified hierarchy)")
-}
+use support::{BIN, cgroup2_mount, run, summary};
 
 /// A fresh cgroup `/memlock-trace-test-PID/probe.service`, removed on drop.
 struct FreshCgroup {

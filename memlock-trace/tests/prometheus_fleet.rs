@@ -20,7 +20,7 @@ use std::{
 };
 
 use common::require_privileges;
-use support::{BIN, Tracer, prometheus::Prometheus, summary};
+use support::{BIN, Tracer, cgroup2_mount, prometheus::Prometheus, summary};
 
 /// The known process's mlock calls (and as many munlocks): the figure issue 20 saw become 2.
 const N: u64 = 100;
@@ -63,20 +63,6 @@ while [ ! -e "$1" ] && [ "$i" -lt 600 ]; do
   i=$((i + 1))
 done
 echo "$i""#;
-
-/// The cgroup2 mount: the unified hierarchy, also on hybrid hosts.
-fn cgroup2_mount() -> PathBuf {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    info.lines()
-        .find_map(|l| {
-            let (left, right) = l.split_once(" - ")?;
-            if right.split_whitespace().next()? != "cgroup2" {
-                return None;
-            }
-            left.split_whitespace().nth(4).map(PathBuf::from)
-        })
-        .expect("this test needs a cgroup2 mount (cgroup v2, or the unified hierarchy)")
-}
 
 /// `/memlock-trace-fleet-PID/{probe,flood}`, removed on drop (after their processes).
 struct Cgroups {

@@ -284,3 +284,17 @@ pub fn run(args: &[&str]) -> std::process::Output {
     );
     out
 }
+
+/// The cgroup2 mount: the unified hierarchy, also on hybrid hosts.
+pub fn cgroup2_mount() -> std::path::PathBuf {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    info.lines()
+        .find_map(|l| {
+            let (left, right) = l.split_once(" - ")?;
+            if right.split_whitespace().next()? != "cgroup2" {
+                return None;
+            }
+            left.split_whitespace().nth(4).map(std::path::PathBuf::from)
+        })
+        .expect("this test needs a cgroup2 mount (cgroup v2, or the unified hierarchy)")
+}
