@@ -1,61 +1,102 @@
 //! Detaching every hook at once when a session ends. Closing the last perf event of a
 //! tracepoint waits for RCU grace periods (`perf_trace_event_unreg` calls
-//! `tracepoint_synchronize_unregister`, tens of milliseconds on a small VM), and aya closes
-//! one link after another: a session's few dozen tracepoints cost seconds between the
-//! summary and the exit. Closed from a thread each, the waits overlap, since the kernel
-//! serves concurrent waiters with the same grace periods.
+//! `tracepoint_synchronize_unregister` under the kernel's `event_mutex`, 20-70 ms each on a
+//! small VM), and aya closes one link after another: a session's few dozen tracepoints
+//! cost seconds between the summary and the exit. So the links are closed from a thread
+//! each, started as soon as the session stops, while the last events are read and the
+//! summary written; the perf events (counters the summary reads among them) after it.
 
-use std::os::fd::RawFd;
+use std::{os::fd::RawFd, thread::JoinHandle};
 
-/// The links of this process's hooks: its BPF links (tp_btf, fentry: patched into kernel
-/// text) and its perf events (tracepoints, software events).
-fn hook_fds() -> (Vec<RawFd>, Vec<RawFd>) {
-    let (mut links, mut perf_events) = (Vec::new(), Vec::new());
+/// This process's hook descriptors, by how they are closed: the fentry/fexit links
+/// (patched into kernel text), every other BPF link (tracepoints, tp_btf), the perf events
+/// (software events, legacy tracepoints and kprobes, fault counters).
+#[derive(Default)]
+struct HookFds {
+    text_patching: Vec<RawFd>,
+    links: Vec<RawFd>,
+    perf_events: Vec<RawFd>,
+}
+
+fn hook_fds() -> HookFds {
+    let mut fds = HookFds::default();
     let Ok(entries) = std::fs::read_dir("/proc/self/fd") else {
-        return (links, perf_events);
+        return fds;
     };
     for e in entries.filter_map(Result::ok) {
         let Some(fd) = e.file_name().to_str().and_then(|n| n.parse().ok()) else {
             continue;
         };
-        match std::fs::read_link(e.path()) {
-            Ok(t) if t.as_os_str() == "anon_inode:bpf_link" => links.push(fd),
-            Ok(t) if t.as_os_str() == "anon_inode:[perf_event]" => perf_events.push(fd),
+        let Ok(target) = std::fs::read_link(e.path()) else {
+            continue;
+        };
+        match target.as_os_str().to_str() {
+            Some("anon_inode:bpf_link") if is_tracing_link(fd) => fds.text_patching.push(fd),
+            Some("anon_inode:bpf_link") => fds.links.push(fd),
+            Some("anon_inode:[perf_event]") => fds.perf_events.push(fd),
             _ => {}
         }
     }
-    (links, perf_events)
+    fds
 }
 
-/// Closes every hook link of this process; returns how many. The BPF links first, one after
-/// another, before any thread is started: unlinking an fentry program rewrites the hooked
-/// function's text, and a new thread's stack set-up (mmap, mprotect) runs hooked functions
-/// such as `vma_modify_flags` (an Oops at `vma_modify_flags+0x5` in a 6.12 guest when both
-/// overlapped). Then the perf events concurrently, a thread each. The objects that owned
-/// those descriptors must never be dropped afterwards (see `Tracer::detach_all`).
-pub(crate) fn close_hooks_concurrently() -> usize {
-    let (links, perf_events) = hook_fds();
-    for &fd in &links {
-        // SAFETY: `fd` is one of this process's hook links, closed once, here; its owner is
-        // forgotten by the caller, so nothing closes or uses it again.
-        unsafe {
-            libc::close(fd);
-        }
+/// Whether a BPF link is an fentry/fexit one (`link_type: tracing` in its fdinfo). Unknown
+/// is taken as yes: closed one after another, slower, never unsafe.
+fn is_tracing_link(fd: RawFd) -> bool {
+    std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).map_or(true, |info| {
+        info.lines()
+            .filter_map(|l| l.strip_prefix("link_type:"))
+            .any(|t| t.trim() == "tracing")
+    })
+}
+
+/// Closes `fd`, a hook descriptor whose owner is never dropped (see `Tracer::start_detaching`),
+/// so nothing closes or uses it again.
+fn close(fd: RawFd) {
+    // SAFETY: as above: closed once, here.
+    unsafe {
+        libc::close(fd);
     }
+}
+
+fn close_concurrently(fds: &[RawFd]) {
     std::thread::scope(|scope| {
-        for &fd in &perf_events {
-            // SAFETY: as above, for a perf event.
-            let close = move || unsafe {
-                libc::close(fd);
-            };
+        for &fd in fds {
             // Without a thread to spare, inline: slower, never wrong.
             if std::thread::Builder::new()
-                .spawn_scoped(scope, close)
+                .spawn_scoped(scope, move || close(fd))
                 .is_err()
             {
-                close();
+                close(fd);
             }
         }
     });
-    links.len() + perf_events.len()
+}
+
+/// Starts unhooking: the fentry/fexit links now, one after another, before any thread is
+/// started (unlinking one rewrites the hooked function's text, and a new thread's stack
+/// set-up runs hooked functions such as `vma_modify_flags`: an Oops at
+/// `vma_modify_flags+0x5` in a 6.12 guest when both overlapped); then the other links
+/// concurrently, on a thread of their own, while the caller goes on.
+pub(crate) fn start() -> Option<JoinHandle<()>> {
+    let HookFds {
+        text_patching,
+        links,
+        ..
+    } = hook_fds();
+    text_patching.into_iter().for_each(close);
+    let on_thread = links.clone();
+    let thread = std::thread::Builder::new()
+        .name("detach".into())
+        .spawn(move || close_concurrently(&on_thread));
+    // Without a thread to spare, here and now.
+    thread.map_err(|_| close_concurrently(&links)).ok()
+}
+
+/// Ends unhooking: the perf events, concurrently, then waits for the links [`start`] closes.
+pub(crate) fn finish(links: Option<JoinHandle<()>>) {
+    close_concurrently(&hook_fds().perf_events);
+    if let Some(links) = links {
+        let _ = links.join();
+    }
 }

@@ -301,12 +301,16 @@ impl Tracer {
         Ok(())
     }
 
-    /// Detaches every hook at once ([`crate::detach`]) and forgets the tracer, whose hook
-    /// descriptors are closed by then (its maps stay open until the exit): for the end of a
-    /// session, right before the process exits.
-    pub fn detach_all(self) {
-        crate::detach::close_hooks_concurrently();
-        std::mem::forget(self);
+    /// Starts detaching every hook at once ([`crate::detach`]) at the end of a session; the
+    /// tracer's maps can still be read (the last events, the summary) until
+    /// [`Detaching::finish`].
+    pub fn start_detaching(self) -> Detaching {
+        // Before any descriptor is closed behind aya's back: from here on, no path drops it.
+        let tracer = std::mem::ManuallyDrop::new(self);
+        Detaching {
+            links: crate::detach::start(),
+            tracer,
+        }
     }
 
     /// Processes of the target set still alive. The exit program removes a process when its
@@ -447,5 +451,34 @@ impl Tracer {
             processes: filters::health(&self.ebpf)?,
             unreadable_mappings: 0,
         })
+    }
+}
+
+/// A tracer whose hooks are being closed. It is never dropped, on any path: its hook
+/// descriptors are closed behind aya's back and their numbers may be reused; its maps stay
+/// open until the process exits.
+pub struct Detaching {
+    tracer: std::mem::ManuallyDrop<Tracer>,
+    links: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Detaching {
+    /// Closes the rest (the perf events: counters the summary has read by now) and waits
+    /// for the kernel to have unhooked everything: right before the process exits.
+    pub fn finish(self) {
+        crate::detach::finish(self.links);
+    }
+}
+
+impl std::ops::Deref for Detaching {
+    type Target = Tracer;
+    fn deref(&self) -> &Tracer {
+        &self.tracer
+    }
+}
+
+impl std::ops::DerefMut for Detaching {
+    fn deref_mut(&mut self) -> &mut Tracer {
+        &mut self.tracer
     }
 }
