@@ -29,6 +29,7 @@ pub mod event;
 pub mod faults;
 pub mod kernel_log;
 pub mod latency;
+pub mod map_batch;
 pub mod metrics;
 pub mod object;
 pub mod output;

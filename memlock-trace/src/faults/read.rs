@@ -8,7 +8,7 @@ use std::{
 use anyhow::{Context as _, Result, anyhow};
 use aya::{
     Ebpf,
-    maps::{HashMap, MapData, PerCpuArray, PerCpuHashMap},
+    maps::{HashMap, IterableMap as _, MapData, PerCpuArray, PerCpuHashMap},
 };
 use memlock_trace_common::mapping::MappingInfo;
 use memlock_trace_common::{
@@ -21,7 +21,7 @@ use memlock_trace_common::{
 use serde::Serialize;
 
 use super::stacks::StackReport;
-use crate::output::Outside;
+use crate::{map_batch, output::Outside};
 
 /// Everything the kernel aggregated, summed over CPUs.
 #[derive(Clone, Debug, Default)]
@@ -176,8 +176,7 @@ pub fn read(ebpf: &Ebpf, per_thread: bool, sole: Option<ProcessKey>) -> Result<F
         }
     };
     let mut hashed = 0u64;
-    for item in stats.iter() {
-        let Ok((key, values)) = item else { continue };
+    for (key, values) in map_batch::per_cpu_entries(stats.map())? {
         add(key, &values);
         hashed += 1;
     }
@@ -200,8 +199,7 @@ pub fn read(ebpf: &Ebpf, per_thread: bool, sole: Option<ProcessKey>) -> Result<F
 
     let hists: PerCpuHashMap<&MapData, HistKey, Hist> =
         PerCpuHashMap::try_from(map(names::FAULT_HIST)?)?;
-    for item in hists.iter() {
-        let Ok((key, values)) = item else { continue };
+    for (key, values) in map_batch::per_cpu_entries::<HistKey, Hist>(hists.map())? {
         let sum = report.hists.entry(key).or_insert([0; HIST_BUCKETS]);
         for v in values.iter() {
             for (s, &c) in sum.iter_mut().zip(v.counts.iter()) {
@@ -227,8 +225,7 @@ pub fn read(ebpf: &Ebpf, per_thread: bool, sole: Option<ProcessKey>) -> Result<F
     let regions: PerCpuHashMap<&MapData, RegionKey, RegionValue> =
         PerCpuHashMap::try_from(map(names::FAULT_REGIONS)?)?;
     let mut region_sums: BTreeMap<RegionKey, RegionValue> = BTreeMap::new();
-    for item in regions.iter() {
-        let Ok((key, values)) = item else { continue };
+    for (key, values) in map_batch::per_cpu_entries::<RegionKey, RegionValue>(regions.map())? {
         let sum = region_sums.entry(key).or_default();
         for v in values.iter() {
             sum.faults += v.faults;
@@ -239,8 +236,8 @@ pub fn read(ebpf: &Ebpf, per_thread: bool, sole: Option<ProcessKey>) -> Result<F
     // What the per-CPU runs and region tables hold and have not moved to the hash map yet.
     for name in [names::FAULT_REGION_RUN, names::FAULT_REGION_SLOTS] {
         let slots: PerCpuArray<&MapData, RegionSlot> = PerCpuArray::try_from(map(name)?)?;
-        for index in 0..slots.len() {
-            for slot in slots.get(&index, 0)?.iter() {
+        for (_, values) in map_batch::per_cpu_entries::<u32, RegionSlot>(slots.map())? {
+            for slot in &values {
                 if slot.value.faults > 0 {
                     let sum = region_sums.entry(slot.key).or_default();
                     sum.faults += slot.value.faults;
@@ -259,8 +256,7 @@ pub fn read(ebpf: &Ebpf, per_thread: bool, sole: Option<ProcessKey>) -> Result<F
 
     let identified: HashMap<&MapData, RegionKey, MappingInfo> =
         HashMap::try_from(map(names::FAULT_MAPPINGS)?)?;
-    for item in identified.iter() {
-        let Ok((key, info)) = item else { continue };
+    for (key, info) in map_batch::entries::<RegionKey, MappingInfo>(identified.map())? {
         report
             .mappings
             .entry(key.tgid)
@@ -271,8 +267,7 @@ pub fn read(ebpf: &Ebpf, per_thread: bool, sole: Option<ProcessKey>) -> Result<F
     // A fault still pending in a thread that is gone never completed: it failed (the
     // process died of it, typically).
     let entries: HashMap<&MapData, u32, FaultEntry> = HashMap::try_from(map(names::FAULT_ENTRY)?)?;
-    for item in entries.iter() {
-        let Ok((tid, entry)) = item else { continue };
+    for (tid, entry) in map_batch::entries::<u32, FaultEntry>(entries.map())? {
         if entry.pending != 0 && !Path::new(&format!("/proc/{}/task/{tid}", entry.tgid)).exists() {
             let tid = if per_thread { tid } else { 0 };
             // The entry has no start time: the latest process with the pid is the one.

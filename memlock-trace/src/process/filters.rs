@@ -12,7 +12,7 @@ use std::{
 use anyhow::{Context as _, Result, anyhow};
 use aya::{
     Ebpf,
-    maps::{HashMap, MapData, PerCpuArray},
+    maps::{HashMap, IterableMap as _, MapData, PerCpuArray},
     programs::BtfTracePoint,
 };
 use memlock_trace_common::{
@@ -357,11 +357,12 @@ pub fn exit_comms(ebpf: &Ebpf) -> Result<BTreeMap<ProcessKey, Outside>> {
         return Ok(BTreeMap::new());
     };
     let comms: HashMap<&MapData, ProcessKey, [u8; TASK_COMM_LEN]> = HashMap::try_from(map)?;
-    Ok(comms
-        .iter()
-        .filter_map(Result::ok)
-        .map(|(key, comm)| (key, crate::event::comm_of(&comm)))
-        .collect())
+    Ok(
+        crate::map_batch::entries::<ProcessKey, [u8; TASK_COMM_LEN]>(comms.map())?
+            .into_iter()
+            .map(|(key, comm)| (key, crate::event::comm_of(&comm)))
+            .collect(),
+    )
 }
 
 pub fn health(ebpf: &Ebpf) -> Result<ProcessHealth> {

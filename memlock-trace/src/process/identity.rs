@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use anyhow::Result;
 use aya::{
     Ebpf,
-    maps::{HashMap, MapData},
+    maps::{HashMap, IterableMap as _, MapData},
 };
 use memlock_trace_common::process::{ProcessIdentity, ProcessKey, identity, names};
 
@@ -28,20 +28,21 @@ pub fn read(ebpf: &Ebpf) -> Result<BTreeMap<ProcessKey, Identity>> {
         return Ok(BTreeMap::new());
     };
     let map: HashMap<&MapData, ProcessKey, ProcessIdentity> = HashMap::try_from(map)?;
-    Ok(map
-        .iter()
-        .filter_map(Result::ok)
-        .map(|(key, id)| {
-            (
-                key,
-                Identity {
-                    comm: crate::event::comm_of(&id.comm),
-                    cgroup_id: id.cgroup_id,
-                    execed: id.flags & identity::EXECED != 0,
-                    exited: id.flags & identity::EXITED != 0,
-                    exit_faults: (id.flags & identity::EXITED != 0).then_some(id.exit_faults),
-                },
-            )
-        })
-        .collect())
+    Ok(
+        crate::map_batch::entries::<ProcessKey, ProcessIdentity>(map.map())?
+            .into_iter()
+            .map(|(key, id)| {
+                (
+                    key,
+                    Identity {
+                        comm: crate::event::comm_of(&id.comm),
+                        cgroup_id: id.cgroup_id,
+                        execed: id.flags & identity::EXECED != 0,
+                        exited: id.flags & identity::EXITED != 0,
+                        exit_faults: (id.flags & identity::EXITED != 0).then_some(id.exit_faults),
+                    },
+                )
+            })
+            .collect(),
+    )
 }

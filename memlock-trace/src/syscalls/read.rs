@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use anyhow::{Result, anyhow};
 use aya::{
     EbpfLoader,
-    maps::{MapData, PerCpuArray, PerCpuHashMap},
+    maps::{IterableMap as _, MapData, PerCpuArray, PerCpuHashMap},
 };
 use memlock_trace_common::{
     process::ProcessKey,
@@ -75,8 +75,8 @@ pub fn read(ebpf: &aya::Ebpf) -> Result<SyscallReport> {
     let stats: PerCpuHashMap<&MapData, SyscallKey, SyscallStats> =
         PerCpuHashMap::try_from(map(names::SYSCALL_STATS)?)?;
     let mut report = SyscallReport::default();
-    for item in stats.iter() {
-        let Ok((key, values)) = item else { continue };
+    for (key, values) in crate::map_batch::per_cpu_entries::<SyscallKey, SyscallStats>(stats.map())?
+    {
         let c = report.counts.entry(key).or_default();
         for v in values.iter() {
             c.calls += v.calls;
