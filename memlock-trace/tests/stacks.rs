@@ -2,10 +2,11 @@
 //! site of an mlock is unwound from the copied user stack with the modules' unwind tables,
 //! checked frame for frame against `perf record --call-graph dwarf` (the established
 //! tool) on a C program compiled here with `-O2 -fomit-frame-pointer` whose `rbp` holds a
-//! data word, and down to python's main through ctypes. No frame outside an executable
-//! mapping is ever shown.
+//! data word, down to python's main through ctypes, and Debian's memcached (stripped)
+//! against gdb's backtrace. No frame outside an executable mapping is ever shown.
 //!
-//! `cargo xtask test` installs gcc, Debian's linux-perf and python3 when missing. The C
+//! `cargo xtask test` installs gcc, Debian's linux-perf, gdb, python3 and memcached when
+//! missing. The C
 //! program is compiled on the machine that runs the test, so this binary runs on the host.
 
 mod common;
@@ -22,6 +23,7 @@ use support::{BIN, json_lines};
 
 const LOCK_CHAIN: &str = include_str!("stacks/lock_chain.c");
 const PYTHON: &str = "/usr/bin/python3";
+const MEMCACHED: &str = "/usr/bin/memcached";
 
 /// A scratch directory of this test process.
 fn scratch(name: &str) -> PathBuf {
@@ -70,16 +72,21 @@ fn traced(extra: &[&str], command: &[&str]) -> Value {
 
 /// The frames of the one mlock call site of the one traced process, as (symbol, module).
 fn mlock_call_site(summary: &Value) -> Vec<(String, String)> {
+    frames(&call_site(summary, "mlock")["frames"])
+}
+
+/// The one call site of `syscall` among the traced processes.
+fn call_site<'a>(summary: &'a Value, syscall: &str) -> &'a Value {
     let processes = summary["processes"].as_array().unwrap();
     let sites: Vec<&Value> = processes
         .iter()
         .filter_map(|p| p["call_sites"].as_array())
         .flatten()
-        .filter(|s| s["syscall"] == "mlock")
+        .filter(|s| s["syscall"] == syscall)
         .collect();
-    assert_eq!(sites.len(), 1, "one mlock call site: {summary}");
+    assert_eq!(sites.len(), 1, "one {syscall} call site: {summary}");
     assert_eq!(sites[0]["calls"], 1, "{summary}");
-    frames(&sites[0]["frames"])
+    sites[0]
 }
 
 fn frames(frames: &Value) -> Vec<(String, String)> {
@@ -259,4 +266,118 @@ fn python_ctypes_call_site_reaches_the_interpreter_and_main() {
     }
     let unwinding = &summary["call_site_health"]["unwinding"];
     assert_eq!(unwinding["frame_pointer_walks"], 0, "{unwinding}");
+}
+
+/// A frame of gdb's backtrace: its symbol, or for `??` (a stripped binary) the module and
+/// the offset in it, from the process's mappings.
+#[derive(Debug, PartialEq)]
+enum GdbFrame {
+    Symbol(String),
+    Offset(String, u64),
+}
+
+/// gdb's backtrace at the first entry to `syscall` of `command` (`catch syscall`).
+fn gdb_backtrace(command: &[&str], syscall: &str) -> Vec<GdbFrame> {
+    let out = Command::new("gdb")
+        .args(["-q", "-batch", "-nx"])
+        .args(["-ex", &format!("catch syscall {syscall}")])
+        .args(["-ex", "run", "-ex", "bt", "-ex", "info proc mappings"])
+        .arg("--args")
+        .args(command)
+        .output()
+        .unwrap_or_else(|e| panic!("gdb: {e} (`cargo xtask test` installs Debian's gdb)"));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let hex = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).ok();
+    // start end size offset perms path
+    let mappings: Vec<(u64, u64, u64, String)> = text
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            match f[..] {
+                [start, end, _, offset, _, path] if path.starts_with('/') => {
+                    Some((hex(start)?, hex(end)?, hex(offset)?, path.to_string()))
+                }
+                _ => None,
+            }
+        })
+        .collect();
+    let frames: Vec<GdbFrame> = text
+        .lines()
+        .filter(|l| l.starts_with('#'))
+        .map(|l| {
+            // `#1  0x000055555555c24e in ?? ()` or `#0  __GI_mlockall () at ...`
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let (addr, symbol) = match f[..] {
+                [_, addr, "in", symbol, ..] => (hex(addr), symbol),
+                [_, symbol, ..] => (None, symbol),
+                _ => panic!("gdb frame line: {l}"),
+            };
+            if symbol != "??" {
+                return GdbFrame::Symbol(symbol.to_string());
+            }
+            let addr = addr.unwrap_or_else(|| panic!("no address: {l}"));
+            let (start, _, offset, path) = mappings
+                .iter()
+                .find(|(start, end, ..)| (*start..*end).contains(&addr))
+                .unwrap_or_else(|| panic!("{addr:#x} in no mapping of gdb's:\n{text}"));
+            GdbFrame::Offset(path.clone(), addr - start + offset)
+        })
+        .collect();
+    assert!(
+        frames.len() >= 2,
+        "gdb's backtrace:\n{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    frames
+}
+
+/// Debian's memcached (no frame pointers, stripped) locks its memory with one mlockall
+/// from main (`-k`): the call site equals gdb's backtrace at that syscall frame for frame
+/// down to `_start`, the stripped binary's frames by their offset in it (gdb prints `??`).
+/// perf's DWARF mode is not the reference here: on this binary it stops at
+/// `__GI_mlockall+0x7 (inlined)`.
+#[test]
+fn memcached_mlockall_call_site_equals_gdbs_backtrace() {
+    require_privileges();
+    assert!(
+        Path::new(MEMCACHED).is_file(),
+        "{MEMCACHED} is missing (`cargo xtask test` installs Debian's memcached)"
+    );
+    let server = [
+        MEMCACHED, "-k", "-u", "root", "-p", "0", "-U", "0", "-m", "8",
+    ];
+    let mut command = vec!["timeout", "-s", "INT", "1"];
+    command.extend(server);
+    let out = Command::new(BIN)
+        .args(["--json", "--stacks", "--follow-children", "--"])
+        .args(&command)
+        .output()
+        .expect("memlock-trace");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // timeout's own status: memcached was stopped by it.
+    assert_eq!(out.status.code(), Some(124), "{stderr}");
+    let summary = json_lines(&String::from_utf8_lossy(&out.stdout))
+        .pop()
+        .unwrap_or_else(|| panic!("no summary: {stderr}"));
+    let site = call_site(&summary, "mlockall");
+    frames(&site["frames"]); // every frame in an executable mapping
+    let ours: Vec<GdbFrame> = site["frames"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| match f["resolved"].as_bool() {
+            Some(true) => GdbFrame::Symbol(f["symbol"].as_str().unwrap().to_string()),
+            _ => GdbFrame::Offset(
+                f["module"].as_str().unwrap().to_string(),
+                u64::from_str_radix(f["offset"].as_str().unwrap().trim_start_matches("0x"), 16)
+                    .unwrap(),
+            ),
+        })
+        .collect();
+    let gdb = gdb_backtrace(&server, "mlockall");
+    assert_eq!(ours, gdb, "ours and gdb's backtrace");
+    assert!(
+        matches!(&ours[1], GdbFrame::Offset(module, _) if module == MEMCACHED),
+        "mlockall's caller is memcached's main: {ours:#?}"
+    );
 }

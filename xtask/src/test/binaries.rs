@@ -38,8 +38,8 @@ pub(super) const HOST_ONLY: &[(&str, &str)] = &[
     ),
     (
         "memlock-trace/test:stacks",
-        "host only: compiles a C program with gcc and compares with perf, which the guests do \
-         not carry (the kernel side of --stacks: test:fault_cli, on every kernel)",
+        "host only: compiles a C program with gcc and compares with perf and gdb, which the \
+         guests do not carry (the kernel side of --stacks: test:fault_cli, on every kernel)",
     ),
     (
         "memlock-trace/test:metrics_server",
@@ -106,6 +106,8 @@ pub(super) const PROGRAM_TESTS: &[(&str, &str)] = &[
     ("memlock-trace/test:mappings", "python3"),
     ("memlock-trace/test:stacks", "gcc"),
     ("memlock-trace/test:stacks", "linux-perf"),
+    ("memlock-trace/test:stacks", "gdb"),
+    ("memlock-trace/test:stacks", "memcached"),
     ("memlock-trace/test:stacks", "python3"),
     ("memlock-trace/test:systemd_unit", "systemd"),
     ("memlock-trace/test:prometheus_fleet", "prometheus"),
