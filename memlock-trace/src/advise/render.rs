@@ -22,6 +22,11 @@ fn shown(name: &str) -> String {
     crate::output::escape(name.as_bytes())
 }
 
+/// A reason of advise's own, quoting such names: escaped, never cut.
+fn sentence(text: &str) -> String {
+    crate::output::escape_uncut(text.as_bytes())
+}
+
 /// `16,384`: thousands apart.
 pub fn count(n: u64) -> String {
     let digits = n.to_string();
@@ -203,8 +208,8 @@ fn advice_text(out: &mut String, advice: &[Advice]) {
         push("", "advice, ranked by fault time saved per MiB pinned:");
     }
     for (i, a) in ranked.iter().enumerate() {
-        push(&format!("  {}. {}:", i + 1, a.kind), &shown(&a.what));
-        push("     ", &shown(&a.how));
+        push(&format!("  {}. {}:", i + 1, a.kind), &sentence(&a.what));
+        push("     ", &sentence(&a.how));
         let mut saving = format!(
             "saves {} and {} faults after start-up; keeps {} resident ({} per MiB)",
             ms(a.saved_ns),
@@ -231,8 +236,8 @@ fn advice_text(out: &mut String, advice: &[Advice]) {
         }
         push("", title);
         for a in items {
-            push(&format!("  - {}:", a.kind), &shown(&a.what));
-            push("     ", &shown(&a.how));
+            push(&format!("  - {}:", a.kind), &sentence(&a.what));
+            push("     ", &sentence(&a.how));
         }
     }
 }

@@ -29,8 +29,18 @@ pub const MAX_SHOWN: usize = 256;
 /// backslash is always doubled, the form reads back to the exact bytes. Past
 /// [`MAX_SHOWN`] bytes the text is cut, with `...[+N bytes]` saying so.
 pub fn escape(text: &[u8]) -> String {
-    let mut out = String::with_capacity(text.len().min(MAX_SHOWN) + 2);
-    let shown = &text[..text.len().min(MAX_SHOWN)];
+    escape_up_to(text, MAX_SHOWN)
+}
+
+/// [`escape`] never cut: for the tool's own sentences that quote outside names (advise's
+/// reasons), longer than [`MAX_SHOWN`] by themselves and bounded by what they quote.
+pub fn escape_uncut(text: &[u8]) -> String {
+    escape_up_to(text, usize::MAX)
+}
+
+fn escape_up_to(text: &[u8], max: usize) -> String {
+    let mut out = String::with_capacity(text.len().min(max) + 2);
+    let shown = &text[..text.len().min(max)];
     // A cut may land inside a character: its bytes are then shown as `\xNN`.
     for chunk in shown.utf8_chunks() {
         for c in chunk.valid().chars() {
@@ -205,6 +215,12 @@ mod tests {
             escape(&cut).ends_with("x\\xc3...[+2 bytes]"),
             "{}",
             escape(&cut)
+        );
+        // The tool's own sentence quoting a name: escaped, whole.
+        let sentence = format!("{} \x1b[2J{}", "y".repeat(300), "z".repeat(100));
+        assert_eq!(
+            escape_uncut(sentence.as_bytes()),
+            format!("{} \\x1b[2J{}", "y".repeat(300), "z".repeat(100))
         );
     }
 

@@ -10,7 +10,7 @@ mod sink;
 mod time;
 mod wrap;
 
-pub use escape::{MAX_SHOWN, Outside, escape};
+pub use escape::{MAX_SHOWN, Outside, escape, escape_uncut};
 pub use sink::{Sink, WriteError, create_private, write_private};
 pub use time::{WallClock, hms};
 pub use wrap::{COLUMNS, wrap};
