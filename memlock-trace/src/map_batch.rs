@@ -23,17 +23,25 @@ const BATCH_BYTES: usize = 4 << 20;
 
 /// Every key and value of a map whose value is one `V`.
 pub fn entries<K: Pod, V: Pod>(map: &MapData) -> Result<Vec<(K, V)>> {
-    let raw = read(map, size_of::<K>(), size_of::<V>())?;
-    Ok(raw.decode(|v| read_pod::<V>(v)))
+    let mut out = Vec::new();
+    read(map, size_of::<K>(), size_of::<V>(), &mut |k, v| {
+        out.push((read_pod::<K>(k), read_pod::<V>(v)));
+    })?;
+    Ok(out)
 }
 
-/// Every key and each possible CPU's value of a per-CPU map.
-pub fn per_cpu_entries<K: Pod, V: Pod>(map: &MapData) -> Result<Vec<(K, Vec<V>)>> {
+/// Calls `f` with every key of a per-CPU map and each possible CPU's value, decoded a
+/// batch at a time: nothing the size of the map is held but what `f` keeps.
+pub fn for_each_per_cpu<K: Pod, V: Pod>(map: &MapData, mut f: impl FnMut(K, &[V])) -> Result<()> {
     let cpus = aya::util::nr_cpus().map_err(|(path, e)| anyhow::anyhow!("{path}: {e}"))?;
     // The kernel copies each CPU's value into 8-byte-aligned slots.
     let slot = size_of::<V>().next_multiple_of(8);
-    let raw = read(map, size_of::<K>(), slot * cpus)?;
-    Ok(raw.decode(|v| v.chunks_exact(slot).map(read_pod::<V>).collect()))
+    let mut values = Vec::with_capacity(cpus);
+    read(map, size_of::<K>(), slot * cpus, &mut |k, v| {
+        values.clear();
+        values.extend(v.chunks_exact(slot).map(read_pod::<V>));
+        f(read_pod::<K>(k), &values);
+    })
 }
 
 fn read_pod<T: Pod>(bytes: &[u8]) -> T {
@@ -42,38 +50,41 @@ fn read_pod<T: Pod>(bytes: &[u8]) -> T {
     unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast()) }
 }
 
-/// Keys and values as the kernel copied them, one after another.
-struct Raw {
-    keys: Vec<u8>,
-    values: Vec<u8>,
+/// What is read of a map: the size of its keys and of its values as the kernel copies them,
+/// and what is done with each entry.
+struct Reader<'a> {
     key_size: usize,
     value_size: usize,
+    each: &'a mut dyn FnMut(&[u8], &[u8]),
+    entries: usize,
 }
 
-impl Raw {
-    fn decode<K: Pod, V>(&self, value: impl Fn(&[u8]) -> V) -> Vec<(K, V)> {
-        self.keys
-            .chunks_exact(self.key_size)
-            .zip(self.values.chunks_exact(self.value_size))
-            .map(|(k, v)| (read_pod::<K>(k), value(v)))
-            .collect()
+impl Reader<'_> {
+    fn entry(&mut self, key: &[u8], value: &[u8]) {
+        self.entries += 1;
+        (self.each)(key, value);
     }
 }
 
-fn read(map: &MapData, key_size: usize, value_size: usize) -> Result<Raw> {
+/// Calls `each` with every key and value of the map, as the kernel copied them.
+fn read(
+    map: &MapData,
+    key_size: usize,
+    value_size: usize,
+    each: &mut dyn FnMut(&[u8], &[u8]),
+) -> Result<()> {
     let fd = map.fd().as_fd().as_raw_fd();
-    let mut raw = Raw {
-        keys: Vec::new(),
-        values: Vec::new(),
+    let mut reader = Reader {
         key_size,
         value_size,
+        each,
+        entries: 0,
     };
-    match read_batches(fd, &mut raw) {
-        Ok(()) => Ok(raw),
+    match read_batches(fd, &mut reader) {
+        Ok(()) => Ok(()),
         // A kernel without batch lookups for this map type: key by key.
-        Err(e) if raw.keys.is_empty() && is_unsupported(&e) => {
-            read_by_next_key(fd, &mut raw).context("BPF_MAP_GET_NEXT_KEY/LOOKUP_ELEM")?;
-            Ok(raw)
+        Err(e) if reader.entries == 0 && is_unsupported(&e) => {
+            read_by_next_key(fd, &mut reader).context("BPF_MAP_GET_NEXT_KEY/LOOKUP_ELEM")
         }
         Err(e) => Err(e).context("BPF_MAP_LOOKUP_BATCH"),
     }
@@ -109,15 +120,17 @@ fn zeroed_attr() -> bpf_attr {
     unsafe { std::mem::zeroed() }
 }
 
-fn read_batches(fd: RawFd, raw: &mut Raw) -> io::Result<()> {
+fn read_batches(fd: RawFd, reader: &mut Reader<'_>) -> io::Result<()> {
+    let (key_size, value_size) = (reader.key_size, reader.value_size);
     // The position between calls: a bucket index for hash maps, a key for arrays.
-    let token_size = raw.key_size.max(8);
+    let token_size = key_size.max(8);
     let (mut position, mut next) = (vec![0u8; token_size], vec![0u8; token_size]);
     let mut started = false;
-    let mut count = (BATCH_BYTES / raw.value_size.max(1)).clamp(16, BATCH);
+    let mut count = (BATCH_BYTES / value_size.max(1)).clamp(16, BATCH);
+    let (mut keys, mut values) = (Vec::new(), Vec::new());
     loop {
-        let mut keys = vec![0u8; count * raw.key_size];
-        let mut values = vec![0u8; count * raw.value_size];
+        keys.resize(count * key_size, 0);
+        values.resize(count * value_size, 0);
         let mut attr = zeroed_attr();
         // SAFETY: the `batch` member of the union is the one BPF_MAP_LOOKUP_BATCH reads.
         let batch = unsafe { &mut attr.batch };
@@ -130,9 +143,13 @@ fn read_batches(fd: RawFd, raw: &mut Raw) -> io::Result<()> {
         let result = bpf(bpf_cmd::BPF_MAP_LOOKUP_BATCH, &mut attr);
         // SAFETY: as above; the kernel wrote back how many entries it copied.
         let got = unsafe { attr.batch.count } as usize;
-        raw.keys.extend_from_slice(&keys[..got * raw.key_size]);
-        raw.values
-            .extend_from_slice(&values[..got * raw.value_size]);
+        for (k, v) in keys
+            .chunks_exact(key_size)
+            .zip(values.chunks_exact(value_size))
+            .take(got)
+        {
+            reader.entry(k, v);
+        }
         match result {
             Ok(()) => {}
             // The end of the map.
@@ -149,10 +166,10 @@ fn read_batches(fd: RawFd, raw: &mut Raw) -> io::Result<()> {
     }
 }
 
-fn read_by_next_key(fd: RawFd, raw: &mut Raw) -> io::Result<()> {
-    let mut key = vec![0u8; raw.key_size];
-    let mut next = vec![0u8; raw.key_size];
-    let mut value = vec![0u8; raw.value_size];
+fn read_by_next_key(fd: RawFd, reader: &mut Reader<'_>) -> io::Result<()> {
+    let mut key = vec![0u8; reader.key_size];
+    let mut next = vec![0u8; reader.key_size];
+    let mut value = vec![0u8; reader.value_size];
     let mut started = false;
     loop {
         let mut attr = zeroed_attr();
@@ -175,10 +192,7 @@ fn read_by_next_key(fd: RawFd, raw: &mut Raw) -> io::Result<()> {
         elem.key = key.as_ptr() as u64;
         elem.__bindgen_anon_1.value = value.as_mut_ptr() as u64;
         match bpf(bpf_cmd::BPF_MAP_LOOKUP_ELEM, &mut attr) {
-            Ok(()) => {
-                raw.keys.extend_from_slice(&key);
-                raw.values.extend_from_slice(&value);
-            }
+            Ok(()) => reader.entry(&key, &value),
             // Deleted between the two calls.
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
             Err(e) => return Err(e),
@@ -207,15 +221,25 @@ mod tests {
         assert_eq!(read.len(), n as usize);
         assert!(read.iter().all(|(&k, &v)| v == u64::from(k) * 3));
         let fd = map.map().fd().as_fd().as_raw_fd();
-        let mut raw = Raw {
-            keys: Vec::new(),
-            values: Vec::new(),
+        let mut walked = BTreeMap::new();
+        let mut each = |k: &[u8], v: &[u8]| {
+            walked.insert(read_pod::<u32>(k), read_pod::<u64>(v));
+        };
+        let mut reader = Reader {
             key_size: 4,
             value_size: 8,
+            each: &mut each,
+            entries: 0,
         };
-        read_by_next_key(fd, &mut raw).unwrap();
-        let walked: BTreeMap<u32, u64> = raw.decode(read_pod::<u64>).into_iter().collect();
+        read_by_next_key(fd, &mut reader).unwrap();
+        assert_eq!(reader.entries, n as usize);
         assert_eq!(walked, read);
+    }
+
+    fn per_cpu<V: Pod>(map: &MapData) -> Vec<(u32, Vec<V>)> {
+        let mut out = Vec::new();
+        for_each_per_cpu(map, |k, v: &[V]| out.push((k, v.to_vec()))).unwrap();
+        out
     }
 
     /// Each CPU's value, from slots rounded up to 8 bytes (a 12-byte value here).
@@ -234,7 +258,7 @@ mod tests {
                 PerCpuValues::try_from((0..cpus).map(|c| value(k, c)).collect::<Vec<_>>()).unwrap();
             map.insert(k, values, 0).unwrap();
         }
-        let read = per_cpu_entries::<u32, [u8; 12]>(map.map()).unwrap();
+        let read = per_cpu::<[u8; 12]>(map.map());
         assert_eq!(read.len(), 5000);
         for (k, values) in read {
             let expected: Vec<_> = (0..cpus).map(|c| value(k, c)).collect();
@@ -244,7 +268,7 @@ mod tests {
         let values =
             PerCpuValues::try_from((0..cpus).map(|c| c as u64 + 7).collect::<Vec<_>>()).unwrap();
         array.set(63, values, 0).unwrap();
-        let read = per_cpu_entries::<u32, u64>(array.map()).unwrap();
+        let read = per_cpu::<u64>(array.map());
         assert_eq!(read.len(), 64, "an array has every index");
         assert_eq!(
             read[63].1,

@@ -176,10 +176,10 @@ pub fn read(ebpf: &Ebpf, per_thread: bool, sole: Option<ProcessKey>) -> Result<F
         }
     };
     let mut hashed = 0u64;
-    for (key, values) in map_batch::per_cpu_entries(stats.map())? {
-        add(key, &values);
+    map_batch::for_each_per_cpu(stats.map(), |key, values: &[FaultStats]| {
+        add(key, values);
         hashed += 1;
-    }
+    })?;
     if let Some(ProcessKey { tgid, start_ns, .. }) = sole {
         // The single-process fast path's statistics: the same process's, by another road.
         let fast: PerCpuArray<&MapData, FaultStats> =
@@ -199,14 +199,14 @@ pub fn read(ebpf: &Ebpf, per_thread: bool, sole: Option<ProcessKey>) -> Result<F
 
     let hists: PerCpuHashMap<&MapData, HistKey, Hist> =
         PerCpuHashMap::try_from(map(names::FAULT_HIST)?)?;
-    for (key, values) in map_batch::per_cpu_entries::<HistKey, Hist>(hists.map())? {
+    map_batch::for_each_per_cpu(hists.map(), |key: HistKey, values: &[Hist]| {
         let sum = report.hists.entry(key).or_insert([0; HIST_BUCKETS]);
-        for v in values.iter() {
+        for v in values {
             for (s, &c) in sum.iter_mut().zip(v.counts.iter()) {
                 *s += u64::from(c);
             }
         }
-    }
+    })?;
 
     for (key, buckets) in user_minor {
         let slot = report
@@ -225,26 +225,24 @@ pub fn read(ebpf: &Ebpf, per_thread: bool, sole: Option<ProcessKey>) -> Result<F
     let regions: PerCpuHashMap<&MapData, RegionKey, RegionValue> =
         PerCpuHashMap::try_from(map(names::FAULT_REGIONS)?)?;
     let mut region_sums: BTreeMap<RegionKey, RegionValue> = BTreeMap::new();
-    for (key, values) in map_batch::per_cpu_entries::<RegionKey, RegionValue>(regions.map())? {
+    map_batch::for_each_per_cpu(regions.map(), |key: RegionKey, values: &[RegionValue]| {
         let sum = region_sums.entry(key).or_default();
-        for v in values.iter() {
+        for v in values {
             sum.faults += v.faults;
             sum.vm_flags |= v.vm_flags;
         }
-    }
+    })?;
     let regions_hashed = region_sums.len() as u64;
     // What the per-CPU runs and region tables hold and have not moved to the hash map yet.
     for name in [names::FAULT_REGION_RUN, names::FAULT_REGION_SLOTS] {
         let slots: PerCpuArray<&MapData, RegionSlot> = PerCpuArray::try_from(map(name)?)?;
-        for (_, values) in map_batch::per_cpu_entries::<u32, RegionSlot>(slots.map())? {
-            for slot in &values {
-                if slot.value.faults > 0 {
-                    let sum = region_sums.entry(slot.key).or_default();
-                    sum.faults += slot.value.faults;
-                    sum.vm_flags |= slot.value.vm_flags;
-                }
+        map_batch::for_each_per_cpu(slots.map(), |_: u32, values: &[RegionSlot]| {
+            for slot in values.iter().filter(|s| s.value.faults > 0) {
+                let sum = region_sums.entry(slot.key).or_default();
+                sum.faults += slot.value.faults;
+                sum.vm_flags |= slot.value.vm_flags;
             }
-        }
+        })?;
     }
     for (key, value) in region_sums {
         report

@@ -66,7 +66,7 @@ struct Seen {
     comm: Option<String>,
     counts: [u64; stat::COUNT],
     populated_by: [u64; SLOTS],
-    hists: BTreeMap<u32, [u64; HIST_BUCKETS]>,
+    hists: BTreeMap<u32, Box<[u64; HIST_BUCKETS]>>,
 }
 
 /// Growth since `before`; a total that went down is an entry the kernel evicted and
@@ -355,7 +355,7 @@ mod tests {
         p.stats.populated_by[populate::MLOCK] = mlock;
         let mut hist = [0; HIST_BUCKETS];
         hist[bucket_of(3_000)] = user_minor;
-        p.hists.insert(class::USER_MINOR, hist);
+        p.hists.insert(class::USER_MINOR, Box::new(hist));
         p
     }
 

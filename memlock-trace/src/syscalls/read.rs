@@ -75,10 +75,9 @@ pub fn read(ebpf: &aya::Ebpf) -> Result<SyscallReport> {
     let stats: PerCpuHashMap<&MapData, SyscallKey, SyscallStats> =
         PerCpuHashMap::try_from(map(names::SYSCALL_STATS)?)?;
     let mut report = SyscallReport::default();
-    for (key, values) in crate::map_batch::per_cpu_entries::<SyscallKey, SyscallStats>(stats.map())?
-    {
+    crate::map_batch::for_each_per_cpu(stats.map(), |key: SyscallKey, values: &[SyscallStats]| {
         let c = report.counts.entry(key).or_default();
-        for v in values.iter() {
+        for v in values {
             c.calls += v.calls;
             c.pages_populated += v.pages_populated;
             c.pages_locked += v.pages_locked;
@@ -88,7 +87,7 @@ pub fn read(ebpf: &aya::Ebpf) -> Result<SyscallReport> {
                 *s += u64::from(n);
             }
         }
-    }
+    })?;
     report.health = SyscallHealth {
         evicted: inserts.saturating_sub(report.counts.len() as u64),
         update_failed: sum(syscall_counter::UPDATE_FAILED),
