@@ -5,7 +5,6 @@ mod common;
 mod support;
 
 use std::{
-    collections::BTreeMap,
     io::Write as _,
     process::{Command, Stdio},
     time::{Duration, Instant},
@@ -13,82 +12,11 @@ use std::{
 
 use common::require_privileges;
 use serde_json::Value;
-use support::{BIN, Tracer, summary};
-
-/// One sample: metric name, labels, value.
-#[derive(Debug)]
-struct Sample {
-    name: String,
-    labels: BTreeMap<String, String>,
-    value: f64,
-}
-
-/// Parses the text exposition (`name{k="v",...} value` lines; `#` lines are metadata).
-fn parse(text: &str) -> Vec<Sample> {
-    let mut samples = Vec::new();
-    for line in text
-        .lines()
-        .filter(|l| !l.starts_with('#') && !l.is_empty())
-    {
-        let (series, value) = line
-            .rsplit_once(' ')
-            .unwrap_or_else(|| panic!("bad line {line:?}"));
-        let value: f64 = value
-            .parse()
-            .unwrap_or_else(|e| panic!("bad value in {line:?}: {e}"));
-        let (name, labels) = match series.split_once('{') {
-            Some((name, rest)) => {
-                let body = rest
-                    .strip_suffix('}')
-                    .unwrap_or_else(|| panic!("bad labels in {line:?}"));
-                let labels = body
-                    .split("\",")
-                    .filter(|kv| !kv.is_empty())
-                    .map(|kv| {
-                        let (k, v) = kv
-                            .split_once("=\"")
-                            .unwrap_or_else(|| panic!("bad label {kv:?} in {line:?}"));
-                        (k.to_string(), v.trim_end_matches('"').to_string())
-                    })
-                    .collect();
-                (name, labels)
-            }
-            None => (series, BTreeMap::new()),
-        };
-        samples.push(Sample {
-            name: name.to_string(),
-            labels,
-            value,
-        });
-    }
-    samples
-}
-
-/// The value of the one sample named `name` whose labels are exactly `labels` (the
-/// `cgroup` label aside, unless `labels` has it: every process of these tests is in the
-/// test's own cgroup).
-fn value(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-    let want: BTreeMap<String, String> = labels
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    let found: Vec<&Sample> = samples
-        .iter()
-        .filter(|s| {
-            let mut have = s.labels.clone();
-            if !want.contains_key("cgroup") {
-                have.remove("cgroup");
-            }
-            s.name == name && have == want
-        })
-        .collect();
-    assert!(
-        found.len() <= 1,
-        "{name} {labels:?} appears {} times",
-        found.len()
-    );
-    found.first().map(|s| s.value)
-}
+use support::{
+    BIN, Tracer,
+    exposition::{Sample, parse, value},
+    summary,
+};
 
 fn page_size() -> u64 {
     // SAFETY: sysconf has no preconditions.

@@ -3,6 +3,7 @@
 
 #![allow(dead_code, reason = "each test binary uses a different subset")]
 
+pub mod exposition;
 pub mod prometheus;
 
 use std::{
