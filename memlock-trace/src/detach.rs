@@ -1,9 +1,9 @@
 //! Detaching every hook at once when a session ends. Closing the last perf event of a
 //! tracepoint waits for RCU grace periods (`perf_trace_event_unreg` calls
-//! `tracepoint_synchronize_unregister` under the kernel's `event_mutex`, 20-70 ms each on a
-//! small VM), and aya closes one link after another: a session's few dozen tracepoints
-//! cost seconds between the summary and the exit. So the links are closed from a thread
-//! each, started as soon as the session stops, while the last events are read and the
+//! `tracepoint_synchronize_unregister`, 35-40 ms each here) under the kernel's global
+//! `event_mutex`, so a session's few dozen tracepoints take a second to unhook however many
+//! threads close them. What can be saved is the waiting on it: the links are closed from
+//! their own threads as soon as the session stops, while the last events are read and the
 //! summary written; the perf events (counters the summary reads among them) after it.
 
 use std::{os::fd::RawFd, thread::JoinHandle};
