@@ -90,10 +90,14 @@ fn read(
     }
 }
 
+/// The kernel's own ENOTSUPP, which it returns to user space as is (5.10's per-CPU hash
+/// maps): "Unknown error 524".
+const ENOTSUPP: i32 = 524;
+
 fn is_unsupported(e: &io::Error) -> bool {
     matches!(
         e.raw_os_error(),
-        Some(libc::EINVAL | libc::ENOTSUP | libc::ENOSYS)
+        Some(libc::EINVAL | libc::ENOTSUP | libc::ENOSYS | ENOTSUPP)
     )
 }
 

@@ -301,16 +301,13 @@ impl Tracer {
         Ok(())
     }
 
-    /// Starts detaching every hook at once ([`crate::detach`]) at the end of a session; the
-    /// tracer's maps can still be read (the last events, the summary) until
-    /// [`Detaching::finish`].
-    pub fn start_detaching(self) -> Detaching {
-        // Before any descriptor is closed behind aya's back: from here on, no path drops it.
-        let tracer = std::mem::ManuallyDrop::new(self);
-        Detaching {
-            links: crate::detach::start(),
-            tracer,
-        }
+    /// Detaches every hook at once ([`crate::detach`]) and forgets the tracer, whose hook
+    /// descriptors are closed behind aya's back (its maps stay open until the exit): for the
+    /// end of a session, once its summary is written, right before the process exits.
+    pub fn detach_all(self) {
+        // Before any descriptor is closed: from here on, nothing drops it.
+        let _never_dropped = std::mem::ManuallyDrop::new(self);
+        crate::detach::close_all();
     }
 
     /// Processes of the target set still alive. The exit program removes a process when its
@@ -451,34 +448,5 @@ impl Tracer {
             processes: filters::health(&self.ebpf)?,
             unreadable_mappings: 0,
         })
-    }
-}
-
-/// A tracer whose hooks are being closed. It is never dropped, on any path: its hook
-/// descriptors are closed behind aya's back and their numbers may be reused; its maps stay
-/// open until the process exits.
-pub struct Detaching {
-    tracer: std::mem::ManuallyDrop<Tracer>,
-    links: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Detaching {
-    /// Closes the rest (the perf events: counters the summary has read by now) and waits
-    /// for the kernel to have unhooked everything: right before the process exits.
-    pub fn finish(self) {
-        crate::detach::finish(self.links);
-    }
-}
-
-impl std::ops::Deref for Detaching {
-    type Target = Tracer;
-    fn deref(&self) -> &Tracer {
-        &self.tracer
-    }
-}
-
-impl std::ops::DerefMut for Detaching {
-    fn deref_mut(&mut self) -> &mut Tracer {
-        &mut self.tracer
     }
 }

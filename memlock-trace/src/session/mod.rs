@@ -447,9 +447,6 @@ async fn event_loop(
         // An output that refused a write (full disk, closed pipe) ends the session.
         output.out.check()?;
     };
-    // The kernel's unhooking takes a grace period per tracepoint: it runs while the last
-    // events are read and the summary written.
-    let mut tracer = tracer.start_detaching();
     if let Some(stack_ring) = stack_ring.as_mut() {
         output.drain_stacks(stack_ring.get_mut());
     }
@@ -493,7 +490,8 @@ async fn event_loop(
             output.undecodable
         );
     }
-    tracer.finish();
+    // The summary is out: what is left is the kernel's unhooking, all at once.
+    tracer.detach_all();
     Ok(match reason {
         Stop::CommandExited(code) => code,
         _ => 0,
