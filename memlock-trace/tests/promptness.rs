@@ -15,8 +15,11 @@ use std::{
 use common::require_privileges;
 use support::{BIN, Tracer, calls_of, summary};
 
-/// Generous: the promise is 0.5 s (release); a debug build on a shared machine gets more.
-const STOP_BOUND: Duration = Duration::from_secs(2);
+/// A guard against a stop that waits on the kernel one hook after another (2.99 s in CI,
+/// 3.1 s here): the kernel's own grace periods take 1.1-1.3 s of a stop on this machine's
+/// kernel (BENCHMARKS.md, "Cost of a session"), and a debug build under the test run's
+/// load took 2.07 s once. Issue 20's 0.5 s is not met, and not pretended to be.
+const STOP_BOUND: Duration = Duration::from_millis(2500);
 /// With two threads flooding a 2-core machine the debug-build tracer gets little CPU; before
 /// its drains were bounded, a flood held the stop for as long as it lasted.
 const FLOOD_STOP_BOUND: Duration = Duration::from_secs(6);
