@@ -145,8 +145,20 @@ fn read_batches(fd: RawFd, reader: &mut Reader<'_>) -> io::Result<()> {
         batch.count = count as u32;
         batch.map_fd = fd as u32;
         let result = bpf(bpf_cmd::BPF_MAP_LOOKUP_BATCH, &mut attr);
-        // SAFETY: as above; the kernel wrote back how many entries it copied.
-        let got = unsafe { attr.batch.count } as usize;
+        // How many entries the kernel copied: it writes the count back when it ran the batch
+        // (done, at the end, or one bucket too big); refusing the command (5.10's ENOTSUPP),
+        // it leaves ours there, and those entries are not there.
+        let ran = match &result {
+            Ok(()) => true,
+            Err(e) => matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENOSPC)),
+        };
+        let got = if ran {
+            // SAFETY: as above: the member the kernel wrote back.
+            let copied = unsafe { attr.batch.count };
+            (copied as usize).min(count)
+        } else {
+            0
+        };
         for (k, v) in keys
             .chunks_exact(key_size)
             .zip(values.chunks_exact(value_size))
