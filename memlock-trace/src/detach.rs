@@ -10,14 +10,13 @@
 
 use std::{os::fd::RawFd, sync::Mutex};
 
-/// This process's hook descriptors, by how they are closed: the fentry/fexit links
-/// (patched into kernel text), every other BPF link (tracepoints, tp_btf), the perf events
-/// (software events, legacy tracepoints and kprobes, fault counters).
+/// This process's hook descriptors, by how they are closed: the fentry/fexit links (their
+/// trampolines rewritten one by one), and every other (tracepoints and tp_btf as BPF links,
+/// perf events: software events, legacy tracepoints and kprobes, fault counters).
 #[derive(Default)]
 struct HookFds {
     text_patching: Vec<RawFd>,
-    links: Vec<RawFd>,
-    perf_events: Vec<RawFd>,
+    others: Vec<RawFd>,
 }
 
 fn hook_fds() -> HookFds {
@@ -34,8 +33,7 @@ fn hook_fds() -> HookFds {
         };
         match target.as_os_str().to_str() {
             Some("anon_inode:bpf_link") if is_tracing_link(fd) => fds.text_patching.push(fd),
-            Some("anon_inode:bpf_link") => fds.links.push(fd),
-            Some("anon_inode:[perf_event]") => fds.perf_events.push(fd),
+            Some("anon_inode:bpf_link" | "anon_inode:[perf_event]") => fds.others.push(fd),
             _ => {}
         }
     }
@@ -68,14 +66,13 @@ fn close(fd: RawFd) {
 pub(crate) fn close_all() {
     let HookFds {
         text_patching,
-        links,
-        perf_events,
+        others,
     } = hook_fds();
     let gate = Mutex::new(());
     let closed = gate.lock().unwrap_or_else(|e| e.into_inner());
     std::thread::scope(|scope| {
         let mut inline = Vec::new();
-        for fd in links.into_iter().chain(perf_events) {
+        for fd in others {
             let gate = &gate;
             let waiting = move || {
                 drop(gate.lock());

@@ -13,7 +13,7 @@ use std::{
 };
 
 use common::require_privileges;
-use support::Tracer;
+use support::{Tracer, settled};
 
 /// The server's timeout for a request head (memlock-trace's `metrics::server::TIMEOUT`).
 const TIMEOUT: Duration = Duration::from_secs(10);
@@ -86,30 +86,16 @@ fn open_fds(pid: i32) -> usize {
         .count()
 }
 
-/// The tracer's descriptors once the last scrape's connection is closed: the server closes
-/// it after its response, and on a loaded machine that can come after the client has read
-/// it. A baseline that still counted it made the 64 accepted connections read as 63, and
-/// the wait for 64 ran into the head timeout that closes them (held: 35).
-fn settled_fds(pid: i32) -> usize {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let mut fds = open_fds(pid);
-    loop {
-        std::thread::sleep(Duration::from_millis(200));
-        let now = open_fds(pid);
-        if now == fds || Instant::now() > deadline {
-            return now.min(fds);
-        }
-        fds = now;
-    }
-}
-
 #[test]
 fn idle_connections_past_the_descriptor_limit_leave_it_serving() {
     require_privileges();
     let (tracer, addr) = start();
     let pid = tracer.pid();
     assert_scrapes(addr, "before");
-    let (fds, threads) = (settled_fds(pid), status_field(pid, "Threads:"));
+    // Once the scrape's connection is closed: the server closes it after its response, and
+    // a baseline that still counted it made 64 accepted connections read 63, so the wait for
+    // 64 ran into the head timeout that closes them (held: 35, under load).
+    let (fds, threads) = (settled(|| open_fds(pid)), status_field(pid, "Threads:"));
 
     // 100 idle connections: the server takes MAX_CONNECTIONS, the rest wait in the backlog,
     // and no thread is started for any of them.

@@ -13,7 +13,7 @@ use std::{
 };
 
 use common::require_privileges;
-use support::{BIN, run, summary};
+use support::{BIN, run, settled, summary};
 
 #[test]
 fn a_launched_command_has_its_own_name_every_time() {
@@ -74,22 +74,6 @@ fn kernel_faults(pid: u32) -> u64 {
     fields[10 - 3].parse::<u64>().unwrap() + fields[12 - 3].parse::<u64>().unwrap()
 }
 
-/// The kernel's count once the process has gone quiet (two reads 200 ms apart agree): its
-/// `ok` line reaches us before it is back waiting for input, and the few faults of getting
-/// there were counted by the tracer after an early read (982 against 979, once).
-fn settled_kernel_faults(pid: u32) -> u64 {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let mut faults = kernel_faults(pid);
-    loop {
-        std::thread::sleep(Duration::from_millis(200));
-        let now = kernel_faults(pid);
-        if now == faults || Instant::now() > deadline {
-            return now;
-        }
-        faults = now;
-    }
-}
-
 /// The kernel's counters of a process survive `exec` (fork zeroes them, exec does not), so
 /// the launched command's /proc/PID/stat counts its launcher's faults after fork too. The
 /// tracer reads them at the exec trap (the N of its note) and counts from there: its count
@@ -141,7 +125,9 @@ fn faults_before_exec_are_the_launchers_and_every_later_one_is_counted() {
             panic!("the tracing note names the pid and faults before exec: {seen:?}")
         });
     assert!(before > 0, "fork's copy-on-write and execve fault");
-    let kernel = settled_kernel_faults(pid);
+    // Once the workload has gone quiet: its `ok` line reaches us before it is back waiting for
+    // input, and the faults of getting there were traced after an early read (982 vs 979).
+    let kernel = settled(|| kernel_faults(pid));
     // SAFETY: kill(2) on our own child.
     assert_eq!(unsafe { libc::kill(tracer.id() as i32, libc::SIGINT) }, 0);
     let status = tracer.wait().unwrap();

@@ -53,8 +53,13 @@ fn build_lock_chain(dir: &Path) -> PathBuf {
     bin
 }
 
-/// The summary of `memlock-trace --json --stacks [extra] -- command`.
+/// The summary of `memlock-trace --json --stacks [extra] -- command`, which exits 0.
 fn traced(extra: &[&str], command: &[&str]) -> Value {
+    traced_exiting(extra, command, 0)
+}
+
+/// The same for a command whose exit code (the tracer's own) is `code`.
+fn traced_exiting(extra: &[&str], command: &[&str], code: i32) -> Value {
     let out = Command::new(BIN)
         .args(["--json", "--stacks"])
         .args(extra)
@@ -63,7 +68,7 @@ fn traced(extra: &[&str], command: &[&str]) -> Value {
         .output()
         .expect("memlock-trace");
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{:?}\n{stderr}", out.status);
+    assert_eq!(out.status.code(), Some(code), "{stderr}");
     let stdout = String::from_utf8_lossy(&out.stdout);
     json_lines(&stdout)
         .pop()
@@ -348,17 +353,8 @@ fn memcached_mlockall_call_site_equals_gdbs_backtrace() {
     ];
     let mut command = vec!["timeout", "-s", "INT", "1"];
     command.extend(server);
-    let out = Command::new(BIN)
-        .args(["--json", "--stacks", "--follow-children", "--"])
-        .args(&command)
-        .output()
-        .expect("memlock-trace");
-    let stderr = String::from_utf8_lossy(&out.stderr);
     // timeout's own status: memcached was stopped by it.
-    assert_eq!(out.status.code(), Some(124), "{stderr}");
-    let summary = json_lines(&String::from_utf8_lossy(&out.stdout))
-        .pop()
-        .unwrap_or_else(|| panic!("no summary: {stderr}"));
+    let summary = traced_exiting(&["--follow-children"], &command, 124);
     let site = call_site(&summary, "mlockall");
     frames(&site["frames"]); // every frame in an executable mapping
     let ours: Vec<GdbFrame> = site["frames"]

@@ -299,3 +299,19 @@ pub fn cgroup2_mount() -> std::path::PathBuf {
         })
         .expect("this test needs a cgroup2 mount (cgroup v2, or the unified hierarchy)")
 }
+
+/// `read()` once it has stopped changing (two reads 200 ms apart agree, or 5 s gone): a
+/// figure of another process read after it has gone quiet, not while it finishes what it
+/// was doing (a connection being closed, a line written before the next read).
+pub fn settled<T: PartialEq>(read: impl Fn() -> T) -> T {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let mut value = read();
+    loop {
+        std::thread::sleep(Duration::from_millis(200));
+        let now = read();
+        if now == value || std::time::Instant::now() > deadline {
+            return now;
+        }
+        value = now;
+    }
+}
