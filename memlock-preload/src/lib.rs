@@ -7,22 +7,29 @@
 //!
 //! Environment (set by `advise --apply`, documented in docs/advise.md):
 //! - `MEMLOCK_PRELOAD_RULES`: `ACTION:KIND:LENGTH[:PATH]` separated by `;`, where ACTION is
-//!   `lock` or `populate`, KIND `anon` or `file`, LENGTH the mapping's bytes (compared after
-//!   rounding up to pages); an anonymous rule also takes a call up to [`MERGE_SLACK`] shorter,
-//!   since the mapping `advise` saw may be the call's merged with a small neighbour;
+//!   `lock` or `populate`, KIND `anon`, `file` or `alloc`, LENGTH the mapping's bytes
+//!   (compared after rounding up to pages); an anonymous rule also takes a call up to
+//!   [`MERGE_SLACK`] shorter, since the mapping `advise` saw may be the call's merged with a
+//!   small neighbour; an `alloc` rule names a block `malloc`/`calloc` return, of LENGTH bytes
+//!   rounded up to pages (glibc makes large blocks with its internal `mmap`, which the `mmap`
+//!   hook never sees);
+//! - `MEMLOCK_PRELOAD_WATCH`: a size in bytes: every block `malloc`/`calloc` return of at
+//!   least that size is logged as `alloc ADDR LEN` (the first run of `--apply`, which learns
+//!   which mappings the allocator made);
 //! - `MEMLOCK_PRELOAD_MLOCKALL`: `mlockall` flags, a number (`MCL_CURRENT` 1, `MCL_FUTURE` 2,
 //!   `MCL_ONFAULT` 4);
 //! - `MEMLOCK_PRELOAD_LOG`: the file the actions are appended to.
 //!
-//! The `mmap` hook allocates nothing and takes no lock: it may run inside the program's own
-//! allocator. Mappings libc makes for itself (glibc's `malloc` calls its internal `__mmap`)
-//! are not seen; `advise` says so where that matters.
+//! The hooks allocate nothing and take no lock: they run inside the program's own allocator.
+//! Mappings libc makes for itself (glibc's `malloc` calls its internal `__mmap`) are not
+//! seen by the `mmap` hook; the blocks `malloc` and `calloc` return are, by the `alloc`
+//! rules. Other allocation calls (`realloc`, `posix_memalign`, ...) pass untouched.
 
 use std::{
     ffi::{CStr, c_int, c_void},
     sync::{
         OnceLock,
-        atomic::{AtomicUsize, Ordering},
+        atomic::{AtomicI32, AtomicUsize, Ordering},
     },
 };
 
@@ -45,16 +52,26 @@ enum Action {
     Populate,
 }
 
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Kind {
+    Anon,
+    /// A mapping of this file.
+    File(Vec<u8>),
+    /// A block `malloc` or `calloc` returned.
+    Alloc,
+}
+
 #[derive(Clone, Debug)]
 struct Rule {
     action: Action,
-    /// `None`: anonymous; `Some(path)`: a mapping of this file.
-    file: Option<Vec<u8>>,
+    kind: Kind,
     len: usize,
 }
 
 struct Config {
     rules: Vec<Rule>,
+    /// Blocks at least this large are logged (`MEMLOCK_PRELOAD_WATCH`).
+    watch: Option<usize>,
     /// The log's descriptor, or -1.
     log: c_int,
 }
@@ -62,6 +79,13 @@ struct Config {
 static CONFIG: OnceLock<Config> = OnceLock::new();
 /// libc's `mmap`, found with `dlsym(RTLD_NEXT)`.
 static REAL_MMAP: AtomicUsize = AtomicUsize::new(0);
+/// libc's `malloc` and `calloc` (or the allocator preloaded after us).
+static REAL_MALLOC: AtomicUsize = AtomicUsize::new(0);
+static REAL_CALLOC: AtomicUsize = AtomicUsize::new(0);
+/// The smallest block the allocation hooks look at (an `alloc` rule's length, or the
+/// watch size); `usize::MAX` until `init` has read the environment: every smaller block
+/// passes with one comparison.
+static ALLOC_MIN: AtomicUsize = AtomicUsize::new(usize::MAX);
 
 type MmapFn = unsafe extern "C" fn(*mut c_void, usize, c_int, c_int, c_int, i64) -> *mut c_void;
 
@@ -83,7 +107,20 @@ extern "C" fn init() {
     let rules = std::env::var("MEMLOCK_PRELOAD_RULES")
         .map(|r| parse_rules(&r))
         .unwrap_or_default();
-    let config = CONFIG.get_or_init(|| Config { rules, log });
+    let watch = std::env::var("MEMLOCK_PRELOAD_WATCH")
+        .ok()
+        .and_then(|w| w.parse::<usize>().ok());
+    let config = CONFIG.get_or_init(|| Config { rules, watch, log });
+    let smallest_rule = config
+        .rules
+        .iter()
+        .filter(|r| r.kind == Kind::Alloc)
+        // A block up to a page shorter than the rule rounds up to it.
+        .map(|r| r.len.saturating_sub(PAGE - 1))
+        .min();
+    if let Some(min) = smallest_rule.into_iter().chain(watch).min() {
+        ALLOC_MIN.store(min, Ordering::Release);
+    }
     if let Some(flags) = std::env::var("MEMLOCK_PRELOAD_MLOCKALL")
         .ok()
         .and_then(|f| f.parse::<c_int>().ok())
@@ -113,14 +150,17 @@ fn parse_rules(text: &str) -> Vec<Rule> {
         let Some(len) = parts.next().and_then(|l| l.parse::<usize>().ok()) else {
             continue;
         };
-        let file = match (kind, parts.next()) {
-            (Some("anon"), None) => None,
-            (Some("file"), Some(path)) if path.len() < MAX_PATH => Some(path.as_bytes().to_vec()),
+        let kind = match (kind, parts.next()) {
+            (Some("anon"), None) => Kind::Anon,
+            (Some("alloc"), None) => Kind::Alloc,
+            (Some("file"), Some(path)) if path.len() < MAX_PATH => {
+                Kind::File(path.as_bytes().to_vec())
+            }
             _ => continue,
         };
         rules.push(Rule {
             action,
-            file,
+            kind,
             len: round_up(len),
         });
     }
@@ -185,6 +225,99 @@ pub unsafe extern "C" fn mmap64(
     unsafe { mmap(addr, len, prot, flags, fd, offset) }
 }
 
+type MallocFn = unsafe extern "C" fn(usize) -> *mut c_void;
+type CallocFn = unsafe extern "C" fn(usize, usize) -> *mut c_void;
+
+/// The thread looking an allocator up (0: none).
+static RESOLVER: AtomicI32 = AtomicI32::new(0);
+
+/// The function `name` after us (libc's, or an allocator preloaded after us), looked up once
+/// into `slot`; 0 to an allocation `dlsym` itself makes while looking it up (glibc's copes
+/// with null). Another thread waits for the lookup.
+fn next_symbol(slot: &AtomicUsize, name: &CStr) -> usize {
+    loop {
+        let f = slot.load(Ordering::Acquire);
+        if f != 0 {
+            return f;
+        }
+        // SAFETY: gettid takes nothing.
+        let me = unsafe { libc::gettid() };
+        match RESOLVER.compare_exchange(0, me, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => {
+                // SAFETY: a NUL-terminated symbol name.
+                let f = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) } as usize;
+                slot.store(f, Ordering::Release);
+                RESOLVER.store(0, Ordering::Release);
+                return f;
+            }
+            Err(holder) if holder == me => return 0,
+            Err(_) => std::hint::spin_loop(),
+        }
+    }
+}
+
+/// # Safety
+/// As libc's `malloc(3)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn malloc(len: usize) -> *mut c_void {
+    let f = next_symbol(&REAL_MALLOC, c"malloc");
+    if f == 0 {
+        return std::ptr::null_mut();
+    }
+    // SAFETY: `f` is the next `malloc`, called with the caller's argument.
+    let block = unsafe { std::mem::transmute::<usize, MallocFn>(f)(len) };
+    if len >= ALLOC_MIN.load(Ordering::Relaxed) && !block.is_null() {
+        allocated(block as usize, len);
+    }
+    block
+}
+
+/// # Safety
+/// As libc's `calloc(3)`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn calloc(count: usize, size: usize) -> *mut c_void {
+    let f = next_symbol(&REAL_CALLOC, c"calloc");
+    if f == 0 {
+        return std::ptr::null_mut();
+    }
+    // SAFETY: `f` is the next `calloc`, called with the caller's arguments.
+    let block = unsafe { std::mem::transmute::<usize, CallocFn>(f)(count, size) };
+    if let Some(len) = count.checked_mul(size)
+        && len >= ALLOC_MIN.load(Ordering::Relaxed)
+        && !block.is_null()
+    {
+        allocated(block as usize, len);
+    }
+    block
+}
+
+/// A block of `len` bytes at `addr` from `malloc`/`calloc`: logged when watched, locked or
+/// populated (its pages) when a rule names its length. Allocates nothing.
+fn allocated(addr: usize, len: usize) {
+    let Some(config) = CONFIG.get() else {
+        return;
+    };
+    if config.watch.is_some_and(|w| len >= w) {
+        let mut line = LineBuf::new();
+        line.push(b"alloc ");
+        line.push_hex(addr as u64);
+        line.push(b" ");
+        line.push_num(len as u64);
+        line.push(b"\n");
+        line.write(config.log);
+    }
+    let rounded = round_up(len);
+    if let Some(rule) = config
+        .rules
+        .iter()
+        .find(|r| r.kind == Kind::Alloc && r.len == rounded)
+    {
+        let first = addr / PAGE * PAGE;
+        let end = round_up(addr + len);
+        carry_out(config, rule.action, b"alloc ", first, end - first, true);
+    }
+}
+
 /// Locks or populates a new mapping a rule names. Allocates nothing.
 fn apply(addr: *mut c_void, len: usize, prot: c_int, flags: c_int, fd: c_int) {
     let Some(config) = CONFIG.get() else {
@@ -195,48 +328,65 @@ fn apply(addr: *mut c_void, len: usize, prot: c_int, flags: c_int, fd: c_int) {
     let mut path_len = None;
     for rule in &config.rules {
         let call = round_up(len);
-        let merged =
-            anonymous && rule.file.is_none() && call < rule.len && rule.len - call <= MERGE_SLACK;
+        let merged = anonymous
+            && rule.kind == Kind::Anon
+            && call < rule.len
+            && rule.len - call <= MERGE_SLACK;
         if rule.len != call && !merged {
             continue;
         }
-        match &rule.file {
-            None if !anonymous => continue,
-            Some(_) if anonymous => continue,
-            Some(want) => {
+        match &rule.kind {
+            Kind::Alloc => continue,
+            Kind::Anon if !anonymous => continue,
+            Kind::File(_) if anonymous => continue,
+            Kind::File(want) => {
                 let have = *path_len.get_or_insert_with(|| fd_path(fd, &mut path));
                 if have != Some(want.len()) || &path[..want.len()] != want.as_slice() {
                     continue;
                 }
             }
-            None => {}
+            Kind::Anon => {}
         }
-        let ok = match rule.action {
-            // SAFETY: the range was just mapped for the program; mlock2 only pins it.
-            Action::Lock => unsafe { libc::syscall(libc::SYS_mlock2, addr, len, 0) == 0 },
-            Action::Populate => {
-                let advice = if prot & libc::PROT_WRITE != 0 {
-                    MADV_POPULATE_WRITE
-                } else {
-                    MADV_POPULATE_READ
-                };
-                // SAFETY: as above; populating only faults the range in.
-                unsafe { libc::madvise(addr, len, advice) == 0 }
-            }
-        };
-        let mut line = LineBuf::new();
-        line.push(match rule.action {
-            Action::Lock => b"lock ",
-            Action::Populate => b"populate ",
-        });
-        line.push(if anonymous { b"anon " } else { b"file " });
-        line.push_hex(addr as u64);
-        line.push(b" ");
-        line.push_num(len as u64);
-        result(&mut line, ok);
-        line.write(config.log);
+        let what: &[u8] = if anonymous { b"anon " } else { b"file " };
+        carry_out(
+            config,
+            rule.action,
+            what,
+            addr as usize,
+            len,
+            prot & libc::PROT_WRITE != 0,
+        );
         return;
     }
+}
+
+/// Locks or populates `len` bytes at `addr` for a rule, and logs it.
+fn carry_out(config: &Config, action: Action, what: &[u8], addr: usize, len: usize, write: bool) {
+    let ok = match action {
+        // SAFETY: the range is the program's own, just mapped or allocated; mlock2 only
+        // pins it.
+        Action::Lock => unsafe { libc::syscall(libc::SYS_mlock2, addr, len, 0) == 0 },
+        Action::Populate => {
+            let advice = if write {
+                MADV_POPULATE_WRITE
+            } else {
+                MADV_POPULATE_READ
+            };
+            // SAFETY: as above; populating only faults the range in.
+            unsafe { libc::madvise(addr as *mut c_void, len, advice) == 0 }
+        }
+    };
+    let mut line = LineBuf::new();
+    line.push(match action {
+        Action::Lock => b"lock ",
+        Action::Populate => b"populate ",
+    });
+    line.push(what);
+    line.push_hex(addr as u64);
+    line.push(b" ");
+    line.push_num(len as u64);
+    result(&mut line, ok);
+    line.write(config.log);
 }
 
 /// The path `fd` refers to, into `buf`: its length, or None.
@@ -329,11 +479,17 @@ mod tests {
 
     #[test]
     fn rules_parse_and_bad_ones_are_left_out() {
-        let rules = parse_rules("lock:anon:268435456;populate:file:5000:/a:b;bogus;lock:anon:x");
-        assert_eq!(rules.len(), 2, "{rules:?}");
+        let rules = parse_rules(
+            "lock:anon:268435456;populate:file:5000:/a:b;bogus;lock:anon:x;populate:alloc:1048577",
+        );
+        assert_eq!(rules.len(), 3, "{rules:?}");
         assert_eq!((rules[0].action, rules[0].len), (Action::Lock, 268_435_456));
-        assert_eq!(rules[1].file.as_deref(), Some(&b"/a:b"[..]));
+        assert_eq!(rules[1].kind, Kind::File(b"/a:b".to_vec()));
         assert_eq!(rules[1].len, 8192);
+        assert_eq!(
+            (rules[2].action, &rules[2].kind, rules[2].len),
+            (Action::Populate, &Kind::Alloc, 1_052_672)
+        );
     }
 
     #[test]

@@ -12,15 +12,18 @@ use serde_json::Value;
 const BIN: &str = env!("CARGO_BIN_EXE_memlock-trace");
 
 /// The seeds, answered: `advise --apply` on first-touch's lazy run must name the region and
-/// move its first-touch faults out of the timed loop, and on dynamic-alloc's churn must say
-/// locking cannot help, set glibc's tunables, and cut the refaults, all as the workload
-/// counts them itself.
+/// move its first-touch faults out of the timed loop; on malloc-vs-mmap's malloc run name
+/// malloc's block and move its faults out of the timed writes into `malloc` (where
+/// `MAP_LOCKED` pays them in `mmap`), though glibc maps the block itself; and on
+/// dynamic-alloc's churn say locking cannot help, set glibc's tunables, and cut the
+/// refaults, all as the workload counts them itself.
 #[test]
-fn the_advice_agrees_with_the_references_on_first_touch_and_dynamic_alloc() {
+fn the_advice_agrees_with_the_references_on_first_touch_malloc_and_dynamic_alloc() {
     require_privileges();
     let out_dir = std::env::temp_dir().join(format!("memlock-trace-advice-{}", std::process::id()));
     let out = Command::new(BIN)
         .args(["suite", "--tiny", "--scenario", "first-touch"])
+        .args(["--scenario", "malloc-vs-mmap"])
         .args(["--scenario", "dynamic-alloc", "--out"])
         .arg(&out_dir)
         .output()
@@ -40,7 +43,7 @@ fn the_advice_agrees_with_the_references_on_first_touch_and_dynamic_alloc() {
         .iter()
         .map(|a| a["scenario"].as_str().unwrap())
         .collect();
-    assert_eq!(names, ["first-touch", "dynamic-alloc"]);
+    assert_eq!(names, ["first-touch", "malloc-vs-mmap", "dynamic-alloc"]);
     for a in advice {
         let name = a["scenario"].as_str().unwrap();
         assert!(a["error"].is_null(), "{name}: {}", a["error"]);
@@ -58,6 +61,14 @@ fn the_advice_agrees_with_the_references_on_first_touch_and_dynamic_alloc() {
                 assert!(after["touch_faults_per_run"].as_u64().unwrap() <= pages / 10);
                 // The faults moved into the mmap call (the preload library's mlock2).
                 assert!(after["call_faults_per_run"].as_u64().unwrap() >= pages);
+            }
+            "malloc-vs-mmap" => {
+                let pages = before["bytes"].as_u64().unwrap() / 4096;
+                let faults = |run: &Value, key: &str| run[key].as_f64().unwrap() as u64;
+                assert!(faults(before, "write_faults") >= pages * 9 / 10, "{before}");
+                assert!(faults(after, "write_faults") <= pages / 100, "{after}");
+                // Populated by the preload library as malloc returned the block.
+                assert!(faults(after, "alloc_faults") >= pages, "{after}");
             }
             _ => {
                 let (pages, rounds) = (

@@ -28,6 +28,46 @@ pub struct Plan {
     pub env: Environment,
 }
 
+/// Blocks `malloc`/`calloc` return of at least this size are logged in the first run of
+/// `--apply`: below it glibc serves them from its heaps, at it or above (its default mmap
+/// threshold is 128 KiB, raised up to 32 MiB as blocks are freed) with a mapping of their
+/// own.
+const WATCH_BLOCKS_FROM: usize = 64 << 10;
+
+/// The first run's environment under `--apply`: the preload library only watches, logging
+/// the large blocks the allocator returns, so that advice on a mapping malloc made can
+/// name the blocks to populate or lock (glibc maps them itself, out of the library's
+/// `mmap` hook's sight). Without the library, the first run goes as plain `advise`.
+pub fn watch() -> Result<Environment> {
+    let Ok(library) = preload_library() else {
+        return Ok(Environment::default());
+    };
+    let mut env = Environment::default();
+    let log = preload_env(&mut env, &library)?;
+    env.vars.push((
+        "MEMLOCK_PRELOAD_WATCH".into(),
+        WATCH_BLOCKS_FROM.to_string(),
+    ));
+    env.preload_log = Some(log);
+    Ok(env)
+}
+
+/// `LD_PRELOAD` (ours first, the caller's after) and the log, in `env`; the log's path.
+fn preload_env(env: &mut Environment, library: &std::path::Path) -> Result<PathBuf> {
+    let preload = match std::env::var("LD_PRELOAD") {
+        Ok(existing) if !existing.is_empty() => format!("{}:{existing}", library.display()),
+        _ => library.display().to_string(),
+    };
+    // Writable by the command whoever it runs as (it may drop privileges), readable by us
+    // alone.
+    let log = temp_path("preload-log")?;
+    std::fs::set_permissions(&log, std::os::unix::fs::PermissionsExt::from_mode(0o622))?;
+    env.vars.push(("LD_PRELOAD".into(), preload));
+    env.vars
+        .push(("MEMLOCK_PRELOAD_LOG".into(), log.display().to_string()));
+    Ok(log)
+}
+
 /// The second run's environment, or None when no advice can be applied.
 pub fn plan(advice: &[Advice]) -> Result<Option<Plan>> {
     let steps: Vec<ApplyStep> = advice
@@ -39,13 +79,7 @@ pub fn plan(advice: &[Advice]) -> Result<Option<Plan>> {
         return Ok(None);
     }
     let mut env = Environment::default();
-    let rules: Vec<&str> = steps
-        .iter()
-        .filter_map(|s| match s {
-            ApplyStep::Preload(r) => Some(r.as_str()),
-            ApplyStep::Tunable(_) => None,
-        })
-        .collect();
+    let rules = preload_rules(&steps);
     let tunables: Vec<&str> = steps
         .iter()
         .filter_map(|s| match s {
@@ -55,19 +89,9 @@ pub fn plan(advice: &[Advice]) -> Result<Option<Plan>> {
         .collect();
     if !rules.is_empty() {
         let library = preload_library()?;
-        let preload = match std::env::var("LD_PRELOAD") {
-            Ok(existing) if !existing.is_empty() => format!("{}:{existing}", library.display()),
-            _ => library.display().to_string(),
-        };
-        // Writable by the command whoever it runs as (it may drop privileges), readable
-        // by us alone.
-        let log = temp_path("preload-log")?;
-        std::fs::set_permissions(&log, std::os::unix::fs::PermissionsExt::from_mode(0o622))?;
-        env.vars.push(("LD_PRELOAD".into(), preload));
+        let log = preload_env(&mut env, &library)?;
         env.vars
             .push(("MEMLOCK_PRELOAD_RULES".into(), rules.join(";")));
-        env.vars
-            .push(("MEMLOCK_PRELOAD_LOG".into(), log.display().to_string()));
         env.preload_log = Some(log);
     }
     if !tunables.is_empty() {
@@ -81,6 +105,27 @@ pub fn plan(advice: &[Advice]) -> Result<Option<Plan>> {
         env.vars.push(("GLIBC_TUNABLES".into(), all.join(":")));
     }
     Ok(Some(Plan { env }))
+}
+
+/// The preload library's rules for `steps`, one per kind and length
+/// (`ACTION:KIND:LENGTH[:PATH]`): two mappings malloc made of blocks of one size give one
+/// `alloc` rule, which acts on every block of that size; populating wins over locking then,
+/// since the limit was weighed per mapping.
+pub(super) fn preload_rules(steps: &[ApplyStep]) -> Vec<String> {
+    let mut rules: Vec<(&str, &str)> = Vec::new();
+    for step in steps {
+        let ApplyStep::Preload(r) = step else {
+            continue;
+        };
+        for (action, what) in r.split(';').filter_map(|rule| rule.split_once(':')) {
+            match rules.iter_mut().find(|(_, w)| *w == what) {
+                Some(known) if action == "populate" => known.0 = action,
+                Some(_) => {}
+                None => rules.push((action, what)),
+            }
+        }
+    }
+    rules.iter().map(|(a, w)| format!("{a}:{w}")).collect()
 }
 
 /// `$MEMLOCK_TRACE_PRELOAD`, or the library next to this binary (cargo builds both into

@@ -93,11 +93,12 @@ pub fn run(args: &AdviseArgs) -> Result<i32> {
         },
         None => observe::Target::Command(args.command.clone()),
     };
-    let first = observe::run(
-        &target,
-        &observe::Environment::default(),
-        args.latency_sample,
-    )?;
+    let watch = if args.apply {
+        apply::watch()?
+    } else {
+        observe::Environment::default()
+    };
+    let first = observe::run(&target, &watch, args.latency_sample)?;
     let table = table::build(&first, args.startup)?;
     let advice = rules::advise(&table);
     let out = if args.apply {

@@ -4,6 +4,8 @@
 //! `MCL_FUTURE`), and what not to do (over the limit, over the memory available, memory
 //! touched only at start-up).
 
+use std::collections::BTreeMap;
+
 use serde::Serialize;
 
 use super::render::count;
@@ -287,7 +289,17 @@ fn lock_or_populate(table: &Table, m: &MappingFigures, locking: &mut u64) -> Vec
             None => false,
         };
     let limit_text = limit_text(limit);
-    let kind_rule = preload_kind(m);
+    let blocks = blocks_in(table, m);
+    let rule_for = |action: &str| match preload_kind(m) {
+        _ if !blocks.is_empty() => Some(
+            blocks
+                .iter()
+                .map(|b| format!("{action}:alloc:{}", b.len))
+                .collect::<Vec<_>>()
+                .join(";"),
+        ),
+        kind => kind.map(|k| format!("{action}:{k}")),
+    };
     let (kind, how, step) = if fits {
         *locking = need;
         let against = if exempt {
@@ -304,7 +316,7 @@ fn lock_or_populate(table: &Table, m: &MappingFigures, locking: &mut u64) -> Vec
                  touched but not remove these first-touch faults",
                 size(pinned)
             ),
-            kind_rule.map(|k| format!("lock:{k}")),
+            rule_for("lock"),
         )
     } else {
         out.push(
@@ -329,10 +341,21 @@ fn lock_or_populate(table: &Table, m: &MappingFigures, locking: &mut u64) -> Vec
                  MADV_POPULATE_WRITE) right after; keeps {} resident, reclaimable",
                 size(pinned)
             ),
-            kind_rule.map(|k| format!("populate:{k}")),
+            rule_for("populate"),
         )
     };
-    let how = if step.is_none() {
+    let how = if !blocks.is_empty() {
+        let made: Vec<String> = blocks
+            .iter()
+            .map(|b| format!("{} x {}", count(b.count), size(b.len)))
+            .collect();
+        format!(
+            "{how}. malloc made it ({} blocks; in the run that learned this, the first of \
+             --apply): --apply {}s each block of these sizes as malloc or calloc returns it",
+            made.join(", "),
+            kind
+        )
+    } else if step.is_none() {
         format!(
             "{how}. --apply cannot: {} grows inside libc (brk, the stack), not through mmap",
             m.mapping
@@ -348,6 +371,46 @@ fn lock_or_populate(table: &Table, m: &MappingFigures, locking: &mut u64) -> Vec
     a.apply = step.map(ApplyStep::Preload);
     out.push(a);
     out
+}
+
+/// Blocks of one size (rounded up to pages) that `malloc`/`calloc` returned inside a mapping.
+struct Blocks {
+    len: u64,
+    count: u64,
+}
+
+/// Most sizes of blocks named for one mapping (the preload library takes 16 rules in all).
+const BLOCK_SIZES: usize = 4;
+
+/// The large blocks the allocator returned inside `m`, by size, most bytes first: the preload
+/// library's `alloc ADDR LEN` lines of the first run of `--apply`. glibc maps such blocks
+/// with its internal `mmap`, which the library's `mmap` hook never sees.
+fn blocks_in(table: &Table, m: &MappingFigures) -> Vec<Blocks> {
+    let mut sizes: BTreeMap<u64, u64> = BTreeMap::new();
+    for line in &table.preload_log {
+        let mut words = line.split(' ');
+        let (Some("alloc"), Some(addr), Some(len)) = (words.next(), words.next(), words.next())
+        else {
+            continue;
+        };
+        let addr = addr
+            .strip_prefix("0x")
+            .and_then(|a| u64::from_str_radix(a, 16).ok());
+        if let (Some(addr), Ok(len)) = (addr, len.parse::<u64>())
+            && (m.start..m.end).contains(&addr)
+        {
+            *sizes
+                .entry(len.div_ceil(PAGE_SIZE) * PAGE_SIZE)
+                .or_default() += 1;
+        }
+    }
+    let mut blocks: Vec<Blocks> = sizes
+        .into_iter()
+        .map(|(len, count)| Blocks { len, count })
+        .collect();
+    blocks.sort_by_key(|b| std::cmp::Reverse(b.len * b.count));
+    blocks.truncate(BLOCK_SIZES);
+    blocks
 }
 
 /// The preload library's `KIND:LENGTH[:PATH]` for a mapping it can see being made.

@@ -35,7 +35,8 @@ pub struct Phase {
     pub major: u64,
     pub user: u64,
     pub populated: u64,
-    /// Faults x the interval's mean latency, added up (user and populated faults).
+    /// Faults x the interval's mean latency, added up (user faults, and populated ones where
+    /// the hooks time them).
     pub fault_ns: u64,
     /// The same for faults taken through the exception (the program's own code stalls).
     pub user_fault_ns: u64,
@@ -160,8 +161,8 @@ pub fn build(run: &Run, startup_flag: Option<f64>) -> Result<Table> {
         let in_startup = w.start_ns + (w.end_ns - w.start_ns) / 2 < boundary;
         let phase = if in_startup { &mut during } else { &mut after };
         let f = &interval.faults;
-        let mean = mean_ns(f, &["minor", "major"]);
-        add_phase(phase, f, mean);
+        let mean = mean_ns(f, &["minor", "major"]) * timed_share(f);
+        add_phase(phase, f);
         let is_tail = tail.as_ref().is_some_and(|t| std::ptr::eq(interval, t));
         let mut per_key: BTreeMap<MappingKey, (u64, bool)> = BTreeMap::new();
         for row in &f.by_mapping {
@@ -364,21 +365,29 @@ fn mean_ns(f: &Faults, classes: &[&str]) -> f64 {
     }
 }
 
-fn add_phase(phase: &mut Phase, f: &Faults, mean: f64) {
+/// The share of an interval's faults whose time the hooks measured: all of them, or, on the
+/// tracepoint hook set (which times no page the kernel populates inside a call: that time
+/// is the call's), those the program's code took. A mapping's faults are not split by class,
+/// so its time is its faults x the mean latency x this share.
+fn timed_share(f: &Faults) -> f64 {
+    let populated_timed = f.latency_ns.get("populated").is_some_and(|l| l.count > 0);
+    let all = f.user + f.populated;
+    if populated_timed || f.populated == 0 || all == 0 {
+        1.0
+    } else {
+        f.user as f64 / all as f64
+    }
+}
+
+fn add_phase(phase: &mut Phase, f: &Faults) {
     phase.minor += f.minor;
     phase.major += f.major;
     phase.user += f.user;
     phase.populated += f.populated;
-    let user_mean = mean_ns(f, &["user"]);
-    let populated_mean = mean_ns(f, &["populated"]);
-    phase.user_fault_ns += (f.user as f64 * user_mean) as u64;
-    // The tracepoint hook set times no populated fault: those then take the overall mean.
-    let populated_mean = if populated_mean > 0.0 {
-        populated_mean
-    } else {
-        mean
-    };
-    phase.fault_ns += (f.user as f64 * user_mean + f.populated as f64 * populated_mean) as u64;
+    let user_ns = f.user as f64 * mean_ns(f, &["user"]);
+    phase.user_fault_ns += user_ns as u64;
+    // Pages populated untimed add nothing: their time is in the call that populated them.
+    phase.fault_ns += (user_ns + f.populated as f64 * mean_ns(f, &["populated"])) as u64;
 }
 
 fn hex(s: &str) -> Option<u64> {

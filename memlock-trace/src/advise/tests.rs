@@ -253,3 +253,58 @@ fn a_mapping_known_by_two_extents_has_its_faults_counted_once() {
     assert_eq!(t.mappings[0].faults(), 16384, "{:?}", t.mappings[0]);
     assert_eq!(t.mappings[0].size_bytes, 16384 * 4096);
 }
+
+#[test]
+fn a_mapping_malloc_made_is_applied_by_its_blocks_sizes_one_rule_each() {
+    // Two merged runs of 1 MiB slabs (1 MiB + malloc's header: two pages over) and a table
+    // of 512 KiB, as the preload library logged them in the watching run.
+    let mut slabs = mapping("anonymous", 48 * MIB, 0, 12_000);
+    slabs.start = 0x7f10_0000_0000;
+    slabs.end = slabs.start + 48 * MIB;
+    let mut more = mapping("anonymous", 16 * MIB, 0, 4_000);
+    more.start = 0x7f20_0000_0000;
+    more.end = more.start + 16 * MIB;
+    let mut t = table(vec![slabs, more], 8 * MIB, false);
+    t.preload_log = (0..48)
+        .map(|i| {
+            format!(
+                "alloc 0x{:x} 1048576",
+                0x7f10_0000_0010u64 + i * (MIB + 4096)
+            )
+        })
+        .chain(["alloc 0x7f20_0000_0010 1048576".replace('_', "")])
+        .chain(["alloc 0x7f30_0000_0010 524288".replace('_', "")])
+        .collect();
+    let advice = advise(&t);
+    let done: Vec<_> = advice.iter().filter(|a| a.verdict == Verdict::Do).collect();
+    assert_eq!(done.len(), 2, "{advice:?}");
+    for a in &done {
+        assert_eq!(a.kind, "populate", "over 8 MiB: {a:?}");
+        assert_eq!(
+            a.apply,
+            Some(ApplyStep::Preload("populate:alloc:1048576".into())),
+            "{a:?}"
+        );
+    }
+    assert!(
+        done[0].how.contains("malloc made it (48 x 1 MiB blocks"),
+        "{}",
+        done[0].how
+    );
+    let steps: Vec<ApplyStep> = done.iter().filter_map(|a| a.apply.clone()).collect();
+    assert_eq!(
+        super::apply::preload_rules(&steps),
+        ["populate:alloc:1048576"],
+        "one rule for both"
+    );
+    // A size one mapping locks and another populates: populated, the limit was weighed
+    // per mapping.
+    let mixed = [
+        ApplyStep::Preload("lock:alloc:1048576;lock:anon:8192".into()),
+        ApplyStep::Preload("populate:alloc:1048576".into()),
+    ];
+    assert_eq!(
+        super::apply::preload_rules(&mixed),
+        ["populate:alloc:1048576", "lock:anon:8192"]
+    );
+}

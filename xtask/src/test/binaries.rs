@@ -37,6 +37,12 @@ pub(super) const HOST_ONLY: &[(&str, &str)] = &[
          reads: test:intervals and test:faults, on every kernel)",
     ),
     (
+        "memlock-trace/test:advise_memcached",
+        "host only: runs memcached a second time with the preload library and perf stat, \
+         which the guest's initramfs does not carry (the fault figures advise reads: \
+         test:intervals and test:faults, on every kernel)",
+    ),
+    (
         "memlock-trace/test:stacks",
         "host only: compiles a C program with gcc and compares with perf and gdb, which the \
          guests do not carry (the kernel side of --stacks: test:fault_cli, on every kernel)",
@@ -90,6 +96,8 @@ pub(super) const HOST_ONLY: &[(&str, &str)] = &[
 /// the host has (python3 with its standard library, memcached: see `vm::programs`).
 pub(super) const PROGRAM_TESTS: &[(&str, &str)] = &[
     ("memlock-trace/test:advise", "python3"),
+    ("memlock-trace/test:advise_memcached", "memcached"),
+    ("memlock-trace/test:advise_memcached", "linux-perf"),
     ("memlock-trace/test:prometheus_server", "prometheus"),
     ("memlock-trace/test:prometheus_https", "prometheus"),
     // promtool lints the text format; the Python client's parser checks OpenMetrics.
