@@ -338,6 +338,13 @@ pub struct RegionSlot {
     pub value: RegionValue,
 }
 
+/// Or'ed into the `vm_flags` the fault hooks count a region with when the faulting thread's
+/// user stack pointer was inside that VMA: the VMA is a stack, a thread's or the main one.
+/// A thread's stack is an ordinary anonymous mapping to `/proc/PID/maps`, and a thread
+/// that lives a few milliseconds is gone before anyone reads it; this is seen at the fault.
+/// The hooks clear the bit from the kernel's own flags first, so it means only this.
+pub const VM_HELD_SP: u64 = 1 << 62;
+
 /// Per-CPU value of `FAULT_REGIONS`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -214,3 +214,51 @@ fn a_failed_mlock_on_an_unmapped_range_says_so_in_text() {
         "{text}"
     );
 }
+
+/// A thread's stack is told from other anonymous memory at the fault (the `stack` flag: the
+/// faulting thread's stack pointer was inside the VMA), which `advise` needs for threads that
+/// come and go before /proc shows their stacks: the bundled thread-stack workload with one
+/// thread of a 2 MiB stack using 256 KiB has exactly one anonymous row flagged, of that
+/// size and those pages (and glibc's thread descriptor at its top), beside the main
+/// `[stack]`; no other row is.
+#[cfg(feature = "lab")]
+#[test]
+fn a_threads_stack_is_told_apart_at_the_fault() {
+    require_privileges();
+    let (lines, _) = traced(
+        BIN,
+        &[
+            "scenario",
+            "thread-stack",
+            "--variant",
+            "off",
+            "--threads",
+            "1",
+            "--stack-mib",
+            "2",
+            "--stack-used-kib",
+            "256",
+        ],
+    );
+    let f = faults_of(&lines);
+    let rows = assert_every_fault_named(&f);
+    let stacks: Vec<&Value> = rows.iter().filter(|r| r["stack"] == true).collect();
+    let names: Vec<&str> = stacks
+        .iter()
+        .map(|r| r["mapping"].as_str().unwrap())
+        .collect();
+    assert_eq!(names.len(), 2, "{stacks:#?}");
+    assert!(names.contains(&"[stack]"), "{stacks:#?}");
+    let thread = stacks.iter().find(|r| r["mapping"] == "anonymous").unwrap();
+    assert_eq!(
+        hex(&thread["end"]) - hex(&thread["start"]),
+        2 << 20,
+        "{thread}"
+    );
+    let used_pages = 256 / 4;
+    let faults = thread["faults"].as_u64().unwrap();
+    assert!(
+        (used_pages..=used_pages + 4).contains(&faults),
+        "{faults} faults on a stack that used {used_pages} pages: {thread}"
+    );
+}

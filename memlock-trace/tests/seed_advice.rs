@@ -14,16 +14,17 @@ const BIN: &str = env!("CARGO_BIN_EXE_memlock-trace");
 /// The seeds, answered: `advise --apply` on first-touch's lazy run must name the region and
 /// move its first-touch faults out of the timed loop; on malloc-vs-mmap's malloc run name
 /// malloc's block and move its faults out of the timed writes into `malloc` (where
-/// `MAP_LOCKED` pays them in `mmap`), though glibc maps the block itself; and on
-/// dynamic-alloc's churn say locking cannot help, set glibc's tunables, and cut the
-/// refaults, all as the workload counts them itself.
+/// `MAP_LOCKED` pays them in `mmap`), though glibc maps the block itself; on thread-stack's
+/// threads (too short-lived for /proc to show their stacks) warn against `MCL_FUTURE` and
+/// pin no stack; and on dynamic-alloc's churn say locking cannot help, set glibc's
+/// tunables, and cut the refaults, all as the workload counts them itself.
 #[test]
-fn the_advice_agrees_with_the_references_on_first_touch_malloc_and_dynamic_alloc() {
+fn the_advice_agrees_with_the_references_on_every_seed() {
     require_privileges();
     let out_dir = std::env::temp_dir().join(format!("memlock-trace-advice-{}", std::process::id()));
     let out = Command::new(BIN)
         .args(["suite", "--tiny", "--scenario", "first-touch"])
-        .args(["--scenario", "malloc-vs-mmap"])
+        .args(["--scenario", "malloc-vs-mmap", "--scenario", "thread-stack"])
         .args(["--scenario", "dynamic-alloc", "--out"])
         .arg(&out_dir)
         .output()
@@ -43,7 +44,15 @@ fn the_advice_agrees_with_the_references_on_first_touch_malloc_and_dynamic_alloc
         .iter()
         .map(|a| a["scenario"].as_str().unwrap())
         .collect();
-    assert_eq!(names, ["first-touch", "malloc-vs-mmap", "dynamic-alloc"]);
+    assert_eq!(
+        names,
+        [
+            "first-touch",
+            "malloc-vs-mmap",
+            "thread-stack",
+            "dynamic-alloc"
+        ]
+    );
     for a in advice {
         let name = a["scenario"].as_str().unwrap();
         assert!(a["error"].is_null(), "{name}: {}", a["error"]);
@@ -69,6 +78,14 @@ fn the_advice_agrees_with_the_references_on_first_touch_malloc_and_dynamic_alloc
                 assert!(faults(after, "write_faults") <= pages / 100, "{after}");
                 // Populated by the preload library as malloc returned the block.
                 assert!(faults(after, "alloc_faults") >= pages, "{after}");
+            }
+            "thread-stack" => {
+                let per_thread = |run: &Value| run["faults_per_thread"].as_f64().unwrap();
+                assert!(
+                    per_thread(after) <= per_thread(before) * 1.1,
+                    "{before} {after}"
+                );
+                assert_eq!(after["locked_kib"], 0, "no stack locked: {after}");
             }
             _ => {
                 let (pages, rounds) = (

@@ -117,7 +117,7 @@ pub fn handle_mm_fault_fentry(ctx: FEntryContext) -> u32 {
     let address: u64 = ctx.arg(1);
     let flags: u64 = ctx.arg(2);
     let regs: u64 = ctx.arg(3);
-    hook_start(vma, address, flags as u32, regs == 0);
+    hook_start(vma, address, flags as u32, regs);
     0
 }
 
@@ -135,7 +135,7 @@ pub fn handle_mm_fault_kprobe(ctx: ProbeContext) -> u32 {
     let address: u64 = ctx.arg(1).unwrap_or(0);
     let flags: u64 = ctx.arg(2).unwrap_or(0);
     let regs: u64 = ctx.arg(3).unwrap_or(0);
-    hook_start(vma, address, flags as u32, regs == 0);
+    hook_start(vma, address, flags as u32, regs);
     0
 }
 

@@ -12,12 +12,12 @@ use aya_ebpf::{
 };
 use memlock_trace_common::{
     PAGE_MASK, PAGE_SHIFT,
-    faults::{FaultEntry, MAX_FAULT_THREADS, class, populate},
+    faults::{FaultEntry, MAX_FAULT_THREADS, VM_HELD_SP, class, populate},
 };
 
 use super::{
     FAILED_SIGNALLED, Fault, NO_LATENCY, NO_SYSCALL, NOT_TIMED, TIMED_ONLY, account,
-    mappings::{note_vma, resolve},
+    mappings::{note_vma, resolve, with_sp},
     populate::POPULATE_INFLIGHT,
     record_stack,
     regions::count_region,
@@ -54,8 +54,9 @@ pub(super) fn record_start<const LOOKUP: u8>(address: u64) {
     // memory has no mapping).
     if config!(counted_by_perf) != 0 && address < USER_ADDRESS_END {
         let vma = match LOOKUP {
-            FIND_VMA => resolve::<false>(tgid, address),
-            RB_WALK => resolve::<true>(tgid, address),
+            // No stack pointer at hand here (the start runs on a tracepoint).
+            FIND_VMA => resolve::<false>(tgid, address, 0),
+            RB_WALK => resolve::<true>(tgid, address, 0),
             _ => None,
         };
         let (region, vm_flags) = vma.unwrap_or((address & PAGE_MASK, 0));
@@ -176,7 +177,7 @@ pub(super) fn perf_completion<const ACROSS_CPUS: bool>(ctx: &PerfEventContext, m
     let address = unsafe { (*data).addr };
     // x86: the privilege level of the faulting code is the low two bits of CS.
     // SAFETY: as above.
-    let user_mode = unsafe { (*data).regs.cs } & 3 != 0;
+    let (user_mode, sp) = unsafe { ((*data).regs.cs & 3 != 0, (*data).regs.rsp) };
     let (tgid, tid) = current_ids();
     // A start found in the ring also says the task is traced (only targets fill it).
     let latency = if config!(latency) != 0 {
@@ -220,10 +221,11 @@ pub(super) fn perf_completion<const ACROSS_CPUS: bool>(ctx: &PerfEventContext, m
     let vma = if traced && !timed_only {
         // The `_local` programs run on kernels before 5.19, whose VMAs are still in an
         // rbtree (maple tree: 6.1); the others have `bpf_find_vma` (5.17).
+        // A kernel-mode fault's sp is the kernel's: in no user VMA.
         if ACROSS_CPUS {
-            resolve::<false>(tgid, address)
+            resolve::<false>(tgid, address, sp)
         } else {
-            resolve::<true>(tgid, address)
+            resolve::<true>(tgid, address, sp)
         }
     } else {
         None
@@ -256,8 +258,9 @@ pub(super) fn perf_completion<const ACROSS_CPUS: bool>(ctx: &PerfEventContext, m
 static FAULT_ENTRY: LruHashMap<u32, FaultEntry> =
     LruHashMap::with_max_entries(MAX_FAULT_THREADS, 0);
 
+/// `regs`: the faulting user registers, 0 for `get_user_pages` (populated by the kernel).
 #[inline(always)]
-pub(super) fn hook_start(vma: u64, address: u64, flags: u32, no_regs: bool) {
+pub(super) fn hook_start(vma: u64, address: u64, flags: u32, regs: u64) {
     let (tgid, tid) = current_ids();
     // Every fault on the machine runs this: with one target, other processes leave at a
     // compare with its tgid (an inlined array read), before any hash lookup, kernel read or
@@ -266,7 +269,21 @@ pub(super) fn hook_start(vma: u64, address: u64, flags: u32, no_regs: bool) {
     if sole != 0 && tgid != sole {
         return;
     }
-    start(tgid, tid, vma, address, flags, u32::from(no_regs));
+    start(tgid, tid, vma, address, flags, regs);
+}
+
+/// `struct pt_regs`'s `sp` (arch/x86/include/asm/ptrace.h, x86_64: the 20th word).
+const PT_REGS_SP: u32 = 19 * 8;
+
+/// The VMA's flags as the fault is counted with (see [`with_sp`]); the user stack pointer is
+/// read only for a fault of a traced thread that has registers (not one populated).
+#[inline(always)]
+fn counted_flags(tgid: u32, vma: u64, vm_start: u64, regs: u64) -> u64 {
+    let flags = read_kernel::<u64>(vma, config!(vma_vm_flags)) & !VM_HELD_SP;
+    match note_vma(tgid, vma, vm_start, flags) {
+        Some(end) if regs != 0 => with_sp(flags, vm_start, end, read_kernel(regs, PT_REGS_SP)),
+        _ => flags,
+    }
 }
 
 #[inline(always)]
@@ -384,7 +401,8 @@ fn start_time(untimed_left: &mut u32) -> u64 {
 /// before it completes). A thread with a fault still pending was left by one that never
 /// completed (a retry abandoned for a fatal signal): failed.
 #[inline(always)]
-fn start(tgid: u32, tid: u32, vma: u64, address: u64, flags: u32, no_regs: u32) {
+fn start(tgid: u32, tid: u32, vma: u64, address: u64, flags: u32, regs: u64) {
+    let no_regs = u32::from(regs == 0);
     if let Some(entry) = FAULT_ENTRY.get_ptr_mut(tid) {
         // SAFETY: as in `hook_end`: this thread's own entry, used by nothing else meanwhile.
         let e = unsafe { &mut *entry };
@@ -422,9 +440,8 @@ fn start(tgid: u32, tid: u32, vma: u64, address: u64, flags: u32, no_regs: u32) 
         e.no_regs = no_regs;
         // Read the VMA now: after a VM_FAULT_RETRY or COMPLETED return the lock is dropped
         // and the VMA may be gone.
-        e.vm_flags = read_kernel(vma, config!(vma_vm_flags));
         e.vm_start = read_kernel(vma, config!(vma_vm_start));
-        note_vma(tgid, vma, e.vm_start, e.vm_flags);
+        e.vm_flags = counted_flags(tgid, vma, e.vm_start, regs);
         return;
     }
     if !is_target(tgid) {
@@ -435,6 +452,7 @@ fn start(tgid: u32, tid: u32, vma: u64, address: u64, flags: u32, no_regs: u32) 
     let period = config!(latency_period).max(1);
     // SAFETY: the helper has no preconditions.
     let mut untimed_left = unsafe { bpf_get_prandom_u32() } % period;
+    let vm_start = read_kernel(vma, config!(vma_vm_start));
     let entry = FaultEntry {
         tgid,
         pending: 1,
@@ -442,12 +460,11 @@ fn start(tgid: u32, tid: u32, vma: u64, address: u64, flags: u32, no_regs: u32) 
         address,
         flags,
         no_regs,
-        vm_flags: read_kernel(vma, config!(vma_vm_flags)),
-        vm_start: read_kernel(vma, config!(vma_vm_start)),
+        vm_flags: counted_flags(tgid, vma, vm_start, regs),
+        vm_start,
         retried: 0,
         untimed_left,
     };
-    note_vma(tgid, vma, entry.vm_start, entry.vm_flags);
     if FAULT_ENTRY.insert(tid, entry, u64::from(BPF_ANY)).is_err() {
         super::update_failed("FAULT_ENTRY");
     }

@@ -15,7 +15,7 @@ use aya_ebpf::{
     maps::{Array, LruHashMap, PerCpuArray},
     programs::TracePointContext,
 };
-use memlock_trace_common::faults::{MAX_FAULT_MAPPINGS, RegionKey, region_kind};
+use memlock_trace_common::faults::{MAX_FAULT_MAPPINGS, RegionKey, VM_HELD_SP, region_kind};
 
 use crate::{
     mapping,
@@ -86,9 +86,10 @@ pub fn fault_mappings_changed(_ctx: TracePointContext) -> u32 {
 
 /// The start and flags of the VMA of `tgid` (the current task's process) holding
 /// `address`, recording its identity on a cache miss; `None` when none holds it (or the
-/// mmap lock was busy).
+/// mmap lock was busy). The flags carry [`VM_HELD_SP`] when the VMA also holds `sp`, the
+/// faulting thread's user stack pointer (0: not known).
 #[inline(always)]
-pub(super) fn resolve<const RB: bool>(tgid: u32, address: u64) -> Option<(u64, u64)> {
+pub(super) fn resolve<const RB: bool>(tgid: u32, address: u64, sp: u64) -> Option<(u64, u64)> {
     let cache = FAULT_VMA_CACHE.get_ptr_mut(0)?;
     // SAFETY: this CPU's value of a per-CPU map, valid while the program runs; a program
     // runs to completion on its CPU, so nothing else uses it meanwhile.
@@ -100,7 +101,7 @@ pub(super) fn resolve<const RB: bool>(tgid: u32, address: u64) -> Option<(u64, u
             && way.start <= address
             && address < way.end
         {
-            return Some((way.start, way.flags));
+            return Some((way.start, with_sp(way.flags, way.start, way.end, sp)));
         }
     }
     let found = mapping::find::<RB>(address, true)?;
@@ -113,16 +114,29 @@ pub(super) fn resolve<const RB: bool>(tgid: u32, address: u64) -> Option<(u64, u
         found.flags,
         0,
     );
-    Some((found.start, found.flags))
+    Some((
+        found.start,
+        with_sp(found.flags, found.start, found.end, sp),
+    ))
+}
+
+/// A VMA's flags as the fault hooks count them: the kernel's, with [`VM_HELD_SP`] set when
+/// the VMA holds `sp`.
+#[inline(always)]
+pub(super) fn with_sp(flags: u64, start: u64, end: u64, sp: u64) -> u64 {
+    let flags = flags & !VM_HELD_SP;
+    if start <= sp && sp < end {
+        flags | VM_HELD_SP
+    } else {
+        flags
+    }
 }
 
 /// fentry/kprobe: the hook was handed the VMA; records its identity the first time this CPU
-/// meets it.
+/// meets it. Its end, when known.
 #[inline(always)]
-pub(super) fn note_vma(tgid: u32, vma: u64, start: u64, flags: u64) {
-    let Some(cache) = FAULT_VMA_CACHE.get_ptr_mut(0) else {
-        return;
-    };
+pub(super) fn note_vma(tgid: u32, vma: u64, start: u64, flags: u64) -> Option<u64> {
+    let cache = FAULT_VMA_CACHE.get_ptr_mut(0)?;
     // SAFETY: as in `resolve`.
     let cache = unsafe { &mut *cache };
     let generation = generation();
@@ -133,14 +147,13 @@ pub(super) fn note_vma(tgid: u32, vma: u64, start: u64, flags: u64) {
             && way.start == start
             && way.flags == flags
         {
-            return;
+            return Some(way.end);
         }
     }
-    let Some(info) = mapping::identify_vma(vma) else {
-        return;
-    };
+    let info = mapping::identify_vma(vma)?;
     let end = info.end;
     remember(cache, tgid, generation, start, end, flags, vma);
+    Some(end)
 }
 
 /// Caches a VMA and records the identity the lookup left in the scratch.

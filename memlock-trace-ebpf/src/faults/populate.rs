@@ -11,7 +11,10 @@ use aya_ebpf::{
 };
 use memlock_trace_common::{
     PAGE_MASK,
-    faults::{MAX_FAULT_THREADS, PopulateCall, SLOTS, fault_flags, populate, region_kind, stat},
+    faults::{
+        MAX_FAULT_THREADS, PopulateCall, SLOTS, VM_HELD_SP, fault_flags, populate, region_kind,
+        stat,
+    },
 };
 
 use super::{
@@ -209,9 +212,15 @@ fn charge<const RB: bool>(tgid: u32, call: &PopulateCall, ret: i64, pages: u64) 
         && let Some(found) = mapping::find::<RB>(address, false)
         && found.end >= address.saturating_add(len)
     {
-        flush_region(tgid, region_kind::VMA, found.start, pages, found.flags);
+        flush_region(
+            tgid,
+            region_kind::VMA,
+            found.start,
+            pages,
+            found.flags & !VM_HELD_SP,
+        );
         // Named like the faults' VMAs (those were likely met already; if not, this records it).
-        super::mappings::resolve::<RB>(tgid, address);
+        super::mappings::resolve::<RB>(tgid, address, 0);
         return address;
     }
     flush_region(tgid, region_kind::CALL, index as u64, pages, 0);

@@ -53,6 +53,9 @@ pub struct MappingRow {
     pub end: String,
     pub faults: u64,
     pub locked: Option<bool>,
+    /// A faulting thread's stack pointer was inside it: a stack.
+    #[serde(default)]
+    pub stack: bool,
 }
 
 /// A process's `"faults"` object, the parts advise reads.

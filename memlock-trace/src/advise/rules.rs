@@ -443,11 +443,11 @@ fn major_faults(table: &Table) -> Option<Advice> {
     Some(Advice::new(Verdict::CannotHelp, "major-faults", what, how))
 }
 
-/// An anonymous mapping with a guard page below it: a thread's stack, as glibc maps them.
-/// Never advised for locking: a thread uses a little of a large stack, and locking pins
-/// all of it for every thread (the mlock paper's table 4).
+/// An anonymous mapping a thread ran on (or with a guard page below it, as glibc maps thread
+/// stacks). Never advised for locking: a thread uses a little of a large stack, and locking
+/// pins all of it for every thread (the mlock paper's table 4).
 fn thread_stack(m: &MappingFigures) -> bool {
-    m.guarded && m.mapping == "anonymous"
+    m.stack && m.mapping == "anonymous"
 }
 
 fn thread_stacks(table: &Table) -> Option<Advice> {
@@ -458,14 +458,26 @@ fn thread_stacks(table: &Table) -> Option<Advice> {
         return None;
     }
     let reserved: u64 = stacks.iter().map(|m| m.size_bytes).sum();
-    let resident: u64 = stacks.iter().filter_map(|m| m.resident_bytes).sum();
-    let what = format!(
-        "{} threads; thread stacks seen faulting: {}, {} reserved, {} resident",
-        table.threads_max,
-        stacks.len(),
-        size(reserved),
-        size(resident)
-    );
+    let resident = stacks
+        .iter()
+        .filter_map(|m| m.resident_bytes)
+        .reduce(|a, b| a + b)
+        .map_or_else(String::new, |r| format!(", {} resident", size(r)));
+    let threads = if stacks.len() > table.threads_max as usize {
+        format!(
+            "{} thread stacks seen faulting (threads came and went between the samples, which \
+             saw at most {} at once)",
+            stacks.len(),
+            table.threads_max
+        )
+    } else {
+        format!(
+            "{} threads; thread stacks seen faulting: {}",
+            table.threads_max,
+            stacks.len()
+        )
+    };
+    let what = format!("{threads}, {} reserved{resident}", size(reserved));
     let how = "do not mlockall(MCL_FUTURE) to cover them: every new thread's whole stack is \
                then populated and locked, not the part it uses (the mlock paper's table 4: \
                2000 threads with 10 MB stacks, 1 MB used, took 2000 ms locked against 200 ms), \

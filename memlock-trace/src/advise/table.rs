@@ -58,8 +58,9 @@ pub struct MappingFigures {
     pub locked: bool,
     /// Times the samples saw it appear at this place (2 or more: unmapped and mapped again).
     pub lifetimes: u32,
-    /// A thread stack's shape: a one-page guard right below it.
-    pub guarded: bool,
+    /// A stack: the kernel saw a faulting thread's stack pointer inside it, or a sample saw a
+    /// thread stack's shape (a one-page guard right below it).
+    pub stack: bool,
     /// When it was first seen, seconds from the trace's start.
     pub first_seen_secs: Option<f64>,
 }
@@ -164,18 +165,19 @@ pub fn build(run: &Run, startup_flag: Option<f64>) -> Result<Table> {
         let mean = mean_ns(f, &["minor", "major"]) * timed_share(f);
         add_phase(phase, f);
         let is_tail = tail.as_ref().is_some_and(|t| std::ptr::eq(interval, t));
-        let mut per_key: BTreeMap<MappingKey, (u64, bool)> = BTreeMap::new();
+        let mut per_key: BTreeMap<MappingKey, (u64, bool, bool)> = BTreeMap::new();
         for row in &f.by_mapping {
             let slot = per_key
                 .entry(attribute(row, interval, &run.samples.seen))
                 .or_default();
             slot.0 += row.faults;
             slot.1 |= row.locked == Some(true);
+            slot.2 |= row.stack;
         }
         if is_tail {
             counted = Some(rows.iter().map(|(k, f)| (k.clone(), f.faults())).collect());
         }
-        for (key, (faults, locked)) in per_key {
+        for (key, (faults, locked, stack)) in per_key {
             let faults = match counted.as_mut() {
                 Some(counted) => take_counted(counted, &key, faults),
                 None => faults,
@@ -192,6 +194,7 @@ pub fn build(run: &Run, startup_flag: Option<f64>) -> Result<Table> {
                 figures.fault_ns_after += ns;
             }
             figures.locked |= locked;
+            figures.stack |= stack;
         }
     }
     let mut mappings = merge_grown(rows.into_values().collect());
@@ -281,7 +284,7 @@ pub(super) fn merge_grown(mut rows: Vec<MappingFigures>) -> Vec<MappingFigures> 
                 prev.resident_bytes = prev.resident_bytes.max(m.resident_bytes);
                 prev.locked |= m.locked;
                 prev.lifetimes = prev.lifetimes.max(m.lifetimes);
-                prev.guarded |= m.guarded;
+                prev.stack |= m.stack;
                 prev.first_seen_secs = match (prev.first_seen_secs, m.first_seen_secs) {
                     (Some(a), Some(b)) => Some(a.min(b)),
                     (a, b) => a.or(b),
@@ -436,7 +439,7 @@ fn figures_of(key: &MappingKey, seen: &[Seen], t0: u64) -> MappingFigures {
         fault_ns_after: 0,
         locked: found.is_some_and(|m| m.locked_max_bytes > 0),
         lifetimes: found.map_or(0, |m| m.lifetimes),
-        guarded: found.is_some_and(|m| m.guarded),
+        stack: found.is_some_and(|m| m.guarded),
         first_seen_secs: found.map(|m| m.first_ns.saturating_sub(t0) as f64 / 1e9),
     }
 }

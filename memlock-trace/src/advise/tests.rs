@@ -23,7 +23,7 @@ fn mapping(name: &str, size: u64, startup: u64, after: u64) -> MappingFigures {
         fault_ns_after: after * 1500,
         locked: false,
         lifetimes: 1,
-        guarded: false,
+        stack: false,
         first_seen_secs: Some(0.5),
     }
 }
@@ -151,6 +151,33 @@ fn the_heap_is_advised_but_not_applied_and_threads_get_the_stack_warning() {
 }
 
 #[test]
+fn stacks_short_lived_threads_ran_on_are_never_locked_and_counted_in_the_warning() {
+    // Eight 2 MiB thread stacks the kernel saw threads run on, none of them in a sample (the
+    // threads came and went between two): one thread at most was seen at once.
+    let stacks = (0..8u64)
+        .map(|i| {
+            let mut m = mapping("anonymous", 2 * MIB, 0, 64);
+            m.start += i * 3 * MIB;
+            m.end = m.start + 2 * MIB;
+            m.resident_bytes = None;
+            m.stack = true;
+            m
+        })
+        .collect();
+    let advice = advise(&table(stacks, 64 * MIB, true));
+    assert!(
+        advice.iter().all(|a| a.verdict != Verdict::Do),
+        "{advice:?}"
+    );
+    let warning = advice.iter().find(|a| a.kind == "thread-stacks").unwrap();
+    assert_eq!(
+        warning.what,
+        "8 thread stacks seen faulting (threads came and went between the samples, which saw \
+         at most 1 at once), 16 MiB reserved"
+    );
+}
+
+#[test]
 fn mappings_over_the_limit_are_one_do_not_naming_the_limit_all_need() {
     let mut big = mapping("anonymous", 64 * MIB, 0, 16384);
     big.start += 1 << 32;
@@ -207,6 +234,7 @@ fn a_mapping_known_by_two_extents_has_its_faults_counted_once() {
         end: format!("{:x}", table + pages * 4096),
         faults,
         locked: None,
+        stack: false,
     };
     let interval = |start_ns: u64, row: MappingRow| Interval {
         window: Window {

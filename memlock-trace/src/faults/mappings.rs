@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, HashMap as StdHashMap};
 
 use memlock_trace_common::{
-    faults::{RegionKey, RegionValue, populate, region_kind},
+    faults::{RegionKey, RegionValue, VM_HELD_SP, populate, region_kind},
     mapping::{MappingInfo, kind},
     vma::{VM_LOCKED, VM_LOCKONFAULT},
 };
@@ -36,6 +36,10 @@ pub struct MappingFaults {
     pub locked: Option<bool>,
     pub lockonfault: Option<bool>,
     pub locked_source: &'static str,
+    /// A faulting thread's user stack pointer was inside this VMA at one of its faults (the
+    /// hooks with a VMA only): a stack, a thread's or the main one. A thread's stack is an
+    /// ordinary anonymous mapping to `/proc/PID/maps`.
+    pub stack: bool,
     /// Who named the mapping: `"fault"` (the kernel, at the fault or populating call),
     /// `"smaps"`, `"call"` (an mlock-family call's VMA), or `"none"`.
     pub named_by: &'static str,
@@ -139,6 +143,7 @@ pub fn by_mapping(
         locked: None,
         lockonfault: None,
         locked_source: "unknown",
+        stack: false,
         named_by,
         file: None,
     };
@@ -237,6 +242,7 @@ pub fn by_mapping(
             entry.locked = Some(value.vm_flags & VM_LOCKED != 0);
             entry.lockonfault = Some(value.vm_flags & VM_LOCKONFAULT != 0);
             entry.locked_source = "vma";
+            entry.stack = value.vm_flags & VM_HELD_SP != 0;
         }
         if let Some(info) = identified.filter(|_| entry.named_by == "fault") {
             // A row that grew shows its widest extent.
@@ -253,6 +259,7 @@ pub fn by_mapping(
             slot.locked = Some(slot.locked == Some(true) || value.vm_flags & VM_LOCKED != 0);
             slot.lockonfault =
                 Some(slot.lockonfault == Some(true) || value.vm_flags & VM_LOCKONFAULT != 0);
+            slot.stack |= value.vm_flags & VM_HELD_SP != 0;
         }
     }
     let mut list: Vec<MappingFaults> = per_mapping.into_values().collect();
