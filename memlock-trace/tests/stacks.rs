@@ -2,12 +2,12 @@
 //! site of an mlock is unwound from the copied user stack with the modules' unwind tables,
 //! checked frame for frame against `perf record --call-graph dwarf` (the established
 //! tool) on a C program compiled here with `-O2 -fomit-frame-pointer` whose `rbp` holds a
-//! data word, down to python's main through ctypes, and Debian's memcached (stripped)
-//! against gdb's backtrace. No frame outside an executable mapping is ever shown.
+//! data word, down to python's main through ctypes, and Debian's memcached and memtester
+//! (stripped) against gdb's backtrace. No frame outside an executable mapping is ever shown.
 //!
-//! `cargo xtask test` installs gcc, Debian's linux-perf, gdb, python3 and memcached when
-//! missing. The C
-//! program is compiled on the machine that runs the test, so this binary runs on the host.
+//! `cargo xtask test` installs gcc, Debian's linux-perf, gdb, python3, memcached and
+//! memtester when missing. The C program is compiled on the machine that runs the test, so
+//! this binary runs on the host.
 
 mod common;
 mod support;
@@ -15,6 +15,7 @@ mod support;
 use std::{
     path::{Path, PathBuf},
     process::Command,
+    sync::atomic::{AtomicU32, Ordering},
 };
 
 use common::require_privileges;
@@ -24,6 +25,7 @@ use support::{BIN, json_lines};
 const LOCK_CHAIN: &str = include_str!("stacks/lock_chain.c");
 const PYTHON: &str = "/usr/bin/python3";
 const MEMCACHED: &str = "/usr/bin/memcached";
+const MEMTESTER: &str = "/usr/sbin/memtester";
 
 /// A scratch directory of this test process.
 fn scratch(name: &str) -> PathBuf {
@@ -58,10 +60,15 @@ fn traced(extra: &[&str], command: &[&str]) -> Value {
     traced_exiting(extra, command, 0)
 }
 
-/// The same for a command whose exit code (the tracer's own) is `code`.
+/// The same for a command whose exit code (the tracer's own) is `code`. The lines go to a
+/// file: the command's own output stays on stdout.
 fn traced_exiting(extra: &[&str], command: &[&str], code: i32) -> Value {
+    static RUNS: AtomicU32 = AtomicU32::new(0);
+    let lines =
+        scratch("stacks-trace").join(format!("{}.json", RUNS.fetch_add(1, Ordering::Relaxed)));
     let out = Command::new(BIN)
-        .args(["--json", "--stacks"])
+        .args(["--json", "--stacks", "-o"])
+        .arg(&lines)
         .args(extra)
         .arg("--")
         .args(command)
@@ -69,10 +76,11 @@ fn traced_exiting(extra: &[&str], command: &[&str], code: i32) -> Value {
         .expect("memlock-trace");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(code), "{stderr}");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    json_lines(&stdout)
+    let text = std::fs::read_to_string(&lines).unwrap_or_default();
+    std::fs::remove_file(&lines).ok();
+    json_lines(&text)
         .pop()
-        .unwrap_or_else(|| panic!("no summary:\n{stdout}\n{stderr}"))
+        .unwrap_or_else(|| panic!("no summary:\n{text}\n{stderr}"))
 }
 
 /// The frames of the one mlock call site of the one traced process, as (symbol, module).
@@ -336,6 +344,25 @@ fn gdb_backtrace(command: &[&str], syscall: &str) -> Vec<GdbFrame> {
     frames
 }
 
+/// A call site's frames as gdb names them: the symbol, or a stripped binary's module and
+/// offset.
+fn as_gdb_frames(site: &Value) -> Vec<GdbFrame> {
+    frames(&site["frames"]); // every frame in an executable mapping
+    site["frames"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| match f["resolved"].as_bool() {
+            Some(true) => GdbFrame::Symbol(f["symbol"].as_str().unwrap().to_string()),
+            _ => GdbFrame::Offset(
+                f["module"].as_str().unwrap().to_string(),
+                u64::from_str_radix(f["offset"].as_str().unwrap().trim_start_matches("0x"), 16)
+                    .unwrap(),
+            ),
+        })
+        .collect()
+}
+
 /// Debian's memcached (no frame pointers, stripped) locks its memory with one mlockall
 /// from main (`-k`): the call site equals gdb's backtrace at that syscall frame for frame
 /// down to `_start`, the stripped binary's frames by their offset in it (gdb prints `??`).
@@ -355,25 +382,168 @@ fn memcached_mlockall_call_site_equals_gdbs_backtrace() {
     command.extend(server);
     // timeout's own status: memcached was stopped by it.
     let summary = traced_exiting(&["--follow-children"], &command, 124);
-    let site = call_site(&summary, "mlockall");
-    frames(&site["frames"]); // every frame in an executable mapping
-    let ours: Vec<GdbFrame> = site["frames"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|f| match f["resolved"].as_bool() {
-            Some(true) => GdbFrame::Symbol(f["symbol"].as_str().unwrap().to_string()),
-            _ => GdbFrame::Offset(
-                f["module"].as_str().unwrap().to_string(),
-                u64::from_str_radix(f["offset"].as_str().unwrap().trim_start_matches("0x"), 16)
-                    .unwrap(),
-            ),
-        })
-        .collect();
+    let ours = as_gdb_frames(call_site(&summary, "mlockall"));
     let gdb = gdb_backtrace(&server, "mlockall");
     assert_eq!(ours, gdb, "ours and gdb's backtrace");
     assert!(
         matches!(&ours[1], GdbFrame::Offset(module, _) if module == MEMCACHED),
         "mlockall's caller is memcached's main: {ours:#?}"
     );
+}
+
+/// Debian's memtester (stripped, no frame pointers) locks its test buffer with one mlock
+/// from main: the call site equals gdb's backtrace frame for frame down to `_start`. Read
+/// by the frame-pointer walk, that site was `__GI_mlock <- 0x6c6c252820424d75` (the bytes
+/// of a format string where `rbp` pointed).
+#[test]
+fn memtester_mlock_call_site_equals_gdbs_backtrace() {
+    require_privileges();
+    assert!(
+        Path::new(MEMTESTER).is_file(),
+        "{MEMTESTER} is missing (`cargo xtask test` installs Debian's memtester)"
+    );
+    let command = [MEMTESTER, "64K", "1"];
+    let summary = traced(&[], &command);
+    let ours = as_gdb_frames(call_site(&summary, "mlock"));
+    let gdb = gdb_backtrace(&command, "mlock");
+    assert_eq!(ours, gdb, "ours and gdb's backtrace");
+    assert!(
+        matches!(&ours[1], GdbFrame::Offset(module, _) if module == MEMTESTER),
+        "mlock's caller is memtester's main: {ours:#?}"
+    );
+}
+
+/// A fault stack as names, innermost first; an unsymbolized frame is `None`.
+type NamedStack = Vec<Option<String>>;
+
+/// Whether two stacks are the same frame for frame: as deep, and each frame the same
+/// function where both tools named it (perf cannot name some that blazesym can, and the
+/// reverse: a stripped binary's local functions).
+fn same_frames(a: &NamedStack, b: &NamedStack) -> bool {
+    a.len() == b.len()
+        && a.iter()
+            .zip(b)
+            .all(|(x, y)| x.is_none() || y.is_none() || x == y)
+}
+
+/// perf's DWARF call chains of `comm`'s samples in `perf script` output, user frames only
+/// (inlined ones included, as blazesym reports them too).
+fn perf_user_stacks(script: &str, comm: &str) -> Vec<NamedStack> {
+    script
+        .split("\n\n")
+        .filter_map(|sample| {
+            let mut lines = sample.lines().filter(|l| !l.trim().is_empty());
+            let header = lines.next()?;
+            if header.split_whitespace().next() != Some(comm) {
+                return None;
+            }
+            let frames: NamedStack = lines
+                .filter(|l| !l.ends_with("([kernel.kallsyms])"))
+                .map(|l| {
+                    // `addr sym+off (module)` or `addr [unknown] (module)`
+                    let rest = l.split_whitespace().nth(1).unwrap_or("[unknown]");
+                    let name = rest.split("+0x").next().unwrap();
+                    (name != "[unknown]").then(|| name.to_string())
+                })
+                .collect();
+            (!frames.is_empty()).then_some(frames)
+        })
+        .collect()
+}
+
+/// python3 (Debian's, no frame pointers) faulting in 4 MiB and compressing it, traced with
+/// every fault's stack kept while `perf record -e page-faults -c 1 --call-graph dwarf`
+/// samples every fault of the same run: nearly every one of perf's stacks is one of ours,
+/// frame for frame to the end of both (the 8 KiB of stack both copy).
+#[test]
+fn python_fault_stacks_equal_perfs_dwarf_stacks_sample_for_sample() {
+    require_privileges();
+    assert!(
+        Path::new(PYTHON).is_file(),
+        "{PYTHON} is missing (`cargo xtask test` installs Debian's python3)"
+    );
+    let dir = scratch("stacks-perf-faults");
+    let script = dir.join("faults.py");
+    std::fs::write(
+        &script,
+        "import zlib\n\
+         data = bytearray(4 << 20)\n\
+         for i in range(0, len(data), 4096):\n    data[i] = 1\n\
+         z = zlib.compress(bytes(data))\n",
+    )
+    .unwrap();
+    let data = dir.join("perf.data");
+    let (data_arg, script_arg) = (data.display().to_string(), script.display().to_string());
+    let summary = traced(
+        &[
+            "--stack-sample",
+            "1",
+            "--stacks-top",
+            "1000000",
+            "--follow-children",
+        ],
+        &[
+            "perf",
+            "record",
+            "-q",
+            "-e",
+            "page-faults",
+            "-c",
+            "1",
+            "--call-graph",
+            "dwarf",
+            "-o",
+            &data_arg,
+            "--",
+            PYTHON,
+            &script_arg,
+        ],
+    );
+    let health = &summary["fault_health"];
+    assert_eq!(health["stacks_dropped"], 0, "{health}");
+    let mut ours: Vec<(NamedStack, u64)> = summary["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["comm"] == "python3")
+        .flat_map(|p| p["faults"]["stacks"].as_array().unwrap())
+        .map(|s| {
+            let frames = s["frames"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|f| (f["resolved"] == true).then(|| f["symbol"].as_str().unwrap().to_string()))
+                .collect();
+            (frames, s["faults"].as_u64().unwrap())
+        })
+        .collect();
+    let out = Command::new("perf")
+        .args(["script", "-F", "comm,tid,ip,sym,dso", "-i"])
+        .arg(&data)
+        .output()
+        .unwrap_or_else(|e| panic!("perf: {e} (`cargo xtask test` installs Debian's linux-perf)"));
+    assert!(
+        out.status.success(),
+        "perf script: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let perf = perf_user_stacks(&String::from_utf8_lossy(&out.stdout), "python3");
+    // Each of perf's samples takes one fault of an equal stack of ours.
+    let matched = perf
+        .iter()
+        .filter(|theirs| {
+            ours.iter_mut()
+                .find(|(stack, left)| *left > 0 && same_frames(stack, theirs))
+                .map(|(_, left)| *left -= 1)
+                .is_some()
+        })
+        .count();
+    let pages = (4 << 20) / 4096;
+    assert!(perf.len() >= pages, "perf sampled {} faults", perf.len());
+    assert!(
+        matched * 100 >= perf.len() * 95,
+        "{matched} of perf's {} fault stacks equal one of ours frame for frame",
+        perf.len()
+    );
+    std::fs::remove_dir_all(&dir).ok();
 }

@@ -116,6 +116,7 @@ pub(super) const PROGRAM_TESTS: &[(&str, &str)] = &[
     ("memlock-trace/test:stacks", "linux-perf"),
     ("memlock-trace/test:stacks", "gdb"),
     ("memlock-trace/test:stacks", "memcached"),
+    ("memlock-trace/test:stacks", "memtester"),
     ("memlock-trace/test:stacks", "python3"),
     ("memlock-trace/test:systemd_unit", "systemd"),
     ("memlock-trace/test:prometheus_fleet", "prometheus"),
