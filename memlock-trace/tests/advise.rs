@@ -19,7 +19,7 @@ use std::{
 
 use common::require_privileges;
 use serde_json::Value;
-use support::BIN;
+use support::{BIN, advise_apply};
 
 const PYTHON: &str = "/usr/bin/python3";
 const LAZY_TABLE: &str = include_str!("third_party/lazy_table.py");
@@ -75,27 +75,6 @@ impl Drop for Scratch {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
-}
-
-/// Runs `advise --apply --json -- COMMAND` and returns its report.
-fn advise_apply(command: &[&str]) -> Value {
-    let out = Command::new(BIN)
-        .args(["advise", "--apply", "--json", "--"])
-        .args(command)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "advise failed ({}): {}\n{stdout}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let line = stdout
-        .lines()
-        .find(|l| l.contains("\"type\":\"advise\""))
-        .unwrap_or_else(|| panic!("no advise line in: {stdout}"));
-    serde_json::from_str(line).unwrap()
 }
 
 fn ranked(report: &Value) -> Vec<&Value> {

@@ -25,8 +25,7 @@ use std::{
 };
 
 use common::require_privileges;
-use serde_json::Value;
-use support::{BIN, prometheus::free_port};
+use support::{advise_apply, prometheus::free_port};
 
 const MEMCACHED: &str = "/usr/bin/memcached";
 const PERF: &str = "/usr/bin/perf";
@@ -172,38 +171,24 @@ fn memcached_slabs_malloc_made_are_populated_as_malloc_returns_them() {
         let first = load_once(port, None);
         [load_once(port, Some(first.pid)), first]
     });
-    let out = Command::new(BIN)
-        .args(["advise", "--apply", "--json", "--", MEMCACHED, "-U", "0"])
-        .args([
-            "-l",
-            "127.0.0.1",
-            "-m",
-            "256",
-            "-t",
-            "2",
-            "-u",
-            "nobody",
-            "-p",
-        ])
-        .arg(port.to_string())
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "advise failed ({}): {}\n{stdout}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let port_arg = port.to_string();
+    let report = advise_apply(&[
+        MEMCACHED,
+        "-U",
+        "0",
+        "-l",
+        "127.0.0.1",
+        "-m",
+        "256",
+        "-t",
+        "2",
+        "-u",
+        "nobody",
+        "-p",
+        &port_arg,
+    ]);
     let [after, before] = driver.join().expect("the load driver failed");
     eprintln!("load phase, before: {before:?}; after: {after:?}");
-    let report: Value = serde_json::from_str(
-        stdout
-            .lines()
-            .find(|l| l.contains("\"type\":\"advise\""))
-            .unwrap_or_else(|| panic!("no advise line in: {stdout}")),
-    )
-    .unwrap();
     assert_eq!(
         report["process"]["pid"], before.pid,
         "{}",

@@ -315,3 +315,24 @@ pub fn settled<T: PartialEq>(read: impl Fn() -> T) -> T {
         value = now;
     }
 }
+
+/// Runs `advise --apply --json -- COMMAND` and returns its report.
+pub fn advise_apply(command: &[&str]) -> Value {
+    let out = Command::new(BIN)
+        .args(["advise", "--apply", "--json", "--"])
+        .args(command)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "advise failed ({}): {}\n{stdout}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = stdout
+        .lines()
+        .find(|l| l.contains("\"type\":\"advise\""))
+        .unwrap_or_else(|| panic!("no advise line in: {stdout}"));
+    serde_json::from_str(line).unwrap()
+}
