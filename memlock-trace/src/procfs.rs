@@ -224,7 +224,7 @@ impl MappingCache {
         let entries = match read_smaps(&format!("/proc/{pid}/smaps"), shows_lockonfault) {
             Ok(entries) => entries,
             Err(e) => {
-                if crate::process::pids::is_alive(pid) {
+                if is_alive(pid) {
                     self.unreadable += 1;
                     // Each process once; past 1024 of them, counted only.
                     if self.warned.len() < 1024 && self.warned.insert(pid) {
@@ -303,6 +303,22 @@ impl MappingCache {
     pub fn unreadable(&self) -> u64 {
         self.unreadable
     }
+}
+
+/// Whether process `pid` exists and has not exited (a zombie has).
+pub fn is_alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let state = stat
+                .rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .next()?
+                .to_string();
+            Some(state != "Z" && state != "X")
+        })
+        .unwrap_or(false)
 }
 
 #[cfg(test)]

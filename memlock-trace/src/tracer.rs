@@ -316,7 +316,7 @@ impl Tracer {
         self.targets
             .keys()
             .filter_map(Result::ok)
-            .filter(|pid| crate::process::pids::is_alive(*pid))
+            .filter(|pid| crate::procfs::is_alive(*pid))
             .count()
     }
 

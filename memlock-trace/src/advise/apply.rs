@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 use serde::Serialize;
 
-use super::render::count;
+use super::units::{count, ms};
 use super::{
     observe::{Environment, temp_path},
     rules::{Advice, ApplyStep, Verdict},
@@ -299,8 +299,8 @@ pub fn compare(
         count(b.user),
         count(a.user),
         change(b.user, a.user),
-        super::rules::ms(b.user_fault_ns),
-        super::rules::ms(a.user_fault_ns),
+        ms(b.user_fault_ns),
+        ms(a.user_fault_ns),
         change(b.user_fault_ns, a.user_fault_ns),
     );
     if a.populated > b.populated {

@@ -15,6 +15,7 @@ mod sample;
 mod table;
 #[cfg(test)]
 mod tests;
+mod units;
 
 use std::path::PathBuf;
 

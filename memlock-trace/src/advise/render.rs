@@ -5,9 +5,10 @@ use std::fmt::Write as _;
 
 use super::{
     apply::{Comparison, Side},
-    rules::{Advice, Verdict, ms},
+    rules::{Advice, Verdict},
     sample::MemlockLimit,
     table::{Phase, Table},
+    units::{count, ms},
 };
 use crate::{
     output::{COLUMNS, JSON_SCHEMA, WallClock, wrap},
@@ -25,19 +26,6 @@ fn shown(name: &str) -> String {
 /// A reason of advise's own, quoting such names: escaped, never cut.
 fn sentence(text: &str) -> String {
     crate::output::escape_uncut(text.as_bytes())
-}
-
-/// `16,384`: thousands apart.
-pub fn count(n: u64) -> String {
-    let digits = n.to_string();
-    let mut out = String::new();
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
 }
 
 /// The last `n` characters of `s` (a path's end tells it apart).

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::render::count;
+use super::units::{count, ms};
 use super::{
     sample::MemlockLimit,
     table::{MappingFigures, Table},
@@ -521,8 +521,4 @@ fn limit_text(limit: Option<MemlockLimit>) -> String {
 
 fn range(m: &MappingFigures) -> String {
     format!("{:#x}-{:#x}", m.start, m.end)
-}
-
-pub fn ms(ns: u64) -> String {
-    format!("{:.1} ms", ns as f64 / 1e6)
 }

@@ -45,22 +45,6 @@ pub fn tgid_of(id: u32) -> Option<u32> {
         .and_then(|v| v.trim().parse().ok())
 }
 
-/// Whether process `pid` exists and has not exited (a zombie has).
-pub fn is_alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|stat| {
-            let state = stat
-                .rsplit_once(')')?
-                .1
-                .split_whitespace()
-                .next()?
-                .to_string();
-            Some(state != "Z" && state != "X")
-        })
-        .unwrap_or(false)
-}
-
 fn is_kernel_thread(id: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{id}/stat"))
         .ok()

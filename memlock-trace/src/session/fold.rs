@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::summary::{ProcessSummary, Summary};
+use super::process_summary::ProcessSummary;
 use crate::output::Outside;
 
 /// The name the names beyond the bound fold into.
@@ -76,14 +76,14 @@ fn activity(p: &ProcessSummary) -> u64 {
     calls + p.faults.as_ref().map_or(0, |f| f.minor + f.major)
 }
 
-/// Keeps the `max` most active processes of `summary` (ties: the lower pid) and folds the
-/// others into [`Summary::folded`], by name.
-pub fn fold_beyond(summary: &mut Summary, max: usize) {
+/// Keeps the `max` most active of `processes` (ties: the lower pid) and folds the others by
+/// name: what the summary's `folded` says, or None when none had to be.
+pub fn fold_beyond(processes: &mut Vec<ProcessSummary>, max: usize) -> Option<Folded> {
     let max = max.max(1);
-    if summary.processes.len() <= max {
-        return;
+    if processes.len() <= max {
+        return None;
     }
-    let mut ranked = std::mem::take(&mut summary.processes);
+    let mut ranked = std::mem::take(processes);
     ranked.sort_by(|a, b| {
         activity(b)
             .cmp(&activity(a))
@@ -92,7 +92,7 @@ pub fn fold_beyond(summary: &mut Summary, max: usize) {
     });
     let folded_processes = ranked.split_off(max);
     ranked.sort_by_key(|p| (p.pid, p.start_ns));
-    summary.processes = ranked;
+    *processes = ranked;
 
     let mut by_name: BTreeMap<&Outside, FoldedName> = BTreeMap::new();
     for p in &folded_processes {
@@ -117,11 +117,11 @@ pub fn fold_beyond(summary: &mut Summary, max: usize) {
         }
         names.push(other);
     }
-    summary.folded = Some(Folded {
+    Some(Folded {
         processes: folded_processes.len() as u64,
         max_processes: max as u64,
         names,
-    });
+    })
 }
 
 /// The text lines for the folded processes (nothing when none were).
@@ -168,10 +168,9 @@ mod tests {
     use crate::{
         event::{Syscall, SyscallRecord},
         syscalls::Aggregator,
-        tracer::Health,
     };
 
-    fn summary_of(processes: &[(u32, &str, u32)]) -> Summary {
+    fn summary_of(processes: &[(u32, &str, u32)]) -> Vec<ProcessSummary> {
         let mut agg = Aggregator::with_max_processes(1000);
         for &(pid, comm, calls) in processes {
             for _ in 0..calls {
@@ -186,7 +185,10 @@ mod tests {
                 ));
             }
         }
-        Summary::new("summary", agg.summaries(), Health::default())
+        agg.summaries()
+            .into_iter()
+            .map(ProcessSummary::from)
+            .collect()
     }
 
     #[test]
@@ -198,10 +200,9 @@ mod tests {
             (13, "cron", 7),
             (14, "worker", 3),
         ]);
-        fold_beyond(&mut s, 2);
-        let kept: Vec<u32> = s.processes.iter().map(|p| p.pid).collect();
+        let folded = fold_beyond(&mut s, 2).unwrap();
+        let kept: Vec<u32> = s.iter().map(|p| p.pid).collect();
         assert_eq!(kept, [10, 13]);
-        let folded = s.folded.as_ref().unwrap();
         assert_eq!(folded.processes, 3);
         assert_eq!(folded.names.len(), 1);
         let worker = &folded.names[0];
@@ -226,9 +227,8 @@ mod tests {
             .map(|(p, c, n)| (*p, c.as_str(), *n))
             .collect();
         let mut s = summary_of(&borrowed);
-        fold_beyond(&mut s, 3);
-        assert_eq!(s.processes.len(), 3);
-        let folded = s.folded.as_ref().unwrap();
+        let folded = fold_beyond(&mut s, 3).unwrap();
+        assert_eq!(s.len(), 3);
         assert_eq!(folded.processes, 17);
         let names: Vec<&str> = folded
             .names
@@ -240,7 +240,7 @@ mod tests {
         assert_eq!(other.processes, 15);
         // n05..n19 made 15 + 14 + ... + 1 calls.
         assert_eq!(other.calls["mlock"], (1..=15).sum::<u64>());
-        let text = folded_text(folded);
+        let text = folded_text(&folded);
         assert!(text.starts_with("17 more processes"), "{text}");
         assert!(text.contains("(other names) (15 processes)"), "{text}");
     }
@@ -248,8 +248,7 @@ mod tests {
     #[test]
     fn within_the_bound_nothing_folds() {
         let mut s = summary_of(&[(1, "a", 1), (2, "b", 1)]);
-        fold_beyond(&mut s, 2);
-        assert_eq!(s.processes.len(), 2);
-        assert!(s.folded.is_none());
+        assert!(fold_beyond(&mut s, 2).is_none());
+        assert_eq!(s.len(), 2);
     }
 }

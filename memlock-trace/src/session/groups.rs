@@ -5,7 +5,7 @@ use std::{collections::BTreeMap, fmt::Write as _};
 
 use serde::Serialize;
 
-use super::summary::ProcessSummary;
+use super::process_summary::ProcessSummary;
 use crate::{output::Outside, process::cgroup::CgroupInfo};
 
 /// One cgroup's processes, added up.

@@ -35,6 +35,7 @@ pub mod fold;
 pub mod groups;
 mod order;
 mod output;
+mod process_summary;
 mod production;
 pub mod summary;
 mod targets;

@@ -7,15 +7,12 @@ use serde::Serialize;
 
 use memlock_trace_common::process::ProcessKey;
 
+pub use super::process_summary::ProcessSummary;
 use super::{fold::Folded, groups::CgroupSummary};
 use crate::{
     faults::{self, FaultHealth, FaultHooks, FaultSummary},
     output::{JSON_SCHEMA, Outside, TextStyle},
-    process::cgroup::CgroupInfo,
-    syscalls::{
-        self, ProcessSyscalls, SyscallSummary, read::SyscallHealth, stacks::CallSite,
-        stats::ThreadLatencies,
-    },
+    syscalls::{self, ProcessSyscalls, read::SyscallHealth},
     tracer::Health,
 };
 
@@ -69,33 +66,6 @@ pub struct Window {
     pub end_ns: u64,
 }
 
-#[derive(Clone, Debug, Serialize)]
-pub struct ProcessSummary {
-    pub pid: u32,
-    /// Process start, ns since boot (`/proc/PID/stat` field 22 is this in clock ticks).
-    pub start_ns: u64,
-    pub comm: Outside,
-    /// Its cgroup v2, as the kernel saw it (at its first event, exec or exit).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub cgroup: Option<CgroupInfo>,
-    pub syscalls: BTreeMap<&'static str, SyscallSummary>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub faults: Option<FaultSummary>,
-    /// An exited process traced from its start: the faults the kernel counted for it over
-    /// its life (what `getrusage` gives its parent), and how many of them the summary lacks
-    /// (the fault maps had to evict its counts).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub kernel_faults: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub faults_missing: Option<u64>,
-    /// `--per-thread`: each thread's call latencies, for `--hist`.
-    #[serde(skip)]
-    pub thread_latencies: ThreadLatencies,
-    /// `--stacks`: the top user call sites of the process's mlock-family calls.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub call_sites: Option<Vec<CallSite>>,
-}
-
 impl Summary {
     /// The syscall family's processes and the tracer's health; the fault family adds its
     /// part with [`Summary::add_faults`].
@@ -105,21 +75,7 @@ impl Summary {
             schema: JSON_SCHEMA,
             time_ns: crate::output::WallClock::now_ns(),
             window: Window::default(),
-            processes: syscalls
-                .into_iter()
-                .map(|p| ProcessSummary {
-                    pid: p.pid,
-                    start_ns: p.start_ns,
-                    comm: p.comm,
-                    cgroup: None,
-                    syscalls: p.syscalls,
-                    faults: None,
-                    kernel_faults: None,
-                    faults_missing: None,
-                    thread_latencies: p.threads,
-                    call_sites: None,
-                })
-                .collect(),
+            processes: syscalls.into_iter().map(ProcessSummary::from).collect(),
             dropped_events: health.dropped_events,
             health,
             fault_hooks: None,

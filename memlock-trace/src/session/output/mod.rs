@@ -420,7 +420,9 @@ impl Output {
         if self.by_cgroup {
             summary.cgroups = Some(super::groups::by_cgroup(&summary.processes));
         }
-        super::fold::fold_beyond(&mut summary, self.max_processes);
+        if let Some(folded) = super::fold::fold_beyond(&mut summary.processes, self.max_processes) {
+            summary.folded = Some(folded);
+        }
         if let (Some(stacks), Some((dropped, _))) = (&self.stacks, tracer.stacks_dropped()?) {
             let sites = CallSiteReport {
                 counts: stacks.calls.clone(),
