@@ -115,7 +115,7 @@ pub fn advise(table: &Table) -> Vec<Advice> {
         } else if m.faults_after >= MIN_STEADY_FAULTS
             && !m.locked
             && attributed(m)
-            && !thread_stack(table, m)
+            && !thread_stack(m)
         {
             advice.extend(lock_or_populate(table, m, &mut locking));
         }
@@ -443,26 +443,15 @@ fn major_faults(table: &Table) -> Option<Advice> {
     Some(Advice::new(Verdict::CannotHelp, "major-faults", what, how))
 }
 
-/// An anonymous mapping a thread ran on (or with a guard page below it, as glibc maps thread
-/// stacks), or of the size of one: a program's threads share a stack size, and a fault
-/// whose VMA lookup met a busy mmap lock (threads being created) cannot be told a stack's.
-/// Never advised for locking: a thread uses a little of a large stack, and locking pins all
-/// of it for every thread (the mlock paper's table 4).
-fn thread_stack(table: &Table, m: &MappingFigures) -> bool {
-    m.mapping == "anonymous"
-        && (m.stack
-            || table
-                .mappings
-                .iter()
-                .any(|s| s.stack && s.mapping == "anonymous" && s.size_bytes == m.size_bytes))
+/// An anonymous mapping a thread ran on (see [`MappingFigures::stack`]). Never advised for
+/// locking: a thread uses a little of a large stack, and locking pins all of it for every
+/// thread (the mlock paper's table 4).
+fn thread_stack(m: &MappingFigures) -> bool {
+    m.stack && m.mapping == "anonymous"
 }
 
 fn thread_stacks(table: &Table) -> Option<Advice> {
-    let stacks: Vec<&MappingFigures> = table
-        .mappings
-        .iter()
-        .filter(|m| thread_stack(table, m))
-        .collect();
+    let stacks: Vec<&MappingFigures> = table.mappings.iter().filter(|m| thread_stack(m)).collect();
     // Short-lived threads may come and go between two samples of the thread count; their
     // stacks are still seen faulting.
     if table.threads_max < 2 && stacks.len() < 2 {

@@ -59,7 +59,8 @@ pub struct MappingFigures {
     /// Times the samples saw it appear at this place (2 or more: unmapped and mapped again).
     pub lifetimes: u32,
     /// A stack: the kernel saw a faulting thread's stack pointer inside it, or a sample saw a
-    /// thread stack's shape (a one-page guard right below it).
+    /// thread stack's shape (a one-page guard right below it), or it is anonymous and of the
+    /// size of one of those ([`mark_stack_sized`]).
     pub stack: bool,
     /// When it was first seen, seconds from the trace's start.
     pub first_seen_secs: Option<f64>,
@@ -198,6 +199,7 @@ pub fn build(run: &Run, startup_flag: Option<f64>) -> Result<Table> {
         }
     }
     let mut mappings = merge_grown(rows.into_values().collect());
+    mark_stack_sized(&mut mappings);
     mappings.sort_by(|a, b| {
         (b.fault_ns_after, b.faults())
             .cmp(&(a.fault_ns_after, a.faults()))
@@ -353,6 +355,20 @@ fn tail(run: &Run) -> Option<Interval> {
         },
         faults,
     })
+}
+
+/// An anonymous mapping of the size of one told a stack is a stack too: a program's threads
+/// share a stack size, and a fault whose VMA lookup met a busy mmap lock (threads being
+/// created at once) cannot be told a stack's.
+pub fn mark_stack_sized(mappings: &mut [MappingFigures]) {
+    let sizes: std::collections::BTreeSet<u64> = mappings
+        .iter()
+        .filter(|m| m.stack && m.mapping == "anonymous")
+        .map(|m| m.size_bytes)
+        .collect();
+    for m in mappings.iter_mut().filter(|m| m.mapping == "anonymous") {
+        m.stack |= sizes.contains(&m.size_bytes);
+    }
 }
 
 /// The mean latency of the timed faults of `classes`, ns (0 when none was timed).

@@ -154,7 +154,7 @@ fn the_heap_is_advised_but_not_applied_and_threads_get_the_stack_warning() {
 fn stacks_short_lived_threads_ran_on_are_never_locked_and_counted_in_the_warning() {
     // Eight 2 MiB thread stacks the kernel saw threads run on, none of them in a sample (the
     // threads came and went between two): one thread at most was seen at once.
-    let stacks = (0..8u64)
+    let mut stacks: Vec<MappingFigures> = (0..8u64)
         .map(|i| {
             let mut m = mapping("anonymous", 2 * MIB, 0, 64);
             m.start += i * 3 * MIB;
@@ -165,6 +165,7 @@ fn stacks_short_lived_threads_ran_on_are_never_locked_and_counted_in_the_warning
             m
         })
         .collect();
+    super::table::mark_stack_sized(&mut stacks);
     let advice = advise(&table(stacks, 64 * MIB, true));
     assert!(
         advice.iter().all(|a| a.verdict != Verdict::Do),
