@@ -134,10 +134,11 @@ pub fn lookup<const RB: bool>(addr: u64, identify: bool) -> Lookup {
 
 /// What the last identifying [`find`] on this CPU read.
 #[inline(always)]
-pub fn scratch() -> Option<&'static MappingInfo> {
-    let info = MAPPING_SCRATCH.get_ptr(0)?;
-    // SAFETY: this CPU's value of a per-CPU map, valid while the program runs.
-    Some(unsafe { &*info })
+pub fn scratch() -> Option<&'static mut MappingInfo> {
+    let info = MAPPING_SCRATCH.get_ptr_mut(0)?;
+    // SAFETY: this CPU's value of a per-CPU map, valid while the program runs; a program
+    // runs to completion on its CPU, so nothing else uses it meanwhile.
+    Some(unsafe { &mut *info })
 }
 
 /// Identifies a VMA the hook was handed (fentry/kprobe on `handle_mm_fault`) into this
@@ -150,7 +151,7 @@ pub fn identify_vma(vma: u64) -> Option<&'static MappingInfo> {
     }
     let found = read_range(vma, &config);
     read_identity(vma, &found, &config);
-    scratch()
+    scratch().map(|info| &*info)
 }
 
 /// `mm_struct.start_stack` of the current task: an address in its initial stack, where

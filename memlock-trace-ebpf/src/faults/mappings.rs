@@ -8,9 +8,19 @@
 //! CPU's last faults landed in. The cache is dropped whenever a traced process changes its
 //! mappings (a generation bumped at the enter and exit of the calls that map, unmap, move,
 //! re-protect or lock them), so a VMA unmapped and replaced is looked up again.
+//!
+//! `bpf_find_vma` only tries the mmap lock: while another thread of the process maps (a
+//! thread being created: its stack's `mmap` and `mprotect`), a lookup fails and the fault is
+//! keyed by its page. Such pages wait in `FAULT_VMA_PENDING` and are looked up again when
+//! the lock is likely free: at the process's next call that maps (its `sys_exit`) and at
+//! its next fault whose lookup succeeds. Once the VMA is identified, user space puts the
+//! pages keyed by page inside it in its row, even after the process has exited.
+
+use core::ffi::c_void;
 
 use aya_ebpf::{
     bindings::BPF_ANY,
+    helpers::generated::bpf_loop,
     macros::{map, tracepoint},
     maps::{Array, LruHashMap, PerCpuArray},
     programs::TracePointContext,
@@ -18,7 +28,7 @@ use aya_ebpf::{
 use memlock_trace_common::faults::{MAX_FAULT_MAPPINGS, RegionKey, VM_HELD_SP, region_kind};
 
 use crate::{
-    mapping,
+    mapping::{self, Lookup},
     shared::{current_ids, is_target},
 };
 
@@ -104,7 +114,17 @@ pub(super) fn resolve<const RB: bool>(tgid: u32, address: u64, sp: u64) -> Optio
             return Some((way.start, with_sp(way.flags, way.start, way.end, sp)));
         }
     }
-    let found = mapping::find::<RB>(address, true)?;
+    let found = match mapping::lookup::<RB>(address, true) {
+        Lookup::Found(found) => found,
+        Lookup::Unmapped => return None,
+        Lookup::Unknown => {
+            if !RB {
+                wait_for_lookup(tgid, address, sp);
+            }
+            return None;
+        }
+    };
+    let flags = with_sp(found.flags, found.start, found.end, sp);
     remember(
         cache,
         tgid,
@@ -113,11 +133,211 @@ pub(super) fn resolve<const RB: bool>(tgid: u32, address: u64, sp: u64) -> Optio
         found.end,
         found.flags,
         0,
+        flags & VM_HELD_SP != 0,
     );
-    Some((
-        found.start,
-        with_sp(found.flags, found.start, found.end, sp),
-    ))
+    if !RB {
+        retry_pending(tgid);
+    }
+    Some((found.start, flags))
+}
+
+/// Pages of one process whose lookup failed, by [`PENDING_SHIFT`] block, with the faulting
+/// thread's stack pointer (0: not known) so a stack is still told as one.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Pending {
+    next: u32,
+    _pad: u32,
+    pages: [u64; PENDING_SLOTS],
+    sps: [u64; PENDING_SLOTS],
+}
+
+/// Pages pending per process: one is enough to name a VMA, so a block of
+/// `1 << PENDING_SHIFT` bytes (a thread stack's used top, say) takes one slot however many
+/// of its faults failed; a slot is overwritten when more blocks wait. 64: a program
+/// creating 64 threads at once had every stack named (8 slots lost most of them).
+const PENDING_SLOTS: usize = 64;
+const PENDING_SHIFT: u32 = 18;
+
+/// Processes with pages waiting for a lookup.
+#[map]
+static FAULT_VMA_PENDING: LruHashMap<u32, Pending> = LruHashMap::with_max_entries(1024, 0);
+
+/// An empty [`Pending`] to insert from (it does not fit the stack beside its callers).
+#[map]
+static FAULT_VMA_PENDING_EMPTY: PerCpuArray<Pending> = PerCpuArray::with_max_entries(1, 0);
+
+/// A lookup at `address` failed (the mmap lock was busy): keep its page for a later one.
+#[inline(always)]
+fn wait_for_lookup(tgid: u32, address: u64, sp: u64) {
+    let page = address & memlock_trace_common::PAGE_MASK;
+    if FAULT_VMA_PENDING.get_ptr_mut(tgid).is_none() {
+        let Some(empty) = FAULT_VMA_PENDING_EMPTY.get_ptr(0) else {
+            return;
+        };
+        // SAFETY: this CPU's value of a per-CPU map nothing writes: all zeros.
+        let empty = unsafe { &*empty };
+        let _ = FAULT_VMA_PENDING.insert(tgid, empty, u64::from(BPF_ANY));
+    }
+    let Some(pending) = FAULT_VMA_PENDING.get_ptr_mut(tgid) else {
+        super::update_failed("FAULT_VMA_PENDING");
+        return;
+    };
+    let mut search = SlotSearch {
+        pending,
+        page,
+        sp,
+        free: PENDING_SLOTS as u64,
+        same: 0,
+    };
+    // SAFETY: the callback reads the entry `search` points to and writes only `search`.
+    // bpf_loop: the callback is verified once, where a loop of 64 inlined would be 64 times.
+    unsafe {
+        bpf_loop(
+            PENDING_SLOTS as u32,
+            find_slot as *mut c_void,
+            (&raw mut search).cast(),
+            0,
+        )
+    };
+    if search.same != 0 {
+        return;
+    }
+    // SAFETY: a valid pointer to the process's entry; two CPUs writing it at once can at
+    // worst lose or duplicate a pending page, which only costs a later lookup.
+    let pending = unsafe { &mut *pending };
+    let i = if search.free < PENDING_SLOTS as u64 {
+        search.free as usize
+    } else {
+        pending.next = pending.next.wrapping_add(1);
+        pending.next as usize
+    };
+    if i < PENDING_SLOTS {
+        pending.pages[i] = page;
+        pending.sps[i] = sp;
+    }
+}
+
+#[repr(C)]
+struct SlotSearch {
+    pending: *mut Pending,
+    page: u64,
+    sp: u64,
+    /// A free slot, or `PENDING_SLOTS`.
+    free: u64,
+    /// A slot already holds a page of the block.
+    same: u64,
+}
+
+extern "C" fn find_slot(index: u64, ctx: *mut c_void) -> i64 {
+    // SAFETY: `ctx` is the `SlotSearch` on the caller's stack passed to bpf_loop, whose
+    // `pending` points to a map value valid for the program's run.
+    let search = unsafe { &mut *ctx.cast::<SlotSearch>() };
+    let i = index as usize;
+    if i >= PENDING_SLOTS {
+        return 1;
+    }
+    // SAFETY: as above.
+    let pending = unsafe { &mut *search.pending };
+    let page = pending.pages[i];
+    if page != 0 && page >> PENDING_SHIFT == search.page >> PENDING_SHIFT {
+        // The stack pointer nearest the page is kept: a thread touching its own stack has
+        // it there, the thread that created it (writing its descriptor) elsewhere.
+        if search.sp.abs_diff(search.page) < pending.sps[i].abs_diff(page) {
+            pending.pages[i] = search.page;
+            pending.sps[i] = search.sp;
+        }
+        search.same = 1;
+        return 1;
+    }
+    if page == 0 {
+        search.free = index;
+    }
+    0
+}
+
+/// Looks the process's pending pages up again (by the current task, one of its threads):
+/// each VMA found is recorded like a fault's, a page in none is dropped; the first lookup
+/// that finds the lock busy again ends the round.
+#[inline(always)]
+pub(super) fn retry_pending(tgid: u32) {
+    let Some(pending) = FAULT_VMA_PENDING.get_ptr_mut(tgid) else {
+        return;
+    };
+    let Some(cache) = FAULT_VMA_CACHE.get_ptr_mut(0) else {
+        return;
+    };
+    let mut retry = Retry {
+        pending,
+        cache,
+        tgid: u64::from(tgid),
+        generation: generation(),
+        busy: 0,
+    };
+    // SAFETY: the callback uses the entry and cache `retry` points to, and `retry`.
+    unsafe {
+        bpf_loop(
+            PENDING_SLOTS as u32,
+            retry_slot as *mut c_void,
+            (&raw mut retry).cast(),
+            0,
+        )
+    };
+    if retry.busy == 0 {
+        let _ = FAULT_VMA_PENDING.remove(tgid);
+    }
+}
+
+#[repr(C)]
+struct Retry {
+    pending: *mut Pending,
+    cache: *mut VmaCache,
+    tgid: u64,
+    generation: u64,
+    busy: u64,
+}
+
+extern "C" fn retry_slot(index: u64, ctx: *mut c_void) -> i64 {
+    // SAFETY: `ctx` is the `Retry` on the caller's stack passed to bpf_loop; its pointers
+    // are to map values valid for the program's run, used by nothing else meanwhile.
+    let retry = unsafe { &mut *ctx.cast::<Retry>() };
+    let i = index as usize;
+    if i >= PENDING_SLOTS {
+        return 1;
+    }
+    // SAFETY: as above.
+    let pending = unsafe { &mut *retry.pending };
+    let (page, sp) = (pending.pages[i], pending.sps[i]);
+    if page == 0 {
+        return 0;
+    }
+    match mapping::lookup::<false>(page, true) {
+        Lookup::Found(found) => {
+            pending.pages[i] = 0;
+            // SAFETY: as above.
+            let cache = unsafe { &mut *retry.cache };
+            remember(
+                cache,
+                retry.tgid as u32,
+                retry.generation,
+                found.start,
+                found.end,
+                found.flags,
+                0,
+                found.start <= sp && sp < found.end,
+            );
+            0
+        }
+        Lookup::Unmapped => {
+            pending.pages[i] = 0;
+            0
+        }
+        // Still busy: the next chance will do.
+        Lookup::Unknown => {
+            retry.busy = 1;
+            1
+        }
+    }
 }
 
 /// A VMA's flags as the fault hooks count them: the kernel's, with [`VM_HELD_SP`] set when
@@ -152,11 +372,14 @@ pub(super) fn note_vma(tgid: u32, vma: u64, start: u64, flags: u64) -> Option<u6
     }
     let info = mapping::identify_vma(vma)?;
     let end = info.end;
-    remember(cache, tgid, generation, start, end, flags, vma);
+    remember(cache, tgid, generation, start, end, flags, vma, false);
     Some(end)
 }
 
-/// Caches a VMA and records the identity the lookup left in the scratch.
+/// Caches a VMA and records the identity the lookup left in the scratch. `held_sp`: a
+/// faulting thread's stack pointer was in it, which its identity then keeps for good (for
+/// the pages keyed by page inside it).
+#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn remember(
     cache: &mut VmaCache,
@@ -166,6 +389,7 @@ fn remember(
     end: u64,
     flags: u64,
     vma: u64,
+    held_sp: bool,
 ) {
     let way = cache.next as usize & (CACHE_WAYS - 1);
     cache.next = cache.next.wrapping_add(1);
@@ -186,6 +410,13 @@ fn remember(
         exact: region_kind::VMA,
         start,
     };
+    // SAFETY: a valid pointer to the map's value, read at once.
+    let held_before = unsafe { FAULT_MAPPINGS.get(key) }
+        .is_some_and(|old| old.end == end && old.flags & VM_HELD_SP != 0);
+    info.flags &= !VM_HELD_SP;
+    if held_sp || held_before {
+        info.flags |= VM_HELD_SP;
+    }
     if FAULT_MAPPINGS
         .insert(key, info, u64::from(BPF_ANY))
         .is_err()

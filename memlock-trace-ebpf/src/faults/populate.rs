@@ -153,6 +153,11 @@ fn exit_counted<const RB: bool>(ctx: &TracePointContext) {
     let call = unsafe { *call };
     let _ = POPULATE_INFLIGHT.remove(tid);
     super::mappings::changed();
+    if !RB {
+        // This thread has just let go of the mmap lock: a good moment for the lookups that
+        // found it busy.
+        super::mappings::retry_pending(tgid);
+    }
     let (min_flt, maj_flt) = task_faults();
     let minor = min_flt
         .wrapping_sub(call.min_flt)

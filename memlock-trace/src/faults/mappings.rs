@@ -194,6 +194,8 @@ pub fn by_mapping(
             entry.locked = Some(info.flags & VM_LOCKED != 0);
             entry.lockonfault = Some(info.flags & VM_LOCKONFAULT != 0);
             entry.locked_source = "vma";
+            // Also for pages whose own lookup failed, looked up again later.
+            entry.stack = info.flags & VM_HELD_SP != 0;
             if info.kind == kind::FILE {
                 entry.file = Some(FileIdentity {
                     dev: dev_name(info.dev),
@@ -242,7 +244,7 @@ pub fn by_mapping(
             entry.locked = Some(value.vm_flags & VM_LOCKED != 0);
             entry.lockonfault = Some(value.vm_flags & VM_LOCKONFAULT != 0);
             entry.locked_source = "vma";
-            entry.stack = value.vm_flags & VM_HELD_SP != 0;
+            entry.stack |= value.vm_flags & VM_HELD_SP != 0;
         }
         if let Some(info) = identified.filter(|_| entry.named_by == "fault") {
             // A row that grew shows its widest extent.
@@ -259,8 +261,8 @@ pub fn by_mapping(
             slot.locked = Some(slot.locked == Some(true) || value.vm_flags & VM_LOCKED != 0);
             slot.lockonfault =
                 Some(slot.lockonfault == Some(true) || value.vm_flags & VM_LOCKONFAULT != 0);
-            slot.stack |= value.vm_flags & VM_HELD_SP != 0;
         }
+        slot.stack |= entry.stack;
     }
     let mut list: Vec<MappingFaults> = per_mapping.into_values().collect();
     list.extend(spans(outside).into_iter().map(|(start, end, faults)| {
