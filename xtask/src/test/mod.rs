@@ -14,7 +14,7 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use self::binaries::{HOST_ONLY, packages_for};
+use self::binaries::{not_in_guest, packages_for};
 use crate::{
     lint,
     run::workspace_root,
@@ -287,18 +287,17 @@ fn vm_stage(
         kernel.version
     );
     // Only memlock-trace's tests touch the kernel; xtask's own do not belong in the guest.
-    let (guest_binaries, host_only): (Vec<&TestBinary>, Vec<&TestBinary>) = binaries
+    let (guest_binaries, not_here): (Vec<&TestBinary>, Vec<&TestBinary>) = binaries
         .iter()
         .filter(|b| b.package == "memlock-trace")
-        .partition(|b| !HOST_ONLY.iter().any(|(name, _)| *name == b.name));
-    let not_run = host_only
+        .partition(|b| not_in_guest(&b.name, kernel.version).is_none());
+    let not_run = not_here
         .iter()
         .map(|b| {
-            let reason = HOST_ONLY
-                .iter()
-                .find(|(name, _)| *name == b.name)
-                .map_or("", |(_, reason)| *reason);
-            (b.name.clone(), reason)
+            (
+                b.name.clone(),
+                not_in_guest(&b.name, kernel.version).unwrap_or(""),
+            )
         })
         .collect();
     let mut tests = vec![vm::VmTest {
