@@ -30,7 +30,7 @@ use crate::shared::tp_field;
 #[tracepoint]
 pub fn fault_exception_entry(ctx: TracePointContext) -> u32 {
     let address = tp_field::<u64>(&ctx, 8).unwrap_or(0);
-    record_start::<NO_LOOKUP>(address);
+    record_start::<NO_LOOKUP>(address, 0);
     0
 }
 
@@ -39,13 +39,13 @@ pub fn fault_exception_entry(ctx: TracePointContext) -> u32 {
 /// `TP_PROTO(unsigned long address, struct pt_regs *regs, unsigned long error_code)`.
 #[btf_tracepoint(function = "page_fault_user")]
 pub fn fault_entry_user_btf(ctx: BtfTracePointContext) -> i32 {
-    record_start::<NO_LOOKUP>(ctx.arg(0));
+    record_start::<NO_LOOKUP>(ctx.arg(0), 0);
     0
 }
 
 #[btf_tracepoint(function = "page_fault_kernel")]
 pub fn fault_entry_kernel_btf(ctx: BtfTracePointContext) -> i32 {
-    record_start::<NO_LOOKUP>(ctx.arg(0));
+    record_start::<NO_LOOKUP>(ctx.arg(0), 0);
     0
 }
 
@@ -59,9 +59,7 @@ pub fn fault_entry_kernel_btf(ctx: BtfTracePointContext) -> i32 {
 /// with `bpf_find_vma` (interrupts are on here, unlike at the tracepoints).
 #[perf_event]
 pub fn fault_perf_start(ctx: PerfEventContext) -> u32 {
-    // SAFETY: `ctx.ctx` is the `bpf_perf_event_data` the kernel hands this program, valid
-    // for its whole run.
-    record_start::<FIND_VMA>(unsafe { (*ctx.ctx).addr });
+    record_start::<FIND_VMA>(perf_address(&ctx), perf_user_sp(&ctx));
     0
 }
 
@@ -69,9 +67,25 @@ pub fn fault_perf_start(ctx: PerfEventContext) -> u32 {
 /// a walk of the VMA rbtree.
 #[perf_event]
 pub fn fault_perf_start_rb(ctx: PerfEventContext) -> u32 {
-    // SAFETY: as in `fault_perf_start`.
-    record_start::<RB_WALK>(unsafe { (*ctx.ctx).addr });
+    record_start::<RB_WALK>(perf_address(&ctx), perf_user_sp(&ctx));
     0
+}
+
+/// The event's sample address: the faulting address.
+#[inline(always)]
+fn perf_address(ctx: &PerfEventContext) -> u64 {
+    // SAFETY: `ctx.ctx` is the `bpf_perf_event_data` the kernel hands this program, valid
+    // for its whole run.
+    unsafe { (*ctx.ctx).addr }
+}
+
+/// The faulting thread's stack pointer, for a fault in user mode (a kernel-mode fault's sp
+/// is the kernel's); 0 otherwise.
+#[inline(always)]
+fn perf_user_sp(ctx: &PerfEventContext) -> u64 {
+    // SAFETY: as in `perf_address`. x86: the privilege level is CS's low two bits.
+    let (user_mode, sp) = unsafe { ((*ctx.ctx).regs.cs & 3 != 0, (*ctx.ctx).regs.rsp) };
+    if user_mode { sp } else { 0 }
 }
 
 /// `PERF_COUNT_SW_PAGE_FAULTS_MIN`, fired by `mm_account_fault()` after `min_flt++` for a

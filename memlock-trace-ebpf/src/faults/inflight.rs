@@ -37,9 +37,10 @@ pub(super) const NO_LOOKUP: u8 = 0;
 pub(super) const FIND_VMA: u8 = 1;
 pub(super) const RB_WALK: u8 = 2;
 
-/// A traced task's fault starts: its start goes in this CPU's ring.
+/// A traced task's fault starts: its start goes in this CPU's ring. `sp`: the faulting
+/// thread's user stack pointer, 0 when not at hand (only the lookups use it).
 #[inline(always)]
-pub(super) fn record_start<const LOOKUP: u8>(address: u64) {
+pub(super) fn record_start<const LOOKUP: u8>(address: u64, sp: u64) {
     let (tgid, tid) = current_ids();
     let sole = sole_tgid();
     if sole != 0 {
@@ -54,9 +55,8 @@ pub(super) fn record_start<const LOOKUP: u8>(address: u64) {
     // memory has no mapping).
     if config!(counted_by_perf) != 0 && address < USER_ADDRESS_END {
         let vma = match LOOKUP {
-            // No stack pointer at hand here (the start runs on a tracepoint).
-            FIND_VMA => resolve::<false>(tgid, address, 0),
-            RB_WALK => resolve::<true>(tgid, address, 0),
+            FIND_VMA => resolve::<false>(tgid, address, sp),
+            RB_WALK => resolve::<true>(tgid, address, sp),
             _ => None,
         };
         let (region, vm_flags) = vma.unwrap_or((address & PAGE_MASK, 0));
