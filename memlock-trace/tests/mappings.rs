@@ -9,7 +9,11 @@
 mod common;
 mod support;
 
-use std::{path::Path, process::Command};
+use std::{
+    path::Path,
+    process::Command,
+    sync::atomic::{AtomicUsize, Ordering},
+};
 
 use common::require_privileges;
 use serde_json::Value;
@@ -24,20 +28,29 @@ const TOP: &str = "500";
 /// Runs `memlock-trace --json --events -o FILE -- PROGRAM ARGS`: the JSON lines, and the
 /// program's own stdout.
 fn traced(program: &str, args: &[&str]) -> (Vec<Value>, String) {
+    traced_with(&[], program, args)
+}
+
+/// [`traced`] with more of the tracer's options.
+fn traced_with(options: &[&str], program: &str, args: &[&str]) -> (Vec<Value>, String) {
     assert!(
         Path::new(program).is_file(),
         "{program} is missing (`cargo xtask test` installs Debian's python3; or apt-get \
          install python3)"
     );
+    // One directory per run: tests running side by side may trace the same program.
+    static RUNS: AtomicUsize = AtomicUsize::new(0);
     let dir = std::env::temp_dir().join(format!(
-        "memlock-trace-mappings-{}-{}",
+        "memlock-trace-mappings-{}-{}-{}",
         std::process::id(),
+        RUNS.fetch_add(1, Ordering::Relaxed),
         Path::new(program).file_name().unwrap().to_string_lossy()
     ));
     std::fs::create_dir_all(&dir).unwrap();
     let trace = dir.join("trace.json");
     let mut command = Command::new(BIN);
     command
+        .args(options)
         .args(["--json", "--events=syscalls", "--top-mappings", TOP, "-o"])
         .arg(&trace)
         .arg("--")
@@ -268,42 +281,47 @@ fn a_threads_stack_is_told_apart_at_the_fault() {
 /// stacks, so on the tracepoint set `bpf_find_vma` (which only tries the lock) fails for
 /// whole stacks; their pages wait and are looked up again when the lock is free. Every
 /// stack is still one named row, told as a stack, after the process has exited (before the
-/// pages waited: 6 to 21 of 32 stacks named, up to 62% of the faults `unknown`).
+/// pages waited: 6 to 21 of 32 stacks named, up to 62% of the faults `unknown`). Also with
+/// `--latency-sample`, whose lookups run at the fault's start, before the kernel grows the
+/// main stack (before: none told as a stack, the main stack's growth `unknown`).
 #[cfg(feature = "lab")]
 #[test]
 fn threads_created_at_once_have_every_stack_named() {
     require_privileges();
     let threads = 32;
-    let (lines, _) = traced(
-        BIN,
-        &[
-            "scenario",
-            "thread-stack",
-            "--variant",
-            "off",
-            "--threads",
-            &threads.to_string(),
-            "--stack-mib",
-            "2",
-            "--stack-used-kib",
-            "256",
-        ],
-    );
-    let f = faults_of(&lines);
-    let rows = assert_every_fault_named(&f);
-    let used_pages = 256 / 4;
-    let stacks: Vec<&Value> = rows
-        .iter()
-        .filter(|r| {
-            r["mapping"] == "anonymous"
-                && r["end"] != ""
-                && hex(&r["end"]) - hex(&r["start"]) == 2 << 20
-                && r["faults"].as_u64().unwrap() >= used_pages
-        })
-        .collect();
-    assert_eq!(stacks.len(), threads, "{rows:#?}");
-    assert!(
-        stacks.iter().all(|r| r["stack"] == true),
-        "a thread's stack not told as one: {stacks:#?}"
-    );
+    for options in [&[][..], &["--latency-sample", "4"]] {
+        let (lines, _) = traced_with(
+            options,
+            BIN,
+            &[
+                "scenario",
+                "thread-stack",
+                "--variant",
+                "off",
+                "--threads",
+                &threads.to_string(),
+                "--stack-mib",
+                "2",
+                "--stack-used-kib",
+                "256",
+            ],
+        );
+        let f = faults_of(&lines);
+        let rows = assert_every_fault_named(&f);
+        let used_pages = 256 / 4;
+        let stacks: Vec<&Value> = rows
+            .iter()
+            .filter(|r| {
+                r["mapping"] == "anonymous"
+                    && r["end"] != ""
+                    && hex(&r["end"]) - hex(&r["start"]) == 2 << 20
+                    && r["faults"].as_u64().unwrap() >= used_pages
+            })
+            .collect();
+        assert_eq!(stacks.len(), threads, "{options:?}: {rows:#?}");
+        assert!(
+            stacks.iter().all(|r| r["stack"] == true),
+            "{options:?}: a thread's stack not told as one: {stacks:#?}"
+        );
+    }
 }

@@ -114,6 +114,9 @@ fn dev_name(dev: u32) -> String {
     format!("{:02x}:{:02x}", dev >> 20, dev & 0xf_ffff)
 }
 
+/// Below the stack's top, where mmap places nothing: the stack grows there.
+const STACK_GAP: u64 = 128 << 20;
+
 /// Attributes region counts to the process's mappings and returns the top `top` by faults.
 /// `kernel`: the VMAs the fault hooks identified, by start. `exited`: `maps` are the last
 /// seen before the process exited, so an address outside them is unknown (mapped after they
@@ -171,6 +174,18 @@ pub fn by_mapping(
                 .next_back()
                 .map(|(_, info)| info)
                 .filter(|info| key.start < info.end)
+                // Or below the stack with nothing found between, where the stack grew (a
+                // lookup at the fault's start, before the kernel grew it, finds no VMA):
+                // mmap places nothing within 128 MiB of the stack's top (mm/util.c, MIN_GAP).
+                .or_else(|| {
+                    kernel
+                        .range(key.start..)
+                        .next()
+                        .map(|(_, info)| info)
+                        .filter(|info| {
+                            info.kind == kind::STACK && info.end - key.start <= STACK_GAP
+                        })
+                })
         };
         let alive = if exited.is_none() { maps } else { None };
         let (range, mut entry) = if let Some(info) =
@@ -302,276 +317,4 @@ fn spans(mut runs: Vec<(u64, u64)>) -> Vec<(u64, u64, u64)> {
 }
 
 #[cfg(test)]
-mod tests {
-    use memlock_trace_common::faults::{RegionKey, RegionValue};
-
-    use super::*;
-
-    fn mapping(start: u64, end: u64, name: &str, locked: bool) -> Mapping {
-        Mapping {
-            start,
-            end,
-            offset: 0,
-            name: name.into(),
-            locked,
-            lockonfault: Some(false),
-        }
-    }
-
-    #[test]
-    fn regions_attribute_to_mappings() {
-        let maps = [
-            mapping(0x10000, 0x40000, "[heap]", false),
-            mapping(0x48000, 0x58000, "/lib/x.so", true),
-        ];
-        let region = |start, faults| {
-            let key = RegionKey {
-                tgid: 1,
-                exact: 0,
-                start,
-            };
-            (
-                key,
-                RegionValue {
-                    faults,
-                    vm_flags: 0,
-                },
-            )
-        };
-        let regions = [
-            region(0x10000, 16),
-            region(0x20000, 4),
-            // The page of a run's first fault, inside the library.
-            region(0x49000, 3),
-            region(0x90000, 1),
-        ];
-        let list = by_mapping(&regions, &BTreeMap::new(), Some(&maps), None, 10);
-        assert_eq!(list.len(), 3, "{list:?}");
-        assert_eq!(
-            (list[0].mapping.to_str().unwrap(), list[0].faults),
-            ("[heap]", 20)
-        );
-        assert_eq!(
-            (
-                list[1].mapping.to_str().unwrap(),
-                list[1].faults,
-                list[1].locked
-            ),
-            ("/lib/x.so", 3, Some(true))
-        );
-        assert_eq!(
-            (list[2].mapping.to_str().unwrap(), list[2].faults),
-            ("unmapped", 1)
-        );
-        assert_eq!(
-            by_mapping(&regions, &BTreeMap::new(), Some(&maps), None, 1).len(),
-            1
-        );
-    }
-
-    #[test]
-    fn neighbouring_runs_outside_every_mapping_are_one_row_and_exited_is_not_unmapped() {
-        let maps = [mapping(0x10000, 0x40000, "[heap]", false)];
-        let run = |start, faults| {
-            let key = RegionKey {
-                tgid: 1,
-                exact: 0,
-                start,
-            };
-            let value = RegionValue {
-                faults,
-                vm_flags: 0,
-            };
-            (key, value)
-        };
-        // 8 MiB touched in order (runs of 16 pages, one per 64 KiB window, the first one
-        // starting mid-window), then a lone run far away.
-        let base = 0x7f00_0000_0000u64;
-        let mut regions: Vec<_> = (0..128)
-            .map(|i| run(base + 0x3000 + i * 0x10000, 16))
-            .collect();
-        regions.push(run(base + 0x1000_0000, 2));
-        for (exited, label) in [(None, "unmapped"), (Some(&[][..]), "unknown")] {
-            let list = by_mapping(&regions, &BTreeMap::new(), Some(&maps), exited, 10);
-            let rows: Vec<_> = list
-                .iter()
-                .map(|m| {
-                    (
-                        m.mapping.to_str().unwrap(),
-                        m.faults,
-                        m.start.as_str(),
-                        m.end.as_str(),
-                    )
-                })
-                .collect();
-            assert_eq!(
-                rows,
-                [
-                    (label, 2048, "0x7f0000003000", "0x7f0000800000"),
-                    (label, 2, "0x7f0010000000", "0x7f0010010000"),
-                ]
-            );
-        }
-    }
-
-    #[test]
-    fn an_exited_process_region_known_from_an_mlock_call_is_named_by_it() {
-        let maps = [mapping(0x10000, 0x40000, "[heap]", false)];
-        let run = |start| {
-            let key = RegionKey {
-                tgid: 1,
-                exact: 0,
-                start,
-            };
-            let value = RegionValue {
-                faults: 16,
-                vm_flags: 0,
-            };
-            (key, value)
-        };
-        let regions = [run(0x100000), run(0x110000), run(0x900000)];
-        // Locked, then unlocked: the newest state counts.
-        let noted = [
-            mapping(0x100000, 0x200000, "VMA seen by mlock2", true),
-            mapping(0x100000, 0x200000, "VMA seen by munlock", false),
-        ];
-        let list = by_mapping(&regions, &BTreeMap::new(), Some(&maps), Some(&noted), 10);
-        let rows: Vec<_> = list
-            .iter()
-            .map(|m| {
-                (
-                    m.mapping.to_str().unwrap(),
-                    m.faults,
-                    m.locked,
-                    m.locked_source,
-                )
-            })
-            .collect();
-        assert_eq!(
-            rows,
-            [
-                ("VMA seen by munlock", 32, Some(false), "call"),
-                ("unknown", 16, None, "unknown"),
-            ]
-        );
-    }
-
-    #[test]
-    fn exact_regions_use_the_vma_flags() {
-        let maps = [mapping(0x10000, 0x40000, "anonymous", false)];
-        let regions = [(
-            RegionKey {
-                tgid: 1,
-                exact: 1,
-                start: 0x10000,
-            },
-            RegionValue {
-                faults: 5,
-                vm_flags: VM_LOCKED | 0x3,
-            },
-        )];
-        let list = by_mapping(&regions, &BTreeMap::new(), Some(&maps), None, 10);
-        assert_eq!(list[0].locked, Some(true));
-        assert_eq!(list[0].locked_source, "vma");
-    }
-
-    fn info(start: u64, end: u64, kind: u32, name: &str) -> MappingInfo {
-        let mut info = MappingInfo {
-            start,
-            end,
-            flags: 0x73,
-            kind,
-            ino: 42,
-            dev: (8 << 20) | 1,
-            ..MappingInfo::default()
-        };
-        info.name[..name.len()].copy_from_slice(name.as_bytes());
-        info
-    }
-
-    fn vma_region(start: u64, faults: u64) -> (RegionKey, RegionValue) {
-        let key = RegionKey {
-            tgid: 1,
-            exact: region_kind::VMA,
-            start,
-        };
-        (
-            key,
-            RegionValue {
-                faults,
-                vm_flags: 0x73,
-            },
-        )
-    }
-
-    #[test]
-    fn vmas_identified_at_the_fault_are_named_by_the_kernel_and_completed_from_smaps() {
-        let kernel: BTreeMap<u64, MappingInfo> = [
-            info(0x1000, 0x9000, kind::FILE, "libc.so.6"),
-            // Unmapped before any smaps read.
-            info(0x20000, 0x40000, kind::FILE, "gone.bin"),
-            info(0x50000, 0x60000, kind::FILE, "dev/zero"),
-            // The stack, met twice as it grew down.
-            info(0x7000_0000, 0x7000_8000, kind::STACK, ""),
-            info(0x6fff_f000, 0x7000_8000, kind::STACK, ""),
-            info(0x9000_0000, 0x9000_1000, kind::SPECIAL, "[vdso]"),
-        ]
-        .into_iter()
-        .map(|i| (i.start, i))
-        .collect();
-        let maps = [mapping(0x1000, 0x9000, "/usr/lib/libc.so.6", false)];
-        let mut regions = vec![
-            vma_region(0x1000, 5),
-            vma_region(0x20000, 7),
-            vma_region(0x50000, 3),
-            vma_region(0x7000_0000, 2),
-            vma_region(0x6fff_f000, 4),
-            vma_region(0x9000_0000, 1),
-        ];
-        regions.push((
-            RegionKey {
-                tgid: 1,
-                exact: region_kind::CALL,
-                start: populate::MLOCKALL as u64,
-            },
-            RegionValue {
-                faults: 100,
-                vm_flags: 0,
-            },
-        ));
-        let list = by_mapping(&regions, &kernel, Some(&maps), None, 10);
-        let rows: Vec<_> = list
-            .iter()
-            .map(|m| {
-                (
-                    m.mapping.to_str().unwrap(),
-                    m.faults,
-                    m.start.as_str(),
-                    m.end.as_str(),
-                    m.named_by,
-                )
-            })
-            .collect();
-        assert_eq!(
-            rows,
-            [
-                (
-                    "populated by mlockall (VMAs not told apart)",
-                    100,
-                    "",
-                    "",
-                    "call"
-                ),
-                ("gone.bin", 7, "0x20000", "0x40000", "fault"),
-                ("[stack]", 6, "0x6ffff000", "0x70008000", "fault"),
-                ("/usr/lib/libc.so.6", 5, "0x1000", "0x9000", "fault"),
-                ("/dev/zero (deleted)", 3, "0x50000", "0x60000", "fault"),
-                ("[vdso]", 1, "0x90000000", "0x90001000", "fault"),
-            ]
-        );
-        let file = list[1].file.as_ref().unwrap();
-        assert_eq!((file.dev.as_str(), file.inode), ("08:01", 42));
-        assert_eq!(list[1].locked, Some(false));
-        assert_eq!(list[1].locked_source, "vma");
-    }
-}
+mod tests;
