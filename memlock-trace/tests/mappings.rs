@@ -110,6 +110,30 @@ fn assert_every_fault_named(f: &Value) -> &Vec<Value> {
     rows
 }
 
+/// The faults of the bundled thread-stack workload: `threads` threads with 2 MiB stacks of
+/// which each uses 256 KiB.
+#[cfg(feature = "lab")]
+fn traced_thread_stack(options: &[&str], threads: usize) -> Value {
+    let threads = threads.to_string();
+    let (lines, _) = traced_with(
+        options,
+        BIN,
+        &[
+            "scenario",
+            "thread-stack",
+            "--variant",
+            "off",
+            "--threads",
+            &threads,
+            "--stack-mib",
+            "2",
+            "--stack-used-kib",
+            "256",
+        ],
+    );
+    faults_of(&lines)
+}
+
 /// The row whose range holds `addr`.
 fn row_holding(rows: &[Value], addr: u64) -> &Value {
     rows.iter()
@@ -238,22 +262,7 @@ fn a_failed_mlock_on_an_unmapped_range_says_so_in_text() {
 #[test]
 fn a_threads_stack_is_told_apart_at_the_fault() {
     require_privileges();
-    let (lines, _) = traced(
-        BIN,
-        &[
-            "scenario",
-            "thread-stack",
-            "--variant",
-            "off",
-            "--threads",
-            "1",
-            "--stack-mib",
-            "2",
-            "--stack-used-kib",
-            "256",
-        ],
-    );
-    let f = faults_of(&lines);
+    let f = traced_thread_stack(&[], 1);
     let rows = assert_every_fault_named(&f);
     let stacks: Vec<&Value> = rows.iter().filter(|r| r["stack"] == true).collect();
     let names: Vec<&str> = stacks
@@ -290,23 +299,7 @@ fn threads_created_at_once_have_every_stack_named() {
     require_privileges();
     let threads = 32;
     for options in [&[][..], &["--latency-sample", "4"]] {
-        let (lines, _) = traced_with(
-            options,
-            BIN,
-            &[
-                "scenario",
-                "thread-stack",
-                "--variant",
-                "off",
-                "--threads",
-                &threads.to_string(),
-                "--stack-mib",
-                "2",
-                "--stack-used-kib",
-                "256",
-            ],
-        );
-        let f = faults_of(&lines);
+        let f = traced_thread_stack(options, threads);
         let rows = assert_every_fault_named(&f);
         let used_pages = 256 / 4;
         let stacks: Vec<&Value> = rows
