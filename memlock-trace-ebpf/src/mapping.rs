@@ -169,6 +169,49 @@ pub fn current_mm_start_stack() -> u64 {
     peek(mm, config.mm_start_stack)
 }
 
+/// What [`identify`] found, the VMA itself being in this CPU's [`scratch`].
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Identified {
+    Found,
+    Unmapped,
+    Unknown,
+}
+
+/// The VMA of the current task holding `addr`, range, flags and identity read into this
+/// CPU's [`scratch`] and nothing onto the stack: for callers deep in callbacks (`bpf_loop`),
+/// where kernels before 6.12 count every frame's stack against the program's 512 bytes.
+#[inline(always)]
+pub fn identify(addr: u64) -> Identified {
+    if MAPPING_CONFIG.load().valid == 0 {
+        return Identified::Unknown;
+    }
+    // SAFETY: the helper takes the trusted current-task pointer; the callback writes only
+    // this CPU's scratch value.
+    let ret = unsafe {
+        bpf_find_vma(
+            bpf_get_current_task_btf().cast(),
+            addr,
+            identify_callback as *mut c_void,
+            core::ptr::null_mut(),
+            0,
+        )
+    };
+    match ret {
+        0 => Identified::Found,
+        ENOENT => Identified::Unmapped,
+        _ => Identified::Unknown,
+    }
+}
+
+/// `bpf_find_vma` callback of [`identify`].
+#[inline(never)]
+extern "C" fn identify_callback(_task: *mut c_void, vma: *mut c_void, _ctx: *mut c_void) -> i64 {
+    let config = MAPPING_CONFIG.load();
+    let found = read_range(vma as u64, &config);
+    read_identity(vma as u64, &found, &config);
+    0
+}
+
 /// `bpf_find_vma` callback: copies the VMA's range and flags out, and its identity when
 /// asked.
 #[inline(never)]

@@ -55,8 +55,8 @@ pub(super) fn record_start<const LOOKUP: u8>(address: u64, sp: u64) {
     // memory has no mapping).
     if config!(counted_by_perf) != 0 && address < USER_ADDRESS_END {
         let vma = match LOOKUP {
-            FIND_VMA => resolve::<false>(tgid, address, sp),
-            RB_WALK => resolve::<true>(tgid, address, sp),
+            FIND_VMA => resolve::<false, true>(tgid, address, sp),
+            RB_WALK => resolve::<true, false>(tgid, address, sp),
             _ => None,
         };
         let (region, vm_flags) = vma.unwrap_or((address & PAGE_MASK, 0));
@@ -223,9 +223,9 @@ pub(super) fn perf_completion<const ACROSS_CPUS: bool>(ctx: &PerfEventContext, m
         // rbtree (maple tree: 6.1); the others have `bpf_find_vma` (5.17).
         // A kernel-mode fault's sp is the kernel's: in no user VMA.
         if ACROSS_CPUS {
-            resolve::<false>(tgid, address, sp)
+            resolve::<false, true>(tgid, address, sp)
         } else {
-            resolve::<true>(tgid, address, sp)
+            resolve::<true, false>(tgid, address, sp)
         }
     } else {
         None

@@ -12,8 +12,8 @@
 //! `bpf_find_vma` only tries the mmap lock: while another thread of the process maps (a
 //! thread being created: its stack's `mmap` and `mprotect`), a lookup fails and the fault is
 //! keyed by its page. Such pages wait in `FAULT_VMA_PENDING` and are looked up again when
-//! the lock is likely free: at the process's next call that maps (its `sys_exit`) and at
-//! its next fault whose lookup succeeds. Once the VMA is identified, user space puts the
+//! the lock is likely free: as the process enters its next call that maps and at its next
+//! fault whose lookup succeeds. Once the VMA is identified, user space puts the
 //! pages keyed by page inside it in its row, even after the process has exited.
 
 use core::ffi::c_void;
@@ -28,7 +28,7 @@ use aya_ebpf::{
 use memlock_trace_common::faults::{MAX_FAULT_MAPPINGS, RegionKey, VM_HELD_SP, region_kind};
 
 use crate::{
-    mapping::{self, Lookup},
+    mapping::{self, Identified, Lookup},
     shared::{current_ids, is_target},
 };
 
@@ -98,8 +98,15 @@ pub fn fault_mappings_changed(_ctx: TracePointContext) -> u32 {
 /// `address`, recording its identity on a cache miss; `None` when none holds it (or the
 /// mmap lock was busy). The flags carry [`VM_HELD_SP`] when the VMA also holds `sp`, the
 /// faulting thread's user stack pointer (0: not known).
+///
+/// `RETRY`: after a lookup that found the lock free, also look up the process's waiting
+/// pages (the fault programs; not the populate exit, which has no stack to spare for it).
 #[inline(always)]
-pub(super) fn resolve<const RB: bool>(tgid: u32, address: u64, sp: u64) -> Option<(u64, u64)> {
+pub(super) fn resolve<const RB: bool, const RETRY: bool>(
+    tgid: u32,
+    address: u64,
+    sp: u64,
+) -> Option<(u64, u64)> {
     let cache = FAULT_VMA_CACHE.get_ptr_mut(0)?;
     // SAFETY: this CPU's value of a per-CPU map, valid while the program runs; a program
     // runs to completion on its CPU, so nothing else uses it meanwhile.
@@ -135,7 +142,7 @@ pub(super) fn resolve<const RB: bool>(tgid: u32, address: u64, sp: u64) -> Optio
         0,
         flags & VM_HELD_SP != 0,
     );
-    if !RB {
+    if RETRY && !RB {
         retry_pending(tgid);
     }
     Some((found.start, flags))
@@ -311,29 +318,34 @@ extern "C" fn retry_slot(index: u64, ctx: *mut c_void) -> i64 {
     if page == 0 {
         return 0;
     }
-    match mapping::lookup::<false>(page, true) {
-        Lookup::Found(found) => {
+    // Into the scratch, not onto this frame: see `mapping::identify`.
+    match mapping::identify(page) {
+        Identified::Found => {
             pending.pages[i] = 0;
+            let Some(info) = mapping::scratch() else {
+                return 1;
+            };
+            let (start, end, flags) = (info.start, info.end, info.flags);
             // SAFETY: as above.
             let cache = unsafe { &mut *retry.cache };
             remember(
                 cache,
                 retry.tgid as u32,
                 retry.generation,
-                found.start,
-                found.end,
-                found.flags,
+                start,
+                end,
+                flags,
                 0,
-                found.start <= sp && sp < found.end,
+                start <= sp && sp < end,
             );
             0
         }
-        Lookup::Unmapped => {
+        Identified::Unmapped => {
             pending.pages[i] = 0;
             0
         }
         // Still busy: the next chance will do.
-        Lookup::Unknown => {
+        Identified::Unknown => {
             retry.busy = 1;
             1
         }

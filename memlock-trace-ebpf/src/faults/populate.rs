@@ -86,11 +86,30 @@ pub fn fault_signal(ctx: TracePointContext) -> u32 {
 /// Attached to `sys_enter_` of every [`populate`] call.
 #[tracepoint]
 pub fn populate_enter(ctx: TracePointContext) -> u32 {
+    enter(&ctx);
+    0
+}
+
+/// [`populate_enter`] with the tracepoint set on kernels with `bpf_find_vma`: also looks up
+/// again the process's pages whose lookup met a busy mmap lock, as the thread is about to
+/// take it (a good moment: no other mapping call of this thread holds it). Here rather than
+/// at the exit, whose program has no stack to spare for the lookups' frames.
+#[tracepoint]
+pub fn populate_enter_retry(ctx: TracePointContext) -> u32 {
+    if let Some(tgid) = enter(&ctx) {
+        super::mappings::retry_pending(tgid);
+    }
+    0
+}
+
+/// The traced process's tgid, when it is one.
+#[inline(always)]
+fn enter(ctx: &TracePointContext) -> Option<u32> {
     let (tgid, tid) = current_ids();
     if !is_target(tgid) {
-        return 0;
+        return None;
     }
-    let nr = syscall_nr(&ctx);
+    let nr = syscall_nr(ctx);
     let mut index = populate::OTHER as u32;
     for i in 0..populate::COUNT {
         // Volatile, element by element: a plain read of the static would be folded to its
@@ -114,8 +133,8 @@ pub fn populate_enter(ctx: TracePointContext) -> u32 {
         maj_flt,
         exception_min: 0,
         exception_maj: 0,
-        address: syscall_arg(&ctx, 0),
-        len: syscall_arg(&ctx, 1),
+        address: syscall_arg(ctx, 0),
+        len: syscall_arg(ctx, 1),
     };
     if POPULATE_INFLIGHT
         .insert(tid, call, u64::from(BPF_ANY))
@@ -123,7 +142,7 @@ pub fn populate_enter(ctx: TracePointContext) -> u32 {
     {
         super::update_failed("POPULATE_INFLIGHT");
     }
-    0
+    Some(tgid)
 }
 
 /// `sys_exit_` with the tracepoint hook set: the task's fault-counter growth during the call,
@@ -153,11 +172,6 @@ fn exit_counted<const RB: bool>(ctx: &TracePointContext) {
     let call = unsafe { *call };
     let _ = POPULATE_INFLIGHT.remove(tid);
     super::mappings::changed();
-    if !RB {
-        // This thread has just let go of the mmap lock: a good moment for the lookups that
-        // found it busy.
-        super::mappings::retry_pending(tgid);
-    }
     let (min_flt, maj_flt) = task_faults();
     let minor = min_flt
         .wrapping_sub(call.min_flt)
@@ -225,7 +239,7 @@ fn charge<const RB: bool>(tgid: u32, call: &PopulateCall, ret: i64, pages: u64) 
             found.flags & !VM_HELD_SP,
         );
         // Named like the faults' VMAs (those were likely met already; if not, this records it).
-        super::mappings::resolve::<RB>(tgid, address, 0);
+        super::mappings::resolve::<RB, false>(tgid, address, 0);
         return address;
     }
     flush_region(tgid, region_kind::CALL, index as u64, pages, 0);

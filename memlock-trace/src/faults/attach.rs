@@ -170,6 +170,7 @@ const CLOCK_PROGRAMS: [&str; 4] = [
     "bench_clock_perf_maj",
 ];
 const POPULATE_ENTER: &str = "populate_enter";
+const POPULATE_ENTER_RETRY: &str = "populate_enter_retry";
 const POPULATE_EXIT_COUNTED: &str = "populate_exit_counted";
 const POPULATE_EXIT_COUNTED_RB: &str = "populate_exit_counted_rb";
 const MAPPINGS_CHANGED: &str = "fault_mappings_changed";
@@ -526,10 +527,11 @@ fn attach_mappings_changed(ebpf: &mut Ebpf) -> Result<String> {
 /// or before 5.17 by the rbtree walk); with the others they only name the call a populated
 /// fault happened in.
 fn attach_populate(ebpf: &mut Ebpf, set: HookSet, find_vma: bool) -> Result<Vec<String>> {
-    let exit_program = match set {
-        HookSet::Tracepoint if find_vma => POPULATE_EXIT_COUNTED,
-        HookSet::Tracepoint => POPULATE_EXIT_COUNTED_RB,
-        _ => POPULATE_EXIT,
+    let (enter_program, exit_program) = match set {
+        // The enter also looks up again the pages whose lookup met a busy mmap lock.
+        HookSet::Tracepoint if find_vma => (POPULATE_ENTER_RETRY, POPULATE_EXIT_COUNTED),
+        HookSet::Tracepoint => (POPULATE_ENTER, POPULATE_EXIT_COUNTED_RB),
+        _ => (POPULATE_ENTER, POPULATE_EXIT),
     };
     let mut attached = Vec::new();
     for (index, name) in populate::NAMES.iter().enumerate() {
@@ -545,7 +547,7 @@ fn attach_populate(ebpf: &mut Ebpf, set: HookSet, find_vma: bool) -> Result<Vec<
         {
             continue;
         }
-        for (program_name, tp) in [(POPULATE_ENTER, &enter), (exit_program, &exit)] {
+        for (program_name, tp) in [(enter_program, &enter), (exit_program, &exit)] {
             let program: &mut TracePoint = program(ebpf, program_name)?.try_into()?;
             if program.fd().is_err() {
                 program
