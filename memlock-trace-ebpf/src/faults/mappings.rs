@@ -217,7 +217,7 @@ fn wait_for_lookup(tgid: u32, address: u64, sp: u64) {
         search.free as usize
     } else {
         pending.next = pending.next.wrapping_add(1);
-        pending.next as usize
+        pending.next as usize & (PENDING_SLOTS - 1)
     };
     if i < PENDING_SLOTS {
         pending.pages[i] = page;
