@@ -175,9 +175,15 @@ struct CallTotals {
 /// call the kernel counted, else the kernel's log2 slots (within a factor of two, the
 /// maximum exact).
 /// Every process either side has: the summary's `fold` caps the list it shows.
+///
+/// `counted` is everything the kernel holds now (for an interval `kernel` is only its
+/// growth): an event whose call `counted` knows belongs to whichever interval the kernel
+/// counted it in, which is not this one when the record arrived a moment after the count
+/// was read. Only calls the kernel lost (an evicted entry) are taken from the events.
 pub fn merge(
     events: Vec<ProcessSyscalls>,
     kernel: &SyscallReport,
+    counted: &SyscallReport,
     name_of: impl Fn(&ProcessKey) -> Option<Outside>,
 ) -> Vec<ProcessSyscalls> {
     let mut from_events: BTreeMap<ProcessKey, ProcessSyscalls> = events
@@ -234,7 +240,16 @@ pub fn merge(
         }
     }
     // Processes whose kernel entries were evicted keep what their events said.
-    out.extend(from_events.into_values());
+    let counted = counted.by_process();
+    for (key, mut p) in from_events {
+        if let Some(calls) = counted.get(&key) {
+            p.syscalls
+                .retain(|name, _| !calls.keys().any(|s| s.name() == *name));
+        }
+        if !p.syscalls.is_empty() {
+            out.push(p);
+        }
+    }
     out.extend(kernel_only);
     out.sort_by_key(|p| (p.pid, p.start_ns));
     out
@@ -325,7 +340,7 @@ mod tests {
         kernel
             .counts
             .insert(key(7, 900, Syscall::Munlock, 0), counts(1, 1_000));
-        let merged = merge(Vec::new(), &kernel, |k| {
+        let merged = merge(Vec::new(), &kernel, &kernel, |k| {
             Some(if k.start_ns == 100 { "first" } else { "second" }.into())
         });
         assert_eq!(merged.len(), 2);
@@ -342,6 +357,43 @@ mod tests {
         assert_eq!(mlock.latency_ns.max, 3_000);
         assert_eq!(merged[1].syscalls["munlock"].count, 1);
         assert_eq!(merged[1].comm, "second");
+    }
+
+    #[test]
+    fn a_call_counted_in_an_earlier_interval_is_not_counted_again_from_its_late_record() {
+        let late_record = || ProcessSyscalls {
+            pid: 7,
+            start_ns: 1,
+            comm: "w".into(),
+            syscalls: BTreeMap::from([(
+                "mlock",
+                SyscallSummary {
+                    count: 1,
+                    errors: BTreeMap::new(),
+                    last_failure: BTreeMap::new(),
+                    latency_ns: Latency::default(),
+                    latency_values: Vec::new(),
+                    pages_populated: 4,
+                    pages_locked: 4,
+                },
+            )]),
+            threads: Default::default(),
+        };
+        let mut counted = SyscallReport::default();
+        counted
+            .counts
+            .insert(key(7, 1, Syscall::Mlock, 0), counts(1, 3_000));
+        let this_interval = counted.since(&counted);
+        let merged = merge(vec![late_record()], &this_interval, &counted, |_| None);
+        assert!(merged.is_empty(), "{merged:?}");
+        // Evicted from the kernel's map: the record is all there is.
+        let merged = merge(
+            vec![late_record()],
+            &SyscallReport::default(),
+            &SyscallReport::default(),
+            |_| None,
+        );
+        assert_eq!(merged[0].syscalls["mlock"].count, 1);
     }
 
     #[test]

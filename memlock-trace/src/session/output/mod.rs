@@ -353,25 +353,25 @@ impl Output {
             calls.counts.clear();
         }
         let syscall_health = calls.health;
-        let (kind, events, start_ns, calls) = match (&mut self.window, scope) {
+        let (kind, events, start_ns, shown) = match (&mut self.window, scope) {
             (Some(w), Scope::Interval) => {
                 let shown = match &w.syscalls_before {
                     Some(before) => calls.since(before),
                     None => calls.clone(),
                 };
-                w.syscalls_before = Some(calls);
+                w.syscalls_before = Some(calls.clone());
                 ("interval", w.aggregator.summaries(), w.start_ns, shown)
             }
             _ => (
                 "summary",
                 self.aggregator.summaries(),
                 self.started_ns,
-                calls,
+                calls.clone(),
             ),
         };
         // Every process the kernel counted: `fold` below lists the --max-processes most
         // active and keeps the others' calls in their name's totals.
-        let syscalls = syscalls::read::merge(events, &calls, |k| {
+        let syscalls = syscalls::read::merge(events, &shown, &calls, |k| {
             identities.get(k).map(|i| i.comm.clone())
         });
         let mut summary = Summary::new(kind, syscalls, health);
