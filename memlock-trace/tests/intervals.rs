@@ -121,24 +121,49 @@ fn each_interval_shows_only_its_own_calls_and_faults() {
     require_privileges();
     let mut workload = FaultWorkload::start();
     let pid = workload.child.id();
+    let output = std::env::temp_dir().join(format!(
+        "memlock-trace-intervals-{}.json",
+        std::process::id()
+    ));
     let tracer = support::Tracer::spawn(&[
         "-i",
         "0.25",
         "--json",
+        "-o",
+        output.to_str().unwrap(),
         "-p",
         &pid.to_string(),
         "--fault-hooks",
         "tracepoint",
     ]);
     wait_tracing(&tracer);
+    // Paced by the intervals written, not by sleeps (a slow guest's ticks come late): each
+    // burst is followed by two interval ends, so the bursts cannot share an interval.
+    let written = || {
+        std::fs::read_to_string(&output)
+            .unwrap_or_default()
+            .matches("\"type\":\"interval\"")
+            .count()
+    };
+    let two_more_intervals = || {
+        let target = written() + 2;
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        while written() < target {
+            assert!(std::time::Instant::now() < deadline, "no interval in 120 s");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
     // Two bursts, each followed by quiet intervals: 300 pages touched, then 200 locked.
     workload.command("touch 300");
-    std::thread::sleep(Duration::from_millis(700));
+    two_more_intervals();
     workload.command("mlock 200");
-    std::thread::sleep(Duration::from_millis(700));
+    two_more_intervals();
     tracer.signal(libc::SIGINT);
     let done = tracer.finish();
-    let lines = json_lines(&done.stdout);
+    assert!(done.status.success(), "{}", done.stderr);
+    let stdout = std::fs::read_to_string(&output).unwrap();
+    let _ = std::fs::remove_file(&output);
+    let lines = json_lines(&stdout);
     let summary = lines.last().unwrap();
     assert_eq!(summary["type"], "summary");
     let intervals: Vec<&Value> = lines.iter().filter(|l| l["type"] == "interval").collect();
