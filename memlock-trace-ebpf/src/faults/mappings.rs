@@ -112,13 +112,20 @@ pub(super) fn resolve<const RB: bool, const RETRY: bool>(
     // runs to completion on its CPU, so nothing else uses it meanwhile.
     let cache = unsafe { &mut *cache };
     let generation = generation();
-    for way in &cache.ways {
+    for way in cache.ways.iter_mut() {
         if way.tgid == tgid
             && way.generation == generation
             && way.start <= address
             && address < way.end
         {
-            return Some((way.start, with_sp(way.flags, way.start, way.end, sp)));
+            let flags = with_sp(way.flags, way.start, way.end, sp);
+            // The first lookup may have had another thread's sp (a new thread's stack is
+            // first written by its creator): the first fault of the stack's own thread tells.
+            if flags & VM_HELD_SP != 0 && way.flags & VM_HELD_SP == 0 {
+                way.flags |= VM_HELD_SP;
+                hold_sp(tgid, way.start);
+            }
+            return Some((way.start, flags));
         }
     }
     let found = match mapping::lookup::<RB>(address, true) {
@@ -352,6 +359,20 @@ extern "C" fn retry_slot(index: u64, ctx: *mut c_void) -> i64 {
     }
 }
 
+/// Marks the identity of `tgid`'s VMA at `start` as having held a faulting thread's sp.
+#[inline(always)]
+fn hold_sp(tgid: u32, start: u64) {
+    let key = RegionKey {
+        tgid,
+        exact: region_kind::VMA,
+        start,
+    };
+    if let Some(info) = FAULT_MAPPINGS.get_ptr_mut(key) {
+        // SAFETY: a valid pointer to the map's value; a racing writer sets the same bit.
+        unsafe { (*info).flags |= VM_HELD_SP };
+    }
+}
+
 /// A VMA's flags as the fault hooks count them: the kernel's, with [`VM_HELD_SP`] set when
 /// the VMA holds `sp`.
 #[inline(always)]
@@ -377,7 +398,7 @@ pub(super) fn note_vma(tgid: u32, vma: u64, start: u64, flags: u64) -> Option<u6
             && way.generation == generation
             && way.vma == vma
             && way.start == start
-            && way.flags == flags
+            && way.flags & !VM_HELD_SP == flags
         {
             return Some(way.end);
         }
@@ -405,15 +426,6 @@ fn remember(
 ) {
     let way = cache.next as usize & (CACHE_WAYS - 1);
     cache.next = cache.next.wrapping_add(1);
-    cache.ways[way] = CachedVma {
-        tgid,
-        _pad: 0,
-        generation,
-        start,
-        end,
-        flags,
-        vma,
-    };
     let Some(info) = mapping::scratch() else {
         return;
     };
@@ -425,10 +437,22 @@ fn remember(
     // SAFETY: a valid pointer to the map's value, read at once.
     let held_before = unsafe { FAULT_MAPPINGS.get(key) }
         .is_some_and(|old| old.end == end && old.flags & VM_HELD_SP != 0);
-    info.flags &= !VM_HELD_SP;
-    if held_sp || held_before {
-        info.flags |= VM_HELD_SP;
-    }
+    let held = if held_sp || held_before {
+        VM_HELD_SP
+    } else {
+        0
+    };
+    // The cached flags carry the bit once the identity has it (see `resolve`).
+    cache.ways[way] = CachedVma {
+        tgid,
+        _pad: 0,
+        generation,
+        start,
+        end,
+        flags: flags & !VM_HELD_SP | held,
+        vma,
+    };
+    info.flags = info.flags & !VM_HELD_SP | held;
     if FAULT_MAPPINGS
         .insert(key, info, u64::from(BPF_ANY))
         .is_err()
