@@ -62,6 +62,9 @@ struct VmaCache {
     next: u32,
     _pad: u32,
     ways: [CachedVma; CACHE_WAYS],
+    /// Where `FAULT_MAPPINGS` keys are built: a map value, not the stack, whose 512 bytes
+    /// the fault programs share with their `bpf_loop` callbacks (6.1 counts them together).
+    key: RegionKey,
 }
 
 #[map]
@@ -90,6 +93,20 @@ pub fn fault_mappings_changed(_ctx: TracePointContext) -> u32 {
     let (tgid, _) = current_ids();
     if is_target(tgid) {
         changed();
+    }
+    0
+}
+
+/// [`fault_mappings_changed`] where the tracepoint set has `bpf_find_vma`, at
+/// `sys_enter_munmap` and `sys_enter_exit_group`: the last chance to look up the process's
+/// waiting pages before their VMAs go (a thread's stack freed by the thread that joined
+/// it, a glibc arena at exit) after a burst of faults whose lookups all met a busy lock.
+#[tracepoint]
+pub fn fault_mappings_changed_retry(_ctx: TracePointContext) -> u32 {
+    let (tgid, _) = current_ids();
+    if is_target(tgid) {
+        changed();
+        retry_pending(tgid);
     }
     0
 }
@@ -123,7 +140,7 @@ pub(super) fn resolve<const RB: bool, const RETRY: bool>(
             // first written by its creator): the first fault of the stack's own thread tells.
             if flags & VM_HELD_SP != 0 && way.flags & VM_HELD_SP == 0 {
                 way.flags |= VM_HELD_SP;
-                hold_sp(tgid, way.start);
+                hold_sp(&mut cache.key, tgid, way.start);
             }
             return Some((way.start, flags));
         }
@@ -360,14 +377,17 @@ extern "C" fn retry_slot(index: u64, ctx: *mut c_void) -> i64 {
 }
 
 /// Marks the identity of `tgid`'s VMA at `start` as having held a faulting thread's sp.
+// The key by reference: where it lies, in a map value; by value it would be copied onto
+// the stack (see `VmaCache::key`).
+#[allow(clippy::needless_borrows_for_generic_args)]
 #[inline(always)]
-fn hold_sp(tgid: u32, start: u64) {
-    let key = RegionKey {
+fn hold_sp(key: &mut RegionKey, tgid: u32, start: u64) {
+    *key = RegionKey {
         tgid,
         exact: region_kind::VMA,
         start,
     };
-    if let Some(info) = FAULT_MAPPINGS.get_ptr_mut(key) {
+    if let Some(info) = FAULT_MAPPINGS.get_ptr_mut(&*key) {
         // SAFETY: a valid pointer to the map's value; a racing writer sets the same bit.
         unsafe { (*info).flags |= VM_HELD_SP };
     }
@@ -412,7 +432,7 @@ pub(super) fn note_vma(tgid: u32, vma: u64, start: u64, flags: u64) -> Option<u6
 /// Caches a VMA and records the identity the lookup left in the scratch. `held_sp`: a
 /// faulting thread's stack pointer was in it, which its identity then keeps for good (for
 /// the pages keyed by page inside it).
-#[allow(clippy::too_many_arguments)]
+#[allow(clippy::too_many_arguments, clippy::needless_borrows_for_generic_args)]
 #[inline(always)]
 fn remember(
     cache: &mut VmaCache,
@@ -429,13 +449,13 @@ fn remember(
     let Some(info) = mapping::scratch() else {
         return;
     };
-    let key = RegionKey {
+    cache.key = RegionKey {
         tgid,
         exact: region_kind::VMA,
         start,
     };
     // SAFETY: a valid pointer to the map's value, read at once.
-    let held_before = unsafe { FAULT_MAPPINGS.get(key) }
+    let held_before = unsafe { FAULT_MAPPINGS.get(&cache.key) }
         .is_some_and(|old| old.end == end && old.flags & VM_HELD_SP != 0);
     let held = if held_sp || held_before {
         VM_HELD_SP
@@ -454,7 +474,7 @@ fn remember(
     };
     info.flags = info.flags & !VM_HELD_SP | held;
     if FAULT_MAPPINGS
-        .insert(key, info, u64::from(BPF_ANY))
+        .insert(&cache.key, info, u64::from(BPF_ANY))
         .is_err()
     {
         super::update_failed("FAULT_MAPPINGS");

@@ -174,14 +174,14 @@ const POPULATE_ENTER_RETRY: &str = "populate_enter_retry";
 const POPULATE_EXIT_COUNTED: &str = "populate_exit_counted";
 const POPULATE_EXIT_COUNTED_RB: &str = "populate_exit_counted_rb";
 const MAPPINGS_CHANGED: &str = "fault_mappings_changed";
+const MAPPINGS_CHANGED_RETRY: &str = "fault_mappings_changed_retry";
 /// Calls that change mappings without populating (the populating ones are hooked anyway):
 /// the fault hooks' cache of VMAs is dropped at them.
-const MAPPINGS_CHANGED_AT: [&str; 4] = [
-    "sys_enter_munmap",
-    "sys_exit_munmap",
-    "sys_exit_munlock",
-    "sys_exit_munlockall",
-];
+const MAPPINGS_CHANGED_AT: [&str; 3] =
+    ["sys_exit_munmap", "sys_exit_munlock", "sys_exit_munlockall"];
+/// Where mappings are about to go: with the tracepoint set and `bpf_find_vma`, the pages
+/// whose lookup met a busy mmap lock are looked up once more here.
+const MAPPINGS_GOING_AT: [&str; 2] = ["sys_enter_munmap", "sys_enter_exit_group"];
 const POPULATE_EXIT: &str = "populate_exit";
 const FAULT_SIGNAL: &str = "fault_signal";
 const FAULT_FUNCTION: &str = "handle_mm_fault";
@@ -213,7 +213,8 @@ pub fn attach(cx: &mut AttachContext<'_>, options: &FaultOptions) -> Result<Faul
             Ok(mut hooks) => {
                 hooks.push(vma_lookup(set, options, specific_targets, &kernel));
                 hooks.extend(attach_populate(ebpf, set, kernel.find_vma)?);
-                hooks.push(attach_mappings_changed(ebpf)?);
+                let retry = set == HookSet::Tracepoint && kernel.find_vma;
+                hooks.push(attach_mappings_changed(ebpf, retry)?);
                 hooks.push(attach_signal(ebpf)?);
                 let mut unobserved = Vec::new();
                 if set == HookSet::Tracepoint {
@@ -505,20 +506,39 @@ fn vma_lookup(
     }
 }
 
-/// Where the fault hooks' cache of VMAs is dropped, besides the populating calls.
-fn attach_mappings_changed(ebpf: &mut Ebpf) -> Result<String> {
-    let program: &mut TracePoint = program(ebpf, MAPPINGS_CHANGED)?.try_into()?;
-    program
-        .load()
-        .map_err(|e| hook_refused(MAPPINGS_CHANGED, "tracepoint", e))?;
-    for tp in MAPPINGS_CHANGED_AT {
+/// Where the fault hooks' cache of VMAs is dropped, besides the populating calls; `retry`:
+/// where mappings are about to go, the waiting pages are also looked up again.
+fn attach_mappings_changed(ebpf: &mut Ebpf, retry: bool) -> Result<String> {
+    let mut at: Vec<(&str, &str)> = MAPPINGS_CHANGED_AT
+        .iter()
+        .map(|&tp| (MAPPINGS_CHANGED, tp))
+        .collect();
+    if retry {
+        at.extend(MAPPINGS_GOING_AT.map(|tp| (MAPPINGS_CHANGED_RETRY, tp)));
+    } else {
+        // Exit needs no fresh lookups: only the waiting pages' last chance.
+        at.push((MAPPINGS_CHANGED, MAPPINGS_GOING_AT[0]));
+    }
+    for &(name, tp) in &at {
+        let program: &mut TracePoint = program(ebpf, name)?.try_into()?;
+        if program.fd().is_err() {
+            program
+                .load()
+                .map_err(|e| hook_refused(name, "tracepoint", e))?;
+        }
         program
             .attach("syscalls", tp)
             .map_err(|e| hook_refused(tp, "tracepoint", e))?;
     }
+    let tracepoints: Vec<&str> = at.iter().map(|&(_, tp)| tp).collect();
     Ok(format!(
-        "tracepoints syscalls:{{{}}} (VMAs looked up afresh)",
-        MAPPINGS_CHANGED_AT.join(",")
+        "tracepoints syscalls:{{{}}} (VMAs looked up afresh{})",
+        tracepoints.join(","),
+        if retry {
+            "; at the enters, pages that met a busy mmap lock looked up again"
+        } else {
+            ""
+        }
     ))
 }
 
