@@ -302,12 +302,16 @@ fn threads_created_at_once_have_every_stack_named() {
         let f = traced_thread_stack(options, threads);
         let rows = assert_every_fault_named(&f);
         let used_pages = 256 / 4;
+        // 2 MiB, or a little more: the kernel merges a stack with an adjacent anonymous
+        // mapping of the same protection (another thread's 12 KiB signal stack, mapped
+        // read-write before its guard page is made; seen under load: 2,060 KiB).
+        let stack_size = (2 << 20)..(2 << 20) + (64 << 10);
         let stacks: Vec<&Value> = rows
             .iter()
             .filter(|r| {
                 r["mapping"] == "anonymous"
                     && r["end"] != ""
-                    && hex(&r["end"]) - hex(&r["start"]) == 2 << 20
+                    && stack_size.contains(&(hex(&r["end"]) - hex(&r["start"])))
                     && r["faults"].as_u64().unwrap() >= used_pages
             })
             .collect();
