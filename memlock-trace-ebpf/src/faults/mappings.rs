@@ -185,14 +185,17 @@ struct Pending {
 
 /// Pages pending per process: one is enough to name a VMA, so a block of
 /// `1 << PENDING_SHIFT` bytes (a thread stack's used top, say) takes one slot however many
-/// of its faults failed; a slot is overwritten when more blocks wait. 64: a program
-/// creating 64 threads at once had every stack named (8 slots lost most of them).
-const PENDING_SLOTS: usize = 64;
+/// of its faults failed; a slot is overwritten when more blocks wait. 256: each thread
+/// created in a burst can leave 4 blocks waiting (its stack's used top across two, its
+/// signal stack, its malloc arena); with 64 slots, 32 threads on a loaded machine lost
+/// whole stacks with `--latency-sample` (1 run in 6), with 256 none in 20 runs, nor 64
+/// threads. 256 processes at once: a program waits only while it maps and faults at once.
+const PENDING_SLOTS: usize = 256;
 const PENDING_SHIFT: u32 = 18;
 
 /// Processes with pages waiting for a lookup.
 #[map]
-static FAULT_VMA_PENDING: LruHashMap<u32, Pending> = LruHashMap::with_max_entries(1024, 0);
+static FAULT_VMA_PENDING: LruHashMap<u32, Pending> = LruHashMap::with_max_entries(256, 0);
 
 /// An empty [`Pending`] to insert from (it does not fit the stack beside its callers).
 #[map]
