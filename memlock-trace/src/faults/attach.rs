@@ -2,10 +2,9 @@
 //! kprobe/kretprobe, then tracepoints with software perf events) and attaches it, with the
 //! populating calls' tracepoints and the signal tracepoint every set shares.
 
-use std::{
-    os::fd::{AsFd as _, OwnedFd},
-    path::Path,
-};
+mod syscall_hooks;
+
+use std::os::fd::{AsFd as _, OwnedFd};
 
 use anyhow::{Result, anyhow, bail};
 use aya::{
@@ -16,15 +15,9 @@ use aya::{
     },
 };
 
-use memlock_trace_common::faults::populate;
-
-use super::{
-    BenchFloor, FaultHooks, FaultOptions, HookChoice, HookSet, Refusal, sizing::populate_nrs,
-};
-use crate::{
-    object::{AttachContext, hook_refused, program},
-    probe::TRACEFS,
-};
+use super::{BenchFloor, FaultHooks, FaultOptions, HookChoice, HookSet, Refusal};
+use crate::object::{AttachContext, hook_refused, program};
+use syscall_hooks::{attach_mappings_changed, attach_populate};
 
 /// Whether count-only mode on the tracepoint set can use counting perf events on the
 /// targets' threads (see `fault_counting`) instead of a BPF program per fault: it needs
@@ -169,20 +162,6 @@ const CLOCK_PROGRAMS: [&str; 4] = [
     "bench_clock_perf_min",
     "bench_clock_perf_maj",
 ];
-const POPULATE_ENTER: &str = "populate_enter";
-const POPULATE_ENTER_RETRY: &str = "populate_enter_retry";
-const POPULATE_EXIT_COUNTED: &str = "populate_exit_counted";
-const POPULATE_EXIT_COUNTED_RB: &str = "populate_exit_counted_rb";
-const MAPPINGS_CHANGED: &str = "fault_mappings_changed";
-const MAPPINGS_CHANGED_RETRY: &str = "fault_mappings_changed_retry";
-/// Calls that change mappings without populating (the populating ones are hooked anyway):
-/// the fault hooks' cache of VMAs is dropped at them.
-const MAPPINGS_CHANGED_AT: [&str; 3] =
-    ["sys_exit_munmap", "sys_exit_munlock", "sys_exit_munlockall"];
-/// Where mappings are about to go: with the tracepoint set and `bpf_find_vma`, the pages
-/// whose lookup met a busy mmap lock are looked up once more here.
-const MAPPINGS_GOING_AT: [&str; 2] = ["sys_enter_munmap", "sys_enter_exit_group"];
-const POPULATE_EXIT: &str = "populate_exit";
 const FAULT_SIGNAL: &str = "fault_signal";
 const FAULT_FUNCTION: &str = "handle_mm_fault";
 
@@ -504,86 +483,6 @@ fn vma_lookup(
     } else {
         "faults counted by page at their start: mappings from /proc/PID/smaps".into()
     }
-}
-
-/// Where the fault hooks' cache of VMAs is dropped, besides the populating calls; `retry`:
-/// where mappings are about to go, the waiting pages are also looked up again.
-fn attach_mappings_changed(ebpf: &mut Ebpf, retry: bool) -> Result<String> {
-    let mut at: Vec<(&str, &str)> = MAPPINGS_CHANGED_AT
-        .iter()
-        .map(|&tp| (MAPPINGS_CHANGED, tp))
-        .collect();
-    if retry {
-        at.extend(MAPPINGS_GOING_AT.map(|tp| (MAPPINGS_CHANGED_RETRY, tp)));
-    } else {
-        // Exit needs no fresh lookups: only the waiting pages' last chance.
-        at.push((MAPPINGS_CHANGED, MAPPINGS_GOING_AT[0]));
-    }
-    for &(name, tp) in &at {
-        let program: &mut TracePoint = program(ebpf, name)?.try_into()?;
-        if program.fd().is_err() {
-            program
-                .load()
-                .map_err(|e| hook_refused(name, "tracepoint", e))?;
-        }
-        program
-            .attach("syscalls", tp)
-            .map_err(|e| hook_refused(tp, "tracepoint", e))?;
-    }
-    let tracepoints: Vec<&str> = at.iter().map(|&(_, tp)| tp).collect();
-    Ok(format!(
-        "tracepoints syscalls:{{{}}} (VMAs looked up afresh{})",
-        tracepoints.join(","),
-        if retry {
-            "; at the enters, pages that met a busy mmap lock looked up again"
-        } else {
-            ""
-        }
-    ))
-}
-
-/// The populating calls' enter/exit tracepoints: with the tracepoint set they count the
-/// pages populated and charge them to the VMA they went into (found with `bpf_find_vma`,
-/// or before 5.17 by the rbtree walk); with the others they only name the call a populated
-/// fault happened in.
-fn attach_populate(ebpf: &mut Ebpf, set: HookSet, find_vma: bool) -> Result<Vec<String>> {
-    let (enter_program, exit_program) = match set {
-        // The enter also looks up again the pages whose lookup met a busy mmap lock.
-        HookSet::Tracepoint if find_vma => (POPULATE_ENTER_RETRY, POPULATE_EXIT_COUNTED),
-        HookSet::Tracepoint => (POPULATE_ENTER, POPULATE_EXIT_COUNTED_RB),
-        _ => (POPULATE_ENTER, POPULATE_EXIT),
-    };
-    let mut attached = Vec::new();
-    for (index, name) in populate::NAMES.iter().enumerate() {
-        if index == populate::OTHER || populate_nrs()[index] == u32::MAX {
-            continue;
-        }
-        let enter = format!("sys_enter_{name}");
-        let exit = format!("sys_exit_{name}");
-        if !Path::new(TRACEFS)
-            .join("events/syscalls")
-            .join(&enter)
-            .exists()
-        {
-            continue;
-        }
-        for (program_name, tp) in [(enter_program, &enter), (exit_program, &exit)] {
-            let program: &mut TracePoint = program(ebpf, program_name)?.try_into()?;
-            if program.fd().is_err() {
-                program
-                    .load()
-                    .map_err(|e| hook_refused(program_name, "tracepoint", e))?;
-            }
-            program
-                .attach("syscalls", tp)
-                .map_err(|e| hook_refused(tp, "tracepoint", e))?;
-        }
-        attached.push((*name).to_string());
-    }
-    Ok(vec![format!(
-        "tracepoints syscalls:sys_{{enter,exit}}_{{{}}}",
-        attached.join(",")
-    )])
 }
 
 /// Drops whatever a refused hook set managed to load or attach.
