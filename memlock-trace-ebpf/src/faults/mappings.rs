@@ -188,7 +188,7 @@ struct Pending {
 /// of its faults failed; a slot is overwritten when more blocks wait. 256: each thread
 /// created in a burst can leave 4 blocks waiting (its stack's used top across two, its
 /// signal stack, its malloc arena); with 64 slots, 32 threads on a loaded machine lost
-/// whole stacks with `--latency-sample` (1 run in 6), with 256 none in 20 runs, nor 64
+/// whole stacks with `--latency-sample` (1 run in 12), with 256 none in 20 runs, nor 64
 /// threads. 256 processes at once: a program waits only while it maps and faults at once.
 const PENDING_SLOTS: usize = 256;
 const PENDING_SHIFT: u32 = 18;
