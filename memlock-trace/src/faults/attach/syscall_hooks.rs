@@ -43,15 +43,7 @@ pub(super) fn attach_mappings_changed(ebpf: &mut Ebpf, retry: bool) -> Result<St
         at.push((MAPPINGS_CHANGED, MAPPINGS_GOING_AT[0]));
     }
     for &(name, tp) in &at {
-        let program: &mut TracePoint = program(ebpf, name)?.try_into()?;
-        if program.fd().is_err() {
-            program
-                .load()
-                .map_err(|e| hook_refused(name, "tracepoint", e))?;
-        }
-        program
-            .attach("syscalls", tp)
-            .map_err(|e| hook_refused(tp, "tracepoint", e))?;
+        attach_syscall(ebpf, name, tp)?;
     }
     let tracepoints: Vec<&str> = at.iter().map(|&(_, tp)| tp).collect();
     Ok(format!(
@@ -94,21 +86,27 @@ pub(super) fn attach_populate(
         {
             continue;
         }
-        for (program_name, tp) in [(enter_program, &enter), (exit_program, &exit)] {
-            let program: &mut TracePoint = program(ebpf, program_name)?.try_into()?;
-            if program.fd().is_err() {
-                program
-                    .load()
-                    .map_err(|e| hook_refused(program_name, "tracepoint", e))?;
-            }
-            program
-                .attach("syscalls", tp)
-                .map_err(|e| hook_refused(tp, "tracepoint", e))?;
-        }
+        attach_syscall(ebpf, enter_program, &enter)?;
+        attach_syscall(ebpf, exit_program, &exit)?;
         attached.push((*name).to_string());
     }
     Ok(vec![format!(
         "tracepoints syscalls:sys_{{enter,exit}}_{{{}}}",
         attached.join(",")
     )])
+}
+
+/// Attaches program `name` to `syscalls:tp`, loading it the first time (one program serves
+/// several tracepoints).
+fn attach_syscall(ebpf: &mut Ebpf, name: &str, tp: &str) -> Result<()> {
+    let program: &mut TracePoint = program(ebpf, name)?.try_into()?;
+    if program.fd().is_err() {
+        program
+            .load()
+            .map_err(|e| hook_refused(name, "tracepoint", e))?;
+    }
+    program
+        .attach("syscalls", tp)
+        .map_err(|e| hook_refused(tp, "tracepoint", e))?;
+    Ok(())
 }
