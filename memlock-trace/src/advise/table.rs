@@ -358,9 +358,9 @@ fn tail(run: &Run) -> Option<Interval> {
 }
 
 /// An anonymous mapping of the size of one told a stack is a stack too: a program's threads
-/// share a stack size, and the kernel's flag can still be missing on a stack whose every
-/// lookup met a busy mmap lock when its waiting page was dropped (more than 64 blocks waiting:
-/// 3 of 63 stacks in one run of 64 threads created at once) or named by smaps alone.
+/// share a stack size, and the kernel's flag can still be missing on a stack named by smaps
+/// alone, or whose every lookup met a busy mmap lock when its waiting page was dropped (more
+/// than 256 blocks of one process waiting at once).
 pub fn mark_stack_sized(mappings: &mut [MappingFigures]) {
     let sizes: std::collections::BTreeSet<u64> = mappings
         .iter()
