@@ -65,3 +65,29 @@ for _ in $(seq "$RUNS"); do
 done
 echo "sigterm_to_exit_s median $(median <"$WORK/term") max $(sort -g "$WORK/term" | tail -1)"
 echo "duration_1s_overshoot_s median $(median <"$WORK/duration") max $(sort -g "$WORK/duration" | tail -1)"
+
+# What a session costs every system call of the machine while it runs: the syscall programs
+# sit on the raw sys_enter/sys_exit tracepoints and run at every call, returning at once for
+# calls they do not handle. `perf bench syscall basic` (getppid in a loop) untraced, then
+# beside a system-wide session, alternating; BASELINE_BIN (another build) adds a third column.
+command -v perf >/dev/null || { echo "perf is not installed (apt-get install linux-perf)" >&2; exit 1; }
+syscall_ns() { perf bench syscall basic 2>/dev/null | awk '/usecs\/op/ {printf "%.1f\n", $1 * 1000}'; }
+beside() { # bin: ns per getppid while a system-wide session of bin runs
+  "$1" -q --json -o /dev/null >/dev/null 2>"$WORK/err" &
+  local pid=$! i
+  for i in $(seq 3000); do grep -qs "memlock-trace: tracing" "$WORK/err" && break; sleep 0.01; done
+  syscall_ns
+  kill -TERM "$pid"; wait "$pid" || true
+}
+: >"$WORK/untraced"; : >"$WORK/traced"; : >"$WORK/baseline"
+for _ in $(seq "$RUNS"); do
+  syscall_ns >>"$WORK/untraced"
+  beside "$BIN" >>"$WORK/traced"
+  if [ -n "${BASELINE_BIN:-}" ]; then beside "$BASELINE_BIN" >>"$WORK/baseline"; fi
+done
+u=$(median <"$WORK/untraced"); t=$(median <"$WORK/traced")
+echo "getppid_ns untraced $u traced $t ratio $(awk -v a="$t" -v b="$u" 'BEGIN {printf "%.2f", a / b}')"
+if [ -n "${BASELINE_BIN:-}" ]; then
+  b=$(median <"$WORK/baseline")
+  echo "getppid_ns baseline $b ratio $(awk -v a="$b" -v c="$u" 'BEGIN {printf "%.2f", a / c}')"
+fi

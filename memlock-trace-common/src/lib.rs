@@ -11,6 +11,7 @@ pub mod faults;
 pub mod mapping;
 pub mod process;
 pub mod stacks;
+pub mod syscall_hooks;
 pub mod syscalls;
 pub mod vma;
 
@@ -34,6 +35,8 @@ pub mod names {
     pub const CONFIG: &str = "CONFIG";
     /// `u8` global, non-zero with `-v`: the programs' diagnostics are wanted.
     pub const DIAG: &str = "DIAG";
+    /// `u32` per system call number: which programs handle it (see [`crate::syscall_hooks`]).
+    pub const SYSCALL_HOOKS: &str = "SYSCALL_HOOKS";
 }
 
 /// Size of the shared ring buffer (must be a power of two multiple of the page size).
@@ -99,6 +102,9 @@ pub struct KernelOffsets {
     pub cred_cap_effective: u32,
     /// `mm_struct.total_vm` (pages): what `mlockall(MCL_CURRENT)` is checked against
     pub mm_total_vm: u32,
+    /// `task_struct.thread_info.status` (x86: `TS_COMPAT` during a 32-bit system call); 0
+    /// when unknown. See [`syscall_hooks`].
+    pub task_thread_status: u32,
 }
 
 /// Load-time configuration (the `CONFIG` global, read-only to the programs).

@@ -1,6 +1,5 @@
 //! Maps, configuration and helpers shared by every hook family: the one place for the
-//! current task's ids, the `syscalls:*` tracepoint record layout, per-CPU counters and
-//! kernel reads.
+//! current task's ids, per-CPU counters and kernel reads.
 
 use aya_ebpf::{
     Global,
@@ -39,6 +38,7 @@ static CONFIG: Global<Config> = Global::new(Config {
         task_cred: 0,
         cred_cap_effective: 0,
         mm_total_vm: 0,
+        task_thread_status: 0,
     },
 });
 
@@ -106,63 +106,6 @@ pub fn add(counters: &PerCpuArray<u64>, index: u32, n: u64) -> u64 {
 pub fn current_ids() -> (u32, u32) {
     let pid_tgid = bpf_get_current_pid_tgid();
     ((pid_tgid >> 32) as u32, pid_tgid as u32)
-}
-
-/// The record of every `syscalls:sys_enter_*` and `syscalls:sys_exit_*` tracepoint: the same
-/// layout for each call (`struct syscall_trace_enter` / `syscall_trace_exit`, kernel/trace/
-/// trace_syscalls.c), every argument 8 bytes whatever its C type. From
-/// `/sys/kernel/tracing/events/syscalls/sys_enter_mlock2/format` and
-/// `.../sys_exit_mlock/format` (6.1 and 6.18 alike):
-///
-/// ```text
-/// name: sys_enter_mlock2
-/// format:
-///         field:unsigned short common_type;       offset:0;       size:2; signed:0;
-///         field:unsigned char common_flags;       offset:2;       size:1; signed:0;
-///         field:unsigned char common_preempt_count;       offset:3;       size:1; signed:0;
-///         field:int common_pid;   offset:4;       size:4; signed:1;
-///
-///         field:int __syscall_nr; offset:8;       size:4; signed:1;
-///         field:unsigned long start;      offset:16;      size:8; signed:0;
-///         field:size_t len;       offset:24;      size:8; signed:0;
-///         field:int flags;        offset:32;      size:8; signed:0;
-///
-/// name: sys_exit_mlock
-/// format:
-///         (the same common fields)
-///
-///         field:int __syscall_nr; offset:8;       size:4; signed:1;
-///         field:long ret; offset:16;      size:8; signed:1;
-/// ```
-///
-/// The other calls differ only in how many arguments follow `__syscall_nr`: `mlock`,
-/// `munlock` (`start`, `len`), `mlockall` (`flags`), `munlockall` (none), `mmap` (six).
-pub mod syscall_tp {
-    /// `int __syscall_nr`, in `sys_enter_*` and `sys_exit_*`.
-    pub const NR_OFFSET: usize = 8;
-    /// The first argument of `sys_enter_*`; argument `i` is at `ARG0_OFFSET + 8 * i`.
-    pub const ARG0_OFFSET: usize = 16;
-    /// `long ret` of `sys_exit_*`.
-    pub const RET_OFFSET: usize = 16;
-}
-
-/// `__syscall_nr` of a `sys_enter_*`/`sys_exit_*` record, or `u32::MAX` (-1) if unreadable.
-#[inline(always)]
-pub fn syscall_nr(ctx: &TracePointContext) -> u32 {
-    tp_field::<i32>(ctx, syscall_tp::NR_OFFSET).unwrap_or(-1) as u32
-}
-
-/// Argument `i` of a `sys_enter_*` record, or 0 if unreadable. `i` must be below the call's
-/// argument count: past it the read returns whatever follows the record.
-#[inline(always)]
-pub fn syscall_arg(ctx: &TracePointContext, i: usize) -> u64 {
-    tp_field(ctx, syscall_tp::ARG0_OFFSET + 8 * i).unwrap_or(0)
-}
-
-/// `ret` of a `sys_exit_*` record: the call's result, or `-errno`.
-#[inline(always)]
-pub fn syscall_ret(ctx: &TracePointContext) -> Option<i64> {
-    tp_field(ctx, syscall_tp::RET_OFFSET)
 }
 
 /// Types for which any bytes are a valid value, so they can be copied out of kernel memory

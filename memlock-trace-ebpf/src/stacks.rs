@@ -22,17 +22,20 @@ use aya_ebpf::{
         bpf_get_current_task, bpf_get_stack, bpf_probe_read_kernel,
         generated::{bpf_probe_read_kernel as bpf_probe_read_kernel_raw, bpf_probe_read_user},
     },
-    macros::{map, tracepoint},
+    macros::{btf_tracepoint, map},
     maps::{HashMap, PerCpuArray, RingBuf},
-    programs::TracePointContext,
 };
-use memlock_trace_common::stacks::{
-    ExecMmap, ModulesChanged, SAMPLE_FRAME_POINTERS, STACK_CHUNK, STACK_COPY_BYTES,
-    STACK_SAMPLES_BYTE_SIZE, STACK_SAMPLES_WAKEUP_BYTES, StackConfig, StackSample,
-    SyscallStackValue, counter, sample_kind,
+use memlock_trace_common::{
+    stacks::{
+        ExecMmap, ModulesChanged, SAMPLE_FRAME_POINTERS, STACK_CHUNK, STACK_COPY_BYTES,
+        STACK_SAMPLES_BYTE_SIZE, STACK_SAMPLES_WAKEUP_BYTES, StackConfig, StackSample,
+        SyscallStackValue, counter, sample_kind,
+    },
+    syscall_hooks::hook,
 };
 
-use crate::shared::{add, current_ids, is_target, syscall_arg, syscall_ret};
+use crate::shared::{add, current_ids, is_target};
+use crate::syscall_hooks::{SyscallContext, entering, exiting, syscall_arg, syscall_ret};
 
 /// Set by the loader (see `StackConfig`).
 #[unsafe(no_mangle)]
@@ -71,10 +74,13 @@ static SYSCALL_STACK_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(
 #[map]
 static EXEC_MMAPS: HashMap<u32, ExecMmap> = HashMap::with_max_entries(1024, 0);
 
-/// `syscalls:sys_enter_mmap` (`--stacks` only): a traced thread mapping code.
-#[tracepoint]
-pub fn stacks_mmap_enter(ctx: TracePointContext) -> u32 {
+/// At the entry of `mmap` (`--stacks` only): a traced thread mapping code.
+#[btf_tracepoint(function = "sys_enter")]
+pub fn stacks_mmap_enter(ctx: SyscallContext) -> i32 {
     const PROT_EXEC: u64 = 4;
+    if entering(&ctx, hook::STACKS_MMAP_ENTER).is_none() {
+        return 0;
+    }
     let (tgid, tid) = current_ids();
     // mmap(addr, len, prot, flags, fd, off)
     if syscall_arg(&ctx, 2) & PROT_EXEC != 0 && is_target(tgid) {
@@ -88,10 +94,13 @@ pub fn stacks_mmap_enter(ctx: TracePointContext) -> u32 {
     0
 }
 
-/// `syscalls:sys_exit_mmap` (`--stacks` only): tells user space where the code was mapped
-/// and from which file, and to read the process's modules now (see `ModulesChanged`).
-#[tracepoint]
-pub fn stacks_mmap_exit(ctx: TracePointContext) -> u32 {
+/// At the exit of `mmap` (`--stacks` only): tells user space where the code was mapped and
+/// from which file, and to read the process's modules now (see `ModulesChanged`).
+#[btf_tracepoint(function = "sys_exit")]
+pub fn stacks_mmap_exit(ctx: SyscallContext) -> i32 {
+    if exiting(&ctx, hook::STACKS_MMAP_EXIT).is_none() {
+        return 0;
+    }
     let (tgid, tid) = current_ids();
     let Some(call) = EXEC_MMAPS.get_ptr(tid) else {
         return 0;
@@ -99,7 +108,7 @@ pub fn stacks_mmap_exit(ctx: TracePointContext) -> u32 {
     // SAFETY: this thread's own entry, copied before it is removed.
     let call = unsafe { *call };
     let _ = EXEC_MMAPS.remove(tid);
-    let start = syscall_ret(&ctx).unwrap_or(-1);
+    let start = syscall_ret(&ctx);
     if start < 0 {
         return 0;
     }

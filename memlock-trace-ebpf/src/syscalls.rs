@@ -8,17 +8,18 @@
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
     helpers::bpf_get_current_comm,
-    macros::{map, tracepoint},
+    macros::{btf_tracepoint, map},
     maps::{HashMap, LruPerCpuHashMap, PerCpuArray},
-    programs::TracePointContext,
 };
 use memlock_trace_common::{
     EventKind, MAX_INFLIGHT, SyscallEvent, counter,
     diag::{field, program},
     lock_context,
     stacks::SyscallStackValue,
+    syscall_hooks::hook,
     syscalls::{
-        LATENCY_SLOTS, MAX_SYSCALL_KEYS, SyscallKey, SyscallStats, latency_slot, syscall_counter,
+        LATENCY_SLOTS, MAX_SYSCALL_KEYS, SyscallKey, SyscallStats, latency_slot, nr as syscall_nr,
+        syscall_counter,
     },
 };
 
@@ -28,8 +29,9 @@ mod range;
 
 use crate::shared::{
     COUNTERS, EVENTS, Prog, TaskCounters, add, current_ids, current_task, is_target, now_ns,
-    offsets, read_field, read_optional, syscall_arg, syscall_nr, syscall_ret, task_counters,
+    offsets, read_field, read_optional, task_counters,
 };
+use crate::syscall_hooks::{SyscallContext, entering, exiting, syscall_arg, syscall_ret};
 
 /// A call between its entry and exit, keyed by tid.
 #[derive(Clone, Copy)]
@@ -194,59 +196,23 @@ fn count_call(key: &SyscallKey, call: &CallFigures) {
     s.latency[latency_slot(call.duration_ns) & (LATENCY_SLOTS - 1)] += 1;
 }
 
-#[tracepoint]
-pub fn sys_enter_mlock(ctx: TracePointContext) -> u32 {
-    enter::<2>(
-        &ctx,
-        Prog {
-            slot: program::SYS_ENTER_MLOCK,
-            name: "sys_enter_mlock",
-        },
-    )
-}
-
-#[tracepoint]
-pub fn sys_enter_mlock2(ctx: TracePointContext) -> u32 {
-    enter::<3>(
-        &ctx,
-        Prog {
-            slot: program::SYS_ENTER_MLOCK2,
-            name: "sys_enter_mlock2",
-        },
-    )
-}
-
-#[tracepoint]
-pub fn sys_enter_munlock(ctx: TracePointContext) -> u32 {
-    enter::<2>(
-        &ctx,
-        Prog {
-            slot: program::SYS_ENTER_MUNLOCK,
-            name: "sys_enter_munlock",
-        },
-    )
-}
-
-#[tracepoint]
-pub fn sys_enter_mlockall(ctx: TracePointContext) -> u32 {
-    enter::<1>(
-        &ctx,
-        Prog {
-            slot: program::SYS_ENTER_MLOCKALL,
-            name: "sys_enter_mlockall",
-        },
-    )
-}
-
-#[tracepoint]
-pub fn sys_enter_munlockall(ctx: TracePointContext) -> u32 {
-    enter::<0>(
-        &ctx,
-        Prog {
-            slot: program::SYS_ENTER_MUNLOCKALL,
-            name: "sys_enter_munlockall",
-        },
-    )
+/// Attached to `sys_enter`, for the five calls: the `-v` diagnostics name each call's
+/// program as when each had its own (`sys_enter_mlock`, ...).
+#[btf_tracepoint(function = "sys_enter")]
+pub fn sys_enter_mlock_family(ctx: SyscallContext) -> i32 {
+    let Some(nr) = entering(&ctx, hook::SYSCALLS_ENTER) else {
+        return 0;
+    };
+    let (slot, name) = match nr {
+        syscall_nr::MLOCK => (program::SYS_ENTER_MLOCK, "sys_enter_mlock"),
+        syscall_nr::MLOCK2 => (program::SYS_ENTER_MLOCK2, "sys_enter_mlock2"),
+        syscall_nr::MUNLOCK => (program::SYS_ENTER_MUNLOCK, "sys_enter_munlock"),
+        syscall_nr::MLOCKALL => (program::SYS_ENTER_MLOCKALL, "sys_enter_mlockall"),
+        syscall_nr::MUNLOCKALL => (program::SYS_ENTER_MUNLOCKALL, "sys_enter_munlockall"),
+        _ => return 0,
+    };
+    enter(&ctx, nr, Prog { slot, name });
+    0
 }
 
 const EXIT_PROG: Prog = Prog {
@@ -254,9 +220,12 @@ const EXIT_PROG: Prog = Prog {
     name: "sys_exit_mlock_family",
 };
 
-/// Attached to all five `sys_exit_*` tracepoints: the exit record has the same layout for each.
-#[tracepoint]
-pub fn sys_exit_mlock_family(ctx: TracePointContext) -> u32 {
+/// Attached to `sys_exit`, for the five calls.
+#[btf_tracepoint(function = "sys_exit")]
+pub fn sys_exit_mlock_family(ctx: SyscallContext) -> i32 {
+    if exiting(&ctx, hook::SYSCALLS_EXIT).is_none() {
+        return 0;
+    }
     // Only a traced call read anything worth a record.
     if exit(&ctx) {
         crate::diag::report_reads(EXIT_PROG);
@@ -264,20 +233,21 @@ pub fn sys_exit_mlock_family(ctx: TracePointContext) -> u32 {
     0
 }
 
-/// Records entry state; `ARGS` is how many 8-byte argument slots this tracepoint has, so we
-/// never read past the end of its record. `prog` names the program in `-v` diagnostics.
+/// Records entry state of call `nr`; `prog` names the program in `-v` diagnostics.
 #[inline(always)]
-fn enter<const ARGS: usize>(ctx: &TracePointContext, prog: Prog) -> u32 {
+fn enter(ctx: &SyscallContext, nr: u32, prog: Prog) {
     let (tgid, tid) = current_ids();
     if !is_target(tgid) {
-        return 0;
+        return;
     }
-    let mut args = [0u64; 3];
-    for (i, arg) in args.iter_mut().enumerate().take(ARGS) {
-        *arg = syscall_arg(ctx, i);
-    }
+    // All three read for every call: the registers are there whatever the call's arguments.
+    let args = [
+        syscall_arg(ctx, 0),
+        syscall_arg(ctx, 1),
+        syscall_arg(ctx, 2),
+    ];
     let entry = InFlight {
-        nr: syscall_nr(ctx),
+        nr,
         _pad: 0,
         enter_ns: now_ns(),
         args,
@@ -298,12 +268,11 @@ fn enter<const ARGS: usize>(ctx: &TracePointContext, prog: Prog) -> u32 {
         }
     }
     crate::diag::report_reads(prog);
-    0
 }
 
 /// Emits the call's event; false if the call was not traced (no entry), so nothing was read.
 #[inline(always)]
-fn exit(ctx: &TracePointContext) -> bool {
+fn exit(ctx: &SyscallContext) -> bool {
     let (tgid, tid) = current_ids();
     let Some(entry) = INFLIGHT.get_ptr(tid) else {
         return false;
@@ -315,7 +284,7 @@ fn exit(ctx: &TracePointContext) -> bool {
     let now = now_ns();
     let range = range::take(tid);
     let after = task_counters(EXIT_PROG);
-    let ret = syscall_ret(ctx).unwrap_or(0);
+    let ret = syscall_ret(ctx);
     let min_flt = after.min_flt.wrapping_sub(entry.before.min_flt);
     let maj_flt = after.maj_flt.wrapping_sub(entry.before.maj_flt);
     let locked = after.locked_vm as i64 - entry.before.locked_vm as i64;

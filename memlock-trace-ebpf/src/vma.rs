@@ -25,12 +25,14 @@ use aya_ebpf::{
             self as helper, bpf_find_vma, bpf_get_func_arg, bpf_get_func_ret, bpf_task_pt_regs,
         },
     },
-    macros::{btf_tracepoint, fentry, fexit, map, tracepoint},
+    macros::{btf_tracepoint, fentry, fexit, map},
     maps::{Array, HashMap},
-    programs::{BtfTracePointContext, FEntryContext, FExitContext, TracePointContext},
+    programs::{BtfTracePointContext, FEntryContext, FExitContext},
 };
 use memlock_trace_common::{
     EventKind, MAX_INFLIGHT, PAGE_MASK, PAGE_SIZE, counter,
+    syscall_hooks::hook,
+    syscalls::nr as syscall_nr,
     vma::{
         FN_SLOTS, FuncEvent, HookSpec, MAX_FN_HOOKS, MAX_SNAPSHOT_VMAS, NR_UNKNOWN, SnapshotEvent,
         StoreEvent, VM_LOCKED, VM_LOCKONFAULT, VmaConfig, VmaOffsets, VmaRange, WholeTotals, phase,
@@ -41,9 +43,8 @@ use memlock_trace_common::{
 mod maple;
 mod rbtree;
 
-use crate::shared::{
-    EVENTS, Plain, count, current_ids, current_task, is_target, syscall_arg, syscall_nr,
-};
+use crate::shared::{EVENTS, Plain, count, current_ids, current_task, is_target};
+use crate::syscall_hooks::{SyscallContext, entering, exiting, syscall_arg};
 
 /// `-ENOSYS`: x86-64 `do_syscall_64` stores it in `regs->ax` before dispatching, so a task
 /// whose `ax` holds it is inside a system call (and not, say, a page fault, whose `orig_ax`
@@ -73,50 +74,38 @@ struct CallRange {
 static VMA_CALLS: HashMap<u32, CallRange> = HashMap::with_max_entries(MAX_INFLIGHT, 0);
 
 /// Attached to `sys_enter_{mlock,mlock2,munlock}`.
-#[tracepoint]
-pub fn vma_enter_range(ctx: TracePointContext) -> u32 {
-    enter::<false>(&ctx, true);
+/// At the entry of the five calls.
+#[btf_tracepoint(function = "sys_enter")]
+pub fn vma_enter(ctx: SyscallContext) -> i32 {
+    enter::<false>(&ctx);
     0
 }
 
-/// Attached to `sys_enter_{mlockall,munlockall}`.
-#[tracepoint]
-pub fn vma_enter_whole(ctx: TracePointContext) -> u32 {
-    enter::<false>(&ctx, false);
+/// At their exit.
+#[btf_tracepoint(function = "sys_exit")]
+pub fn vma_exit(ctx: SyscallContext) -> i32 {
+    if exiting(&ctx, hook::VMA_EXIT).is_some() {
+        exit::<false>();
+    }
     0
 }
 
-/// Attached to the five `sys_exit_*` tracepoints.
-#[tracepoint]
-pub fn vma_exit(_ctx: TracePointContext) -> u32 {
-    exit::<false>();
+/// [`vma_enter`] on kernels whose VMAs are an rbtree (before 6.1).
+#[btf_tracepoint(function = "sys_enter")]
+pub fn vma_enter_rb(ctx: SyscallContext) -> i32 {
+    enter::<true>(&ctx);
     0
 }
 
-/// [`vma_enter_range`] on kernels without `bpf_find_vma` (see [`rbtree`]).
-#[tracepoint]
-pub fn vma_enter_range_rb(ctx: TracePointContext) -> u32 {
-    enter::<true>(&ctx, true);
+/// [`vma_exit`] on kernels whose VMAs are an rbtree (before 6.1).
+#[btf_tracepoint(function = "sys_exit")]
+pub fn vma_exit_rb(ctx: SyscallContext) -> i32 {
+    if exiting(&ctx, hook::VMA_EXIT).is_some() {
+        exit::<true>();
+    }
     0
 }
 
-/// [`vma_enter_whole`] on kernels without the maple tree and `bpf_loop` (5.10): the totals
-/// follow the `vm_next` list instead ([`rbtree::totals`]).
-#[tracepoint]
-pub fn vma_enter_whole_rb(ctx: TracePointContext) -> u32 {
-    enter::<true>(&ctx, false);
-    0
-}
-
-/// [`vma_exit`] on kernels without `bpf_find_vma` (see [`rbtree`]).
-#[tracepoint]
-pub fn vma_exit_rb(_ctx: TracePointContext) -> u32 {
-    exit::<true>();
-    0
-}
-
-/// `RB`: walk the VMA rbtree and list ([`rbtree::walk`]) rather than call `bpf_find_vma`;
-/// a program holding a call to a helper the kernel lacks does not load at all.
 #[inline(always)]
 fn exit<const RB: bool>() {
     let (tgid, tid) = current_ids();
@@ -131,12 +120,16 @@ fn exit<const RB: bool>() {
 }
 
 #[inline(always)]
-fn enter<const RB: bool>(ctx: &TracePointContext, ranged: bool) {
+fn enter<const RB: bool>(ctx: &SyscallContext) {
+    let Some(nr) = entering(ctx, hook::VMA_ENTER) else {
+        return;
+    };
     let (tgid, tid) = current_ids();
     if !is_target(tgid) {
         return;
     }
-    let nr = syscall_nr(ctx);
+    // `mlockall` and `munlockall` have no range, so no snapshot.
+    let ranged = !matches!(nr, syscall_nr::MLOCKALL | syscall_nr::MUNLOCKALL);
     let (start, end) = if ranged {
         let start = syscall_arg(ctx, 0);
         let len = syscall_arg(ctx, 1);

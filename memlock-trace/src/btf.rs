@@ -212,6 +212,14 @@ impl KernelBtf {
             task_cred,
             cred_cap_effective,
             mm_total_vm: optional("mm_struct", "total_vm"),
+            // x86 keeps `thread_info` in the task (first, offset 0); `status` is never first.
+            task_thread_status: match (
+                self.field_offset("task_struct", "thread_info"),
+                self.field_offset("thread_info", "status"),
+            ) {
+                (Ok(info), Ok(status)) => info + status,
+                _ => 0,
+            },
         })
     }
 }

@@ -7,7 +7,8 @@ use std::fmt::Write as _;
 use anyhow::{Context as _, Result, anyhow};
 use aya::{
     Btf, Ebpf, EbpfLoader,
-    programs::{Program, ProgramError, TracePoint},
+    maps::Array,
+    programs::{BtfTracePoint, Program, ProgramError, TracePoint},
 };
 use memlock_trace_common::{Config, names};
 
@@ -120,6 +121,18 @@ impl<'a> AttachContext<'a> {
         program(self.ebpf, name)
     }
 
+    /// See [`attach_syscall_hook`].
+    pub fn syscall_hook(
+        &mut self,
+        name: &str,
+        edge: SyscallEdge,
+        hook: u32,
+        nrs: &[u32],
+    ) -> Result<()> {
+        let (ebpf, btf) = self.ebpf_and_btf()?;
+        attach_syscall_hook(ebpf, btf, name, edge, hook, nrs)
+    }
+
     /// The named tracepoint program, loaded into the kernel on first use (one program may
     /// be attached to several tracepoints).
     pub fn tracepoint(&mut self, name: &str) -> Result<&mut TracePoint> {
@@ -131,6 +144,61 @@ impl<'a> AttachContext<'a> {
         }
         Ok(program)
     }
+}
+
+/// The raw system-call tracepoint a program is on (see
+/// [`memlock_trace_common::syscall_hooks`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SyscallEdge {
+    Enter,
+    Exit,
+}
+
+impl SyscallEdge {
+    /// The tracepoint's name, as tp_btf knows it.
+    fn tracepoint(self) -> &'static str {
+        match self {
+            SyscallEdge::Enter => "sys_enter",
+            SyscallEdge::Exit => "sys_exit",
+        }
+    }
+}
+
+/// Has tp_btf program `name`, whose bit is `hook`, handle the calls numbered `nrs` at `edge`:
+/// the calls are marked in `SYSCALL_HOOKS`, then the program is loaded and attached, once
+/// (a later call for the same program only marks more calls).
+pub fn attach_syscall_hook(
+    ebpf: &mut Ebpf,
+    btf: &Btf,
+    name: &str,
+    edge: SyscallEdge,
+    hook: u32,
+    nrs: &[u32],
+) -> Result<()> {
+    let map = ebpf
+        .map_mut(names::SYSCALL_HOOKS)
+        .ok_or_else(|| anyhow!("map {} missing from the eBPF object", names::SYSCALL_HOOKS))?;
+    let mut hooks: Array<_, u32> = Array::try_from(map)?;
+    for &nr in nrs {
+        let bits = hooks.get(&nr, 0).with_context(|| {
+            format!(
+                "system call {nr} is past the {} the programs know",
+                hooks.len()
+            )
+        })?;
+        hooks.set(nr, bits | hook, 0)?;
+    }
+    let tracepoint = edge.tracepoint();
+    let program: &mut BtfTracePoint = program(ebpf, name)?.try_into()?;
+    if program.fd().is_err() {
+        program
+            .load(tracepoint, btf)
+            .map_err(|e| hook_refused(name, "tp_btf", e))?;
+        program
+            .attach()
+            .map_err(|e| hook_refused(name, "tp_btf", e))?;
+    }
+    Ok(())
 }
 
 /// The named program of `ebpf`.

@@ -21,15 +21,18 @@ use core::ffi::c_void;
 use aya_ebpf::{
     bindings::BPF_ANY,
     helpers::generated::bpf_loop,
-    macros::{map, tracepoint},
+    macros::{btf_tracepoint, map},
     maps::{Array, LruHashMap, PerCpuArray},
-    programs::TracePointContext,
 };
-use memlock_trace_common::faults::{MAX_FAULT_MAPPINGS, RegionKey, VM_HELD_SP, region_kind};
+use memlock_trace_common::{
+    faults::{MAX_FAULT_MAPPINGS, RegionKey, VM_HELD_SP, region_kind},
+    syscall_hooks::hook,
+};
 
 use crate::{
     mapping::{self, Identified, Lookup},
     shared::{current_ids, is_target},
+    syscall_hooks::{SyscallContext, entering, exiting},
 };
 
 /// The identity of each VMA faults were counted in, keyed like its region.
@@ -85,11 +88,13 @@ pub(super) fn changed() {
     }
 }
 
-/// `sys_enter_munmap`, `sys_exit_munmap`, `sys_exit_munlock`, `sys_exit_munlockall`: calls
-/// that change mappings without populating anything (the populating calls bump it from
-/// their own programs).
-#[tracepoint]
-pub fn fault_mappings_changed(_ctx: TracePointContext) -> u32 {
+/// At the exit of `munmap`, `munlock`, `munlockall`: calls that change mappings without
+/// populating anything (the populating calls bump it from their own programs).
+#[btf_tracepoint(function = "sys_exit")]
+pub fn fault_mappings_changed(ctx: SyscallContext) -> i32 {
+    if exiting(&ctx, hook::MAPPINGS_CHANGED).is_none() {
+        return 0;
+    }
     let (tgid, _) = current_ids();
     if is_target(tgid) {
         changed();
@@ -97,12 +102,28 @@ pub fn fault_mappings_changed(_ctx: TracePointContext) -> u32 {
     0
 }
 
-/// [`fault_mappings_changed`] where the tracepoint set has `bpf_find_vma`, at
-/// `sys_enter_munmap` and `sys_enter_exit_group`: the last chance to look up the process's
-/// waiting pages before their VMAs go (a thread's stack freed by the thread that joined
-/// it, a glibc arena at exit) after a burst of faults whose lookups all met a busy lock.
-#[tracepoint]
-pub fn fault_mappings_changed_retry(_ctx: TracePointContext) -> u32 {
+/// At the entry of `munmap`: the mappings are about to change.
+#[btf_tracepoint(function = "sys_enter")]
+pub fn fault_mappings_going(ctx: SyscallContext) -> i32 {
+    if entering(&ctx, hook::MAPPINGS_GOING).is_none() {
+        return 0;
+    }
+    let (tgid, _) = current_ids();
+    if is_target(tgid) {
+        changed();
+    }
+    0
+}
+
+/// [`fault_mappings_going`] where the tracepoint set has `bpf_find_vma`, at the entry of
+/// `munmap` and `exit_group`: the last chance to look up the process's waiting pages before
+/// their VMAs go (a thread's stack freed by the thread that joined it, a glibc arena at
+/// exit) after a burst of faults whose lookups all met a busy lock.
+#[btf_tracepoint(function = "sys_enter")]
+pub fn fault_mappings_going_retry(ctx: SyscallContext) -> i32 {
+    if entering(&ctx, hook::MAPPINGS_GOING).is_none() {
+        return 0;
+    }
     let (tgid, _) = current_ids();
     if is_target(tgid) {
         changed();

@@ -5,9 +5,9 @@
 
 use aya_ebpf::{
     bindings::BPF_ANY,
-    macros::{map, tracepoint},
+    macros::{btf_tracepoint, map},
     maps::LruHashMap,
-    programs::TracePointContext,
+    programs::BtfTracePointContext,
 };
 use memlock_trace_common::{
     PAGE_MASK,
@@ -15,41 +15,45 @@ use memlock_trace_common::{
         MAX_FAULT_THREADS, PopulateCall, SLOTS, VM_HELD_SP, fault_flags, populate, region_kind,
         stat,
     },
+    syscall_hooks::hook,
 };
 
 use super::{
     FAULT_CONFIG, NO_LATENCY, NO_SYSCALL, emit, record_stack, regions::flush_region, stats_for,
 };
 use crate::mapping;
-use crate::shared::{
-    current_ids, is_target, now_ns, syscall_arg, syscall_nr, syscall_ret, task_faults, tp_field,
-};
+use crate::shared::{current_ids, is_target, now_ns, read_kernel, task_faults};
+use crate::syscall_hooks::{SyscallContext, entering, exiting, syscall_arg, syscall_ret};
 
 #[map]
 pub(super) static POPULATE_INFLIGHT: LruHashMap<u32, PopulateCall> =
     LruHashMap::with_max_entries(MAX_FAULT_THREADS, 0);
 
-/// `signal:signal_generate` (include/trace/events/signal.h), after the common fields:
-///
-/// ```text
-/// field:int sig;   offset:8;  size:4
-/// field:int errno; offset:12; size:4
-/// field:int code;  offset:16; size:4
-/// field:char comm[16]; offset:20; size:16
-/// field:pid_t pid; offset:36; size:4
-/// ```
+/// `signal:signal_generate(int sig, struct kernel_siginfo *info, struct task_struct *task,
+/// int group, int result)` (include/trace/events/signal.h), tp_btf.
 ///
 /// A page fault the kernel cannot resolve for user mode ends in `force_sig_fault()` on the
 /// faulting task: SIGSEGV with `SEGV_MAPERR`/`SEGV_ACCERR`/`SEGV_PKUERR`, or SIGBUS with
 /// `BUS_ADRERR`/`BUS_MCEERR_AR`. That is the one place every hook set sees a failed fault,
 /// including those refused before `handle_mm_fault` (no VMA, access error). Signals are rare,
 /// so this costs nothing per fault.
-#[tracepoint]
-pub fn fault_signal(ctx: TracePointContext) -> u32 {
+#[btf_tracepoint(function = "signal_generate")]
+pub fn fault_signal(ctx: BtfTracePointContext) -> i32 {
     const SIGBUS: i32 = 7;
     const SIGSEGV: i32 = 11;
-    let sig = tp_field::<i32>(&ctx, 8).unwrap_or(0);
-    let code = tp_field::<i32>(&ctx, 16).unwrap_or(0);
+    /// `kernel_siginfo.si_code`, after `si_signo` and `si_errno`.
+    const SI_CODE_OFFSET: u32 = 8;
+    let sig: i32 = ctx.arg(0);
+    let info: u64 = ctx.arg(1);
+    let task: u64 = ctx.arg(2);
+    // `SEND_SIG_NOINFO` (0) and `SEND_SIG_PRIV` (1) are no siginfo: a signal sent by a
+    // process, not a fault. A probe read (signals are rare): some kernels' BTF leaves the
+    // verifier no type to check a direct load against.
+    let code = if info < 4096 {
+        0
+    } else {
+        read_kernel::<i32>(info, SI_CODE_OFFSET)
+    };
     let from_fault = match sig {
         // SEGV_MAPERR 1, SEGV_ACCERR 2, SEGV_PKUERR 4
         SIGSEGV => matches!(code, 1 | 2 | 4),
@@ -57,12 +61,11 @@ pub fn fault_signal(ctx: TracePointContext) -> u32 {
         SIGBUS => matches!(code, 2 | 4),
         _ => false,
     };
-    let target = tp_field::<i32>(&ctx, 36).unwrap_or(-1) as u32;
-    let (tgid, tid) = current_ids();
     // Self-inflicted: the faulting task signals itself.
-    if !from_fault || target != tid {
+    if !from_fault || task != crate::shared::current_task() {
         return 0;
     }
+    let (tgid, tid) = current_ids();
     if let Some(stats) = stats_for(tgid, tid, false) {
         // SAFETY: `stats_for` returns a valid pointer to this CPU's stats of the task, used
         // by nothing else while this program runs.
@@ -83,9 +86,9 @@ pub fn fault_signal(ctx: TracePointContext) -> u32 {
     0
 }
 
-/// Attached to `sys_enter_` of every [`populate`] call.
-#[tracepoint]
-pub fn populate_enter(ctx: TracePointContext) -> u32 {
+/// At the entry of every [`populate`] call.
+#[btf_tracepoint(function = "sys_enter")]
+pub fn populate_enter(ctx: SyscallContext) -> i32 {
     enter(&ctx);
     0
 }
@@ -94,8 +97,8 @@ pub fn populate_enter(ctx: TracePointContext) -> u32 {
 /// again the process's pages whose lookup met a busy mmap lock, as the thread is about to
 /// take it (a good moment: no other mapping call of this thread holds it). Here rather than
 /// at the exit, whose program has no stack to spare for the lookups' frames.
-#[tracepoint]
-pub fn populate_enter_retry(ctx: TracePointContext) -> u32 {
+#[btf_tracepoint(function = "sys_enter")]
+pub fn populate_enter_retry(ctx: SyscallContext) -> i32 {
     if let Some(tgid) = enter(&ctx) {
         super::mappings::retry_pending(tgid);
     }
@@ -104,12 +107,12 @@ pub fn populate_enter_retry(ctx: TracePointContext) -> u32 {
 
 /// The traced process's tgid, when it is one.
 #[inline(always)]
-fn enter(ctx: &TracePointContext) -> Option<u32> {
+fn enter(ctx: &SyscallContext) -> Option<u32> {
+    let nr = entering(ctx, hook::POPULATE_ENTER)?;
     let (tgid, tid) = current_ids();
     if !is_target(tgid) {
         return None;
     }
-    let nr = syscall_nr(ctx);
     let mut index = populate::OTHER as u32;
     for i in 0..populate::COUNT {
         // Volatile, element by element: a plain read of the static would be folded to its
@@ -145,25 +148,28 @@ fn enter(ctx: &TracePointContext) -> Option<u32> {
     Some(tgid)
 }
 
-/// `sys_exit_` with the tracepoint hook set: the task's fault-counter growth during the call,
+/// At the exit of every [`populate`] call, with the tracepoint hook set: the task's fault-counter growth during the call,
 /// less the faults the perf events already counted, is what the call populated; charged to
 /// the VMA the call populated, found with `bpf_find_vma`.
-#[tracepoint]
-pub fn populate_exit_counted(ctx: TracePointContext) -> u32 {
+#[btf_tracepoint(function = "sys_exit")]
+pub fn populate_exit_counted(ctx: SyscallContext) -> i32 {
     exit_counted::<false>(&ctx);
     0
 }
 
 /// [`populate_exit_counted`] on kernels without `bpf_find_vma` (before 5.17): the VMA is
 /// found by a walk of the VMA rbtree.
-#[tracepoint]
-pub fn populate_exit_counted_rb(ctx: TracePointContext) -> u32 {
+#[btf_tracepoint(function = "sys_exit")]
+pub fn populate_exit_counted_rb(ctx: SyscallContext) -> i32 {
     exit_counted::<true>(&ctx);
     0
 }
 
 #[inline(always)]
-fn exit_counted<const RB: bool>(ctx: &TracePointContext) {
+fn exit_counted<const RB: bool>(ctx: &SyscallContext) {
+    if exiting(ctx, hook::POPULATE_EXIT).is_none() {
+        return;
+    }
     let (tgid, tid) = current_ids();
     let Some(call) = POPULATE_INFLIGHT.get_ptr(tid) else {
         return;
@@ -194,7 +200,7 @@ fn exit_counted<const RB: bool>(ctx: &TracePointContext) {
         // The call site of the system call that populated them.
         record_stack(ctx, tgid, tid, minor + major);
     }
-    let ret = syscall_ret(ctx).unwrap_or(-1);
+    let ret = syscall_ret(ctx);
     let address = charge::<RB>(tgid, &call, ret, minor + major);
     if config!(events) != 0 {
         let flags = fault_flags::POPULATED | if minor == 0 { fault_flags::MAJOR } else { 0 };
@@ -246,10 +252,13 @@ fn charge<const RB: bool>(tgid: u32, call: &PopulateCall, ret: i64, pages: u64) 
     0
 }
 
-/// `sys_exit_` with the fentry/kprobe hook sets, which count populated faults one by one and
-/// only use the in-flight entry to name the call.
-#[tracepoint]
-pub fn populate_exit(_ctx: TracePointContext) -> u32 {
+/// At the exit of every [`populate`] call, with the fentry/kprobe hook sets, which count
+/// populated faults one by one and only use the in-flight entry to name the call.
+#[btf_tracepoint(function = "sys_exit")]
+pub fn populate_exit(ctx: SyscallContext) -> i32 {
+    if exiting(&ctx, hook::POPULATE_EXIT).is_none() {
+        return 0;
+    }
     let (_, tid) = current_ids();
     if POPULATE_INFLIGHT.remove(tid).is_ok() {
         super::mappings::changed();

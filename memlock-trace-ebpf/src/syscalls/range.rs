@@ -3,20 +3,20 @@
 //! limit check, and both look alike in the return value. The exit program puts the answer
 //! in the call's event ([`take`]).
 //!
-//! Its own programs on the same `sys_enter_*` tracepoints, in two kinds (`bpf_find_vma`, or
+//! Its own programs on the same `sys_enter` tracepoint, in two kinds (`bpf_find_vma`, or
 //! the rbtree walk before 5.17: see [`crate::mapping`]), so the call's entry program loads
 //! on every kernel whatever this one needs.
 
 use aya_ebpf::{
-    macros::{map, tracepoint},
+    macros::{btf_tracepoint, map},
     maps::HashMap,
-    programs::TracePointContext,
 };
-use memlock_trace_common::{MAX_INFLIGHT, PAGE_MASK, PAGE_SIZE, lock_context};
+use memlock_trace_common::{MAX_INFLIGHT, PAGE_MASK, PAGE_SIZE, lock_context, syscall_hooks::hook};
 
 use crate::{
     mapping::{self, Lookup},
-    shared::{current_ids, is_target, syscall_arg},
+    shared::{current_ids, is_target},
+    syscall_hooks::{SyscallContext, entering, syscall_arg},
 };
 
 /// What the walk found: [`lock_context`] bits and the first unmapped address.
@@ -34,22 +34,25 @@ static RANGE_CHECKS: HashMap<u32, RangeCheck> = HashMap::with_max_entries(MAX_IN
 /// VMAs walked at most; a range over more is left unchecked.
 const MAX_VMAS: usize = 16;
 
-/// Attached to `sys_enter_{mlock,mlock2,munlock}` beside their entry programs.
-#[tracepoint]
-pub fn mlock_range_check(ctx: TracePointContext) -> u32 {
+/// At the entry of `mlock`, `mlock2` and `munlock`, beside their entry program.
+#[btf_tracepoint(function = "sys_enter")]
+pub fn mlock_range_check(ctx: SyscallContext) -> i32 {
     check::<false>(&ctx);
     0
 }
 
 /// [`mlock_range_check`] on kernels without `bpf_find_vma` (before 5.17).
-#[tracepoint]
-pub fn mlock_range_check_rb(ctx: TracePointContext) -> u32 {
+#[btf_tracepoint(function = "sys_enter")]
+pub fn mlock_range_check_rb(ctx: SyscallContext) -> i32 {
     check::<true>(&ctx);
     0
 }
 
 #[inline(always)]
-fn check<const RB: bool>(ctx: &TracePointContext) {
+fn check<const RB: bool>(ctx: &SyscallContext) {
+    if entering(ctx, hook::RANGE_CHECK).is_none() {
+        return;
+    }
     let (tgid, tid) = current_ids();
     if !is_target(tgid) {
         return;

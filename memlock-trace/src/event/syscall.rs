@@ -201,6 +201,20 @@ impl SyscallRecord {
 mod tests {
     use super::*;
 
+    /// The programs on the raw syscall tracepoints dispatch on their own copy of the numbers.
+    #[test]
+    fn the_programs_numbers_are_this_architectures() {
+        use memlock_trace_common::syscalls::nr;
+        let programs = [
+            nr::MLOCK,
+            nr::MLOCK2,
+            nr::MUNLOCK,
+            nr::MLOCKALL,
+            nr::MUNLOCKALL,
+        ];
+        assert_eq!(Syscall::ALL.map(Syscall::nr), programs);
+    }
+
     #[test]
     fn numbers_round_trip() {
         for s in Syscall::ALL {

@@ -191,10 +191,10 @@ pub fn attach(cx: &mut AttachContext<'_>, options: &FaultOptions) -> Result<Faul
         match attached {
             Ok(mut hooks) => {
                 hooks.push(vma_lookup(set, options, specific_targets, &kernel));
-                hooks.extend(attach_populate(ebpf, set, kernel.find_vma)?);
+                hooks.extend(attach_populate(ebpf, aya_btf, set, kernel.find_vma)?);
                 let retry = set == HookSet::Tracepoint && kernel.find_vma;
-                hooks.push(attach_mappings_changed(ebpf, retry)?);
-                hooks.push(attach_signal(ebpf)?);
+                hooks.push(attach_mappings_changed(ebpf, aya_btf, retry)?);
+                hooks.push(attach_signal(ebpf, aya_btf)?);
                 let mut unobserved = Vec::new();
                 if set == HookSet::Tracepoint {
                     // page_fault_user + perf events see neither the VM_FAULT_RETRY results
@@ -394,16 +394,17 @@ pub fn completion_fds(ebpf: &Ebpf, names: [&str; 2]) -> Result<[OwnedFd; 2]> {
     Ok([program_fd(ebpf, names[0])?, program_fd(ebpf, names[1])?])
 }
 
-/// `signal:signal_generate`, where failed faults are counted (every hook set).
-fn attach_signal(ebpf: &mut Ebpf) -> Result<String> {
-    let program: &mut TracePoint = program(ebpf, FAULT_SIGNAL)?.try_into()?;
+/// `signal:signal_generate`, where failed faults are counted (every hook set): tp_btf, since
+/// a perf-attached tracepoint costs a grace period when the session ends.
+fn attach_signal(ebpf: &mut Ebpf, btf: &aya::Btf) -> Result<String> {
+    let program: &mut BtfTracePoint = program(ebpf, FAULT_SIGNAL)?.try_into()?;
     program
-        .load()
-        .map_err(|e| hook_refused(FAULT_SIGNAL, "tracepoint", e))?;
+        .load("signal_generate", btf)
+        .map_err(|e| hook_refused(FAULT_SIGNAL, "tp_btf", e))?;
     program
-        .attach("signal", "signal_generate")
-        .map_err(|e| hook_refused("signal:signal_generate", "tracepoint", e))?;
-    Ok("tracepoint/signal:signal_generate".into())
+        .attach()
+        .map_err(|e| hook_refused(FAULT_SIGNAL, "tp_btf", e))?;
+    Ok("tp_btf signal:signal_generate".into())
 }
 
 /// The benchmark's floor programs for the tracepoint set's per-fault hooks, in the order

@@ -15,9 +15,11 @@ use anyhow::{Result, bail};
 
 pub use stats::{Aggregator, ProcessSyscalls, SyscallSummary};
 
+use memlock_trace_common::syscall_hooks::hook;
+
 use crate::{
     event::Syscall,
-    object::{AttachContext, HookFamily, hook_refused},
+    object::{AttachContext, HookFamily, SyscallEdge},
 };
 
 /// The syscall family's programs, attached.
@@ -34,29 +36,20 @@ impl HookFamily for SyscallHooks {
     const NAME: &'static str = "syscalls";
     type Options = ();
 
-    /// One entry program per call, and one exit program on every call's exit.
+    /// One entry and one exit program for the five calls.
     fn attach(cx: &mut AttachContext<'_>, (): &()) -> Result<Self> {
-        for syscall in Syscall::ALL {
-            let enter = format!("sys_enter_{}", syscall.name());
-            cx.tracepoint(&enter)?
-                .attach("syscalls", &enter)
-                .map_err(|e| hook_refused(&enter, "tracepoint", e))?;
-        }
-        let exit_prog = "sys_exit_mlock_family";
-        for syscall in Syscall::ALL {
-            let exit = format!("sys_exit_{}", syscall.name());
-            cx.tracepoint(exit_prog)?
-                .attach("syscalls", &exit)
-                .map_err(|e| hook_refused(&exit, "tracepoint", e))?;
-        }
+        let nrs = Syscall::ALL.map(Syscall::nr);
+        let (enter, exit) = (SyscallEdge::Enter, SyscallEdge::Exit);
+        cx.syscall_hook("sys_enter_mlock_family", enter, hook::SYSCALLS_ENTER, &nrs)?;
+        cx.syscall_hook("sys_exit_mlock_family", exit, hook::SYSCALLS_EXIT, &nrs)?;
         // Extra: without it a failed call still says its limits, with its range unchecked.
         let range_check = attach_range_check(cx).map_err(|e| format!("{e:#}"));
         Ok(Self { range_check })
     }
 
     fn describe(&self) -> String {
-        let calls =
-            "tracepoints syscalls:sys_{enter,exit}_{mlock,mlock2,munlock,mlockall,munlockall}";
+        let calls = "tp_btf raw_syscalls:sys_{enter,exit} for mlock, mlock2, munlock, mlockall, \
+                     munlockall";
         match &self.range_check {
             Ok(how) => format!("{calls} + ranges checked at entry by {how}"),
             Err(why) => format!("{calls} (ranges not checked at entry: {why})"),
@@ -74,11 +67,7 @@ fn attach_range_check(cx: &mut AttachContext<'_>) -> Result<&'static str> {
     } else {
         bail!("no bpf_find_vma (5.17) and no VMA rbtree to walk");
     };
-    for syscall in RANGED {
-        let enter = format!("sys_enter_{}", syscall.name());
-        cx.tracepoint(program)?
-            .attach("syscalls", &enter)
-            .map_err(|e| hook_refused(&enter, "tracepoint", e))?;
-    }
+    let nrs = RANGED.map(Syscall::nr);
+    cx.syscall_hook(program, SyscallEdge::Enter, hook::RANGE_CHECK, &nrs)?;
     Ok(how)
 }

@@ -25,11 +25,16 @@ use memlock_trace_common::{
         ModulesChanged, SAMPLE_FRAME_POINTERS, STACK_COPY_BYTES, STACK_SAMPLES_BYTE_SIZE,
         StackConfig, StackSample, SyscallStackKey, SyscallStackValue, counter, names, sample_kind,
     },
+    syscall_hooks::hook,
 };
 use serde::Serialize;
 
 pub use self::modules::{ModuleRegistry, ProcessModules};
-use crate::{btf::KernelBtf, object::AttachContext, procfs::PAGE_SIZE};
+use crate::{
+    btf::KernelBtf,
+    object::{AttachContext, SyscallEdge},
+    procfs::PAGE_SIZE,
+};
 
 /// What the kept stacks lost, and how they were unwound.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -216,15 +221,19 @@ fn modules_changed(item: &[u8]) -> Option<ModulesChanged> {
 
 /// Attaches the `mmap` hooks that tell when a traced process maps code (`--stacks`).
 pub fn attach(cx: &mut AttachContext<'_>) -> Result<()> {
-    for (program, tracepoint) in [
-        ("stacks_mmap_enter", "sys_enter_mmap"),
-        ("stacks_mmap_exit", "sys_exit_mmap"),
-    ] {
-        cx.tracepoint(program)?
-            .attach("syscalls", tracepoint)
-            .map_err(|e| crate::object::hook_refused(program, "tracepoint", e))?;
-    }
-    Ok(())
+    let mmap = [libc::SYS_mmap as u32];
+    cx.syscall_hook(
+        "stacks_mmap_enter",
+        SyscallEdge::Enter,
+        hook::STACKS_MMAP_ENTER,
+        &mmap,
+    )?;
+    cx.syscall_hook(
+        "stacks_mmap_exit",
+        SyscallEdge::Exit,
+        hook::STACKS_MMAP_EXIT,
+        &mmap,
+    )
 }
 
 /// Kept stacks the kernel lost: (calls, faults) not kept because the ring buffer was full.

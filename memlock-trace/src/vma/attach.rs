@@ -10,15 +10,18 @@ use aya::{
     maps::Array,
     programs::{BtfTracePoint, FEntry, FExit, ProgramError},
 };
-use memlock_trace_common::vma::{
-    FN_SLOTS, HookSpec, MAX_FN_HOOKS, SlotSpec, VMA_HOOKS, VmaConfig, VmaOffsets, slot,
+use memlock_trace_common::{
+    syscall_hooks::hook,
+    vma::{FN_SLOTS, HookSpec, MAX_FN_HOOKS, SlotSpec, VMA_HOOKS, VmaConfig, VmaOffsets, slot},
 };
 use serde::Serialize;
 
 use crate::{
     btf::{KernelBtf, Signature, TypeShape},
     event::Syscall,
-    object::{AttachContext, HookFamily, hook_refused, is_permission_error, refusal_reason},
+    object::{
+        AttachContext, HookFamily, SyscallEdge, hook_refused, is_permission_error, refusal_reason,
+    },
 };
 
 /// The kernel functions that split, merge or re-flag VMAs, across versions: 6.1 has
@@ -75,25 +78,14 @@ impl HookFamily for VmaHooks {
     /// Attaches the VMA family; fails only if the snapshots or `ma_write` cannot be used.
     fn attach(cx: &mut AttachContext<'_>, (): &()) -> Result<Self> {
         let rb_walk = walks_rbtree(cx.btf);
-        let (enter_range, enter_whole, exit) = if rb_walk {
-            ("vma_enter_range_rb", "vma_enter_whole_rb", "vma_exit_rb")
+        let (enter, exit) = if rb_walk {
+            ("vma_enter_rb", "vma_exit_rb")
         } else {
-            ("vma_enter_range", "vma_enter_whole", "vma_exit")
+            ("vma_enter", "vma_exit")
         };
-        for syscall in Syscall::ALL {
-            let program = match syscall {
-                Syscall::Mlockall | Syscall::Munlockall => enter_whole,
-                _ => enter_range,
-            };
-            let enter = format!("sys_enter_{}", syscall.name());
-            cx.tracepoint(program)?
-                .attach("syscalls", &enter)
-                .map_err(|e| hook_refused(&enter, "tracepoint", e))?;
-            let tracepoint = format!("sys_exit_{}", syscall.name());
-            cx.tracepoint(exit)?
-                .attach("syscalls", &tracepoint)
-                .map_err(|e| hook_refused(&tracepoint, "tracepoint", e))?;
-        }
+        let nrs = Syscall::ALL.map(Syscall::nr);
+        cx.syscall_hook(enter, SyscallEdge::Enter, hook::VMA_ENTER, &nrs)?;
+        cx.syscall_hook(exit, SyscallEdge::Exit, hook::VMA_EXIT, &nrs)?;
 
         let btf = cx.btf;
         let (ebpf, aya_btf) = cx.ebpf_and_btf()?;

@@ -1,54 +1,66 @@
-//! The fault family's syscall tracepoints: the populating calls, whose pages the fault hooks
-//! charge to the call and (tracepoint set) to the VMA they went into, and the calls that
-//! change mappings, where the per-CPU VMA cache is dropped and waiting pages looked up again.
-
-use std::path::Path;
+//! The fault family's system-call programs: the populating calls, whose pages the fault
+//! hooks charge to the call and (tracepoint set) to the VMA they went into, and the calls
+//! that change mappings, where the per-CPU VMA cache is dropped and waiting pages looked up
+//! again. All on the raw `sys_enter`/`sys_exit` tracepoints (see
+//! [`memlock_trace_common::syscall_hooks`]).
 
 use anyhow::Result;
-use aya::{Ebpf, programs::TracePoint};
-use memlock_trace_common::faults::populate;
+use aya::{Btf, Ebpf};
+use memlock_trace_common::{faults::populate, syscall_hooks::hook};
 
 use crate::{
     faults::{HookSet, sizing::populate_nrs},
-    object::{hook_refused, program},
-    probe::TRACEFS,
+    object::{SyscallEdge, attach_syscall_hook},
 };
 
 const POPULATE_ENTER: &str = "populate_enter";
 const POPULATE_ENTER_RETRY: &str = "populate_enter_retry";
 const POPULATE_EXIT_COUNTED: &str = "populate_exit_counted";
 const POPULATE_EXIT_COUNTED_RB: &str = "populate_exit_counted_rb";
-const MAPPINGS_CHANGED: &str = "fault_mappings_changed";
-const MAPPINGS_CHANGED_RETRY: &str = "fault_mappings_changed_retry";
-/// Calls that change mappings without populating (the populating ones are hooked anyway):
-/// the fault hooks' cache of VMAs is dropped at them.
-const MAPPINGS_CHANGED_AT: [&str; 3] =
-    ["sys_exit_munmap", "sys_exit_munlock", "sys_exit_munlockall"];
-/// Where mappings are about to go: with the tracepoint set and `bpf_find_vma`, the pages
-/// whose lookup met a busy mmap lock are looked up once more here.
-const MAPPINGS_GOING_AT: [&str; 2] = ["sys_enter_munmap", "sys_enter_exit_group"];
 const POPULATE_EXIT: &str = "populate_exit";
+const MAPPINGS_CHANGED: &str = "fault_mappings_changed";
+const MAPPINGS_GOING: &str = "fault_mappings_going";
+const MAPPINGS_GOING_RETRY: &str = "fault_mappings_going_retry";
 
-/// Where the fault hooks' cache of VMAs is dropped, besides the populating calls; `retry`:
-/// where mappings are about to go, the waiting pages are also looked up again.
-pub(super) fn attach_mappings_changed(ebpf: &mut Ebpf, retry: bool) -> Result<String> {
-    let mut at: Vec<(&str, &str)> = MAPPINGS_CHANGED_AT
-        .iter()
-        .map(|&tp| (MAPPINGS_CHANGED, tp))
-        .collect();
-    if retry {
-        at.extend(MAPPINGS_GOING_AT.map(|tp| (MAPPINGS_CHANGED_RETRY, tp)));
+/// Where the fault hooks' cache of VMAs is dropped, besides the populating calls: at the
+/// exit of the calls that change mappings without populating, and as `munmap` enters;
+/// `retry`: where mappings are about to go (`munmap`, `exit_group`), the waiting pages are
+/// also looked up again.
+pub(super) fn attach_mappings_changed(ebpf: &mut Ebpf, btf: &Btf, retry: bool) -> Result<String> {
+    let changed_at = [libc::SYS_munmap, libc::SYS_munlock, libc::SYS_munlockall].map(nr);
+    attach_syscall_hook(
+        ebpf,
+        btf,
+        MAPPINGS_CHANGED,
+        SyscallEdge::Exit,
+        hook::MAPPINGS_CHANGED,
+        &changed_at,
+    )?;
+    let (going, going_at) = if retry {
+        (
+            MAPPINGS_GOING_RETRY,
+            &[nr(libc::SYS_munmap), nr(libc::SYS_exit_group)][..],
+        )
     } else {
         // Exit needs no fresh lookups: only the waiting pages' last chance.
-        at.push((MAPPINGS_CHANGED, MAPPINGS_GOING_AT[0]));
-    }
-    for &(name, tp) in &at {
-        attach_syscall(ebpf, name, tp)?;
-    }
-    let tracepoints: Vec<&str> = at.iter().map(|&(_, tp)| tp).collect();
+        (MAPPINGS_GOING, &[nr(libc::SYS_munmap)][..])
+    };
+    attach_syscall_hook(
+        ebpf,
+        btf,
+        going,
+        SyscallEdge::Enter,
+        hook::MAPPINGS_GOING,
+        going_at,
+    )?;
     Ok(format!(
-        "tracepoints syscalls:{{{}}} (VMAs looked up afresh{})",
-        tracepoints.join(","),
+        "tp_btf raw_syscalls:sys_exit for munmap, munlock, munlockall and sys_enter for {} \
+         (VMAs looked up afresh{})",
+        if retry {
+            "munmap, exit_group"
+        } else {
+            "munmap"
+        },
         if retry {
             "; at the enters, pages that met a busy mmap lock looked up again"
         } else {
@@ -57,12 +69,13 @@ pub(super) fn attach_mappings_changed(ebpf: &mut Ebpf, retry: bool) -> Result<St
     ))
 }
 
-/// The populating calls' enter/exit tracepoints: with the tracepoint set they count the
-/// pages populated and charge them to the VMA they went into (found with `bpf_find_vma`,
-/// or before 5.17 by the rbtree walk); with the others they only name the call a populated
+/// The populating calls' entry and exit: with the tracepoint set they count the pages
+/// populated and charge them to the VMA they went into (found with `bpf_find_vma`, or
+/// before 5.17 by the rbtree walk); with the others they only name the call a populated
 /// fault happened in.
 pub(super) fn attach_populate(
     ebpf: &mut Ebpf,
+    btf: &Btf,
     set: HookSet,
     find_vma: bool,
 ) -> Result<Vec<String>> {
@@ -72,41 +85,28 @@ pub(super) fn attach_populate(
         HookSet::Tracepoint => (POPULATE_ENTER, POPULATE_EXIT_COUNTED_RB),
         _ => (POPULATE_ENTER, POPULATE_EXIT),
     };
-    let mut attached = Vec::new();
-    for (index, name) in populate::NAMES.iter().enumerate() {
-        if index == populate::OTHER || populate_nrs()[index] == u32::MAX {
-            continue;
-        }
-        let enter = format!("sys_enter_{name}");
-        let exit = format!("sys_exit_{name}");
-        if !Path::new(TRACEFS)
-            .join("events/syscalls")
-            .join(&enter)
-            .exists()
-        {
-            continue;
-        }
-        attach_syscall(ebpf, enter_program, &enter)?;
-        attach_syscall(ebpf, exit_program, &exit)?;
-        attached.push((*name).to_string());
+    let known = populate_nrs();
+    let (names, nrs): (Vec<&str>, Vec<u32>) = populate::NAMES
+        .iter()
+        .zip(known)
+        .enumerate()
+        .filter(|&(index, (_, nr))| index != populate::OTHER && nr != u32::MAX)
+        .map(|(_, (&name, nr))| (name, nr))
+        .unzip();
+    let edges = [
+        (enter_program, SyscallEdge::Enter, hook::POPULATE_ENTER),
+        (exit_program, SyscallEdge::Exit, hook::POPULATE_EXIT),
+    ];
+    for (program, edge, bit) in edges {
+        attach_syscall_hook(ebpf, btf, program, edge, bit, &nrs)?;
     }
     Ok(vec![format!(
-        "tracepoints syscalls:sys_{{enter,exit}}_{{{}}}",
-        attached.join(",")
+        "tp_btf raw_syscalls:sys_{{enter,exit}} for {}",
+        names.join(", ")
     )])
 }
 
-/// Attaches program `name` to `syscalls:tp`, loading it the first time (one program serves
-/// several tracepoints).
-fn attach_syscall(ebpf: &mut Ebpf, name: &str, tp: &str) -> Result<()> {
-    let program: &mut TracePoint = program(ebpf, name)?.try_into()?;
-    if program.fd().is_err() {
-        program
-            .load()
-            .map_err(|e| hook_refused(name, "tracepoint", e))?;
-    }
-    program
-        .attach("syscalls", tp)
-        .map_err(|e| hook_refused(tp, "tracepoint", e))?;
-    Ok(())
+/// A `libc::SYS_*` number as the programs see it.
+fn nr(sys: libc::c_long) -> u32 {
+    sys as u32
 }

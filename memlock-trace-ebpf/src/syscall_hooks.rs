@@ -1,0 +1,86 @@
+//! The two raw system-call tracepoints every family's syscall programs are attached to
+//! (tp_btf `sys_enter(struct pt_regs *regs, long id)` and `sys_exit(struct pt_regs *regs,
+//! long ret)`), and the filter each program starts with: see
+//! [`memlock_trace_common::syscall_hooks`] for why not the per-call `syscalls:*` events.
+
+use aya_ebpf::{macros::map, maps::Array, programs::BtfTracePointContext};
+use memlock_trace_common::syscall_hooks::{MAX_NR, TS_COMPAT};
+
+use crate::shared::{current_task, offsets, read_kernel};
+
+/// The context of a program on `sys_enter` or `sys_exit`.
+pub type SyscallContext = BtfTracePointContext;
+
+/// Per system call number, the [`memlock_trace_common::syscall_hooks::hook`] bits of the
+/// programs that handle it; written by the loader as it attaches them.
+#[map]
+static SYSCALL_HOOKS: Array<u32> = Array::with_max_entries(MAX_NR, 0);
+
+/// Offsets in x86-64's `struct pt_regs` (arch/x86/include/asm/ptrace.h), the same on every
+/// kernel: the system call's arguments (`di, si, dx, r10, r8, r9`) and its number.
+mod regs {
+    pub const ARGS: [usize; 6] = [112, 104, 96, 56, 72, 64];
+    pub const ORIG_AX: usize = 120;
+}
+
+/// Reads the 8-byte field at `offset` of the call's saved registers: a direct load, which
+/// the verifier checks against the kernel's BTF of `struct pt_regs`.
+#[inline(always)]
+fn register(ctx: &SyscallContext, offset: usize) -> u64 {
+    // Argument 0 of both tracepoints is the task's `struct pt_regs *`, never NULL.
+    let regs: *const u8 = ctx.arg(0);
+    // SAFETY: an in-bounds field of `struct pt_regs`; the verifier checks the load against
+    // the kernel's BTF and turns it into one that cannot fault.
+    unsafe { core::ptr::read_volatile(regs.add(offset).cast::<u64>()) }
+}
+
+/// At `sys_enter`: the call's number, when the program with bit `hook` handles it.
+#[inline(always)]
+pub fn entering(ctx: &SyscallContext, hook: u32) -> Option<u32> {
+    // Argument 1 of `sys_enter` is the call's number, a `long`.
+    let nr: i64 = ctx.arg(1);
+    handled(nr, hook)
+}
+
+/// At `sys_exit`: the call's number, when the program with bit `hook` handles it.
+#[inline(always)]
+pub fn exiting(ctx: &SyscallContext, hook: u32) -> Option<u32> {
+    handled(register(ctx, regs::ORIG_AX) as i64, hook)
+}
+
+#[inline(always)]
+fn handled(nr: i64, hook: u32) -> Option<u32> {
+    if !(0..i64::from(MAX_NR)).contains(&nr) {
+        return None;
+    }
+    let nr = nr as u32;
+    let hooks = SYSCALL_HOOKS.get(nr)?;
+    if *hooks & hook == 0 || in_compat_syscall() {
+        return None;
+    }
+    Some(nr)
+}
+
+/// Whether the current task is in a 32-bit system call (x86 `TS_COMPAT`): read only for the
+/// calls a program handles, so no other call pays for it.
+#[inline(always)]
+fn in_compat_syscall() -> bool {
+    let offset = offsets().task_thread_status;
+    offset != 0 && read_kernel::<u32>(current_task(), offset) & TS_COMPAT != 0
+}
+
+/// Argument `i` (below 6) of the call, at `sys_enter`.
+#[inline(always)]
+pub fn syscall_arg(ctx: &SyscallContext, i: usize) -> u64 {
+    match regs::ARGS.get(i) {
+        Some(&offset) => register(ctx, offset),
+        None => 0,
+    }
+}
+
+/// The call's result, or `-errno`, at `sys_exit`.
+#[inline(always)]
+pub fn syscall_ret(ctx: &SyscallContext) -> i64 {
+    // Argument 1 of `sys_exit` is the call's result, a `long`.
+    ctx.arg(1)
+}
