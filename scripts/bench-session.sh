@@ -73,9 +73,10 @@ echo "duration_1s_overshoot_s median $(median <"$WORK/duration") max $(sort -g "
 command -v perf >/dev/null || { echo "perf is not installed (apt-get install linux-perf)" >&2; exit 1; }
 syscall_ns() { perf bench syscall basic 2>/dev/null | awk '/usecs\/op/ {printf "%.1f\n", $1 * 1000}'; }
 beside() { # bin: ns per getppid while a system-wide session of bin runs
-  "$1" -q --json -o /dev/null >/dev/null 2>"$WORK/err" &
+  "$1" --json -o /dev/null >/dev/null 2>"$WORK/err" &
   local pid=$! i
   for i in $(seq 3000); do grep -qs "memlock-trace: tracing" "$WORK/err" && break; sleep 0.01; done
+  grep -qs "memlock-trace: tracing" "$WORK/err" || { cat "$WORK/err" >&2; exit 1; }
   syscall_ns
   kill -TERM "$pid"; wait "$pid" || true
 }

@@ -1,13 +1,15 @@
-//! Which system calls each family's programs on the raw `sys_enter`/`sys_exit` tracepoints
-//! handle.
+//! Which system calls each family's handlers run at, on the raw `sys_enter`/`sys_exit`
+//! tracepoints.
 //!
-//! Every syscall program is attached (tp_btf) to the two raw tracepoints
-//! `raw_syscalls:sys_enter(regs, id)` and `raw_syscalls:sys_exit(regs, ret)` rather than to
-//! one `syscalls:sys_{enter,exit}_*` event per call: a perf-attached event costs a kernel
-//! grace period (~35 ms) when it is released, one after another under a global mutex, so a
-//! session on 31 of them took over a second to end. A raw tracepoint link is released at
-//! once. Each program runs at every system call of the machine and returns unless the call
-//! has its bit in the `SYSCALL_HOOKS` map, which the loader fills at attach time.
+//! The syscall handlers of every family run from two tp_btf programs, one on
+//! `raw_syscalls:sys_enter(regs, id)` and one on `raw_syscalls:sys_exit(regs, ret)`, rather
+//! than from one `syscalls:sys_{enter,exit}_*` event per call: a perf-attached event costs a
+//! kernel grace period (~35 ms) when it is released, one after another under a global mutex,
+//! so a session on 31 of them took over a second to end, where a raw tracepoint link is
+//! released at once. The two programs run at every system call of the machine, and each run
+//! costs ~75 ns here whatever it does (BENCHMARKS.md): hence one program per tracepoint, which
+//! returns unless the call has a handler's bit in the `SYSCALL_HOOKS` map, filled by the
+//! loader as the families attach.
 
 /// Entries of `SYSCALL_HOOKS`, indexed by system call number (x86-64 numbers stop below
 /// 470); a larger number is no call any program handles.
@@ -18,28 +20,51 @@ pub const MAX_NR: u32 = 512;
 /// `syscalls:*` events ignore such calls, and so do the programs.
 pub const TS_COMPAT: u32 = 0x0002;
 
-/// One bit per program, set in `SYSCALL_HOOKS[nr]` for each call it handles.
+/// One bit per handler (and per variant of one: the loader picks the variant the kernel
+/// allows), set in `SYSCALL_HOOKS[nr]` for each call it handles.
 pub mod hook {
-    /// `sys_enter_mlock_family` (syscalls family).
+    /// The mlock family's entry (syscalls family).
     pub const SYSCALLS_ENTER: u32 = 1 << 0;
-    /// `sys_exit_mlock_family`.
+    /// Its exit.
     pub const SYSCALLS_EXIT: u32 = 1 << 1;
-    /// `mlock_range_check`/`_rb`: the ranged calls.
+    /// The ranged calls' range check at entry, with `bpf_find_vma`.
     pub const RANGE_CHECK: u32 = 1 << 2;
-    /// `vma_enter`/`_rb` (VMA family).
-    pub const VMA_ENTER: u32 = 1 << 3;
-    /// `vma_exit`/`_rb`.
-    pub const VMA_EXIT: u32 = 1 << 4;
-    /// `populate_enter`/`_retry` (fault family).
-    pub const POPULATE_ENTER: u32 = 1 << 5;
-    /// `populate_exit`/`_counted`/`_counted_rb`.
-    pub const POPULATE_EXIT: u32 = 1 << 6;
-    /// `fault_mappings_changed`: exits of calls that change mappings without populating.
-    pub const MAPPINGS_CHANGED: u32 = 1 << 7;
-    /// `fault_mappings_going`/`_retry`: entries of calls after which mappings are gone.
-    pub const MAPPINGS_GOING: u32 = 1 << 8;
-    /// `stacks_mmap_enter` (`--stacks`).
-    pub const STACKS_MMAP_ENTER: u32 = 1 << 9;
-    /// `stacks_mmap_exit`.
-    pub const STACKS_MMAP_EXIT: u32 = 1 << 10;
+    /// The same by a walk of the VMA rbtree (before 5.17).
+    pub const RANGE_CHECK_RB: u32 = 1 << 3;
+    /// VMA snapshots at the mlock family's entry (VMA family), with `bpf_find_vma`.
+    pub const VMA_ENTER: u32 = 1 << 4;
+    /// Its exit.
+    pub const VMA_EXIT: u32 = 1 << 5;
+    /// The same by the rbtree walk (VMAs in an rbtree: before 6.1).
+    pub const VMA_ENTER_RB: u32 = 1 << 6;
+    pub const VMA_EXIT_RB: u32 = 1 << 7;
+    /// The populating calls' entry (fault family).
+    pub const POPULATE_ENTER: u32 = 1 << 8;
+    /// The same, also looking up the pages that met a busy mmap lock (`bpf_find_vma`).
+    pub const POPULATE_ENTER_RETRY: u32 = 1 << 9;
+    /// Their exit with the fentry/kprobe sets: only names the call.
+    pub const POPULATE_EXIT: u32 = 1 << 10;
+    /// Their exit with the tracepoint set: counts the pages populated (`bpf_find_vma`).
+    pub const POPULATE_EXIT_COUNTED: u32 = 1 << 11;
+    /// The same by the rbtree walk.
+    pub const POPULATE_EXIT_COUNTED_RB: u32 = 1 << 12;
+    /// Exits of calls that change mappings without populating: VMA cache dropped.
+    pub const MAPPINGS_CHANGED: u32 = 1 << 13;
+    /// Entries of calls after which mappings are gone: VMA cache dropped.
+    pub const MAPPINGS_GOING: u32 = 1 << 14;
+    /// The same, also the last lookup of the waiting pages (`bpf_find_vma`, `bpf_loop`).
+    pub const MAPPINGS_GOING_RETRY: u32 = 1 << 15;
+    /// `mmap` of code, at entry (`--stacks`).
+    pub const STACKS_MMAP_ENTER: u32 = 1 << 16;
+    /// Its exit.
+    pub const STACKS_MMAP_EXIT: u32 = 1 << 17;
+
+    /// The handlers that need `bpf_find_vma` or `bpf_loop` (5.17): a kernel without them
+    /// cannot load a program that calls them, so it gets the dispatchers without them.
+    pub const NEED_FIND_VMA: u32 = RANGE_CHECK
+        | VMA_ENTER
+        | VMA_EXIT
+        | POPULATE_ENTER_RETRY
+        | POPULATE_EXIT_COUNTED
+        | MAPPINGS_GOING_RETRY;
 }

@@ -12,6 +12,7 @@ mod mapping;
 mod process;
 mod shared;
 mod stacks;
+mod syscall_dispatch;
 mod syscall_hooks;
 mod syscalls;
 mod vma;

@@ -22,20 +22,17 @@ use aya_ebpf::{
         bpf_get_current_task, bpf_get_stack, bpf_probe_read_kernel,
         generated::{bpf_probe_read_kernel as bpf_probe_read_kernel_raw, bpf_probe_read_user},
     },
-    macros::{btf_tracepoint, map},
+    macros::map,
     maps::{HashMap, PerCpuArray, RingBuf},
 };
-use memlock_trace_common::{
-    stacks::{
-        ExecMmap, ModulesChanged, SAMPLE_FRAME_POINTERS, STACK_CHUNK, STACK_COPY_BYTES,
-        STACK_SAMPLES_BYTE_SIZE, STACK_SAMPLES_WAKEUP_BYTES, StackConfig, StackSample,
-        SyscallStackValue, counter, sample_kind,
-    },
-    syscall_hooks::hook,
+use memlock_trace_common::stacks::{
+    ExecMmap, ModulesChanged, SAMPLE_FRAME_POINTERS, STACK_CHUNK, STACK_COPY_BYTES,
+    STACK_SAMPLES_BYTE_SIZE, STACK_SAMPLES_WAKEUP_BYTES, StackConfig, StackSample,
+    SyscallStackValue, counter, sample_kind,
 };
 
 use crate::shared::{add, current_ids, is_target};
-use crate::syscall_hooks::{SyscallContext, entering, exiting, syscall_arg, syscall_ret};
+use crate::syscall_hooks::{SyscallContext, syscall_arg, syscall_ret};
 
 /// Set by the loader (see `StackConfig`).
 #[unsafe(no_mangle)]
@@ -74,43 +71,38 @@ static SYSCALL_STACK_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(
 #[map]
 static EXEC_MMAPS: HashMap<u32, ExecMmap> = HashMap::with_max_entries(1024, 0);
 
-/// At the entry of `mmap` (`--stacks` only): a traced thread mapping code.
-#[btf_tracepoint(function = "sys_enter")]
-pub fn stacks_mmap_enter(ctx: SyscallContext) -> i32 {
+/// At the entry of `mmap` (`hook::STACKS_MMAP_ENTER`, `--stacks` only): a traced thread
+/// mapping code.
+#[inline(never)]
+pub fn on_mmap_enter(ctx: &SyscallContext) {
     const PROT_EXEC: u64 = 4;
-    if entering(&ctx, hook::STACKS_MMAP_ENTER).is_none() {
-        return 0;
-    }
     let (tgid, tid) = current_ids();
     // mmap(addr, len, prot, flags, fd, off)
-    if syscall_arg(&ctx, 2) & PROT_EXEC != 0 && is_target(tgid) {
+    if syscall_arg(ctx, 2) & PROT_EXEC != 0 && is_target(tgid) {
         let call = ExecMmap {
-            len: syscall_arg(&ctx, 1),
-            fd: syscall_arg(&ctx, 4) as i64,
-            offset: syscall_arg(&ctx, 5),
+            len: syscall_arg(ctx, 1),
+            fd: syscall_arg(ctx, 4) as i64,
+            offset: syscall_arg(ctx, 5),
         };
         let _ = EXEC_MMAPS.insert(tid, call, 0);
     }
-    0
 }
 
-/// At the exit of `mmap` (`--stacks` only): tells user space where the code was mapped and
-/// from which file, and to read the process's modules now (see `ModulesChanged`).
-#[btf_tracepoint(function = "sys_exit")]
-pub fn stacks_mmap_exit(ctx: SyscallContext) -> i32 {
-    if exiting(&ctx, hook::STACKS_MMAP_EXIT).is_none() {
-        return 0;
-    }
+/// At the exit of `mmap` (`hook::STACKS_MMAP_EXIT`, `--stacks` only): tells user space
+/// where the code was mapped and from which file, and to read the process's modules now
+/// (see `ModulesChanged`).
+#[inline(never)]
+pub fn on_mmap_exit(ctx: &SyscallContext) {
     let (tgid, tid) = current_ids();
     let Some(call) = EXEC_MMAPS.get_ptr(tid) else {
-        return 0;
+        return;
     };
     // SAFETY: this thread's own entry, copied before it is removed.
     let call = unsafe { *call };
     let _ = EXEC_MMAPS.remove(tid);
-    let start = syscall_ret(&ctx);
+    let start = syscall_ret(ctx);
     if start < 0 {
-        return 0;
+        return;
     }
     let (dev, inode) = file_identity(call.fd);
     if let Some(mut entry) = STACK_SAMPLES.reserve::<ModulesChanged>(0) {
@@ -125,7 +117,6 @@ pub fn stacks_mmap_exit(ctx: SyscallContext) -> i32 {
         });
         entry.submit(u64::from(BPF_RB_FORCE_WAKEUP));
     }
-    0
 }
 
 /// The device and inode of the current task's descriptor `fd` (0, 0 if unknown):

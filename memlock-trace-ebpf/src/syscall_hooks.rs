@@ -1,7 +1,8 @@
-//! The two raw system-call tracepoints every family's syscall programs are attached to
-//! (tp_btf `sys_enter(struct pt_regs *regs, long id)` and `sys_exit(struct pt_regs *regs,
-//! long ret)`), and the filter each program starts with: see
-//! [`memlock_trace_common::syscall_hooks`] for why not the per-call `syscalls:*` events.
+//! The two raw system-call tracepoints every family's syscall handlers run from (tp_btf
+//! `sys_enter(struct pt_regs *regs, long id)` and `sys_exit(struct pt_regs *regs, long
+//! ret)`, see `crate::syscall_dispatch`): which calls are handled, and the calls' arguments
+//! and results. See [`memlock_trace_common::syscall_hooks`] for why not the per-call
+//! `syscalls:*` events.
 
 use aya_ebpf::{macros::map, maps::Array, programs::BtfTracePointContext};
 use memlock_trace_common::syscall_hooks::{MAX_NR, TS_COMPAT};
@@ -12,7 +13,7 @@ use crate::shared::{current_task, offsets, read_kernel};
 pub type SyscallContext = BtfTracePointContext;
 
 /// Per system call number, the [`memlock_trace_common::syscall_hooks::hook`] bits of the
-/// programs that handle it; written by the loader as it attaches them.
+/// handlers that want it; written by the loader as the families attach.
 #[map]
 static SYSCALL_HOOKS: Array<u32> = Array::with_max_entries(MAX_NR, 0);
 
@@ -34,35 +35,36 @@ fn register(ctx: &SyscallContext, offset: usize) -> u64 {
     unsafe { core::ptr::read_volatile(regs.add(offset).cast::<u64>()) }
 }
 
-/// At `sys_enter`: the call's number, when the program with bit `hook` handles it.
+/// At `sys_enter`: the call's number and the [`memlock_trace_common::syscall_hooks::hook`]
+/// bits of the handlers that want it, if any does.
 #[inline(always)]
-pub fn entering(ctx: &SyscallContext, hook: u32) -> Option<u32> {
+pub fn entering(ctx: &SyscallContext) -> Option<(u32, u32)> {
     // Argument 1 of `sys_enter` is the call's number, a `long`.
     let nr: i64 = ctx.arg(1);
-    handled(nr, hook)
+    handled(nr)
 }
 
-/// At `sys_exit`: the call's number, when the program with bit `hook` handles it.
+/// At `sys_exit`: as [`entering`].
 #[inline(always)]
-pub fn exiting(ctx: &SyscallContext, hook: u32) -> Option<u32> {
-    handled(register(ctx, regs::ORIG_AX) as i64, hook)
+pub fn exiting(ctx: &SyscallContext) -> Option<(u32, u32)> {
+    handled(register(ctx, regs::ORIG_AX) as i64)
 }
 
 #[inline(always)]
-fn handled(nr: i64, hook: u32) -> Option<u32> {
+fn handled(nr: i64) -> Option<(u32, u32)> {
     if !(0..i64::from(MAX_NR)).contains(&nr) {
         return None;
     }
     let nr = nr as u32;
-    let hooks = SYSCALL_HOOKS.get(nr)?;
-    if *hooks & hook == 0 || in_compat_syscall() {
+    let hooks = *SYSCALL_HOOKS.get(nr)?;
+    if hooks == 0 || in_compat_syscall() {
         return None;
     }
-    Some(nr)
+    Some((nr, hooks))
 }
 
 /// Whether the current task is in a 32-bit system call (x86 `TS_COMPAT`): read only for the
-/// calls a program handles, so no other call pays for it.
+/// calls a handler wants, so no other call pays for it.
 #[inline(always)]
 fn in_compat_syscall() -> bool {
     let offset = offsets().task_thread_status;

@@ -8,7 +8,7 @@
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
     helpers::bpf_get_current_comm,
-    macros::{btf_tracepoint, map},
+    macros::map,
     maps::{HashMap, LruPerCpuHashMap, PerCpuArray},
 };
 use memlock_trace_common::{
@@ -16,7 +16,6 @@ use memlock_trace_common::{
     diag::{field, program},
     lock_context,
     stacks::SyscallStackValue,
-    syscall_hooks::hook,
     syscalls::{
         LATENCY_SLOTS, MAX_SYSCALL_KEYS, SyscallKey, SyscallStats, latency_slot, nr as syscall_nr,
         syscall_counter,
@@ -25,13 +24,13 @@ use memlock_trace_common::{
 
 use aya_log_ebpf::warn;
 
-mod range;
+pub mod range;
 
 use crate::shared::{
     COUNTERS, EVENTS, Prog, TaskCounters, add, current_ids, current_task, is_target, now_ns,
     offsets, read_field, read_optional, task_counters,
 };
-use crate::syscall_hooks::{SyscallContext, entering, exiting, syscall_arg, syscall_ret};
+use crate::syscall_hooks::{SyscallContext, syscall_arg, syscall_ret};
 
 /// A call between its entry and exit, keyed by tid.
 #[derive(Clone, Copy)]
@@ -153,8 +152,10 @@ struct CallFigures {
     duration_ns: u64,
 }
 
-/// Counts one completed call under `key` (a new key also records who the process is).
-#[inline(always)]
+/// Counts one completed call under `key` (a new key also records who the process is). A
+/// function of its own: inlined, its registers spill into the exit's frame, which shares
+/// 512 bytes with the dispatcher's and the `-v` helpers' (5.10 refused 544).
+#[inline(never)]
 fn count_call(key: &SyscallKey, call: &CallFigures) {
     let stats = match SYSCALL_STATS.get_ptr_mut(key) {
         Some(stats) => stats,
@@ -196,23 +197,19 @@ fn count_call(key: &SyscallKey, call: &CallFigures) {
     s.latency[latency_slot(call.duration_ns) & (LATENCY_SLOTS - 1)] += 1;
 }
 
-/// Attached to `sys_enter`, for the five calls: the `-v` diagnostics name each call's
-/// program as when each had its own (`sys_enter_mlock`, ...).
-#[btf_tracepoint(function = "sys_enter")]
-pub fn sys_enter_mlock_family(ctx: SyscallContext) -> i32 {
-    let Some(nr) = entering(&ctx, hook::SYSCALLS_ENTER) else {
-        return 0;
-    };
+/// The entry of the five calls (`hook::SYSCALLS_ENTER`): the `-v` diagnostics name each
+/// call's handler as when each had its own program (`sys_enter_mlock`, ...).
+#[inline(never)]
+pub fn on_enter(ctx: &SyscallContext, nr: u32) {
     let (slot, name) = match nr {
         syscall_nr::MLOCK => (program::SYS_ENTER_MLOCK, "sys_enter_mlock"),
         syscall_nr::MLOCK2 => (program::SYS_ENTER_MLOCK2, "sys_enter_mlock2"),
         syscall_nr::MUNLOCK => (program::SYS_ENTER_MUNLOCK, "sys_enter_munlock"),
         syscall_nr::MLOCKALL => (program::SYS_ENTER_MLOCKALL, "sys_enter_mlockall"),
         syscall_nr::MUNLOCKALL => (program::SYS_ENTER_MUNLOCKALL, "sys_enter_munlockall"),
-        _ => return 0,
+        _ => return,
     };
-    enter(&ctx, nr, Prog { slot, name });
-    0
+    enter(ctx, nr, Prog { slot, name });
 }
 
 const EXIT_PROG: Prog = Prog {
@@ -220,17 +217,13 @@ const EXIT_PROG: Prog = Prog {
     name: "sys_exit_mlock_family",
 };
 
-/// Attached to `sys_exit`, for the five calls.
-#[btf_tracepoint(function = "sys_exit")]
-pub fn sys_exit_mlock_family(ctx: SyscallContext) -> i32 {
-    if exiting(&ctx, hook::SYSCALLS_EXIT).is_none() {
-        return 0;
-    }
+/// The exit of the five calls (`hook::SYSCALLS_EXIT`).
+#[inline(never)]
+pub fn on_exit(ctx: &SyscallContext) {
     // Only a traced call read anything worth a record.
-    if exit(&ctx) {
+    if exit(ctx) {
         crate::diag::report_reads(EXIT_PROG);
     }
-    0
 }
 
 /// Records entry state of call `nr`; `prog` names the program in `-v` diagnostics.
@@ -335,29 +328,35 @@ fn exit(ctx: &SyscallContext) -> bool {
         }
         return true;
     };
-    slot.write(SyscallEvent {
-        kind: EventKind::Syscall as u32,
-        nr: entry.nr,
-        tgid,
-        tid,
-        enter_ns: entry.enter_ns,
-        duration_ns: now - entry.enter_ns,
-        args: entry.args,
-        ret,
-        min_flt,
-        maj_flt,
-        locked_vm_before: entry.before.locked_vm,
-        locked_vm_after: after.locked_vm,
-        map_count_before: entry.before.map_count,
-        map_count_after: after.map_count,
-        comm: bpf_get_current_comm().unwrap_or_default(),
-        process_start_ns: start_ns,
-        rlimit_memlock: entry.limits.rlimit_memlock,
-        total_vm_before: entry.limits.total_vm,
-        lock_context: entry.limits.flags | range.flags,
-        _pad: 0,
-        first_unmapped: range.first_unmapped,
-    });
+    // Written field by field into the reserved record: built on the stack first, the
+    // record would add its 184 bytes to a frame the dispatcher's and the `-v` helpers'
+    // frames already share 512 bytes with (5.10 refused the exit at 544).
+    let event = slot.as_mut_ptr();
+    // SAFETY: the record this program reserved, its own until submitted; every field is a
+    // plain integer written once, so no uninitialised value is read or dropped.
+    unsafe {
+        (*event).kind = EventKind::Syscall as u32;
+        (*event).nr = entry.nr;
+        (*event).tgid = tgid;
+        (*event).tid = tid;
+        (*event).enter_ns = entry.enter_ns;
+        (*event).duration_ns = now - entry.enter_ns;
+        (*event).args = entry.args;
+        (*event).ret = ret;
+        (*event).min_flt = min_flt;
+        (*event).maj_flt = maj_flt;
+        (*event).locked_vm_before = entry.before.locked_vm;
+        (*event).locked_vm_after = after.locked_vm;
+        (*event).map_count_before = entry.before.map_count;
+        (*event).map_count_after = after.map_count;
+        (*event).comm = bpf_get_current_comm().unwrap_or_default();
+        (*event).process_start_ns = start_ns;
+        (*event).rlimit_memlock = entry.limits.rlimit_memlock;
+        (*event).total_vm_before = entry.limits.total_vm;
+        (*event).lock_context = entry.limits.flags | range.flags;
+        (*event)._pad = 0;
+        (*event).first_unmapped = range.first_unmapped;
+    }
     slot.submit(crate::shared::submit_flags());
     true
 }

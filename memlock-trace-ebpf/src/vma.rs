@@ -31,7 +31,6 @@ use aya_ebpf::{
 };
 use memlock_trace_common::{
     EventKind, MAX_INFLIGHT, PAGE_MASK, PAGE_SIZE, counter,
-    syscall_hooks::hook,
     syscalls::nr as syscall_nr,
     vma::{
         FN_SLOTS, FuncEvent, HookSpec, MAX_FN_HOOKS, MAX_SNAPSHOT_VMAS, NR_UNKNOWN, SnapshotEvent,
@@ -44,7 +43,7 @@ mod maple;
 mod rbtree;
 
 use crate::shared::{EVENTS, Plain, count, current_ids, current_task, is_target};
-use crate::syscall_hooks::{SyscallContext, entering, exiting, syscall_arg};
+use crate::syscall_hooks::{SyscallContext, syscall_arg};
 
 /// `-ENOSYS`: x86-64 `do_syscall_64` stores it in `regs->ax` before dispatching, so a task
 /// whose `ax` holds it is inside a system call (and not, say, a page fault, whose `orig_ax`
@@ -73,41 +72,10 @@ struct CallRange {
 #[map]
 static VMA_CALLS: HashMap<u32, CallRange> = HashMap::with_max_entries(MAX_INFLIGHT, 0);
 
-/// Attached to `sys_enter_{mlock,mlock2,munlock}`.
-/// At the entry of the five calls.
-#[btf_tracepoint(function = "sys_enter")]
-pub fn vma_enter(ctx: SyscallContext) -> i32 {
-    enter::<false>(&ctx);
-    0
-}
-
-/// At their exit.
-#[btf_tracepoint(function = "sys_exit")]
-pub fn vma_exit(ctx: SyscallContext) -> i32 {
-    if exiting(&ctx, hook::VMA_EXIT).is_some() {
-        exit::<false>();
-    }
-    0
-}
-
-/// [`vma_enter`] on kernels whose VMAs are an rbtree (before 6.1).
-#[btf_tracepoint(function = "sys_enter")]
-pub fn vma_enter_rb(ctx: SyscallContext) -> i32 {
-    enter::<true>(&ctx);
-    0
-}
-
-/// [`vma_exit`] on kernels whose VMAs are an rbtree (before 6.1).
-#[btf_tracepoint(function = "sys_exit")]
-pub fn vma_exit_rb(ctx: SyscallContext) -> i32 {
-    if exiting(&ctx, hook::VMA_EXIT).is_some() {
-        exit::<true>();
-    }
-    0
-}
-
-#[inline(always)]
-fn exit<const RB: bool>() {
+/// At the exit of the five calls (`hook::VMA_EXIT`; `RB`: `hook::VMA_EXIT_RB`, on kernels
+/// whose VMAs are an rbtree, before 6.1).
+#[inline(never)]
+pub fn on_exit<const RB: bool>() {
     let (tgid, tid) = current_ids();
     let Some(call) = VMA_CALLS.get_ptr(tid) else {
         return;
@@ -119,11 +87,9 @@ fn exit<const RB: bool>() {
     snapshot::<RB>(tgid, tid, phase::AFTER, &call);
 }
 
-#[inline(always)]
-fn enter<const RB: bool>(ctx: &SyscallContext) {
-    let Some(nr) = entering(ctx, hook::VMA_ENTER) else {
-        return;
-    };
+/// At the entry of the five calls (`hook::VMA_ENTER`, `RB`: `hook::VMA_ENTER_RB`).
+#[inline(never)]
+pub fn on_enter<const RB: bool>(ctx: &SyscallContext, nr: u32) {
     let (tgid, tid) = current_ids();
     if !is_target(tgid) {
         return;

@@ -4,13 +4,13 @@
 
 use std::fmt::Write as _;
 
-use anyhow::{Context as _, Result, anyhow};
+use anyhow::{Context as _, Result, anyhow, bail};
 use aya::{
     Btf, Ebpf, EbpfLoader,
     maps::Array,
     programs::{BtfTracePoint, Program, ProgramError, TracePoint},
 };
-use memlock_trace_common::{Config, names};
+use memlock_trace_common::{Config, names, syscall_hooks};
 
 use crate::btf::KernelBtf;
 
@@ -122,15 +122,10 @@ impl<'a> AttachContext<'a> {
     }
 
     /// See [`attach_syscall_hook`].
-    pub fn syscall_hook(
-        &mut self,
-        name: &str,
-        edge: SyscallEdge,
-        hook: u32,
-        nrs: &[u32],
-    ) -> Result<()> {
+    pub fn syscall_hook(&mut self, edge: SyscallEdge, hook: u32, nrs: &[u32]) -> Result<()> {
+        let find_vma = self.btf.has_find_vma();
         let (ebpf, btf) = self.ebpf_and_btf()?;
-        attach_syscall_hook(ebpf, btf, name, edge, hook, nrs)
+        attach_syscall_hook(ebpf, btf, find_vma, edge, hook, nrs)
     }
 
     /// The named tracepoint program, loaded into the kernel on first use (one program may
@@ -164,17 +159,21 @@ impl SyscallEdge {
     }
 }
 
-/// Has tp_btf program `name`, whose bit is `hook`, handle the calls numbered `nrs` at `edge`:
-/// the calls are marked in `SYSCALL_HOOKS`, then the program is loaded and attached, once
-/// (a later call for the same program only marks more calls).
+/// Has the handler whose bit is `hook` run at `edge` of the calls numbered `nrs`: the calls
+/// are marked in `SYSCALL_HOOKS`, and the edge's dispatching program is loaded and attached
+/// the first time (the build with the `bpf_find_vma` handlers where the kernel has it,
+/// `find_vma`: [`KernelBtf::has_find_vma`]).
 pub fn attach_syscall_hook(
     ebpf: &mut Ebpf,
     btf: &Btf,
-    name: &str,
+    find_vma: bool,
     edge: SyscallEdge,
     hook: u32,
     nrs: &[u32],
 ) -> Result<()> {
+    if !find_vma && hook & syscall_hooks::hook::NEED_FIND_VMA != 0 {
+        bail!("syscall handler {hook:#x} needs bpf_find_vma, which this kernel lacks");
+    }
     let map = ebpf
         .map_mut(names::SYSCALL_HOOKS)
         .ok_or_else(|| anyhow!("map {} missing from the eBPF object", names::SYSCALL_HOOKS))?;
@@ -188,11 +187,16 @@ pub fn attach_syscall_hook(
         })?;
         hooks.set(nr, bits | hook, 0)?;
     }
-    let tracepoint = edge.tracepoint();
+    let name = match (edge, find_vma) {
+        (SyscallEdge::Enter, false) => "syscall_enter",
+        (SyscallEdge::Enter, true) => "syscall_enter_find_vma",
+        (SyscallEdge::Exit, false) => "syscall_exit",
+        (SyscallEdge::Exit, true) => "syscall_exit_find_vma",
+    };
     let program: &mut BtfTracePoint = program(ebpf, name)?.try_into()?;
     if program.fd().is_err() {
         program
-            .load(tracepoint, btf)
+            .load(edge.tracepoint(), btf)
             .map_err(|e| hook_refused(name, "tp_btf", e))?;
         program
             .attach()

@@ -21,18 +21,14 @@ use core::ffi::c_void;
 use aya_ebpf::{
     bindings::BPF_ANY,
     helpers::generated::bpf_loop,
-    macros::{btf_tracepoint, map},
+    macros::map,
     maps::{Array, LruHashMap, PerCpuArray},
 };
-use memlock_trace_common::{
-    faults::{MAX_FAULT_MAPPINGS, RegionKey, VM_HELD_SP, region_kind},
-    syscall_hooks::hook,
-};
+use memlock_trace_common::faults::{MAX_FAULT_MAPPINGS, RegionKey, VM_HELD_SP, region_kind};
 
 use crate::{
     mapping::{self, Identified, Lookup},
     shared::{current_ids, is_target},
-    syscall_hooks::{SyscallContext, entering, exiting},
 };
 
 /// The identity of each VMA faults were counted in, keyed like its region.
@@ -88,48 +84,31 @@ pub(super) fn changed() {
     }
 }
 
-/// At the exit of `munmap`, `munlock`, `munlockall`: calls that change mappings without
-/// populating anything (the populating calls bump it from their own programs).
-#[btf_tracepoint(function = "sys_exit")]
-pub fn fault_mappings_changed(ctx: SyscallContext) -> i32 {
-    if exiting(&ctx, hook::MAPPINGS_CHANGED).is_none() {
-        return 0;
-    }
+/// At the exit of `munmap`, `munlock`, `munlockall` (`hook::MAPPINGS_CHANGED`): calls that
+/// change mappings without populating anything (the populating calls bump it from their
+/// own handlers).
+#[inline(never)]
+pub fn on_changed() {
     let (tgid, _) = current_ids();
     if is_target(tgid) {
         changed();
     }
-    0
 }
 
-/// At the entry of `munmap`: the mappings are about to change.
-#[btf_tracepoint(function = "sys_enter")]
-pub fn fault_mappings_going(ctx: SyscallContext) -> i32 {
-    if entering(&ctx, hook::MAPPINGS_GOING).is_none() {
-        return 0;
-    }
+/// At the entry of `munmap` (`hook::MAPPINGS_GOING`): the mappings are about to change.
+/// `RETRY` (`hook::MAPPINGS_GOING_RETRY`, where the tracepoint set has `bpf_find_vma`), at
+/// the entry of `munmap` and `exit_group`: also the last chance to look up the process's
+/// waiting pages before their VMAs go (a thread's stack freed by the thread that joined it,
+/// a glibc arena at exit) after a burst of faults whose lookups all met a busy lock.
+#[inline(never)]
+pub fn on_going<const RETRY: bool>() {
     let (tgid, _) = current_ids();
     if is_target(tgid) {
         changed();
+        if RETRY {
+            retry_pending(tgid);
+        }
     }
-    0
-}
-
-/// [`fault_mappings_going`] where the tracepoint set has `bpf_find_vma`, at the entry of
-/// `munmap` and `exit_group`: the last chance to look up the process's waiting pages before
-/// their VMAs go (a thread's stack freed by the thread that joined it, a glibc arena at
-/// exit) after a burst of faults whose lookups all met a busy lock.
-#[btf_tracepoint(function = "sys_enter")]
-pub fn fault_mappings_going_retry(ctx: SyscallContext) -> i32 {
-    if entering(&ctx, hook::MAPPINGS_GOING).is_none() {
-        return 0;
-    }
-    let (tgid, _) = current_ids();
-    if is_target(tgid) {
-        changed();
-        retry_pending(tgid);
-    }
-    0
 }
 
 /// The start and flags of the VMA of `tgid` (the current task's process) holding

@@ -55,8 +55,8 @@ macro_rules! config {
 
 mod hooks;
 mod inflight;
-mod mappings;
-mod populate;
+pub mod mappings;
+pub mod populate;
 mod regions;
 
 /// Set by the loader before load; read field by field with volatile reads (a whole-struct

@@ -15,7 +15,6 @@ use memlock_trace_common::{
         MAX_FAULT_THREADS, PopulateCall, SLOTS, VM_HELD_SP, fault_flags, populate, region_kind,
         stat,
     },
-    syscall_hooks::hook,
 };
 
 use super::{
@@ -23,7 +22,7 @@ use super::{
 };
 use crate::mapping;
 use crate::shared::{current_ids, is_target, now_ns, read_kernel, task_faults};
-use crate::syscall_hooks::{SyscallContext, entering, exiting, syscall_arg, syscall_ret};
+use crate::syscall_hooks::{SyscallContext, syscall_arg, syscall_ret};
 
 #[map]
 pub(super) static POPULATE_INFLIGHT: LruHashMap<u32, PopulateCall> =
@@ -86,29 +85,23 @@ pub fn fault_signal(ctx: BtfTracePointContext) -> i32 {
     0
 }
 
-/// At the entry of every [`populate`] call.
-#[btf_tracepoint(function = "sys_enter")]
-pub fn populate_enter(ctx: SyscallContext) -> i32 {
-    enter(&ctx);
-    0
-}
-
-/// [`populate_enter`] with the tracepoint set on kernels with `bpf_find_vma`: also looks up
-/// again the process's pages whose lookup met a busy mmap lock, as the thread is about to
-/// take it (a good moment: no other mapping call of this thread holds it). Here rather than
-/// at the exit, whose program has no stack to spare for the lookups' frames.
-#[btf_tracepoint(function = "sys_enter")]
-pub fn populate_enter_retry(ctx: SyscallContext) -> i32 {
-    if let Some(tgid) = enter(&ctx) {
+/// At the entry of every [`populate`] call `nr` (`hook::POPULATE_ENTER`). `RETRY`
+/// (`hook::POPULATE_ENTER_RETRY`, the tracepoint set on kernels with `bpf_find_vma`): also
+/// looks up again the process's pages whose lookup met a busy mmap lock, as the thread is
+/// about to take it (a good moment: no other mapping call of this thread holds it). Here
+/// rather than at the exit, which has no stack to spare for the lookups' frames.
+#[inline(never)]
+pub fn on_enter<const RETRY: bool>(ctx: &SyscallContext, nr: u32) {
+    if let Some(tgid) = enter(ctx, nr)
+        && RETRY
+    {
         super::mappings::retry_pending(tgid);
     }
-    0
 }
 
 /// The traced process's tgid, when it is one.
 #[inline(always)]
-fn enter(ctx: &SyscallContext) -> Option<u32> {
-    let nr = entering(ctx, hook::POPULATE_ENTER)?;
+fn enter(ctx: &SyscallContext, nr: u32) -> Option<u32> {
     let (tgid, tid) = current_ids();
     if !is_target(tgid) {
         return None;
@@ -148,28 +141,13 @@ fn enter(ctx: &SyscallContext) -> Option<u32> {
     Some(tgid)
 }
 
-/// At the exit of every [`populate`] call, with the tracepoint hook set: the task's fault-counter growth during the call,
-/// less the faults the perf events already counted, is what the call populated; charged to
-/// the VMA the call populated, found with `bpf_find_vma`.
-#[btf_tracepoint(function = "sys_exit")]
-pub fn populate_exit_counted(ctx: SyscallContext) -> i32 {
-    exit_counted::<false>(&ctx);
-    0
-}
-
-/// [`populate_exit_counted`] on kernels without `bpf_find_vma` (before 5.17): the VMA is
-/// found by a walk of the VMA rbtree.
-#[btf_tracepoint(function = "sys_exit")]
-pub fn populate_exit_counted_rb(ctx: SyscallContext) -> i32 {
-    exit_counted::<true>(&ctx);
-    0
-}
-
-#[inline(always)]
-fn exit_counted<const RB: bool>(ctx: &SyscallContext) {
-    if exiting(ctx, hook::POPULATE_EXIT).is_none() {
-        return;
-    }
+/// At the exit of every [`populate`] call, with the tracepoint hook set
+/// (`hook::POPULATE_EXIT_COUNTED`): the task's fault-counter growth during the call, less
+/// the faults the perf events already counted, is what the call populated; charged to the
+/// VMA the call populated, found with `bpf_find_vma` (`RB`: `hook::POPULATE_EXIT_COUNTED_RB`,
+/// by a walk of the VMA rbtree on kernels without it, before 5.17).
+#[inline(never)]
+pub fn on_exit_counted<const RB: bool>(ctx: &SyscallContext) {
     let (tgid, tid) = current_ids();
     let Some(call) = POPULATE_INFLIGHT.get_ptr(tid) else {
         return;
@@ -252,16 +230,13 @@ fn charge<const RB: bool>(tgid: u32, call: &PopulateCall, ret: i64, pages: u64) 
     0
 }
 
-/// At the exit of every [`populate`] call, with the fentry/kprobe hook sets, which count
-/// populated faults one by one and only use the in-flight entry to name the call.
-#[btf_tracepoint(function = "sys_exit")]
-pub fn populate_exit(ctx: SyscallContext) -> i32 {
-    if exiting(&ctx, hook::POPULATE_EXIT).is_none() {
-        return 0;
-    }
+/// At the exit of every [`populate`] call, with the fentry/kprobe hook sets
+/// (`hook::POPULATE_EXIT`), which count populated faults one by one and only use the
+/// in-flight entry to name the call.
+#[inline(never)]
+pub fn on_exit() {
     let (_, tid) = current_ids();
     if POPULATE_INFLIGHT.remove(tid).is_ok() {
         super::mappings::changed();
     }
-    0
 }

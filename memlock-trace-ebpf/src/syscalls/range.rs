@@ -3,20 +3,17 @@
 //! limit check, and both look alike in the return value. The exit program puts the answer
 //! in the call's event ([`take`]).
 //!
-//! Its own programs on the same `sys_enter` tracepoint, in two kinds (`bpf_find_vma`, or
-//! the rbtree walk before 5.17: see [`crate::mapping`]), so the call's entry program loads
-//! on every kernel whatever this one needs.
+//! Its own handler at the calls' entry, in two kinds (`bpf_find_vma`, or the rbtree walk
+//! before 5.17: see [`crate::mapping`]), so the call's entry handler runs on every kernel
+//! whatever this one needs.
 
-use aya_ebpf::{
-    macros::{btf_tracepoint, map},
-    maps::HashMap,
-};
-use memlock_trace_common::{MAX_INFLIGHT, PAGE_MASK, PAGE_SIZE, lock_context, syscall_hooks::hook};
+use aya_ebpf::{macros::map, maps::HashMap};
+use memlock_trace_common::{MAX_INFLIGHT, PAGE_MASK, PAGE_SIZE, lock_context};
 
 use crate::{
     mapping::{self, Lookup},
     shared::{current_ids, is_target},
-    syscall_hooks::{SyscallContext, entering, syscall_arg},
+    syscall_hooks::{SyscallContext, syscall_arg},
 };
 
 /// What the walk found: [`lock_context`] bits and the first unmapped address.
@@ -34,25 +31,11 @@ static RANGE_CHECKS: HashMap<u32, RangeCheck> = HashMap::with_max_entries(MAX_IN
 /// VMAs walked at most; a range over more is left unchecked.
 const MAX_VMAS: usize = 16;
 
-/// At the entry of `mlock`, `mlock2` and `munlock`, beside their entry program.
-#[btf_tracepoint(function = "sys_enter")]
-pub fn mlock_range_check(ctx: SyscallContext) -> i32 {
-    check::<false>(&ctx);
-    0
-}
-
-/// [`mlock_range_check`] on kernels without `bpf_find_vma` (before 5.17).
-#[btf_tracepoint(function = "sys_enter")]
-pub fn mlock_range_check_rb(ctx: SyscallContext) -> i32 {
-    check::<true>(&ctx);
-    0
-}
-
-#[inline(always)]
-fn check<const RB: bool>(ctx: &SyscallContext) {
-    if entering(ctx, hook::RANGE_CHECK).is_none() {
-        return;
-    }
+/// At the entry of `mlock`, `mlock2` and `munlock`, beside the call's entry handler
+/// (`hook::RANGE_CHECK`; `RB`: `hook::RANGE_CHECK_RB`, by the rbtree walk on kernels
+/// without `bpf_find_vma`, before 5.17).
+#[inline(never)]
+pub fn on_enter<const RB: bool>(ctx: &SyscallContext) {
     let (tgid, tid) = current_ids();
     if !is_target(tgid) {
         return;

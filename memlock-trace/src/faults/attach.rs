@@ -193,7 +193,12 @@ pub fn attach(cx: &mut AttachContext<'_>, options: &FaultOptions) -> Result<Faul
                 hooks.push(vma_lookup(set, options, specific_targets, &kernel));
                 hooks.extend(attach_populate(ebpf, aya_btf, set, kernel.find_vma)?);
                 let retry = set == HookSet::Tracepoint && kernel.find_vma;
-                hooks.push(attach_mappings_changed(ebpf, aya_btf, retry)?);
+                hooks.push(attach_mappings_changed(
+                    ebpf,
+                    aya_btf,
+                    kernel.find_vma,
+                    retry,
+                )?);
                 hooks.push(attach_signal(ebpf, aya_btf)?);
                 let mut unobserved = Vec::new();
                 if set == HookSet::Tracepoint {

@@ -36,12 +36,12 @@ impl HookFamily for SyscallHooks {
     const NAME: &'static str = "syscalls";
     type Options = ();
 
-    /// One entry and one exit program for the five calls.
+    /// One entry and one exit handler for the five calls.
     fn attach(cx: &mut AttachContext<'_>, (): &()) -> Result<Self> {
         let nrs = Syscall::ALL.map(Syscall::nr);
         let (enter, exit) = (SyscallEdge::Enter, SyscallEdge::Exit);
-        cx.syscall_hook("sys_enter_mlock_family", enter, hook::SYSCALLS_ENTER, &nrs)?;
-        cx.syscall_hook("sys_exit_mlock_family", exit, hook::SYSCALLS_EXIT, &nrs)?;
+        cx.syscall_hook(enter, hook::SYSCALLS_ENTER, &nrs)?;
+        cx.syscall_hook(exit, hook::SYSCALLS_EXIT, &nrs)?;
         // Extra: without it a failed call still says its limits, with its range unchecked.
         let range_check = attach_range_check(cx).map_err(|e| format!("{e:#}"));
         Ok(Self { range_check })
@@ -60,14 +60,14 @@ impl HookFamily for SyscallHooks {
 /// The program that walks an mlock's range at entry: `bpf_find_vma` where the kernel has it,
 /// else the rbtree walk (before 6.1; between 5.17 and 6.1 either would do).
 fn attach_range_check(cx: &mut AttachContext<'_>) -> Result<&'static str> {
-    let (program, how) = if cx.btf.has_find_vma() {
-        ("mlock_range_check", "bpf_find_vma")
+    let (check, how) = if cx.btf.has_find_vma() {
+        (hook::RANGE_CHECK, "bpf_find_vma")
     } else if cx.btf.mapping_config().is_ok_and(|c| c.rb_valid == 1) {
-        ("mlock_range_check_rb", "a walk of mm->mm_rb")
+        (hook::RANGE_CHECK_RB, "a walk of mm->mm_rb")
     } else {
         bail!("no bpf_find_vma (5.17) and no VMA rbtree to walk");
     };
     let nrs = RANGED.map(Syscall::nr);
-    cx.syscall_hook(program, SyscallEdge::Enter, hook::RANGE_CHECK, &nrs)?;
+    cx.syscall_hook(SyscallEdge::Enter, check, &nrs)?;
     Ok(how)
 }

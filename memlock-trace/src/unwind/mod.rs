@@ -222,18 +222,8 @@ fn modules_changed(item: &[u8]) -> Option<ModulesChanged> {
 /// Attaches the `mmap` hooks that tell when a traced process maps code (`--stacks`).
 pub fn attach(cx: &mut AttachContext<'_>) -> Result<()> {
     let mmap = [libc::SYS_mmap as u32];
-    cx.syscall_hook(
-        "stacks_mmap_enter",
-        SyscallEdge::Enter,
-        hook::STACKS_MMAP_ENTER,
-        &mmap,
-    )?;
-    cx.syscall_hook(
-        "stacks_mmap_exit",
-        SyscallEdge::Exit,
-        hook::STACKS_MMAP_EXIT,
-        &mmap,
-    )
+    cx.syscall_hook(SyscallEdge::Enter, hook::STACKS_MMAP_ENTER, &mmap)?;
+    cx.syscall_hook(SyscallEdge::Exit, hook::STACKS_MMAP_EXIT, &mmap)
 }
 
 /// Kept stacks the kernel lost: (calls, faults) not kept because the ring buffer was full.
