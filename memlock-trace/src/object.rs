@@ -157,12 +157,22 @@ impl SyscallEdge {
             SyscallEdge::Exit => "sys_exit",
         }
     }
+
+    /// The program that runs the handlers at this edge (`memlock-trace-ebpf`'s
+    /// `syscall_dispatch`): the build with the `bpf_find_vma` handlers where the kernel has it.
+    fn dispatcher(self, find_vma: bool) -> &'static str {
+        match (self, find_vma) {
+            (SyscallEdge::Enter, false) => "syscall_enter",
+            (SyscallEdge::Enter, true) => "syscall_enter_find_vma",
+            (SyscallEdge::Exit, false) => "syscall_exit",
+            (SyscallEdge::Exit, true) => "syscall_exit_find_vma",
+        }
+    }
 }
 
 /// Has the handler whose bit is `hook` run at `edge` of the calls numbered `nrs`: the calls
-/// are marked in `SYSCALL_HOOKS`, and the edge's dispatching program is loaded and attached
-/// the first time (the build with the `bpf_find_vma` handlers where the kernel has it,
-/// `find_vma`: [`KernelBtf::has_find_vma`]).
+/// are marked in `SYSCALL_HOOKS`, and both edges' dispatching programs are loaded and
+/// attached the first time (`find_vma`: [`KernelBtf::has_find_vma`]).
 pub fn attach_syscall_hook(
     ebpf: &mut Ebpf,
     btf: &Btf,
@@ -187,22 +197,62 @@ pub fn attach_syscall_hook(
         })?;
         hooks.set(nr, bits | hook, 0)?;
     }
-    let name = match (edge, find_vma) {
-        (SyscallEdge::Enter, false) => "syscall_enter",
-        (SyscallEdge::Enter, true) => "syscall_enter_find_vma",
-        (SyscallEdge::Exit, false) => "syscall_exit",
-        (SyscallEdge::Exit, true) => "syscall_exit_find_vma",
-    };
+    let name = edge.dispatcher(find_vma);
     let program: &mut BtfTracePoint = program(ebpf, name)?.try_into()?;
     if program.fd().is_err() {
+        attach_dispatchers(ebpf, btf, find_vma)?;
+    }
+    Ok(())
+}
+
+/// Loads both edges' dispatching programs side by side (see [`load_side_by_side`]; they are
+/// the largest to verify, all of every family's handlers) and attaches them.
+fn attach_dispatchers(ebpf: &mut Ebpf, btf: &Btf, find_vma: bool) -> Result<()> {
+    let edges = [SyscallEdge::Enter, SyscallEdge::Exit];
+    let names = edges.map(|edge| edge.dispatcher(find_vma));
+    load_side_by_side(ebpf, &names, |name, program| {
+        let edge = if name == names[0] { edges[0] } else { edges[1] };
+        let program: &mut BtfTracePoint = program.try_into()?;
         program
             .load(edge.tracepoint(), btf)
-            .map_err(|e| hook_refused(name, "tp_btf", e))?;
+            .map_err(|e| hook_refused(name, "tp_btf", e))
+    })?;
+    for name in names {
+        let program: &mut BtfTracePoint = program(ebpf, name)?.try_into()?;
         program
             .attach()
             .map_err(|e| hook_refused(name, "tp_btf", e))?;
     }
     Ok(())
+}
+
+/// Runs `load` on each named program, one thread each. The kernel verifies programs side by
+/// side (a privileged load takes no global lock), and verification is most of a session's
+/// start: the largest programs take 40-100 ms each here.
+pub fn load_side_by_side(
+    ebpf: &mut Ebpf,
+    names: &[&str],
+    load: impl Fn(&str, &mut Program) -> Result<()> + Sync,
+) -> Result<()> {
+    let mut programs: Vec<(&str, &mut Program)> = ebpf
+        .programs_mut()
+        .filter(|(name, _)| names.contains(name))
+        .collect();
+    for name in names {
+        if !programs.iter().any(|(n, _)| n == name) {
+            bail!("program {name} missing from the eBPF object");
+        }
+    }
+    let load = &load;
+    std::thread::scope(|scope| {
+        let loads: Vec<_> = programs
+            .iter_mut()
+            .map(|(name, program)| scope.spawn(move || load(name, program)))
+            .collect();
+        loads
+            .into_iter()
+            .try_for_each(|done| done.join().expect("loading a program does not panic"))
+    })
 }
 
 /// The named program of `ebpf`.

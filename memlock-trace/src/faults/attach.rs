@@ -16,7 +16,7 @@ use aya::{
 };
 
 use super::{BenchFloor, FaultHooks, FaultOptions, HookChoice, HookSet, Refusal};
-use crate::object::{AttachContext, hook_refused, program};
+use crate::object::{AttachContext, hook_refused, load_side_by_side, program};
 use syscall_hooks::{attach_mappings_changed, attach_populate};
 
 /// Whether count-only mode on the tracepoint set can use counting perf events on the
@@ -325,6 +325,7 @@ fn attach_tracepoints(
         );
     }
     let per_target = per_target_completion(options, specific_targets, kernel);
+    load_perf_events(ebpf, &[min, maj])?;
     for (name, event, label) in [
         (min, SoftwareEvent::PageFaultsMin, "PAGE_FAULTS_MIN"),
         (maj, SoftwareEvent::PageFaultsMaj, "PAGE_FAULTS_MAJ"),
@@ -352,6 +353,22 @@ fn attach_tracepoints(
         hooks.push(format!("perf_event/software:{label} x{} cpus", cpus.len()));
     }
     Ok(hooks)
+}
+
+/// Loads the perf_event programs `names` not loaded yet, side by side (the completions are
+/// the fault family's largest programs to verify).
+fn load_perf_events(ebpf: &mut Ebpf, names: &[&str]) -> Result<()> {
+    let mut waiting: Vec<&str> = Vec::new();
+    for &name in names {
+        let perf: &mut PerfEvent = program(ebpf, name)?.try_into()?;
+        if perf.fd().is_err() && !waiting.contains(&name) {
+            waiting.push(name);
+        }
+    }
+    load_side_by_side(ebpf, &waiting, |name, program| {
+        let perf: &mut PerfEvent = program.try_into()?;
+        perf.load().map_err(|e| hook_refused(name, "perf_event", e))
+    })
 }
 
 /// Loads perf_event program `name` unless it is loaded already (the per-thread floor's
