@@ -8,7 +8,7 @@ use anyhow::{Context as _, Result, anyhow, bail};
 use aya::{
     Btf, Ebpf, EbpfLoader,
     maps::Array,
-    programs::{BtfTracePoint, Program, ProgramError, TracePoint},
+    programs::{BtfTracePoint, Program, ProgramError},
 };
 use memlock_trace_common::{Config, names, syscall_hooks};
 
@@ -116,28 +116,11 @@ impl<'a> AttachContext<'a> {
         Ok((self.ebpf, self.aya_btf.as_ref().expect("set above")))
     }
 
-    /// The named program of the object.
-    pub fn program(&mut self, name: &str) -> Result<&mut Program> {
-        program(self.ebpf, name)
-    }
-
     /// See [`attach_syscall_hook`].
     pub fn syscall_hook(&mut self, edge: SyscallEdge, hook: u32, nrs: &[u32]) -> Result<()> {
         let find_vma = self.btf.has_find_vma();
         let (ebpf, btf) = self.ebpf_and_btf()?;
         attach_syscall_hook(ebpf, btf, find_vma, edge, hook, nrs)
-    }
-
-    /// The named tracepoint program, loaded into the kernel on first use (one program may
-    /// be attached to several tracepoints).
-    pub fn tracepoint(&mut self, name: &str) -> Result<&mut TracePoint> {
-        let program: &mut TracePoint = self.program(name)?.try_into()?;
-        if program.fd().is_err() {
-            program
-                .load()
-                .map_err(|e| hook_refused(name, "tracepoint", e))?;
-        }
-        Ok(program)
     }
 }
 
