@@ -45,8 +45,8 @@ echo "memlock_trace_wall_s $d ratio_to_bpftrace $(awk -v a="$d" -v b="$b" 'BEGIN
 echo "memlock_trace_fault_hooks_off_wall_s $o ratio_to_bpftrace $(awk -v a="$o" -v b="$b" 'BEGIN {printf "%.2f", a / b}')"
 
 # System-wide sessions: from the "tracing" line to the process gone.
-start_tracer() { # args...; sets TPID once attached
-  "$BIN" --json "$@" >"$WORK/out" 2>"$WORK/err" &
+start_tracer() { # args...; sets TPID once attached (TRACER_BIN: another build)
+  "${TRACER_BIN:-$BIN}" --json "$@" >"$WORK/out" 2>"$WORK/err" &
   TPID=$!
   for _ in $(seq 3000); do grep -qs "memlock-trace: tracing" "$WORK/err" && return; sleep 0.01; done
   cat "$WORK/err" >&2; exit 1
@@ -73,12 +73,9 @@ echo "duration_1s_overshoot_s median $(median <"$WORK/duration") max $(sort -g "
 command -v perf >/dev/null || { echo "perf is not installed (apt-get install linux-perf)" >&2; exit 1; }
 syscall_ns() { perf bench syscall basic 2>/dev/null | awk '/usecs\/op/ {printf "%.1f\n", $1 * 1000}'; }
 beside() { # bin: ns per getppid while a system-wide session of bin runs
-  "$1" --json -o /dev/null >/dev/null 2>"$WORK/err" &
-  local pid=$! i
-  for i in $(seq 3000); do grep -qs "memlock-trace: tracing" "$WORK/err" && break; sleep 0.01; done
-  grep -qs "memlock-trace: tracing" "$WORK/err" || { cat "$WORK/err" >&2; exit 1; }
+  TRACER_BIN=$1 start_tracer -o /dev/null
   syscall_ns
-  kill -TERM "$pid"; wait "$pid" || true
+  kill -TERM "$TPID"; wait "$TPID" || true
 }
 : >"$WORK/untraced"; : >"$WORK/traced"; : >"$WORK/baseline"
 for _ in $(seq "$RUNS"); do

@@ -147,11 +147,7 @@ fn a_32_bit_call_is_not_taken_for_the_64_bit_call_of_its_number() {
             in("rcx") 4096u64,
         );
     }
-    let locked_kib = || -> u64 {
-        let status = std::fs::read_to_string("/proc/self/status").unwrap();
-        let line = status.lines().find(|l| l.starts_with("VmLck:")).unwrap();
-        line.split_whitespace().nth(1).unwrap().parse().unwrap()
-    };
+    let locked_kib = || memlock_trace::lab::workload::proc_status_kib("VmLck").unwrap();
     assert_eq!(
         (ret, locked_kib()),
         (0, 4),
