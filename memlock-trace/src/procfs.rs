@@ -305,6 +305,14 @@ impl MappingCache {
     }
 }
 
+/// CLOCK_BOOTTIME now, in ns: the clock of process start times (the kernel's
+/// `task_struct.start_boottime`, and `/proc/PID/stat`'s start time in ticks).
+pub fn boot_time_ns() -> Result<u64> {
+    let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME)
+        .context("clock_gettime(CLOCK_BOOTTIME)")?;
+    Ok(t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64)
+}
+
 /// Whether process `pid` exists and has not exited (a zombie has).
 pub fn is_alive(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))

@@ -270,8 +270,9 @@ pub fn run(target: &Target, env: &Environment, latency_sample: u32) -> Result<Ru
     let ended_ns = summary.window.end_ns;
     // The launched process's start in CLOCK_REALTIME: now minus its age.
     let started_ns = match (target, samples.start_boot_ns) {
-        (Target::Command(_), Some(start)) => boot_ns()
-            .checked_sub(start)
+        (Target::Command(_), Some(start)) => crate::procfs::boot_time_ns()
+            .ok()
+            .and_then(|now| now.checked_sub(start))
             .and_then(|age| WallClock::now_ns().checked_sub(age)),
         _ => None,
     };
@@ -302,13 +303,6 @@ pub fn run(target: &Target, env: &Environment, latency_sample: u32) -> Result<Ru
         locked_by_calls: ours.map_or(0, |p| {
             p.syscalls.values().map(|c| c.pages_locked).sum::<u64>() * crate::procfs::PAGE_SIZE
         }),
-    })
-}
-
-/// CLOCK_BOOTTIME now, ns (the clock `/proc/PID/stat`'s start time counts in).
-fn boot_ns() -> u64 {
-    nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME).map_or(0, |t| {
-        t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64
     })
 }
 

@@ -86,9 +86,15 @@ pub fn run(args: SuiteArgs) -> Result<i32> {
     for &scenario in &scenarios {
         bar.set_message(scenario.name());
         let start = Instant::now();
+        let window = Window::open()?;
         let own = run_scenario(scenario, &sizes)
             .with_context(|| format!("scenario {}", scenario.name()))?;
-        runs.push((scenario, start.elapsed().as_secs_f64(), own));
+        runs.push((
+            scenario,
+            start.elapsed().as_secs_f64(),
+            own,
+            window.close()?,
+        ));
         bar.inc(1);
     }
     let (events, summary) = tracer.stop()?;
@@ -108,26 +114,13 @@ pub fn run(args: SuiteArgs) -> Result<i32> {
 
     let runs: Vec<ScenarioRun> = runs
         .into_iter()
-        .map(|(scenario, secs, own)| {
+        .map(|(scenario, secs, own, window)| {
             let pids: Vec<u32> = collect_pids(&own);
-            let traced = summary["processes"]
+            let processes = summary["processes"]
                 .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|p| {
-                    let pid = p["pid"].as_u64()? as u32;
-                    pids.contains(&pid).then(|| (pid, p.clone()))
-                })
-                .collect();
-            let events = events
-                .iter()
-                .filter(|e| {
-                    e["pid"]
-                        .as_u64()
-                        .is_some_and(|pid| pids.contains(&(pid as u32)))
-                })
-                .cloned()
-                .collect();
+                .map_or(&[][..], Vec::as_slice);
+            let traced = pick(processes, &pids, "start_ns", window.boot_ns);
+            let events = pick(&events, &pids, "time_ns", window.wall_ns);
             ScenarioRun {
                 scenario,
                 secs,
@@ -177,6 +170,47 @@ fn run_scenario(scenario: Scenario, sizes: &ScenarioArgs) -> Result<Value> {
         bail!("failed ({})", out.status);
     }
     serde_json::from_slice(&out.stdout).context("the scenario printed no JSON result")
+}
+
+/// When a scenario ran, on the clock of process start times (CLOCK_BOOTTIME, the summary's
+/// `start_ns`) and on the events' (`time_ns`, wall clock).
+struct Window {
+    boot_ns: (u64, u64),
+    wall_ns: (u64, u64),
+}
+
+impl Window {
+    fn open() -> Result<Self> {
+        let boot = crate::procfs::boot_time_ns()?;
+        let wall = crate::output::WallClock::now_ns();
+        Ok(Self {
+            boot_ns: (boot, boot),
+            wall_ns: (wall, wall),
+        })
+    }
+
+    fn close(mut self) -> Result<Self> {
+        self.boot_ns.1 = crate::procfs::boot_time_ns()?;
+        self.wall_ns.1 = crate::output::WallClock::now_ns();
+        Ok(self)
+    }
+}
+
+/// The items (summary processes, events) of a scenario: one of its `pids` whose `time`
+/// field lies in `(from, to)`. A pid alone is not enough: the suite goes through tens of
+/// thousands of pids, so the kernel reuses them, across scenarios and within one (a
+/// worker's pid taken by a later worker).
+fn pick(items: &[Value], pids: &[u32], time: &str, (from, to): (u64, u64)) -> Vec<Value> {
+    items
+        .iter()
+        .filter(|v| {
+            v["pid"]
+                .as_u64()
+                .is_some_and(|pid| pids.contains(&(pid as u32)))
+                && v[time].as_u64().is_some_and(|t| (from..=to).contains(&t))
+        })
+        .cloned()
+        .collect()
 }
 
 /// Every `"pids"` array anywhere in a scenario's result.
@@ -273,5 +307,24 @@ impl TracerProcess {
             bail!("the tracer printed no summary");
         }
         Ok((events, json!(summary)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reused_pid_is_two_processes_of_its_scenario_and_none_of_another() {
+        let process = |pid: u32, start_ns: u64| json!({"pid": pid, "start_ns": start_ns});
+        let summary = [
+            process(7, 50),  // a pid of this scenario, from before it
+            process(7, 110), // a worker
+            process(8, 120), // not one of its pids
+            process(7, 130), // the worker's pid, reused by a later worker
+            process(7, 250), // after the scenario
+        ];
+        let picked = pick(&summary, &[7, 7], "start_ns", (100, 200));
+        assert_eq!(picked, [process(7, 110), process(7, 130)]);
     }
 }

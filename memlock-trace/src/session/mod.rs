@@ -146,7 +146,7 @@ pub fn run(mut args: TraceArgs) -> Result<i32> {
         ..Options::default()
     };
     let mut tracer = load_tracer(&targets, options)?;
-    let attached_ns = boot_time_ns();
+    let attached_ns = crate::procfs::boot_time_ns().unwrap_or(u64::MAX);
     // Fork before the runtime starts any thread. The command is added to the filter at its
     // exec trap: what the launcher does before exec is not the command's.
     let mut faults_before_exec = None;
@@ -206,13 +206,6 @@ pub fn run(mut args: TraceArgs) -> Result<i32> {
     // not hold the tracer's exit (dropping the runtime would wait for it).
     runtime.shutdown_background();
     code
-}
-
-/// CLOCK_BOOTTIME, the clock of process start times.
-fn boot_time_ns() -> u64 {
-    nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME)
-        .map(|t| t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64)
-        .unwrap_or(u64::MAX)
 }
 
 /// Processes whose fault count can be checked against the kernel's at their exit: those the

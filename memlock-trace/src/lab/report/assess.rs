@@ -166,7 +166,7 @@ fn thread_create(run: &ScenarioRun, v: &mut Vec<Verdict>) {
         .sum::<u64>();
     let traced: u64 = run
         .traced
-        .values()
+        .iter()
         .map(|p| p["syscalls"]["mlockall"]["count"].as_u64().unwrap_or(0))
         .sum();
     v.push(check(

@@ -11,7 +11,6 @@ mod charts;
 mod shape;
 
 use std::{
-    collections::BTreeMap,
     fmt::Write as _,
     path::{Path, PathBuf},
 };
@@ -50,8 +49,9 @@ pub struct ScenarioRun {
     pub scenario: Scenario,
     pub secs: f64,
     pub own: Value,
-    /// pid -> the tracer's summary of that process (absent if it made no traced call).
-    pub traced: BTreeMap<u32, Value>,
+    /// The tracer's summary of each of the scenario's processes, by pid then start: a pid
+    /// the kernel reused within the scenario is two processes.
+    pub traced: Vec<Value>,
     /// The tracer's per-call events of the scenario's processes.
     pub events: Vec<Value>,
 }
@@ -65,15 +65,22 @@ impl ScenarioRun {
         self.variant(variant)["pids"][0].as_u64().map(|p| p as u32)
     }
 
+    /// The tracer's summary of process `pid`: the last started, should the scenario have
+    /// had two of that pid.
+    fn process(&self, pid: Option<u32>) -> Option<&Value> {
+        let pid = u64::from(pid?);
+        self.traced.iter().rfind(|p| p["pid"].as_u64() == Some(pid))
+    }
+
     /// The tracer's summary of `syscall` for `pid` (Null when it made none).
     fn traced(&self, pid: Option<u32>, syscall: &str) -> Value {
-        pid.and_then(|p| self.traced.get(&p))
+        self.process(pid)
             .map_or(Value::Null, |p| p["syscalls"][syscall].clone())
     }
 
     /// The tracer's page-fault summary of `pid` (Null when fault tracing was off).
     fn faults(&self, pid: Option<u32>) -> Value {
-        pid.and_then(|p| self.traced.get(&p))
+        self.process(pid)
             .map_or(Value::Null, |p| p["faults"].clone())
     }
 
@@ -135,7 +142,8 @@ pub fn write(
             md,
             "| pid | comm | syscall | calls | errors | p50 | max | populated | locked |\n|---|---|---|---|---|---|---|---|---|"
         );
-        for (pid, p) in &run.traced {
+        for p in &run.traced {
+            let pid = &p["pid"];
             for (name, s) in p["syscalls"].as_object().into_iter().flatten() {
                 let _ = writeln!(
                     md,
@@ -150,10 +158,10 @@ pub fn write(
                 );
             }
         }
-        let faulted: Vec<(&u32, &Value)> = run
+        let faulted: Vec<&Value> = run
             .traced
             .iter()
-            .filter(|(_, p)| p["faults"].is_object())
+            .filter(|p| p["faults"].is_object())
             .collect();
         if !faulted.is_empty() {
             let _ = writeln!(md, "\nPage faults, per process of this scenario:\n");
@@ -161,7 +169,8 @@ pub fn write(
                 md,
                 "| pid | minor | major | user | populated | populated by | minor p50 | minor p99 |\n|---|---|---|---|---|---|---|---|"
             );
-            for (pid, p) in faulted {
+            for p in faulted {
+                let pid = &p["pid"];
                 let fl = &p["faults"];
                 let lat = |q: &str| {
                     crate::output::duration(fl["latency_ns"]["minor"][q].as_u64().unwrap_or(0))
