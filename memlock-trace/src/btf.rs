@@ -1,11 +1,15 @@
 //! The running kernel's BTF: struct field offsets, function signatures and enum values,
 //! so that nothing is tied to one kernel build.
 
-use std::path::Path;
+mod name_index;
+
+use std::{io::Write as _, os::fd::AsRawFd as _, path::Path};
 
 use anyhow::{Context as _, Result, anyhow, bail};
-use btf_rs::{Btf, Type};
+use btf_rs::{Backend, Btf, Type};
 use memlock_trace_common::{KernelOffsets, lock_context, mapping::MappingConfig};
+
+use name_index::NameIndex;
 
 pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
 
@@ -18,7 +22,9 @@ pub fn kernel_release() -> String {
 
 /// The running kernel's type information.
 pub struct KernelBtf {
+    /// Memory-mapped: each type is parsed when it is asked for.
     btf: Btf,
+    names: NameIndex,
 }
 
 impl KernelBtf {
@@ -29,29 +35,36 @@ impl KernelBtf {
                  built with CONFIG_DEBUG_INFO_BTF=y to find struct offsets"
             );
         }
-        // Read whole, then parsed from memory: btf-rs's file reader asks the kernel for its
-        // position at every type (126,000 lseek calls for a 5.5 MB vmlinux BTF), which was
-        // most of a session's start-up.
         let bytes = std::fs::read(VMLINUX_BTF).with_context(|| format!("reading {VMLINUX_BTF}"))?;
-        let btf = Btf::from_bytes(&bytes).with_context(|| format!("parsing {VMLINUX_BTF}"))?;
-        Ok(Self { btf })
+        let names = NameIndex::of(&bytes).with_context(|| format!("parsing {VMLINUX_BTF}"))?;
+        let btf = mapped(&bytes).with_context(|| format!("parsing {VMLINUX_BTF}"))?;
+        Ok(Self { btf, names })
+    }
+
+    /// The types called `name` (none when the kernel has none).
+    fn types_named(&self, name: &str) -> Vec<Type> {
+        self.names
+            .ids(name)
+            .filter_map(|id| self.btf.resolve_type_by_id(id).ok())
+            .filter(|t| {
+                t.as_btf_type()
+                    .is_some_and(|t| self.btf.resolve_name(t).is_ok_and(|n| n == name))
+            })
+            .collect()
     }
 
     /// Byte offset of `field` in `struct name`, looking through anonymous struct/union
     /// members (e.g. `mm_struct` keeps most fields in an unnamed inner struct).
     pub fn field_offset(&self, name: &str, field: &str) -> Result<u32> {
-        let types = self
-            .btf
-            .resolve_types_by_name(name)
-            .with_context(|| format!("struct {name} is not in the kernel's BTF"))?;
-        let s = types
-            .iter()
+        let s = self
+            .types_named(name)
+            .into_iter()
             .find_map(|t| match t {
                 Type::Struct(s) => Some(s),
                 _ => None,
             })
-            .ok_or_else(|| anyhow!("{name} is not a struct in the kernel's BTF"))?;
-        self.find_member(s, field)?
+            .ok_or_else(|| anyhow!("struct {name} is not in the kernel's BTF"))?;
+        self.find_member(&s, field)?
             .ok_or_else(|| anyhow!("struct {name} has no field {field} in this kernel"))
     }
 
@@ -77,19 +90,16 @@ impl KernelBtf {
 
     /// Whether the kernel has a function called `name` (a candidate for fentry/kprobe).
     pub fn has_function(&self, name: &str) -> bool {
-        self.btf
-            .resolve_types_by_name(name)
-            .is_ok_and(|types| types.iter().any(|t| matches!(t, Type::Func(_))))
+        self.types_named(name)
+            .iter()
+            .any(|t| matches!(t, Type::Func(_)))
     }
 
     /// The parameters and return type of kernel function `name`, or `None` if this kernel
     /// has no such function (or it was inlined everywhere, so BTF does not list it).
     pub fn function_signature(&self, name: &str) -> Result<Option<Signature>> {
-        let Ok(types) = self.btf.resolve_types_by_name(name) else {
-            return Ok(None);
-        };
-        let Some(func) = types.iter().find_map(|t| match t {
-            Type::Func(f) => Some(f.clone()),
+        let Some(func) = self.types_named(name).into_iter().find_map(|t| match t {
+            Type::Func(f) => Some(f),
             _ => None,
         }) else {
             return Ok(None);
@@ -145,11 +155,9 @@ impl KernelBtf {
     /// Whether the kernel's BTF has an enum called `name` (e.g. `fault_flag`, an enum only on
     /// newer kernels).
     pub fn has_enum(&self, name: &str) -> bool {
-        self.btf.resolve_types_by_name(name).is_ok_and(|types| {
-            types
-                .iter()
-                .any(|t| matches!(t, Type::Enum(_) | Type::Enum64(_)))
-        })
+        self.types_named(name)
+            .iter()
+            .any(|t| matches!(t, Type::Enum(_) | Type::Enum64(_)))
     }
 
     /// Whether enum `name` has `member` (e.g. `BPF_FUNC_find_vma` of `bpf_func_id`: whether
@@ -160,10 +168,10 @@ impl KernelBtf {
 
     /// Value of `member` of `enum name` (e.g. `VM_FAULT_MAJOR` of `vm_fault_reason`).
     pub fn enum_value(&self, name: &str, member: &str) -> Result<u64> {
-        let types = self
-            .btf
-            .resolve_types_by_name(name)
-            .with_context(|| format!("enum {name} is not in the kernel's BTF"))?;
+        let types = self.types_named(name);
+        if types.is_empty() {
+            bail!("enum {name} is not in the kernel's BTF");
+        }
         for t in &types {
             match t {
                 Type::Enum(e) => {
@@ -275,6 +283,30 @@ impl KernelBtf {
     }
 }
 
+/// btf-rs over `bytes` memory-mapped: the kernel's own file where sysfs maps it (6.16 and
+/// later, without a copy), else a copy in a memfd.
+fn mapped(bytes: &[u8]) -> Result<Btf> {
+    match Btf::from_file_with_backend(VMLINUX_BTF, Backend::Mmap) {
+        Ok(btf) => Ok(btf),
+        Err(_) => mapped_copy(bytes),
+    }
+}
+
+/// btf-rs over a copy of `bytes` in a memfd, memory-mapped.
+fn mapped_copy(bytes: &[u8]) -> Result<Btf> {
+    let memfd =
+        nix::sys::memfd::memfd_create("memlock-trace-btf", nix::sys::memfd::MFdFlags::MFD_CLOEXEC)
+            .context("memfd_create")?;
+    let mut copy = std::fs::File::from(memfd);
+    copy.write_all(bytes)
+        .context("copying the BTF to a memfd")?;
+    // The mapping outlives the file.
+    Ok(Btf::from_file_with_backend(
+        format!("/proc/self/fd/{}", copy.as_raw_fd()),
+        Backend::Mmap,
+    )?)
+}
+
 /// A kernel function's parameters (name, shape) and return type, from BTF.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Signature {
@@ -298,6 +330,32 @@ pub enum TypeShape {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_copy_of_the_btf_resolves_as_the_kernels_file() {
+        let bytes = std::fs::read(VMLINUX_BTF).expect("kernel BTF");
+        let copy = KernelBtf {
+            btf: mapped_copy(&bytes).expect("memfd copy"),
+            names: NameIndex::of(&bytes).expect("index"),
+        };
+        let loaded = KernelBtf::load().expect("kernel BTF");
+        assert_eq!(
+            copy.offsets().expect("offsets"),
+            loaded.offsets().expect("offsets")
+        );
+        assert_eq!(
+            copy.function_signature("handle_mm_fault")
+                .expect("signature"),
+            loaded
+                .function_signature("handle_mm_fault")
+                .expect("signature")
+        );
+        assert!(
+            copy.function_signature("handle_mm_fault")
+                .unwrap()
+                .is_some()
+        );
+    }
 
     #[test]
     fn offsets_resolve_from_running_kernel() {
