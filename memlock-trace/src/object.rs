@@ -17,13 +17,28 @@ use crate::btf::KernelBtf;
 /// The eBPF object built by `build.rs`, embedded so the binary is self-contained.
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/memlock-trace"));
 
+/// aya's loader, being made on a thread of its own: `EbpfLoader::new` parses the kernel's
+/// BTF (17-20 ms here, for its CO-RE relocations), which can go on while the caller reads
+/// the offsets it needs.
+pub struct NewLoader(std::thread::JoinHandle<EbpfLoader<'static>>);
+
+impl NewLoader {
+    pub fn start() -> Self {
+        Self(std::thread::spawn(EbpfLoader::new))
+    }
+
+    pub fn finish(self) -> EbpfLoader<'static> {
+        self.0.join().expect("EbpfLoader::new does not panic")
+    }
+}
+
 /// Creates the object's maps with `config` baked into its read-only `CONFIG` global, after
 /// `prepare` has set the families' globals and map sizes; no program is loaded yet.
 pub fn load<'a>(
+    mut loader: EbpfLoader<'a>,
     config: &'a Config,
     prepare: impl FnOnce(&mut EbpfLoader<'a>) -> Result<()>,
 ) -> Result<Ebpf> {
-    let mut loader = EbpfLoader::new();
     loader.override_global(names::CONFIG, config, true);
     // aya-log's default is every level: off unless the caller asks (`-v`).
     crate::kernel_log::prepare_loader(&mut loader, 0);

@@ -113,9 +113,9 @@ impl Tracer {
     pub fn load_with(targets: &Targets, options: &Options) -> Result<Self> {
         probe::check_privileges()?;
         probe::ensure_tracefs()?;
-        // aya's parse of the kernel BTF, which tp_btf and fentry programs load against, made
-        // on a second thread while this one reads offsets with btf-rs and creates the maps.
-        let aya_btf = std::thread::spawn(aya::Btf::from_sys_fs);
+        // aya's loader parses the kernel's BTF as it is made: on a thread, while this one
+        // reads the offsets.
+        let loader = object::NewLoader::start();
         let btf = KernelBtf::load()?;
         let mut config = Config {
             filter: if targets.specific() {
@@ -149,7 +149,11 @@ impl Tracer {
             crate::unwind::config(&btf, fault_options.stacks, fault_options.stack_sample)?;
         let few_processes =
             targets.specific() && !filters.follow_children && !fault_options.per_thread;
-        let mut ebpf = object::load(&config, |loader| {
+        let loader = loader.finish();
+        // aya's parse of the kernel BTF, which tp_btf and fentry programs load against (the
+        // loader's own is out of reach): on a second thread, while this one creates the maps.
+        let aya_btf = std::thread::spawn(aya::Btf::from_sys_fs);
+        let mut ebpf = object::load(loader, &config, |loader| {
             loader
                 .override_global(VMA_CONFIG, &vma_global, true)
                 .override_global(MAPPING_CONFIG, &mapping_config, true)
@@ -158,7 +162,7 @@ impl Tracer {
                 loader.map_max_entries(names::TARGET_TGIDS, max);
             }
             syscalls::stacks::prepare_loader(loader, fault_options.stacks);
-            syscalls::read::prepare_loader(loader)?;
+            syscalls::read::prepare_loader(loader, few_processes)?;
             if let Some(bytes) = options.ring_bytes {
                 loader.map_max_entries(names::EVENTS, bytes);
             }

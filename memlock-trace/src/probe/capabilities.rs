@@ -73,7 +73,7 @@ pub fn capabilities() -> Result<Vec<Capability>> {
         offsets: kernel_btf.offsets()?,
         ..Default::default()
     };
-    let mut ebpf = object::load(&config, |_| Ok(()))?;
+    let mut ebpf = object::load(aya::EbpfLoader::new(), &config, |_| Ok(()))?;
     caps.push(Capability {
         name: "ring_buffer",
         usable: true,
