@@ -3,7 +3,7 @@
 # to end, memlock-trace against bpftrace doing the same job (the command's page faults), and
 # how promptly --duration and SIGTERM end a system-wide session. Run as root after
 # `cargo build --release -p memlock-trace`:
-#   scripts/bench-session.sh            # RUNS=11 by default
+#   scripts/bench-session.sh            # RUNS=11 by default; BASELINE_BIN=another build, timed beside
 # Method: the tools alternate run by run (drift on a shared machine hits both alike); the
 # median wall time of each is reported, with the ratio to bpftrace's. Figures are printed as
 # `name value` lines for BENCHMARKS.md.
@@ -27,22 +27,29 @@ BPFTRACE_PROG='tracepoint:exceptions:page_fault_user /pid == cpid/ { @faults = c
 run_bpftrace() { bpftrace -e "$BPFTRACE_PROG" -c "$CMD"; }
 run_default() { "$BIN" -q -- "$CMD"; }
 run_no_faults() { "$BIN" -q --fault-hooks off -- "$CMD"; }
+run_baseline() { "$BASELINE_BIN" -q -- "$CMD"; }
 
 # Each tool's output once, so that a tool that fails is not timed as a fast one.
 run_bpftrace | grep -q '@faults: [0-9]' || { echo "bpftrace counted nothing" >&2; exit 1; }
 run_default | grep -q 'page faults: [0-9]' || { echo "memlock-trace counted no faults" >&2; exit 1; }
 
 echo "kernel $(uname -r), $(nproc) CPUs, $(date -u +%F), load $(cut -d' ' -f1-3 /proc/loadavg), $RUNS runs of $CMD"
-: >"$WORK/bpftrace"; : >"$WORK/default"; : >"$WORK/off"
+: >"$WORK/bpftrace"; : >"$WORK/default"; : >"$WORK/off"; : >"$WORK/base"
 for _ in $(seq "$RUNS"); do
   wall run_bpftrace >>"$WORK/bpftrace"
   wall run_default >>"$WORK/default"
   wall run_no_faults >>"$WORK/off"
+  if [ -n "${BASELINE_BIN:-}" ]; then wall run_baseline >>"$WORK/base"; fi
 done
 b=$(median <"$WORK/bpftrace"); d=$(median <"$WORK/default"); o=$(median <"$WORK/off")
+ratio() { awk -v a="$1" -v b="$b" 'BEGIN {printf "%.2f", a / b}'; }
 echo "bpftrace_wall_s $b"
-echo "memlock_trace_wall_s $d ratio_to_bpftrace $(awk -v a="$d" -v b="$b" 'BEGIN {printf "%.2f", a / b}')"
-echo "memlock_trace_fault_hooks_off_wall_s $o ratio_to_bpftrace $(awk -v a="$o" -v b="$b" 'BEGIN {printf "%.2f", a / b}')"
+echo "memlock_trace_wall_s $d ratio_to_bpftrace $(ratio "$d")"
+echo "memlock_trace_fault_hooks_off_wall_s $o ratio_to_bpftrace $(ratio "$o")"
+if [ -n "${BASELINE_BIN:-}" ]; then
+  base=$(median <"$WORK/base")
+  echo "baseline_wall_s $base ratio_to_bpftrace $(ratio "$base")"
+fi
 
 # System-wide sessions: from the "tracing" line to the process gone.
 start_tracer() { # args...; sets TPID once attached (TRACER_BIN: another build)

@@ -283,8 +283,8 @@ impl KernelBtf {
     }
 }
 
-/// btf-rs over `bytes` memory-mapped: the kernel's own file where sysfs maps it (6.16 and
-/// later, without a copy), else a copy in a memfd.
+/// btf-rs over `bytes` memory-mapped: the kernel's own file where sysfs maps it (recent
+/// kernels, 6.18 here: no copy), else a copy in a memfd.
 fn mapped(bytes: &[u8]) -> Result<Btf> {
     match Btf::from_file_with_backend(VMLINUX_BTF, Backend::Mmap) {
         Ok(btf) => Ok(btf),
