@@ -61,7 +61,7 @@ fn every_scenario_runs_and_the_tracer_agrees_with_the_workload() {
             "{name} produced no numbers"
         );
         assert!(
-            !s["tracer"].as_object().unwrap().is_empty() || name == "malloc-vs-mmap",
+            !s["tracer"].as_array().unwrap().is_empty() || name == "malloc-vs-mmap",
             "{name}: the tracer saw none of its processes"
         );
         let verdicts = s["verdicts"].as_array().unwrap();
