@@ -4,7 +4,8 @@
 //!
 //! The tracer runs as a separate `memlock-trace --json --events` process, system-wide, so it
 //! sees every process a scenario starts (workers, forks, qemu); each scenario's result names
-//! its pids, and the report picks those processes out of the tracer's output.
+//! its pids, and the report picks those processes out of the tracer's output: the ones
+//! started while the scenario ran, since pids are reused.
 
 use std::{
     io::{BufRead as _, BufReader, Read as _},
