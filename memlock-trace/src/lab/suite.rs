@@ -12,7 +12,7 @@ use std::{
     path::PathBuf,
     process::{Child, Command, Stdio},
     sync::mpsc,
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use anyhow::{Context as _, Result, bail};
@@ -86,16 +86,10 @@ pub fn run(args: SuiteArgs) -> Result<i32> {
     let mut runs = Vec::new();
     for &scenario in &scenarios {
         bar.set_message(scenario.name());
-        let start = Instant::now();
         let window = Window::open()?;
         let own = run_scenario(scenario, &sizes)
             .with_context(|| format!("scenario {}", scenario.name()))?;
-        runs.push((
-            scenario,
-            start.elapsed().as_secs_f64(),
-            own,
-            window.close()?,
-        ));
+        runs.push((scenario, own, window.close()?));
         bar.inc(1);
     }
     let (events, summary) = tracer.stop()?;
@@ -115,7 +109,7 @@ pub fn run(args: SuiteArgs) -> Result<i32> {
 
     let runs: Vec<ScenarioRun> = runs
         .into_iter()
-        .map(|(scenario, secs, own, window)| {
+        .map(|(scenario, own, window)| {
             let pids: Vec<u32> = collect_pids(&own);
             let processes = summary["processes"]
                 .as_array()
@@ -124,7 +118,7 @@ pub fn run(args: SuiteArgs) -> Result<i32> {
             let events = pick(&events, &pids, "time_ns", window.wall_ns);
             ScenarioRun {
                 scenario,
-                secs,
+                secs: window.secs(),
                 own,
                 traced,
                 events,
@@ -194,6 +188,11 @@ impl Window {
         self.boot_ns.1 = crate::procfs::boot_time_ns()?;
         self.wall_ns.1 = crate::output::WallClock::now_ns();
         Ok(self)
+    }
+
+    /// How long it lasted (on the boot clock, which does not jump).
+    fn secs(&self) -> f64 {
+        (self.boot_ns.1 - self.boot_ns.0) as f64 / 1e9
     }
 }
 

@@ -63,14 +63,13 @@ const FEW_PROCESS_KEYS: u32 = 1024;
 /// [`FEW_PROCESS_KEYS`]: creating the map at 16384 keys took 13 ms of a short command's
 /// session.
 pub fn prepare_loader(loader: &mut EbpfLoader<'_>, few_processes: bool) -> Result<()> {
-    let cpus = aya::util::nr_cpus().map_err(|(what, e)| anyhow!("{what}: {e}"))?;
-    let entries = u32::try_from((16 << 20) / (cpus.max(1) * size_of::<SyscallStats>()))
-        .unwrap_or(u32::MAX)
-        .clamp(FEW_PROCESS_KEYS, MAX_SYSCALL_KEYS);
     let entries = if few_processes {
         FEW_PROCESS_KEYS
     } else {
-        entries
+        let cpus = aya::util::nr_cpus().map_err(|(what, e)| anyhow!("{what}: {e}"))?;
+        u32::try_from((16 << 20) / (cpus.max(1) * size_of::<SyscallStats>()))
+            .unwrap_or(u32::MAX)
+            .clamp(1024, MAX_SYSCALL_KEYS)
     };
     loader.map_max_entries(names::SYSCALL_STATS, entries);
     Ok(())
