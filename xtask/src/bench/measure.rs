@@ -94,8 +94,8 @@ pub(super) struct Latency {
 }
 
 /// A tracer running against the workload; its output collected until it stops.
-struct Attached {
-    child: Child,
+pub(super) struct Attached {
+    pub(super) child: Child,
     stdout: mpsc::Receiver<String>,
     stderr: mpsc::Receiver<String>,
 }
@@ -124,7 +124,11 @@ fn collect(
 }
 
 /// Starts `cmd` and waits for the line that says it is attached (on stderr or stdout).
-fn attach(mut cmd: Command, marker: &'static str, marker_on_stderr: bool) -> Result<Attached> {
+pub(super) fn attach(
+    mut cmd: Command,
+    marker: &'static str,
+    marker_on_stderr: bool,
+) -> Result<Attached> {
     let mut child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -163,7 +167,7 @@ fn attach(mut cmd: Command, marker: &'static str, marker_on_stderr: bool) -> Res
 
 impl Attached {
     /// SIGINT, then the stdout it wrote.
-    fn stop(mut self) -> Result<String> {
+    pub(super) fn stop(mut self) -> Result<String> {
         run_cmd(Command::new("kill").args(["-INT", &self.child.id().to_string()]))?;
         let status = self.child.wait()?;
         let out = self

@@ -14,6 +14,7 @@
 //! markdown section; this file holds the options, the modes and the schedule of runs.
 
 mod measure;
+mod node_cost;
 mod report;
 mod soak;
 mod workload;
@@ -50,6 +51,11 @@ pub struct Args {
     /// churn, and plot its memory, CPU and series over time into BENCHMARKS.md.
     #[arg(long, value_name = "MINUTES")]
     soak: Option<f64>,
+    /// Instead: what a session costs the rest of the node (fork+exec, stress-ng --fork,
+    /// getppid, first touch, map memory) untraced, beside memlock-trace system-wide,
+    /// --count-only and -p, and beside bpftrace scripts, alternating; --runs rounds.
+    #[arg(long, conflicts_with = "soak")]
+    node_cost: bool,
 }
 
 const PAGE: usize = 4096;
@@ -156,6 +162,9 @@ pub fn run(args: &Args) -> Result<()> {
             &workspace_root().join("target/release/memlock-trace"),
             minutes,
         );
+    }
+    if args.node_cost {
+        return node_cost::run(args.runs, &args.out);
     }
     if args.runs < 5 {
         bail!("--runs must be at least 5");
