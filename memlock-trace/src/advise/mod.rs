@@ -3,13 +3,15 @@
 //! Built on the tracer's results, never inside it: [`observe`] runs a traced session of this
 //! same binary (its documented JSON interval lines) while [`sample`] reads the target's
 //! smaps, limits and fault counters; [`table`] puts the two together per mapping, split at
-//! the start-up window; [`rules`] draws the advice; [`apply`] runs the command again with
+//! the start-up window; [`rules`] draws the advice, weighed against the limits and the
+//! memory cgroup's room ([`room`]); [`apply`] runs the command again with
 //! the advice applied (the `memlock-preload` library, or the allocator's environment) and
 //! compares; [`render`] writes it as text or JSON.
 
 mod apply;
 mod observe;
 mod render;
+mod room;
 mod rules;
 mod sample;
 mod table;

@@ -139,8 +139,19 @@ fn limits(t: &Table) -> String {
         Some(false) => " (no CAP_IPC_LOCK)",
         None => "",
     };
+    let cgroup = match &t.memory_cgroup {
+        Some(c) => format!(
+            "; memory cgroup {} (cgroup {}): {}",
+            c.path,
+            c.version.name(),
+            c.binding()
+                .map_or_else(|| "no limit".into(), |l| super::room::limit_text(t, l))
+        ),
+        None => String::new(),
+    };
     format!(
-        "limits: RLIMIT_MEMLOCK {limit}{cap}; MemAvailable {}; locked at most {}; {} thread{}",
+        "limits: RLIMIT_MEMLOCK {limit}{cap}; MemAvailable {}{cgroup}; locked at most {}; {} \
+         thread{}",
         t.mem_available_bytes.map_or("unknown".into(), size),
         size(t.locked_max_bytes),
         t.threads_max,
@@ -187,7 +198,15 @@ fn advice_text(out: &mut String, advice: &[Advice]) {
         }
     };
     let ranked: Vec<&Advice> = advice.iter().filter(|a| a.verdict == Verdict::Do).collect();
-    if ranked.is_empty() {
+    let refused = advice
+        .iter()
+        .any(|a| matches!(a.kind, "over-cgroup" | "over-memory"));
+    if ranked.is_empty() && refused {
+        push(
+            "",
+            "advice: nothing safe to lock or populate: what would remove faults does not fit in the memory there is (see \"do not\")",
+        );
+    } else if ranked.is_empty() {
         push(
             "",
             "advice: nothing worth locking or populating: no mapping took 64 or more faults after start-up that locking or an allocator setting would remove",

@@ -1,8 +1,8 @@
 //! The advice drawn from a [`Table`]: what to lock or populate (ranked by the fault time it
 //! removes from the steady state per MiB it pins), what locking cannot help (memory handed
 //! back to the kernel and faulted in again, major faults, thread stacks under
-//! `MCL_FUTURE`), and what not to do (over the limit, over the memory available, memory
-//! touched only at start-up).
+//! `MCL_FUTURE`), and what not to do (over the limit, over the memory available or the
+//! memory cgroup's room, memory touched only at start-up).
 
 use std::collections::BTreeMap;
 
@@ -10,6 +10,7 @@ use serde::Serialize;
 
 use super::units::{count, ms};
 use super::{
+    room::{self, memlock_text as limit_text},
     sample::MemlockLimit,
     table::{MappingFigures, Table},
 };
@@ -51,7 +52,7 @@ pub enum ApplyStep {
 pub struct Advice {
     pub verdict: Verdict,
     /// `lock`, `populate`, `allocator`, `major-faults`, `thread-stacks`, `over-limit`,
-    /// `over-memory`, `touched-once`.
+    /// `over-memory`, `over-cgroup`, `touched-once`.
     pub kind: &'static str,
     pub mapping: Option<String>,
     pub start: Option<u64>,
@@ -109,6 +110,8 @@ pub fn advise(table: &Table) -> Vec<Advice> {
     let mut advice = Vec::new();
     // Bytes the lock advice pins so far, against the limit.
     let mut locking = table.locked_max_bytes;
+    // Bytes the lock and populate advice adds to the memory cgroup's charge so far.
+    let mut charging = 0;
     for m in &table.mappings {
         if refaulted(m) {
             advice.extend(allocator(table, m));
@@ -117,7 +120,7 @@ pub fn advise(table: &Table) -> Vec<Advice> {
             && attributed(m)
             && !thread_stack(m)
         {
-            advice.extend(lock_or_populate(table, m, &mut locking));
+            advice.extend(lock_or_populate(table, m, &mut locking, &mut charging));
         }
     }
     coalesce_over_limit(table, &mut advice);
@@ -251,7 +254,12 @@ fn allocator(table: &Table, m: &MappingFigures) -> Vec<Advice> {
     vec![a]
 }
 
-fn lock_or_populate(table: &Table, m: &MappingFigures, locking: &mut u64) -> Vec<Advice> {
+fn lock_or_populate(
+    table: &Table,
+    m: &MappingFigures,
+    locking: &mut u64,
+    charging: &mut u64,
+) -> Vec<Advice> {
     let mut out = Vec::new();
     let pinned = m.size_bytes;
     let appeared = match m.first_seen_secs {
@@ -279,6 +287,14 @@ fn lock_or_populate(table: &Table, m: &MappingFigures, locking: &mut u64) -> Vec
         out.push(Advice::new(Verdict::DoNot, "over-memory", what, how).on(m));
         return out;
     }
+    // Locking and populating both charge the cgroup: neither is safe past its room.
+    let charge = *charging + room::new_charge(m);
+    if let Some(how) = room::over_cgroup(table, pinned, charge) {
+        out.push(Advice::new(Verdict::DoNot, "over-cgroup", what, how).on(m));
+        return out;
+    }
+    *charging = charge;
+    let cgroup = room::cgroup_note(table, charge).map_or_else(String::new, |n| format!("; {n}"));
     let exempt = table.cap_ipc_lock == Some(true);
     let limit = table.memlock_limit;
     let need = *locking + pinned;
@@ -311,7 +327,7 @@ fn lock_or_populate(table: &Table, m: &MappingFigures, locking: &mut u64) -> Vec
             "lock",
             format!(
                 "lock it as soon as it is mapped: mlock2(addr, len, 0), or mmap(..., \
-                 MAP_POPULATE | MAP_LOCKED) at the allocation site; pins {} ({against}). \
+                 MAP_POPULATE | MAP_LOCKED) at the allocation site; pins {} ({against}){cgroup}. \
                  mlockall(MCL_CURRENT | MCL_FUTURE | MCL_ONFAULT) would keep its pages once \
                  touched but not remove these first-touch faults",
                 size(pinned)
@@ -338,7 +354,7 @@ fn lock_or_populate(table: &Table, m: &MappingFigures, locking: &mut u64) -> Vec
             format!(
                 "populate it as soon as it is mapped (no limit applies): mmap(..., \
                  MAP_POPULATE) at the allocation site, or madvise(addr, len, \
-                 MADV_POPULATE_WRITE) right after; keeps {} resident, reclaimable",
+                 MADV_POPULATE_WRITE) right after; keeps {} resident, reclaimable{cgroup}",
                 size(pinned)
             ),
             rule_for("populate"),
@@ -509,14 +525,6 @@ fn touched_once(table: &Table) -> Option<Advice> {
                again; locking would pin them for no steady-state gain"
         .to_string();
     Some(Advice::new(Verdict::DoNot, "touched-once", what, how))
-}
-
-fn limit_text(limit: Option<MemlockLimit>) -> String {
-    match limit {
-        Some(MemlockLimit::Unlimited) => "RLIMIT_MEMLOCK unlimited".to_string(),
-        Some(MemlockLimit::Bytes(b)) => format!("RLIMIT_MEMLOCK {}", size(b)),
-        None => "RLIMIT_MEMLOCK unknown".to_string(),
-    }
 }
 
 fn range(m: &MappingFigures) -> String {

@@ -1,7 +1,8 @@
 //! What the tracer's summaries do not hold, read from `/proc` while the target runs: every
 //! mapping it had (range, name, permissions, resident and locked bytes, when it was seen
 //! and how often it came back), when the last executable file was mapped (the end of
-//! start-up), its `RLIMIT_MEMLOCK`, `CAP_IPC_LOCK`, thread count and its own fault counters.
+//! start-up), its `RLIMIT_MEMLOCK`, `CAP_IPC_LOCK`, memory cgroup, thread count and its own
+//! fault counters.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -18,6 +19,7 @@ use serde::Serialize;
 use crate::{
     output::{Outside, WallClock},
     probe,
+    process::memory_cgroup::{self, MemoryCgroup},
     procfs::{self, PAGE_SIZE},
 };
 
@@ -63,6 +65,9 @@ pub struct Samples {
     pub last_ns: Option<u64>,
     pub memlock_limit: Option<MemlockLimit>,
     pub cap_ipc_lock: Option<bool>,
+    /// The memory cgroup as the sample that found the least room saw it (its usage at the
+    /// fullest).
+    pub memory_cgroup: Option<MemoryCgroup>,
     pub threads_max: u32,
     /// Most bytes locked at once (the sum of smaps `Locked:`).
     pub locked_max_bytes: u64,
@@ -169,6 +174,16 @@ fn sample_until(pid_source: Pid, stop: &AtomicBool, found: &AtomicU32) -> Sample
         }
         if let Some(limit) = read(&format!("/proc/{pid}/limits")).and_then(|l| memlock_limit(&l)) {
             samples.memlock_limit = Some(limit);
+        }
+        if let Some(cgroup) = memory_cgroup::of_process(pid) {
+            let room = |c: &MemoryCgroup| c.binding().map_or(u64::MAX, |l| l.headroom());
+            if samples
+                .memory_cgroup
+                .as_ref()
+                .is_none_or(|seen| room(&cgroup) <= room(seen))
+            {
+                samples.memory_cgroup = Some(cgroup);
+            }
         }
         let mut now_present = BTreeSet::new();
         let mut locked = 0;

@@ -11,6 +11,7 @@ use super::{
     observe::{Faults, Interval, Latency, Run},
     sample::{MemlockLimit, Seen, mem_available},
 };
+use crate::process::memory_cgroup::MemoryCgroup;
 
 /// Names the tracer gives faults no current mapping holds.
 const UNATTRIBUTED: [&str; 2] = ["unmapped", "unknown"];
@@ -107,6 +108,9 @@ pub struct Table {
     pub memlock_limit: Option<MemlockLimit>,
     pub cap_ipc_lock: Option<bool>,
     pub mem_available_bytes: Option<u64>,
+    /// The process's memory cgroup and its limits, at its fullest (`None`: no memory
+    /// controller, or the process was never sampled).
+    pub memory_cgroup: Option<MemoryCgroup>,
     pub threads_max: u32,
     pub locked_max_bytes: u64,
     /// Bytes the kernel counted locked by the process's mlock-family calls (exact, where
@@ -249,6 +253,7 @@ pub fn build(run: &Run, startup_flag: Option<f64>) -> Result<Table> {
         memlock_limit: s.memlock_limit,
         cap_ipc_lock: s.cap_ipc_lock,
         mem_available_bytes: mem_available(),
+        memory_cgroup: s.memory_cgroup.clone(),
         threads_max: s.threads_max,
         locked_max_bytes: s.locked_max_bytes,
         locked_by_calls_bytes: run.locked_by_calls,

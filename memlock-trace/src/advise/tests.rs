@@ -48,6 +48,7 @@ fn table(mappings: Vec<MappingFigures>, limit: u64, cap: bool) -> Table {
         memlock_limit: Some(MemlockLimit::Bytes(limit)),
         cap_ipc_lock: Some(cap),
         mem_available_bytes: Some(8 << 30),
+        memory_cgroup: None,
         threads_max: 1,
         locked_max_bytes: 0,
         locked_by_calls_bytes: 0,
@@ -337,4 +338,75 @@ fn a_mapping_malloc_made_is_applied_by_its_blocks_sizes_one_rule_each() {
         super::apply::preload_rules(&mixed),
         ["populate:alloc:1048576", "lock:anon:8192"]
     );
+}
+
+/// A memory cgroup limited at `limit_mib` with `used_mib` charged, its parent unlimited.
+fn in_cgroup(t: &mut Table, limit_mib: u64, used_mib: u64) {
+    use crate::process::memory_cgroup::{MemoryCgroup, MemoryLimit, Version};
+    t.memory_cgroup = Some(MemoryCgroup {
+        version: Version::V2,
+        path: "/app.slice/app.service".into(),
+        limits: vec![MemoryLimit {
+            path: "/app.slice".into(),
+            file: "memory.max",
+            limit_bytes: limit_mib * MIB,
+            usage_bytes: used_mib * MIB,
+        }],
+    });
+}
+
+#[test]
+fn past_the_memory_cgroup_s_room_nothing_is_locked_nor_populated() {
+    // 256 MiB mapped, 64 MiB of it resident: locking charges 192 MiB more.
+    let mut m = mapping("anonymous", 256 * MIB, 0, 16384);
+    m.resident_bytes = Some(64 * MIB);
+    let mut t = table(vec![m], 8 * MIB, true);
+    in_cgroup(&mut t, 160, 80);
+    let advice = advise(&t);
+    assert!(
+        !advice.iter().any(|a| a.verdict == Verdict::Do),
+        "nothing ranked: {advice:?}"
+    );
+    let refused = advice.iter().find(|a| a.kind == "over-cgroup").unwrap();
+    assert_eq!(refused.verdict, Verdict::DoNot);
+    assert!(
+        refused.how.contains(
+            "would charge 192 MiB more to the memory cgroup /app.slice/app.service, past \
+             /app.slice's memory.max 160 MiB (80 MiB used at the process's fullest, 80 MiB left)"
+        ),
+        "{}",
+        refused.how
+    );
+    // Without CAP_IPC_LOCK and over RLIMIT_MEMLOCK: populating charges as much, refused too.
+    t.cap_ipc_lock = Some(false);
+    let advice = advise(&t);
+    assert!(!advice.iter().any(|a| a.kind == "populate"), "{advice:?}");
+    assert!(advice.iter().any(|a| a.kind == "over-cgroup"), "{advice:?}");
+}
+
+#[test]
+fn within_the_memory_cgroup_s_room_the_lock_says_what_it_charges() {
+    let mut m = mapping("anonymous", 256 * MIB, 0, 16384);
+    m.resident_bytes = Some(64 * MIB);
+    let mut t = table(vec![m.clone()], 8 * MIB, true);
+    in_cgroup(&mut t, 1024, 80);
+    let advice = advise(&t);
+    assert_eq!(advice[0].kind, "lock", "{advice:?}");
+    assert!(
+        advice[0]
+            .how
+            .contains("charges 192 MiB more to the memory cgroup /app.slice/app.service, within"),
+        "{}",
+        advice[0].how
+    );
+    // Two mappings that fit alone but not together: the second is refused.
+    let mut second = m;
+    second.start += 512 * MIB;
+    second.end += 512 * MIB;
+    second.fault_ns_after /= 2;
+    let mut t = table(vec![t.mappings[0].clone(), second], 8 * MIB, true);
+    in_cgroup(&mut t, 400, 80);
+    let advice = advise(&t);
+    let kinds: Vec<&str> = advice.iter().map(|a| a.kind).collect();
+    assert_eq!(kinds, ["lock", "over-cgroup"], "{advice:?}");
 }

@@ -235,7 +235,7 @@ pub(crate) fn cgroup2_mount() -> Result<Option<Cgroup2Mount>> {
 }
 
 /// mountinfo escapes space, tab, newline and backslash as `\ooo`.
-fn unescape_mountinfo(field: &str) -> String {
+pub(crate) fn unescape_mountinfo(field: &str) -> String {
     let mut out = Vec::new();
     let bytes = field.as_bytes();
     let mut i = 0;

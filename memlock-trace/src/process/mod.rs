@@ -1,11 +1,13 @@
 //! Which processes are traced: the target set and its filters ([`filters`]), commands
-//! launched under the tracer ([`launch`]), and the bounded per-process table that keeps a
+//! launched under the tracer ([`launch`]), the memory cgroup that limits a process
+//! ([`memory_cgroup`]), and the bounded per-process table that keeps a
 //! long session's footprint fixed ([`table`]).
 
 pub mod cgroup;
 pub mod filters;
 pub mod identity;
 pub mod launch;
+pub mod memory_cgroup;
 pub mod pids;
 pub mod table;
 

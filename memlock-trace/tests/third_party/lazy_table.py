@@ -1,9 +1,10 @@
 """A program with a lazily touched table: it maps SIZE bytes (shared anonymous memory, through
-the mmap module), lets its start-up end, then writes one byte per page inside a timed phase.
+the mmap module), lets its start-up end, then writes one byte per page (or per STRIDE pages)
+inside a timed phase.
 It appends its own account of that phase to REPORT as one JSON line: the minor faults
 getrusage and /proc/self/stat counted, and the time it took.
 
-    python3 lazy_table.py REPORT SIZE
+    python3 lazy_table.py REPORT SIZE [STRIDE]
 """
 
 import json
@@ -21,15 +22,17 @@ def stat_minflt():
 
 
 report, size = sys.argv[1], int(sys.argv[2])
+stride = int(sys.argv[3]) if len(sys.argv) > 3 else 1
 table = mmap.mmap(-1, size)
 time.sleep(0.5)
 rusage0, stat0, t0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, stat_minflt(), time.perf_counter()
-for offset in range(0, size, mmap.PAGESIZE):
+for offset in range(0, size, mmap.PAGESIZE * stride):
     table[offset] = 1
 t1, stat1, rusage1 = time.perf_counter(), stat_minflt(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 with open(report, "a") as f:
     f.write(json.dumps({
         "pages": size // mmap.PAGESIZE,
+        "touched": len(range(0, size, mmap.PAGESIZE * stride)),
         "timed_minflt": rusage1 - rusage0,
         "timed_stat_minflt": stat1 - stat0,
         "timed_ms": (t1 - t0) * 1e3,

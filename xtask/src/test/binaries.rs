@@ -37,6 +37,12 @@ pub(super) const HOST_ONLY: &[(&str, &str)] = &[
          reads: test:intervals and test:faults, on every kernel)",
     ),
     (
+        "memlock-trace/test:advise_cgroup",
+        "host only: the memory cgroup's limits and usage are files advise reads in user \
+         space, the same on every kernel (the per-interval fault figures advise weighs: \
+         test:intervals and test:faults, on every kernel)",
+    ),
+    (
         "memlock-trace/test:advise_memcached",
         "host only: runs memcached a second time with the preload library and perf stat, \
          which the guest's initramfs does not carry (the fault figures advise reads: \
@@ -133,6 +139,7 @@ pub(super) fn not_in_guest(binary: &str, kernel: &str) -> Option<&'static str> {
 /// the host has (python3 with its standard library, memcached: see `vm::programs`).
 pub(super) const PROGRAM_TESTS: &[(&str, &str)] = &[
     ("memlock-trace/test:advise", "python3"),
+    ("memlock-trace/test:advise_cgroup", "python3"),
     ("memlock-trace/test:advise_memcached", "memcached"),
     ("memlock-trace/test:advise_memcached", "linux-perf"),
     ("memlock-trace/test:prometheus_server", "prometheus"),

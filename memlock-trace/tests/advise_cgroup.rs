@@ -1,0 +1,278 @@
+//! `advise` in a memory cgroup: python3 maps a 256 MiB table and touches one page in four
+//! (64 MiB) inside a real memory cgroup the test makes, nested two deep
+//! (`/memlock-trace-test-advise-PID/inner`). Locking the table would charge the 192 MiB not
+//! yet resident; the host has gigabytes available, the cgroup far less. With the outer
+//! cgroup's limit at 160 MiB the advice must refuse to lock or populate it and name that
+//! limit (the lowest room wins, though the inner limit is the higher one); with the outer
+//! limit raised, it locks and names what it charges against the inner limit.
+//!
+//! The memory controller is v1's where it is mounted (hybrid hosts, this one), else the
+//! unified hierarchy's (where the root offers `memory`); a host with neither fails loudly.
+
+mod common;
+mod support;
+
+use std::{
+    os::unix::fs::PermissionsExt as _,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use common::require_privileges;
+use serde_json::Value;
+use support::BIN;
+
+const PYTHON: &str = "/usr/bin/python3";
+const LAZY_TABLE: &str = include_str!("third_party/lazy_table.py");
+const MIB: u64 = 1 << 20;
+const TABLE_BYTES: u64 = 256 * MIB;
+/// One page in four is touched: 64 MiB resident of 256.
+const STRIDE: u64 = 4;
+const PAGE: u64 = 4096;
+
+/// Where the memory controller is, and the names of its files there.
+struct Controller {
+    point: PathBuf,
+    v1: bool,
+}
+
+impl Controller {
+    fn find() -> Self {
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let mount = |fstype: &str, option: Option<&str>| {
+            mounts.lines().find_map(|l| {
+                let (left, right) = l.split_once(" - ")?;
+                let right: Vec<&str> = right.split_whitespace().collect();
+                let ok = right.first() == Some(&fstype)
+                    && option
+                        .is_none_or(|o| right.get(2).is_some_and(|s| s.split(',').any(|x| x == o)));
+                ok.then(|| PathBuf::from(left.split_whitespace().nth(4).unwrap()))
+            })
+        };
+        if let Some(point) = mount("cgroup", Some("memory")) {
+            return Self { point, v1: true };
+        }
+        let point = mount("cgroup2", None).filter(|p| {
+            std::fs::read_to_string(p.join("cgroup.controllers"))
+                .is_ok_and(|c| c.split_whitespace().any(|c| c == "memory"))
+        });
+        let Some(point) = point else {
+            panic!(
+                "no memory controller: neither a cgroup v1 `memory` mount nor a cgroup2 mount \
+                 offering `memory` in /proc/self/mountinfo:\n{mounts}"
+            );
+        };
+        Self { point, v1: false }
+    }
+
+    fn limit_file(&self) -> &'static str {
+        if self.v1 {
+            "memory.limit_in_bytes"
+        } else {
+            "memory.max"
+        }
+    }
+
+    fn peak_file(&self) -> &'static str {
+        if self.v1 {
+            "memory.max_usage_in_bytes"
+        } else {
+            "memory.peak"
+        }
+    }
+}
+
+/// `/memlock-trace-test-advise-PID/inner`, made for the test and removed on drop.
+struct Nested {
+    memory: Controller,
+    outer: PathBuf,
+    inner: PathBuf,
+}
+
+impl Nested {
+    fn new() -> Self {
+        let memory = Controller::find();
+        let outer = memory
+            .point
+            .join(format!("memlock-trace-test-advise-{}", std::process::id()));
+        let inner = outer.join("inner");
+        if !memory.v1 {
+            // Children get memory files once their parent enables the controller.
+            write(&memory.point.join("cgroup.subtree_control"), "+memory");
+            std::fs::create_dir_all(&outer).unwrap();
+            write(&outer.join("cgroup.subtree_control"), "+memory");
+        }
+        std::fs::create_dir_all(&inner)
+            .unwrap_or_else(|e| panic!("mkdir {}: {e}", inner.display()));
+        Self {
+            memory,
+            outer,
+            inner,
+        }
+    }
+
+    fn limit(&self, dir: &Path, bytes: u64) {
+        write(&dir.join(self.memory.limit_file()), &bytes.to_string());
+    }
+
+    /// A path as `/proc/PID/cgroup` shows it (the hierarchy's root mounted, root namespace).
+    fn shown(&self, dir: &Path) -> String {
+        format!(
+            "/{}",
+            dir.strip_prefix(&self.memory.point).unwrap().display()
+        )
+    }
+
+    fn peak(&self) -> u64 {
+        let file = self.inner.join(self.memory.peak_file());
+        let text =
+            std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        text.trim().parse().unwrap()
+    }
+}
+
+impl Drop for Nested {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.inner);
+        let _ = std::fs::remove_dir(&self.outer);
+    }
+}
+
+fn write(file: &Path, value: &str) {
+    std::fs::write(file, value)
+        .unwrap_or_else(|e| panic!("writing {value} to {}: {e}", file.display()));
+}
+
+/// `advise --json` on the table program moved into `cgroup` by its shell before it execs;
+/// the report, and the program's own account of its timed phase.
+fn advise_in(cgroup: &Nested, dir: &Path) -> (Value, Value) {
+    let script = dir.join("lazy_table.py");
+    std::fs::write(&script, LAZY_TABLE).unwrap();
+    let own = dir.join("report.json");
+    let _ = std::fs::remove_file(&own);
+    let shell = format!(
+        "echo $$ > {}/cgroup.procs && exec {PYTHON} {} {} {TABLE_BYTES} {STRIDE}",
+        cgroup.inner.display(),
+        script.display(),
+        own.display()
+    );
+    let out = Command::new(BIN)
+        .args(["advise", "--json", "--", "sh", "-c", &shell])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "advise failed ({}): {}\n{stdout}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_str(stdout.trim()).unwrap();
+    let own: Value = serde_json::from_str(std::fs::read_to_string(&own).unwrap().trim()).unwrap();
+    (report, own)
+}
+
+fn table_advice(report: &Value) -> Vec<&Value> {
+    report["advice"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|a| {
+            a["mapping"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("/dev/zero"))
+        })
+        .collect()
+}
+
+#[test]
+fn a_table_the_cgroup_has_no_room_for_is_not_locked_and_the_lowest_limit_is_named() {
+    require_privileges();
+    assert!(
+        Path::new(PYTHON).is_file(),
+        "{PYTHON} is missing (apt-get install python3)"
+    );
+    let dir = std::env::temp_dir().join(format!("memlock-trace-advise-cg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let cgroup = Nested::new();
+    let limit_file = cgroup.memory.limit_file();
+    // The inner limit is the higher; the outer one leaves the least room.
+    cgroup.limit(&cgroup.inner, 1 << 30);
+    cgroup.limit(&cgroup.outer, 160 * MIB);
+    let (report, own) = advise_in(&cgroup, &dir);
+    let touched = TABLE_BYTES / PAGE / STRIDE;
+    assert_eq!(own["touched"], touched, "{own}");
+    assert!(own["timed_minflt"].as_u64().unwrap() >= touched, "{own}");
+    let cg = &report["process"]["memory_cgroup"];
+    assert_eq!(
+        cg["version"],
+        if cgroup.memory.v1 { "v1" } else { "v2" },
+        "{cg}"
+    );
+    assert_eq!(cg["path"], cgroup.shown(&cgroup.inner), "{cg}");
+    let limits = cg["limits"].as_array().unwrap();
+    let found: Vec<(&str, &str, u64)> = limits
+        .iter()
+        .map(|l| {
+            (
+                l["path"].as_str().unwrap(),
+                l["file"].as_str().unwrap(),
+                l["limit_bytes"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    let (inner, outer) = (cgroup.shown(&cgroup.inner), cgroup.shown(&cgroup.outer));
+    assert_eq!(
+        found,
+        [
+            (inner.as_str(), limit_file, 1 << 30),
+            (outer.as_str(), limit_file, 160 * MIB)
+        ],
+        "{cg}"
+    );
+    // The usage advise saw at the fullest: the table's touched part at least, and no more
+    // than the kernel's own peak for the cgroup.
+    let used = limits[0]["usage_bytes"].as_u64().unwrap();
+    let peak = cgroup.peak();
+    assert!(
+        used >= touched * PAGE && used <= peak,
+        "advise saw {used} bytes charged; touched {}, the kernel's peak {peak}",
+        touched * PAGE
+    );
+    let advice = table_advice(&report);
+    assert!(
+        !advice.iter().any(|a| a["verdict"] == "do"),
+        "the table must not be ranked: {advice:?}"
+    );
+    let refused = advice
+        .iter()
+        .find(|a| a["kind"] == "over-cgroup")
+        .unwrap_or_else(|| panic!("no over-cgroup advice: {}", report["advice"]));
+    assert_eq!(refused["verdict"], "do-not");
+    let how = refused["how"].as_str().unwrap();
+    assert!(
+        how.contains(&format!(
+            "more to the memory cgroup {inner}, past {outer}'s {limit_file} 160 MiB"
+        )),
+        "{how}"
+    );
+
+    // Room enough above: the table is locked, and the lowest room now is the inner cgroup's.
+    cgroup.limit(&cgroup.outer, 4 << 30);
+    let (report, _) = advise_in(&cgroup, &dir);
+    let advice = table_advice(&report);
+    let lock = advice
+        .iter()
+        .find(|a| a["verdict"] == "do")
+        .unwrap_or_else(|| panic!("no advice on the table: {}", report["advice"]));
+    assert_eq!(lock["kind"], "lock", "{lock}");
+    let how = lock["how"].as_str().unwrap();
+    assert!(
+        how.contains(&format!(
+            "more to the memory cgroup {inner}, within its {limit_file} 1 GiB"
+        )),
+        "{how}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
