@@ -54,9 +54,9 @@ pub(super) fn record_start<const LOOKUP: u8>(address: u64, sp: u64) {
     // here, where every fault passes (user addresses only: a kernel-mode fault on kernel
     // memory has no mapping).
     if config!(counted_by_perf) != 0 && address < USER_ADDRESS_END {
-        // A walk of the VMA tree, not bpf_find_vma: see `mapping::find`.
         let vma = match LOOKUP {
-            FIND_VMA | RB_WALK => resolve::<true, false>(tgid, address, sp),
+            FIND_VMA => resolve::<false, true>(tgid, address, sp),
+            RB_WALK => resolve::<true, false>(tgid, address, sp),
             _ => None,
         };
         let (region, vm_flags) = vma.unwrap_or((address & PAGE_MASK, 0));
@@ -219,12 +219,14 @@ pub(super) fn perf_completion<const ACROSS_CPUS: bool>(ctx: &PerfEventContext, m
         }
     };
     let vma = if traced && !timed_only {
-        // A walk of the VMA tree (rbtree before 6.1, maple tree after), not bpf_find_vma:
-        // a perf event's program runs with interrupts off, where the helper defers its
-        // unlock to an irq_work, a self-IPI per lookup (5 us per fault in a virtual machine,
-        // half the rate of fork+exec system-wide). A kernel-mode fault's sp is the kernel's:
-        // in no user VMA.
-        resolve::<true, false>(tgid, address, sp)
+        // The `_local` programs run on kernels before 5.19, whose VMAs are still in an
+        // rbtree (maple tree: 6.1); the others have `bpf_find_vma` (5.17).
+        // A kernel-mode fault's sp is the kernel's: in no user VMA.
+        if ACROSS_CPUS {
+            resolve::<false, true>(tgid, address, sp)
+        } else {
+            resolve::<true, false>(tgid, address, sp)
+        }
     } else {
         None
     };

@@ -458,8 +458,8 @@ fn remember(
         start,
     };
     // SAFETY: a valid pointer to the map's value, read at once.
-    let old = unsafe { FAULT_MAPPINGS.get(&cache.key) }.copied();
-    let held_before = old.is_some_and(|old| old.end == end && old.flags & VM_HELD_SP != 0);
+    let held_before = unsafe { FAULT_MAPPINGS.get(&cache.key) }
+        .is_some_and(|old| old.end == end && old.flags & VM_HELD_SP != 0);
     let held = if held_sp || held_before {
         VM_HELD_SP
     } else {
@@ -476,18 +476,6 @@ fn remember(
         vma,
     };
     info.flags = info.flags & !VM_HELD_SP | held;
-    // Already recorded as it is (the cache is dropped at every mapping call of every traced
-    // process, so most misses meet a VMA already known): an LRU update saved.
-    if old.is_some_and(|old| {
-        old.end == info.end
-            && old.flags == info.flags
-            && old.pgoff == info.pgoff
-            && old.ino == info.ino
-            && old.dev == info.dev
-            && old.kind == info.kind
-    }) {
-        return;
-    }
     if FAULT_MAPPINGS
         .insert(&cache.key, info, u64::from(BPF_ANY))
         .is_err()

@@ -121,8 +121,6 @@ struct KernelSupport {
     percpu_lookup: bool,
     /// `bpf_find_vma` (5.17): the VMA of a fault looked up; else the rbtree walk.
     find_vma: bool,
-    /// VMAs in a maple tree (6.1), which the fault completions walk themselves.
-    maple_tree: bool,
 }
 
 impl KernelSupport {
@@ -133,7 +131,6 @@ impl KernelSupport {
                 .is_ok(),
             percpu_lookup: btf.has_enum_member("bpf_func_id", "BPF_FUNC_map_lookup_percpu_elem"),
             find_vma: btf.has_find_vma(),
-            maple_tree: btf.mapping_config().is_ok_and(|c| c.maple_valid == 1),
         }
     }
 }
@@ -493,12 +490,10 @@ fn vma_lookup(
     specific_targets: bool,
     kernel: &KernelSupport,
 ) -> String {
-    // The perf events' programs run with interrupts off, where bpf_find_vma would defer
-    // its unlock to an irq_work each time: they walk the tree themselves.
-    let how = if kernel.maple_tree {
-        "a lockless walk of mm->mm_mt"
+    let how = if kernel.find_vma {
+        "bpf_find_vma"
     } else {
-        "a walk of mm->mm_rb"
+        "a walk of mm->mm_rb (no bpf_find_vma, 5.17)"
     };
     if set != HookSet::Tracepoint {
         format!("each fault's VMA from {FAULT_FUNCTION}'s argument")
