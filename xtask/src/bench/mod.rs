@@ -28,7 +28,7 @@ use anyhow::{Context as _, Result, anyhow, bail};
 
 use self::{
     measure::{Sample, measure, with_bpf_stats},
-    report::{Environment, replace_section, report},
+    report::{Environment, FAULTS_SECTION, replace_section, report},
     workload::Placement,
 };
 use crate::{run::workspace_root, util::run as run_cmd};
@@ -314,7 +314,7 @@ pub fn run(args: &Args) -> Result<()> {
     let report = report(args, pages, &env, &samples, &neighbours, &max_rate, &costs);
     let out = workspace_root().join(&args.out);
     let existing = std::fs::read_to_string(&out).unwrap_or_default();
-    std::fs::write(&out, replace_section(&existing, &report))
+    std::fs::write(&out, replace_section(&existing, FAULTS_SECTION, &report))
         .with_context(|| format!("writing {}", out.display()))?;
     println!("{report}");
     println!("xtask bench: wrote {}", out.display());

@@ -18,16 +18,22 @@ pub(super) struct Environment {
     pub(super) load_after: String,
 }
 
-/// BENCHMARKS.md holds other benchmarks too: this one owns the text between these markers.
-const SECTION_BEGIN: &str = "<!-- cargo xtask bench: page faults (generated, do not edit) -->";
-const SECTION_END: &str = "<!-- end of cargo xtask bench -->";
+/// BENCHMARKS.md holds every benchmark's report: each owns the text between its two markers.
+pub(super) type Markers = (&'static str, &'static str);
 
-/// `existing` with the bench section replaced by `report` (appended if absent).
-pub(super) fn replace_section(existing: &str, report: &str) -> String {
-    let section = format!("{SECTION_BEGIN}\n{}\n{SECTION_END}\n", report.trim_end());
-    match (existing.find(SECTION_BEGIN), existing.find(SECTION_END)) {
+/// The page-fault benchmark's markers.
+pub(super) const FAULTS_SECTION: Markers = (
+    "<!-- cargo xtask bench: page faults (generated, do not edit) -->",
+    "<!-- end of cargo xtask bench -->",
+);
+
+/// `existing` with the section between `markers` replaced by `report` (appended if absent).
+pub(super) fn replace_section(existing: &str, markers: Markers, report: &str) -> String {
+    let (section_begin, section_end) = markers;
+    let section = format!("{section_begin}\n{}\n{section_end}\n", report.trim_end());
+    match (existing.find(section_begin), existing.find(section_end)) {
         (Some(begin), Some(end)) if begin < end => {
-            let after = &existing[end + SECTION_END.len()..];
+            let after = &existing[end + section_end.len()..];
             format!(
                 "{}{section}{}",
                 &existing[..begin],
@@ -510,13 +516,21 @@ mod tests {
 
     #[test]
     fn the_section_is_replaced_in_place_and_the_rest_kept() {
-        let first = replace_section("# Benchmarks\n\n## Other\ntext\n", "## Faults\nv1\n");
+        let first = replace_section(
+            "# Benchmarks\n\n## Other\ntext\n",
+            FAULTS_SECTION,
+            "## Faults\nv1\n",
+        );
         assert!(
             first.starts_with("# Benchmarks\n\n## Other\ntext\n\n"),
             "{first}"
         );
         assert!(first.contains("## Faults\nv1"));
-        let second = replace_section(&format!("{first}\n## Later\n"), "## Faults\nv2\n");
+        let second = replace_section(
+            &format!("{first}\n## Later\n"),
+            FAULTS_SECTION,
+            "## Faults\nv2\n",
+        );
         assert!(
             second.contains("## Faults\nv2") && !second.contains("v1"),
             "{second}"
@@ -525,6 +539,6 @@ mod tests {
             second.contains("## Other\ntext") && second.contains("## Later"),
             "{second}"
         );
-        assert!(replace_section("", "## F\n").starts_with("# Benchmarks\n\n"));
+        assert!(replace_section("", FAULTS_SECTION, "## F\n").starts_with("# Benchmarks\n\n"));
     }
 }

@@ -18,10 +18,13 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use plotters::prelude::*;
 
+use super::report::{Markers, replace_section};
 use crate::run::workspace_root;
 
-const SECTION_BEGIN: &str = "<!-- cargo xtask bench --soak (generated, do not edit) -->";
-const SECTION_END: &str = "<!-- end of cargo xtask bench --soak -->";
+const SECTION: Markers = (
+    "<!-- cargo xtask bench --soak (generated, do not edit) -->",
+    "<!-- end of cargo xtask bench --soak -->",
+);
 const PLOT: &str = "docs/soak.svg";
 const PORT: u16 = 19477;
 const SAMPLE_EVERY: Duration = Duration::from_secs(10);
@@ -139,7 +142,7 @@ pub fn run(tracer: &Path, minutes: f64) -> Result<()> {
     let report = report(&samples, minutes, peak_kib, stop_secs, listed, folded);
     let out = root.join("BENCHMARKS.md");
     let existing = std::fs::read_to_string(&out).unwrap_or_default();
-    std::fs::write(&out, replace_section(&existing, &report))?;
+    std::fs::write(&out, replace_section(&existing, SECTION, &report))?;
     println!("{report}");
     println!(
         "xtask soak: wrote {} and {}",
@@ -376,19 +379,4 @@ fn date() -> String {
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .unwrap_or_default()
-}
-
-fn replace_section(existing: &str, report: &str) -> String {
-    let section = format!("{SECTION_BEGIN}\n{}\n{SECTION_END}\n", report.trim_end());
-    match (existing.find(SECTION_BEGIN), existing.find(SECTION_END)) {
-        (Some(begin), Some(end)) if begin < end => {
-            let after = &existing[end + SECTION_END.len()..];
-            format!(
-                "{}{section}{}",
-                &existing[..begin],
-                after.strip_prefix('\n').unwrap_or(after)
-            )
-        }
-        _ => format!("{}\n\n{section}", existing.trim_end()),
-    }
 }

@@ -183,8 +183,11 @@ pub(super) fn run(rounds: usize, out: &Path) -> Result<()> {
     let section = report::section(&environment, &runs);
     let out = workspace_root().join(out);
     let existing = std::fs::read_to_string(&out).unwrap_or_default();
-    std::fs::write(&out, report::replace_section(&existing, &section))
-        .with_context(|| format!("writing {}", out.display()))?;
+    std::fs::write(
+        &out,
+        super::report::replace_section(&existing, report::SECTION, &section),
+    )
+    .with_context(|| format!("writing {}", out.display()))?;
     println!("{section}");
     println!(
         "xtask bench --node-cost: wrote {} and {}",

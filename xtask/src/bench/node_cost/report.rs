@@ -7,10 +7,13 @@ use anyhow::Result;
 use plotters::prelude::*;
 
 use super::{Run, Setup, figures::Figures};
+use crate::bench::report::Markers;
 
 pub(super) const PLOT: &str = "docs/node-cost.svg";
-const SECTION_BEGIN: &str = "<!-- cargo xtask bench --node-cost (generated, do not edit) -->";
-const SECTION_END: &str = "<!-- end of cargo xtask bench --node-cost -->";
+pub(super) const SECTION: Markers = (
+    "<!-- cargo xtask bench --node-cost (generated, do not edit) -->",
+    "<!-- end of cargo xtask bench --node-cost -->",
+);
 
 pub(super) struct Environment {
     pub(super) kernel: String,
@@ -233,22 +236,6 @@ fn goals(r: &mut String, runs: &[Run]) {
         count_only.map_or("-".into(), |c| format!("{c:.2}")),
         verdict(count_only.map(|c| c <= 1.03)),
     );
-}
-
-/// `existing` with this benchmark's section replaced by `report` (appended if absent).
-pub(super) fn replace_section(existing: &str, report: &str) -> String {
-    let section = format!("{SECTION_BEGIN}\n{}\n{SECTION_END}\n", report.trim_end());
-    match (existing.find(SECTION_BEGIN), existing.find(SECTION_END)) {
-        (Some(begin), Some(end)) if begin < end => {
-            let after = &existing[end + SECTION_END.len()..];
-            format!(
-                "{}{section}{}",
-                &existing[..begin],
-                after.strip_prefix('\n').unwrap_or(after)
-            )
-        }
-        _ => format!("{}\n\n{section}", existing.trim_end()),
-    }
 }
 
 const COLORS: [RGBColor; 6] = [
