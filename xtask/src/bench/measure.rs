@@ -23,7 +23,7 @@ use crate::util::{output_of, run as run_cmd};
 /// per-process minor/major counts and latency histograms from fault entry to accounting.
 /// bpftrace prints "Attaching N probes" before it attaches them; the interval probe, attached
 /// last, prints once the others are in place.
-const BPFTRACE_SCRIPT: &str = r#"
+pub(super) const BPFTRACE_SCRIPT: &str = r#"
 tracepoint:exceptions:page_fault_user,
 tracepoint:exceptions:page_fault_kernel
 /pid == $1/

@@ -20,7 +20,7 @@ use std::{
 use anyhow::{Context as _, Result, anyhow, bail};
 
 use self::figures::Figures;
-use super::measure::{Attached, attach};
+use super::measure::{Attached, BPFTRACE_SCRIPT, attach};
 use crate::run::workspace_root;
 
 /// What runs beside the measured work.
@@ -63,39 +63,6 @@ impl Setup {
         matches!(self, Setup::BpftraceFaults | Setup::BpftraceSyscalls)
     }
 }
-
-/// Fault counts and a latency histogram per process, every process, on the tracepoint
-/// hooks memlock-trace's tracepoint set uses; the interval probe, attached last, says when
-/// the others are in place.
-const BPFTRACE_FAULTS: &str = r#"
-tracepoint:exceptions:page_fault_user,
-tracepoint:exceptions:page_fault_kernel
-{
-    @start[tid] = nsecs;
-}
-software:minor-faults:1
-{
-    @minor[pid] = count();
-    if (@start[tid]) {
-        @minor_ns[pid] = hist(nsecs - @start[tid]);
-        delete(@start[tid]);
-    }
-}
-software:major-faults:1
-{
-    @major[pid] = count();
-    if (@start[tid]) {
-        @major_ns[pid] = hist(nsecs - @start[tid]);
-        delete(@start[tid]);
-    }
-}
-interval:ms:50
-/@ready == 0/
-{
-    printf("attached\n");
-    @ready = 1;
-}
-"#;
 
 /// The mlock family timed per process and call, as memlock-trace's syscall family does, on
 /// the per-call `syscalls:*` events.
@@ -203,13 +170,15 @@ fn measure_setup(tracer: &Path, bpftrace: &Path, setup: Setup) -> Result<Figures
     let attached: Option<Attached> = match setup {
         Setup::Untraced => None,
         Setup::BpftraceFaults | Setup::BpftraceSyscalls => {
+            // The fault script is the page-fault bench's, for every process: its pid
+            // filters dropped.
             let script = if setup == Setup::BpftraceFaults {
-                BPFTRACE_FAULTS
+                BPFTRACE_SCRIPT.replace("/pid == $1/\n", "")
             } else {
-                BPFTRACE_SYSCALLS
+                BPFTRACE_SYSCALLS.to_string()
             };
             let mut cmd = Command::new(bpftrace);
-            cmd.args(["-e", script]);
+            cmd.args(["-e", &script]);
             Some(attach(cmd, "attached", false)?)
         }
         Setup::SystemWide | Setup::SystemWideCountOnly | Setup::OtherProcess => {
