@@ -218,24 +218,40 @@ pub(crate) struct Cgroup2Mount {
 pub(crate) fn cgroup2_mount() -> Result<Option<Cgroup2Mount>> {
     let info =
         std::fs::read_to_string("/proc/self/mountinfo").context("reading /proc/self/mountinfo")?;
-    Ok(info.lines().find_map(|line| {
+    Ok(
+        find_mount(&info, |fstype, _| fstype == "cgroup2").map(|(root, point)| Cgroup2Mount {
+            root_depth: Path::new(&root).components().skip(1).count() as u32,
+            point,
+            root,
+        }),
+    )
+}
+
+/// The first mount in mountinfo text `mounts` whose filesystem type and super options
+/// `wanted` accepts: its root inside the filesystem and its mount point, unescaped.
+pub(crate) fn find_mount(
+    mounts: &str,
+    wanted: impl Fn(&str, &str) -> bool,
+) -> Option<(String, PathBuf)> {
+    mounts.lines().find_map(|line| {
         // `ID PARENT MAJ:MIN ROOT POINT OPTIONS [OPTIONAL...] - FSTYPE SOURCE SUPER`
         let (left, right) = line.split_once(" - ")?;
-        if right.split_whitespace().next()? != "cgroup2" {
+        let mut right = right.split_whitespace();
+        let fstype = right.next()?;
+        let super_options = right.nth(1).unwrap_or("");
+        if !wanted(fstype, super_options) {
             return None;
         }
         let fields: Vec<&str> = left.split_whitespace().collect();
-        let root = *fields.get(3)?;
-        Some(Cgroup2Mount {
-            point: PathBuf::from(unescape_mountinfo(fields.get(4)?)),
-            root: unescape_mountinfo(root),
-            root_depth: Path::new(root).components().skip(1).count() as u32,
-        })
-    }))
+        Some((
+            unescape_mountinfo(fields.get(3)?),
+            PathBuf::from(unescape_mountinfo(fields.get(4)?)),
+        ))
+    })
 }
 
 /// mountinfo escapes space, tab, newline and backslash as `\ooo`.
-pub(crate) fn unescape_mountinfo(field: &str) -> String {
+fn unescape_mountinfo(field: &str) -> String {
     let mut out = Vec::new();
     let bytes = field.as_bytes();
     let mut i = 0;

@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use super::filters::unescape_mountinfo;
+use super::filters::find_mount;
 use crate::output::Outside;
 
 /// Limits at or above this are no limit: v1 reports `PAGE_COUNTER_MAX` pages
@@ -141,25 +141,11 @@ struct Mount {
 
 /// The mount of the v1 `memory` controller, or the first cgroup2 mount.
 fn memory_mount(mounts: &str, version: Version) -> Option<Mount> {
-    mounts.lines().find_map(|line| {
-        // `ID PARENT MAJ:MIN ROOT POINT OPTIONS [OPTIONAL...] - FSTYPE SOURCE SUPER`
-        let (left, right) = line.split_once(" - ")?;
-        let right: Vec<&str> = right.split_whitespace().collect();
-        let wanted = match version {
-            Version::V1 => {
-                right.first() == Some(&"cgroup") && right.get(2)?.split(',').any(|o| o == "memory")
-            }
-            Version::V2 => right.first() == Some(&"cgroup2"),
-        };
-        if !wanted {
-            return None;
-        }
-        let fields: Vec<&str> = left.split_whitespace().collect();
-        Some(Mount {
-            root: unescape_mountinfo(fields.get(3)?),
-            point: PathBuf::from(unescape_mountinfo(fields.get(4)?)),
-        })
-    })
+    let (root, point) = find_mount(mounts, |fstype, options| match version {
+        Version::V1 => fstype == "cgroup" && options.split(',').any(|o| o == "memory"),
+        Version::V2 => fstype == "cgroup2",
+    })?;
+    Some(Mount { point, root })
 }
 
 /// The limits on cgroup `path` (as `/proc/PID/cgroup` names it) and its ancestors, read
