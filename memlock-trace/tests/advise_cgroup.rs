@@ -15,12 +15,11 @@ mod support;
 use std::{
     os::unix::fs::PermissionsExt as _,
     path::{Path, PathBuf},
-    process::Command,
 };
 
 use common::require_privileges;
 use serde_json::Value;
-use support::BIN;
+use support::advise_json;
 
 const PYTHON: &str = "/usr/bin/python3";
 const LAZY_TABLE: &str = include_str!("third_party/lazy_table.py");
@@ -156,18 +155,7 @@ fn advise_in(cgroup: &Nested, dir: &Path) -> (Value, Value) {
         script.display(),
         own.display()
     );
-    let out = Command::new(BIN)
-        .args(["advise", "--json", "--", "sh", "-c", &shell])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "advise failed ({}): {}\n{stdout}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: Value = serde_json::from_str(stdout.trim()).unwrap();
+    let report = advise_json(&[], &["sh", "-c", &shell]);
     let own: Value = serde_json::from_str(std::fs::read_to_string(&own).unwrap().trim()).unwrap();
     (report, own)
 }

@@ -318,8 +318,15 @@ pub fn settled<T: PartialEq>(read: impl Fn() -> T) -> T {
 
 /// Runs `advise --apply --json -- COMMAND` and returns its report.
 pub fn advise_apply(command: &[&str]) -> Value {
+    advise_json(&["--apply"], command)
+}
+
+/// Runs `advise OPTIONS --json -- COMMAND`, asserts it succeeded, and returns its report.
+pub fn advise_json(options: &[&str], command: &[&str]) -> Value {
     let out = Command::new(BIN)
-        .args(["advise", "--apply", "--json", "--"])
+        .arg("advise")
+        .args(options)
+        .args(["--json", "--"])
         .args(command)
         .output()
         .unwrap();
