@@ -21,8 +21,6 @@ use crate::util::{output_of, run as run_cmd};
 
 /// The bpftrace equivalent of memlock-trace's default mode on the tracepoint hook set:
 /// per-process minor/major counts and latency histograms from fault entry to accounting.
-/// bpftrace prints "Attaching N probes" before it attaches them; the interval probe, attached
-/// last, prints once the others are in place.
 pub(super) const BPFTRACE_SCRIPT: &str = r#"
 tracepoint:exceptions:page_fault_user,
 tracepoint:exceptions:page_fault_kernel
@@ -48,6 +46,11 @@ software:major-faults:1
         delete(@start[tid]);
     }
 }
+"#;
+
+/// The probe bpftrace attaches last: it prints once every other probe is in place (bpftrace
+/// prints "Attaching N probes" before it attaches them).
+const BPFTRACE_READY: &str = r#"
 interval:ms:50
 /@ready == 0/
 {
@@ -55,6 +58,14 @@ interval:ms:50
     @ready = 1;
 }
 "#;
+
+/// Starts `cmd` (a bpftrace) on `script` and `args`, and waits until its probes are attached.
+pub(super) fn attach_bpftrace(mut cmd: Command, script: &str, args: &[&str]) -> Result<Attached> {
+    cmd.arg("-e")
+        .arg(format!("{script}{BPFTRACE_READY}"))
+        .args(args);
+    attach(cmd, "attached", false)
+}
 
 /// One measured run.
 #[derive(Clone, Copy, Debug)]
@@ -211,9 +222,8 @@ pub(super) fn measure(
     let attached = match mode {
         Mode::Untraced => None,
         Mode::Bpftrace => {
-            let mut cmd = placement.command(bpftrace, true);
-            cmd.args(["-e", BPFTRACE_SCRIPT, &pid]);
-            Some(attach(cmd, "attached", false)?)
+            let cmd = placement.command(bpftrace, true);
+            Some(attach_bpftrace(cmd, BPFTRACE_SCRIPT, &[&pid])?)
         }
         _ => {
             let mut cmd = placement.command(tracer, true);

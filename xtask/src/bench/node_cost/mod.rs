@@ -20,7 +20,7 @@ use std::{
 use anyhow::{Context as _, Result, anyhow, bail};
 
 use self::figures::Figures;
-use super::measure::{Attached, BPFTRACE_SCRIPT, attach};
+use super::measure::{Attached, BPFTRACE_SCRIPT, attach, attach_bpftrace};
 use crate::run::workspace_root;
 
 /// What runs beside the measured work.
@@ -84,12 +84,6 @@ tracepoint:syscalls:sys_exit_munlockall
 {
     @ns[pid, probe] = hist(nsecs - @start[tid]);
     delete(@start[tid]);
-}
-interval:ms:50
-/@ready == 0/
-{
-    printf("attached\n");
-    @ready = 1;
 }
 "#;
 
@@ -177,9 +171,7 @@ fn measure_setup(tracer: &Path, bpftrace: &Path, setup: Setup) -> Result<Figures
             } else {
                 BPFTRACE_SYSCALLS.to_string()
             };
-            let mut cmd = Command::new(bpftrace);
-            cmd.args(["-e", &script]);
-            Some(attach(cmd, "attached", false)?)
+            Some(attach_bpftrace(Command::new(bpftrace), &script, &[])?)
         }
         Setup::SystemWide | Setup::SystemWideCountOnly | Setup::OtherProcess => {
             let mut cmd = Command::new(tracer);
