@@ -63,8 +63,8 @@ pub struct AdviseArgs {
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     pub output: Option<PathBuf>,
     /// The command to run, trace and advise on.
-    #[arg(last = true, value_name = "COMMAND")]
-    pub command: Vec<String>,
+    #[arg(last = true, value_name = "COMMAND", value_parser = clap::value_parser!(std::ffi::OsString))]
+    pub command: Vec<std::ffi::OsString>,
 }
 
 /// Runs `advise`; returns the exit code (the command's, of its first run).

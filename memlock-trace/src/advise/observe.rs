@@ -4,8 +4,9 @@
 
 use std::{
     collections::BTreeMap,
+    ffi::OsString,
     io::BufRead as _,
-    os::unix::process::CommandExt as _,
+    os::unix::{ffi::OsStrExt as _, process::CommandExt as _},
     path::PathBuf,
     process::{Command, Stdio},
 };
@@ -14,7 +15,10 @@ use anyhow::{Context as _, Result, anyhow, bail};
 use serde::{Deserialize, Serialize};
 
 use super::sample::{Pid, Sampler, Samples};
-use crate::{CommandError, exit, output::WallClock};
+use crate::{
+    CommandError, exit,
+    output::{Outside, WallClock},
+};
 
 /// How often the tracer prints an interval: the resolution of the start-up split.
 const INTERVAL_SECS: &str = "0.1";
@@ -22,8 +26,12 @@ const INTERVAL_SECS: &str = "0.1";
 const ALL_MAPPINGS: &str = "1000000";
 
 pub enum Target {
-    Pid { pid: u32, secs: f64 },
-    Command(Vec<String>),
+    Pid {
+        pid: u32,
+        secs: f64,
+    },
+    /// Its name and arguments as bytes (they need not be UTF-8).
+    Command(Vec<OsString>),
 }
 
 /// What the second run of `--apply` changes: variables set for the command alone (through
@@ -116,7 +124,8 @@ pub struct Run {
     pub pid: u32,
     pub comm: String,
     /// What was traced, for the report's first line.
-    pub described: String,
+    /// The target in words: `pid N`, or the command quoted (its bytes, escaped when shown).
+    pub described: Outside,
     pub launched: bool,
     pub exit_code: i32,
     pub intervals: Vec<Interval>,
@@ -156,7 +165,7 @@ pub fn run(target: &Target, env: &Environment, latency_sample: u32) -> Result<Ru
     let described = match target {
         Target::Pid { pid, secs } => {
             tracer.args(["-p", &pid.to_string(), "-d", &secs.to_string()]);
-            format!("pid {pid}")
+            Outside::from(format!("pid {pid}"))
         }
         Target::Command(argv) => {
             tracer.arg("--");
@@ -165,7 +174,10 @@ pub fn run(target: &Target, env: &Environment, latency_sample: u32) -> Result<Ru
                 tracer.args(env.vars.iter().map(|(k, v)| format!("{k}={v}")));
             }
             tracer.args(argv);
-            format!("`{}`", argv.join(" "))
+            let mut quoted = b"`".to_vec();
+            quoted.extend_from_slice(argv.join(std::ffi::OsStr::new(" ")).as_bytes());
+            quoted.push(b'`');
+            Outside::from(quoted)
         }
     };
     // Ctrl-C stops the tracer, which then writes its summary: advise waits for it and

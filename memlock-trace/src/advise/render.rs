@@ -59,7 +59,7 @@ pub fn text(t: &Table, advice: &[Advice]) -> String {
     line(if t.launched {
         format!(
             "advise: {} (pid {}, {}), traced {:.2} s, exit status {}",
-            shown(&t.described),
+            t.described,
             t.pid,
             shown(&t.comm),
             t.traced_secs,
@@ -68,7 +68,7 @@ pub fn text(t: &Table, advice: &[Advice]) -> String {
     } else {
         format!(
             "advise: {} ({}), traced {:.2} s",
-            shown(&t.described),
+            t.described,
             shown(&t.comm),
             t.traced_secs
         )

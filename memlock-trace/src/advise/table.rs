@@ -93,7 +93,7 @@ impl MappingFigures {
 pub struct Table {
     pub pid: u32,
     pub comm: String,
-    pub described: String,
+    pub described: crate::output::Outside,
     pub launched: bool,
     pub exit_code: i32,
     pub traced_secs: f64,

@@ -8,7 +8,7 @@ mod production;
 mod tests;
 
 use clap::{Args, Parser, ValueEnum};
-use std::path::PathBuf;
+use std::{ffi::OsString, path::PathBuf};
 
 pub use commands::Command;
 #[cfg(feature = "lab")]
@@ -162,15 +162,16 @@ pub struct TraceArgs {
     pub test_unreadable_mm: bool,
     /// Run COMMAND as USER (a name, or a uid `getent passwd` lists) with USER's groups and no
     /// capabilities, as `strace -u` does; the tracer keeps its own. (`-u` is --microseconds.)
-    #[arg(long, value_name = "USER", requires = "command")]
-    pub user: Option<String>,
+    #[arg(long, value_name = "USER", requires = "command", value_parser = clap::value_parser!(OsString))]
+    pub user: Option<OsString>,
     /// Tests only: the event ring buffer's size in bytes (a power of two multiple of the
     /// page size), small enough to drop records on purpose.
     #[arg(long, hide = true, value_name = "BYTES")]
     pub test_ring_bytes: Option<u32>,
-    /// Launch COMMAND and trace it and its threads until it exits.
-    #[arg(last = true, value_name = "COMMAND")]
-    pub command: Vec<String>,
+    /// Launch COMMAND and trace it and its threads until it exits. Its name and arguments
+    /// are bytes, as the kernel takes them: they need not be UTF-8.
+    #[arg(last = true, value_name = "COMMAND", value_parser = clap::value_parser!(OsString))]
+    pub command: Vec<OsString>,
 }
 
 /// What `--events` prints.

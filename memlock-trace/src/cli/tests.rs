@@ -1,5 +1,7 @@
 //! Parsing tests for the whole command line.
 
+use std::ffi::OsStr;
+
 use super::*;
 
 fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
@@ -41,6 +43,32 @@ fn command_after_double_dash_keeps_its_own_flags() {
     let cli = parse(&["--events", "--", "ls", "-l", "--json"]).unwrap();
     assert_eq!(cli.trace.command, ["ls", "-l", "--json"]);
     assert!(!cli.trace.json);
+}
+
+#[test]
+fn command_user_and_arguments_are_bytes() {
+    use std::os::unix::ffi::{OsStrExt as _, OsStringExt as _};
+    let bytes = |b: &[u8]| OsString::from_vec(b.to_vec());
+    let argv = [
+        bytes(b"memlock-trace"),
+        bytes(b"--user"),
+        bytes(b"n\xffbody"),
+        bytes(b"--"),
+        bytes(b"s\xff"),
+        bytes(b"0.\xfe"),
+    ];
+    let cli = Cli::try_parse_from(argv.clone()).unwrap();
+    assert_eq!(cli.trace.command, argv[4..]);
+    assert_eq!(
+        cli.trace.user.as_deref().map(OsStr::as_bytes),
+        Some(&b"n\xffbody"[..])
+    );
+    let mut advise = vec![bytes(b"memlock-trace"), bytes(b"advise"), bytes(b"--")];
+    advise.extend_from_slice(&argv[4..]);
+    let Some(Command::Advise(args)) = Cli::try_parse_from(advise).unwrap().command else {
+        panic!("not advise");
+    };
+    assert_eq!(args.command, argv[4..]);
 }
 
 #[test]
@@ -90,7 +118,10 @@ fn libbpf_tools_habits_parse() {
     let t = parse(&["2", "--", "sleep", "1"]).unwrap().trace;
     assert_eq!(
         (t.interval_secs(), t.command.as_slice()),
-        (Some(2.0), &["sleep".to_string(), "1".to_string()][..])
+        (
+            Some(2.0),
+            &[OsString::from("sleep"), OsString::from("1")][..]
+        )
     );
     let t = parse(&["-o", "/tmp/x", "-q", "--", "ls"]).unwrap().trace;
     assert!(t.quiet && t.output.is_some());

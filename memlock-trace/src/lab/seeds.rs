@@ -8,6 +8,8 @@
 //! JSON object per run: before, then after the advice was applied.
 
 use std::{
+    ffi::{OsStr, OsString},
+    os::unix::ffi::OsStrExt as _,
     path::Path,
     process::{Command, Stdio},
     time::Instant,
@@ -71,15 +73,16 @@ pub fn run(case: Case, sizes: &ScenarioArgs, dir: &Path) -> AdviceRun {
     sizes.runs = 1;
     let name = case.scenario.name();
     let file = dir.join(format!("advice-{name}.json"));
-    let mut workload_argv = vec![
-        "memlock-trace".to_string(),
+    let mut workload_argv: Vec<OsString> = vec![
+        "memlock-trace".into(),
         "scenario".into(),
         name.into(),
         "--variant".into(),
         case.variant.into(),
     ];
     workload_argv.extend(sizes.to_args());
-    let command = workload_argv.join(" ");
+    // Shown in the report: escaped, as every argument (a `--kernel` path is anyone's).
+    let command = crate::output::escape(workload_argv.join(OsStr::new(" ")).as_bytes());
     let outcome = advise(&workload_argv[1..], &file);
     let (advise, workload, error) = match outcome {
         Ok((a, w)) => (a, w, None),
@@ -95,7 +98,7 @@ pub fn run(case: Case, sizes: &ScenarioArgs, dir: &Path) -> AdviceRun {
     }
 }
 
-fn advise(workload_args: &[String], file: &Path) -> Result<(Value, Vec<Value>)> {
+fn advise(workload_args: &[OsString], file: &Path) -> Result<(Value, Vec<Value>)> {
     let exe = std::env::current_exe().context("finding our own executable")?;
     let out = Command::new(&exe)
         .args(["advise", "--apply", "--json", "-o"])

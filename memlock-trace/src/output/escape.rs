@@ -168,6 +168,12 @@ impl From<&Path> for Outside {
     }
 }
 
+impl From<&OsStr> for Outside {
+    fn from(text: &OsStr) -> Self {
+        Self(text.as_bytes().to_vec())
+    }
+}
+
 impl PartialEq<str> for Outside {
     fn eq(&self, other: &str) -> bool {
         self.0 == other.as_bytes()

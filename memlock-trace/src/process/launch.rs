@@ -8,7 +8,12 @@
 //! user ids, and drops every capability (bounding set included), as `strace -u` runs a
 //! command as its real user; the tracer keeps its own privileges.
 
-use std::{ffi::CString, fs::File, io::Read as _, os::fd::OwnedFd};
+use std::{
+    ffi::{CString, OsStr, OsString},
+    fs::File,
+    io::Read as _,
+    os::{fd::OwnedFd, unix::ffi::OsStrExt as _},
+};
 
 use anyhow::{Context as _, Result, bail};
 use nix::{
@@ -27,7 +32,8 @@ use crate::{CommandError, UsageError, exit};
 /// databases are not async-signal-safe), applied in the child before exec.
 #[derive(Clone, Debug)]
 pub struct RunAs {
-    pub name: String,
+    /// As the password database has it (bytes: need not be UTF-8).
+    pub name: OsString,
     pub uid: Uid,
     pub gid: Gid,
     /// USER's supplementary groups, as `initgroups(3)` would set them.
@@ -35,28 +41,75 @@ pub struct RunAs {
 }
 
 impl RunAs {
-    /// USER by name, or by a uid the password database knows.
-    pub fn resolve(user: &str) -> Result<Self> {
-        let found = match user.parse::<u32>() {
-            Ok(uid) => User::from_uid(Uid::from_raw(uid)),
-            Err(_) => User::from_name(user),
-        }
-        .with_context(|| format!("looking up user `{user}`"))?;
+    /// USER by name (bytes, as the password database keeps it), or by a uid it knows.
+    pub fn resolve(user: &OsStr) -> Result<Self> {
+        let shown = crate::output::Outside::from(user);
+        let uid = match user.to_str().map(str::parse::<u32>) {
+            Some(Ok(uid)) => Some(Uid::from_raw(uid)),
+            _ => uid_of_name(user).with_context(|| format!("looking up user `{shown}`"))?,
+        };
+        let found = match uid {
+            Some(uid) => {
+                User::from_uid(uid).with_context(|| format!("looking up user `{shown}`"))?
+            }
+            None => None,
+        };
         let Some(found) = found else {
             return Err(UsageError(format!(
-                "--user {user}: no such user: give a name or uid that `getent passwd` lists"
+                "--user {shown}: no such user: give a name or uid that `getent passwd` lists"
             ))
             .into());
         };
-        let name = CString::new(found.name.as_str()).context("a user name holding NUL")?;
-        let groups = getgrouplist(&name, found.gid)
-            .with_context(|| format!("reading the groups of user `{}`", found.name))?;
+        // The name as given (nix's `User::name` is lossy for a name that is not UTF-8), or
+        // the database's for a uid.
+        let name = match user.to_str().map(str::parse::<u32>) {
+            Some(Ok(_)) => OsString::from(&found.name),
+            _ => user.to_owned(),
+        };
+        let cname = CString::new(name.as_bytes()).context("a user name holding NUL")?;
+        let groups = getgrouplist(&cname, found.gid).with_context(|| {
+            format!(
+                "reading the groups of user `{}`",
+                crate::output::Outside::from(name.as_os_str())
+            )
+        })?;
         Ok(Self {
-            name: found.name,
+            name,
             uid: found.uid,
             gid: found.gid,
             groups: groups.into_iter().map(Gid::as_raw).collect(),
         })
+    }
+}
+
+/// The uid of the user named `name` (`getpwnam_r(3)`, which takes bytes), `None` when the
+/// password database has no such user.
+fn uid_of_name(name: &OsStr) -> Result<Option<Uid>> {
+    let Ok(cname) = CString::new(name.as_bytes()) else {
+        return Ok(None);
+    };
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        // SAFETY: an all-zero `passwd` is a valid value of a plain C struct of pointers and
+        // integers; getpwnam_r fills it with pointers into `buf`, which we do not keep.
+        let mut pwd: libc::passwd = unsafe { std::mem::zeroed() };
+        let mut result: *mut libc::passwd = std::ptr::null_mut();
+        // SAFETY: every pointer is live for the call and `buf.len()` is its length.
+        let rc = unsafe {
+            libc::getpwnam_r(
+                cname.as_ptr(),
+                &raw mut pwd,
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                &raw mut result,
+            )
+        };
+        match rc {
+            0 if result.is_null() => return Ok(None),
+            0 => return Ok(Some(Uid::from_raw(pwd.pw_uid))),
+            libc::ERANGE if buf.len() < 1 << 20 => buf.resize(buf.len() * 2, 0),
+            e => return Err(std::io::Error::from_raw_os_error(e).into()),
+        }
     }
 }
 
@@ -117,13 +170,13 @@ pub struct AtExec {
 
 /// Forks `argv` (as `run_as`, when given); call only while the process is single-threaded
 /// (before the tokio runtime).
-pub fn spawn(argv: &[String], run_as: Option<&RunAs>) -> Result<Launched> {
+pub fn spawn<S: AsRef<OsStr>>(argv: &[S], run_as: Option<&RunAs>) -> Result<Launched> {
     if argv.is_empty() {
         bail!("no command given after `--`");
     }
     let cargs: Vec<CString> = argv
         .iter()
-        .map(|a| CString::new(a.as_str()))
+        .map(|a| CString::new(a.as_ref().as_bytes()))
         .collect::<Result<_, _>>()
         .context("command arguments must not contain NUL bytes")?;
     let (err_r, err_w) = pipe2(OFlag::O_CLOEXEC).context("pipe")?;
@@ -258,9 +311,9 @@ fn clear_capabilities() -> Result<(), i32> {
 impl Launched {
     /// Waits until the child has exec'd and stopped at its exec trap; fails (and reaps it) if
     /// the command could not be executed.
-    pub fn wait_exec(mut self, program: &str) -> Result<AtExec> {
+    pub fn wait_exec(mut self, program: impl AsRef<OsStr>) -> Result<AtExec> {
         // Named in messages: escaped, as every name that can hold anything.
-        let program = crate::output::Outside::from(program);
+        let program = crate::output::Outside::from(program.as_ref());
         let pid = Pid::from_raw(self.pid as i32);
         let mut buf = Vec::new();
         // The CLOEXEC pipe closes on a successful exec: EOF with no bytes means it ran.

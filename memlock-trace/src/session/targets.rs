@@ -43,7 +43,7 @@ pub(super) fn describe_targets(args: &TraceArgs, launched: Option<u32>) -> Strin
             .map_or_else(String::new, |u| format!(", as user {}", Outside::from(u)));
         parts.push(format!(
             "`{}` (pid {pid}{user})",
-            Outside::from(cmd.as_str())
+            Outside::from(cmd.as_os_str())
         ));
     }
     if parts.is_empty() {

@@ -2,7 +2,7 @@
 //! changed on the command line, and sizes beyond what the machine has are refused before
 //! anything starts.
 
-use std::path::PathBuf;
+use std::{ffi::OsString, path::PathBuf};
 
 use anyhow::{Context as _, Result, bail};
 use clap::{Args, ValueEnum};
@@ -167,9 +167,10 @@ impl ScenarioArgs {
         }
     }
 
-    /// The same settings as command-line arguments, for a child `scenario` process.
-    pub fn to_args(&self) -> Vec<String> {
-        let mut a: Vec<String> = [
+    /// The same settings as command-line arguments, for a child `scenario` process (bytes:
+    /// a `--kernel` path need not be UTF-8).
+    pub fn to_args(&self) -> Vec<OsString> {
+        let mut a: Vec<OsString> = [
             ("--touch-mib", self.touch_mib.to_string()),
             ("--alloc-mib", self.alloc_mib.to_string()),
             ("--churn-mib", self.churn_mib.to_string()),
@@ -197,13 +198,13 @@ impl ScenarioArgs {
         .into_iter()
         // No list given: the child works out the same default from the same CPUs.
         .filter(|(k, v)| *k != "--processes" || !v.is_empty())
-        .flat_map(|(k, v)| [k.to_string(), v])
+        .flat_map(|(k, v)| [OsString::from(k), OsString::from(v)])
         .collect();
         if self.no_stack_cache {
             a.push("--no-stack-cache".into());
         }
         if let Some(k) = &self.kernel {
-            a.extend(["--kernel".into(), k.display().to_string()]);
+            a.extend(["--kernel".into(), k.clone().into_os_string()]);
         }
         a
     }
@@ -281,7 +282,7 @@ mod tests {
     fn args_round_trip_through_the_command_line() {
         let tiny = ScenarioArgs::tiny();
         let parsed =
-            Wrapper::parse_from(std::iter::once("x".to_string()).chain(tiny.to_args())).args;
+            Wrapper::parse_from(std::iter::once(OsString::from("x")).chain(tiny.to_args())).args;
         assert_eq!(format!("{parsed:?}"), format!("{tiny:?}"));
     }
 
