@@ -21,6 +21,7 @@ pub mod names {
     pub const FAULT_EVENTS: &str = "FAULT_EVENTS";
     pub const FAULT_SOLE_TGID: &str = "FAULT_SOLE_TGID";
     pub const FAULT_SOLE_STATS: &str = "FAULT_SOLE_STATS";
+    pub const FAULT_SOLE_HIST: &str = "FAULT_SOLE_HIST";
     pub const FAULT_REGION_RUN: &str = "FAULT_REGION_RUN";
     pub const FAULT_REGION_SLOTS: &str = "FAULT_REGION_SLOTS";
 }
@@ -29,14 +30,29 @@ pub mod names {
 /// cannot crowd them out (a power of two multiple of the page size).
 pub const FAULT_EVENTS_BYTE_SIZE: u32 = 4 << 20;
 
-/// Default sizes; the loader scales the per-CPU maps to the machine (`set_max_entries`).
-pub const MAX_FAULT_KEYS: u32 = 32768;
+/// System-wide sizes of the maps the CPUs share (the loader sets smaller ones for a few
+/// processes), the same on any CPU count. Each process or thread with faults takes a
+/// `FAULT_STATS` entry (429 bytes with the map's own) and, once a fault is timed, a
+/// `FAULT_HIST` entry per class (1,111 bytes; most processes only time minor faults). The
+/// sum of every map of a system-wide session stays within 32 MiB at 96 possible CPUs
+/// (issue 29): 12,288 processes' counts and 8,192 histograms, so a storm of 4,000 short
+/// processes keeps them all (tests/fork_storm.rs) and a longer one loses the histograms of
+/// the exited processes least recently faulting first, counted as `histograms_evicted`.
+pub const MAX_FAULT_KEYS: u32 = 12288;
 pub const MAX_FAULT_HISTS: u32 = 8192;
-pub const MAX_FAULT_REGIONS: u32 = 65536;
+/// Regions are evicted (and counted) before the process's counts; the counts never depend
+/// on them.
+pub const MAX_FAULT_REGIONS: u32 = 16384;
 /// VMAs whose identity the fault hooks recorded (LRU, keyed like [`RegionKey`]).
-pub const MAX_FAULT_MAPPINGS: u32 = 16384;
-/// Threads with a fault or a populating call in progress (LRU: exited threads age out).
-pub const MAX_FAULT_THREADS: u32 = 65536;
+pub const MAX_FAULT_MAPPINGS: u32 = 8192;
+/// Traced threads the fault hooks keep state for (`FAULT_ENTRY`: the fault in progress and
+/// the sampling period; fentry and kprobe sets). LRU: a thread's entry is used at each of
+/// its faults, so the one evicted has not faulted for longest and has no fault in progress
+/// (a new entry only restarts its sampling period).
+pub const MAX_FAULT_THREADS: u32 = 8192;
+/// Threads inside a populating system call at once (`POPULATE_INFLIGHT`, removed at the
+/// call's exit; LRU so that an entry a lost exit left behind ages out).
+pub const MAX_POPULATE_CALLS: u32 = 4096;
 
 /// Indices of [`FaultStats::counts`].
 pub mod stat {
@@ -209,7 +225,8 @@ pub struct FaultKey {
 pub const SLOTS: usize = 16;
 const _: () = assert!(populate::COUNT <= SLOTS && class::COUNT <= SLOTS);
 
-/// Per-CPU value of `FAULT_STATS`; the loader sums the CPUs.
+/// Value of `FAULT_STATS`, shared by the CPUs (and this CPU's of `FAULT_SOLE_STATS`, which
+/// the loader sums).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FaultStats {
@@ -220,10 +237,6 @@ pub struct FaultStats {
     /// Largest latency per [`class`], exact (the histogram has bucket resolution).
     pub max_ns: [u64; SLOTS],
     pub comm: [u8; crate::TASK_COMM_LEN],
-    /// The latency histogram of the commonest class, [`class::USER_MINOR`], kept here so
-    /// that the typical fault costs one map lookup, not two; the other classes live in
-    /// `FAULT_HIST`.
-    pub user_minor_hist: [u32; HIST_BUCKETS],
 }
 
 impl Default for FaultStats {
@@ -233,7 +246,6 @@ impl Default for FaultStats {
             populated_by: [0; SLOTS],
             max_ns: [0; SLOTS],
             comm: [0; crate::TASK_COMM_LEN],
-            user_minor_hist: [0; HIST_BUCKETS],
         }
     }
 }
@@ -255,7 +267,7 @@ const SUB: u64 = 1 << SUB_BITS;
 /// Values below this use the linear buckets.
 const LINEAR_LIMIT: u64 = 64;
 
-/// Per-CPU value of `FAULT_HIST`.
+/// Value of `FAULT_HIST` (shared by the CPUs) and of `FAULT_SOLE_HIST` (per CPU).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Hist {

@@ -49,8 +49,10 @@ pub const EVENTS_WAKEUP_BYTES: u64 = (EVENTS_BYTE_SIZE / 16) as u64;
 pub const DRAIN_INTERVAL_MS: u64 = 20;
 /// Most processes `-p`/launch mode can follow at once.
 pub const MAX_TARGETS: u32 = 4096;
-/// Most threads that can be inside a traced syscall at the same time.
-pub const MAX_INFLIGHT: u32 = 16384;
+/// Most threads that can be inside a traced syscall at the same time (`INFLIGHT`,
+/// `VMA_CALLS`, `RANGE_CHECKS`: removed at the call's exit, overwritten when a thread that
+/// died inside a call has its tid reused).
+pub const MAX_INFLIGHT: u32 = 8192;
 
 /// Indices of the per-CPU health counters (`COUNTERS`), summed by the loader.
 pub mod counter {

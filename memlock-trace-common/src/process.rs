@@ -15,7 +15,7 @@ pub mod names {
 /// Entries of `PROCESS_IDENTITY`: every process the families counted (its first event
 /// creates the entry), so it is sized like the largest per-process map. LRU: a machine
 /// with more processes than this loses the names of the oldest, not their counts.
-pub const PROCESS_IDENTITY_MAX: u32 = 32768;
+pub const PROCESS_IDENTITY_MAX: u32 = 16384;
 
 /// What the kernel says a process is, kept for its whole life and after it (value of
 /// `PROCESS_IDENTITY`, keyed by [`ProcessKey`]): its name after its last exec, and its

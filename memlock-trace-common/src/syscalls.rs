@@ -19,9 +19,9 @@ pub mod nr {
     pub const MLOCK2: u32 = 325;
 }
 
-/// Entries of `SYSCALL_STATS` (per CPU, LRU): (process, call, outcome) triples. A process
+/// Entries of `SYSCALL_STATS` (shared by the CPUs, LRU): (process, call, outcome) triples. A process
 /// that makes every call and fails each with two errnos takes 10.
-pub const MAX_SYSCALL_KEYS: u32 = 16384;
+pub const MAX_SYSCALL_KEYS: u32 = 8192;
 
 /// Log2 latency slots: slot 0 holds 0 ns, slot `i` holds `[2^(i-1), 2^i)` ns; the last
 /// one everything from 2^30 ns (1.07 s) up (the exact maximum is kept apart). A power of

@@ -3,6 +3,10 @@
 #![no_main]
 // Every `unsafe` block says why it is sound; clippy runs on this crate with `-D warnings`.
 #![warn(clippy::undocumented_unsafe_blocks)]
+// The BPF target's `core` has no atomic read-modify-write types (no compare-and-swap), but
+// LLVM lowers an atomic add whose result is unused to BPF's atomic add: the intrinsic.
+#![feature(core_intrinsics)]
+#![expect(internal_features, reason = "core::intrinsics::atomic_xadd, see above")]
 
 mod bench;
 mod capabilities;

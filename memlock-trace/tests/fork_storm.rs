@@ -1,13 +1,20 @@
 //! A fork storm at default settings loses nothing: thousands of children, all alive at once
 //! and followed from their fork, each making one mlock call; the summary counts every call,
 //! and every page fault the kernel handed their parent when it reaped them
-//! (`getrusage(RUSAGE_CHILDREN)`), and no row says faults are missing.
+//! (`getrusage(RUSAGE_CHILDREN)`), and no row says faults are missing. And the maps of a
+//! system-wide session take at most 32 MiB on any CPU count (`cargo xtask test --max-cpus
+//! 96` runs these in a guest with 96 possible CPUs).
 
 mod common;
 mod support;
 
+use std::process::Command;
+
 use common::require_privileges;
-use support::{BIN, run, summary};
+use support::{BIN, MemoryCgroup, Tracer, map_memory, summary};
+
+/// The most kernel map memory a system-wide session may take at start (issue 29).
+const MAP_MEMORY_LIMIT: u64 = 32 << 20;
 
 /// Rounds of the `children` workload, one after the other, each with [`PER_ROUND`] children
 /// alive at once: more processes than the fault statistics map held before it was sized for
@@ -19,16 +26,54 @@ const CHILDREN: u64 = ROUNDS * PER_ROUND;
 #[test]
 fn every_fault_and_call_of_a_fork_storm_is_counted() {
     require_privileges();
+    storm(None);
+}
+
+#[test]
+fn a_system_wide_session_starts_with_at_most_32_mib_of_map_memory() {
+    require_privileges();
+    let mut tracer = Tracer::spawn(&["--json"]);
+    tracer.wait_for_stderr("memlock-trace: tracing");
+    let maps = map_memory(tracer.pid());
+    tracer.signal(libc::SIGINT);
+    let done = tracer.finish();
+    assert!(done.status.success(), "{}", done.stderr);
+    let total: u64 = maps.iter().map(|m| m.1).sum();
+    let cpus = std::fs::read_to_string("/sys/devices/system/cpu/possible").unwrap();
+    eprintln!(
+        "{} maps, {:.1} MiB on CPUs {} (possible):",
+        maps.len(),
+        total as f64 / f64::from(1 << 20),
+        cpus.trim()
+    );
+    for (name, bytes) in &maps {
+        eprintln!(
+            "  {name:<16} {:>8.2} MiB",
+            *bytes as f64 / f64::from(1 << 20)
+        );
+    }
+    assert!(
+        total <= MAP_MEMORY_LIMIT,
+        "{total} bytes of map memory at start, more than {MAP_MEMORY_LIMIT}"
+    );
+}
+
+/// Runs the storm under a session following it, in `cgroup` if given, and checks that every
+/// fault and call was counted.
+fn storm(cgroup: Option<&MemoryCgroup>) {
     let dir = std::env::temp_dir().join(format!("memlock-trace-storm-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
+    let leave = cgroup.map_or(String::new(), |c| {
+        format!("echo $$ > {}/cgroup.procs || exit 1; ", c.home.display())
+    });
     let script = format!(
-        "for i in $(seq {ROUNDS}); do {BIN} workload children --count {PER_ROUND} --calls 1 \
-         --report {}/$i.json || exit 1; done",
+        "{leave}for i in $(seq {ROUNDS}); do {BIN} workload children --count {PER_ROUND} \
+         --calls 1 --report {}/$i.json || exit 1; done",
         dir.display()
     );
     // Every child listed on a row of its own (by default the summary lists the 1024 most
     // active and folds the rest by name): what is checked is that the kernel lost nothing.
-    let out = run(&[
+    let args = [
         "--json",
         "--follow-children",
         "--max-processes",
@@ -37,7 +82,22 @@ fn every_fault_and_call_of_a_fork_storm_is_counted() {
         "sh",
         "-c",
         &script,
-    ]);
+    ];
+    let mut cmd = cgroup.map_or_else(
+        || {
+            let mut c = Command::new(BIN);
+            c.args(args);
+            c
+        },
+        |c| c.command(&args),
+    );
+    let out = cmd.output().expect("memlock-trace");
+    assert!(
+        out.status.success(),
+        "memlock-trace {args:?}: {:?}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
     let (mut children, mut children_faults) = (Vec::new(), 0);
     for round in 1..=ROUNDS {
         let path = dir.join(format!("{round}.json"));
@@ -83,6 +143,11 @@ fn every_fault_and_call_of_a_fork_storm_is_counted() {
     }
     assert_eq!(
         s["fault_health"]["stats_evicted"], 0,
+        "{}",
+        s["fault_health"]
+    );
+    assert_eq!(
+        s["fault_health"]["histograms_evicted"], 0,
         "{}",
         s["fault_health"]
     );

@@ -425,6 +425,24 @@ fn both_formats_pass_the_linters() {
         capacity >= 1024 && entries <= capacity,
         "fault_stats: {entries} of {capacity}"
     );
+    // Every map's kernel memory, named in full (the kernel keeps 15 bytes of a name).
+    let memory: Vec<u64> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("memlock_trace_map_memory_bytes{map=\""))
+        .filter_map(|l| l.split_once("\"} "))
+        .map(|(map, v)| {
+            assert!(map != "populate_inflig", "a cut name: {map}");
+            v.parse::<u64>().unwrap()
+        })
+        .collect();
+    assert!(
+        memory.len() > 10 && memory.iter().all(|&b| b > 0),
+        "map memory series: {memory:?}\n{text}"
+    );
+    assert!(
+        text.contains("memlock_trace_map_memory_bytes{map=\"populate_inflight\"} "),
+        "{text}"
+    );
     // The tracer's resident memory, as the kernel reports it (within a few MiB: it moves).
     let rss = text
         .lines()

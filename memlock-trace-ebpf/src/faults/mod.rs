@@ -10,8 +10,9 @@
 //!    growth across the populating system calls (`populate_*`).
 //!
 //! Hot-path discipline: nothing per fault goes to the ring buffer unless `--events` asks;
-//! counts and latency histograms are aggregated per CPU in the kernel (see [`record_latency`]
-//! for why slots rather than streaming).
+//! counts and latency histograms are aggregated in the kernel (see [`record_latency`] for why
+//! slots rather than streaming), in maps the CPUs share, with atomic adds (see
+//! [`FAULT_STATS`] for why not per CPU).
 //!
 //! This file is the accounting body and its maps; around it:
 //! - [`hooks`]: the programs each hook set attaches, thin;
@@ -26,8 +27,9 @@ use aya_ebpf::{
     bindings::BPF_NOEXIST,
     helpers::bpf_get_current_comm,
     macros::map,
-    maps::{Array, LruPerCpuHashMap, PerCpuArray, RingBuf},
+    maps::{Array, LruHashMap, PerCpuArray, RingBuf},
 };
+use core::intrinsics::{AtomicOrdering, atomic_xadd};
 use memlock_trace_common::{
     EventKind, TASK_COMM_LEN,
     faults::{
@@ -87,12 +89,33 @@ static FAULT_CONFIG: FaultConfig = FaultConfig {
     _pad: 0,
 };
 
-/// Per process (or thread) counters and latency histogram: per CPU, so a fault never contends
-/// with another CPU's; LRU, so a machine with more processes than slots keeps the active ones
-/// (the loader reports how many were evicted from `STATS_INSERTS`).
+/// Per process (or thread) counters; LRU, so a machine with more processes than slots keeps
+/// the active ones (the loader reports how many were evicted from `STATS_INSERTS`).
+///
+/// Why one value the CPUs share, added to atomically, rather than one per CPU: a per-CPU
+/// map holds a value for each possible CPU of every entry, so its memory grew with the CPUs
+/// (33 MiB for 12,264 processes on 2 CPUs; at 96 possible CPUs the same budget held 256
+/// processes, and a fork storm lost counts). A process's faults run on one CPU at a time
+/// nearly always, so the atomic add meets no contention; it costs a locked instruction.
 #[map]
-static FAULT_STATS: LruPerCpuHashMap<FaultKey, FaultStats> =
-    LruPerCpuHashMap::with_max_entries(MAX_FAULT_KEYS, 0);
+static FAULT_STATS: LruHashMap<FaultKey, FaultStats> =
+    LruHashMap::with_max_entries(MAX_FAULT_KEYS, 0);
+
+/// Adds `n` to a counter of a map value the CPUs share. The result is unused, so this is
+/// the plain BPF atomic add every kernel verifies (the fetching forms need 5.12).
+#[inline(always)]
+pub(crate) fn add_shared(counter: *mut u64, n: u64) {
+    // SAFETY: the callers pass an aligned u64 inside a map value, valid while the program
+    // runs (RCU keeps an evicted LRU entry alive meanwhile).
+    unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(counter, n) };
+}
+
+/// [`add_shared`] for a u32 counter.
+#[inline(always)]
+pub(crate) fn add_shared_u32(counter: *mut u32, n: u32) {
+    // SAFETY: as in `add_shared`: an aligned u32 inside a map value.
+    unsafe { atomic_xadd::<u32, u32, { AtomicOrdering::Relaxed }>(counter, n) };
+}
 
 /// The fast path for the commonest use, one process traced (`-p PID` or a launched command,
 /// without `--per-thread`, `--follow-children`, `--comm` or `--cgroup`): the loader writes
@@ -107,14 +130,20 @@ static FAULT_SOLE_TGID: Array<u32> = Array::with_max_entries(1, 0);
 #[map]
 static FAULT_SOLE_STATS: PerCpuArray<FaultStats> = PerCpuArray::with_max_entries(1, 0);
 
+/// The sole target's minor-fault latency histogram, per CPU like its statistics: one value,
+/// and an inlined array lookup on the commonest fault, where `FAULT_HIST` is a hash lookup.
+#[map]
+static FAULT_SOLE_HIST: PerCpuArray<Hist> = PerCpuArray::with_max_entries(1, 0);
+
 #[inline(always)]
 fn sole_tgid() -> u32 {
     FAULT_SOLE_TGID.get(0).copied().unwrap_or(0)
 }
 
+/// Latency histograms per process (or thread) and class, shared by the CPUs like
+/// [`FAULT_STATS`].
 #[map]
-static FAULT_HIST: LruPerCpuHashMap<HistKey, Hist> =
-    LruPerCpuHashMap::with_max_entries(MAX_FAULT_HISTS, 0);
+static FAULT_HIST: LruHashMap<HistKey, Hist> = LruHashMap::with_max_entries(MAX_FAULT_HISTS, 0);
 
 /// Sampled fault events (`--events`): their own ring, so faults never crowd out the
 /// syscall events in `EVENTS`.
@@ -282,20 +311,21 @@ fn account(f: Fault) -> bool {
     let Some(stats) = stats_for(tgid, tid, known_target) else {
         return false;
     };
-    // SAFETY: `stats_for` returns a valid pointer to this CPU's stats of the task (a per-CPU
-    // value, or the LRU map's entry kept valid by RCU), used by nothing else meanwhile.
+    // SAFETY: `stats_for` returns a valid pointer to the task's stats (this CPU's value of
+    // the sole target's, or the LRU map's shared entry kept valid by RCU); its counters are
+    // only added to atomically.
     let s = unsafe { &mut *stats };
     let timed_only = cls & TIMED_ONLY != 0;
     let cls = cls & !TIMED_ONLY;
     // Constant indices in every arm: nothing for the verifier to bound.
     match cls {
         _ if timed_only => {}
-        class::USER_MINOR => s.counts[stat::USER_MINOR] += 1,
-        class::USER_MAJOR => s.counts[stat::USER_MAJOR] += 1,
-        class::POPULATED_MINOR => s.counts[stat::POPULATED_MINOR] += 1,
-        class::POPULATED_MAJOR => s.counts[stat::POPULATED_MAJOR] += 1,
+        class::USER_MINOR => add_shared(&raw mut s.counts[stat::USER_MINOR], 1),
+        class::USER_MAJOR => add_shared(&raw mut s.counts[stat::USER_MAJOR], 1),
+        class::POPULATED_MINOR => add_shared(&raw mut s.counts[stat::POPULATED_MINOR], 1),
+        class::POPULATED_MAJOR => add_shared(&raw mut s.counts[stat::POPULATED_MAJOR], 1),
         FAILED_SIGNALLED => {}
-        _ => s.counts[stat::FAILED] += 1,
+        _ => add_shared(&raw mut s.counts[stat::FAILED], 1),
     }
     let cls = if cls == FAILED_SIGNALLED {
         class::FAILED
@@ -303,22 +333,22 @@ fn account(f: Fault) -> bool {
         cls
     };
     if retried {
-        s.counts[stat::RETRIED] += 1;
+        add_shared(&raw mut s.counts[stat::RETRIED], 1);
     }
     if syscall != NO_SYSCALL {
-        s.populated_by[syscall as usize & (SLOTS - 1)] += 1;
+        add_shared(&raw mut s.populated_by[syscall as usize & (SLOTS - 1)], 1);
     }
     if vm_flags != 0 {
         if vm_flags & VM_LOCKED != 0 {
-            s.counts[stat::IN_LOCKED] += 1;
+            add_shared(&raw mut s.counts[stat::IN_LOCKED], 1);
         }
         if vm_flags & VM_LOCKONFAULT != 0 {
-            s.counts[stat::IN_LOCKONFAULT] += 1;
+            add_shared(&raw mut s.counts[stat::IN_LOCKONFAULT], 1);
         }
     }
     if latency == NO_LATENCY {
         if config!(latency) != 0 && cls != class::FAILED {
-            s.counts[stat::LATENCY_UNMATCHED] += 1;
+            add_shared(&raw mut s.counts[stat::LATENCY_UNMATCHED], 1);
         }
     } else if latency != NOT_TIMED {
         record_latency(s, tgid, tid, cls, latency);
@@ -361,13 +391,18 @@ fn account(f: Fault) -> bool {
 /// (`--events --sample N`) on request.
 #[inline(always)]
 fn record_latency(s: &mut FaultStats, tgid: u32, tid: u32, cls: u32, ns: u64) {
+    // Not atomic (no atomic max before 5.12): two CPUs timing one process's faults at once
+    // may keep the smaller of their two maxima.
     let max = &mut s.max_ns[cls as usize & (SLOTS - 1)];
     if ns > *max {
         *max = ns;
     }
     let bucket = bucket_of(ns) & (HIST_BUCKETS - 1);
-    if cls == class::USER_MINOR {
-        s.user_minor_hist[bucket] += 1;
+    if cls == class::USER_MINOR && sole_tgid() == tgid {
+        if let Some(hist) = FAULT_SOLE_HIST.get_ptr_mut(0) {
+            // SAFETY: this CPU's value of a per-CPU map, used by nothing else meanwhile.
+            unsafe { (*hist).counts[bucket] += 1 };
+        }
         return;
     }
     let key = HistKey {
@@ -405,8 +440,9 @@ fn record_latency(s: &mut FaultStats, tgid: u32, tid: u32, cls: u32, ns: u64) {
             }
         }
     };
-    // SAFETY: this CPU's share of the histogram entry, valid (RCU) while the program runs.
-    unsafe { (*hist).counts[bucket] += 1 };
+    // SAFETY: the shared histogram entry, valid (RCU) while the program runs; an aligned u32
+    // added to atomically (the result unused: the add every kernel verifies).
+    add_shared_u32(unsafe { &raw mut (*hist).counts[bucket] }, 1);
 }
 
 #[expect(clippy::too_many_arguments, reason = "the fields of one event")]

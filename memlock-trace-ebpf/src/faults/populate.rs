@@ -12,7 +12,7 @@ use aya_ebpf::{
 use memlock_trace_common::{
     PAGE_MASK,
     faults::{
-        MAX_FAULT_THREADS, PopulateCall, SLOTS, VM_HELD_SP, fault_flags, populate, region_kind,
+        MAX_POPULATE_CALLS, PopulateCall, SLOTS, VM_HELD_SP, fault_flags, populate, region_kind,
         stat,
     },
 };
@@ -26,7 +26,7 @@ use crate::syscall_hooks::{SyscallContext, syscall_arg, syscall_ret};
 
 #[map]
 pub(super) static POPULATE_INFLIGHT: LruHashMap<u32, PopulateCall> =
-    LruHashMap::with_max_entries(MAX_FAULT_THREADS, 0);
+    LruHashMap::with_max_entries(MAX_POPULATE_CALLS, 0);
 
 /// `signal:signal_generate(int sig, struct kernel_siginfo *info, struct task_struct *task,
 /// int group, int result)` (include/trace/events/signal.h), tp_btf.
@@ -68,7 +68,7 @@ pub fn fault_signal(ctx: BtfTracePointContext) -> i32 {
     if let Some(stats) = stats_for(tgid, tid, false) {
         // SAFETY: `stats_for` returns a valid pointer to this CPU's stats of the task, used
         // by nothing else while this program runs.
-        unsafe { (*stats).counts[stat::FAILED] += 1 };
+        super::add_shared(unsafe { &raw mut (*stats).counts[stat::FAILED] }, 1);
     }
     if config!(events) != 0 && is_target(tgid) {
         emit(
@@ -171,9 +171,12 @@ pub fn on_exit_counted<const RB: bool>(ctx: &SyscallContext) {
     };
     // SAFETY: as in `fault_signal`.
     let s = unsafe { &mut *stats };
-    s.counts[stat::POPULATED_MINOR] += minor;
-    s.counts[stat::POPULATED_MAJOR] += major;
-    s.populated_by[call.index as usize & (SLOTS - 1)] += minor + major;
+    super::add_shared(&raw mut s.counts[stat::POPULATED_MINOR], minor);
+    super::add_shared(&raw mut s.counts[stat::POPULATED_MAJOR], major);
+    super::add_shared(
+        &raw mut s.populated_by[call.index as usize & (SLOTS - 1)],
+        minor + major,
+    );
     if config!(stacks) != 0 {
         // The call site of the system call that populated them.
         record_stack(ctx, tgid, tid, minor + major);

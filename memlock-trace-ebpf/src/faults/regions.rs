@@ -4,7 +4,7 @@
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
     macros::map,
-    maps::{LruPerCpuHashMap, PerCpuArray},
+    maps::{LruHashMap, PerCpuArray},
 };
 use memlock_trace_common::{
     PAGE_SHIFT,
@@ -13,11 +13,11 @@ use memlock_trace_common::{
 
 use super::bump;
 
-/// Faults per region, per CPU like the rest (the BPF target has no atomic add in `core`),
-/// moved here from `FAULT_REGION_SLOTS` when a slot is needed for another region.
+/// Faults per region, moved here from `FAULT_REGION_SLOTS` when a slot is needed for another
+/// region; shared by the CPUs and added to atomically, like `FAULT_STATS`.
 #[map]
-static FAULT_REGIONS: LruPerCpuHashMap<RegionKey, RegionValue> =
-    LruPerCpuHashMap::with_max_entries(MAX_FAULT_REGIONS, 0);
+static FAULT_REGIONS: LruHashMap<RegionKey, RegionValue> =
+    LruHashMap::with_max_entries(MAX_FAULT_REGIONS, 0);
 
 /// The run of faults this CPU is counting: consecutive faults of one process in one region
 /// (its VMA, or the `1 << region_shift` block of the run's first fault), keyed by the VMA
@@ -121,11 +121,15 @@ pub(super) fn flush_region(tgid: u32, kind: u32, start: u64, faults: u64, vm_fla
     };
     for _ in 0..2 {
         if let Some(value) = FAULT_REGIONS.get_ptr_mut(key) {
-            // SAFETY: this CPU's share of the entry; the map keeps it valid (RCU) while the
-            // program runs, even if the LRU evicts the key meanwhile.
+            // SAFETY: the shared entry; the map keeps it valid (RCU) while the program runs,
+            // even if the LRU evicts the key meanwhile. The flags are or'ed without an atomic
+            // (atomic or needs 5.12), and only when a bit is missing: a race can lose a bit
+            // the region's next fault sets again.
             unsafe {
-                (*value).faults += faults;
-                (*value).vm_flags |= vm_flags;
+                super::add_shared(&raw mut (*value).faults, faults);
+                if (*value).vm_flags & vm_flags != vm_flags {
+                    (*value).vm_flags |= vm_flags;
+                }
             }
             return;
         }
@@ -137,7 +141,7 @@ pub(super) fn flush_region(tgid: u32, kind: u32, start: u64, faults: u64, vm_fla
             bump(fault_counter::REGION_INSERTS);
             return;
         }
-        // Lost a race with another CPU's insert: add to this CPU's share of it.
+        // Lost a race with another CPU's insert: add to the entry it made.
     }
     super::update_failed("FAULT_REGIONS");
 }

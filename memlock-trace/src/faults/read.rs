@@ -1,4 +1,5 @@
-//! Reads the kernel's per-CPU fault aggregation back, summed over CPUs.
+//! Reads the kernel's fault aggregation back: the maps the CPUs share, and the per-CPU
+//! values (the sole target's, the region runs) summed over CPUs.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -8,7 +9,7 @@ use std::{
 use anyhow::{Context as _, Result, anyhow};
 use aya::{
     Ebpf,
-    maps::{HashMap, IterableMap as _, MapData, PerCpuArray, PerCpuHashMap},
+    maps::{HashMap, IterableMap as _, MapData, PerCpuArray},
 };
 use memlock_trace_common::mapping::MappingInfo;
 use memlock_trace_common::{
@@ -123,7 +124,7 @@ pub fn pids(ebpf: &Ebpf) -> Result<BTreeSet<u32>> {
     let map = ebpf
         .map(names::FAULT_STATS)
         .ok_or_else(|| anyhow!("map {} missing", names::FAULT_STATS))?;
-    let stats: PerCpuHashMap<&MapData, FaultKey, FaultStats> = PerCpuHashMap::try_from(map)?;
+    let stats: HashMap<&MapData, FaultKey, FaultStats> = HashMap::try_from(map)?;
     Ok(stats
         .keys()
         .filter_map(Result::ok)
@@ -148,9 +149,8 @@ pub fn read(ebpf: &Ebpf, per_thread: bool, sole: Option<ProcessKey>) -> Result<F
     ]
     .map(sum);
 
-    let stats: PerCpuHashMap<&MapData, FaultKey, FaultStats> =
-        PerCpuHashMap::try_from(map(names::FAULT_STATS)?)?;
-    let mut user_minor: BTreeMap<FaultKey, [u64; HIST_BUCKETS]> = BTreeMap::new();
+    let stats: HashMap<&MapData, FaultKey, FaultStats> =
+        HashMap::try_from(map(names::FAULT_STATS)?)?;
     let mut add = |key: FaultKey, values: &[FaultStats]| {
         let entry = report.stats.entry(key).or_default();
         for v in values {
@@ -167,48 +167,50 @@ pub fn read(ebpf: &Ebpf, per_thread: bool, sole: Option<ProcessKey>) -> Result<F
                 entry.name = crate::event::comm_of(&v.comm);
                 entry.comm = entry.name.to_str_lossy().into_owned();
             }
-            if v.user_minor_hist.iter().any(|&n| n > 0) {
-                let hist = user_minor.entry(key).or_insert([0; HIST_BUCKETS]);
-                for (h, &n) in hist.iter_mut().zip(v.user_minor_hist.iter()) {
-                    *h += u64::from(n);
-                }
-            }
         }
     };
     let mut hashed = 0u64;
-    map_batch::for_each_per_cpu(stats.map(), |key, values: &[FaultStats]| {
-        add(key, values);
+    for (key, value) in map_batch::entries::<FaultKey, FaultStats>(stats.map())? {
+        add(key, &[value]);
         hashed += 1;
-    })?;
+    }
+    let mut sole_minor = None;
     if let Some(ProcessKey { tgid, start_ns, .. }) = sole {
         // The single-process fast path's statistics: the same process's, by another road.
         let fast: PerCpuArray<&MapData, FaultStats> =
             PerCpuArray::try_from(map(names::FAULT_SOLE_STATS)?)?;
         let values = fast.get(&0, 0)?;
         if values.iter().any(|v| v.comm[0] != 0) {
-            add(
-                FaultKey {
-                    tgid,
-                    tid: 0,
-                    start_ns,
-                },
-                &values,
-            );
+            let key = FaultKey {
+                tgid,
+                tid: 0,
+                start_ns,
+            };
+            add(key, &values);
+            let hist: PerCpuArray<&MapData, Hist> =
+                PerCpuArray::try_from(map(names::FAULT_SOLE_HIST)?)?;
+            let mut buckets = [0; HIST_BUCKETS];
+            for v in hist.get(&0, 0)?.iter() {
+                for (s, &c) in buckets.iter_mut().zip(v.counts.iter()) {
+                    *s += u64::from(c);
+                }
+            }
+            if buckets.iter().any(|&n| n > 0) {
+                sole_minor = Some((key, buckets));
+            }
         }
     }
 
-    let hists: PerCpuHashMap<&MapData, HistKey, Hist> =
-        PerCpuHashMap::try_from(map(names::FAULT_HIST)?)?;
-    map_batch::for_each_per_cpu(hists.map(), |key: HistKey, values: &[Hist]| {
+    let hists: HashMap<&MapData, HistKey, Hist> = HashMap::try_from(map(names::FAULT_HIST)?)?;
+    for (key, value) in map_batch::entries::<HistKey, Hist>(hists.map())? {
         let sum = report.hists.entry(key).or_insert([0; HIST_BUCKETS]);
-        for v in values {
-            for (s, &c) in sum.iter_mut().zip(v.counts.iter()) {
-                *s += u64::from(c);
-            }
+        for (s, &c) in sum.iter_mut().zip(value.counts.iter()) {
+            *s += u64::from(c);
         }
-    })?;
+    }
+    let hists_hashed = report.hists.len() as u64;
 
-    for (key, buckets) in user_minor {
+    if let Some((key, buckets)) = sole_minor {
         let slot = report
             .hists
             .entry(HistKey {
@@ -222,16 +224,14 @@ pub fn read(ebpf: &Ebpf, per_thread: bool, sole: Option<ProcessKey>) -> Result<F
         }
     }
 
-    let regions: PerCpuHashMap<&MapData, RegionKey, RegionValue> =
-        PerCpuHashMap::try_from(map(names::FAULT_REGIONS)?)?;
+    let regions: HashMap<&MapData, RegionKey, RegionValue> =
+        HashMap::try_from(map(names::FAULT_REGIONS)?)?;
     let mut region_sums: BTreeMap<RegionKey, RegionValue> = BTreeMap::new();
-    map_batch::for_each_per_cpu(regions.map(), |key: RegionKey, values: &[RegionValue]| {
+    for (key, value) in map_batch::entries::<RegionKey, RegionValue>(regions.map())? {
         let sum = region_sums.entry(key).or_default();
-        for v in values {
-            sum.faults += v.faults;
-            sum.vm_flags |= v.vm_flags;
-        }
-    })?;
+        sum.faults += value.faults;
+        sum.vm_flags |= value.vm_flags;
+    }
     let regions_hashed = region_sums.len() as u64;
     // What the per-CPU runs and region tables hold and have not moved to the hash map yet.
     for name in [names::FAULT_REGION_RUN, names::FAULT_REGION_SLOTS] {
@@ -282,7 +282,7 @@ pub fn read(ebpf: &Ebpf, per_thread: bool, sole: Option<ProcessKey>) -> Result<F
 
     report.health = FaultHealth {
         stats_evicted: inserts[0].saturating_sub(hashed),
-        histograms_evicted: inserts[1].saturating_sub(report.hists.len() as u64),
+        histograms_evicted: inserts[1].saturating_sub(hists_hashed),
         regions_evicted: inserts[2].saturating_sub(regions_hashed),
         update_failed: sum(fault_counter::UPDATE_FAILED),
         events_dropped: sum(fault_counter::EVENTS_DROPPED),

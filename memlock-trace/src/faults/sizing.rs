@@ -1,12 +1,12 @@
-//! Before load: the fault family's globals from this kernel's BTF, and its per-CPU maps
-//! sized for this machine.
+//! Before load: the fault family's globals from this kernel's BTF, and its maps sized: the
+//! shared ones by how many processes they must hold, the per-CPU region table for the CPUs.
 
 use anyhow::{Result, anyhow};
 use aya::EbpfLoader;
 use memlock_trace_common::{
     faults::{
-        FaultConfig, FaultStats, Hist, MAX_FAULT_HISTS, MAX_FAULT_KEYS, MAX_FAULT_REGIONS,
-        REGION_SLOTS, RegionSlot, RegionValue, names, populate,
+        FAULT_EVENTS_BYTE_SIZE, FaultConfig, MAX_FAULT_HISTS, MAX_FAULT_KEYS, MAX_FAULT_REGIONS,
+        REGION_SLOTS, RegionSlot, names, populate,
     },
     vma::{VM_LOCKED, VM_LOCKONFAULT},
 };
@@ -18,9 +18,9 @@ use crate::btf::KernelBtf;
 pub(crate) const REGION_SHIFT: u32 = 16;
 
 /// Slots of the per-CPU region table: [`REGION_SLOTS`], fewer where that would take more
-/// than 8 MiB over all CPUs.
+/// than 2 MiB over all CPUs (512 slots at 96 possible CPUs).
 fn region_slots(cpus: usize) -> u32 {
-    let fit = entries_within(8 << 20, cpus, size_of::<RegionSlot>(), REGION_SLOTS);
+    let fit = entries_within(2 << 20, cpus, size_of::<RegionSlot>(), REGION_SLOTS);
     // A power of two: the programs index with a mask.
     1 << (31 - fit.leading_zeros())
 }
@@ -131,37 +131,36 @@ const FEW_PROCESS_KEYS: u32 = 1024;
 /// evicted (and counted); the fault counts themselves never depend on it.
 const FEW_PROCESS_REGIONS: u32 = 16384;
 
-/// Sets the fault globals and sizes the per-CPU maps for this machine before load: an LRU
-/// per-CPU hash preallocates `max_entries` x possible CPUs values. With `few_processes` the
-/// per-process maps and the region map are smaller: the kernel's per-CPU allocator took a
-/// good part of a short command's session creating them at the system-wide sizes.
+/// Sets the fault globals and sizes the maps before load. The per-process maps are shared
+/// by the CPUs, so their memory does not grow with them; with `few_processes` they are
+/// smaller still (a command or `-p` needs a few entries). The fault event ring is a page
+/// unless `--events` streams into it.
 pub fn prepare_loader<'a>(
     loader: &mut EbpfLoader<'a>,
     config: &'a FaultConfig,
     few_processes: bool,
 ) -> Result<()> {
     let cpus = possible_cpus()?;
-    let fit = |budget: usize, value: usize, most: u32| entries_within(budget, cpus, value, most);
     let (keys, hists, regions) = if few_processes {
         (FEW_PROCESS_KEYS, FEW_PROCESS_KEYS, FEW_PROCESS_REGIONS)
     } else {
         (MAX_FAULT_KEYS, MAX_FAULT_HISTS, MAX_FAULT_REGIONS)
     };
+    let events_ring = if config.events != 0 {
+        FAULT_EVENTS_BYTE_SIZE
+    } else {
+        // SAFETY: sysconf has no preconditions.
+        u32::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096)
+    };
     loader
         .override_global(names::FAULT_CONFIG, config, true)
         // Every process alive or exited since its entry was last used needs one: a fork
-        // storm of 10,000 processes (`stress-ng --fork 2 --fork-ops 10000`, 2 CPUs) lost
-        // 177,000 of 614,000 faults to 7,046 evictions at 8 MiB (3,066 entries); 32 MiB
-        // holds 12,264 there (fewer with more CPUs: the values are per CPU).
-        .map_max_entries(
-            names::FAULT_STATS,
-            fit(32 << 20, size_of::<FaultStats>(), keys),
-        )
-        .map_max_entries(names::FAULT_HIST, fit(16 << 20, size_of::<Hist>(), hists))
+        // storm of 10,000 processes (`stress-ng --fork 2 --fork-ops 10000`) lost 177,000 of
+        // 614,000 faults to 7,046 evictions with 3,066 entries.
+        .map_max_entries(names::FAULT_STATS, keys)
+        .map_max_entries(names::FAULT_HIST, hists)
         .map_max_entries(names::FAULT_REGION_SLOTS, region_slots(cpus))
-        .map_max_entries(
-            names::FAULT_REGIONS,
-            fit(8 << 20, size_of::<RegionValue>(), regions),
-        );
+        .map_max_entries(names::FAULT_REGIONS, regions)
+        .map_max_entries(names::FAULT_EVENTS, events_ring);
     Ok(())
 }

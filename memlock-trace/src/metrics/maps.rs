@@ -1,5 +1,8 @@
 //! How full the kernel maps are that hold per-process state: entries against capacity, so an
-//! alert can fire before evictions (counted in `fault_health`) begin.
+//! alert can fire before evictions (counted in `fault_health`) begin; and the memory every
+//! map of the session takes in the kernel, charged to the tracer's memory cgroup.
+
+use std::sync::OnceLock;
 
 use aya::{Ebpf, maps::Map};
 use prometheus_client::{
@@ -13,6 +16,9 @@ type MapLabel = Vec<(&'static str, String)>;
 pub struct MapMetrics {
     entries: Family<MapLabel, Gauge>,
     capacity: Family<MapLabel, Gauge>,
+    memory: Family<MapLabel, Gauge>,
+    /// The maps' memory is fixed at creation (preallocated), so it is read once.
+    memory_read: OnceLock<()>,
 }
 
 impl MapMetrics {
@@ -28,7 +34,26 @@ impl MapMetrics {
             "Capacity of that kernel map (as sized for this machine at load)",
             m.capacity.clone(),
         );
+        registry.register(
+            "map_memory_bytes",
+            "Kernel memory of each BPF map of the session (`memlock` in its fdinfo), fixed at \
+             load; charged to the tracer's memory cgroup",
+            m.memory.clone(),
+        );
         m
+    }
+
+    /// The first time: every map's memory, from this process's fdinfo.
+    pub fn update_memory(&self, ebpf: &Ebpf) {
+        self.memory_read.get_or_init(|| {
+            let names: Vec<&str> = ebpf.maps().map(|(name, _)| name).collect();
+            for (name, bytes) in map_memory(&names) {
+                let label = vec![("map", name.to_ascii_lowercase())];
+                self.memory
+                    .get_or_create(&label)
+                    .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+            }
+        });
     }
 
     /// `used`: (map name, entries read back). Capacities come from the kernel.
@@ -53,4 +78,38 @@ fn max_entries(map: &Map) -> Option<u32> {
         _ => return None,
     };
     data.info().ok().map(|info| info.max_entries())
+}
+
+/// (name, `memlock:` bytes) of each BPF map this process holds an fd to, each once, named
+/// after the one of `names` the kernel's 15-byte name is the start of.
+fn map_memory(names: &[&str]) -> Vec<(String, u64)> {
+    let mut bytes = std::collections::BTreeMap::new();
+    let Ok(dir) = std::fs::read_dir("/proc/self/fdinfo") else {
+        return Vec::new();
+    };
+    for entry in dir.flatten() {
+        let Ok(info) = std::fs::read_to_string(entry.path()) else {
+            continue;
+        };
+        let field = |name: &str| {
+            info.lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+        };
+        if let (Some(id), Some(memlock)) = (field("map_id:"), field("memlock:")) {
+            bytes.insert(id, memlock);
+        }
+    }
+    bytes
+        .into_iter()
+        .filter_map(|(id, memlock)| {
+            let info = aya::maps::MapInfo::from_id(u32::try_from(id).ok()?).ok()?;
+            let short = info.name_as_str()?;
+            let name = names
+                .iter()
+                .find(|n| n.get(..short.len()) == Some(short))
+                .map_or(short, |n| *n);
+            Some((name.to_string(), memlock))
+        })
+        .collect()
 }

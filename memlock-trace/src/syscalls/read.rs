@@ -1,5 +1,4 @@
-//! Reads the kernel's per-CPU counts of mlock-family calls (`SYSCALL_STATS`) back, summed
-//! over CPUs, and puts them in the summary: the counts, errors, pages and latency buckets
+//! Reads the kernel's counts of mlock-family calls (`SYSCALL_STATS`) back and puts them in the summary: the counts, errors, pages and latency buckets
 //! there are the kernel's, exact whatever the ring buffer dropped; the events add only what
 //! needs a record per call (the figures of the last failure, per-thread latencies).
 
@@ -8,7 +7,7 @@ use std::collections::BTreeMap;
 use anyhow::{Result, anyhow};
 use aya::{
     EbpfLoader,
-    maps::{IterableMap as _, MapData, PerCpuArray, PerCpuHashMap},
+    maps::{HashMap, IterableMap as _, MapData, PerCpuArray},
 };
 use memlock_trace_common::{
     process::ProcessKey,
@@ -58,18 +57,14 @@ pub struct SyscallHealth {
 /// five calls and a few outcomes each.
 const FEW_PROCESS_KEYS: u32 = 1024;
 
-/// Sizes `SYSCALL_STATS` for this machine: an LRU per-CPU hash preallocates every value on
-/// every possible CPU; 16 MiB is 16384 keys on 2 CPUs, 1560 on 64. With `few_processes`,
-/// [`FEW_PROCESS_KEYS`]: creating the map at 16384 keys took 13 ms of a short command's
-/// session.
+/// Sizes `SYSCALL_STATS`: shared by the CPUs, [`MAX_SYSCALL_KEYS`] on any machine. With
+/// `few_processes`, [`FEW_PROCESS_KEYS`]: creating the map at 16384 keys took 13 ms of a
+/// short command's session.
 pub fn prepare_loader(loader: &mut EbpfLoader<'_>, few_processes: bool) -> Result<()> {
     let entries = if few_processes {
         FEW_PROCESS_KEYS
     } else {
-        let cpus = aya::util::nr_cpus().map_err(|(what, e)| anyhow!("{what}: {e}"))?;
-        u32::try_from((16 << 20) / (cpus.max(1) * size_of::<SyscallStats>()))
-            .unwrap_or(u32::MAX)
-            .clamp(1024, MAX_SYSCALL_KEYS)
+        MAX_SYSCALL_KEYS
     };
     loader.map_max_entries(names::SYSCALL_STATS, entries);
     Ok(())
@@ -82,12 +77,12 @@ pub fn read(ebpf: &aya::Ebpf) -> Result<SyscallReport> {
     let sum = |index: u32| -> u64 { counters.get(&index, 0).map(|v| v.iter().sum()).unwrap_or(0) };
     // Before the map: a key inserted while it is read must not count as evicted.
     let inserts = sum(syscall_counter::INSERTS);
-    let stats: PerCpuHashMap<&MapData, SyscallKey, SyscallStats> =
-        PerCpuHashMap::try_from(map(names::SYSCALL_STATS)?)?;
+    let stats: HashMap<&MapData, SyscallKey, SyscallStats> =
+        HashMap::try_from(map(names::SYSCALL_STATS)?)?;
     let mut report = SyscallReport::default();
-    crate::map_batch::for_each_per_cpu(stats.map(), |key: SyscallKey, values: &[SyscallStats]| {
+    for (key, v) in crate::map_batch::entries::<SyscallKey, SyscallStats>(stats.map())? {
         let c = report.counts.entry(key).or_default();
-        for v in values {
+        {
             c.calls += v.calls;
             c.pages_populated += v.pages_populated;
             c.pages_locked += v.pages_locked;
@@ -97,7 +92,7 @@ pub fn read(ebpf: &aya::Ebpf) -> Result<SyscallReport> {
                 *s += u64::from(n);
             }
         }
-    })?;
+    }
     report.health = SyscallHealth {
         evicted: inserts.saturating_sub(report.counts.len() as u64),
         update_failed: sum(syscall_counter::UPDATE_FAILED),

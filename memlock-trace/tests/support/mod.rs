@@ -343,3 +343,107 @@ pub fn advise_json(options: &[&str], command: &[&str]) -> Value {
         .unwrap_or_else(|| panic!("no advise line in: {stdout}"));
     serde_json::from_str(line).unwrap()
 }
+
+/// The BPF maps process `pid` holds, from its fds' fdinfo: each map once (however many fds
+/// refer to it) as (name, `memlock:` bytes, what the kernel charges for it), largest first.
+/// Names are the kernel's, cut to 15 bytes.
+pub fn map_memory(pid: i32) -> Vec<(String, u64)> {
+    let dir = format!("/proc/{pid}/fdinfo");
+    let mut bytes = std::collections::BTreeMap::new();
+    for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{dir}: {e}")) {
+        let Ok(info) = std::fs::read_to_string(entry.unwrap().path()) else {
+            continue;
+        };
+        let field = |name: &str| {
+            info.lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+        };
+        if let (Some(id), Some(memlock)) = (field("map_id:"), field("memlock:")) {
+            bytes.insert(id as u32, memlock);
+        }
+    }
+    let mut maps: Vec<(String, u64)> = aya::maps::loaded_maps()
+        .filter_map(Result::ok)
+        .filter_map(|m| {
+            let memlock = *bytes.get(&m.id())?;
+            Some((m.name_as_str().unwrap_or("?").to_string(), memlock))
+        })
+        .collect();
+    maps.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    maps
+}
+
+/// A memory cgroup made for a test, with a limit, removed when dropped: cgroup v1's `memory`
+/// hierarchy where the host mounts one (hybrid hosts), else cgroup2's.
+pub struct MemoryCgroup {
+    pub dir: std::path::PathBuf,
+    /// The cgroup this process was in, for moving a child back out.
+    pub home: std::path::PathBuf,
+}
+
+impl MemoryCgroup {
+    pub fn new(name: &str, limit_bytes: u64) -> Self {
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let mount = |fstype: &str, option: Option<&str>| {
+            mounts.lines().find_map(|l| {
+                let (left, right) = l.split_once(" - ")?;
+                let right: Vec<&str> = right.split_whitespace().collect();
+                let ok = right.first() == Some(&fstype)
+                    && option
+                        .is_none_or(|o| right.get(2).is_some_and(|s| s.split(',').any(|x| x == o)));
+                ok.then(|| std::path::PathBuf::from(left.split_whitespace().nth(4).unwrap()))
+            })
+        };
+        let own = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+        let own = |controller: &str| {
+            own.lines()
+                .find_map(|l| {
+                    let mut f = l.splitn(3, ':');
+                    let (_, list, path) = (f.next()?, f.next()?, f.next()?);
+                    list.split(',')
+                        .any(|c| c == controller)
+                        .then(|| path.trim_start_matches('/').to_string())
+                })
+                .unwrap_or_default()
+        };
+        let (point, home, limit_file) = if let Some(point) = mount("cgroup", Some("memory")) {
+            let home = point.join(own("memory"));
+            (point, home, "memory.limit_in_bytes")
+        } else {
+            let point = mount("cgroup2", None).expect("no cgroup v1 memory mount nor cgroup2");
+            let home = point.join(own(""));
+            // A new child of the root gets memory files once the root enables the controller.
+            let _ = std::fs::write(point.join("cgroup.subtree_control"), "+memory");
+            (point, home, "memory.max")
+        };
+        let dir = point.join(format!("{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
+        std::fs::write(dir.join(limit_file), limit_bytes.to_string())
+            .unwrap_or_else(|e| panic!("{}/{limit_file}: {e}", dir.display()));
+        Self { dir, home }
+    }
+
+    /// `sh -c 'move myself into the cgroup; exec memlock-trace ARGS'`.
+    pub fn command(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new("/bin/sh");
+        cmd.arg("-c")
+            .arg(r#"echo $$ > "$0/cgroup.procs" && exec "$@""#)
+            .arg(&self.dir)
+            .arg(BIN)
+            .args(args);
+        cmd
+    }
+}
+
+impl Drop for MemoryCgroup {
+    fn drop(&mut self) {
+        // Empty once its last process exited; the kernel may take a moment to agree.
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.dir).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}

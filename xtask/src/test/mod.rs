@@ -38,6 +38,11 @@ pub struct Args {
     /// The guest's `memlock-trace probe` always runs.
     #[arg(long, value_name = "NAME")]
     test: Vec<String>,
+    /// Boot the guests with N possible CPUs, one of them online (`-smp 1,maxcpus=N`): the
+    /// kernel sizes per-CPU maps for N, as on a large machine (the fork storm's and the map
+    /// memory's tests at 96).
+    #[arg(long, value_name = "N")]
+    max_cpus: Option<u32>,
 }
 
 impl Args {
@@ -131,11 +136,11 @@ pub fn run(args: &Args) -> Result<()> {
     // The host stage and the guests side by side: a guest is one qemu process emulating the
     // kernel, the host stage mostly waits on its tests' processes, and the machine has few
     // cores; one after the other the run took the host's time plus the slowest guest's.
-    let (binaries, tracer) = (&binaries, &tracer);
+    let (binaries, tracer, max_cpus) = (&binaries, &tracer, args.max_cpus);
     let (host_stage, guest_stages) = std::thread::scope(|scope| {
         let handles: Vec<_> = guests
             .iter()
-            .map(|&kernel| scope.spawn(move || vm_stage(binaries, tracer, kernel)))
+            .map(|&kernel| scope.spawn(move || vm_stage(binaries, tracer, kernel, max_cpus)))
             .collect();
         let host_stage = host.then(|| host_stage(binaries, tracer));
         let guest_stages: Vec<Result<Stage>> = handles
@@ -280,11 +285,13 @@ fn vm_stage(
     binaries: &[TestBinary],
     tracer: &std::path::Path,
     kernel: vm::Kernel,
+    max_cpus: Option<u32>,
 ) -> Result<Stage> {
     let start = Instant::now();
     println!(
-        "xtask: VM stage: booting Debian's {} kernel in qemu (software emulation)",
-        kernel.version
+        "xtask: VM stage: booting Debian's {} kernel in qemu (software emulation{})",
+        kernel.version,
+        max_cpus.map_or(String::new(), |n| format!(", {n} possible CPUs"))
     );
     // Only memlock-trace's tests touch the kernel; xtask's own do not belong in the guest.
     let (guest_binaries, not_here): (Vec<&TestBinary>, Vec<&TestBinary>) = binaries
@@ -319,6 +326,7 @@ fn vm_stage(
         // with two guests and other work on 2 cores).
         timeout: Duration::from_secs(2400),
         memory_mib: 2048,
+        max_cpus,
         // Integration tests run the CLI by its absolute host path.
         extra_files: vec![(tracer.to_path_buf(), tracer.display().to_string())],
         programs: !packages_for(guest_binaries.iter().copied()).is_empty(),
@@ -485,6 +493,7 @@ mod tests {
             vm_only: false,
             kernel: kernels.iter().map(|k| k.to_string()).collect(),
             test: Vec::new(),
+            max_cpus: None,
         };
         let (host, guests) = args(&["all"]).kernels().unwrap();
         assert!(host);

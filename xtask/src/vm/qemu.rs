@@ -56,6 +56,14 @@ impl Console {
     }
 }
 
+/// qemu's `-smp`: one vCPU, and `maxcpus` possible ones if asked for.
+fn smp(max_cpus: Option<u32>) -> String {
+    match max_cpus {
+        Some(n) if n > 1 => format!("1,maxcpus={n}"),
+        _ => "1".to_string(),
+    }
+}
+
 /// Runs qemu to completion, logging the console to `console_log` while parsing it.
 pub(super) fn boot(
     vmlinuz: &Path,
@@ -78,7 +86,10 @@ pub(super) fn boot(
         // with two, 191 s and 2m49 with one), while three guests share the host's cores.
         // It also ends the guest Oopses seen when the kernel patched a jump label that the
         // other vCPU was running.
-        .args(["-cpu", "max", "-smp", "1", "-nographic", "-no-reboot"])
+        // `--max-cpus N` keeps that one vCPU online and makes N possible (hot-pluggable, in
+        // the ACPI tables), which is what per-CPU maps are sized by.
+        .args(["-cpu", "max", "-smp", &smp(opts.max_cpus)])
+        .args(["-nographic", "-no-reboot"])
         // The guest needs no network; this also skips loading the NIC's option ROM.
         .args(["-nic", "none"])
         .args(["-m", &opts.memory_mib.to_string()])

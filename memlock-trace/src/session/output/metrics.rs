@@ -22,6 +22,7 @@ impl Output {
             let mut health = tracer.health()?;
             health.processes.evicted_processes = self.aggregator.evicted_processes();
             metrics.health.update(&health);
+            metrics.maps.update_memory(&tracer.ebpf);
             // The counts before the identities: the kernel records who a process is before
             // its first count, so every process counted here has one (no series without
             // its cgroup label for a process that appeared in between).
