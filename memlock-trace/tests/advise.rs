@@ -200,8 +200,31 @@ fn under_a_memlock_limit_the_table_is_populated_and_the_limit_named() {
         own[1]["timed_minflt"].as_u64().unwrap(),
     );
     assert!(before >= pages && after * 100 <= pages, "{own:?}");
-    // Populated, not locked: the limit was neither raised nor met.
-    assert_eq!(report["apply"]["after"]["locked_by_calls_bytes"], 0);
+    // The table populated, not locked: the limit was neither raised nor met. (A small
+    // mapping that faulted after start-up may be locked within the 8 MiB: which do depends
+    // on where start-up ended in this run.)
+    let apply = &report["apply"];
+    let rules = apply["environment"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|kv| kv[0] == "MEMLOCK_PRELOAD_RULES")
+        .and_then(|kv| kv[1].as_str())
+        .unwrap_or_else(|| panic!("no preload rules: {apply}"));
+    let table = format!("anon:{TABLE_BYTES}");
+    assert!(
+        rules.split(';').any(|r| r == format!("populate:{table}")),
+        "{rules}"
+    );
+    assert!(
+        !rules.split(';').any(|r| r == format!("lock:{table}")),
+        "{rules}"
+    );
+    let locked = apply["after"]["locked_by_calls_bytes"].as_u64().unwrap();
+    assert!(
+        locked < 8 << 20,
+        "{locked} bytes locked under an 8 MiB limit: {apply}"
+    );
 }
 
 #[test]
