@@ -36,6 +36,7 @@ pub mod output;
 pub mod probe;
 pub mod process;
 pub mod procfs;
+pub mod profile;
 pub mod session;
 pub mod symbolize;
 pub mod syscalls;

@@ -4,6 +4,7 @@
 
 mod commands;
 mod production;
+mod profile;
 #[cfg(test)]
 mod tests;
 
@@ -14,6 +15,7 @@ pub use commands::Command;
 #[cfg(feature = "lab")]
 pub use commands::{WorkloadName, WorkloadParams};
 pub use production::{GroupBy, ProductionArgs};
+pub use profile::ProfileArgs;
 
 use crate::{
     faults::{BenchFloor, FaultOptions, HookChoice},
@@ -142,6 +144,8 @@ pub struct TraceArgs {
     /// Stacks listed per process with --stacks, by page faults.
     #[arg(long, value_name = "N", default_value_t = 10, requires = "stacks", value_parser = int(0, MAX_TOP))]
     pub stacks_top: usize,
+    #[command(flatten)]
+    pub profile: ProfileArgs,
     /// Benchmark only: attach the fault-start tracepoints the classic way even where tp_btf
     /// works (as bpftrace does).
     #[arg(long, hide = true)]

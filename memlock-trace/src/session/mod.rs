@@ -124,6 +124,7 @@ pub fn run(mut args: TraceArgs) -> Result<i32> {
     }
     // A file that cannot be written is refused before anything is loaded.
     let sink = Sink::open(args.output.as_deref())?;
+    let profiles = args.profile.open()?;
     let targets = if args.pids.is_empty() && args.command.is_empty() {
         Targets::All
     } else {
@@ -199,7 +200,7 @@ pub fn run(mut args: TraceArgs) -> Result<i32> {
         launched,
         production,
         described,
-        sink,
+        (sink, profiles),
         (started_ns, attached_ns),
     ));
     // Stopped by a signal or --duration while the command runs: its blocking waitpid must
@@ -245,7 +246,7 @@ async fn event_loop(
     launched: Option<u32>,
     mut production: Production,
     described: String,
-    sink: Sink,
+    (sink, profiles): (Sink, crate::profile::ProfileFiles),
     (started_ns, attached_ns): (u64, u64),
 ) -> Result<i32> {
     // Handlers first, then the "tracing" line: a Ctrl-C from then on always gets a summary.
@@ -321,6 +322,7 @@ async fn event_loop(
         cgroups: Default::default(),
         exit_check: exit_check(&args, &tracer, launched, attached_ns),
         by_cgroup: args.production.by == Some(crate::cli::GroupBy::Cgroup),
+        profiles,
     };
     // Event lines wait until both rings were read past them.
     output.order.watch(ring.get_ref().as_raw_fd());
@@ -472,6 +474,7 @@ async fn event_loop(
         eprintln!("memlock-trace: stopped by {name}");
     }
     output.summary(&tracer, Scope::Session)?;
+    output.write_profiles(&tracer, args.quiet)?;
     if output.order.late > 0 {
         eprintln!(
             "memlock-trace: warning: {} event lines arrived too late to print in time order",

@@ -192,22 +192,38 @@ impl StackCollector {
             self.health.unwind_ns += began.elapsed().as_nanos() as u64;
         }
         ips.truncate(STACK_DEPTH);
-        let Some(p) = self.modules.get(s.tgid) else {
+        let mut cut = self.first_unknown(s.tgid, &ips);
+        // Code made executable by mprotect (a JIT's) comes with no mmap notice: a frame
+        // outside the known mappings has the maps read again, at most every 10 ms.
+        if let Some(i) = cut.filter(|&i| i > 0)
+            && self
+                .modules
+                .ensure_within(s.tgid, ips[i] - 1, std::time::Duration::from_millis(10))
+        {
+            cut = self.first_unknown(s.tgid, &ips);
+        }
+        if self.modules.get(s.tgid).is_none() {
             ips.clear();
             return ips;
-        };
-        // A return address points after a call: look it up one byte back.
-        let known = ips
-            .iter()
-            .enumerate()
-            .position(|(i, &ip)| p.at(if i > 0 { ip - 1 } else { ip }).is_none());
-        if let Some(cut) = known {
+        }
+        if let Some(cut) = cut {
             if cut > 0 {
                 self.health.frames_dropped += 1;
             }
             ips.truncate(cut);
         }
         ips
+    }
+}
+
+impl StackCollector {
+    /// The first frame of `ips` in no executable mapping of `tgid` (a return address is
+    /// looked up one byte back, since it points after its call).
+    fn first_unknown(&self, tgid: u32, ips: &[u64]) -> Option<usize> {
+        let p = self.modules.get(tgid)?;
+        ips.iter()
+            .enumerate()
+            .position(|(i, &ip)| p.at(if i > 0 { ip - 1 } else { ip }).is_none())
     }
 }
 

@@ -155,6 +155,7 @@ pub struct CodeMapping {
 
 /// What one process has mapped executable, and its unwinder.
 pub struct ProcessModules {
+    pub tgid: u32,
     pub code: Vec<CodeMapping>,
     pub unwinder: framehop::x86_64::UnwinderX86_64<Section>,
     pub cache: framehop::x86_64::CacheX86_64,
@@ -162,6 +163,13 @@ pub struct ProcessModules {
 }
 
 impl ProcessModules {
+    /// Whether it runs code from no file (a JIT's): code its runtime's perf map may name.
+    pub fn runs_generated_code(&self) -> bool {
+        self.code
+            .iter()
+            .any(|m| m.file.is_none() && !m.name.starts_with("/") && !m.name.starts_with("["))
+    }
+
     /// The executable mapping holding `addr`.
     pub fn at(&self, addr: u64) -> Option<&CodeMapping> {
         let i = self.code.partition_point(|m| m.end <= addr);
@@ -183,6 +191,14 @@ impl ModuleRegistry {
         self.processes.get(&tgid)
     }
 
+    /// The processes that run generated code ([`ProcessModules::runs_generated_code`]).
+    pub fn with_generated_code(&self) -> impl Iterator<Item = u32> + '_ {
+        self.processes
+            .iter()
+            .filter(|(_, p)| p.runs_generated_code())
+            .map(|(&tgid, _)| tgid)
+    }
+
     pub fn get_mut(&mut self, tgid: u32) -> Option<&mut ProcessModules> {
         self.processes.get_mut(&tgid)
     }
@@ -198,6 +214,16 @@ impl ModuleRegistry {
         if stale {
             self.refresh(tgid);
         }
+    }
+
+    /// Reads `tgid`'s executable mappings again if `addr` is in none of them and the last
+    /// read is older than `age`; whether they were read.
+    pub fn ensure_within(&mut self, tgid: u32, addr: u64, age: std::time::Duration) -> bool {
+        let stale = self
+            .processes
+            .get(&tgid)
+            .is_some_and(|p| p.at(addr).is_none() && p.read_at.elapsed() > age);
+        stale && self.refresh(tgid)
     }
 
     /// Reads `/proc/PID/maps`, opening each executable file mapping through
@@ -306,6 +332,7 @@ impl ModuleRegistry {
         self.processes.insert(
             tgid,
             ProcessModules {
+                tgid,
                 code,
                 unwinder,
                 cache: framehop::x86_64::CacheX86_64::new(),

@@ -54,6 +54,12 @@ pub(super) const HOST_ONLY: &[(&str, &str)] = &[
          guests do not carry (the kernel side of --stacks: test:fault_cli, on every kernel)",
     ),
     (
+        "memlock-trace/test:profiles",
+        "host only: compiles a C program with gcc and compares with perf and go tool pprof, \
+         which the guests do not carry (the kernel side of --stacks: \
+         test:fault_cli, on every kernel)",
+    ),
+    (
         "memlock-trace/test:metrics_server",
         "host only: the /metrics server's limits (connections, header size, timeouts, accept \
          errors) and formats are user space, the same on every kernel",
@@ -156,6 +162,9 @@ pub(super) const PROGRAM_TESTS: &[(&str, &str)] = &[
     ("memlock-trace/test:memcached", "memcached"),
     ("memlock-trace/test:third_party", "python3"),
     ("memlock-trace/test:mappings", "python3"),
+    ("memlock-trace/test:profiles", "gcc"),
+    ("memlock-trace/test:profiles", "linux-perf"),
+    ("memlock-trace/test:profiles", "golang-go"),
     ("memlock-trace/test:stacks", "gcc"),
     ("memlock-trace/test:stacks", "linux-perf"),
     ("memlock-trace/test:stacks", "gdb"),

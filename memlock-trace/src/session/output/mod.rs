@@ -9,6 +9,7 @@ use memlock_trace_common::vma::{VM_LOCKED, VM_LOCKONFAULT};
 
 mod metrics;
 mod naming;
+mod profiles;
 
 use naming::{name_exited, only_thread};
 
@@ -74,6 +75,8 @@ pub(super) struct Output {
     pub(super) exit_check: Option<ExitCheck>,
     /// `--by cgroup`.
     pub(super) by_cgroup: bool,
+    /// `--folded`, `--flamegraph`, `--pprof`: written at the end of the session.
+    pub(super) profiles: crate::profile::ProfileFiles,
 }
 
 /// Which processes the fault family counted from their very start, so that the kernel's
@@ -143,6 +146,10 @@ impl Output {
     pub(super) fn drain_stacks(&mut self, ring: &mut RingBuf<MapData>) {
         if let Some(stacks) = &mut self.stacks {
             stacks.drain(ring);
+            // Generated code is named from its runtime's perf map, read while it runs.
+            for tgid in stacks.modules.with_generated_code() {
+                self.symbolizer.perf_maps.refresh(tgid);
+            }
         }
     }
 
@@ -341,6 +348,9 @@ impl Output {
     pub(super) fn summary(&mut self, tracer: &Tracer, scope: Scope) -> Result<()> {
         // The events a summary covers are printed before it.
         self.order.flush(&mut self.out);
+        if scope == Scope::Session {
+            self.finish_perf_maps();
+        }
         let now = WallClock::now_ns();
         let mut health = tracer.health()?;
         health.processes.evicted_processes = self.aggregator.evicted_processes();

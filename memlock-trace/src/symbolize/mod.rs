@@ -8,7 +8,10 @@
 //! present, for file:line and inlined functions). So the stacks of a command that has
 //! exited, or of a file deleted or replaced since, are still symbolized from the very file
 //! that ran. A frame that cannot be resolved is shown as `module+0xoffset` (or the bare
-//! address when no mapping held it).
+//! address when no mapping held it). Generated (JIT) code is named from the perf map its
+//! runtime wrote ([`perf_map`]).
+
+pub mod perf_map;
 
 use blazesym::symbolize::{
     CodeInfo, Input, Symbolized, Symbolizer,
@@ -16,6 +19,7 @@ use blazesym::symbolize::{
 };
 use serde::Serialize;
 
+use self::perf_map::PerfMaps;
 use crate::{output::Outside, unwind::ProcessModules};
 
 /// One frame of a stack.
@@ -44,6 +48,8 @@ pub struct Frame {
 /// Symbolizes frames through a mapping snapshot; keeps parsed files between summaries.
 pub struct StackSymbolizer {
     symbolizer: Symbolizer,
+    /// The perf maps of processes that run generated code, kept after they exit.
+    pub perf_maps: PerfMaps,
 }
 
 impl Default for StackSymbolizer {
@@ -54,6 +60,7 @@ impl Default for StackSymbolizer {
                 .enable_inlined_fns(true)
                 .enable_demangling(true)
                 .build(),
+            perf_maps: PerfMaps::default(),
         }
     }
 }
@@ -84,11 +91,20 @@ impl StackSymbolizer {
             ip
         };
         let (mut frame, offset) = Self::unresolved(ip, lookup_ip, modules);
-        // Only files can be symbolized: not [vdso] nor anonymous (generated) code.
+        // Files are symbolized from their ELF symbols; anonymous (generated) code from its
+        // runtime's perf map, if it wrote one.
         let Some(file) = modules
             .and_then(|m| m.at(lookup_ip))
             .and_then(|m| m.file.as_ref())
         else {
+            let jit = modules.and_then(|m| Some((m, m.at(lookup_ip)?)));
+            if let Some(name) = jit
+                .filter(|(_, mapping)| !mapping.name.starts_with("["))
+                .and_then(|(m, _)| self.perf_maps.get(m.tgid)?.lookup(lookup_ip))
+            {
+                frame.symbol = Outside::from(name);
+                frame.resolved = true;
+            }
             return vec![frame];
         };
         let Some(lookup) = offset else {

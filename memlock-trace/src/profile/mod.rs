@@ -1,0 +1,164 @@
+//! `--folded`, `--flamegraph`, `--pprof`: the stacks both families kept with `--stacks`
+//! (sampled page faults, mlock-family call sites) as the files profilers read: folded
+//! lines as `stackcollapse-perf.pl` writes them (flamegraph.pl, inferno, speedscope), a
+//! flame graph SVG in flamegraph.pl's `mem` palette, and a pprof profile (`go tool pprof`,
+//! Grafana Pyroscope, Parca). Built above the families from their results; neither they
+//! nor the tracer import it.
+
+pub mod files;
+pub mod flamegraph;
+pub mod folded;
+pub mod pprof;
+
+use std::collections::BTreeMap;
+
+use clap::ValueEnum;
+use memlock_trace_common::{
+    faults::StackKey,
+    stacks::{SyscallStackKey, SyscallStackValue},
+};
+
+pub use self::files::ProfileFiles;
+use crate::{
+    procfs::PAGE_SIZE,
+    symbolize::{Frame, StackSymbolizer},
+    unwind::ModuleRegistry,
+};
+
+/// What a profile's stacks are weighed by (`--profile-weight`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum Weight {
+    /// Page faults, i.e. pages faulted in (sampled faults times --stack-sample).
+    #[default]
+    Faults,
+    /// Bytes faulted in: faults times the 4 KiB page.
+    FaultBytes,
+    /// Mlock-family calls per call site.
+    Calls,
+    /// Bytes the calls added to `locked_vm`.
+    LockedBytes,
+}
+
+impl Weight {
+    /// Whether the stacks are the faults' (else the mlock-family calls').
+    pub fn of_faults(self) -> bool {
+        matches!(self, Self::Faults | Self::FaultBytes)
+    }
+
+    /// Whether the weight is in bytes (the second value of each pprof sample).
+    pub fn in_bytes(self) -> bool {
+        matches!(self, Self::FaultBytes | Self::LockedBytes)
+    }
+
+    /// flamegraph.pl's `--countname`.
+    pub fn count_name(self) -> &'static str {
+        match self {
+            Self::Faults => "pages",
+            Self::Calls => "calls",
+            Self::FaultBytes | Self::LockedBytes => "bytes",
+        }
+    }
+}
+
+/// One distinct stack of one process, with its two figures.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProfileStack {
+    pub pid: u32,
+    /// The process's name (after its last exec), the root frame as perf gives it.
+    pub comm: String,
+    /// Innermost first, inlined functions included, as [`StackSymbolizer::stack`] gives them.
+    pub frames: Vec<Frame>,
+    /// Faults (calls).
+    pub count: u64,
+    /// Bytes faulted in (bytes locked).
+    pub bytes: u64,
+}
+
+/// The stacks of one kind, for one file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Profile {
+    pub weight: Weight,
+    /// Faults: one in this many kept its stack (counts are scaled by it). 1 for calls.
+    pub sample_every: u32,
+    pub stacks: Vec<ProfileStack>,
+}
+
+impl ProfileStack {
+    /// The figure `weight` asks for.
+    pub fn weight(&self, weight: Weight) -> u64 {
+        if weight.in_bytes() {
+            self.bytes
+        } else {
+            self.count
+        }
+    }
+}
+
+/// The instruction pointers of a kept stack, zero-terminated.
+fn depth(ips: &[u64]) -> &[u64] {
+    &ips[..ips.iter().position(|&ip| ip == 0).unwrap_or(ips.len())]
+}
+
+/// The sampled faults per (process, stack), threads folded into their process, each
+/// stack counted as `sample_every` faults per sampled fault.
+pub fn fault_profile(
+    faults: &BTreeMap<StackKey, u64>,
+    modules: &ModuleRegistry,
+    symbolizer: &StackSymbolizer,
+    comm: &dyn Fn(u32) -> String,
+    sample_every: u32,
+    weight: Weight,
+) -> Profile {
+    let mut per_stack: BTreeMap<(u32, &[u64]), u64> = BTreeMap::new();
+    for (key, n) in faults {
+        *per_stack.entry((key.tgid, depth(&key.ips))).or_default() += n;
+    }
+    let every = u64::from(sample_every.max(1));
+    let stacks = per_stack
+        .into_iter()
+        .map(|((pid, ips), n)| ProfileStack {
+            pid,
+            comm: comm(pid),
+            frames: symbolizer.stack(ips, modules.get(pid)),
+            count: n * every,
+            bytes: n * every * PAGE_SIZE,
+        })
+        .collect();
+    Profile {
+        weight,
+        sample_every: sample_every.max(1),
+        stacks,
+    }
+}
+
+/// The mlock-family calls per (process, call site), every call of a site together.
+pub fn call_profile(
+    calls: &BTreeMap<SyscallStackKey, SyscallStackValue>,
+    modules: &ModuleRegistry,
+    symbolizer: &StackSymbolizer,
+    comm: &dyn Fn(u32) -> String,
+    weight: Weight,
+) -> Profile {
+    let mut per_stack: BTreeMap<(u32, &[u64]), SyscallStackValue> = BTreeMap::new();
+    for (key, v) in calls {
+        per_stack
+            .entry((key.tgid, depth(&key.ips)))
+            .or_default()
+            .add(v);
+    }
+    let stacks = per_stack
+        .into_iter()
+        .map(|((pid, ips), v)| ProfileStack {
+            pid,
+            comm: comm(pid),
+            frames: symbolizer.stack(ips, modules.get(pid)),
+            count: v.calls,
+            bytes: v.locked * PAGE_SIZE,
+        })
+        .collect();
+    Profile {
+        weight,
+        sample_every: 1,
+        stacks,
+    }
+}

@@ -1,0 +1,360 @@
+//! `--folded`, `--flamegraph` and `--pprof` checked against the established tools on the same
+//! run: a C program built with frame pointers, faulting pages in from two known functions,
+//! runs under `perf record -e page-faults -c 1 -g` while memlock-trace traces perf and its
+//! child with every fault's stack kept. perf's samples, collapsed by inferno's port of
+//! stackcollapse-perf.pl, give the same folded lines for those functions, with the very
+//! counts the program's own getrusage gives; the flame graph parses as SVG (quick-xml) with
+//! those frames and counts; `go tool pprof` (Debian's golang-go) reads the profile with the
+//! sample types faults and bytes and the same stacks.
+//!
+//! `cargo xtask test` installs gcc, Debian's linux-perf and golang-go when missing.
+//! The C program is compiled on the machine that runs the test, so this binary runs on the
+//! host.
+
+mod common;
+mod support;
+
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+    process::{Command, Output},
+};
+
+use common::require_privileges;
+use inferno::collapse::{
+    Collapse as _,
+    perf::{Folder, Options},
+};
+use serde_json::Value;
+use support::{BIN, json_lines};
+
+const TOUCH_TWO: &str = include_str!("profiles/touch_two.c");
+
+/// A scratch directory of this test process.
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("memlock-trace-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn ok(out: &Output, what: &str) -> String {
+    assert!(
+        out.status.success(),
+        "{what}: {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// `touch_two.c` compiled with frame pointers (and -O0, so that leaf functions keep theirs:
+/// Debian's gcc leaves them out of leaves at -O2).
+fn build_touch_two(dir: &Path) -> PathBuf {
+    let source = dir.join("touch_two.c");
+    std::fs::write(&source, TOUCH_TWO).unwrap();
+    let bin = dir.join("touch_two");
+    let out = Command::new("gcc")
+        .args(["-O0", "-g", "-fno-omit-frame-pointer", "-o"])
+        .arg(&bin)
+        .arg(&source)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("gcc: {e} (`cargo xtask test` installs Debian's gcc; or: apt-get install gcc)")
+        });
+    ok(&out, "gcc");
+    bin
+}
+
+/// The profile files of one traced run, with its summary, stdout and stderr.
+struct Traced {
+    summary: Value,
+    stdout: String,
+    stderr: String,
+    folded: String,
+    svg: PathBuf,
+    pprof: PathBuf,
+}
+
+/// `memlock-trace --json --stacks --stack-sample 1 --folded --flamegraph --pprof [extra] --
+/// command` in `dir`, which exits 0.
+fn traced(dir: &Path, extra: &[&str], command: &[&str]) -> Traced {
+    let (json, folded) = (dir.join("trace.json"), dir.join("stacks.folded"));
+    let (svg, pprof) = (dir.join("faults.svg"), dir.join("faults.pb.gz"));
+    let out = Command::new(BIN)
+        .args(["--json", "--stacks", "--stack-sample", "1", "-o"])
+        .arg(&json)
+        .arg("--folded")
+        .arg(&folded)
+        .arg("--flamegraph")
+        .arg(&svg)
+        .arg("--pprof")
+        .arg(&pprof)
+        .args(extra)
+        .arg("--")
+        .args(command)
+        .output()
+        .expect("memlock-trace");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let text = std::fs::read_to_string(&json).unwrap();
+    Traced {
+        summary: json_lines(&text)
+            .pop()
+            .unwrap_or_else(|| panic!("no summary:\n{text}\n{stderr}")),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        folded: std::fs::read_to_string(&folded).unwrap(),
+        stderr,
+        svg,
+        pprof,
+    }
+}
+
+/// Folded lines as a map from stack to count.
+fn parse_folded(text: &str) -> BTreeMap<String, u64> {
+    let mut lines = BTreeMap::new();
+    for line in text.lines() {
+        let (stack, n) = line.rsplit_once(' ').unwrap_or_else(|| panic!("{line:?}"));
+        *lines.entry(stack.to_string()).or_default() += n.parse::<u64>().unwrap();
+    }
+    lines
+}
+
+/// perf's samples in `data`, collapsed by inferno-collapse-perf (stackcollapse-perf.pl's
+/// port) with its defaults.
+fn perf_collapsed(data: &Path) -> BTreeMap<String, u64> {
+    let out = Command::new("perf")
+        .args(["script", "-i"])
+        .arg(data)
+        .output()
+        .unwrap_or_else(|e| panic!("perf: {e} (`cargo xtask test` installs Debian's linux-perf)"));
+    let script = ok(&out, "perf script");
+    let mut folded = Vec::new();
+    Folder::from(Options::default())
+        .collapse(script.as_bytes(), &mut folded)
+        .unwrap();
+    parse_folded(&String::from_utf8(folded).unwrap())
+}
+
+/// The lines of `comm` whose leaf is `leaf`, cut to their frames from `from` up (the root
+/// frames before it left out), with their counts.
+fn from_frame(lines: &BTreeMap<String, u64>, comm: &str, from: &str, leaf: &str) -> Vec<String> {
+    lines
+        .iter()
+        .filter(|(stack, _)| stack.starts_with(&format!("{comm};")))
+        .filter(|(stack, _)| stack.ends_with(&format!(";{leaf}")))
+        .map(|(stack, n)| {
+            let frames: Vec<&str> = stack.split(';').collect();
+            let at = frames.iter().position(|f| *f == from).unwrap_or(0);
+            format!("{} {n}", frames[at..].join(";"))
+        })
+        .collect()
+}
+
+/// The text of every `<title>` of an SVG, which must parse as XML with an `<svg>` root.
+fn svg_titles(path: &Path) -> Vec<String> {
+    use quick_xml::{Reader, events::Event};
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut reader = Reader::from_str(&text);
+    let (mut titles, mut in_title, mut root) = (Vec::new(), false, None);
+    loop {
+        match reader
+            .read_event()
+            .unwrap_or_else(|e| panic!("not XML: {e}"))
+        {
+            Event::Start(e) => {
+                let name = String::from_utf8_lossy(e.local_name().as_ref()).into_owned();
+                root.get_or_insert(name.clone());
+                if name == "title" {
+                    in_title = true;
+                    titles.push(String::new());
+                }
+            }
+            Event::End(e) if e.local_name().as_ref() == b"title" => in_title = false,
+            Event::Text(t) if in_title => titles.last_mut().unwrap().push_str(&t.decode().unwrap()),
+            Event::GeneralRef(r) if in_title => {
+                let entity = match r.decode().unwrap().as_ref() {
+                    "amp" => "&",
+                    "lt" => "<",
+                    "gt" => ">",
+                    "quot" => "\"",
+                    "apos" => "'",
+                    other => panic!("entity {other}"),
+                };
+                titles.last_mut().unwrap().push_str(entity);
+            }
+            Event::Eof => break,
+            _ => {}
+        }
+    }
+    assert_eq!(root.as_deref(), Some("svg"), "the SVG's root element");
+    titles
+}
+
+/// `go tool pprof ARGS FILE`'s output (Debian's golang-go).
+fn go_pprof(args: &[&str], file: &Path) -> String {
+    let out = Command::new("go")
+        .args(["tool", "pprof"])
+        .args(args)
+        .arg(file)
+        // go wants a writable home for its caches; the test's own.
+        .env("HOME", file.parent().unwrap())
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("go: {e} (`cargo xtask test` installs Debian's golang-go; or: apt-get install golang-go)")
+        });
+    ok(&out, "go tool pprof")
+}
+
+/// `go tool pprof -traces`'s samples of `comm`: (value as printed, frames innermost first).
+fn pprof_traces(text: &str, comm: &str) -> Vec<(String, Vec<String>)> {
+    text.split("-----------+")
+        .filter(|block| block.lines().any(|l| l.trim() == format!("comm:  {comm}")))
+        .filter_map(|block| {
+            let mut frames = block
+                .lines()
+                .skip(1)
+                .filter(|l| !l.trim().is_empty() && !l.contains(":  "));
+            let first = frames.next()?;
+            let (value, leaf) = first.trim().split_once(char::is_whitespace)?;
+            let mut stack = vec![leaf.trim().to_string()];
+            stack.extend(frames.map(|l| l.trim().to_string()));
+            Some((value.to_string(), stack))
+        })
+        .collect()
+}
+
+/// The C program under perf, both tools on the same run: the folded lines of its two
+/// touching functions equal perf's, collapsed by inferno, and their counts are the program's
+/// own getrusage figures; the folded counts of the process sum to the faults the tracer
+/// reports for it; the flame graph and the pprof profile hold the same stacks and counts.
+#[test]
+fn c_program_folded_lines_equal_perfs_collapsed_stacks() {
+    require_privileges();
+    let dir = scratch("profiles-c");
+    let bin = build_touch_two(&dir);
+    let data = dir.join("perf.data");
+    let run = traced(
+        &dir,
+        &["--stacks-top", "1000000", "--follow-children"],
+        &[
+            "perf",
+            "record",
+            "-q",
+            "-e",
+            "page-faults",
+            "-c",
+            "1",
+            "-g",
+            "-m",
+            "128M",
+            "-o",
+            data.to_str().unwrap(),
+            "--",
+            bin.to_str().unwrap(),
+        ],
+    );
+    // The program's own count of each function's faults.
+    assert!(
+        run.stdout.contains("touch_small 256 touch_large 512"),
+        "getrusage in the program: {}",
+        run.stdout
+    );
+    let ours = parse_folded(&run.folded);
+    let perf = perf_collapsed(&data);
+    assert!(
+        perf.keys().any(|k| k.starts_with("touch_two;")),
+        "perf recorded no fault of touch_two: {perf:?}"
+    );
+    for (leaf, pages) in [("touch_small", 256), ("touch_large", 512)] {
+        let theirs = from_frame(&perf, "touch_two", "__libc_start_call_main", leaf);
+        let mine = from_frame(&ours, "touch_two", "__libc_start_call_main", leaf);
+        let expected = format!("__libc_start_call_main;main;{leaf} {pages}");
+        assert_eq!(
+            theirs,
+            std::slice::from_ref(&expected),
+            "perf's, collapsed: {perf:#?}"
+        );
+        assert_eq!(mine, [expected], "ours: {}", run.folded);
+        // perf's frame-pointer walk ends in libc, built without them; ours go on to _start
+        // by libc's unwind tables.
+        let full: Vec<&String> = ours
+            .keys()
+            .filter(|k| k.starts_with("touch_two;") && k.ends_with(&format!(";{leaf}")))
+            .collect();
+        assert_eq!(
+            full,
+            [&format!(
+                "touch_two;_start;__libc_start_main_impl;__libc_start_call_main;main;{leaf}"
+            )]
+        );
+    }
+    // Every fault of the process, as the tracer counted it, is in the folded lines once.
+    let process = run.summary["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["comm"] == "touch_two")
+        .unwrap_or_else(|| panic!("touch_two in {}", run.summary));
+    let faults =
+        process["faults"]["minor"].as_u64().unwrap() + process["faults"]["major"].as_u64().unwrap();
+    let folded_sum: u64 = ours
+        .iter()
+        .filter(|(k, _)| k.starts_with("touch_two;"))
+        .map(|(_, n)| n)
+        .sum();
+    assert_eq!(folded_sum, faults, "{}", run.folded);
+    assert_eq!(run.summary["fault_health"]["stacks_dropped"], 0);
+    assert!(run.stderr.contains("fault stacks folded"), "{}", run.stderr);
+
+    // The flame graph: SVG with every frame of those stacks, counted in pages.
+    let titles = svg_titles(&run.svg);
+    for needle in [
+        "touch_small (256 pages,",
+        "touch_large (512 pages,",
+        "main (",
+        "touch_two (",
+    ] {
+        assert!(
+            titles.iter().any(|t| t.starts_with(needle)),
+            "{needle} in no title: {titles:#?}"
+        );
+    }
+
+    // pprof: the sample types, and the same stacks in faults and in bytes.
+    let raw = go_pprof(&["-raw"], &run.pprof);
+    assert!(
+        raw.lines()
+            .any(|l| l.trim() == "faults/count[dflt] bytes/bytes"),
+        "{raw}"
+    );
+    let expected_stack = |leaf: &str| {
+        [
+            leaf,
+            "main",
+            "__libc_start_call_main",
+            "__libc_start_main_impl",
+            "_start",
+        ]
+        .map(String::from)
+        .to_vec()
+    };
+    let by_faults = pprof_traces(&go_pprof(&["-traces"], &run.pprof), "touch_two");
+    let by_bytes = pprof_traces(
+        &go_pprof(&["-traces", "-sample_index=bytes"], &run.pprof),
+        "touch_two",
+    );
+    for (leaf, faults, bytes) in [("touch_small", "256", "1MB"), ("touch_large", "512", "2MB")] {
+        for (traces, value) in [(&by_faults, faults), (&by_bytes, bytes)] {
+            let found: Vec<&String> = traces
+                .iter()
+                .filter(|(_, stack)| stack[0] == leaf)
+                .map(|(v, stack)| {
+                    assert_eq!(*stack, expected_stack(leaf));
+                    v
+                })
+                .collect();
+            assert_eq!(found, [value], "{leaf}: {traces:#?}");
+        }
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
