@@ -3,7 +3,8 @@
 //! and every page fault the kernel handed their parent when it reaped them
 //! (`getrusage(RUSAGE_CHILDREN)`), and no row says faults are missing. And the maps of a
 //! system-wide session take at most 32 MiB on any CPU count (`cargo xtask test --max-cpus
-//! 96` runs these in a guest with 96 possible CPUs).
+//! 96` runs these in a guest with 96 possible CPUs), and short processes add little to its
+//! user memory.
 
 mod common;
 mod support;
@@ -56,6 +57,60 @@ fn a_system_wide_session_starts_with_at_most_32_mib_of_map_memory() {
         total <= MAP_MEMORY_LIMIT,
         "{total} bytes of map memory at start, more than {MAP_MEMORY_LIMIT}"
     );
+}
+
+/// User memory follows what the options bound, not how many processes came and went: a
+/// thousand short processes that each make one mlock call, all kept by the call statistics,
+/// add at most 6 MiB to a system-wide session's resident
+/// memory (issue 29: 3,000 distinct processes at most 16 MiB; one HdrHistogram per process
+/// and call made it ~50 KiB each).
+#[test]
+fn a_thousand_short_processes_add_little_to_the_tracers_memory() {
+    require_privileges();
+    // Every process on a row of its own, so the summary shows the children's calls.
+    let mut tracer = Tracer::spawn(&["--json", "--max-processes", "4096"]);
+    tracer.wait_for_stderr("memlock-trace: tracing");
+    let rss = |pid: i32| {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .unwrap()
+            * 1024
+    };
+    // Warm-up: the first refreshes and the first processes' allocations.
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    let before = rss(tracer.pid());
+    let status = Command::new(BIN)
+        .args(["workload", "children", "--count", "1000", "--calls", "1"])
+        .args(["--report", "/dev/null"])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    // The tracer drains its ring every 20 ms and refreshes every second or so.
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    let after = rss(tracer.pid());
+    tracer.signal(libc::SIGINT);
+    let done = tracer.finish();
+    assert!(done.status.success(), "{}", done.stderr);
+    let calls = summary(&done.stdout)["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["syscalls"]["mlock"]["count"].as_u64().is_some())
+        .count();
+    let grown = after.saturating_sub(before);
+    eprintln!(
+        "resident {:.1} -> {:.1} MiB over 1,000 processes ({calls} rows with mlock)",
+        before as f64 / f64::from(1 << 20),
+        after as f64 / f64::from(1 << 20)
+    );
+    assert!(
+        calls >= 1000,
+        "{calls} processes with their mlock call kept"
+    );
+    assert!(grown <= 6 << 20, "{grown} bytes more resident");
 }
 
 /// Runs the storm under a session following it, in `cgroup` if given, and checks that every

@@ -1,7 +1,8 @@
 //! Per-process, per-syscall statistics.
 //!
-//! Syscall events are rare (one per call), so every latency is recorded exactly in an
-//! HdrHistogram here in user space.
+//! Syscall events are rare (one per call), so every latency is recorded here in user space:
+//! as it is while a process has made few calls, in an HdrHistogram past that
+//! ([`Latencies`]).
 
 use std::collections::BTreeMap;
 
@@ -11,7 +12,7 @@ use serde::Serialize;
 use super::why::LockFigures;
 use crate::{
     event::{Syscall, SyscallRecord, errno_name},
-    latency::{Latency, histogram, record_latency},
+    latency::{Latencies, Latency},
     output::Outside,
     process::ProcessTable,
 };
@@ -28,7 +29,7 @@ struct ProcessStats {
     comm: Outside,
     syscalls: BTreeMap<Syscall, SyscallStats>,
     /// Per thread and call, the latencies (with `per_thread`).
-    threads: BTreeMap<u32, BTreeMap<Syscall, Histogram<u64>>>,
+    threads: BTreeMap<u32, BTreeMap<Syscall, Latencies>>,
 }
 
 struct SyscallStats {
@@ -36,7 +37,7 @@ struct SyscallStats {
     errors: BTreeMap<String, u64>,
     /// Per errno, the figures of the last failure (why it failed).
     last_failure: BTreeMap<String, LockFigures>,
-    latency: Histogram<u64>,
+    latency: Latencies,
     pages_populated: u64,
     pages_locked: i64,
 }
@@ -47,7 +48,7 @@ impl SyscallStats {
             count: 0,
             errors: BTreeMap::new(),
             last_failure: BTreeMap::new(),
-            latency: histogram(),
+            latency: Latencies::default(),
             pages_populated: 0,
             pages_locked: 0,
         }
@@ -90,13 +91,15 @@ impl Aggregator {
                 .insert(errno.clone(), LockFigures::of(rec));
             *stats.errors.entry(errno).or_default() += 1;
         }
-        record_latency(&mut stats.latency, rec.raw.duration_ns);
+        stats.latency.record(rec.raw.duration_ns);
         stats.pages_populated += rec.pages_populated();
         stats.pages_locked += rec.pages_locked();
         if self.per_thread {
             let thread = process.threads.entry(rec.raw.tid).or_default();
-            let h = thread.entry(rec.syscall).or_insert_with(histogram);
-            record_latency(h, rec.raw.duration_ns);
+            thread
+                .entry(rec.syscall)
+                .or_default()
+                .record(rec.raw.duration_ns);
         }
     }
 
@@ -122,7 +125,10 @@ impl Aggregator {
                     .threads
                     .iter()
                     .map(|(tid, calls)| {
-                        let calls = calls.iter().map(|(s, h)| (s.name(), values(h))).collect();
+                        let calls = calls
+                            .iter()
+                            .map(|(s, l)| (s.name(), values(&l.histogram())))
+                            .collect();
                         (*tid, calls)
                     })
                     .collect(),
@@ -133,12 +139,13 @@ impl Aggregator {
 
 impl SyscallStats {
     fn summary(&self) -> SyscallSummary {
+        let latency = self.latency.histogram();
         SyscallSummary {
             count: self.count,
             errors: self.errors.clone(),
             last_failure: self.last_failure.clone(),
-            latency_ns: Latency::of(&self.latency),
-            latency_values: values(&self.latency),
+            latency_ns: Latency::of(&latency),
+            latency_values: values(&latency),
             pages_populated: self.pages_populated,
             pages_locked: self.pages_locked,
         }
