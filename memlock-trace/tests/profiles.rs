@@ -5,9 +5,10 @@
 //! stackcollapse-perf.pl, give the same folded lines for those functions, with the very
 //! counts the program's own getrusage gives; the flame graph parses as SVG (quick-xml) with
 //! those frames and counts; `go tool pprof` (Debian's golang-go) reads the profile with the
-//! sample types faults and bytes and the same stacks.
+//! sample types faults and bytes and the same stacks. Node's JIT frames are named from the
+//! perf map it writes (`--perf-basic-prof`), even when it deleted the map before exiting.
 //!
-//! `cargo xtask test` installs gcc, Debian's linux-perf and golang-go when missing.
+//! `cargo xtask test` installs gcc, Debian's linux-perf, golang-go and nodejs when missing.
 //! The C program is compiled on the machine that runs the test, so this binary runs on the
 //! host.
 
@@ -16,6 +17,7 @@ mod support;
 
 use std::{
     collections::BTreeMap,
+    io::Read as _,
     path::{Path, PathBuf},
     process::{Command, Output},
 };
@@ -29,6 +31,8 @@ use serde_json::Value;
 use support::{BIN, json_lines};
 
 const TOUCH_TWO: &str = include_str!("profiles/touch_two.c");
+const GROW_JS: &str = include_str!("profiles/grow.js");
+const NODE: &str = "/usr/bin/node";
 
 /// A scratch directory of this test process.
 fn scratch(name: &str) -> PathBuf {
@@ -81,6 +85,8 @@ fn traced(dir: &Path, extra: &[&str], command: &[&str]) -> Traced {
     let (json, folded) = (dir.join("trace.json"), dir.join("stacks.folded"));
     let (svg, pprof) = (dir.join("faults.svg"), dir.join("faults.pb.gz"));
     let out = Command::new(BIN)
+        // node writes its V8 logs to the working directory.
+        .current_dir(dir)
         .args(["--json", "--stacks", "--stack-sample", "1", "-o"])
         .arg(&json)
         .arg("--folded")
@@ -356,5 +362,92 @@ fn c_program_folded_lines_equal_perfs_collapsed_stacks() {
             assert_eq!(found, [value], "{leaf}: {traces:#?}");
         }
     }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// The perf map node writes, for the folded lines of `grow.js`: touchAll's 1,024 faults
+/// named from it, above grow.
+fn node_touch_all(dir: &Path, script_arg: &[&str]) -> Traced {
+    assert!(
+        Path::new(NODE).is_file(),
+        "{NODE} is missing (`cargo xtask test` installs nodejs)"
+    );
+    let script = dir.join("grow.js");
+    std::fs::write(&script, GROW_JS).unwrap();
+    let mut command = vec![
+        NODE,
+        "--perf-basic-prof",
+        // Interpreted functions (grow) get a code object of their own, named in the map.
+        "--interpreted-frames-native-stack",
+        script.to_str().unwrap(),
+    ];
+    command.extend(script_arg);
+    traced(dir, &["--stacks-top", "1000000"], &command)
+}
+
+/// Node with `--perf-basic-prof`: touchAll, called from grow, named from the perf map with
+/// its 1,024 faults (every 8 KiB of an 8 MiB buffer), down to node's main, though the script deleted its map before exiting (it was read while
+/// node ran); the flame graph shows it with that count.
+#[test]
+fn node_jit_frames_are_named_from_its_perf_map() {
+    require_privileges();
+    let dir = scratch("profiles-node");
+    let run = node_touch_all(&dir, &["delete-map"]);
+    let ours = parse_folded(&run.folded);
+    // touchAll's stores fault in V8's store builtins it calls, which the walk gets past.
+    let touch_all: Vec<(&String, &u64)> = ours
+        .iter()
+        .filter(|(stack, _)| {
+            let frames: Vec<&str> = stack.split(';').collect();
+            frames
+                .windows(2)
+                .any(|w| w[0].starts_with("JS:~grow ") && w[1].starts_with("JS:~touchAll "))
+        })
+        .collect();
+    assert!(
+        !touch_all.is_empty(),
+        "no grow;touchAll line: {}",
+        run.folded
+    );
+    let faults: u64 = touch_all.iter().map(|(_, n)| **n).sum();
+    assert_eq!(faults, 1024, "{touch_all:#?}");
+    for (stack, _) in &touch_all {
+        // Down to the root: node's main tail-calls node::Start.
+        assert!(
+            stack.starts_with("node;_start;") && stack.contains(";node::Start(int, char**);"),
+            "cut before node::Start: {stack}"
+        );
+    }
+    assert!(!run.stderr.contains("wrote no perf map"), "{}", run.stderr);
+    let titles = svg_titles(&run.svg);
+    assert!(
+        titles
+            .iter()
+            .any(|t| t.starts_with("JS:~touchAll ") && t.contains("(1,024 pages,")),
+        "{titles:#?}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Node without `--perf-basic-prof` wrote no map: the session says so, naming the process.
+#[test]
+fn a_missing_perf_map_is_reported() {
+    require_privileges();
+    let dir = scratch("profiles-node-nomap");
+    let script = dir.join("grow.js");
+    std::fs::write(&script, GROW_JS).unwrap();
+    let run = traced(&dir, &[], &[NODE, script.to_str().unwrap()]);
+    assert!(
+        run.stderr
+            .contains("ran generated code and wrote no perf map (/tmp/perf-"),
+        "{}",
+        run.stderr
+    );
+    let mut gz = Vec::new();
+    std::fs::File::open(&run.pprof)
+        .unwrap()
+        .read_to_end(&mut gz)
+        .unwrap();
+    assert_eq!(&gz[..2], [0x1f, 0x8b], "gzip");
     std::fs::remove_dir_all(&dir).ok();
 }

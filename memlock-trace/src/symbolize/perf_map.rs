@@ -18,7 +18,7 @@ use std::{
 };
 
 /// How often a live process's map is looked at again (a stat; a read only if it grew).
-const RECHECK: Duration = Duration::from_millis(200);
+const RECHECK: Duration = Duration::from_millis(50);
 /// Larger maps are read up to here: a JVM's after hours of compiling is a few MiB.
 const MAX_MAP_BYTES: u64 = 256 << 20;
 

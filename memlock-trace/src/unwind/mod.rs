@@ -171,23 +171,8 @@ impl StackCollector {
                 Ok(u64::from_ne_bytes(word.try_into().map_err(|_| ())?))
             };
             let began = std::time::Instant::now();
-            let regs = framehop::x86_64::UnwindRegsX86_64::new(s.ip, s.sp, s.bp);
-            let mut frames = p
-                .unwinder
-                .iter_frames(s.ip, regs, &mut p.cache, &mut read_stack);
-            loop {
-                match frames.next() {
-                    Ok(Some(frame)) => ips.push(frame.address()),
-                    // The caller's frame is above the copied bytes: the stack is cut there.
-                    Err(framehop::Error::CouldNotReadStack(addr)) if addr >= base => {
-                        self.health.stack_exhausted += 1;
-                        break;
-                    }
-                    _ => break,
-                }
-                if ips.len() == STACK_DEPTH {
-                    break;
-                }
+            if walk(p, s, &mut read_stack, &mut ips) {
+                self.health.stack_exhausted += 1;
             }
             self.health.unwind_ns += began.elapsed().as_nanos() as u64;
         }
@@ -224,6 +209,66 @@ impl StackCollector {
         ips.iter()
             .enumerate()
             .position(|(i, &ip)| p.at(if i > 0 { ip - 1 } else { ip }).is_none())
+    }
+}
+
+/// Unwinds `s` into `ips` (innermost first, at most [`STACK_DEPTH`]) with `p`'s unwind
+/// tables; true if the stack was cut at the end of the copied bytes. Where a step gives an
+/// address in no executable mapping of the process, or fails, the frame pointer is followed
+/// instead when that gives one (as perf's walk does): a leaf V8 builtin, code with no FDE
+/// that framehop takes for a frameless leaf (its return address at the stack pointer),
+/// pushed a frame pointer, and the walk through node's JIT frames goes on from there.
+fn walk(
+    p: &mut ProcessModules,
+    s: &StackSample,
+    read_stack: &mut impl FnMut(u64) -> Result<u64, ()>,
+    ips: &mut Vec<u64>,
+) -> bool {
+    use framehop::{FrameAddress, x86_64::UnwindRegsX86_64};
+    let base = s.stack_base;
+    let known = |code: &[modules::CodeMapping], ret: u64| {
+        let addr = ret.wrapping_sub(1);
+        let i = code.partition_point(|m| m.end <= addr);
+        code.get(i).is_some_and(|m| m.start <= addr)
+    };
+    let mut regs = UnwindRegsX86_64::new(s.ip, s.sp, s.bp);
+    let mut address = FrameAddress::from_instruction_pointer(s.ip);
+    loop {
+        ips.push(address.address());
+        if ips.len() == STACK_DEPTH {
+            return false;
+        }
+        let before = regs;
+        let step = p
+            .unwinder
+            .unwind_frame(address, &mut regs, &mut p.cache, read_stack);
+        let next = match step {
+            Ok(Some(ret)) if known(&p.code, ret) => Some(ret),
+            Ok(None) => return false,
+            // The caller's frame is above the copied bytes: the stack is cut there.
+            Err(framehop::Error::CouldNotReadStack(addr)) if addr >= base => return true,
+            _ => None,
+        };
+        let next = next.or_else(|| {
+            let bp = before.bp();
+            if bp < before.sp() {
+                return None;
+            }
+            let (ret, caller_bp) = (read_stack(bp.checked_add(8)?).ok()?, read_stack(bp).ok()?);
+            known(&p.code, ret).then(|| {
+                regs = UnwindRegsX86_64::new(ret, bp + 16, caller_bp);
+                ret
+            })
+        });
+        // No caller found either way: the address framehop gave (if any) is kept, to be
+        // cut as outside every mapping (or found in a mapping read since).
+        let Some(ret) = next.or(step.ok().flatten()) else {
+            return false;
+        };
+        match FrameAddress::from_return_address(ret) {
+            Some(a) => address = a,
+            None => return false,
+        }
     }
 }
 

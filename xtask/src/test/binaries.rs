@@ -55,8 +55,8 @@ pub(super) const HOST_ONLY: &[(&str, &str)] = &[
     ),
     (
         "memlock-trace/test:profiles",
-        "host only: compiles a C program with gcc and compares with perf and go tool pprof, \
-         which the guests do not carry (the kernel side of --stacks: \
+        "host only: compiles a C program with gcc and compares with perf, go tool pprof and \
+         node's perf map, which the guests do not carry (the kernel side of --stacks: \
          test:fault_cli, on every kernel)",
     ),
     (
@@ -165,6 +165,7 @@ pub(super) const PROGRAM_TESTS: &[(&str, &str)] = &[
     ("memlock-trace/test:profiles", "gcc"),
     ("memlock-trace/test:profiles", "linux-perf"),
     ("memlock-trace/test:profiles", "golang-go"),
+    ("memlock-trace/test:profiles", "nodejs"),
     ("memlock-trace/test:stacks", "gcc"),
     ("memlock-trace/test:stacks", "linux-perf"),
     ("memlock-trace/test:stacks", "gdb"),
