@@ -38,9 +38,9 @@ pub struct Args {
     /// The guest's `memlock-trace probe` always runs.
     #[arg(long, value_name = "NAME")]
     test: Vec<String>,
-    /// Boot the guests with N possible CPUs, one of them online (`-smp 1,maxcpus=N`): the
-    /// kernel sizes per-CPU maps for N, as on a large machine (the fork storm's and the map
-    /// memory's tests at 96).
+    /// Boot the guests with N possible CPUs, one of them online (`-smp N`, the kernel's
+    /// `maxcpus=1`): the kernel sizes per-CPU maps for N, as on a large machine (the fork
+    /// storm's and the map memory's tests at 96).
     #[arg(long, value_name = "N")]
     max_cpus: Option<u32>,
 }

@@ -63,8 +63,9 @@ pub struct VmOptions {
     /// Limit for the guest, from qemu start to the guest powering off.
     pub timeout: Duration,
     pub memory_mib: u32,
-    /// Possible CPUs beyond the one online (`-smp 1,maxcpus=N`): the kernel sizes its
-    /// per-CPU allocations for them, as on a machine with that many CPUs. `None`: one.
+    /// Possible CPUs, one of them online (`-smp N` and the kernel's `maxcpus=1`): the kernel
+    /// sizes its per-CPU allocations for them, as on a machine with that many CPUs.
+    /// `None`: one.
     pub max_cpus: Option<u32>,
     /// Extra files to copy in: (host path, absolute guest path).
     pub extra_files: Vec<(PathBuf, String)>,

@@ -56,11 +56,15 @@ impl Console {
     }
 }
 
-/// qemu's `-smp`: one vCPU, and `maxcpus` possible ones if asked for.
-fn smp(max_cpus: Option<u32>) -> String {
+/// qemu's `-smp` and what the kernel command line adds: one vCPU, or `max_cpus` of which
+/// the kernel brings one up (`maxcpus=1`), the others possible, never started (idle). Not
+/// `-smp 1,maxcpus=N`: 6.12 counts qemu's hot-pluggable vCPUs as none ("Allowing 1
+/// present CPUs plus 0 hotplug CPUs"), while `-smp 96` + `maxcpus=1` gives nr_cpu_ids 96
+/// on 5.10 and 6.12 alike.
+fn smp(max_cpus: Option<u32>) -> (String, &'static str) {
     match max_cpus {
-        Some(n) if n > 1 => format!("1,maxcpus={n}"),
-        _ => "1".to_string(),
+        Some(n) if n > 1 => (n.to_string(), " maxcpus=1"),
+        _ => ("1".to_string(), ""),
     }
 }
 
@@ -79,6 +83,7 @@ pub(super) fn boot(
         .with_context(|| format!("opening {}", console_log.display()))?;
     log.set_len(0)?;
     let start = Instant::now();
+    let smp = smp(opts.max_cpus);
     let mut qemu = Command::new("qemu-system-x86_64")
         // No -enable-kvm: nested KVM dies with an internal error on this machine kind.
         // One vCPU: under software emulation a second one made no test faster and doubled
@@ -86,9 +91,9 @@ pub(super) fn boot(
         // with two, 191 s and 2m49 with one), while three guests share the host's cores.
         // It also ends the guest Oopses seen when the kernel patched a jump label that the
         // other vCPU was running.
-        // `--max-cpus N` keeps that one vCPU online and makes N possible (hot-pluggable, in
-        // the ACPI tables), which is what per-CPU maps are sized by.
-        .args(["-cpu", "max", "-smp", &smp(opts.max_cpus)])
+        // `--max-cpus N` keeps that one vCPU online and makes N possible, which is what
+        // per-CPU maps are sized by (see `smp`).
+        .args(["-cpu", "max", "-smp", &smp.0])
         .args(["-nographic", "-no-reboot"])
         // The guest needs no network; this also skips loading the NIC's option ROM.
         .args(["-nic", "none"])
@@ -98,7 +103,8 @@ pub(super) fn boot(
         .arg("-initrd")
         .arg(initrd)
         // panic=-1 reboots at once on a panic, which -no-reboot turns into qemu exiting.
-        .args(["-append", "console=ttyS0 panic=-1 quiet"])
+        .arg("-append")
+        .arg(format!("console=ttyS0 panic=-1 quiet{}", smp.1))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(log.try_clone()?)
