@@ -1,7 +1,10 @@
-//! Which system calls each family's handlers run at, on the raw `sys_enter`/`sys_exit`
-//! tracepoints.
+//! Which system calls each family's handlers run at: on fentry/fexit of each hooked call's
+//! own kernel function where the kernel allows trampolines ([`calls`]), else on the raw
+//! `sys_enter`/`sys_exit` tracepoints.
 //!
-//! The syscall handlers of every family run from two tp_btf programs, one on
+//! fentry/fexit on `__x64_sys_mlock` & co (the arch's wrapper names, in user space's `arch`)
+//! cost the calls nobody hooks nothing at all: only the hooked calls go through a
+//! trampoline. Where the kernel refuses trampolines, the syscall handlers of every family run from two tp_btf programs, one on
 //! `raw_syscalls:sys_enter(regs, id)` and one on `raw_syscalls:sys_exit(regs, ret)`, rather
 //! than from one `syscalls:sys_{enter,exit}_*` event per call: a perf-attached event costs a
 //! kernel grace period (~35 ms) when it is released, one after another under a global mutex,
@@ -67,4 +70,54 @@ pub mod hook {
         | POPULATE_ENTER_RETRY
         | POPULATE_EXIT_COUNTED
         | MAPPINGS_GOING_RETRY;
+}
+
+/// The calls with fentry/fexit programs of their own (one per call and edge, see
+/// `memlock-trace-ebpf`'s `syscall_dispatch`), each with the handlers' bits it can run: a
+/// call's programs are built with those handlers only, so each verifies only what its call
+/// can need. The loader refuses to mark a bit a call's programs lack.
+pub mod calls {
+    use super::hook::*;
+
+    const MLOCK_FAMILY: u32 = SYSCALLS_ENTER
+        | SYSCALLS_EXIT
+        | RANGE_CHECK
+        | RANGE_CHECK_RB
+        | VMA_ENTER
+        | VMA_EXIT
+        | VMA_ENTER_RB
+        | VMA_EXIT_RB;
+    pub const POPULATE: u32 = POPULATE_ENTER
+        | POPULATE_ENTER_RETRY
+        | POPULATE_EXIT
+        | POPULATE_EXIT_COUNTED
+        | POPULATE_EXIT_COUNTED_RB;
+    const GOING: u32 = MAPPINGS_GOING | MAPPINGS_GOING_RETRY;
+
+    pub const MLOCK: u32 = MLOCK_FAMILY | POPULATE;
+    pub const MUNLOCK: u32 = MLOCK_FAMILY | MAPPINGS_CHANGED;
+    pub const MMAP: u32 = POPULATE | STACKS_MMAP_ENTER | STACKS_MMAP_EXIT;
+    pub const MUNMAP: u32 = MAPPINGS_CHANGED | GOING;
+    pub const EXIT_GROUP: u32 = GOING;
+
+    /// Every call with programs, by name (the kernel function is the arch's prefix and
+    /// this), with its handlers.
+    pub const ALL: [(&str, u32); 16] = [
+        ("mlock", MLOCK),
+        ("mlock2", MLOCK),
+        ("munlock", MUNLOCK),
+        ("mlockall", MLOCK),
+        ("munlockall", MUNLOCK),
+        ("mmap", MMAP),
+        ("mremap", POPULATE),
+        ("brk", POPULATE),
+        ("madvise", POPULATE),
+        ("mprotect", POPULATE),
+        ("pkey_mprotect", POPULATE),
+        ("remap_file_pages", POPULATE),
+        ("execve", POPULATE),
+        ("execveat", POPULATE),
+        ("munmap", MUNMAP),
+        ("exit_group", EXIT_GROUP),
+    ];
 }

@@ -8,6 +8,7 @@
 #![feature(core_intrinsics)]
 #![expect(internal_features, reason = "core::intrinsics::atomic_xadd, see above")]
 
+mod arch;
 mod bench;
 mod capabilities;
 mod diag;

@@ -1,60 +1,145 @@
-//! The two programs every family's system-call handlers run from: one on the raw
-//! `sys_enter` tracepoint, one on `sys_exit`, each running the handlers whose bits the call
-//! has in `SYSCALL_HOOKS` (see [`memlock_trace_common::syscall_hooks`]). Above the
-//! families: it calls them, they never call it.
+//! The programs every family's system-call handlers run from: one fentry and one fexit
+//! program per hooked call, on the call's own kernel function, where the kernel allows
+//! trampolines; else one program on the raw `sys_enter` tracepoint and one on `sys_exit`.
+//! Each runs the handlers whose bits the call has in `SYSCALL_HOOKS` (see
+//! [`memlock_trace_common::syscall_hooks`]). Above the families: it calls them, they never
+//! call it.
 //!
-//! One program per tracepoint, not one per family: the kernel's cost of running a program
-//! (~75 ns here, indirect calls through retpolines) is paid at every system call of the
-//! machine, so it is paid twice, not once per family. Each handler is a BPF function of its
-//! own, so a handler's stack is its own frame plus this program's.
+//! A trampoline costs only the call it is on; a raw tracepoint program runs at every system
+//! call of the machine (~75 ns here, indirect calls through retpolines), so there is one per
+//! tracepoint, not one per family. Each handler is a BPF function of its own, so a
+//! handler's stack is its own frame plus this program's. A call's programs hold only the
+//! handlers its [`calls`] bits name, so each verifies only what its call can need.
 //!
 //! Two builds of each: `_find_vma` with every handler, for kernels with `bpf_find_vma` and
 //! `bpf_loop` (5.17), and one without the handlers that call them (`hook::NEED_FIND_VMA`),
 //! which older kernels refuse to load even on a path never taken.
 
-use aya_ebpf::macros::btf_tracepoint;
-use memlock_trace_common::syscall_hooks::hook;
+use aya_ebpf::{
+    EbpfContext as _,
+    macros::{btf_tracepoint, fentry, fexit},
+    programs::{FEntryContext, FExitContext},
+};
+use memlock_trace_common::syscall_hooks::{calls, hook};
 
 use crate::{
     faults::{mappings, populate},
     stacks,
-    syscall_hooks::{SyscallContext, entering, exiting},
+    syscall_hooks::{SyscallContext, calling, entering, exiting},
     syscalls::{self, range},
     vma,
 };
 
+/// Every handler: what the raw tracepoints can be asked to run.
+const ANY: u32 = u32::MAX;
+
 #[btf_tracepoint(function = "sys_enter")]
 pub fn syscall_enter(ctx: SyscallContext) -> i32 {
-    enter::<false>(&ctx);
+    if let Some((nr, hooks)) = entering(&ctx) {
+        enter::<false, ANY>(&ctx, nr, hooks);
+    }
     0
 }
 
 #[btf_tracepoint(function = "sys_enter")]
 pub fn syscall_enter_find_vma(ctx: SyscallContext) -> i32 {
-    enter::<true>(&ctx);
+    if let Some((nr, hooks)) = entering(&ctx) {
+        enter::<true, ANY>(&ctx, nr, hooks);
+    }
     0
 }
 
 #[btf_tracepoint(function = "sys_exit")]
 pub fn syscall_exit(ctx: SyscallContext) -> i32 {
-    exit::<false>(&ctx);
+    if let Some((_, hooks)) = exiting(&ctx) {
+        exit::<false, ANY>(&ctx, hooks);
+    }
     0
 }
 
 #[btf_tracepoint(function = "sys_exit")]
 pub fn syscall_exit_find_vma(ctx: SyscallContext) -> i32 {
-    exit::<true>(&ctx);
+    if let Some((_, hooks)) = exiting(&ctx) {
+        exit::<true, ANY>(&ctx, hooks);
+    }
     0
 }
 
-/// The entry handlers, in the order the per-call programs ran before: the call's own
-/// figures first, then what looks at the mappings.
+/// One fentry and one fexit program per call, each in both builds: `$call` names the
+/// call's [`calls`] bits, the loader attaches the programs to the arch's function of the
+/// call (`memlock-trace/src/arch/`).
+macro_rules! call_programs {
+    ($($call:ident => $enter:ident, $enter_fv:ident, $exit:ident, $exit_fv:ident;)*) => {$(
+        #[fentry]
+        pub fn $enter(ctx: FEntryContext) -> i32 {
+            let ctx = SyscallContext::new(ctx.as_ptr());
+            if let Some((nr, hooks)) = calling(&ctx) {
+                enter::<false, { calls::$call }>(&ctx, nr, hooks);
+            }
+            0
+        }
+
+        #[fentry]
+        pub fn $enter_fv(ctx: FEntryContext) -> i32 {
+            let ctx = SyscallContext::new(ctx.as_ptr());
+            if let Some((nr, hooks)) = calling(&ctx) {
+                enter::<true, { calls::$call }>(&ctx, nr, hooks);
+            }
+            0
+        }
+
+        #[fexit]
+        pub fn $exit(ctx: FExitContext) -> i32 {
+            let ctx = SyscallContext::new(ctx.as_ptr());
+            if let Some((_, hooks)) = calling(&ctx) {
+                exit::<false, { calls::$call }>(&ctx, hooks);
+            }
+            0
+        }
+
+        #[fexit]
+        pub fn $exit_fv(ctx: FExitContext) -> i32 {
+            let ctx = SyscallContext::new(ctx.as_ptr());
+            if let Some((_, hooks)) = calling(&ctx) {
+                exit::<true, { calls::$call }>(&ctx, hooks);
+            }
+            0
+        }
+    )*};
+}
+
+// Named `sys_CALL_{enter,exit}[_fv]`, as the loader asks for them (`fv`: find_vma build).
+call_programs! {
+    MLOCK => sys_mlock_enter, sys_mlock_enter_fv, sys_mlock_exit, sys_mlock_exit_fv;
+    MLOCK => sys_mlock2_enter, sys_mlock2_enter_fv, sys_mlock2_exit, sys_mlock2_exit_fv;
+    MUNLOCK => sys_munlock_enter, sys_munlock_enter_fv, sys_munlock_exit, sys_munlock_exit_fv;
+    MLOCK => sys_mlockall_enter, sys_mlockall_enter_fv, sys_mlockall_exit, sys_mlockall_exit_fv;
+    MUNLOCK => sys_munlockall_enter, sys_munlockall_enter_fv, sys_munlockall_exit,
+        sys_munlockall_exit_fv;
+    MMAP => sys_mmap_enter, sys_mmap_enter_fv, sys_mmap_exit, sys_mmap_exit_fv;
+    POPULATE => sys_mremap_enter, sys_mremap_enter_fv, sys_mremap_exit, sys_mremap_exit_fv;
+    POPULATE => sys_brk_enter, sys_brk_enter_fv, sys_brk_exit, sys_brk_exit_fv;
+    POPULATE => sys_madvise_enter, sys_madvise_enter_fv, sys_madvise_exit, sys_madvise_exit_fv;
+    POPULATE => sys_mprotect_enter, sys_mprotect_enter_fv, sys_mprotect_exit,
+        sys_mprotect_exit_fv;
+    POPULATE => sys_pkey_mprotect_enter, sys_pkey_mprotect_enter_fv, sys_pkey_mprotect_exit,
+        sys_pkey_mprotect_exit_fv;
+    POPULATE => sys_remap_file_pages_enter, sys_remap_file_pages_enter_fv,
+        sys_remap_file_pages_exit, sys_remap_file_pages_exit_fv;
+    POPULATE => sys_execve_enter, sys_execve_enter_fv, sys_execve_exit, sys_execve_exit_fv;
+    POPULATE => sys_execveat_enter, sys_execveat_enter_fv, sys_execveat_exit,
+        sys_execveat_exit_fv;
+    MUNMAP => sys_munmap_enter, sys_munmap_enter_fv, sys_munmap_exit, sys_munmap_exit_fv;
+    EXIT_GROUP => sys_exit_group_enter, sys_exit_group_enter_fv, sys_exit_group_exit,
+        sys_exit_group_exit_fv;
+}
+
+/// The entry handlers `CAN` allows whose bits `hooks` has, in the order the per-call
+/// tracepoint programs ran before: the call's own figures first, then what looks at the
+/// mappings.
 #[inline(always)]
-fn enter<const FIND_VMA: bool>(ctx: &SyscallContext) {
-    let Some((nr, hooks)) = entering(ctx) else {
-        return;
-    };
-    let wants = |bit: u32| hooks & bit != 0;
+fn enter<const FIND_VMA: bool, const CAN: u32>(ctx: &SyscallContext, nr: u32, hooks: u32) {
+    let wants = |bit: u32| CAN & bit != 0 && hooks & bit != 0;
     if wants(hook::SYSCALLS_ENTER) {
         syscalls::on_enter(ctx, nr);
     }
@@ -90,11 +175,8 @@ fn enter<const FIND_VMA: bool>(ctx: &SyscallContext) {
 }
 
 #[inline(always)]
-fn exit<const FIND_VMA: bool>(ctx: &SyscallContext) {
-    let Some((_, hooks)) = exiting(ctx) else {
-        return;
-    };
-    let wants = |bit: u32| hooks & bit != 0;
+fn exit<const FIND_VMA: bool, const CAN: u32>(ctx: &SyscallContext, hooks: u32) {
+    let wants = |bit: u32| CAN & bit != 0 && hooks & bit != 0;
     if wants(hook::SYSCALLS_EXIT) {
         syscalls::on_exit(ctx);
     }

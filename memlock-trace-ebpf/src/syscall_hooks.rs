@@ -1,15 +1,22 @@
-//! The two raw system-call tracepoints every family's syscall handlers run from (tp_btf
-//! `sys_enter(struct pt_regs *regs, long id)` and `sys_exit(struct pt_regs *regs, long
-//! ret)`, see `crate::syscall_dispatch`): which calls are handled, and the calls' arguments
-//! and results. See [`memlock_trace_common::syscall_hooks`] for why not the per-call
+//! What every family's syscall handlers run from (see `crate::syscall_dispatch`): the
+//! per-call fentry/fexit programs on the call's own kernel function (`__x64_sys_mlock(const
+//! struct pt_regs *regs)`: argument 0 is `regs`, and at fexit argument 1 the result), or
+//! the raw system-call tracepoints (tp_btf `sys_enter(struct pt_regs *regs, long id)` and
+//! `sys_exit(struct pt_regs *regs, long ret)`): the same layout but for `sys_enter`'s
+//! argument 1, so one context serves all. Which calls are handled, and the calls'
+//! arguments and results. See [`memlock_trace_common::syscall_hooks`] for why not the per-call
 //! `syscalls:*` events.
 
 use aya_ebpf::{macros::map, maps::Array, programs::BtfTracePointContext};
 use memlock_trace_common::syscall_hooks::{MAX_NR, TS_COMPAT};
 
-use crate::shared::{current_task, offsets, read_kernel};
+use crate::{
+    arch,
+    shared::{current_task, offsets, read_kernel},
+};
 
-/// The context of a program on `sys_enter` or `sys_exit`.
+/// The context of a program on `sys_enter` or `sys_exit`, or on fentry/fexit of a call's
+/// function (made with `SyscallContext::new(ctx.as_ptr())`).
 pub type SyscallContext = BtfTracePointContext;
 
 /// Per system call number, the [`memlock_trace_common::syscall_hooks::hook`] bits of the
@@ -17,18 +24,12 @@ pub type SyscallContext = BtfTracePointContext;
 #[map]
 static SYSCALL_HOOKS: Array<u32> = Array::with_max_entries(MAX_NR, 0);
 
-/// Offsets in x86-64's `struct pt_regs` (arch/x86/include/asm/ptrace.h), the same on every
-/// kernel: the system call's arguments (`di, si, dx, r10, r8, r9`) and its number.
-mod regs {
-    pub const ARGS: [usize; 6] = [112, 104, 96, 56, 72, 64];
-    pub const ORIG_AX: usize = 120;
-}
-
 /// Reads the 8-byte field at `offset` of the call's saved registers: a direct load, which
 /// the verifier checks against the kernel's BTF of `struct pt_regs`.
 #[inline(always)]
 fn register(ctx: &SyscallContext, offset: usize) -> u64 {
-    // Argument 0 of both tracepoints is the task's `struct pt_regs *`, never NULL.
+    // Argument 0 of both tracepoints and of the calls' functions is the task's
+    // `struct pt_regs *`, never NULL.
     let regs: *const u8 = ctx.arg(0);
     // SAFETY: an in-bounds field of `struct pt_regs`; the verifier checks the load against
     // the kernel's BTF and turns it into one that cannot fault.
@@ -47,20 +48,34 @@ pub fn entering(ctx: &SyscallContext) -> Option<(u32, u32)> {
 /// At `sys_exit`: as [`entering`].
 #[inline(always)]
 pub fn exiting(ctx: &SyscallContext) -> Option<(u32, u32)> {
-    handled(register(ctx, regs::ORIG_AX) as i64)
+    handled(register(ctx, arch::SYSCALL_NR) as i64)
+}
+
+/// At fentry or fexit of a call's function: as [`entering`]. Only 64-bit calls reach the
+/// function (32-bit ones go through `__ia32_sys_*`; x32 numbers are out of range), so
+/// there is no compat test.
+#[inline(always)]
+pub fn calling(ctx: &SyscallContext) -> Option<(u32, u32)> {
+    hooks_of(register(ctx, arch::SYSCALL_NR) as i64)
 }
 
 #[inline(always)]
 fn handled(nr: i64) -> Option<(u32, u32)> {
+    let (nr, hooks) = hooks_of(nr)?;
+    if in_compat_syscall() {
+        return None;
+    }
+    Some((nr, hooks))
+}
+
+#[inline(always)]
+fn hooks_of(nr: i64) -> Option<(u32, u32)> {
     if !(0..i64::from(MAX_NR)).contains(&nr) {
         return None;
     }
     let nr = nr as u32;
     let hooks = *SYSCALL_HOOKS.get(nr)?;
-    if hooks == 0 || in_compat_syscall() {
-        return None;
-    }
-    Some((nr, hooks))
+    (hooks != 0).then_some((nr, hooks))
 }
 
 /// Whether the current task is in a 32-bit system call (x86 `TS_COMPAT`): read only for the
@@ -71,18 +86,18 @@ fn in_compat_syscall() -> bool {
     offset != 0 && read_kernel::<u32>(current_task(), offset) & TS_COMPAT != 0
 }
 
-/// Argument `i` (below 6) of the call, at `sys_enter`.
+/// Argument `i` (below 6) of the call, at `sys_enter` or fentry.
 #[inline(always)]
 pub fn syscall_arg(ctx: &SyscallContext, i: usize) -> u64 {
-    match regs::ARGS.get(i) {
+    match arch::SYSCALL_ARGS.get(i) {
         Some(&offset) => register(ctx, offset),
         None => 0,
     }
 }
 
-/// The call's result, or `-errno`, at `sys_exit`.
+/// The call's result, or `-errno`, at `sys_exit` or fexit.
 #[inline(always)]
 pub fn syscall_ret(ctx: &SyscallContext) -> i64 {
-    // Argument 1 of `sys_exit` is the call's result, a `long`.
+    // Argument 1 of `sys_exit` is the call's result, a `long`; so is fexit's after `regs`.
     ctx.arg(1)
 }

@@ -22,6 +22,7 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod advise;
+pub mod arch;
 pub mod btf;
 pub mod cli;
 mod detach;

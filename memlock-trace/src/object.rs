@@ -7,12 +7,14 @@ use std::fmt::Write as _;
 use anyhow::{Context as _, Result, anyhow, bail};
 use aya::{
     Btf, Ebpf, EbpfLoader,
-    maps::Array,
-    programs::{BtfTracePoint, Program, ProgramError},
+    programs::{Program, ProgramError},
 };
-use memlock_trace_common::{Config, names, syscall_hooks};
+use memlock_trace_common::{Config, names};
 
 use crate::btf::KernelBtf;
+
+mod syscall_hooks;
+pub use syscall_hooks::{SyscallEdge, SyscallVia, attach_syscall_hook, fentry_refusal};
 
 /// The eBPF object built by `build.rs`, embedded so the binary is self-contained.
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/memlock-trace"));
@@ -132,96 +134,16 @@ impl<'a> AttachContext<'a> {
     }
 
     /// See [`attach_syscall_hook`].
-    pub fn syscall_hook(&mut self, edge: SyscallEdge, hook: u32, nrs: &[u32]) -> Result<()> {
+    pub fn syscall_hook(
+        &mut self,
+        edge: SyscallEdge,
+        hook: u32,
+        nrs: &[u32],
+    ) -> Result<SyscallVia> {
         let find_vma = self.btf.has_find_vma();
         let (ebpf, btf) = self.ebpf_and_btf()?;
         attach_syscall_hook(ebpf, btf, find_vma, edge, hook, nrs)
     }
-}
-
-/// The raw system-call tracepoint a program is on (see
-/// [`memlock_trace_common::syscall_hooks`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SyscallEdge {
-    Enter,
-    Exit,
-}
-
-impl SyscallEdge {
-    /// The tracepoint's name, as tp_btf knows it.
-    fn tracepoint(self) -> &'static str {
-        match self {
-            SyscallEdge::Enter => "sys_enter",
-            SyscallEdge::Exit => "sys_exit",
-        }
-    }
-
-    /// The program that runs the handlers at this edge (`memlock-trace-ebpf`'s
-    /// `syscall_dispatch`): the build with the `bpf_find_vma` handlers where the kernel has it.
-    fn dispatcher(self, find_vma: bool) -> &'static str {
-        match (self, find_vma) {
-            (SyscallEdge::Enter, false) => "syscall_enter",
-            (SyscallEdge::Enter, true) => "syscall_enter_find_vma",
-            (SyscallEdge::Exit, false) => "syscall_exit",
-            (SyscallEdge::Exit, true) => "syscall_exit_find_vma",
-        }
-    }
-}
-
-/// Has the handler whose bit is `hook` run at `edge` of the calls numbered `nrs`: the calls
-/// are marked in `SYSCALL_HOOKS`, and both edges' dispatching programs are loaded and
-/// attached the first time (`find_vma`: [`KernelBtf::has_find_vma`]).
-pub fn attach_syscall_hook(
-    ebpf: &mut Ebpf,
-    btf: &Btf,
-    find_vma: bool,
-    edge: SyscallEdge,
-    hook: u32,
-    nrs: &[u32],
-) -> Result<()> {
-    if !find_vma && hook & syscall_hooks::hook::NEED_FIND_VMA != 0 {
-        bail!("syscall handler {hook:#x} needs bpf_find_vma, which this kernel lacks");
-    }
-    let map = ebpf
-        .map_mut(names::SYSCALL_HOOKS)
-        .ok_or_else(|| anyhow!("map {} missing from the eBPF object", names::SYSCALL_HOOKS))?;
-    let mut hooks: Array<_, u32> = Array::try_from(map)?;
-    for &nr in nrs {
-        let bits = hooks.get(&nr, 0).with_context(|| {
-            format!(
-                "system call {nr} is past the {} the programs know",
-                hooks.len()
-            )
-        })?;
-        hooks.set(nr, bits | hook, 0)?;
-    }
-    let name = edge.dispatcher(find_vma);
-    let program: &mut BtfTracePoint = program(ebpf, name)?.try_into()?;
-    if program.fd().is_err() {
-        attach_dispatchers(ebpf, btf, find_vma)?;
-    }
-    Ok(())
-}
-
-/// Loads both edges' dispatching programs side by side (see [`load_side_by_side`]; they are
-/// the largest to verify, all of every family's handlers) and attaches them.
-fn attach_dispatchers(ebpf: &mut Ebpf, btf: &Btf, find_vma: bool) -> Result<()> {
-    let edges = [SyscallEdge::Enter, SyscallEdge::Exit];
-    let names = edges.map(|edge| edge.dispatcher(find_vma));
-    load_side_by_side(ebpf, &names, |name, program| {
-        let edge = if name == names[0] { edges[0] } else { edges[1] };
-        let program: &mut BtfTracePoint = program.try_into()?;
-        program
-            .load(edge.tracepoint(), btf)
-            .map_err(|e| hook_refused(name, "tp_btf", e))
-    })?;
-    for name in names {
-        let program: &mut BtfTracePoint = program(ebpf, name)?.try_into()?;
-        program
-            .attach()
-            .map_err(|e| hook_refused(name, "tp_btf", e))?;
-    }
-    Ok(())
 }
 
 /// Runs `load` on each named program, one thread each. The kernel verifies programs side by

@@ -19,12 +19,14 @@ use memlock_trace_common::syscall_hooks::hook;
 
 use crate::{
     event::Syscall,
-    object::{AttachContext, HookFamily, SyscallEdge},
+    object::{AttachContext, HookFamily, SyscallEdge, SyscallVia},
 };
 
 /// The syscall family's programs, attached.
 #[derive(Clone, Debug)]
 pub struct SyscallHooks {
+    /// fentry/fexit on the calls' functions, or the raw tracepoints.
+    via: SyscallVia,
     /// How a ranged call's range is checked at entry, or why it is not.
     range_check: std::result::Result<&'static str, String>,
 }
@@ -41,15 +43,18 @@ impl HookFamily for SyscallHooks {
         let nrs = Syscall::ALL.map(Syscall::nr);
         let (enter, exit) = (SyscallEdge::Enter, SyscallEdge::Exit);
         cx.syscall_hook(enter, hook::SYSCALLS_ENTER, &nrs)?;
-        cx.syscall_hook(exit, hook::SYSCALLS_EXIT, &nrs)?;
+        let via = cx.syscall_hook(exit, hook::SYSCALLS_EXIT, &nrs)?;
         // Extra: without it a failed call still says its limits, with its range unchecked.
         let range_check = attach_range_check(cx).map_err(|e| format!("{e:#}"));
-        Ok(Self { range_check })
+        Ok(Self { via, range_check })
     }
 
     fn describe(&self) -> String {
-        let calls = "tp_btf raw_syscalls:sys_{enter,exit} for mlock, mlock2, munlock, mlockall, \
-                     munlockall";
+        let calls = format!(
+            "{}{}",
+            self.via.describe(None, &Syscall::ALL.map(Syscall::name)),
+            self.via.refused()
+        );
         match &self.range_check {
             Ok(how) => format!("{calls} + ranges checked at entry by {how}"),
             Err(why) => format!("{calls} (ranges not checked at entry: {why})"),

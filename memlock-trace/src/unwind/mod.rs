@@ -284,7 +284,8 @@ fn modules_changed(item: &[u8]) -> Option<ModulesChanged> {
 pub fn attach(cx: &mut AttachContext<'_>) -> Result<()> {
     let mmap = [libc::SYS_mmap as u32];
     cx.syscall_hook(SyscallEdge::Enter, hook::STACKS_MMAP_ENTER, &mmap)?;
-    cx.syscall_hook(SyscallEdge::Exit, hook::STACKS_MMAP_EXIT, &mmap)
+    cx.syscall_hook(SyscallEdge::Exit, hook::STACKS_MMAP_EXIT, &mmap)?;
+    Ok(())
 }
 
 /// Kept stacks the kernel lost: (calls, faults) not kept because the ring buffer was full.

@@ -1,8 +1,9 @@
 //! The fault family's system-call programs: the populating calls, whose pages the fault
 //! hooks charge to the call and (tracepoint set) to the VMA they went into, and the calls
 //! that change mappings, where the per-CPU VMA cache is dropped and waiting pages looked up
-//! again. All run from the raw `sys_enter`/`sys_exit` tracepoints (see
-//! [`memlock_trace_common::syscall_hooks`]).
+//! again. All run from fentry/fexit on the calls' functions, or from the raw
+//! `sys_enter`/`sys_exit` tracepoints where the kernel refuses fentry (see
+//! [`crate::object::attach_syscall_hook`]).
 
 use anyhow::Result;
 use aya::{Btf, Ebpf};
@@ -10,7 +11,7 @@ use memlock_trace_common::{faults::populate, syscall_hooks::hook};
 
 use crate::{
     faults::{HookSet, sizing::populate_nrs},
-    object::{SyscallEdge, attach_syscall_hook},
+    object::{SyscallEdge, SyscallVia, attach_syscall_hook},
 };
 
 /// Where the fault hooks' cache of VMAs is dropped, besides the populating calls: at the
@@ -25,7 +26,7 @@ pub(super) fn attach_mappings_changed(
 ) -> Result<String> {
     let changed_at = [libc::SYS_munmap, libc::SYS_munlock, libc::SYS_munlockall].map(nr);
     let exit = SyscallEdge::Exit;
-    attach_syscall_hook(
+    let via = attach_syscall_hook(
         ebpf,
         btf,
         find_vma,
@@ -33,22 +34,32 @@ pub(super) fn attach_mappings_changed(
         hook::MAPPINGS_CHANGED,
         &changed_at,
     )?;
-    let (going, going_at) = if retry {
+    let (going, going_at, going_names) = if retry {
         let at = [libc::SYS_munmap, libc::SYS_exit_group].map(nr);
-        (hook::MAPPINGS_GOING_RETRY, at.to_vec())
+        (
+            hook::MAPPINGS_GOING_RETRY,
+            at.to_vec(),
+            &["munmap", "exit_group"][..],
+        )
     } else {
         // Exit needs no fresh lookups: only the waiting pages' last chance.
-        (hook::MAPPINGS_GOING, vec![nr(libc::SYS_munmap)])
+        (
+            hook::MAPPINGS_GOING,
+            vec![nr(libc::SYS_munmap)],
+            &["munmap"][..],
+        )
     };
-    attach_syscall_hook(ebpf, btf, find_vma, SyscallEdge::Enter, going, &going_at)?;
+    let enter = SyscallEdge::Enter;
+    attach_syscall_hook(ebpf, btf, find_vma, enter, going, &going_at)?;
+    let changed = ["munmap", "munlock", "munlockall"];
+    let at_exit = via.describe(Some(exit), &changed);
+    let at_enter = match &via {
+        // The enter's tracepoint program is the exit's sibling: said once.
+        SyscallVia::RawTracepoints => format!("sys_enter for {}", going_names.join(", ")),
+        SyscallVia::Fentry => via.describe(Some(enter), going_names),
+    };
     Ok(format!(
-        "tp_btf raw_syscalls:sys_exit for munmap, munlock, munlockall and sys_enter for {} \
-         (VMAs looked up afresh{})",
-        if retry {
-            "munmap, exit_group"
-        } else {
-            "munmap"
-        },
+        "{at_exit} and {at_enter} (VMAs looked up afresh{})",
         if retry {
             "; at the enters, pages that met a busy mmap lock looked up again"
         } else {
@@ -84,11 +95,8 @@ pub(super) fn attach_populate(
         .map(|(_, (&name, nr))| (name, nr))
         .unzip();
     attach_syscall_hook(ebpf, btf, find_vma, SyscallEdge::Enter, enter, &nrs)?;
-    attach_syscall_hook(ebpf, btf, find_vma, SyscallEdge::Exit, exit, &nrs)?;
-    Ok(vec![format!(
-        "tp_btf raw_syscalls:sys_{{enter,exit}} for {}",
-        names.join(", ")
-    )])
+    let via = attach_syscall_hook(ebpf, btf, find_vma, SyscallEdge::Exit, exit, &nrs)?;
+    Ok(vec![via.describe(None, &names)])
 }
 
 /// A `libc::SYS_*` number as the programs see it.

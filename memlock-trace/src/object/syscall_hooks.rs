@@ -1,0 +1,293 @@
+//! Where every family's system-call handlers run (see
+//! [`memlock_trace_common::syscall_hooks`]): fentry/fexit programs of their own on each
+//! hooked call's kernel function where the kernel allows trampolines, so that no other call
+//! pays; else the two raw `sys_enter`/`sys_exit` tracepoint dispatchers, which run at every
+//! system call of the machine. The first attach decides, for the whole object: its call's
+//! fentry program loads, or the dispatchers are used from then on.
+
+use anyhow::{Context as _, Result, anyhow, bail};
+use aya::{
+    Btf, Ebpf,
+    maps::Array,
+    programs::{BtfTracePoint, FEntry, FExit},
+};
+use memlock_trace_common::{names, syscall_hooks};
+
+use super::{hook_refused, load_side_by_side, program, refusal_reason};
+use crate::arch::SYSCALL_FUNCTION_PREFIX;
+
+/// A system call's entry or exit: fentry or fexit of its function, or the raw tracepoint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SyscallEdge {
+    Enter,
+    Exit,
+}
+
+impl SyscallEdge {
+    /// The tracepoint's name, as tp_btf knows it.
+    fn tracepoint(self) -> &'static str {
+        match self {
+            SyscallEdge::Enter => "sys_enter",
+            SyscallEdge::Exit => "sys_exit",
+        }
+    }
+
+    /// The program that runs the handlers at this edge of every call (`memlock-trace-ebpf`'s
+    /// `syscall_dispatch`): the build with the `bpf_find_vma` handlers where the kernel has it.
+    fn dispatcher(self, find_vma: bool) -> &'static str {
+        match (self, find_vma) {
+            (SyscallEdge::Enter, false) => "syscall_enter",
+            (SyscallEdge::Enter, true) => "syscall_enter_find_vma",
+            (SyscallEdge::Exit, false) => "syscall_exit",
+            (SyscallEdge::Exit, true) => "syscall_exit_find_vma",
+        }
+    }
+
+    /// The program of this edge of the call `name` alone.
+    fn call_program(self, name: &str, find_vma: bool) -> String {
+        let edge = match self {
+            SyscallEdge::Enter => "enter",
+            SyscallEdge::Exit => "exit",
+        };
+        format!("sys_{name}_{edge}{}", if find_vma { "_fv" } else { "" })
+    }
+}
+
+/// How the syscall handlers are attached, for the hook lines.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SyscallVia {
+    /// fentry/fexit on each call's function.
+    Fentry,
+    /// The raw tracepoints' dispatchers.
+    RawTracepoints,
+}
+
+/// The kernel's reason for refusing the last fentry program on a call's function that
+/// decided an object's syscall hooks (the same for every object of this process: one
+/// kernel), for the syscall family's hook line.
+static FENTRY_REFUSED: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+
+/// Why the syscall hooks are on the raw tracepoints, if an object tried fentry.
+pub fn fentry_refusal() -> Option<String> {
+    FENTRY_REFUSED.lock().map_or(None, |r| r.clone())
+}
+
+impl SyscallVia {
+    /// The hooks of `calls` at `edge` (both edges: `None`), for a family's hook line:
+    /// `fentry/fexit __x64_sys_{mlock,munlock}` or `tp_btf raw_syscalls:sys_{enter,exit}
+    /// for mlock, munlock`.
+    pub fn describe(self, edge: Option<SyscallEdge>, calls: &[&str]) -> String {
+        match self {
+            SyscallVia::Fentry => {
+                let kind = match edge {
+                    None => "fentry/fexit",
+                    Some(SyscallEdge::Enter) => "fentry",
+                    Some(SyscallEdge::Exit) => "fexit",
+                };
+                match calls {
+                    [one] => format!("{kind} {SYSCALL_FUNCTION_PREFIX}{one}"),
+                    _ => format!("{kind} {SYSCALL_FUNCTION_PREFIX}{{{}}}", calls.join(",")),
+                }
+            }
+            SyscallVia::RawTracepoints => {
+                let at = match edge {
+                    None => "sys_{enter,exit}",
+                    Some(edge) => edge.tracepoint(),
+                };
+                format!("tp_btf raw_syscalls:{at} for {}", calls.join(", "))
+            }
+        }
+    }
+
+    /// Why fentry is not used, for one family's hook line: ` (fentry on __x64_sys_*
+    /// refused: REASON)`, or nothing.
+    pub fn refused(self) -> String {
+        match (self, fentry_refusal()) {
+            (SyscallVia::RawTracepoints, Some(reason)) => {
+                format!(" (fentry on {SYSCALL_FUNCTION_PREFIX}* refused: {reason})")
+            }
+            _ => String::new(),
+        }
+    }
+}
+
+/// The call numbered `nr` (`libc::SYS_*`, the target's own) among those with programs of
+/// their own ([`syscall_hooks::calls::ALL`]), and the handlers' bits they can run.
+fn call(nr: u32) -> Option<(&'static str, u32)> {
+    let known: [(libc::c_long, &str); 16] = [
+        (libc::SYS_mlock, "mlock"),
+        (libc::SYS_mlock2, "mlock2"),
+        (libc::SYS_munlock, "munlock"),
+        (libc::SYS_mlockall, "mlockall"),
+        (libc::SYS_munlockall, "munlockall"),
+        (libc::SYS_mmap, "mmap"),
+        (libc::SYS_mremap, "mremap"),
+        (libc::SYS_brk, "brk"),
+        (libc::SYS_madvise, "madvise"),
+        (libc::SYS_mprotect, "mprotect"),
+        (libc::SYS_pkey_mprotect, "pkey_mprotect"),
+        (libc::SYS_remap_file_pages, "remap_file_pages"),
+        (libc::SYS_execve, "execve"),
+        (libc::SYS_execveat, "execveat"),
+        (libc::SYS_munmap, "munmap"),
+        (libc::SYS_exit_group, "exit_group"),
+    ];
+    let (_, name) = known.into_iter().find(|&(n, _)| n as u32 == nr)?;
+    syscall_hooks::calls::ALL
+        .into_iter()
+        .find(|&(n, _)| n == name)
+}
+
+/// Has the handler whose bit is `hook` run at `edge` of the calls numbered `nrs`: the calls
+/// are marked in `SYSCALL_HOOKS`, and their fentry or fexit programs loaded and attached
+/// (or, where the kernel refuses fentry, both edges' dispatching programs, once).
+pub fn attach_syscall_hook(
+    ebpf: &mut Ebpf,
+    btf: &Btf,
+    find_vma: bool,
+    edge: SyscallEdge,
+    hook: u32,
+    nrs: &[u32],
+) -> Result<SyscallVia> {
+    if !find_vma && hook & syscall_hooks::hook::NEED_FIND_VMA != 0 {
+        bail!("syscall handler {hook:#x} needs bpf_find_vma, which this kernel lacks");
+    }
+    let mut calls = Vec::with_capacity(nrs.len());
+    for &nr in nrs {
+        let (name, can) =
+            call(nr).ok_or_else(|| anyhow!("system call {nr} has no programs of its own"))?;
+        if can & hook != hook {
+            bail!("the programs of {name} cannot run syscall handler {hook:#x}");
+        }
+        calls.push(name);
+    }
+    let map = ebpf
+        .map_mut(names::SYSCALL_HOOKS)
+        .ok_or_else(|| anyhow!("map {} missing from the eBPF object", names::SYSCALL_HOOKS))?;
+    let mut hooks: Array<_, u32> = Array::try_from(map)?;
+    for &nr in nrs {
+        let bits = hooks.get(&nr, 0).with_context(|| {
+            format!(
+                "system call {nr} is past the {} the programs know",
+                hooks.len()
+            )
+        })?;
+        hooks.set(nr, bits | hook, 0)?;
+    }
+    let loaded = |ebpf: &Ebpf, name: &str| ebpf.program(name).is_some_and(|p| p.fd().is_ok());
+    let dispatchers = [SyscallEdge::Enter, SyscallEdge::Exit].map(|e| e.dispatcher(find_vma));
+    if dispatchers.iter().any(|name| loaded(ebpf, name)) {
+        return Ok(SyscallVia::RawTracepoints);
+    }
+    let mut tried = false;
+    for name in calls {
+        let program = edge.call_program(name, find_vma);
+        if loaded(ebpf, &program) {
+            tried = true;
+            continue;
+        }
+        match attach_call(ebpf, btf, edge, name, &program) {
+            Ok(()) => tried = true,
+            // The first program decides: a kernel without trampolines refuses them all.
+            Err(refused) if !tried && !any_call_loaded(ebpf, find_vma) => {
+                if let Ok(mut last) = FENTRY_REFUSED.lock() {
+                    *last = Some(format!("{program}: {refused}"));
+                }
+                attach_dispatchers(ebpf, btf, find_vma)?;
+                return Ok(SyscallVia::RawTracepoints);
+            }
+            Err(refused) => {
+                bail!(
+                    "the kernel refused fentry program `{program}` on {SYSCALL_FUNCTION_PREFIX}{name}: {refused}"
+                )
+            }
+        }
+    }
+    Ok(SyscallVia::Fentry)
+}
+
+/// Whether any call's own program is loaded (fentry was chosen for this object).
+fn any_call_loaded(ebpf: &Ebpf, find_vma: bool) -> bool {
+    syscall_hooks::calls::ALL.iter().any(|(name, _)| {
+        [SyscallEdge::Enter, SyscallEdge::Exit].iter().any(|edge| {
+            ebpf.program(&edge.call_program(name, find_vma))
+                .is_some_and(|p| p.fd().is_ok())
+        })
+    })
+}
+
+/// Loads and attaches `program` on fentry or fexit of the call `name`'s function; the
+/// kernel's reason in one line if it refuses.
+fn attach_call(
+    ebpf: &mut Ebpf,
+    btf: &Btf,
+    edge: SyscallEdge,
+    name: &str,
+    program_name: &str,
+) -> std::result::Result<(), String> {
+    let function = format!("{SYSCALL_FUNCTION_PREFIX}{name}");
+    let found = program(ebpf, program_name).map_err(|e| format!("{e:#}"))?;
+    let result = match edge {
+        SyscallEdge::Enter => {
+            let p: &mut FEntry = found.try_into().map_err(|e| format!("{e}"))?;
+            p.load(&function, btf).and_then(|()| p.attach().map(drop))
+        }
+        SyscallEdge::Exit => {
+            let p: &mut FExit = found.try_into().map_err(|e| format!("{e}"))?;
+            p.load(&function, btf).and_then(|()| p.attach().map(drop))
+        }
+    };
+    result.map_err(|e| refusal_reason(&e))
+}
+
+/// Loads both edges' dispatching programs side by side (see [`load_side_by_side`]; they are
+/// the largest to verify, all of every family's handlers) and attaches them.
+fn attach_dispatchers(ebpf: &mut Ebpf, btf: &Btf, find_vma: bool) -> Result<()> {
+    let edges = [SyscallEdge::Enter, SyscallEdge::Exit];
+    let names = edges.map(|edge| edge.dispatcher(find_vma));
+    load_side_by_side(ebpf, &names, |name, program| {
+        let edge = if name == names[0] { edges[0] } else { edges[1] };
+        let program: &mut BtfTracePoint = program.try_into()?;
+        program
+            .load(edge.tracepoint(), btf)
+            .map_err(|e| hook_refused(name, "tp_btf", e))
+    })?;
+    for name in names {
+        let program: &mut BtfTracePoint = program(ebpf, name)?.try_into()?;
+        program
+            .attach()
+            .map_err(|e| hook_refused(name, "tp_btf", e))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_call_with_programs_has_a_number() {
+        for (name, _) in syscall_hooks::calls::ALL {
+            let nr =
+                (0..syscall_hooks::MAX_NR).find(|&nr| call(nr).is_some_and(|(n, _)| n == name));
+            assert!(nr.is_some(), "{name}");
+        }
+    }
+
+    #[test]
+    fn the_hook_lines_name_the_functions_or_the_tracepoints() {
+        let calls = ["mlock", "munlock"];
+        assert_eq!(
+            SyscallVia::Fentry.describe(None, &calls),
+            format!("fentry/fexit {SYSCALL_FUNCTION_PREFIX}{{mlock,munlock}}")
+        );
+        assert_eq!(
+            SyscallVia::Fentry.describe(Some(SyscallEdge::Exit), &["munmap"]),
+            format!("fexit {SYSCALL_FUNCTION_PREFIX}munmap")
+        );
+        assert_eq!(
+            SyscallVia::RawTracepoints.describe(Some(SyscallEdge::Enter), &calls),
+            "tp_btf raw_syscalls:sys_enter for mlock, munlock"
+        );
+    }
+}
