@@ -60,6 +60,12 @@ pub(super) const HOST_ONLY: &[(&str, &str)] = &[
          test:fault_cli, on every kernel)",
     ),
     (
+        "memlock-trace/test:byte_names",
+        "host only: a command named and given arguments in bytes is launched in user space, \
+         the same on every kernel; the guests' programs are busybox applets, chosen by their \
+         name (launched commands traced: test:targets, on every kernel)",
+    ),
+    (
         "memlock-trace/test:metrics_server",
         "host only: the /metrics server's limits (connections, header size, timeouts, accept \
          errors) and formats are user space, the same on every kernel",
