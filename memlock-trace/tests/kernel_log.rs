@@ -245,7 +245,13 @@ fn without_verbose_the_log_code_is_not_loaded() {
         "process_fork",
         "process_exit",
     ] {
-        let loaded: Vec<&String> = quiet.keys().filter(|n| n.starts_with(prefix)).collect();
+        let mut loaded: Vec<&String> = quiet.keys().filter(|n| n.starts_with(prefix)).collect();
+        if loaded.is_empty() && prefix.starts_with("syscall_") {
+            // Where fentry is allowed the handlers run from one program per call instead
+            // (`sys_mlock_enter`, `sys_mlock_exit_`...): mlock's stands for them.
+            let per_call = prefix.replace("syscall_", "sys_mlock_");
+            loaded = quiet.keys().filter(|n| n.starts_with(&per_call)).collect();
+        }
         assert_eq!(loaded.len(), 1, "{prefix}: {loaded:?}");
         let name = loaded[0].as_str();
         assert!(
