@@ -14,7 +14,7 @@ use memlock_trace_common::{Config, names};
 use crate::btf::KernelBtf;
 
 mod syscall_hooks;
-pub use syscall_hooks::{SyscallEdge, SyscallVia, attach_syscall_hook, fentry_refusal};
+pub use syscall_hooks::{SyscallEdge, SyscallVia, attach_syscall_hook, call_names, fentry_refusal};
 
 /// The eBPF object built by `build.rs`, embedded so the binary is self-contained.
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/memlock-trace"));

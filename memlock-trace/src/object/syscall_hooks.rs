@@ -73,10 +73,11 @@ pub fn fentry_refusal() -> Option<String> {
 }
 
 impl SyscallVia {
-    /// The hooks of `calls` at `edge` (both edges: `None`), for a family's hook line:
-    /// `fentry/fexit __x64_sys_{mlock,munlock}` or `tp_btf raw_syscalls:sys_{enter,exit}
-    /// for mlock, munlock`.
-    pub fn describe(self, edge: Option<SyscallEdge>, calls: &[&str]) -> String {
+    /// The hooks of the calls numbered `nrs` at `edge` (both edges: `None`), for a family's
+    /// hook line: `fentry/fexit __x64_sys_{mlock,munlock}` or `tp_btf
+    /// raw_syscalls:sys_{enter,exit} for mlock, munlock`.
+    pub fn describe(self, edge: Option<SyscallEdge>, nrs: &[u32]) -> String {
+        let calls = call_names(nrs);
         match self {
             SyscallVia::Fentry => {
                 let kind = match edge {
@@ -84,7 +85,7 @@ impl SyscallVia {
                     Some(SyscallEdge::Enter) => "fentry",
                     Some(SyscallEdge::Exit) => "fexit",
                 };
-                match calls {
+                match calls.as_slice() {
                     [one] => format!("{kind} {SYSCALL_FUNCTION_PREFIX}{one}"),
                     _ => format!("{kind} {SYSCALL_FUNCTION_PREFIX}{{{}}}", calls.join(",")),
                 }
@@ -109,6 +110,14 @@ impl SyscallVia {
             _ => String::new(),
         }
     }
+}
+
+/// The names of the calls numbered `nrs` (`?` for one without programs of its own, which
+/// [`attach_syscall_hook`] refuses to hook).
+pub fn call_names(nrs: &[u32]) -> Vec<&'static str> {
+    nrs.iter()
+        .map(|&nr| call(nr).map_or("?", |(name, _)| name))
+        .collect()
 }
 
 /// The call numbered `nr` (`libc::SYS_*`, the target's own) among those with programs of
@@ -276,13 +285,13 @@ mod tests {
 
     #[test]
     fn the_hook_lines_name_the_functions_or_the_tracepoints() {
-        let calls = ["mlock", "munlock"];
+        let calls = [libc::SYS_mlock, libc::SYS_munlock].map(|nr| nr as u32);
         assert_eq!(
             SyscallVia::Fentry.describe(None, &calls),
             format!("fentry/fexit {SYSCALL_FUNCTION_PREFIX}{{mlock,munlock}}")
         );
         assert_eq!(
-            SyscallVia::Fentry.describe(Some(SyscallEdge::Exit), &["munmap"]),
+            SyscallVia::Fentry.describe(Some(SyscallEdge::Exit), &[libc::SYS_munmap as u32]),
             format!("fexit {SYSCALL_FUNCTION_PREFIX}munmap")
         );
         assert_eq!(

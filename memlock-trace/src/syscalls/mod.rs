@@ -52,7 +52,7 @@ impl HookFamily for SyscallHooks {
     fn describe(&self) -> String {
         let calls = format!(
             "{}{}",
-            self.via.describe(None, &Syscall::ALL.map(Syscall::name)),
+            self.via.describe(None, &Syscall::ALL.map(Syscall::nr)),
             self.via.refused()
         );
         match &self.range_check {

@@ -11,7 +11,7 @@ use memlock_trace_common::{faults::populate, syscall_hooks::hook};
 
 use crate::{
     faults::{HookSet, sizing::populate_nrs},
-    object::{SyscallEdge, SyscallVia, attach_syscall_hook},
+    object::{SyscallEdge, SyscallVia, attach_syscall_hook, call_names},
 };
 
 /// Where the fault hooks' cache of VMAs is dropped, besides the populating calls: at the
@@ -34,29 +34,20 @@ pub(super) fn attach_mappings_changed(
         hook::MAPPINGS_CHANGED,
         &changed_at,
     )?;
-    let (going, going_at, going_names) = if retry {
+    let (going, going_at) = if retry {
         let at = [libc::SYS_munmap, libc::SYS_exit_group].map(nr);
-        (
-            hook::MAPPINGS_GOING_RETRY,
-            at.to_vec(),
-            &["munmap", "exit_group"][..],
-        )
+        (hook::MAPPINGS_GOING_RETRY, at.to_vec())
     } else {
         // Exit needs no fresh lookups: only the waiting pages' last chance.
-        (
-            hook::MAPPINGS_GOING,
-            vec![nr(libc::SYS_munmap)],
-            &["munmap"][..],
-        )
+        (hook::MAPPINGS_GOING, vec![nr(libc::SYS_munmap)])
     };
     let enter = SyscallEdge::Enter;
     attach_syscall_hook(ebpf, btf, find_vma, enter, going, &going_at)?;
-    let changed = ["munmap", "munlock", "munlockall"];
-    let at_exit = via.describe(Some(exit), &changed);
+    let at_exit = via.describe(Some(exit), &changed_at);
     let at_enter = match &via {
         // The enter's tracepoint program is the exit's sibling: said once.
-        SyscallVia::RawTracepoints => format!("sys_enter for {}", going_names.join(", ")),
-        SyscallVia::Fentry => via.describe(Some(enter), going_names),
+        SyscallVia::RawTracepoints => format!("sys_enter for {}", call_names(&going_at).join(", ")),
+        SyscallVia::Fentry => via.describe(Some(enter), &going_at),
     };
     Ok(format!(
         "{at_exit} and {at_enter} (VMAs looked up afresh{})",
@@ -86,17 +77,15 @@ pub(super) fn attach_populate(
         HookSet::Tracepoint => (hook::POPULATE_ENTER, hook::POPULATE_EXIT_COUNTED_RB),
         _ => (hook::POPULATE_ENTER, hook::POPULATE_EXIT),
     };
-    let known = populate_nrs();
-    let (names, nrs): (Vec<&str>, Vec<u32>) = populate::NAMES
-        .iter()
-        .zip(known)
+    let nrs: Vec<u32> = populate_nrs()
+        .into_iter()
         .enumerate()
-        .filter(|&(index, (_, nr))| index != populate::OTHER && nr != u32::MAX)
-        .map(|(_, (&name, nr))| (name, nr))
-        .unzip();
+        .filter(|&(index, nr)| index != populate::OTHER && nr != u32::MAX)
+        .map(|(_, nr)| nr)
+        .collect();
     attach_syscall_hook(ebpf, btf, find_vma, SyscallEdge::Enter, enter, &nrs)?;
     let via = attach_syscall_hook(ebpf, btf, find_vma, SyscallEdge::Exit, exit, &nrs)?;
-    Ok(vec![via.describe(None, &names)])
+    Ok(vec![via.describe(None, &nrs)])
 }
 
 /// A `libc::SYS_*` number as the programs see it.
