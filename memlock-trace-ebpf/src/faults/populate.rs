@@ -65,9 +65,9 @@ pub fn fault_signal(ctx: BtfTracePointContext) -> i32 {
         return 0;
     }
     let (tgid, tid) = current_ids();
-    if let Some(stats) = stats_for(tgid, tid, false) {
-        // SAFETY: `stats_for` returns a valid pointer to this CPU's stats of the task, used
-        // by nothing else while this program runs.
+    if let Some((stats, _)) = stats_for(tgid, tid, false) {
+        // SAFETY: `stats_for` returns a valid pointer to the task's stats (see `account`),
+        // whose counters are only added to atomically.
         super::add_shared(unsafe { &raw mut (*stats).counts[stat::FAILED] }, 1);
     }
     if config!(events) != 0 && is_target(tgid) {
@@ -166,7 +166,7 @@ pub fn on_exit_counted<const RB: bool>(ctx: &SyscallContext) {
     if minor == 0 && major == 0 {
         return;
     }
-    let Some(stats) = stats_for(tgid, tid, true) else {
+    let Some((stats, _)) = stats_for(tgid, tid, true) else {
         return;
     };
     // SAFETY: as in `fault_signal`.
