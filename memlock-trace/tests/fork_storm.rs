@@ -12,7 +12,7 @@ mod support;
 use std::process::Command;
 
 use common::require_privileges;
-use support::{BIN, MemoryCgroup, Tracer, map_memory, summary};
+use support::{BIN, Tracer, map_memory, summary};
 
 /// The most kernel map memory a system-wide session may take at start (issue 29).
 const MAP_MEMORY_LIMIT: u64 = 32 << 20;
@@ -27,7 +27,7 @@ const CHILDREN: u64 = ROUNDS * PER_ROUND;
 #[test]
 fn every_fault_and_call_of_a_fork_storm_is_counted() {
     require_privileges();
-    storm(None);
+    storm();
 }
 
 #[test]
@@ -113,16 +113,13 @@ fn a_thousand_short_processes_add_little_to_the_tracers_memory() {
     assert!(grown <= 6 << 20, "{grown} bytes more resident");
 }
 
-/// Runs the storm under a session following it, in `cgroup` if given, and checks that every
-/// fault and call was counted.
-fn storm(cgroup: Option<&MemoryCgroup>) {
+/// Runs the storm under a session following it and checks that every fault and call was
+/// counted.
+fn storm() {
     let dir = std::env::temp_dir().join(format!("memlock-trace-storm-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let leave = cgroup.map_or(String::new(), |c| {
-        format!("echo $$ > {}/cgroup.procs || exit 1; ", c.home.display())
-    });
     let script = format!(
-        "{leave}for i in $(seq {ROUNDS}); do {BIN} workload children --count {PER_ROUND} \
+        "for i in $(seq {ROUNDS}); do {BIN} workload children --count {PER_ROUND} \
          --calls 1 --report {}/$i.json || exit 1; done",
         dir.display()
     );
@@ -138,15 +135,10 @@ fn storm(cgroup: Option<&MemoryCgroup>) {
         "-c",
         &script,
     ];
-    let mut cmd = cgroup.map_or_else(
-        || {
-            let mut c = Command::new(BIN);
-            c.args(args);
-            c
-        },
-        |c| c.command(&args),
-    );
-    let out = cmd.output().expect("memlock-trace");
+    let out = Command::new(BIN)
+        .args(args)
+        .output()
+        .expect("memlock-trace");
     assert!(
         out.status.success(),
         "memlock-trace {args:?}: {:?}\n{}",

@@ -3,9 +3,11 @@
 #![cfg(feature = "lab")]
 
 mod common;
+mod support;
 
 use common::{drain_syscalls, gettid, require_privileges};
 use memlock_trace::{event::Syscall, lab::workload::syscalls, process::Targets, tracer::Tracer};
+use support::{fdinfo_field, fdinfos};
 
 #[test]
 fn every_call_is_traced_with_its_result_and_populated_pages() {
@@ -203,25 +205,13 @@ fn the_syscall_hooks_are_on_the_calls_functions_where_fentry_is_allowed() {
     }
 }
 
-/// The runs of every BPF program this process holds, summed (fdinfo `run_cnt`, counted
-/// while `kernel.bpf_stats_enabled` is 1).
+/// The runs of every BPF program this process holds, summed (fdinfo `run_cnt`, which only
+/// programs' fds have, counted while `kernel.bpf_stats_enabled` is 1).
 fn program_runs() -> u64 {
-    let mut runs = 0;
-    for fd in std::fs::read_dir("/proc/self/fd").unwrap().flatten() {
-        let is_prog = std::fs::read_link(fd.path())
-            .is_ok_and(|l| l.to_string_lossy() == "anon_inode:bpf-prog");
-        let info = std::fs::read_to_string(format!(
-            "/proc/self/fdinfo/{}",
-            fd.file_name().to_string_lossy()
-        ));
-        if let (true, Ok(info)) = (is_prog, info) {
-            runs += info
-                .lines()
-                .find_map(|l| l.strip_prefix("run_cnt:"))
-                .map_or(0, |v| v.trim().parse::<u64>().unwrap());
-        }
-    }
-    runs
+    fdinfos(std::process::id() as i32)
+        .iter()
+        .filter_map(|info| fdinfo_field(info, "run_cnt:"))
+        .sum()
 }
 
 /// A call nobody hooks runs none of a system-wide session's programs where the syscall

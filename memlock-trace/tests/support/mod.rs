@@ -171,35 +171,35 @@ pub struct BpfIds {
 
 pub fn bpf_ids(pid: i32) -> BpfIds {
     let mut ids = BpfIds::default();
-    let dir = format!("/proc/{pid}/fdinfo");
-    for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{dir}: {e}")) {
-        let Ok(info) = std::fs::read_to_string(entry.unwrap().path()) else {
-            continue;
-        };
-        let is_link = info.lines().any(|l| l.starts_with("link_type:"));
-        for line in info.lines() {
-            let Some((key, value)) = line.split_once(':') else {
-                continue;
-            };
-            let Ok(id) = value.trim().parse::<u32>() else {
-                continue;
-            };
-            match key {
-                "link_id" => {
-                    ids.links.insert(id);
-                }
-                // A link's fdinfo also names its program, which the program's own fd covers.
-                "prog_id" if !is_link => {
-                    ids.programs.insert(id);
-                }
-                "map_id" => {
-                    ids.maps.insert(id);
-                }
-                _ => {}
-            }
+    for info in fdinfos(pid) {
+        let id = |key: &str| fdinfo_field(&info, key).and_then(|v| u32::try_from(v).ok());
+        if let Some(link) = id("link_id:") {
+            // A link's fdinfo also names its program, which the program's own fd covers.
+            ids.links.insert(link);
+        } else if let Some(program) = id("prog_id:") {
+            ids.programs.insert(program);
+        }
+        if let Some(map) = id("map_id:") {
+            ids.maps.insert(map);
         }
     }
     ids
+}
+
+/// The fdinfo text of each file descriptor process `pid` holds (`/proc/PID/fdinfo`).
+pub fn fdinfos(pid: i32) -> Vec<String> {
+    let dir = format!("/proc/{pid}/fdinfo");
+    std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{dir}: {e}"))
+        .filter_map(|entry| std::fs::read_to_string(entry.ok()?.path()).ok())
+        .collect()
+}
+
+/// The number after `key` (`map_id:`, `memlock:`, `run_cnt:`...) in one fd's fdinfo text.
+pub fn fdinfo_field(info: &str, key: &str) -> Option<u64> {
+    info.lines()
+        .find_map(|l| l.strip_prefix(key))
+        .and_then(|v| v.trim().parse().ok())
 }
 
 /// Which of `ids` still exist in the kernel (by walking every loaded program, map and link).
@@ -348,17 +348,9 @@ pub fn advise_json(options: &[&str], command: &[&str]) -> Value {
 /// refer to it) as (name, `memlock:` bytes, what the kernel charges for it), largest first.
 /// Names are the kernel's, cut to 15 bytes.
 pub fn map_memory(pid: i32) -> Vec<(String, u64)> {
-    let dir = format!("/proc/{pid}/fdinfo");
     let mut bytes = std::collections::BTreeMap::new();
-    for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{dir}: {e}")) {
-        let Ok(info) = std::fs::read_to_string(entry.unwrap().path()) else {
-            continue;
-        };
-        let field = |name: &str| {
-            info.lines()
-                .find_map(|l| l.strip_prefix(name))
-                .and_then(|v| v.trim().parse::<u64>().ok())
-        };
+    for info in fdinfos(pid) {
+        let field = |key: &str| fdinfo_field(&info, key);
         if let (Some(id), Some(memlock)) = (field("map_id:"), field("memlock:")) {
             bytes.insert(id as u32, memlock);
         }
@@ -372,78 +364,4 @@ pub fn map_memory(pid: i32) -> Vec<(String, u64)> {
         .collect();
     maps.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
     maps
-}
-
-/// A memory cgroup made for a test, with a limit, removed when dropped: cgroup v1's `memory`
-/// hierarchy where the host mounts one (hybrid hosts), else cgroup2's.
-pub struct MemoryCgroup {
-    pub dir: std::path::PathBuf,
-    /// The cgroup this process was in, for moving a child back out.
-    pub home: std::path::PathBuf,
-}
-
-impl MemoryCgroup {
-    pub fn new(name: &str, limit_bytes: u64) -> Self {
-        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-        let mount = |fstype: &str, option: Option<&str>| {
-            mounts.lines().find_map(|l| {
-                let (left, right) = l.split_once(" - ")?;
-                let right: Vec<&str> = right.split_whitespace().collect();
-                let ok = right.first() == Some(&fstype)
-                    && option
-                        .is_none_or(|o| right.get(2).is_some_and(|s| s.split(',').any(|x| x == o)));
-                ok.then(|| std::path::PathBuf::from(left.split_whitespace().nth(4).unwrap()))
-            })
-        };
-        let own = std::fs::read_to_string("/proc/self/cgroup").unwrap();
-        let own = |controller: &str| {
-            own.lines()
-                .find_map(|l| {
-                    let mut f = l.splitn(3, ':');
-                    let (_, list, path) = (f.next()?, f.next()?, f.next()?);
-                    list.split(',')
-                        .any(|c| c == controller)
-                        .then(|| path.trim_start_matches('/').to_string())
-                })
-                .unwrap_or_default()
-        };
-        let (point, home, limit_file) = if let Some(point) = mount("cgroup", Some("memory")) {
-            let home = point.join(own("memory"));
-            (point, home, "memory.limit_in_bytes")
-        } else {
-            let point = mount("cgroup2", None).expect("no cgroup v1 memory mount nor cgroup2");
-            let home = point.join(own(""));
-            // A new child of the root gets memory files once the root enables the controller.
-            let _ = std::fs::write(point.join("cgroup.subtree_control"), "+memory");
-            (point, home, "memory.max")
-        };
-        let dir = point.join(format!("{name}-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
-        std::fs::write(dir.join(limit_file), limit_bytes.to_string())
-            .unwrap_or_else(|e| panic!("{}/{limit_file}: {e}", dir.display()));
-        Self { dir, home }
-    }
-
-    /// `sh -c 'move myself into the cgroup; exec memlock-trace ARGS'`.
-    pub fn command(&self, args: &[&str]) -> Command {
-        let mut cmd = Command::new("/bin/sh");
-        cmd.arg("-c")
-            .arg(r#"echo $$ > "$0/cgroup.procs" && exec "$@""#)
-            .arg(&self.dir)
-            .arg(BIN)
-            .args(args);
-        cmd
-    }
-}
-
-impl Drop for MemoryCgroup {
-    fn drop(&mut self) {
-        // Empty once its last process exited; the kernel may take a moment to agree.
-        for _ in 0..50 {
-            if std::fs::remove_dir(&self.dir).is_ok() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
 }
