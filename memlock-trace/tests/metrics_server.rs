@@ -13,7 +13,7 @@ use std::{
 };
 
 use common::require_privileges;
-use support::{Tracer, settled};
+use support::{Tracer, map_memory, settled};
 
 /// The server's timeout for a request head (memlock-trace's `metrics::server::TIMEOUT`).
 const TIMEOUT: Duration = Duration::from_secs(10);
@@ -438,6 +438,14 @@ fn both_formats_pass_the_linters() {
     assert!(
         memory.len() > 10 && memory.iter().all(|&b| b > 0),
         "map memory series: {memory:?}\n{text}"
+    );
+    // One series per map the tracer holds, together what the kernel says they take: two maps
+    // whose names share their first 15 bytes are two series, not one overwritten.
+    let maps = map_memory(tracer.pid());
+    assert_eq!(
+        (memory.len(), memory.iter().sum::<u64>()),
+        (maps.len(), maps.iter().map(|(_, b)| b).sum::<u64>()),
+        "map memory series against the tracer's fdinfo {maps:?}\n{text}"
     );
     assert!(
         text.contains("memlock_trace_map_memory_bytes{map=\"populate_inflight\"} "),

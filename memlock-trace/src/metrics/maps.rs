@@ -2,9 +2,12 @@
 //! alert can fire before evictions (counted in `fault_health`) begin; and the memory every
 //! map of the session takes in the kernel, charged to the tracer's memory cgroup.
 
-use std::sync::OnceLock;
+use std::{collections::HashMap, sync::OnceLock};
 
-use aya::{Ebpf, maps::Map};
+use aya::{
+    Ebpf,
+    maps::{Map, MapData},
+};
 use prometheus_client::{
     metrics::{family::Family, gauge::Gauge},
     registry::Registry,
@@ -46,7 +49,10 @@ impl MapMetrics {
     /// The first time: every map's memory, from this process's fdinfo.
     pub fn update_memory(&self, ebpf: &Ebpf) {
         self.memory_read.get_or_init(|| {
-            let names: Vec<&str> = ebpf.maps().map(|(name, _)| name).collect();
+            let names: HashMap<u32, &str> = ebpf
+                .maps()
+                .filter_map(|(name, map)| Some((data(map).info().ok()?.id(), name)))
+                .collect();
             for (name, bytes) in map_memory(&names) {
                 let label = vec![("map", name.to_ascii_lowercase())];
                 self.memory
@@ -71,18 +77,54 @@ impl MapMetrics {
 }
 
 fn max_entries(map: &Map) -> Option<u32> {
-    let data = match map {
-        Map::HashMap(d) | Map::LruHashMap(d) | Map::PerCpuHashMap(d) | Map::PerCpuLruHashMap(d) => {
-            d
+    match map {
+        Map::HashMap(_) | Map::LruHashMap(_) | Map::PerCpuHashMap(_) | Map::PerCpuLruHashMap(_) => {
+            data(map).info().ok().map(|info| info.max_entries())
         }
-        _ => return None,
-    };
-    data.info().ok().map(|info| info.max_entries())
+        _ => None,
+    }
 }
 
-/// (name, `memlock:` bytes) of each BPF map this process holds an fd to, each once, named
-/// after the one of `names` the kernel's 15-byte name is the start of.
-fn map_memory(names: &[&str]) -> Vec<(String, u64)> {
+/// Every kind of map aya knows holds the same `MapData`; aya 0.14 offers no accessor for it.
+fn data(map: &Map) -> &MapData {
+    match map {
+        Map::Array(d)
+        | Map::ArrayOfMaps(d)
+        | Map::BloomFilter(d)
+        | Map::CgroupArray(d)
+        | Map::CgroupStorage(d)
+        | Map::CgrpStorage(d)
+        | Map::CpuMap(d)
+        | Map::DevMap(d)
+        | Map::DevMapHash(d)
+        | Map::HashMap(d)
+        | Map::HashOfMaps(d)
+        | Map::InodeStorage(d)
+        | Map::LpmTrie(d)
+        | Map::LruHashMap(d)
+        | Map::PerCpuArray(d)
+        | Map::PerCpuCgroupStorage(d)
+        | Map::PerCpuHashMap(d)
+        | Map::PerCpuLruHashMap(d)
+        | Map::PerfEventArray(d)
+        | Map::ProgramArray(d)
+        | Map::Queue(d)
+        | Map::ReusePortSockArray(d)
+        | Map::RingBuf(d)
+        | Map::SockHash(d)
+        | Map::SockMap(d)
+        | Map::SkStorage(d)
+        | Map::Stack(d)
+        | Map::StackTraceMap(d)
+        | Map::Unsupported(d)
+        | Map::XskMap(d) => d,
+    }
+}
+
+/// (name, `memlock:` bytes) of each BPF map this process holds an fd to, each once: named
+/// from `names` by map id (the kernel keeps only 15 bytes of a name, and two of ours share
+/// them), else by the kernel's name (a ring buffer taken out of `Ebpf` is still held here).
+fn map_memory(names: &HashMap<u32, &str>) -> Vec<(String, u64)> {
     let mut bytes = std::collections::BTreeMap::new();
     let Ok(dir) = std::fs::read_dir("/proc/self/fdinfo") else {
         return Vec::new();
@@ -103,13 +145,15 @@ fn map_memory(names: &[&str]) -> Vec<(String, u64)> {
     bytes
         .into_iter()
         .filter_map(|(id, memlock)| {
-            let info = aya::maps::MapInfo::from_id(u32::try_from(id).ok()?).ok()?;
-            let short = info.name_as_str()?;
-            let name = names
-                .iter()
-                .find(|n| n.get(..short.len()) == Some(short))
-                .map_or(short, |n| *n);
-            Some((name.to_string(), memlock))
+            let id = u32::try_from(id).ok()?;
+            let name = match names.get(&id) {
+                Some(name) => (*name).to_string(),
+                None => aya::maps::MapInfo::from_id(id)
+                    .ok()?
+                    .name_as_str()?
+                    .to_string(),
+            };
+            Some((name, memlock))
         })
         .collect()
 }
