@@ -48,6 +48,9 @@ pub struct SmapsEntry {
     pub mapping: Mapping,
     /// `rw-p`, as in /proc/PID/maps.
     pub perms: String,
+    /// The mapped file's device (as `stat` encodes it) and inode; 0 and 0 for none.
+    pub dev: u64,
+    pub inode: u64,
     pub rss_kb: u64,
     pub locked_kb: u64,
 }
@@ -129,7 +132,7 @@ fn parse_header(line: &[u8], shows_lockonfault: bool) -> Result<SmapsEntry> {
             .with_context(|| format!("a maps field is not text in `{shown}`"))?;
         rest = &rest[end..];
     }
-    let [range, perms, offset, _dev, _inode] = fields;
+    let [range, perms, offset, dev, inode] = fields;
     if range.is_empty() {
         return Err(anyhow!("empty maps line"));
     }
@@ -144,6 +147,17 @@ fn parse_header(line: &[u8], shows_lockonfault: bool) -> Result<SmapsEntry> {
     };
     let (start, end) = (hex(start)?, hex(end)?);
     let offset = if offset.is_empty() { 0 } else { hex(offset)? };
+    // `fd:01`: major and minor, hex.
+    let dev = dev
+        .split_once(':')
+        .and_then(|(major, minor)| {
+            Some(libc::makedev(
+                u32::from_str_radix(major, 16).ok()?,
+                u32::from_str_radix(minor, 16).ok()?,
+            ))
+        })
+        .unwrap_or(0);
+    let inode = inode.parse().unwrap_or(0);
     let name = rest.trim_ascii_start();
     Ok(SmapsEntry {
         mapping: Mapping {
@@ -159,6 +173,8 @@ fn parse_header(line: &[u8], shows_lockonfault: bool) -> Result<SmapsEntry> {
             lockonfault: shows_lockonfault.then_some(false),
         },
         perms: perms.to_string(),
+        dev,
+        inode,
         rss_kb: 0,
         locked_kb: 0,
     })
@@ -411,6 +427,9 @@ VmFlags: rd wr mr mw me gd ac
         );
         // No Rss/Locked lines: 0.
         assert_eq!((e[0].rss_kb, e[0].locked_kb), (0, 0));
+        // `08:01 1234`: the device as stat encodes it.
+        assert_eq!((e[2].dev, e[2].inode), (libc::makedev(8, 1), 1234));
+        assert_eq!((e[1].dev, e[1].inode), (0, 0));
     }
 
     #[test]

@@ -241,7 +241,7 @@ impl ModuleRegistry {
         for e in entries.iter().filter(|e| e.perms.contains('x')) {
             let m = &e.mapping;
             let file = if m.name.starts_with("/") {
-                self.file(tgid, m.start, m.end, &m.name)
+                self.file(tgid, e)
             } else {
                 None
             };
@@ -341,20 +341,35 @@ impl ModuleRegistry {
         );
     }
 
-    /// The file mapped at `start..end`, opened once per identity.
-    fn file(&mut self, tgid: u32, start: u64, end: u64, name: &Outside) -> Option<Arc<ModuleFile>> {
-        let handle = File::open(format!("/proc/{tgid}/map_files/{start:x}-{end:x}"))
-            .or_else(|_| File::open(name.as_path()))
-            .ok()?;
+    /// The file of a mapping, opened once per identity: a file already open is known by the
+    /// device and inode the maps show (a process that is exiting can no longer be opened
+    /// through, and its file may be deleted), and a path opened instead of the mapping must
+    /// be that very file (not one put in its place since).
+    fn file(&mut self, tgid: u32, entry: &procfs::SmapsEntry) -> Option<Arc<ModuleFile>> {
+        let shown = (entry.inode != 0).then_some(FileId {
+            dev: entry.dev,
+            inode: entry.inode,
+        });
+        if let Some(known) = shown.as_ref().and_then(|id| self.files.get(id)) {
+            return Some(Arc::clone(known));
+        }
+        let m = &entry.mapping;
+        let mapped = File::open(format!("/proc/{tgid}/map_files/{:x}-{:x}", m.start, m.end));
+        let by_path = mapped.is_err();
+        let handle = mapped.or_else(|_| File::open(m.name.as_path())).ok()?;
         let meta = handle.metadata().ok()?;
         let id = FileId {
             dev: meta.dev(),
             inode: meta.ino(),
         };
+        // (The inode alone: btrfs and overlayfs show another device in the maps than stat.)
+        if by_path && shown.as_ref().is_some_and(|shown| shown.inode != id.inode) {
+            return None;
+        }
         if let Some(known) = self.files.get(&id) {
             return Some(Arc::clone(known));
         }
-        let file = Arc::new(ModuleFile::open(handle, name)?);
+        let file = Arc::new(ModuleFile::open(handle, &m.name)?);
         self.files.insert(id, Arc::clone(&file));
         Some(file)
     }
