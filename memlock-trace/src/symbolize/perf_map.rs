@@ -6,7 +6,8 @@
 //! `/tmp` is the one read, under the pid the process has there) and kept: the stacks of a
 //! process that has exited are still named. A runtime appends to its map as it compiles,
 //! so it is read again when it grew, and once more at the end if the very same file (same
-//! device and inode) is still there.
+//! device and inode) is still there; a process that exited before any look is looked for
+//! where perf looks, `/tmp/perf-PID.map` in the tracer's own `/tmp`.
 
 use std::{
     collections::{BTreeSet, HashMap},
@@ -144,6 +145,12 @@ impl PerfMaps {
         let (read_path, shown) = match (live, self.maps.get(&tgid)) {
             (Some(live), _) => live,
             (None, Some(old)) if !live_only => (PathBuf::from(&old.path), old.path.clone()),
+            // Gone before any look (a short script on a loaded machine): where perf looks
+            // after the fact, this /tmp under the pid it had here.
+            (None, None) if !live_only => {
+                let path = format!("/tmp/perf-{tgid}.map");
+                (PathBuf::from(&path), path)
+            }
             _ => return,
         };
         let Some((file, meta)) = open_map(&read_path, tgid) else {
@@ -252,11 +259,18 @@ mod tests {
             Some("jitted_one")
         );
         assert_eq!(maps.absent().count(), 0);
-        maps.finish([u32::MAX - 1]);
+        // Gone before any look: its map is looked for in this /tmp, under its pid.
+        let gone = u32::MAX - 1;
+        maps.finish([gone]);
+        assert_eq!(maps.absent().collect::<Vec<_>>(), [gone]);
+        let path = format!("/tmp/perf-{gone}.map");
+        std::fs::write(&path, "7f0000003000 20 jitted_late\n").unwrap();
+        maps.finish([gone]);
+        std::fs::remove_file(&path).unwrap();
         assert_eq!(
-            maps.absent().count(),
-            0,
-            "a process never seen is not looked for"
+            maps.get(gone).and_then(|m| m.lookup(0x7f00_0000_3000)),
+            Some("jitted_late")
         );
+        assert_eq!(maps.absent().count(), 0);
     }
 }
