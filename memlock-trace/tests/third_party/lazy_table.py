@@ -2,9 +2,10 @@
 the mmap module), lets its start-up end, then writes one byte per page (or per STRIDE pages)
 inside a timed phase.
 It appends its own account of that phase to REPORT as one JSON line: the minor faults
-getrusage and /proc/self/stat counted, and the time it took.
+getrusage and /proc/self/stat counted, and the time it took; then holds the table HOLD
+seconds (0 unless given), as a server would, so that a sampler's last look sees it full.
 
-    python3 lazy_table.py REPORT SIZE [STRIDE]
+    python3 lazy_table.py REPORT SIZE [STRIDE [HOLD]]
 """
 
 import json
@@ -23,6 +24,7 @@ def stat_minflt():
 
 report, size = sys.argv[1], int(sys.argv[2])
 stride = int(sys.argv[3]) if len(sys.argv) > 3 else 1
+hold = float(sys.argv[4]) if len(sys.argv) > 4 else 0.0
 table = mmap.mmap(-1, size)
 time.sleep(0.5)
 rusage0, stat0, t0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, stat_minflt(), time.perf_counter()
@@ -37,3 +39,4 @@ with open(report, "a") as f:
         "timed_stat_minflt": stat1 - stat0,
         "timed_ms": (t1 - t0) * 1e3,
     }) + "\n")
+time.sleep(hold)
