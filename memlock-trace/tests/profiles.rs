@@ -429,14 +429,15 @@ fn node_jit_frames_are_named_from_its_perf_map() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
-/// Node without `--perf-basic-prof` wrote no map: the session says so, naming the process.
+/// Node without `--perf-basic-prof` wrote no map: the session says so, naming the process
+/// (which lingers, see grow.js: a process gone before its code was seen is not reported).
 #[test]
 fn a_missing_perf_map_is_reported() {
     require_privileges();
     let dir = scratch("profiles-node-nomap");
     let script = dir.join("grow.js");
     std::fs::write(&script, GROW_JS).unwrap();
-    let run = traced(&dir, &[], &[NODE, script.to_str().unwrap()]);
+    let run = traced(&dir, &[], &[NODE, script.to_str().unwrap(), "linger"]);
     assert!(
         run.stderr
             .contains("ran generated code and wrote no perf map (/tmp/perf-"),
