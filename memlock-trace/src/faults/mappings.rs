@@ -41,7 +41,8 @@ pub struct MappingFaults {
     /// ordinary anonymous mapping to `/proc/PID/maps`.
     pub stack: bool,
     /// Who named the mapping: `"fault"` (the kernel, at the fault or populating call),
-    /// `"smaps"`, `"call"` (an mlock-family call's VMA), or `"none"`.
+    /// `"smaps"`, `"maps"` (system-wide, where smaps would cost too much: see
+    /// `MappingCache::names_only`), `"call"` (an mlock-family call's VMA), or `"none"`.
     pub named_by: &'static str,
     /// The mapped file's device (`major:minor`) and inode, as the kernel read them.
     #[serde(skip_serializing_if = "Option::is_none")]

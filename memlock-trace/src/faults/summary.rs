@@ -299,6 +299,19 @@ pub fn summarize(
             (mappings.exited(tgid) || mappings.get(tgid).is_none()).then(|| mappings.noted(tgid)),
             top_mappings,
         );
+        if !mappings.flags_known() {
+            // Named from /proc/PID/maps, which shows no VmFlags.
+            for row in summary
+                .by_mapping
+                .iter_mut()
+                .filter(|r| r.named_by == "smaps")
+            {
+                row.named_by = "maps";
+                row.locked_source = "unknown";
+                row.locked = None;
+                row.lockonfault = None;
+            }
+        }
         summary.threads = report
             .stats
             .iter()

@@ -312,7 +312,12 @@ async fn event_loop(
             hooks: tracer.vma.clone(),
             ..VmaOutput::default()
         },
-        mappings: MappingCache::default(),
+        // Every process on the machine: names from /proc/PID/maps (see `names_only`).
+        mappings: if targets_are_specific(&args) || !production.filters.describe().is_empty() {
+            MappingCache::default()
+        } else {
+            MappingCache::names_only()
+        },
         top_mappings: args.top_mappings,
         top_stacks: args.stacks_top,
         symbolizer: StackSymbolizer::default(),
