@@ -93,7 +93,7 @@ struct Stage {
     hooks: Vec<(String, String)>,
     outcomes: Vec<Outcome>,
     /// Test binaries not run on this kernel, and why.
-    not_run: Vec<(String, &'static str)>,
+    not_run: Vec<(String, String)>,
     secs: f64,
 }
 
@@ -303,7 +303,7 @@ fn vm_stage(
         .map(|b| {
             (
                 b.name.clone(),
-                not_in_guest(&b.name, kernel.version).unwrap_or(""),
+                not_in_guest(&b.name, kernel.version).unwrap_or_default(),
             )
         })
         .collect();
