@@ -135,16 +135,7 @@ fn storm() {
         "-c",
         &script,
     ];
-    let out = Command::new(BIN)
-        .args(args)
-        .output()
-        .expect("memlock-trace");
-    assert!(
-        out.status.success(),
-        "memlock-trace {args:?}: {:?}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = support::run(&args);
     let (mut children, mut children_faults) = (Vec::new(), 0);
     for round in 1..=ROUNDS {
         let path = dir.join(format!("{round}.json"));
