@@ -8,7 +8,7 @@ use std::{
     path::Path,
     process::{Child, Command, Stdio},
     sync::mpsc,
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use anyhow::{Context as _, Result, anyhow, bail};
@@ -178,22 +178,56 @@ pub(super) fn attach(
 
 impl Attached {
     /// SIGINT, then the stdout it wrote.
-    pub(super) fn stop(mut self) -> Result<String> {
-        run_cmd(Command::new("kill").args(["-INT", &self.child.id().to_string()]))?;
-        let status = self.child.wait()?;
+    pub(super) fn stop(self) -> Result<String> {
+        self.stop_measured().map(|stopped| stopped.stdout)
+    }
+
+    /// SIGINT, then the stdout it wrote, how long it took to exit after the signal (its
+    /// end-of-session work: a tracer's summary and profiles, perf's last buffers) and the CPU
+    /// time it used over its whole life (wait4's rusage, user + system).
+    pub(super) fn stop_measured(self) -> Result<Stopped> {
+        let pid = i32::try_from(self.child.id())?;
+        let signalled = Instant::now();
+        run_cmd(Command::new("kill").args(["-INT", &pid.to_string()]))?;
+        let mut status = 0;
+        // SAFETY: an all-zero rusage is valid; wait4 fills it and the status.
+        let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: our own child, reaped here (the Child is not waited for afterwards).
+        if unsafe { libc::wait4(pid, &raw mut status, 0, &raw mut usage) } != pid {
+            bail!(
+                "waiting for the tracer: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+        let after_stop = signalled.elapsed();
         let out = self
             .stdout
             .recv_timeout(Duration::from_secs(60))
             .context("tracer stdout")?;
-        if !status.success() {
+        if !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
             let err = self
                 .stderr
                 .recv_timeout(Duration::from_secs(5))
                 .unwrap_or_default();
-            bail!("the tracer exited with {status}: {}", err.trim());
+            bail!(
+                "the tracer exited with wait status {status:#x}: {}",
+                err.trim()
+            );
         }
-        Ok(out)
+        let ns = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1000;
+        Ok(Stopped {
+            stdout: out,
+            after_stop,
+            cpu_ns: ns(usage.ru_utime) + ns(usage.ru_stime),
+        })
     }
+}
+
+/// A stopped tracer: what it wrote and what it cost.
+pub(super) struct Stopped {
+    pub(super) stdout: String,
+    pub(super) after_stop: Duration,
+    pub(super) cpu_ns: u64,
 }
 
 /// One run of `command` in a fresh workload, traced as `mode` from after a warm-up to after

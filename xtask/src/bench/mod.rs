@@ -17,6 +17,7 @@ mod measure;
 mod node_cost;
 mod report;
 mod soak;
+mod stack_cost;
 mod workload;
 
 use std::{
@@ -56,6 +57,10 @@ pub struct Args {
     /// --count-only and -p, and beside bpftrace scripts, alternating; --runs rounds.
     #[arg(long, conflicts_with = "soak")]
     node_cost: bool,
+    /// Instead: what a page-fault flame graph costs, memlock-trace's `--stacks --folded`
+    /// beside `perf record --call-graph dwarf` + `perf script` collapsed; --runs rounds.
+    #[arg(long, conflicts_with_all = ["soak", "node_cost"])]
+    stack_cost: bool,
 }
 
 const PAGE: usize = 4096;
@@ -165,6 +170,9 @@ pub fn run(args: &Args) -> Result<()> {
     }
     if args.node_cost {
         return node_cost::run(args.runs, &args.out);
+    }
+    if args.stack_cost {
+        return stack_cost::run(args.runs, &args.out);
     }
     if args.runs < 5 {
         bail!("--runs must be at least 5");

@@ -45,7 +45,7 @@ pub(super) fn replace_section(existing: &str, markers: Markers, report: &str) ->
     }
 }
 
-fn median(mut values: Vec<f64>) -> f64 {
+pub(super) fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
     let n = values.len();
     if n % 2 == 1 {
