@@ -204,7 +204,10 @@ impl Attached {
             .stdout
             .recv_timeout(Duration::from_secs(60))
             .context("tracer stdout")?;
-        if !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
+        // perf record ends by re-raising the SIGINT it caught: killed by it is its success.
+        let exited_0 = libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
+        let by_sigint = libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGINT;
+        if !exited_0 && !by_sigint {
             let err = self
                 .stderr
                 .recv_timeout(Duration::from_secs(5))

@@ -65,8 +65,10 @@ impl Mode {
             Mode::Untraced => "untraced",
             Mode::OursEvery => "memlock-trace --stacks --stack-sample 1 --folded",
             Mode::OursDefault => "memlock-trace --stacks --folded (1 fault in 32)",
-            Mode::PerfDwarf => "perf record -c 1 --call-graph dwarf,8192; perf script | collapse",
-            Mode::PerfFramePointers => "perf record -c 1 -g; perf script | collapse",
+            Mode::PerfDwarf => {
+                "perf record -c 1 --call-graph dwarf,8192 -m 1024; perf script | collapse"
+            }
+            Mode::PerfFramePointers => "perf record -c 1 -g -m 1024; perf script | collapse",
         }
     }
 }
@@ -219,12 +221,22 @@ fn attach_perf(
         run_cmd(Command::new("mkfifo").arg(fifo))?;
     }
     let mut cmd = placement.command(Path::new("perf"), true);
-    cmd.args(["record", "-e", "page-faults", "-c", "1"])
-        .args(graph)
-        .args(["-D", "-1", "--control"])
-        .arg(format!("fifo:{},{}", ctl.display(), ack.display()))
-        .args(["-p", pid, "-o"])
-        .arg(data);
+    // A 4 MiB buffer per CPU, as memlock-trace's stack ring (perf's default, 516 KiB, lost
+    // a quarter of the dwarf samples here).
+    cmd.args([
+        "record",
+        "-e",
+        "page-faults",
+        "-c",
+        "1",
+        "--mmap-pages",
+        "1024",
+    ])
+    .args(graph)
+    .args(["-D", "-1", "--control"])
+    .arg(format!("fifo:{},{}", ctl.display(), ack.display()))
+    .args(["-p", pid, "-o"])
+    .arg(data);
     let attached = attach(cmd, "Events disabled", true)?;
     // perf opens the FIFOs after its "disabled" line; opening them blocks until it has.
     let (done_tx, done_rx) = mpsc::channel();
@@ -310,10 +322,10 @@ fn report(all: &[Run], runs: usize) -> String {
             "| | | |".to_string()
         } else {
             format!(
-                "{:.2} s | {:.2} s | {folded:.0} / {kernel:.0} | {:.1} MB |",
+                "{:.2} s | {:.2} s | {folded:.0} / {kernel:.0} | {:.0} kB |",
                 of(mode, &|r| r.tool_cpu_ns as f64) / 1e9,
                 of(mode, &|r| r.to_folded.as_secs_f64()),
-                of(mode, &|r| r.bytes as f64) / 1e6,
+                of(mode, &|r| r.bytes as f64) / 1e3,
             )
         };
         text.push_str(&format!(
