@@ -66,9 +66,9 @@ impl Mode {
             Mode::OursEvery => "memlock-trace --stacks --stack-sample 1 --folded",
             Mode::OursDefault => "memlock-trace --stacks --folded (1 fault in 32)",
             Mode::PerfDwarf => {
-                "perf record -c 1 --call-graph dwarf,8192 -m 1024; perf script | collapse"
+                "perf record -c 1 --call-graph dwarf,8192 -m 1024, perf script collapsed"
             }
-            Mode::PerfFramePointers => "perf record -c 1 -g -m 1024; perf script | collapse",
+            Mode::PerfFramePointers => "perf record -c 1 -g -m 1024, perf script collapsed",
         }
     }
 }
