@@ -207,11 +207,35 @@ pub struct MappingCache {
     unreadable: u64,
     /// Processes already warned about.
     warned: std::collections::HashSet<u32>,
-    /// Read `/proc/PID/maps`, not `smaps`: names and ranges without `VmFlags`. smaps walks
-    /// every page table of the process for its `Rss:` figures: 0.5-4.9 s for each 2 GiB
-    /// qemu guest on a loaded host (maps: 0-0.16 s), which a system-wide summary paid for
-    /// every process that faulted, the stop and every interval included.
-    names_only: bool,
+    /// The file the mappings are read from.
+    file: MapsFile,
+}
+
+/// Which `/proc/PID/` file a process's mappings are read from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MapsFile {
+    /// With `VmFlags` (`locked`, `lockonfault`).
+    #[default]
+    Smaps,
+    /// Names and ranges only. smaps walks every page table of the process for its `Rss:`
+    /// figures: 0.5-4.9 s for each 2 GiB qemu guest on a loaded host (maps: 0-0.16 s), which
+    /// a system-wide summary paid for every process that faulted, the stop and every
+    /// interval included.
+    Maps,
+}
+
+impl MapsFile {
+    pub fn name(self) -> &'static str {
+        match self {
+            MapsFile::Smaps => "smaps",
+            MapsFile::Maps => "maps",
+        }
+    }
+
+    /// Whether a [`Mapping`] read from it has its `locked`/`lockonfault` flags.
+    pub fn has_flags(self) -> bool {
+        self == MapsFile::Smaps
+    }
 }
 
 struct Snapshot {
@@ -227,18 +251,17 @@ struct Snapshot {
 }
 
 impl MappingCache {
-    /// A cache that reads `/proc/PID/maps` (see `names_only`): the mappings' `locked` and
-    /// `lockonfault` are then unknown ([`MappingCache::flags_known`]).
-    pub fn names_only() -> Self {
+    /// A cache that reads the mappings from `file`.
+    pub fn reading(file: MapsFile) -> Self {
         Self {
-            names_only: true,
+            file,
             ..Self::default()
         }
     }
 
-    /// Whether the mappings read carry `VM_LOCKED`/`VM_LOCKONFAULT` (smaps' `VmFlags`).
-    pub fn flags_known(&self) -> bool {
-        !self.names_only
+    /// The file the mappings are read from.
+    pub fn file(&self) -> MapsFile {
+        self.file
     }
 
     /// Re-reads `pid`'s mappings if the snapshot is older than `max_age` (and than twenty
@@ -256,8 +279,8 @@ impl MappingCache {
         let shows_lockonfault = smaps_shows_lockonfault(&crate::probe::kernel_release());
         // Unreadable or unparsable: keep what we had. Gone is the normal end of a process;
         // anything else is said, once per process, and counted.
-        let file = if self.names_only { "maps" } else { "smaps" };
-        let entries = match read_smaps(&format!("/proc/{pid}/{file}"), shows_lockonfault) {
+        let path = format!("/proc/{pid}/{}", self.file.name());
+        let entries = match read_smaps(&path, shows_lockonfault) {
             Ok(entries) => entries,
             Err(e) => {
                 if is_alive(pid) {
@@ -509,9 +532,12 @@ VmFlags: rd wr mr mw me gd ac
         assert!(maps.iter().any(|m| m.name == "[stack]"), "{maps:?}");
         assert!(cache.comm(pid).is_some());
         // System-wide, names and ranges from maps, without flags.
-        let mut names = MappingCache::names_only();
+        let mut names = MappingCache::reading(MapsFile::Maps);
         names.refresh(pid, Duration::ZERO);
-        assert!(!names.flags_known() && cache.flags_known());
+        assert_eq!(
+            (names.file(), cache.file()),
+            (MapsFile::Maps, MapsFile::Smaps)
+        );
         let named = names.get(pid).expect("own maps");
         assert!(named.iter().any(|m| m.name == "[stack]"), "{named:?}");
         // Our own maps agree with our own smaps about the ranges.

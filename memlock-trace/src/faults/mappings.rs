@@ -15,7 +15,10 @@ use memlock_trace_common::{
 use serde::Serialize;
 
 use super::sizing::REGION_SHIFT;
-use crate::{output::Outside, procfs::Mapping};
+use crate::{
+    output::Outside,
+    procfs::{Mapping, MapsFile},
+};
 
 /// A mapping's share of a process's faults.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -42,7 +45,8 @@ pub struct MappingFaults {
     pub stack: bool,
     /// Who named the mapping: `"fault"` (the kernel, at the fault or populating call),
     /// `"smaps"`, `"maps"` (system-wide, where smaps would cost too much: see
-    /// `MappingCache::names_only`), `"call"` (an mlock-family call's VMA), or `"none"`.
+    /// [`MapsFile::Maps`]; the lock flags are then unknown), `"call"` (an mlock-family call's
+    /// VMA), or `"none"`.
     pub named_by: &'static str,
     /// The mapped file's device (`major:minor`) and inode, as the kernel read them.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -119,17 +123,20 @@ fn dev_name(dev: u32) -> String {
 const STACK_GAP: u64 = 128 << 20;
 
 /// Attributes region counts to the process's mappings and returns the top `top` by faults.
-/// `kernel`: the VMAs the fault hooks identified, by start. `exited`: `maps` are the last
-/// seen before the process exited, so an address outside them is unknown (mapped after they
-/// were read), not unmapped, unless a VMA an mlock-family call saw since holds it (`noted`,
-/// newest last).
+/// `kernel`: the VMAs the fault hooks identified, by start. `read`: the process's mappings
+/// and the file they were read from (without flags from `maps`). `exited`: those are the
+/// last seen before the process exited, so an address outside them is unknown (mapped after
+/// they were read), not unmapped, unless a VMA an mlock-family call saw since holds it
+/// (`noted`, newest last).
 pub fn by_mapping(
     regions: &[(RegionKey, RegionValue)],
     kernel: &BTreeMap<u64, MappingInfo>,
-    maps: Option<&[Mapping]>,
+    read: Option<(&[Mapping], MapsFile)>,
     exited: Option<&[Mapping]>,
     top: usize,
 ) -> Vec<MappingFaults> {
+    let maps = read.map(|(maps, _)| maps);
+    let file = read.map_or(MapsFile::Smaps, |(_, file)| file);
     let mut per_mapping: StdHashMap<(u64, u64), MappingFaults> = StdHashMap::new();
     let mut extents: StdHashMap<(u64, u64), (u64, u64)> = StdHashMap::new();
     // Runs no mapping holds, merged below into spans of neighbouring runs.
@@ -222,22 +229,27 @@ pub fn by_mapping(
             (range, entry)
         } else {
             let found = maps
-                .and_then(|maps| maps.iter().find(holds).map(|m| (m, "smaps")))
+                .and_then(|maps| {
+                    let m = maps.iter().find(holds)?;
+                    Some((m, file.name(), file.has_flags()))
+                })
                 .or_else(|| {
                     let noted = exited?.iter().rev().find(holds)?;
-                    Some((noted, "call"))
+                    Some((noted, "call", true))
                 });
             match found {
-                Some((m, source)) => {
+                Some((m, source, has_flags)) => {
                     let mut entry = row(
                         m.name.clone(),
                         format!("{:#x}", m.start),
                         format!("{:#x}", m.end),
                         source,
                     );
-                    entry.locked = Some(m.locked);
-                    entry.lockonfault = m.lockonfault;
-                    entry.locked_source = source;
+                    if has_flags {
+                        entry.locked = Some(m.locked);
+                        entry.lockonfault = m.lockonfault;
+                        entry.locked_source = source;
+                    }
                     ((m.start, m.end), entry)
                 }
                 None if !exact => {

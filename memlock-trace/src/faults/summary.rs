@@ -294,24 +294,11 @@ pub fn summarize(
         summary.by_mapping = by_mapping(
             report.regions.get(&tgid).map_or(&[][..], Vec::as_slice),
             report.mappings.get(&tgid).unwrap_or(&BTreeMap::new()),
-            mappings.get(tgid),
+            mappings.get(tgid).map(|maps| (maps, mappings.file())),
             // Gone (or never read: gone before the first read).
             (mappings.exited(tgid) || mappings.get(tgid).is_none()).then(|| mappings.noted(tgid)),
             top_mappings,
         );
-        if !mappings.flags_known() {
-            // Named from /proc/PID/maps, which shows no VmFlags.
-            for row in summary
-                .by_mapping
-                .iter_mut()
-                .filter(|r| r.named_by == "smaps")
-            {
-                row.named_by = "maps";
-                row.locked_source = "unknown";
-                row.locked = None;
-                row.lockonfault = None;
-            }
-        }
         summary.threads = report
             .stats
             .iter()

@@ -102,6 +102,11 @@ impl Filters {
         Ok(config)
     }
 
+    /// Whether a process must match a comm or a cgroup to be traced.
+    pub fn narrows(&self) -> bool {
+        self.comm.is_some() || self.cgroup.is_some()
+    }
+
     /// Words for the "tracing ..." line.
     pub fn describe(&self) -> Vec<String> {
         let mut parts = Vec::new();

@@ -26,7 +26,7 @@ use crate::{
     object::HookFamily as _,
     output::{Sink, TextStyle, WallClock},
     process::{Targets, launch, pids},
-    procfs::MappingCache,
+    procfs::{MappingCache, MapsFile},
     syscalls::Aggregator,
     tracer::{Options, Tracer},
 };
@@ -312,12 +312,14 @@ async fn event_loop(
             hooks: tracer.vma.clone(),
             ..VmaOutput::default()
         },
-        // Every process on the machine: names from /proc/PID/maps (see `names_only`).
-        mappings: if targets_are_specific(&args) || !production.filters.describe().is_empty() {
-            MappingCache::default()
-        } else {
-            MappingCache::names_only()
-        },
+        // Every process on the machine: names from /proc/PID/maps (see `MapsFile::Maps`).
+        mappings: MappingCache::reading(
+            if targets_are_specific(&args) || production.filters.narrows() {
+                MapsFile::Smaps
+            } else {
+                MapsFile::Maps
+            },
+        ),
         top_mappings: args.top_mappings,
         top_stacks: args.stacks_top,
         symbolizer: StackSymbolizer::default(),

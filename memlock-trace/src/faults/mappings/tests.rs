@@ -40,7 +40,13 @@ fn regions_attribute_to_mappings() {
         region(0x49000, 3),
         region(0x90000, 1),
     ];
-    let list = by_mapping(&regions, &BTreeMap::new(), Some(&maps), None, 10);
+    let list = by_mapping(
+        &regions,
+        &BTreeMap::new(),
+        Some((&maps[..], MapsFile::Smaps)),
+        None,
+        10,
+    );
     assert_eq!(list.len(), 3, "{list:?}");
     assert_eq!(
         (list[0].mapping.to_str().unwrap(), list[0].faults),
@@ -59,8 +65,34 @@ fn regions_attribute_to_mappings() {
         ("unmapped", 1)
     );
     assert_eq!(
-        by_mapping(&regions, &BTreeMap::new(), Some(&maps), None, 1).len(),
+        by_mapping(
+            &regions,
+            &BTreeMap::new(),
+            Some((&maps[..], MapsFile::Smaps)),
+            None,
+            1
+        )
+        .len(),
         1
+    );
+    // Read from /proc/PID/maps (system-wide): the same rows, named by maps, flags unknown.
+    let list = by_mapping(
+        &regions,
+        &BTreeMap::new(),
+        Some((&maps[..], MapsFile::Maps)),
+        None,
+        10,
+    );
+    assert_eq!(
+        (
+            list[1].mapping.to_str().unwrap(),
+            list[1].faults,
+            list[1].named_by,
+            list[1].locked,
+            list[1].lockonfault,
+            list[1].locked_source
+        ),
+        ("/lib/x.so", 3, "maps", None, None, "unknown")
     );
 }
 
@@ -87,7 +119,13 @@ fn neighbouring_runs_outside_every_mapping_are_one_row_and_exited_is_not_unmappe
         .collect();
     regions.push(run(base + 0x1000_0000, 2));
     for (exited, label) in [(None, "unmapped"), (Some(&[][..]), "unknown")] {
-        let list = by_mapping(&regions, &BTreeMap::new(), Some(&maps), exited, 10);
+        let list = by_mapping(
+            &regions,
+            &BTreeMap::new(),
+            Some((&maps[..], MapsFile::Smaps)),
+            exited,
+            10,
+        );
         let rows: Vec<_> = list
             .iter()
             .map(|m| {
@@ -130,7 +168,13 @@ fn an_exited_process_region_known_from_an_mlock_call_is_named_by_it() {
         mapping(0x100000, 0x200000, "VMA seen by mlock2", true),
         mapping(0x100000, 0x200000, "VMA seen by munlock", false),
     ];
-    let list = by_mapping(&regions, &BTreeMap::new(), Some(&maps), Some(&noted), 10);
+    let list = by_mapping(
+        &regions,
+        &BTreeMap::new(),
+        Some((&maps[..], MapsFile::Smaps)),
+        Some(&noted),
+        10,
+    );
     let rows: Vec<_> = list
         .iter()
         .map(|m| {
@@ -165,7 +209,13 @@ fn exact_regions_use_the_vma_flags() {
             vm_flags: VM_LOCKED | 0x3,
         },
     )];
-    let list = by_mapping(&regions, &BTreeMap::new(), Some(&maps), None, 10);
+    let list = by_mapping(
+        &regions,
+        &BTreeMap::new(),
+        Some((&maps[..], MapsFile::Smaps)),
+        None,
+        10,
+    );
     assert_eq!(list[0].locked, Some(true));
     assert_eq!(list[0].locked_source, "vma");
 }
@@ -234,7 +284,13 @@ fn vmas_identified_at_the_fault_are_named_by_the_kernel_and_completed_from_smaps
             vm_flags: 0,
         },
     ));
-    let list = by_mapping(&regions, &kernel, Some(&maps), None, 10);
+    let list = by_mapping(
+        &regions,
+        &kernel,
+        Some((&maps[..], MapsFile::Smaps)),
+        None,
+        10,
+    );
     let rows: Vec<_> = list
         .iter()
         .map(|m| {
