@@ -217,13 +217,27 @@ impl Attached {
                 err.trim()
             );
         }
-        let ns = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1000;
         Ok(Stopped {
             stdout: out,
             after_stop,
-            cpu_ns: ns(usage.ru_utime) + ns(usage.ru_stime),
+            cpu_ns: usage_cpu_ns(&usage),
         })
     }
+}
+
+/// User + system time of `getrusage(who)` (`RUSAGE_CHILDREN`, `RUSAGE_THREAD`), in ns.
+pub(super) fn cpu_ns(who: i32) -> u64 {
+    // SAFETY: an all-zero rusage is valid; getrusage fills it.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid `who` and a pointer to a live rusage.
+    unsafe { libc::getrusage(who, &raw mut usage) };
+    usage_cpu_ns(&usage)
+}
+
+/// User + system time of a rusage, in ns.
+fn usage_cpu_ns(usage: &libc::rusage) -> u64 {
+    let ns = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1_000;
+    ns(usage.ru_utime) + ns(usage.ru_stime)
 }
 
 /// A stopped tracer: what it wrote and what it cost.

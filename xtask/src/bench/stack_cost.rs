@@ -28,7 +28,7 @@ use inferno::collapse::{
 };
 
 use super::{
-    measure::{Attached, attach},
+    measure::{Attached, attach, cpu_ns},
     report::{Markers, median, replace_section},
     workload::{Placement, Workload},
 };
@@ -281,15 +281,6 @@ fn perf_folded(data: &Path) -> Result<(String, u64)> {
     let cpu = cpu_ns(libc::RUSAGE_CHILDREN) - children_before + cpu_ns(libc::RUSAGE_THREAD)
         - thread_before;
     Ok((String::from_utf8(folded)?, cpu))
-}
-
-fn cpu_ns(who: i32) -> u64 {
-    // SAFETY: an all-zero rusage is valid; getrusage fills it.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: a valid `who` and a pointer to a live rusage.
-    unsafe { libc::getrusage(who, &raw mut usage) };
-    let ns = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1000;
-    ns(usage.ru_utime) + ns(usage.ru_stime)
 }
 
 fn report(all: &[Run], runs: usize) -> String {

@@ -138,7 +138,7 @@ const GUEST_SUBSETS: &[(&str, &[&str], &str)] = &[
         "memlock-trace/test:names",
         &["6.1"],
         "process names (exec, prctl, threads) come from tp_btf sched_process_exec and \
-         bpf_get_current_comm, the same since 5.5; run on 6.1 and the host",
+         bpf_get_current_comm, the same since 5.5",
     ),
     (
         "memlock-trace/test:cli",
@@ -261,6 +261,30 @@ mod tests {
         }
         for (_, reason) in HOST_ONLY {
             assert!(reason.starts_with("host only: "), "{reason}");
+        }
+    }
+
+    /// A kernel misspelt in GUEST_SUBSETS would take its binary off every guest silently.
+    #[test]
+    fn guest_subsets_name_guest_kernels_and_leave_each_binary_somewhere() {
+        let guests: Vec<&str> = crate::vm::KERNELS.iter().map(|k| k.version).collect();
+        for (name, on, _) in GUEST_SUBSETS {
+            assert!(!on.is_empty(), "{name}");
+            for kernel in *on {
+                assert!(guests.contains(kernel), "{name}: no guest kernel {kernel}");
+            }
+            assert!(
+                guests.iter().any(|k| not_in_guest(name, k).is_none()),
+                "{name}"
+            );
+            assert_eq!(
+                guests
+                    .iter()
+                    .filter(|k| not_in_guest(name, k).is_some())
+                    .count(),
+                guests.len() - on.len(),
+                "{name}"
+            );
         }
     }
 

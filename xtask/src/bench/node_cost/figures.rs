@@ -5,7 +5,10 @@ use std::{fmt, path::Path, process::Command};
 
 use anyhow::{Context as _, Result, bail};
 
-use super::super::workload::{Placement, Workload};
+use super::super::{
+    measure::cpu_ns,
+    workload::{Placement, Workload},
+};
 
 /// `/bin/true` runs per fork+exec sample: ~1 s untraced here.
 const FORK_EXECS: u32 = 400;
@@ -76,22 +79,10 @@ pub(in crate::bench) fn measure(tracer: &Path, session_pid: Option<u32>) -> Resu
 /// faults and system calls runs in those processes and does.
 fn fork_exec_rate() -> Result<f64> {
     let script = format!("i=0; while [ $i -lt {FORK_EXECS} ]; do /bin/true; i=$((i + 1)); done");
-    let before = children_cpu_ns();
+    let before = cpu_ns(libc::RUSAGE_CHILDREN);
     crate::util::run(Command::new("sh").args(["-c", &script]))?;
-    let cpu_ns = children_cpu_ns() - before;
-    Ok(f64::from(FORK_EXECS) / (cpu_ns.max(1) as f64 / 1e9))
-}
-
-/// User + system time of this process's waited-for children, in ns.
-fn children_cpu_ns() -> u64 {
-    // SAFETY: getrusage writes one `rusage` into the zeroed local it is given.
-    let usage = unsafe {
-        let mut usage = std::mem::zeroed::<libc::rusage>();
-        libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage);
-        usage
-    };
-    let ns = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1_000;
-    ns(usage.ru_utime) + ns(usage.ru_stime)
+    let spent_ns = cpu_ns(libc::RUSAGE_CHILDREN) - before;
+    Ok(f64::from(FORK_EXECS) / (spent_ns.max(1) as f64 / 1e9))
 }
 
 /// `stress-ng --fork 1`: bogo-ops per second of its CPU time (usr+sys, which leaves out the
