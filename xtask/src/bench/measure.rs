@@ -179,13 +179,15 @@ pub(super) fn attach(
 impl Attached {
     /// SIGINT, then the stdout it wrote.
     pub(super) fn stop(self) -> Result<String> {
-        self.stop_measured().map(|stopped| stopped.stdout)
+        self.stop_measured(false).map(|stopped| stopped.stdout)
     }
 
     /// SIGINT, then the stdout it wrote, how long it took to exit after the signal (its
     /// end-of-session work: a tracer's summary and profiles, perf's last buffers) and the CPU
-    /// time it used over its whole life (wait4's rusage, user + system).
-    pub(super) fn stop_measured(self) -> Result<Stopped> {
+    /// time it used over its whole life (wait4's rusage, user + system). `dies_by_sigint`: the
+    /// program ends by re-raising the SIGINT it caught (perf record), which is then its
+    /// success; any other program must exit 0.
+    pub(super) fn stop_measured(self, dies_by_sigint: bool) -> Result<Stopped> {
         let pid = i32::try_from(self.child.id())?;
         let signalled = Instant::now();
         run_cmd(Command::new("kill").args(["-INT", &pid.to_string()]))?;
@@ -204,9 +206,9 @@ impl Attached {
             .stdout
             .recv_timeout(Duration::from_secs(60))
             .context("tracer stdout")?;
-        // perf record ends by re-raising the SIGINT it caught: killed by it is its success.
         let exited_0 = libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
-        let by_sigint = libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGINT;
+        let by_sigint =
+            dies_by_sigint && libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGINT;
         if !exited_0 && !by_sigint {
             let err = self
                 .stderr

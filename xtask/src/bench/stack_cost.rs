@@ -60,6 +60,10 @@ impl Mode {
         Mode::PerfFramePointers,
     ];
 
+    fn is_perf(self) -> bool {
+        matches!(self, Mode::PerfDwarf | Mode::PerfFramePointers)
+    }
+
     fn label(self) -> &'static str {
         match self {
             Mode::Untraced => "untraced",
@@ -177,17 +181,16 @@ fn measure(tracer: &Path, mode: Mode, placement: Placement, scratch: &Path) -> R
             bytes: 0,
         });
     };
-    let stopped = attached.stop_measured()?;
+    let stopped = attached.stop_measured(mode.is_perf())?;
     let (mut tool_cpu_ns, mut to_folded) = (stopped.cpu_ns, stopped.after_stop);
-    let (text, bytes) = match mode {
-        Mode::PerfDwarf | Mode::PerfFramePointers => {
-            let began = Instant::now();
-            let (text, script_cpu_ns) = perf_folded(&data)?;
-            tool_cpu_ns += script_cpu_ns;
-            to_folded += began.elapsed();
-            (text, fs::metadata(&data)?.len())
-        }
-        _ => (fs::read_to_string(&folded)?, fs::metadata(&folded)?.len()),
+    let (text, bytes) = if mode.is_perf() {
+        let began = Instant::now();
+        let (text, script_cpu_ns) = perf_folded(&data)?;
+        tool_cpu_ns += script_cpu_ns;
+        to_folded += began.elapsed();
+        (text, fs::metadata(&data)?.len())
+    } else {
+        (fs::read_to_string(&folded)?, fs::metadata(&folded)?.len())
     };
     fs::remove_file(&data).ok();
     fs::remove_file(&folded).ok();
