@@ -6,7 +6,7 @@
 //! What these tests guard is the tracer's own stop (no wait on the kernel hook by hook, a
 //! bounded final drain), not how much CPU the machine has left for it: in CI the guests run
 //! beside this stage (load average 10 on 2 cores), and a system-wide summary reads the smaps
-//! of every process that faulted (now their maps, see `MappingCache::names_only`), the
+//! of every process that faulted (now their maps, see `procfs::MapsFile::Maps`), the
 //! guests' 2 GiB included. So the tracer runs ahead of the rest (nice -10); at equal
 //! priorities SIGTERM to exit took up to 2.9 s without a flood and 14.8 s with one (debug
 //! build, three guests beside), 0.15 s and 3.8 s when the CPU was there.
