@@ -326,7 +326,9 @@ fn vm_stage(
         // with two guests and other work on 2 cores; 6.12 took ~2,600 s with every binary
         // once the syscall hooks were per-call fentry programs, before the 6.1/6.12 split;
         // a fresh-clone run of c188847, alone on the machine: 2,713, 2,857 and 2,793 s for
-        // 5.10, 6.1 and 6.12). 3,600 s keeps the whole run inside CI's 90 minutes.
+        // 5.10, 6.1 and 6.12; with GUEST_SUBSETS' split by hooks and optimised dependencies,
+        // 1,511-1,527 s, which CI's slower machine stretches by up to 1.5x). 3,600 s keeps
+        // the whole run inside CI's 90 minutes.
         timeout: Duration::from_secs(3600),
         memory_mib: 2048,
         max_cpus,
