@@ -2,7 +2,7 @@
 //! as the kernel copies them (see `memlock-trace-ebpf/src/stacks.rs`), and the call sites
 //! user space sums them into. Faults per stack are keyed by [`crate::faults::StackKey`].
 
-use crate::faults::STACK_DEPTH;
+use crate::faults::{RegionKey, STACK_DEPTH};
 
 /// Bytes of the user stack copied per kept stack, from the stack pointer up (perf's
 /// `--call-graph dwarf` default is 8 KiB too). Copied in [`STACK_CHUNK`]-byte pieces aligned
@@ -129,6 +129,9 @@ pub struct StackSample {
     pub flags: u32,
     /// Faults this sample stands for (faults only).
     pub faults: u64,
+    /// Where those faults were counted, as `FAULT_REGIONS` keys them (faults only): user
+    /// space attributes the stack to the same mapping row as the faults themselves.
+    pub region: RegionKey,
     /// The call's figures (calls only).
     pub call: SyscallStackValue,
     pub stack: [u8; STACK_COPY_BYTES],

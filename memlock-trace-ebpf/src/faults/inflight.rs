@@ -20,7 +20,7 @@ use super::{
     mappings::{note_vma, resolve, with_sp},
     populate::POPULATE_INFLIGHT,
     record_stack,
-    regions::count_region,
+    regions::{count_region, region_kind_of},
     sole_tgid,
 };
 use crate::shared::{current_ids, is_target, now_ns, read_kernel, this_cpu};
@@ -244,7 +244,7 @@ pub(super) fn perf_completion<const ACROSS_CPUS: bool>(ctx: &PerfEventContext, m
         known_target: latency.is_some(),
     });
     if config!(stacks) != 0 && counted {
-        record_stack(ctx, tgid, tid, 1);
+        record_stack(ctx, tgid, tid, 1, (region_kind_of(vm_flags), region));
     }
 }
 
@@ -374,7 +374,8 @@ pub(super) fn hook_end<C: EbpfContext>(ctx: &C, ret: u32) {
         ..fault
     });
     if config!(stacks) != 0 && counted {
-        record_stack(ctx, tgid, tid, 1);
+        let region = (region_kind_of(fault.vm_flags), fault.region);
+        record_stack(ctx, tgid, tid, 1, region);
     }
 }
 

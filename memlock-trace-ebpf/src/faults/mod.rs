@@ -205,11 +205,12 @@ fn event_dropped(tid: u32) {
     }
 }
 
-/// `--stacks`: the counted faults' user stack (see `stacks.rs`).
+/// `--stacks`: the counted faults' user stack (see `stacks.rs`), with the region they were
+/// counted in (a `region_kind` and start).
 #[inline(always)]
-fn record_stack<C: EbpfContext>(ctx: &C, tgid: u32, tid: u32, count: u64) {
+fn record_stack<C: EbpfContext>(ctx: &C, tgid: u32, tid: u32, count: u64, region: (u32, u64)) {
     let tid = if config!(per_thread) != 0 { tid } else { 0 };
-    stacks::record(ctx, tgid, tid, count);
+    stacks::record(ctx, tgid, tid, count, region);
 }
 
 /// The stats slot of a task, created on its first fault if it is traced, and whether it is

@@ -152,17 +152,24 @@ pub fn on_exit_counted<const RB: bool>(ctx: &SyscallContext) {
     let Some(call) = POPULATE_INFLIGHT.get_ptr(tid) else {
         return;
     };
-    // SAFETY: a valid pointer to this thread's own entry, copied out before it is removed.
-    let call = unsafe { *call };
+    let (min_flt, maj_flt) = task_faults();
+    // SAFETY: a valid pointer to this thread's own entry, read before it is removed. The
+    // fields, not a copy of the whole entry: 64 bytes more of this function's frame took
+    // the raw `sys_exit` program's combined stack past 512 on 5.10.
+    let (index, minor, major, range) = unsafe {
+        (
+            (*call).index,
+            min_flt
+                .wrapping_sub((*call).min_flt)
+                .saturating_sub((*call).exception_min),
+            maj_flt
+                .wrapping_sub((*call).maj_flt)
+                .saturating_sub((*call).exception_maj),
+            ((*call).address, (*call).len),
+        )
+    };
     let _ = POPULATE_INFLIGHT.remove(tid);
     super::mappings::changed();
-    let (min_flt, maj_flt) = task_faults();
-    let minor = min_flt
-        .wrapping_sub(call.min_flt)
-        .saturating_sub(call.exception_min);
-    let major = maj_flt
-        .wrapping_sub(call.maj_flt)
-        .saturating_sub(call.exception_maj);
     if minor == 0 && major == 0 {
         return;
     }
@@ -174,15 +181,11 @@ pub fn on_exit_counted<const RB: bool>(ctx: &SyscallContext) {
     super::add_shared(&raw mut s.counts[stat::POPULATED_MINOR], minor);
     super::add_shared(&raw mut s.counts[stat::POPULATED_MAJOR], major);
     super::add_shared(
-        &raw mut s.populated_by[call.index as usize & (SLOTS - 1)],
+        &raw mut s.populated_by[index as usize & (SLOTS - 1)],
         minor + major,
     );
-    if config!(stacks) != 0 {
-        // The call site of the system call that populated them.
-        record_stack(ctx, tgid, tid, minor + major);
-    }
     let ret = syscall_ret(ctx);
-    let address = charge::<RB>(tgid, &call, ret, minor + major);
+    let address = charge::<RB>(ctx, (tgid, tid), index, range, ret, minor + major);
     if config!(events) != 0 {
         let flags = fault_flags::POPULATED | if minor == 0 { fault_flags::MAJOR } else { 0 };
         emit(
@@ -193,7 +196,7 @@ pub fn on_exit_counted<const RB: bool>(ctx: &SyscallContext) {
             NO_LATENCY,
             0,
             minor + major,
-            call.index,
+            index,
         );
     }
 }
@@ -202,16 +205,24 @@ pub fn on_exit_counted<const RB: bool>(ctx: &SyscallContext) {
 /// mapping, brk the heap's new end, execve copied its arguments into the new stack, the
 /// others take the range as their first two arguments. Pages of a call that spans VMAs
 /// (`mlockall`, an `mlock` over several) go to the call itself: without a hook per fault
-/// nothing tells them apart. Returns the address charged (0 for the call).
+/// nothing tells them apart. With `--stacks`, the call site's stack is kept under the same
+/// region. Returns the address charged (0 for the call).
 #[inline(always)]
-fn charge<const RB: bool>(tgid: u32, call: &PopulateCall, ret: i64, pages: u64) -> u64 {
-    let index = call.index as usize;
+fn charge<const RB: bool>(
+    ctx: &SyscallContext,
+    (tgid, tid): (u32, u32),
+    index: u32,
+    range: (u64, u64),
+    ret: i64,
+    pages: u64,
+) -> u64 {
+    let index = index as usize;
     let (address, len) = match index {
         populate::MMAP | populate::MREMAP if ret > 0 => (ret as u64, 1),
         populate::BRK if ret > 0 => (ret as u64 - 1, 1),
         populate::EXECVE | populate::EXECVEAT => (mapping::current_mm_start_stack(), 1),
         populate::MLOCKALL => (0, 0),
-        _ => (call.address, call.len),
+        _ => range,
     };
     let address = address & PAGE_MASK;
     if address != 0
@@ -225,11 +236,20 @@ fn charge<const RB: bool>(tgid: u32, call: &PopulateCall, ret: i64, pages: u64) 
             pages,
             found.flags & !VM_HELD_SP,
         );
+        // The stack, kept where the region is at hand: a region held across the lookup
+        // below cost the caller's frame the 8 bytes that took the raw `sys_exit` program's
+        // stack past 512 on 5.10.
+        if config!(stacks) != 0 {
+            record_stack(ctx, tgid, tid, pages, (region_kind::VMA, found.start));
+        }
         // Named like the faults' VMAs (those were likely met already; if not, this records it).
         super::mappings::resolve::<RB, false>(tgid, address, 0);
         return address;
     }
     flush_region(tgid, region_kind::CALL, index as u64, pages, 0);
+    if config!(stacks) != 0 {
+        record_stack(ctx, tgid, tid, pages, (region_kind::CALL, index as u64));
+    }
     0
 }
 

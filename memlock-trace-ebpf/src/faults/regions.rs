@@ -8,7 +8,10 @@ use aya_ebpf::{
 };
 use memlock_trace_common::{
     PAGE_SHIFT,
-    faults::{MAX_FAULT_REGIONS, REGION_SLOTS, RegionKey, RegionSlot, RegionValue, fault_counter},
+    faults::{
+        MAX_FAULT_REGIONS, REGION_SLOTS, RegionKey, RegionSlot, RegionValue, fault_counter,
+        region_kind,
+    },
 };
 
 use super::bump;
@@ -36,10 +39,21 @@ static FAULT_REGION_RUN: PerCpuArray<RegionSlot> = PerCpuArray::with_max_entries
 #[map]
 static FAULT_REGION_SLOTS: PerCpuArray<RegionSlot> = PerCpuArray::with_max_entries(REGION_SLOTS, 0);
 
+/// What a fault's region start is: its VMA's when the hook read the VMA's flags, else its
+/// page's.
+#[inline(always)]
+pub(super) fn region_kind_of(vm_flags: u64) -> u32 {
+    if vm_flags != 0 {
+        region_kind::VMA
+    } else {
+        region_kind::PAGE
+    }
+}
+
 /// Counts one fault in `region` (a VMA start when `vm_flags` is set, else a page address).
 #[inline(always)]
 pub(super) fn count_region(tgid: u32, region: u64, vm_flags: u64) {
-    let exact = u32::from(vm_flags != 0);
+    let exact = region_kind_of(vm_flags);
     let Some(run) = FAULT_REGION_RUN.get_ptr_mut(0) else {
         return;
     };
