@@ -14,10 +14,11 @@ use memlock_trace_common::{
 };
 use serde::Serialize;
 
-use super::sizing::REGION_SHIFT;
+use super::{sizing::REGION_SHIFT, stacks::StackFaults};
 use crate::{
     output::Outside,
     procfs::{Mapping, MapsFile},
+    unwind::Stack,
 };
 
 /// A mapping's share of a process's faults.
@@ -51,6 +52,12 @@ pub struct MappingFaults {
     /// The mapped file's device (`major:minor`) and inode, as the kernel read them.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub file: Option<FileIdentity>,
+    /// `--stacks`: the sampled faults of this row per stack, unwound, not yet symbolized.
+    #[serde(skip)]
+    pub sampled: BTreeMap<Stack, u64>,
+    /// `--stacks`: the stacks that faulted most in this mapping (from `sampled`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stacks: Option<Vec<StackFaults>>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -122,14 +129,23 @@ fn dev_name(dev: u32) -> String {
 /// Below the stack's top, where mmap places nothing: the stack grows there.
 const STACK_GAP: u64 = 128 << 20;
 
+/// The row a region's faults go to: its key (the range [`by_mapping`] merges rows by), the
+/// row as this region names it, and the VMA the hooks identified for it.
+type Placed<'a> = ((u64, u64), MappingFaults, Option<&'a MappingInfo>);
+
+/// The sampled faults of one region per stack (`--stacks`).
+pub type RegionSites<'a> = (&'a RegionKey, &'a BTreeMap<Stack, u64>);
+
 /// Attributes region counts to the process's mappings and returns the top `top` by faults.
 /// `kernel`: the VMAs the fault hooks identified, by start. `read`: the process's mappings
 /// and the file they were read from (without flags from `maps`). `exited`: those are the
 /// last seen before the process exited, so an address outside them is unknown (mapped after
 /// they were read), not unmapped, unless a VMA an mlock-family call saw since holds it
-/// (`noted`, newest last).
+/// (`noted`, newest last). `sites`: the process's sampled fault stacks per region, each
+/// added to the row its region's faults went to (`MappingFaults::sampled`).
 pub fn by_mapping(
     regions: &[(RegionKey, RegionValue)],
+    sites: &[RegionSites<'_>],
     kernel: &BTreeMap<u64, MappingInfo>,
     read: Option<(&[Mapping], MapsFile)>,
     exited: Option<&[Mapping]>,
@@ -157,19 +173,22 @@ pub fn by_mapping(
         stack: false,
         named_by,
         file: None,
+        sampled: BTreeMap::new(),
+        stacks: None,
     };
-    for (key, value) in regions {
+    // None: outside every known mapping (page-keyed runs only).
+    let place = |key: &RegionKey| -> Option<Placed<'_>> {
         if key.exact == region_kind::CALL {
             let call = populate::NAMES
                 .get(key.start as usize)
                 .copied()
                 .unwrap_or("a call");
             let name = format!("populated by {call} (VMAs not told apart)");
-            let slot = per_mapping
-                .entry((u64::MAX, key.start))
-                .or_insert_with(|| row(name.into(), String::new(), String::new(), "call"));
-            slot.faults += value.faults;
-            continue;
+            return Some((
+                (u64::MAX, key.start),
+                row(name.into(), String::new(), String::new(), "call"),
+                None,
+            ));
         }
         let exact = key.exact == region_kind::VMA;
         let holds = |m: &&Mapping| m.start <= key.start && key.start < m.end;
@@ -196,7 +215,7 @@ pub fn by_mapping(
                 })
         };
         let alive = if exited.is_none() { maps } else { None };
-        let (range, mut entry) = if let Some(info) =
+        if let Some(info) =
             identified.filter(|_| exact || alive.is_none_or(|maps| !maps.iter().any(|m| holds(&m))))
         {
             // The stack grows down and the heap up: one row each, whatever their extent
@@ -226,47 +245,51 @@ pub fn by_mapping(
                     offset: info.pgoff << memlock_trace_common::PAGE_SHIFT,
                 });
             }
-            (range, entry)
-        } else {
-            let found = maps
-                .and_then(|maps| {
-                    let m = maps.iter().find(holds)?;
-                    Some((m, file.name(), file.has_flags()))
-                })
-                .or_else(|| {
-                    let noted = exited?.iter().rev().find(holds)?;
-                    Some((noted, "call", true))
-                });
-            match found {
-                Some((m, source, has_flags)) => {
-                    let mut entry = row(
-                        m.name.clone(),
-                        format!("{:#x}", m.start),
-                        format!("{:#x}", m.end),
-                        source,
-                    );
-                    if has_flags {
-                        entry.locked = Some(m.locked);
-                        entry.lockonfault = m.lockonfault;
-                        entry.locked_source = source;
-                    }
-                    ((m.start, m.end), entry)
+            return Some((range, entry, identified));
+        }
+        let found = maps
+            .and_then(|maps| {
+                let m = maps.iter().find(holds)?;
+                Some((m, file.name(), file.has_flags()))
+            })
+            .or_else(|| {
+                let noted = exited?.iter().rev().find(holds)?;
+                Some((noted, "call", true))
+            });
+        match found {
+            Some((m, source, has_flags)) => {
+                let mut entry = row(
+                    m.name.clone(),
+                    format!("{:#x}", m.start),
+                    format!("{:#x}", m.end),
+                    source,
+                );
+                if has_flags {
+                    entry.locked = Some(m.locked);
+                    entry.lockonfault = m.lockonfault;
+                    entry.locked_source = source;
                 }
-                None if !exact => {
-                    outside.push((key.start, value.faults));
-                    continue;
-                }
-                None => (
-                    (key.start, key.start),
-                    row(
-                        unattributed.into(),
-                        format!("{:#x}", key.start),
-                        String::new(),
-                        "none",
-                    ),
-                ),
+                Some(((m.start, m.end), entry, identified))
             }
+            None if !exact => None,
+            None => Some((
+                (key.start, key.start),
+                row(
+                    unattributed.into(),
+                    format!("{:#x}", key.start),
+                    String::new(),
+                    "none",
+                ),
+                identified,
+            )),
+        }
+    };
+    for (key, value) in regions {
+        let Some((range, mut entry, identified)) = place(key) else {
+            outside.push((key.start, value.faults));
+            continue;
         };
+        let exact = key.exact == region_kind::VMA;
         if exact {
             // The hook read the VMA's own flags at fault time: better than a later snapshot.
             entry.locked = Some(value.vm_flags & VM_LOCKED != 0);
@@ -292,6 +315,18 @@ pub fn by_mapping(
         }
         slot.stack |= entry.stack;
     }
+    let mut sampled_outside: Vec<(u64, &BTreeMap<Stack, u64>)> = Vec::new();
+    for &(key, stacks) in sites {
+        let Some((range, ..)) = place(key) else {
+            sampled_outside.push((key.start, stacks));
+            continue;
+        };
+        let slot = per_mapping.get_mut(&range);
+        // A region none of whose faults were counted (the sample outlived its count).
+        if let Some(slot) = slot {
+            add_sampled(&mut slot.sampled, stacks);
+        }
+    }
     let mut list: Vec<MappingFaults> = per_mapping.into_values().collect();
     list.extend(spans(outside).into_iter().map(|(start, end, faults)| {
         let mut entry = row(
@@ -301,11 +336,23 @@ pub fn by_mapping(
             "none",
         );
         entry.faults = faults;
+        for (_, stacks) in sampled_outside
+            .iter()
+            .filter(|(page, _)| (start..end).contains(page))
+        {
+            add_sampled(&mut entry.sampled, stacks);
+        }
         entry
     }));
     list.sort_by(|a, b| b.faults.cmp(&a.faults).then_with(|| a.start.cmp(&b.start)));
     list.truncate(top);
     list
+}
+
+fn add_sampled(into: &mut BTreeMap<Stack, u64>, stacks: &BTreeMap<Stack, u64>) {
+    for (stack, n) in stacks {
+        *into.entry(Stack::clone(stack)).or_default() += n;
+    }
 }
 
 /// Runs of faults (first page, faults) outside every known mapping, as (start, end, faults)

@@ -8,7 +8,7 @@ use serde_json::json;
 
 use super::{
     FaultHooks,
-    stacks::StackFaults,
+    stacks::{Frame, StackFaults},
     summary::{ClassLatency, FaultSummary},
 };
 use crate::{
@@ -220,13 +220,43 @@ pub fn faults_text(out: &mut String, f: &FaultSummary, indent: &str, style: Text
             "{indent}  {:>faults_w$}  {:<locked_w$}  mapping",
             "faults", "locked"
         );
-        for (faults, locked, mapping) in &rows {
+        for ((faults, locked, mapping), m) in rows.iter().zip(&f.by_mapping) {
             let _ = writeln!(
                 out,
                 "{indent}  {faults:>faults_w$}  {locked:<locked_w$}  {mapping}"
             );
+            for stack in m.stacks.iter().flatten() {
+                let _ = writeln!(
+                    out,
+                    "{indent}  {:>faults_w$}  {:<locked_w$}    {} sampled at {}",
+                    "",
+                    "",
+                    stack.faults,
+                    stack_line(&stack.frames)
+                );
+            }
         }
     }
+}
+
+/// Frames of a mapping row's stack shown on its one line.
+const LINE_FRAMES: usize = 4;
+
+/// A stack on one line, innermost first: `touch <- grow <- main <- ... (9 frames)`.
+fn stack_line(frames: &[Frame]) -> String {
+    if frames.is_empty() {
+        return "(stack not found)".into();
+    }
+    let mut line = frames
+        .iter()
+        .take(LINE_FRAMES)
+        .map(|f| f.symbol.to_string())
+        .collect::<Vec<_>>()
+        .join(" <- ");
+    if frames.len() > LINE_FRAMES {
+        let _ = write!(line, " <- ... ({} frames)", frames.len());
+    }
+    line
 }
 
 /// `--hist`: a log2 histogram of fault latency per class, from the kernel's buckets.

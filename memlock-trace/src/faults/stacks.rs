@@ -9,13 +9,15 @@ use serde::Serialize;
 
 use super::FaultSummary;
 pub use crate::symbolize::{Frame, StackSymbolizer};
-use crate::unwind::{ModuleRegistry, ProcessModules};
+use crate::unwind::{ModuleRegistry, ProcessModules, SitesByRegion, Stack};
 
 /// The sampled faults per stack.
 #[derive(Clone, Debug, Default)]
 pub struct StackReport {
     /// Sampled faults per (process or thread, stack).
     pub counts: BTreeMap<StackKey, u64>,
+    /// The same per region they were counted in: each mapping row's top stacks.
+    pub sites: SitesByRegion,
     /// Faults whose stack would have been kept but was lost to a full ring buffer.
     pub dropped: u64,
     /// Always 0 since the stacks are summed in user space (kept for the JSON schema).
@@ -57,6 +59,16 @@ pub fn top_stacks(
             .unwrap_or(key.ips.len());
         *per_stack.entry(&key.ips[..depth]).or_default() += n;
     }
+    symbolized_top(per_stack, modules, top, symbolizer)
+}
+
+/// The `top` stacks of `per_stack` by faults, symbolized.
+fn symbolized_top(
+    per_stack: BTreeMap<&[u64], u64>,
+    modules: Option<&ProcessModules>,
+    top: usize,
+    symbolizer: &StackSymbolizer,
+) -> Vec<StackFaults> {
     let mut list: Vec<(&[u64], u64)> = per_stack.into_iter().collect();
     // Most faults first; ties in address order, so the output is stable.
     list.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
@@ -69,7 +81,38 @@ pub fn top_stacks(
         .collect()
 }
 
-/// Adds each process's top stacks to its summary, symbolized with its kept modules.
+/// Stacks listed under each mapping row: the few that say which code faulted there (the
+/// process's own list and the profile files have them all).
+pub const MAPPING_STACKS: usize = 3;
+
+/// A mapping row's stacks symbolized to find its top ones: its most faulting, so that the
+/// work stays bounded in a row of thousands of rare stacks.
+const MAPPING_STACKS_SYMBOLIZED: usize = 64;
+
+/// A mapping row's top `top` call paths: its stacks symbolized and merged by the functions
+/// they name, since two stacks that differ only in the addresses inside the same functions
+/// are one site to the reader (as a flame graph merges them).
+fn top_sites(
+    sampled: &BTreeMap<Stack, u64>,
+    modules: Option<&ProcessModules>,
+    top: usize,
+    symbolizer: &StackSymbolizer,
+) -> Vec<StackFaults> {
+    let per_stack = sampled.iter().map(|(s, &n)| (&s[..], n)).collect();
+    let mut merged: Vec<(Vec<String>, StackFaults)> = Vec::new();
+    for stack in symbolized_top(per_stack, modules, MAPPING_STACKS_SYMBOLIZED, symbolizer) {
+        let names: Vec<String> = stack.frames.iter().map(|f| f.symbol.to_string()).collect();
+        match merged.iter_mut().find(|(n, _)| *n == names) {
+            Some((_, site)) => site.faults += stack.faults,
+            None => merged.push((names, stack)),
+        }
+    }
+    merged.sort_by(|a, b| b.1.faults.cmp(&a.1.faults).then_with(|| a.0.cmp(&b.0)));
+    merged.into_iter().take(top).map(|(_, site)| site).collect()
+}
+
+/// Adds each process's top stacks to its summary, and each mapping row's, symbolized with
+/// its kept modules.
 pub fn add_to(
     per_process: &mut BTreeMap<ProcessKey, (crate::output::Outside, FaultSummary)>,
     report: &StackReport,
@@ -78,8 +121,12 @@ pub fn add_to(
     symbolizer: &StackSymbolizer,
 ) {
     for (key, (_, summary)) in per_process.iter_mut() {
-        let tgid = key.tgid;
-        summary.stacks = Some(top_stacks(report, tgid, modules.get(tgid), top, symbolizer));
+        let modules = modules.get(key.tgid);
+        summary.stacks = Some(top_stacks(report, key.tgid, modules, top, symbolizer));
+        for row in &mut summary.by_mapping {
+            let top = top.min(MAPPING_STACKS);
+            row.stacks = Some(top_sites(&row.sampled, modules, top, symbolizer));
+        }
     }
 }
 

@@ -5,12 +5,12 @@
 use std::collections::BTreeMap;
 
 use memlock_trace_common::{
-    faults::{FaultKey, HIST_BUCKETS, HistKey, bucket_range, class, populate, stat},
+    faults::{FaultKey, HIST_BUCKETS, HistKey, RegionKey, bucket_range, class, populate, stat},
     process::ProcessKey,
 };
 use serde::Serialize;
 
-use super::mappings::{MappingFaults, by_mapping};
+use super::mappings::{MappingFaults, RegionSites, by_mapping};
 use super::{
     FaultHooks,
     read::{FaultReport, KeyStats},
@@ -291,8 +291,20 @@ pub fn summarize(
         };
         let mut summary = summarize_key(&merged, key, s, hooks);
         let comm = mappings.comm(tgid).unwrap_or_else(|| s.name.clone());
+        let sites: Vec<RegionSites<'_>> = report.stacks.as_ref().map_or(Vec::new(), |stacks| {
+            let first = RegionKey {
+                tgid,
+                ..RegionKey::default()
+            };
+            stacks
+                .sites
+                .range(first..)
+                .take_while(|(key, _)| key.tgid == tgid)
+                .collect()
+        });
         summary.by_mapping = by_mapping(
             report.regions.get(&tgid).map_or(&[][..], Vec::as_slice),
+            &sites,
             report.mappings.get(&tgid).unwrap_or(&BTreeMap::new()),
             mappings.get(tgid).map(|maps| (maps, mappings.file())),
             // Gone (or never read: gone before the first read).

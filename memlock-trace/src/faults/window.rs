@@ -63,6 +63,14 @@ impl FaultReport {
                 *n = n.saturating_sub(old.counts.get(key).copied().unwrap_or(0));
             }
             now.counts.retain(|_, n| *n > 0);
+            for (region, sites) in &mut now.sites {
+                let old = old.sites.get(region);
+                for (stack, n) in sites.iter_mut() {
+                    *n = n.saturating_sub(old.and_then(|o| o.get(stack)).copied().unwrap_or(0));
+                }
+                sites.retain(|_, n| *n > 0);
+            }
+            now.sites.retain(|_, sites| !sites.is_empty());
         }
         window
     }
@@ -117,5 +125,39 @@ mod tests {
         assert!((4_000..4_608).contains(&max), "{max}");
         // Nothing new: the process has no window entry.
         assert!(second.since(&second).stats.is_empty());
+    }
+
+    /// `--stacks`: a window's mapping stacks are the samples kept in it.
+    #[test]
+    fn a_window_holds_only_its_own_sampled_stacks() {
+        use memlock_trace_common::faults::RegionKey;
+
+        use crate::{faults::stacks::StackReport, unwind::Stack};
+        let region = |start| RegionKey {
+            tgid: 7,
+            exact: 1,
+            start,
+        };
+        let (a, b): (Stack, Stack) = ([0x10u64][..].into(), [0x20u64][..].into());
+        let with_sites = |sites: &[(u64, &Stack, u64)]| {
+            let mut r = reading(1, &[]);
+            let mut report = StackReport::default();
+            for &(start, stack, n) in sites {
+                report
+                    .sites
+                    .entry(region(start))
+                    .or_default()
+                    .insert(Stack::clone(stack), n);
+            }
+            r.stacks = Some(report);
+            r
+        };
+        let first = with_sites(&[(0x1000, &a, 4), (0x2000, &b, 1)]);
+        let second = with_sites(&[(0x1000, &a, 6), (0x1000, &b, 2), (0x2000, &b, 1)]);
+        let w = second.since(&first);
+        let sites = &w.stacks.unwrap().sites;
+        assert_eq!(sites.len(), 1, "{sites:?}");
+        let in_first = &sites[&region(0x1000)];
+        assert_eq!((in_first[&a], in_first[&b]), (2, 2), "{sites:?}");
     }
 }

@@ -11,7 +11,10 @@
 
 pub mod modules;
 
-use std::collections::BTreeMap;
+use std::{
+    collections::{BTreeMap, HashSet},
+    sync::Arc,
+};
 
 use anyhow::{Result, anyhow};
 use aya::{
@@ -20,7 +23,7 @@ use aya::{
 };
 use framehop::Unwinder as _;
 use memlock_trace_common::{
-    faults::{STACK_DEPTH, StackKey},
+    faults::{RegionKey, STACK_DEPTH, StackKey},
     stacks::{
         ModulesChanged, SAMPLE_FRAME_POINTERS, STACK_COPY_BYTES, STACK_SAMPLES_BYTE_SIZE,
         StackConfig, StackSample, SyscallStackKey, SyscallStackValue, counter, names, sample_kind,
@@ -55,6 +58,14 @@ pub struct StackHealth {
     pub unwind_ns: u64,
 }
 
+/// A stack's return addresses, innermost first (one allocation per distinct stack, shared
+/// by every region it faulted in).
+pub type Stack = Arc<[u64]>;
+
+/// Sampled faults per region they were counted in (as the kernel keys `FAULT_REGIONS`) and
+/// stack, threads folded: which code faulted in each mapping.
+pub type SitesByRegion = BTreeMap<RegionKey, BTreeMap<Stack, u64>>;
+
 /// The kept stacks, unwound and summed.
 #[derive(Default)]
 pub struct StackCollector {
@@ -63,6 +74,12 @@ pub struct StackCollector {
     pub calls: BTreeMap<SyscallStackKey, SyscallStackValue>,
     /// Sampled faults per (process or thread, stack).
     pub faults: BTreeMap<StackKey, u64>,
+    /// The same faults per region and stack. Its size is bounded by the samples (a region
+    /// keyed by page, no VMA found at the fault, is one per sample at worst), as the
+    /// kernel's own region map is by its faults.
+    pub fault_sites: SitesByRegion,
+    /// The distinct stacks of `fault_sites`.
+    stacks: HashSet<Stack>,
     pub health: StackHealth,
 }
 
@@ -138,6 +155,16 @@ impl StackCollector {
                     ips: frames,
                 };
                 *self.faults.entry(key).or_default() += s.faults;
+                let stack = match self.stacks.get(ips.as_slice()) {
+                    Some(stack) => Arc::clone(stack),
+                    None => {
+                        let stack: Stack = ips.into();
+                        self.stacks.insert(Arc::clone(&stack));
+                        stack
+                    }
+                };
+                let sites = self.fault_sites.entry(s.region).or_default();
+                *sites.entry(stack).or_default() += s.faults;
             }
             _ => self.health.undecodable += 1,
         }

@@ -102,6 +102,31 @@ fn stacks_name_each_call_site_with_its_exact_count() {
     assert_eq!(gamma[0]["faults"], populated, "{shown:#?}");
     assert_eq!(f["populated_by"]["mlock"], populated, "{f}");
 
+    // The mapping rows' stacks: each site's faults, in whichever rows they went to (its own
+    // VMA's, or one span of mappings gone by the summary where the hooks found no VMA), add
+    // up to the site's exact count, and no row's stacks hold more faults than the row.
+    let rows = f["by_mapping"].as_array().unwrap();
+    for (site, expected) in [
+        ("fault_site_alpha", touched_a),
+        ("fault_site_beta", touched_b),
+        ("mlock_site_gamma", populated),
+    ] {
+        let mut in_rows = 0;
+        for row in rows {
+            let stacks = row["stacks"]
+                .as_array()
+                .unwrap_or_else(|| panic!("by_mapping stacks with --stacks: {row}"));
+            assert!(stacks.len() <= 3, "{row}");
+            let held: u64 = stacks.iter().map(|s| s["faults"].as_u64().unwrap()).sum();
+            assert!(held <= row["faults"].as_u64().unwrap(), "{row}");
+            in_rows += stacks_naming(stacks, site)
+                .iter()
+                .map(|s| s["faults"].as_u64().unwrap())
+                .sum::<u64>();
+        }
+        assert_eq!(in_rows, expected, "{site} in the rows: {rows:#?}");
+    }
+
     // The innermost frame of each named stack is in the workload's binary, resolved.
     for stack in [&stacks[0], beta[0], gamma[0]] {
         let frame = &stack["frames"][0];
@@ -134,6 +159,12 @@ fn text_summary_lists_the_stacks() {
     );
     assert!(
         text.contains("workload::faults::fault_site_alpha"),
+        "{text}"
+    );
+    // Under its mapping's row, on one line.
+    assert!(
+        text.lines()
+            .any(|l| l.contains(" sampled at ") && l.contains("::fault_site_alpha")),
         "{text}"
     );
     assert!(

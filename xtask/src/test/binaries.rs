@@ -141,9 +141,10 @@ const GUEST_SUBSETS: &[(&str, &[&str], &str)] = &[
     ),
     (
         "memlock-trace/test:fault_cli",
-        &["6.1"],
-        "the fault family's output on top of its hooks; their counts against getrusage on \
-         5.10 and 6.12: test:faults",
+        &["5.10", "6.1"],
+        "the fault family's output on top of its hooks (their counts against getrusage on \
+         5.10 and 6.12: test:faults), with --stacks on 5.10's raw syscall dispatchers and \
+         6.1's trampolines, which 6.12 shares",
     ),
     (
         "memlock-trace/test:mappings",

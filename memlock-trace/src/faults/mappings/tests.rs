@@ -42,6 +42,7 @@ fn regions_attribute_to_mappings() {
     ];
     let list = by_mapping(
         &regions,
+        &[],
         &BTreeMap::new(),
         Some((&maps[..], MapsFile::Smaps)),
         None,
@@ -67,6 +68,7 @@ fn regions_attribute_to_mappings() {
     assert_eq!(
         by_mapping(
             &regions,
+            &[],
             &BTreeMap::new(),
             Some((&maps[..], MapsFile::Smaps)),
             None,
@@ -78,6 +80,7 @@ fn regions_attribute_to_mappings() {
     // Read from /proc/PID/maps (system-wide): the same rows, named by maps, flags unknown.
     let list = by_mapping(
         &regions,
+        &[],
         &BTreeMap::new(),
         Some((&maps[..], MapsFile::Maps)),
         None,
@@ -121,6 +124,7 @@ fn neighbouring_runs_outside_every_mapping_are_one_row_and_exited_is_not_unmappe
     for (exited, label) in [(None, "unmapped"), (Some(&[][..]), "unknown")] {
         let list = by_mapping(
             &regions,
+            &[],
             &BTreeMap::new(),
             Some((&maps[..], MapsFile::Smaps)),
             exited,
@@ -170,6 +174,7 @@ fn an_exited_process_region_known_from_an_mlock_call_is_named_by_it() {
     ];
     let list = by_mapping(
         &regions,
+        &[],
         &BTreeMap::new(),
         Some((&maps[..], MapsFile::Smaps)),
         Some(&noted),
@@ -211,6 +216,7 @@ fn exact_regions_use_the_vma_flags() {
     )];
     let list = by_mapping(
         &regions,
+        &[],
         &BTreeMap::new(),
         Some((&maps[..], MapsFile::Smaps)),
         None,
@@ -286,6 +292,7 @@ fn vmas_identified_at_the_fault_are_named_by_the_kernel_and_completed_from_smaps
     ));
     let list = by_mapping(
         &regions,
+        &[],
         &kernel,
         Some((&maps[..], MapsFile::Smaps)),
         None,
@@ -355,10 +362,96 @@ fn a_page_below_the_stack_with_nothing_between_is_where_it_grew() {
         page(0x6fff_f000, 2),
         page(0x2_0000, 1),
     ];
-    let list = by_mapping(&regions, &kernel, None, Some(&[]), 10);
+    let list = by_mapping(&regions, &[], &kernel, None, Some(&[]), 10);
     let rows: Vec<_> = list
         .iter()
         .map(|m| (m.mapping.to_str().unwrap(), m.faults))
         .collect();
     assert_eq!(rows, [("[stack]", 5), ("unknown", 1)]);
+}
+
+/// `--stacks`: a sampled stack goes to the row its region's faults went to: the stack's
+/// VMA (met twice as it grew, one row), the mapping holding a page, the span of runs no
+/// mapping holds, the call that populated across VMAs; a region with no counted faults
+/// adds nothing.
+#[test]
+fn sampled_stacks_go_to_the_row_of_their_region() {
+    let kernel: BTreeMap<u64, MappingInfo> = [
+        info(0x7000_0000, 0x7000_8000, kind::STACK, ""),
+        info(0x6fff_f000, 0x7000_8000, kind::STACK, ""),
+    ]
+    .into_iter()
+    .map(|i| (i.start, i))
+    .collect();
+    let maps = [mapping(0x10000, 0x40000, "[heap]", false)];
+    let page = |start| RegionKey {
+        tgid: 1,
+        exact: region_kind::PAGE,
+        start,
+    };
+    let call = RegionKey {
+        tgid: 1,
+        exact: region_kind::CALL,
+        start: populate::MLOCKALL as u64,
+    };
+    let counted = |key: RegionKey, faults| {
+        (
+            key,
+            RegionValue {
+                faults,
+                vm_flags: 0,
+            },
+        )
+    };
+    let regions = vec![
+        vma_region(0x7000_0000, 2),
+        vma_region(0x6fff_f000, 4),
+        counted(page(0x10000), 16),
+        counted(page(0x90000), 8),
+        counted(page(0xa0000), 8),
+        counted(call, 100),
+    ];
+    let stack = |ips: &[u64]| -> Stack { ips.into() };
+    let (grow, fill, scan, lock) = (
+        stack(&[0x401000]),
+        stack(&[0x402000, 0x403000]),
+        stack(&[0x404000]),
+        stack(&[0x405000]),
+    );
+    let sampled = |pairs: &[(&Stack, u64)]| -> BTreeMap<Stack, u64> {
+        pairs.iter().map(|(s, n)| (Stack::clone(s), *n)).collect()
+    };
+    let sites: Vec<(RegionKey, BTreeMap<Stack, u64>)> = vec![
+        (vma_region(0x7000_0000, 0).0, sampled(&[(&grow, 1)])),
+        (vma_region(0x6fff_f000, 0).0, sampled(&[(&grow, 3)])),
+        // A page inside the heap, not the run's first page.
+        (page(0x23000), sampled(&[(&fill, 10), (&scan, 2)])),
+        // Two pages of one span outside every mapping.
+        (page(0x93000), sampled(&[(&scan, 5)])),
+        (page(0xa1000), sampled(&[(&scan, 4)])),
+        (call, sampled(&[(&lock, 90)])),
+        // Nothing counted there.
+        (vma_region(0x5000_0000, 0).0, sampled(&[(&fill, 7)])),
+    ];
+    let sites: Vec<RegionSites<'_>> = sites.iter().map(|(k, s)| (k, s)).collect();
+    let list = by_mapping(
+        &regions,
+        &sites,
+        &kernel,
+        Some((&maps[..], MapsFile::Smaps)),
+        None,
+        10,
+    );
+    let row = |name: &str| {
+        let row = list
+            .iter()
+            .find(|m| m.mapping.to_str().unwrap().starts_with(name))
+            .unwrap_or_else(|| panic!("{name}: {list:?}"));
+        row.sampled.clone()
+    };
+    assert_eq!(row("[stack]"), sampled(&[(&grow, 4)]));
+    assert_eq!(row("[heap]"), sampled(&[(&fill, 10), (&scan, 2)]));
+    assert_eq!(row("unmapped"), sampled(&[(&scan, 9)]));
+    assert_eq!(row("populated by mlockall"), sampled(&[(&lock, 90)]));
+    assert_eq!(list.iter().map(|m| m.sampled.len()).sum::<usize>(), 5);
 }

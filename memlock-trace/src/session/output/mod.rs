@@ -165,6 +165,7 @@ impl Output {
             report.health.stack_unwinding = Some(stacks.health);
             report.stacks = Some(StackReport {
                 counts: stacks.faults.clone(),
+                sites: stacks.fault_sites.clone(),
                 dropped,
                 evicted: 0,
                 sample_every: self.stack_sample,
