@@ -149,6 +149,73 @@ fn a_lazily_touched_table_is_locked_and_its_timed_faults_go() {
     );
 }
 
+/// `advise --stacks`: the mapping advised on carries the code that faulted in it (the
+/// script's `table[offset] = 1`, in CPython's mmap module), its sampled faults one in the
+/// tracer's default `--stack-sample` of the table's pages; the text shows it under the
+/// advice and names the command that draws every stack.
+#[test]
+fn with_stacks_the_advice_names_the_code_that_faulted_in_the_mapping() {
+    require_privileges();
+    let dir = Scratch::new("sites");
+    let script = dir.file("lazy_table.py", LAZY_TABLE);
+    let report_path = dir.file("report.json", "");
+    let size = TABLE_BYTES.to_string();
+    let command = [PYTHON, &script, &report_path, &size];
+    let report = support::advise_json(&["--stacks"], &command);
+    let first = ranked(&report)
+        .first()
+        .copied()
+        .unwrap_or_else(|| panic!("no advice: {report}"));
+    assert_eq!(first["kind"], "lock", "{first}");
+    let mappings = report["process"]["mappings"].as_array().unwrap();
+    let table = mappings
+        .iter()
+        .find(|m| m["start"] == first["start"])
+        .unwrap_or_else(|| panic!("the advised mapping in the table: {report}"));
+    let sites = table["sites"]
+        .as_array()
+        .unwrap_or_else(|| panic!("sites with --stacks: {table}"));
+    let top = &sites[0];
+    let innermost = top["frames"][0]["symbol"].as_str().unwrap();
+    assert!(innermost.contains("mmap"), "CPython's mmap module: {table}");
+    // One fault in 32 keeps its stack, counted per CPU: a migration mid-loop may shift the
+    // count by one sample, so within a tenth.
+    let expected = TABLE_BYTES / PAGE / u64::from(memlock_trace::faults::DEFAULT_STACK_SAMPLE);
+    let sampled = top["faults"].as_u64().unwrap();
+    assert!(
+        sampled.abs_diff(expected) * 10 <= expected,
+        "{sampled} sampled faults at the table's site, {expected} expected: {table}"
+    );
+
+    let out = Command::new(BIN)
+        .args(["advise", "--stacks", "--"])
+        .args(command)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let advice = text
+        .split("  1. lock:")
+        .nth(1)
+        .unwrap_or_else(|| panic!("a lock advice: {text}"));
+    let advice = advice.split("locking cannot help:").next().unwrap();
+    assert!(
+        advice.contains("faulted there: ") && advice.contains(" sampled faults at"),
+        "{text}"
+    );
+    // The command on a line of its own, whole, to copy.
+    let command_line = format!(
+        "  memlock-trace --stacks --flamegraph faults.svg -- {}",
+        command.join(" ")
+    );
+    assert!(
+        text.contains(&format!(
+            "every sampled stack as a flame graph:\n{command_line}\n"
+        )),
+        "{text}"
+    );
+}
+
 #[test]
 fn under_a_memlock_limit_the_table_is_populated_and_the_limit_named() {
     require_privileges();

@@ -56,6 +56,10 @@ pub struct AdviseArgs {
     /// from the sample, and said so.
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = values::int(1, u32::MAX))]
     pub latency_sample: u32,
+    /// Keep the stacks of sampled faults (the tracer's --stacks) and show under each mapping
+    /// advised on the code that faulted there most.
+    #[arg(long)]
+    pub stacks: bool,
     /// Write the report as one JSON object instead of text.
     #[arg(long)]
     pub json: bool,
@@ -101,13 +105,18 @@ pub fn run(args: &AdviseArgs) -> Result<i32> {
     } else {
         observe::Environment::default()
     };
-    let first = observe::run(&target, &watch, args.latency_sample)?;
+    let first = observe::run(&target, &watch, args.latency_sample, args.stacks)?;
     let table = table::build(&first, args.startup)?;
     let advice = rules::advise(&table);
     let out = if args.apply {
         let plan = apply::plan(&advice)?;
         let second = match &plan {
-            Some(plan) => Some(observe::run(&target, &plan.env, args.latency_sample)?),
+            Some(plan) => Some(observe::run(
+                &target,
+                &plan.env,
+                args.latency_sample,
+                args.stacks,
+            )?),
             None => None,
         };
         let after = match &second {

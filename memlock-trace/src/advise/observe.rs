@@ -6,7 +6,7 @@ use std::{
     collections::BTreeMap,
     ffi::OsString,
     io::BufRead as _,
-    os::unix::{ffi::OsStrExt as _, process::CommandExt as _},
+    os::unix::{ffi::OsStringExt as _, process::CommandExt as _},
     path::PathBuf,
     process::{Command, Stdio},
 };
@@ -64,6 +64,23 @@ pub struct MappingRow {
     /// A faulting thread's stack pointer was inside it: a stack.
     #[serde(default)]
     pub stack: bool,
+    /// `--stacks`: the stacks that faulted most in it.
+    #[serde(default)]
+    pub stacks: Vec<Site>,
+}
+
+/// One of a mapping's top stacks (`--stacks`): its sampled faults and functions, innermost
+/// first, as the tracer's JSON gives them.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
+pub struct Site {
+    /// Faults that kept this stack (one in the tracer's `--stack-sample`).
+    pub faults: u64,
+    pub frames: Vec<SiteFrame>,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
+pub struct SiteFrame {
+    pub symbol: String,
 }
 
 /// A process's `"faults"` object, the parts advise reads.
@@ -121,6 +138,9 @@ pub struct Interval {
 }
 
 pub struct Run {
+    /// `--stacks`: the tracer kept fault stacks; the command that draws them as a flame
+    /// graph.
+    pub flamegraph_command: Option<Outside>,
     pub pid: u32,
     pub comm: String,
     /// What was traced, for the report's first line.
@@ -147,8 +167,8 @@ pub struct Run {
     pub started_ns: Option<u64>,
 }
 
-/// Runs the tracer on `target` and reads back its lines.
-pub fn run(target: &Target, env: &Environment, latency_sample: u32) -> Result<Run> {
+/// Runs the tracer on `target` and reads back its lines; `stacks`: with fault stacks.
+pub fn run(target: &Target, env: &Environment, latency_sample: u32, stacks: bool) -> Result<Run> {
     let exe = std::env::current_exe().context("finding memlock-trace's own binary")?;
     let lines = temp_path("lines")?;
     let mut tracer = Command::new(&exe);
@@ -161,11 +181,15 @@ pub fn run(target: &Target, env: &Environment, latency_sample: u32) -> Result<Ru
         ALL_MAPPINGS,
     ]);
     tracer.args(["--latency-sample", &latency_sample.to_string()]);
+    if stacks {
+        tracer.arg("--stacks");
+    }
     tracer.arg("-o").arg(&lines);
-    let described = match target {
+    let (described, traced) = match target {
         Target::Pid { pid, secs } => {
             tracer.args(["-p", &pid.to_string(), "-d", &secs.to_string()]);
-            Outside::from(format!("pid {pid}"))
+            let traced = format!("-p {pid} -d {secs}").into_bytes();
+            (Outside::from(format!("pid {pid}")), traced)
         }
         Target::Command(argv) => {
             tracer.arg("--");
@@ -174,12 +198,20 @@ pub fn run(target: &Target, env: &Environment, latency_sample: u32) -> Result<Ru
                 tracer.args(env.vars.iter().map(|(k, v)| format!("{k}={v}")));
             }
             tracer.args(argv);
-            let mut quoted = b"`".to_vec();
-            quoted.extend_from_slice(argv.join(std::ffi::OsStr::new(" ")).as_bytes());
-            quoted.push(b'`');
-            Outside::from(quoted)
+            let command = argv.join(std::ffi::OsStr::new(" ")).into_vec();
+            let quoted = [&b"`"[..], &command, b"`"].concat();
+            (Outside::from(quoted), [&b"-- "[..], &command].concat())
         }
     };
+    let flamegraph_command = stacks.then(|| {
+        Outside::from(
+            [
+                &b"memlock-trace --stacks --flamegraph faults.svg "[..],
+                &traced,
+            ]
+            .concat(),
+        )
+    });
     // Ctrl-C stops the tracer, which then writes its summary: advise waits for it and
     // advises on what was traced instead of dying with it. The tracer gets the default
     // disposition back (an ignored signal would stay ignored across exec).
@@ -290,6 +322,7 @@ pub fn run(target: &Target, env: &Environment, latency_sample: u32) -> Result<Ru
     };
     let wall_ns = started_ns.and_then(|started| ended_ns.checked_sub(started));
     Ok(Run {
+        flamegraph_command,
         pid,
         comm: ours.map_or_else(String::new, |p| p.comm.clone()),
         described,

@@ -124,7 +124,7 @@ pub fn text(t: &Table, advice: &[Advice]) -> String {
     out.push('\n');
     mapping_table(&mut out, t);
     out.push('\n');
-    advice_text(&mut out, advice);
+    advice_text(&mut out, t, advice);
     out
 }
 
@@ -190,7 +190,7 @@ fn mapping_table(out: &mut String, t: &Table) {
     }
 }
 
-fn advice_text(out: &mut String, advice: &[Advice]) {
+fn advice_text(out: &mut String, t: &Table, advice: &[Advice]) {
     let mut push = |first: &str, text: &str| {
         for l in wrap(first, text, COLUMNS, 6) {
             out.push_str(&l);
@@ -232,6 +232,9 @@ fn advice_text(out: &mut String, advice: &[Advice]) {
             saving.push_str(&format!("; --apply: {}", shown(&step)));
         }
         push("     ", &saving);
+        for site in sites_text(t, a) {
+            push("     ", &site);
+        }
     }
     for (verdict, title) in [
         (Verdict::CannotHelp, "locking cannot help:"),
@@ -245,8 +248,48 @@ fn advice_text(out: &mut String, advice: &[Advice]) {
         for a in items {
             push(&format!("  - {}:", a.kind), &sentence(&a.what));
             push("     ", &sentence(&a.how));
+            for site in sites_text(t, a) {
+                push("     ", &site);
+            }
         }
     }
+    if let Some(command) = &t.flamegraph_command {
+        push("", "every sampled stack as a flame graph:");
+        // Not wrapped: a command to copy.
+        let _ = writeln!(out, "  {command}");
+    }
+}
+
+/// Functions of a site shown on its line (the JSON has them all).
+const SITE_FRAMES: usize = 4;
+
+/// `--stacks`: the code that faulted most in the mapping `a` is about, a line each.
+fn sites_text(t: &Table, a: &Advice) -> Vec<String> {
+    let Some(m) = a
+        .start
+        .and_then(|start| t.mappings.iter().find(|m| m.start == start))
+    else {
+        return Vec::new();
+    };
+    m.sites
+        .iter()
+        .map(|site| {
+            let mut names: Vec<String> = site
+                .frames
+                .iter()
+                .take(SITE_FRAMES)
+                .map(|f| shown(&f.symbol))
+                .collect();
+            if site.frames.len() > SITE_FRAMES {
+                names.push(format!("... ({} frames)", site.frames.len()));
+            }
+            format!(
+                "faulted there: {} sampled faults at {}",
+                count(site.faults),
+                names.join(" <- ")
+            )
+        })
+        .collect()
 }
 
 pub fn json(t: &Table, advice: &[Advice]) -> String {

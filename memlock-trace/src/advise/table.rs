@@ -8,7 +8,7 @@ use anyhow::Result;
 use serde::Serialize;
 
 use super::{
-    observe::{Faults, Interval, Latency, Run},
+    observe::{Faults, Interval, Latency, Run, Site},
     sample::{MemlockLimit, Seen, mem_available},
 };
 use crate::process::memory_cgroup::MemoryCgroup;
@@ -65,6 +65,9 @@ pub struct MappingFigures {
     pub stack: bool,
     /// When it was first seen, seconds from the trace's start.
     pub first_seen_secs: Option<f64>,
+    /// `--stacks`: the code that faulted most in it (the whole run's sampled faults).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub sites: Vec<Site>,
 }
 
 impl MappingFigures {
@@ -124,6 +127,9 @@ pub struct Table {
     pub others: Vec<(u32, String, u64)>,
     pub lost: u64,
     pub preload_log: Vec<String>,
+    /// `--stacks`: the command that draws the fault stacks as a flame graph.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub flamegraph_command: Option<crate::output::Outside>,
 }
 
 /// Builds the table of `run`; `startup_flag`: --startup SECS.
@@ -170,7 +176,7 @@ pub fn build(run: &Run, startup_flag: Option<f64>) -> Result<Table> {
         let mean = mean_ns(f, &["minor", "major"]) * timed_share(f);
         add_phase(phase, f);
         let is_tail = tail.as_ref().is_some_and(|t| std::ptr::eq(interval, t));
-        let mut per_key: BTreeMap<MappingKey, (u64, bool, bool)> = BTreeMap::new();
+        let mut per_key: BTreeMap<MappingKey, (u64, bool, bool, Vec<Site>)> = BTreeMap::new();
         for row in &f.by_mapping {
             let slot = per_key
                 .entry(attribute(row, interval, &run.samples.seen))
@@ -178,11 +184,15 @@ pub fn build(run: &Run, startup_flag: Option<f64>) -> Result<Table> {
             slot.0 += row.faults;
             slot.1 |= row.locked == Some(true);
             slot.2 |= row.stack;
+            // The tail's rows are the whole run's: their stacks are every sampled fault's.
+            if is_tail {
+                merge_sites(&mut slot.3, &row.stacks);
+            }
         }
         if is_tail {
             counted = Some(rows.iter().map(|(k, f)| (k.clone(), f.faults())).collect());
         }
-        for (key, (faults, locked, stack)) in per_key {
+        for (key, (faults, locked, stack, sites)) in per_key {
             let faults = match counted.as_mut() {
                 Some(counted) => take_counted(counted, &key, faults),
                 None => faults,
@@ -200,6 +210,7 @@ pub fn build(run: &Run, startup_flag: Option<f64>) -> Result<Table> {
             }
             figures.locked |= locked;
             figures.stack |= stack;
+            merge_sites(&mut figures.sites, &sites);
         }
     }
     let mut mappings = merge_grown(rows.into_values().collect());
@@ -271,6 +282,7 @@ pub fn build(run: &Run, startup_flag: Option<f64>) -> Result<Table> {
         others: run.others.clone(),
         lost: run.lost,
         preload_log: run.preload_log.clone(),
+        flamegraph_command: run.flamegraph_command.clone(),
     })
 }
 
@@ -296,11 +308,25 @@ pub(super) fn merge_grown(mut rows: Vec<MappingFigures>) -> Vec<MappingFigures> 
                     (Some(a), Some(b)) => Some(a.min(b)),
                     (a, b) => a.or(b),
                 };
+                merge_sites(&mut prev.sites, &m.sites);
             }
             _ => out.push(m),
         }
     }
     out
+}
+
+/// Adds `more` to a mapping's top stacks: the same functions are one site; the top
+/// [`crate::faults::stacks::MAPPING_STACKS`] stay.
+fn merge_sites(sites: &mut Vec<Site>, more: &[Site]) {
+    for site in more {
+        match sites.iter_mut().find(|s| s.frames == site.frames) {
+            Some(s) => s.faults += site.faults,
+            None => sites.push(site.clone()),
+        }
+    }
+    sites.sort_by_key(|s| std::cmp::Reverse(s.faults));
+    sites.truncate(crate::faults::stacks::MAPPING_STACKS);
 }
 
 /// A tail row's faults less what the intervals counted of the same mapping: the row of the
@@ -463,5 +489,6 @@ fn figures_of(key: &MappingKey, seen: &[Seen], t0: u64) -> MappingFigures {
         lifetimes: found.map_or(0, |m| m.lifetimes),
         stack: found.is_some_and(|m| m.guarded),
         first_seen_secs: found.map(|m| m.first_ns.saturating_sub(t0) as f64 / 1e9),
+        sites: Vec::new(),
     }
 }

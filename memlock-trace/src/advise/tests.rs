@@ -25,6 +25,7 @@ fn mapping(name: &str, size: u64, startup: u64, after: u64) -> MappingFigures {
         lifetimes: 1,
         stack: false,
         first_seen_secs: Some(0.5),
+        sites: Vec::new(),
     }
 }
 
@@ -58,6 +59,7 @@ fn table(mappings: Vec<MappingFigures>, limit: u64, cap: bool) -> Table {
         others: Vec::new(),
         lost: 0,
         preload_log: Vec::new(),
+        flamegraph_command: None,
     }
 }
 
@@ -226,11 +228,18 @@ fn a_region_seen_growing_is_one_row() {
 }
 
 /// An interval keyed by the part of the table faulted so far, the next and the session by
-/// the whole table: every fault is counted once (before: the first interval's twice).
+/// the whole table: every fault is counted once (before: the first interval's twice), and
+/// so is every sampled stack (`--stacks`: the session's rows have the whole run's).
 #[test]
 fn a_mapping_known_by_two_extents_has_its_faults_counted_once() {
-    use super::observe::{Faults, Interval, MappingRow, Run, Window};
+    use super::observe::{Faults, Interval, MappingRow, Run, Site, SiteFrame, Window};
     let table = 0x7f00_0000_0000u64;
+    let site = |faults: u64, symbol: &str| Site {
+        faults,
+        frames: vec![SiteFrame {
+            symbol: symbol.into(),
+        }],
+    };
     let row = |pages: u64, faults: u64| MappingRow {
         mapping: "/dev/zero (deleted)".into(),
         start: format!("{table:x}"),
@@ -238,6 +247,7 @@ fn a_mapping_known_by_two_extents_has_its_faults_counted_once() {
         faults,
         locked: None,
         stack: false,
+        stacks: vec![site(faults / 32, "fill_table"), site(1, "main")],
     };
     let interval = |start_ns: u64, row: MappingRow| Interval {
         window: Window {
@@ -252,6 +262,7 @@ fn a_mapping_known_by_two_extents_has_its_faults_counted_once() {
         },
     };
     let run = Run {
+        flamegraph_command: None,
         pid: 1,
         comm: "python3".into(),
         described: "`python3`".into(),
@@ -283,6 +294,12 @@ fn a_mapping_known_by_two_extents_has_its_faults_counted_once() {
     assert_eq!(t.mappings.len(), 1, "{:?}", t.mappings);
     assert_eq!(t.mappings[0].faults(), 16384, "{:?}", t.mappings[0]);
     assert_eq!(t.mappings[0].size_bytes, 16384 * 4096);
+    assert_eq!(
+        t.mappings[0].sites,
+        [site(512, "fill_table"), site(1, "main")],
+        "{:?}",
+        t.mappings[0]
+    );
 }
 
 #[test]
