@@ -13,6 +13,8 @@ use memlock_trace_common::{Config, names};
 
 use crate::btf::KernelBtf;
 
+#[cfg(test)]
+mod stack_budget;
 mod syscall_hooks;
 pub use syscall_hooks::{SyscallEdge, SyscallVia, attach_syscall_hook, call_names, fentry_refusal};
 
