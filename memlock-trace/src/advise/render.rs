@@ -260,9 +260,6 @@ fn advice_text(out: &mut String, t: &Table, advice: &[Advice]) {
     }
 }
 
-/// Functions of a site shown on its line (the JSON has them all).
-const SITE_FRAMES: usize = 4;
-
 /// `--stacks`: the code that faulted most in the mapping `a` is about, a line each.
 fn sites_text(t: &Table, a: &Advice) -> Vec<String> {
     let Some(m) = a
@@ -274,19 +271,11 @@ fn sites_text(t: &Table, a: &Advice) -> Vec<String> {
     m.sites
         .iter()
         .map(|site| {
-            let mut names: Vec<String> = site
-                .frames
-                .iter()
-                .take(SITE_FRAMES)
-                .map(|f| shown(&f.symbol))
-                .collect();
-            if site.frames.len() > SITE_FRAMES {
-                names.push(format!("... ({} frames)", site.frames.len()));
-            }
+            let names: Vec<String> = site.frames.iter().map(|f| shown(&f.symbol)).collect();
             format!(
                 "faulted there: {} sampled faults at {}",
                 count(site.faults),
-                names.join(" <- ")
+                crate::output::stack_line(&names)
             )
         })
         .collect()

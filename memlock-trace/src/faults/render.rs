@@ -8,12 +8,12 @@ use serde_json::json;
 
 use super::{
     FaultHooks,
-    stacks::{Frame, StackFaults},
+    stacks::StackFaults,
     summary::{ClassLatency, FaultSummary},
 };
 use crate::{
     event::FaultRecord,
-    output::{JSON_SCHEMA, TextStyle, Unit, hist::Log2Hist, or_na},
+    output::{JSON_SCHEMA, TextStyle, Unit, hist::Log2Hist, or_na, stack_line},
 };
 
 /// One line per sampled fault for `--events`.
@@ -232,31 +232,11 @@ pub fn faults_text(out: &mut String, f: &FaultSummary, indent: &str, style: Text
                     "",
                     "",
                     stack.faults,
-                    stack_line(&stack.frames)
+                    stack_line(&stack.frames.iter().map(|f| &f.symbol).collect::<Vec<_>>())
                 );
             }
         }
     }
-}
-
-/// Frames of a mapping row's stack shown on its one line.
-const LINE_FRAMES: usize = 4;
-
-/// A stack on one line, innermost first: `touch <- grow <- main <- ... (9 frames)`.
-fn stack_line(frames: &[Frame]) -> String {
-    if frames.is_empty() {
-        return "(stack not found)".into();
-    }
-    let mut line = frames
-        .iter()
-        .take(LINE_FRAMES)
-        .map(|f| f.symbol.to_string())
-        .collect::<Vec<_>>()
-        .join(" <- ");
-    if frames.len() > LINE_FRAMES {
-        let _ = write!(line, " <- ... ({} frames)", frames.len());
-    }
-    line
 }
 
 /// `--hist`: a log2 histogram of fault latency per class, from the kernel's buckets.

@@ -29,6 +29,27 @@ pub fn or_na(v: Option<u64>) -> String {
     v.map_or_else(|| "n/a".into(), |v| v.to_string())
 }
 
+/// Frames of a stack shown on one line (the JSON has them all).
+const LINE_FRAMES: usize = 4;
+
+/// A stack on one line, innermost first: `touch <- grow <- main <- loop <- ... (9 frames)`;
+/// `names` already escaped (a symbol is outside text).
+pub fn stack_line(names: &[impl std::fmt::Display]) -> String {
+    if names.is_empty() {
+        return "(stack not found)".into();
+    }
+    let mut line = names
+        .iter()
+        .take(LINE_FRAMES)
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(" <- ");
+    if names.len() > LINE_FRAMES {
+        line.push_str(&format!(" <- ... ({} frames)", names.len()));
+    }
+    line
+}
+
 /// How text summaries are drawn: the latency unit and whether log2 histograms (`--hist`)
 /// follow the latency tables.
 #[derive(Clone, Copy, Debug, Default)]
@@ -85,6 +106,17 @@ impl Unit {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stack_line_shows_four_frames_then_how_many() {
+        assert_eq!(stack_line(&["a", "b"]), "a <- b");
+        assert_eq!(
+            stack_line(&["a", "b", "c", "d", "e", "f"]),
+            "a <- b <- c <- d <- ... (6 frames)"
+        );
+        let none: [&str; 0] = [];
+        assert_eq!(stack_line(&none), "(stack not found)");
+    }
 
     #[test]
     fn one_unit_per_column() {
