@@ -10,6 +10,7 @@ pub mod diag;
 pub mod faults;
 pub mod mapping;
 pub mod process;
+pub mod rss;
 pub mod stacks;
 pub mod syscall_hooks;
 pub mod syscalls;
@@ -209,6 +210,10 @@ pub struct SyscallEvent {
     /// `mlock`, `mlock2`, `munlock`: the first address of the page-aligned range no VMA held
     /// at entry; valid with [`lock_context::RANGE_UNMAPPED`].
     pub first_unmapped: u64,
+    /// Growth of the base pages the process has mapped (RSS and hugetlb, see [`rss`])
+    /// during the call: what it populated, counted in pages whatever their size; valid
+    /// with [`lock_context::PAGES_MAPPED_KNOWN`].
+    pub pages_mapped: i64,
 }
 
 /// Bits of [`SyscallEvent::lock_context`]: what the kernel checks an mlock against, read at
@@ -226,6 +231,8 @@ pub mod lock_context {
     pub const RANGE_CHECKED: u32 = 16;
     /// A page of the range was not mapped at entry: `first_unmapped` is the first.
     pub const RANGE_UNMAPPED: u32 = 32;
+    /// [`crate::SyscallEvent::pages_mapped`] was read at entry and exit.
+    pub const PAGES_MAPPED_KNOWN: u32 = 64;
     /// `RLIMIT_MEMLOCK` (include/uapi/asm-generic/resource.h), the index into
     /// `signal_struct.rlim`.
     pub const RLIMIT_MEMLOCK: u32 = 8;
@@ -271,7 +278,7 @@ mod tests {
         // The ring buffer hands out 8-byte aligned slots; the loader reads it as `Pod`.
         assert_eq!(core::mem::size_of::<SyscallEvent>() % 8, 0);
         assert_eq!(core::mem::align_of::<SyscallEvent>(), 8);
-        assert_eq!(core::mem::size_of::<SyscallEvent>(), 160);
+        assert_eq!(core::mem::size_of::<SyscallEvent>(), 168);
     }
 
     #[test]

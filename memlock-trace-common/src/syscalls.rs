@@ -49,8 +49,12 @@ pub struct SyscallKey {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SyscallStats {
     pub calls: u64,
-    /// `min_flt + maj_flt` growth across the calls: pages the kernel faulted in.
+    /// Base pages the calls populated (see [`crate::rss`]; where this kernel's counters
+    /// are unknown, the faults stand in).
     pub pages_populated: u64,
+    /// `min_flt + maj_flt` growth across the calls: the faults that populated them (one
+    /// per huge page).
+    pub faults_populated: u64,
     /// Growth and shrinkage of `mm->locked_vm` across the calls, in pages.
     pub pages_locked: u64,
     pub pages_unlocked: u64,
@@ -64,6 +68,7 @@ impl Default for SyscallStats {
         Self {
             calls: 0,
             pages_populated: 0,
+            faults_populated: 0,
             pages_locked: 0,
             pages_unlocked: 0,
             max_ns: 0,
@@ -132,6 +137,6 @@ mod tests {
     #[test]
     fn key_has_no_hidden_padding() {
         assert_eq!(size_of::<SyscallKey>(), 24);
-        assert_eq!(size_of::<SyscallStats>(), 40 + 4 * LATENCY_SLOTS);
+        assert_eq!(size_of::<SyscallStats>(), 48 + 4 * LATENCY_SLOTS);
     }
 }

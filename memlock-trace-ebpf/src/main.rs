@@ -15,6 +15,7 @@ mod diag;
 mod faults;
 mod mapping;
 mod process;
+mod rss;
 mod shared;
 mod stacks;
 mod syscall_dispatch;

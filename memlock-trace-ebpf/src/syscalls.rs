@@ -26,6 +26,7 @@ use aya_log_ebpf::warn;
 
 pub mod range;
 
+use crate::rss::UNKNOWN_PAGES;
 use crate::shared::{
     COUNTERS, EVENTS, Prog, TaskCounters, add, current_ids, current_task, is_target, now_ns,
     offsets, read_field, read_optional, task_counters,
@@ -42,6 +43,8 @@ struct InFlight {
     args: [u64; 3],
     before: TaskCountersRepr,
     limits: LockLimits,
+    /// [`crate::rss::mapped_pages_or_unknown`] at entry.
+    mapped_before: i64,
 }
 
 /// What the kernel checks a lock against, at entry: see [`lock_context`].
@@ -148,6 +151,7 @@ static SYSCALL_STATS_ZERO: PerCpuArray<SyscallStats> = PerCpuArray::with_max_ent
 /// What one call adds to its key's figures.
 struct CallFigures {
     populated: u64,
+    faults: u64,
     locked: u64,
     unlocked: u64,
     duration_ns: u64,
@@ -189,6 +193,7 @@ fn count_call(key: &SyscallKey, call: &CallFigures) {
     let s = unsafe { &mut *stats };
     crate::faults::add_shared(&raw mut s.calls, 1);
     crate::faults::add_shared(&raw mut s.pages_populated, call.populated);
+    crate::faults::add_shared(&raw mut s.faults_populated, call.faults);
     crate::faults::add_shared(&raw mut s.pages_locked, call.locked);
     crate::faults::add_shared(&raw mut s.pages_unlocked, call.unlocked);
     if call.duration_ns > s.max_ns {
@@ -205,7 +210,7 @@ fn count_call(key: &SyscallKey, call: &CallFigures) {
 /// The entry of the five calls (`hook::SYSCALLS_ENTER`): the `-v` diagnostics name each
 /// call's handler as when each had its own program (`sys_enter_mlock`, ...).
 #[inline(never)]
-pub fn on_enter(ctx: &SyscallContext, nr: u32) {
+pub fn on_enter(ctx: &SyscallContext, nr: u32, mapped_now: i64) {
     let (slot, name) = match nr {
         syscall_nr::MLOCK => (program::SYS_ENTER_MLOCK, "sys_enter_mlock"),
         syscall_nr::MLOCK2 => (program::SYS_ENTER_MLOCK2, "sys_enter_mlock2"),
@@ -214,7 +219,7 @@ pub fn on_enter(ctx: &SyscallContext, nr: u32) {
         syscall_nr::MUNLOCKALL => (program::SYS_ENTER_MUNLOCKALL, "sys_enter_munlockall"),
         _ => return,
     };
-    enter(ctx, nr, Prog { slot, name });
+    enter(ctx, nr, Prog { slot, name }, mapped_now);
 }
 
 const EXIT_PROG: Prog = Prog {
@@ -224,16 +229,16 @@ const EXIT_PROG: Prog = Prog {
 
 /// The exit of the five calls (`hook::SYSCALLS_EXIT`).
 #[inline(never)]
-pub fn on_exit(ctx: &SyscallContext) {
+pub fn on_exit(ctx: &SyscallContext, mapped_now: i64) {
     // Only a traced call read anything worth a record.
-    if exit(ctx) {
+    if exit(ctx, mapped_now) {
         crate::diag::report_reads(EXIT_PROG);
     }
 }
 
 /// Records entry state of call `nr`; `prog` names the program in `-v` diagnostics.
 #[inline(always)]
-fn enter(ctx: &SyscallContext, nr: u32, prog: Prog) {
+fn enter(ctx: &SyscallContext, nr: u32, prog: Prog, mapped_now: i64) {
     let (tgid, tid) = current_ids();
     if !is_target(tgid) {
         return;
@@ -251,6 +256,7 @@ fn enter(ctx: &SyscallContext, nr: u32, prog: Prog) {
         args,
         before: task_counters(prog).into(),
         limits: lock_limits(prog),
+        mapped_before: mapped_now,
     };
     if INFLIGHT.insert(tid, entry, 0).is_err() {
         let before = add(&COUNTERS, counter::INFLIGHT_FULL, 1);
@@ -270,15 +276,23 @@ fn enter(ctx: &SyscallContext, nr: u32, prog: Prog) {
 
 /// Emits the call's event; false if the call was not traced (no entry), so nothing was read.
 #[inline(always)]
-fn exit(ctx: &SyscallContext) -> bool {
+fn exit(ctx: &SyscallContext, mapped_now: i64) -> bool {
     let (tgid, tid) = current_ids();
     let Some(entry) = INFLIGHT.get_ptr(tid) else {
         return false;
     };
-    // SAFETY: a valid pointer to this thread's own entry (keyed by tid), copied out before
-    // it is removed.
-    let entry = unsafe { *entry };
+    // SAFETY: a valid pointer to this thread's own entry (keyed by tid): only this thread
+    // writes or removes it, and it is removed once read (`finish`). Read in place, not
+    // copied: a copy's 104 bytes took the exit's chain past the verifier's 512.
+    let entry = unsafe { &*entry };
+    finish(ctx, tid, tgid, entry, mapped_now);
     let _ = INFLIGHT.remove(tid);
+    true
+}
+
+/// Counts and reports the call whose entry `entry` is, before the entry is removed.
+#[inline(always)]
+fn finish(ctx: &SyscallContext, tid: u32, tgid: u32, entry: &InFlight, mapped_now: i64) {
     let now = now_ns();
     let range = range::take(tid);
     let after = task_counters(EXIT_PROG);
@@ -286,6 +300,15 @@ fn exit(ctx: &SyscallContext) -> bool {
     let min_flt = after.min_flt.wrapping_sub(entry.before.min_flt);
     let maj_flt = after.maj_flt.wrapping_sub(entry.before.maj_flt);
     let locked = after.locked_vm as i64 - entry.before.locked_vm as i64;
+    let faults = min_flt + maj_flt;
+    // Base pages, where both ends were read; else the faults stand in.
+    let mapped = (mapped_now != UNKNOWN_PAGES && entry.mapped_before != UNKNOWN_PAGES)
+        .then(|| mapped_now - entry.mapped_before);
+    let populated = match mapped {
+        Some(pages) if pages > 0 => pages as u64,
+        Some(_) => 0,
+        None => faults,
+    };
     let start_ns = crate::shared::current_process_start_ns();
     // Counted before the event is written: a full ring buffer loses no call.
     count_call(
@@ -301,7 +324,8 @@ fn exit(ctx: &SyscallContext) -> bool {
             _pad: 0,
         },
         &CallFigures {
-            populated: min_flt + maj_flt,
+            populated,
+            faults,
             locked: if locked > 0 { locked as u64 } else { 0 },
             unlocked: if locked < 0 { locked.unsigned_abs() } else { 0 },
             duration_ns: now - entry.enter_ns,
@@ -311,7 +335,7 @@ fn exit(ctx: &SyscallContext) -> bool {
         let call = SyscallStackValue {
             calls: 1,
             errors: u64::from(ret < 0),
-            populated: min_flt + maj_flt,
+            populated,
             locked: if locked > 0 { locked as u64 } else { 0 },
             unlocked: if locked < 0 { locked.unsigned_abs() } else { 0 },
             duration_ns: now - entry.enter_ns,
@@ -331,7 +355,7 @@ fn exit(ctx: &SyscallContext) -> bool {
                 before + 1
             );
         }
-        return true;
+        return;
     };
     // Written field by field into the reserved record: built on the stack first, the
     // record would add its 184 bytes to a frame the dispatcher's and the `-v` helpers'
@@ -358,10 +382,16 @@ fn exit(ctx: &SyscallContext) -> bool {
         (*event).process_start_ns = start_ns;
         (*event).rlimit_memlock = entry.limits.rlimit_memlock;
         (*event).total_vm_before = entry.limits.total_vm;
-        (*event).lock_context = entry.limits.flags | range.flags;
+        (*event).lock_context = entry.limits.flags
+            | range.flags
+            | if mapped.is_some() {
+                lock_context::PAGES_MAPPED_KNOWN
+            } else {
+                0
+            };
+        (*event).pages_mapped = mapped.unwrap_or(0);
         (*event)._pad = 0;
         (*event).first_unmapped = range.first_unmapped;
     }
     slot.submit(crate::shared::submit_flags());
-    true
 }

@@ -7,7 +7,11 @@ use std::{io::Write as _, os::fd::AsRawFd as _, path::Path};
 
 use anyhow::{Context as _, Result, anyhow, bail};
 use btf_rs::{Backend, Btf, Type};
-use memlock_trace_common::{KernelOffsets, lock_context, mapping::MappingConfig};
+use memlock_trace_common::{
+    KernelOffsets, lock_context,
+    mapping::MappingConfig,
+    rss::{self, RssConfig},
+};
 
 use name_index::NameIndex;
 
@@ -233,6 +237,54 @@ impl KernelBtf {
 }
 
 impl KernelBtf {
+    /// Size in bytes of `struct name`.
+    pub fn struct_size(&self, name: &str) -> Result<u32> {
+        self.types_named(name)
+            .into_iter()
+            .find_map(|t| match t {
+                Type::Struct(s) => u32::try_from(s.size()).ok(),
+                _ => None,
+            })
+            .ok_or_else(|| anyhow!("struct {name} is not in the kernel's BTF"))
+    }
+
+    /// Where this kernel keeps a process's RSS counters (`memlock_trace_common::rss`), for
+    /// `nr_cpus` possible CPUs; [`rss::layout::NONE`] if neither layout is there.
+    pub fn rss_config(&self, nr_cpus: u32) -> RssConfig {
+        self.rss_config_of(nr_cpus).unwrap_or(RssConfig::ZERO)
+    }
+
+    fn rss_config_of(&self, nr_cpus: u32) -> Result<RssConfig> {
+        let f = |name: &str, field: &str| self.field_offset(name, field);
+        let mut config = RssConfig {
+            nr_cpus,
+            task_mm: f("task_struct", "mm")?,
+            mm_rss_stat: f("mm_struct", "rss_stat")?,
+            mm_hugetlb_usage: f("mm_struct", "hugetlb_usage").unwrap_or(0),
+            ..RssConfig::ZERO
+        };
+        if let Ok(count) = f("mm_rss_stat", "count") {
+            // To 6.1: `struct mm_rss_stat { atomic_long_t count[NR_MM_COUNTERS]; }`.
+            config.layout = rss::layout::ATOMIC;
+            config.mm_rss_stat += count;
+            config.counter_size = 8;
+            // `struct task_rss_stat { int events; int count[NR_MM_COUNTERS]; }`, with
+            // SPLIT_RSS_COUNTING only.
+            if let (Ok(task), Ok(count)) =
+                (f("task_struct", "rss_stat"), f("task_rss_stat", "count"))
+            {
+                config.task_rss_count = task + count;
+            }
+        } else if nr_cpus <= rss::MAX_CPUS {
+            config.layout = rss::layout::PERCPU;
+            config.counter_size = self.struct_size("percpu_counter")?;
+            config.counter_count = f("percpu_counter", "count")?;
+            config.counter_counters = f("percpu_counter", "counters")?;
+            config.bpf_array_pptrs = f("bpf_array", "pptrs")?;
+        }
+        Ok(config)
+    }
+
     /// Whether the kernel has `bpf_find_vma` (5.17): else VMA lookups walk the rbtree.
     pub fn has_find_vma(&self) -> bool {
         self.has_enum_member("bpf_func_id", "BPF_FUNC_find_vma")

@@ -144,6 +144,8 @@ fn run_workload(
     let calls = match name {
         WorkloadName::Syscalls => serde_json::to_value(workload::syscalls::run()?)?,
         WorkloadName::Faults => return workload::faults::serve(),
+        WorkloadName::Thp => serde_json::to_value(workload::huge_pages::thp()?)?,
+        WorkloadName::Hugetlb => serde_json::to_value(workload::huge_pages::hugetlb()?)?,
         WorkloadName::Children => {
             serde_json::to_value(workload::children::run(params.count, params.calls)?)?
         }

@@ -32,6 +32,67 @@ pub struct Mapping {
     pub locked: bool,
     /// None where the kernel does not show `VM_LOCKONFAULT` in smaps (before 6.2).
     pub lockonfault: Option<bool>,
+    /// The page sizes backing it, from smaps (all 0 and false when read from `maps`).
+    pub pages: PageSizes,
+}
+
+/// What backs a mapping, from its smaps fields: the page size, and how much of it sits in
+/// huge pages.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PageSizes {
+    /// `KernelPageSize`: 4 kB, or a hugetlb mapping's huge page size (2048 kB, 1048576 kB).
+    pub kernel_page_kb: u64,
+    /// `Rss`.
+    pub rss_kb: u64,
+    /// Resident in transparent huge pages: `AnonHugePages` + `ShmemPmdMapped` +
+    /// `FilePmdMapped`.
+    pub thp_kb: u64,
+    /// Resident in hugetlb pages, which `Rss` leaves out: `Private_Hugetlb` +
+    /// `Shared_Hugetlb`.
+    pub hugetlb_kb: u64,
+    /// `VmFlags` `hg` (`MADV_HUGEPAGE`), `nh` (`MADV_NOHUGEPAGE`), `ht` (hugetlb).
+    pub thp_advised: bool,
+    pub thp_refused: bool,
+    pub hugetlb: bool,
+}
+
+/// The system's transparent huge page mode, `/sys/kernel/mm/transparent_hugepage/enabled`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ThpMode {
+    /// `[always]`: every anonymous mapping but those with `MADV_NOHUGEPAGE`.
+    Always,
+    /// `[madvise]`: only those with `MADV_HUGEPAGE`.
+    Madvise,
+    /// `[never]`, or no THP in this kernel.
+    Never,
+}
+
+/// Reads the THP mode (the bracketed word of the sysfs file).
+pub fn thp_mode() -> ThpMode {
+    let text =
+        std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
+    if text.contains("[always]") {
+        ThpMode::Always
+    } else if text.contains("[madvise]") {
+        ThpMode::Madvise
+    } else {
+        ThpMode::Never
+    }
+}
+
+impl PageSizes {
+    /// Whether a fault here may map a transparent huge page under `mode` (anonymous memory;
+    /// a mapping already holding some is eligible whatever the mode says now).
+    pub fn thp_eligible(&self, mode: ThpMode) -> bool {
+        self.thp_kb > 0
+            || (!self.hugetlb
+                && !self.thp_refused
+                && match mode {
+                    ThpMode::Always => true,
+                    ThpMode::Madvise => self.thp_advised,
+                    ThpMode::Never => false,
+                })
+    }
 }
 
 impl Mapping {
@@ -101,14 +162,24 @@ pub fn parse_smaps(text: &[u8], shows_lockonfault: bool) -> Result<Vec<SmapsEntr
                 .parse()
                 .with_context(|| format!("bad smaps value in `{line}`"))
         };
+        let pages = &mut entry.mapping.pages;
         match key {
-            "Rss" => entry.rss_kb = kb()?,
+            "Rss" => {
+                entry.rss_kb = kb()?;
+                pages.rss_kb = entry.rss_kb;
+            }
             "Locked" => entry.locked_kb = kb()?,
+            "KernelPageSize" => pages.kernel_page_kb = kb()?,
+            "AnonHugePages" | "ShmemPmdMapped" | "FilePmdMapped" => pages.thp_kb += kb()?,
+            "Private_Hugetlb" | "Shared_Hugetlb" => pages.hugetlb_kb += kb()?,
             "VmFlags" => {
                 for flag in value.split_whitespace() {
                     match flag {
                         "lo" => entry.mapping.locked = true,
                         "lf" => entry.mapping.lockonfault = Some(true),
+                        "hg" => entry.mapping.pages.thp_advised = true,
+                        "nh" => entry.mapping.pages.thp_refused = true,
+                        "ht" => entry.mapping.pages.hugetlb = true,
                         _ => {}
                     }
                 }
@@ -171,6 +242,7 @@ fn parse_header(line: &[u8], shows_lockonfault: bool) -> Result<SmapsEntry> {
             },
             locked: false,
             lockonfault: shows_lockonfault.then_some(false),
+            pages: PageSizes::default(),
         },
         perms: perms.to_string(),
         dev,
@@ -193,6 +265,20 @@ pub fn read_comm(pid: u32) -> Option<Outside> {
         comm.pop();
     }
     Some(Outside::from(comm))
+}
+
+/// CPU time the calling thread has used (`CLOCK_THREAD_CPUTIME_ID`).
+fn thread_cpu_time() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec, which lives for the call.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &raw mut ts) };
+    Duration::new(
+        u64::try_from(ts.tv_sec).unwrap_or(0),
+        u32::try_from(ts.tv_nsec).unwrap_or(0),
+    )
 }
 
 /// Last known mappings and comm per process.
@@ -241,7 +327,9 @@ impl MapsFile {
 struct Snapshot {
     taken: Instant,
     /// How long reading it took: periodic re-reads of a large process are spaced out so that
-    /// they cost it at most a twentieth of a CPU.
+    /// they cost it at most a twentieth of a CPU. CPU time, not wall time: a read that
+    /// waited for the process's mmap lock (held by a long mlock populating huge pages)
+    /// cost nothing, and must not put off the next read by twenty times the wait.
     cost: Duration,
     comm: Option<Outside>,
     mappings: Vec<Mapping>,
@@ -275,7 +363,7 @@ impl MappingCache {
         {
             return;
         }
-        let started = Instant::now();
+        let started = thread_cpu_time();
         let shows_lockonfault = smaps_shows_lockonfault(&crate::probe::kernel_release());
         // Unreadable or unparsable: keep what we had. Gone is the normal end of a process;
         // anything else is said, once per process, and counted.
@@ -309,7 +397,7 @@ impl MappingCache {
             pid,
             Snapshot {
                 taken: Instant::now(),
-                cost: started.elapsed(),
+                cost: thread_cpu_time().saturating_sub(started),
                 comm,
                 mappings,
                 exited: false,
@@ -430,7 +518,8 @@ VmFlags: rd wr mr mw me gd ac
                 offset: 0,
                 name: "[heap]".into(),
                 locked: false,
-                lockonfault: Some(false)
+                lockonfault: Some(false),
+                pages: PageSizes::default(),
             }
         );
         assert_eq!(
@@ -505,6 +594,38 @@ VmFlags: rd wr mr mw me gd ac
         assert_eq!(e[4].mapping.name.as_bytes(), b"/tmp/bad\xff\x1b[2J  name");
         assert_eq!(e[4].mapping.name.to_string(), "/tmp/bad\\xff\\x1b[2J  name");
         assert!(e[4].mapping.locked);
+    }
+
+    #[test]
+    fn parses_page_sizes_and_huge_pages() {
+        let text = b"7f5822600000-7f5826600000 rw-p 00000000 00:00 0 \n\
+            Rss:               65536 kB\nAnonHugePages:     63488 kB\n\
+            KernelPageSize:        4 kB\nLocked:            65536 kB\n\
+            VmFlags: rd wr mr mw me lo ac sd hg\n\
+            7f5830000000-7f5830800000 rw-s 00000000 00:0f 1234   /anon_hugepage (deleted)\n\
+            Rss:                   0 kB\nKernelPageSize:     2048 kB\n\
+            Shared_Hugetlb:        0 kB\nPrivate_Hugetlb:    4096 kB\n\
+            VmFlags: rd wr sh mr mw me ms de ht sd\n\
+            7f5840000000-7f5840200000 rw-p 00000000 00:00 0 \n\
+            KernelPageSize:        4 kB\nVmFlags: rd wr mr mw me ac sd nh\n";
+        let maps: Vec<Mapping> = parse_smaps(text, true)
+            .unwrap()
+            .into_iter()
+            .map(|e| e.mapping)
+            .collect();
+        let [thp, hugetlb, refused] = [maps[0].pages, maps[1].pages, maps[2].pages];
+        assert_eq!(
+            (thp.rss_kb, thp.thp_kb, thp.kernel_page_kb),
+            (65_536, 63_488, 4)
+        );
+        assert!(thp.thp_advised && !thp.hugetlb);
+        assert!(thp.thp_eligible(ThpMode::Madvise) && thp.thp_eligible(ThpMode::Never));
+        assert_eq!((hugetlb.kernel_page_kb, hugetlb.hugetlb_kb), (2048, 4096));
+        assert!(hugetlb.hugetlb && !hugetlb.thp_eligible(ThpMode::Always));
+        assert!(refused.thp_refused && !refused.thp_eligible(ThpMode::Always));
+        assert!(!refused.thp_eligible(ThpMode::Madvise));
+        assert!(PageSizes::default().thp_eligible(ThpMode::Always));
+        assert!(!PageSizes::default().thp_eligible(ThpMode::Madvise));
     }
 
     #[test]

@@ -147,6 +147,7 @@ impl Tracer {
         let fault_config = faults::sizing::config(&btf, fault_options)?;
         let stack_config =
             crate::unwind::config(&btf, fault_options.stacks, fault_options.stack_sample)?;
+        let rss_config = syscalls::rss::config(&btf);
         let few_processes =
             targets.specific() && !filters.follow_children && !fault_options.per_thread;
         let loader = loader.finish();
@@ -162,6 +163,7 @@ impl Tracer {
                 loader.map_max_entries(names::TARGET_TGIDS, max);
             }
             syscalls::stacks::prepare_loader(loader, fault_options.stacks);
+            syscalls::rss::prepare_loader(loader, &rss_config);
             syscalls::read::prepare_loader(loader, few_processes)?;
             if let Some(bytes) = options.ring_bytes {
                 loader.map_max_entries(names::EVENTS, bytes);
@@ -225,7 +227,7 @@ impl Tracer {
         let describe = |family: Result<String>| {
             family.unwrap_or_else(|error| format!("not traced: {error:#}"))
         };
-        let syscalls = SyscallHooks::attach(&mut cx, &()).map(|hooks| hooks.describe());
+        let syscalls = SyscallHooks::attach(&mut cx, &rss_config).map(|hooks| hooks.describe());
         tracer.hooks.insert(SyscallHooks::NAME, describe(syscalls));
         match vma_config.and_then(|_| VmaHooks::attach(&mut cx, &())) {
             Ok(hooks) => {

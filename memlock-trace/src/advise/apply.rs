@@ -323,7 +323,8 @@ pub fn compare(
     }
     if a.populated > b.populated {
         verdict.push_str(&format!(
-            "; {} pages were populated up front instead (inside mmap, mlock2 or madvise)",
+            "; {} faults were taken up front instead (inside mmap, mlock2 or madvise: one \
+             per page, or per huge page)",
             count(a.populated - b.populated)
         ));
     }

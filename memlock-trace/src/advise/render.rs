@@ -348,7 +348,7 @@ pub fn apply_text(t: &Table, advice: &[Advice], c: &Comparison) -> String {
     if after.after_startup.populated > 0 && !after.populated_timed {
         for l in wrap(
             "",
-            "(this hook set counts the pages the kernel populated but does not time them: \
+            "(this hook set counts the faults the kernel populated but does not time them: \
              their cost is in the call that populated them, mmap, mlock2 or madvise)",
             COLUMNS,
             1,

@@ -76,6 +76,11 @@ pub enum WorkloadName {
     Flood,
     /// Takes page faults on command (stdin), answering its own fault counters (stdout).
     Faults,
+    /// Touches 64 MiB under MADV_HUGEPAGE, then mlocks another 64 MiB MADV_HUGEPAGE region;
+    /// reports getrusage across the mlock and the VMA's smaps.
+    Thp,
+    /// mlocks 8 MiB of MAP_HUGETLB memory (reserve vm.nr_hugepages first); reports as `thp`.
+    Hugetlb,
 }
 
 /// Parameters of the `children` and `flood` workloads.

@@ -138,6 +138,7 @@ mod tests {
             lock_context: memlock_trace_common::lock_context::RLIMIT_KNOWN,
             _pad: 0,
             first_unmapped: 0x9000,
+            pages_mapped: 2048,
         }
     }
 

@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use memlock_trace_common::{SyscallEvent, process::ProcessKey};
+use memlock_trace_common::{SyscallEvent, lock_context, process::ProcessKey};
 
 use super::{comm_of, comm_str};
 use crate::output::Outside;
@@ -142,8 +142,25 @@ impl SyscallRecord {
         comm_of(&self.raw.comm)
     }
 
-    /// Pages the kernel faulted in on the task's behalf during the call.
+    /// Base pages the call populated: the growth of the process's RSS and hugetlb pages,
+    /// whatever their size; where the kernel's counters could not be read, its faults.
     pub fn pages_populated(&self) -> u64 {
+        match self.pages_mapped() {
+            Some(pages) => pages.max(0).unsigned_abs(),
+            None => self.faults_populated(),
+        }
+    }
+
+    /// Growth of the base pages the process had mapped across the call (negative if
+    /// another thread unmapped meanwhile), if read.
+    pub fn pages_mapped(&self) -> Option<i64> {
+        (self.raw.lock_context & lock_context::PAGES_MAPPED_KNOWN != 0)
+            .then_some(self.raw.pages_mapped)
+    }
+
+    /// The faults the kernel took on the task's behalf during the call: one per page, or
+    /// per huge page.
+    pub fn faults_populated(&self) -> u64 {
         self.raw.min_flt + self.raw.maj_flt
     }
 

@@ -17,7 +17,7 @@ use serde::Serialize;
 use super::{sizing::REGION_SHIFT, stacks::StackFaults};
 use crate::{
     output::Outside,
-    procfs::{Mapping, MapsFile},
+    procfs::{Mapping, MapsFile, ThpMode},
     unwind::Stack,
 };
 
@@ -58,6 +58,60 @@ pub struct MappingFaults {
     /// `--stacks`: the stacks that faulted most in this mapping (from `sampled`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stacks: Option<Vec<StackFaults>>,
+    /// The pages backing the row's range, from the last `/proc/PID/smaps` read (absent
+    /// where no mapping read there holds it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pages: Option<RowPages>,
+}
+
+/// What pages back a row: its page size and how much of it is in huge pages. A fault that
+/// maps a huge page maps 512 base pages (2 MiB) at once: zeroing them, and compacting memory
+/// to find them, make it another kind of fault than a 4 KiB one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct RowPages {
+    /// The kernel's page size for the mapping: 4096, or a hugetlb mapping's huge page size.
+    pub page_bytes: u64,
+    pub hugetlb: bool,
+    /// A fault here may map a transparent huge page (THP on for it: `always`, or
+    /// `madvise` with `MADV_HUGEPAGE`).
+    pub thp_eligible: bool,
+    /// Resident in transparent huge pages (`AnonHugePages` and the like).
+    pub thp_bytes: u64,
+    /// Resident in all: `Rss`, and the hugetlb pages smaps counts apart from it.
+    pub rss_bytes: u64,
+}
+
+impl RowPages {
+    /// The smaps mappings overlapping `[start, end)` added up (a row can span VMAs that were
+    /// split after its faults).
+    fn of(maps: &[Mapping], (start, end): (u64, u64), mode: ThpMode) -> Option<Self> {
+        let mut pages: Option<Self> = None;
+        for m in maps
+            .iter()
+            .filter(|m| m.overlaps((start, end.max(start + 1))))
+        {
+            let p = &m.pages;
+            let row = pages.get_or_insert(Self {
+                page_bytes: 0,
+                hugetlb: false,
+                thp_eligible: false,
+                thp_bytes: 0,
+                rss_bytes: 0,
+            });
+            row.page_bytes = row.page_bytes.max(p.kernel_page_kb * 1024);
+            row.hugetlb |= p.hugetlb;
+            row.thp_eligible |= p.thp_eligible(mode);
+            row.thp_bytes += p.thp_kb * 1024;
+            row.rss_bytes += (p.rss_kb + p.hugetlb_kb) * 1024;
+        }
+        // Read from `maps` (no page size): nothing known.
+        pages.filter(|p| p.page_bytes > 0)
+    }
+
+    /// Backed by pages larger than the base page (now, or eligible to be).
+    pub fn huge(&self) -> bool {
+        self.hugetlb || self.thp_bytes > 0
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -175,6 +229,7 @@ pub fn by_mapping(
         file: None,
         sampled: BTreeMap::new(),
         stacks: None,
+        pages: None,
     };
     // None: outside every known mapping (page-keyed runs only).
     let place = |key: &RegionKey| -> Option<Placed<'_>> {
@@ -346,6 +401,15 @@ pub fn by_mapping(
     }));
     list.sort_by(|a, b| b.faults.cmp(&a.faults).then_with(|| a.start.cmp(&b.start)));
     list.truncate(top);
+    if let Some(maps) = maps {
+        let mode = crate::procfs::thp_mode();
+        let hex = |s: &str| u64::from_str_radix(s.strip_prefix("0x")?, 16).ok();
+        for row in &mut list {
+            if let (Some(start), Some(end)) = (hex(&row.start), hex(&row.end)) {
+                row.pages = RowPages::of(maps, (start, end), mode);
+            }
+        }
+    }
     list
 }
 

@@ -199,10 +199,11 @@ pub fn faults_text(out: &mut String, f: &FaultSummary, indent: &str, style: Text
                 } else {
                     format!("{}-{}", m.start, m.end)
                 };
+                let pages = m.pages.as_ref().map_or_else(String::new, page_tag);
                 (
                     m.faults.to_string(),
                     locked,
-                    format!("{} {range}", m.mapping),
+                    format!("{} {range}{pages}", m.mapping),
                 )
             })
             .collect();
@@ -236,6 +237,36 @@ pub fn faults_text(out: &mut String, f: &FaultSummary, indent: &str, style: Text
                 );
             }
         }
+        if f.by_mapping
+            .iter()
+            .any(|m| m.pages.is_some_and(|p| p.huge()))
+        {
+            let _ = writeln!(
+                out,
+                "{indent}  (huge pages: one fault there maps a whole huge page, 512 base pages \
+                 or more, zeroed and perhaps compacted for: such faults are fewer and each far \
+                 slower than a 4 KiB one)"
+            );
+        }
+    }
+}
+
+/// What backs a mapping row, after its range: nothing for base pages alone;
+/// ` [hugetlb 2 MiB pages]`, ` [THP 62 MiB of 64 MiB resident]`, ` [THP-eligible]`.
+fn page_tag(p: &super::mappings::RowPages) -> String {
+    let size = crate::output::size;
+    if p.hugetlb {
+        format!(" [hugetlb {} pages]", size(p.page_bytes))
+    } else if p.thp_bytes > 0 {
+        format!(
+            " [THP {} of {} resident]",
+            size(p.thp_bytes),
+            size(p.rss_bytes)
+        )
+    } else if p.thp_eligible {
+        " [THP-eligible]".into()
+    } else {
+        String::new()
     }
 }
 

@@ -158,6 +158,8 @@ mod tests {
         KeyCounts {
             calls,
             pages_populated: 4 * calls,
+            // Huge pages: one fault for the call's four pages.
+            faults_populated: calls,
             pages_locked: 4 * calls,
             pages_unlocked: 0,
             max_ns: ns,
@@ -213,6 +215,8 @@ mod tests {
             "memlock_trace_syscall_populated_bytes_total{{comm=\"db\",syscall=\"mlock\"}} {}\n",
             12 * page_size()
         ));
+        // ... in one fault each: the bytes are the pages', not the faults'.
+        has("memlock_trace_syscall_populated_faults_total{comm=\"db\",syscall=\"mlock\"} 3\n");
         // The kernel's running total, not the sum of the updates.
         has("memlock_trace_dropped_events_total 7\n");
         assert!(text.ends_with("# EOF\n"));

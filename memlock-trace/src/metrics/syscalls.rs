@@ -27,8 +27,11 @@ pub struct SyscallMetrics {
     calls: Family<Labels, Counter>,
     errors: Family<Labels, Counter>,
     latency: LatencyFamily,
-    /// In bytes (pages times the page size), Prometheus' base unit.
+    /// In bytes (base pages times the page size, whatever the size of the pages holding
+    /// them), Prometheus' base unit.
     populated_bytes: Family<Labels, Counter>,
+    /// The faults that populated them: one per huge page where huge pages did.
+    populated_faults: Family<Labels, Counter>,
     locked_bytes: Family<Labels, Counter>,
     unlocked_bytes: Family<Labels, Counter>,
     page_size: u64,
@@ -50,6 +53,7 @@ impl SyscallMetrics {
             errors: Family::default(),
             latency: LatencyFamily::default(),
             populated_bytes: Family::default(),
+            populated_faults: Family::default(),
             locked_bytes: Family::default(),
             unlocked_bytes: Family::default(),
             page_size: super::page_size(),
@@ -73,9 +77,16 @@ impl SyscallMetrics {
         );
         registry.register_with_unit(
             "syscall_populated",
-            "Memory the kernel faulted in on the caller's behalf during mlock-family calls",
+            "Memory the kernel mapped on the caller's behalf during mlock-family calls (base \
+             pages, whatever the size of the pages holding them)",
             Unit::Bytes,
             metrics.populated_bytes.clone(),
+        );
+        registry.register(
+            "syscall_populated_faults",
+            "Faults the kernel took on the caller's behalf during mlock-family calls (one per \
+             huge page where huge pages were populated)",
+            metrics.populated_faults.clone(),
         );
         registry.register_with_unit(
             "syscall_locked",
@@ -153,6 +164,10 @@ impl SyscallMetrics {
                 if n > 0 {
                     family.get_or_create(&labels).inc_by(n * self.page_size);
                 }
+            }
+            let faults = growth(now.faults_populated, before.faults_populated);
+            if faults > 0 {
+                self.populated_faults.get_or_create(&labels).inc_by(faults);
             }
             if let Some(errno) = errno_name(-i64::from(key.errno)) {
                 labels.push(("errno", errno));

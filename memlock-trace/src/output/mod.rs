@@ -24,6 +24,27 @@ pub fn duration(ns: u64) -> String {
     Unit::Auto.fit([ns]).format(ns)
 }
 
+/// `64 KiB`, `1.5 MiB`, `100 B`: exact when the unit divides it, else one decimal.
+pub fn size(bytes: u64) -> String {
+    const UNITS: [(u64, &str); 5] = [
+        (1 << 60, "EiB"),
+        (1 << 40, "TiB"),
+        (1 << 30, "GiB"),
+        (1 << 20, "MiB"),
+        (1 << 10, "KiB"),
+    ];
+    for (unit, name) in UNITS {
+        if bytes >= unit {
+            return if bytes.is_multiple_of(unit) {
+                format!("{} {name}", bytes / unit)
+            } else {
+                format!("{:.1} {name}", bytes as f64 / unit as f64)
+            };
+        }
+    }
+    format!("{bytes} B")
+}
+
 /// A count the hook set may not observe: `n/a` when it cannot.
 pub fn or_na(v: Option<u64>) -> String {
     v.map_or_else(|| "n/a".into(), |v| v.to_string())

@@ -162,6 +162,7 @@ mod tests {
                 },
                 latency_values: Vec::new(),
                 pages_populated: calls,
+                faults_populated: calls,
                 pages_locked: calls as i64,
             },
         );

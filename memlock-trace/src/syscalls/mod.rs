@@ -7,6 +7,7 @@
 
 pub mod read;
 pub mod render;
+pub mod rss;
 pub mod stacks;
 pub mod stats;
 pub mod why;
@@ -29,6 +30,8 @@ pub struct SyscallHooks {
     via: SyscallVia,
     /// How a ranged call's range is checked at entry, or why it is not.
     range_check: std::result::Result<&'static str, String>,
+    /// Why the base pages a call populated cannot be read, if they cannot.
+    pages_unknown: Option<String>,
 }
 
 /// The calls with a range, whose mapping is checked at entry (see `why`).
@@ -36,17 +39,26 @@ const RANGED: [Syscall; 3] = [Syscall::Mlock, Syscall::Mlock2, Syscall::Munlock]
 
 impl HookFamily for SyscallHooks {
     const NAME: &'static str = "syscalls";
-    type Options = ();
+    /// Where this kernel keeps the RSS counters.
+    type Options = memlock_trace_common::rss::RssConfig;
 
     /// One entry and one exit handler for the five calls.
-    fn attach(cx: &mut AttachContext<'_>, (): &()) -> Result<Self> {
+    fn attach(cx: &mut AttachContext<'_>, rss_config: &Self::Options) -> Result<Self> {
+        // Before the calls are traced: with it, every call's pages are known.
+        let pages_unknown = rss::learn_cpu_offsets(cx.ebpf, rss_config)
+            .err()
+            .map(|e| format!("{e:#}"));
         let nrs = Syscall::ALL.map(Syscall::nr);
         let (enter, exit) = (SyscallEdge::Enter, SyscallEdge::Exit);
         cx.syscall_hook(enter, hook::SYSCALLS_ENTER, &nrs)?;
         let via = cx.syscall_hook(exit, hook::SYSCALLS_EXIT, &nrs)?;
         // Extra: without it a failed call still says its limits, with its range unchecked.
         let range_check = attach_range_check(cx).map_err(|e| format!("{e:#}"));
-        Ok(Self { via, range_check })
+        Ok(Self {
+            via,
+            range_check,
+            pages_unknown,
+        })
     }
 
     fn describe(&self) -> String {
@@ -55,10 +67,14 @@ impl HookFamily for SyscallHooks {
             self.via.describe(None, &Syscall::ALL.map(Syscall::nr)),
             self.via.refused()
         );
-        match &self.range_check {
+        let mut line = match &self.range_check {
             Ok(how) => format!("{calls} + ranges checked at entry by {how}"),
             Err(why) => format!("{calls} (ranges not checked at entry: {why})"),
+        };
+        if let Some(why) = &self.pages_unknown {
+            line += &format!(" (pages populated counted as faults, one per huge page: {why})");
         }
+        line
     }
 }
 

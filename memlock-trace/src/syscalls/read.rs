@@ -30,6 +30,7 @@ use crate::{
 pub struct KeyCounts {
     pub calls: u64,
     pub pages_populated: u64,
+    pub faults_populated: u64,
     pub pages_locked: u64,
     pub pages_unlocked: u64,
     pub max_ns: u64,
@@ -85,6 +86,7 @@ pub fn read(ebpf: &aya::Ebpf) -> Result<SyscallReport> {
         {
             c.calls += v.calls;
             c.pages_populated += v.pages_populated;
+            c.faults_populated += v.faults_populated;
             c.pages_locked += v.pages_locked;
             c.pages_unlocked += v.pages_unlocked;
             c.max_ns = c.max_ns.max(v.max_ns);
@@ -124,6 +126,7 @@ impl SyscallReport {
                 KeyCounts {
                     calls: now.calls - then.calls,
                     pages_populated: now.pages_populated.saturating_sub(then.pages_populated),
+                    faults_populated: now.faults_populated.saturating_sub(then.faults_populated),
                     pages_locked: now.pages_locked.saturating_sub(then.pages_locked),
                     pages_unlocked: now.pages_unlocked.saturating_sub(then.pages_unlocked),
                     max_ns: now.max_ns,
@@ -152,6 +155,7 @@ impl SyscallReport {
             let t = out.entry(process).or_default().entry(syscall).or_default();
             t.all.calls += c.calls;
             t.all.pages_populated += c.pages_populated;
+            t.all.faults_populated += c.faults_populated;
             t.all.pages_locked += c.pages_locked;
             t.all.pages_unlocked += c.pages_unlocked;
             t.all.max_ns = t.all.max_ns.max(c.max_ns);
@@ -234,6 +238,7 @@ pub fn merge(
                     latency_ns,
                     latency_values,
                     pages_populated: t.all.pages_populated,
+                    faults_populated: t.all.faults_populated,
                     pages_locked: t.all.pages_locked as i64 - t.all.pages_unlocked as i64,
                 },
             );
@@ -325,6 +330,7 @@ mod tests {
         KeyCounts {
             calls,
             pages_populated: 4 * calls,
+            faults_populated: 4 * calls,
             pages_locked: 4 * calls,
             pages_unlocked: 0,
             max_ns: ns,
@@ -379,6 +385,7 @@ mod tests {
                     latency_ns: Latency::default(),
                     latency_values: Vec::new(),
                     pages_populated: 4,
+                    faults_populated: 4,
                     pages_locked: 4,
                 },
             )]),

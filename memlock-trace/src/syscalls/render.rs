@@ -33,17 +33,30 @@ pub fn syscall_line(rec: &SyscallRecord, unit: Unit) -> String {
         None => r.ret.to_string(),
     };
     format!(
-        "{pid:>7}/{tid:<7} {comm:<16} {call} = {result}  {lat}  populated {pop} pages, locked_vm {locked:+} pages, map_count {vb} -> {va}",
+        "{pid:>7}/{tid:<7} {comm:<16} {call} = {result}  {lat}  populated {pop}, locked_vm {locked:+} pages, map_count {vb} -> {va}",
         pid = r.tgid,
         tid = r.tid,
         comm = rec.name(),
         call = rec.syscall.describe(r.args),
         lat = unit.fit([r.duration_ns]).format(r.duration_ns),
-        pop = rec.pages_populated(),
+        pop = populated(rec.pages_populated(), rec.faults_populated()),
         locked = rec.pages_locked(),
         vb = r.map_count_before,
         va = r.map_count_after,
     )
+}
+
+/// `N pages`, base pages; where huge pages made them fewer faults, also the bytes and the
+/// faults: `16384 pages (64 MiB) in 32 faults`.
+pub fn populated(pages: u64, faults: u64) -> String {
+    if pages == faults {
+        format!("{pages} pages")
+    } else {
+        format!(
+            "{pages} pages ({}) in {faults} faults",
+            super::why::size(pages * crate::procfs::PAGE_SIZE)
+        )
+    }
 }
 
 /// One JSON line per call for `--events --json`.
@@ -63,6 +76,8 @@ pub fn syscall_json(rec: &SyscallRecord) -> serde_json::Value {
         "errno": errno_name(r.ret),
         "latency_ns": r.duration_ns,
         "pages_populated": rec.pages_populated(),
+        "bytes_populated": rec.pages_populated() * crate::procfs::PAGE_SIZE,
+        "faults_populated": rec.faults_populated(),
         "min_flt": r.min_flt,
         "maj_flt": r.maj_flt,
         "pages_locked": rec.pages_locked(),
@@ -122,6 +137,17 @@ pub fn table(out: &mut String, syscalls: &BTreeMap<&'static str, SyscallSummary>
             s.pages_locked,
             errors
         );
+    }
+    // Where huge pages populated them (one fault, many pages), under the table.
+    for (name, s) in syscalls {
+        if s.faults_populated != s.pages_populated {
+            let _ = writeln!(
+                out,
+                "  {name} populated {}: one fault maps many pages (huge pages, a file's \
+                 fault-around)",
+                populated(s.pages_populated, s.faults_populated)
+            );
+        }
     }
     // Why the calls failed, under the table: one line per call and errno.
     for (name, s) in syscalls {
@@ -191,5 +217,12 @@ mod tests {
         // "VMAs" is kept for the region's VMAs (the VMA family's line): one word per thing.
         assert!(line.ends_with("map_count 120 -> 122"), "{line}");
         assert!(!line.contains("VMAs"), "{line}");
+    }
+
+    #[test]
+    fn huge_pages_populated_say_pages_bytes_and_faults() {
+        assert_eq!(populated(8, 8), "8 pages");
+        assert_eq!(populated(16_384, 32), "16384 pages (64 MiB) in 32 faults");
+        assert_eq!(populated(0, 0), "0 pages");
     }
 }

@@ -39,6 +39,7 @@ struct SyscallStats {
     last_failure: BTreeMap<String, LockFigures>,
     latency: Latencies,
     pages_populated: u64,
+    faults_populated: u64,
     pages_locked: i64,
 }
 
@@ -50,6 +51,7 @@ impl SyscallStats {
             last_failure: BTreeMap::new(),
             latency: Latencies::default(),
             pages_populated: 0,
+            faults_populated: 0,
             pages_locked: 0,
         }
     }
@@ -93,6 +95,7 @@ impl Aggregator {
         }
         stats.latency.record(rec.raw.duration_ns);
         stats.pages_populated += rec.pages_populated();
+        stats.faults_populated += rec.faults_populated();
         stats.pages_locked += rec.pages_locked();
         if self.per_thread {
             let thread = process.threads.entry(rec.raw.tid).or_default();
@@ -147,6 +150,7 @@ impl SyscallStats {
             latency_ns: Latency::of(&latency),
             latency_values: values(&latency),
             pages_populated: self.pages_populated,
+            faults_populated: self.faults_populated,
             pages_locked: self.pages_locked,
         }
     }
@@ -190,6 +194,9 @@ pub struct SyscallSummary {
     /// The latencies the percentiles come from, as (ns, calls), for `--hist`.
     #[serde(skip)]
     pub latency_values: Vec<(u64, u64)>,
+    /// Base pages populated (4 KiB each, however large the pages that hold them).
     pub pages_populated: u64,
+    /// The faults that populated them: fewer where huge pages did.
+    pub faults_populated: u64,
     pub pages_locked: i64,
 }

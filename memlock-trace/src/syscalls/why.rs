@@ -216,26 +216,8 @@ impl LockFigures {
     }
 }
 
-/// `64 KiB`, `1.5 MiB`, `100 B`: exact when the unit divides it, else one decimal.
-pub fn size(bytes: u64) -> String {
-    const UNITS: [(u64, &str); 5] = [
-        (1 << 60, "EiB"),
-        (1 << 40, "TiB"),
-        (1 << 30, "GiB"),
-        (1 << 20, "MiB"),
-        (1 << 10, "KiB"),
-    ];
-    for (unit, name) in UNITS {
-        if bytes >= unit {
-            return if bytes.is_multiple_of(unit) {
-                format!("{} {name}", bytes / unit)
-            } else {
-                format!("{:.1} {name}", bytes as f64 / unit as f64)
-            };
-        }
-    }
-    format!("{bytes} B")
-}
+/// Sizes as every family shows them (kept here under its old name for its callers).
+pub use crate::output::size;
 
 #[cfg(test)]
 mod tests {

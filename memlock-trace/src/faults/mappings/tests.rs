@@ -10,6 +10,7 @@ fn mapping(start: u64, end: u64, name: &str, locked: bool) -> Mapping {
         name: name.into(),
         locked,
         lockonfault: Some(false),
+        pages: crate::procfs::PageSizes::default(),
     }
 }
 

@@ -8,6 +8,7 @@ pub mod faults;
 pub mod first_touch;
 pub mod flood;
 pub mod fork_inherit;
+pub mod huge_pages;
 pub mod malloc_vs_mmap;
 pub mod memlock_limit;
 pub mod scenario;

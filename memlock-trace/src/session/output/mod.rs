@@ -304,6 +304,7 @@ impl Output {
                         name: format!("VMA seen by {}", call.syscall.syscall.name()).into(),
                         locked: range.flags & VM_LOCKED != 0,
                         lockonfault: Some(range.flags & VM_LOCKONFAULT != 0),
+                        pages: crate::procfs::PageSizes::default(),
                     },
                 );
             }

@@ -1,0 +1,145 @@
+//! Huge pages populated by `mlock`, as the machine's own counters see them: `thp` touches
+//! 64 MiB under `MADV_HUGEPAGE`, then mlocks another 64 MiB `MADV_HUGEPAGE` region (the
+//! program of issue 30); `hugetlb` mlocks 8 MiB of `MAP_HUGETLB` memory (pages reserved with
+//! `vm.nr_hugepages` beforehand). Each reports the thread's `getrusage` faults across the
+//! mlock and the locked VMA's smaps fields read after it, then waits
+//! [`SETTLE`] so that a tracer reads the process's smaps too before it exits.
+
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, bail};
+use serde::Serialize;
+
+use super::{Faults, PAGE_SIZE, Region};
+use crate::procfs::{self, ThpMode};
+
+/// What `thp` mlocks (and touches before).
+const THP_BYTES: usize = 64 << 20;
+/// What `hugetlb` mlocks: four 2 MiB pages.
+const HUGETLB_BYTES: usize = 8 << 20;
+/// A PMD-sized transparent huge page on x86-64.
+pub const THP_SIZE: usize = 2 << 20;
+/// Longer than the tracer's smaps re-read period (250 ms), with room for a loaded machine.
+const SETTLE: Duration = Duration::from_millis(1500);
+
+/// What the workload saw of its mlock.
+#[derive(Clone, Debug, Serialize)]
+pub struct Locked {
+    pub addr: u64,
+    pub len: u64,
+    /// `getrusage(RUSAGE_THREAD)` across the mlock.
+    pub faults: Faults,
+    /// The VMA holding `addr` in `/proc/self/smaps` after the mlock.
+    pub smaps: SmapsFigures,
+}
+
+/// One VMA's smaps fields, in kB as smaps gives them.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct SmapsFigures {
+    pub start: u64,
+    pub end: u64,
+    pub rss_kb: u64,
+    /// `AnonHugePages` (and the shmem/file PMD-mapped fields).
+    pub thp_kb: u64,
+    /// `Private_Hugetlb` + `Shared_Hugetlb`.
+    pub hugetlb_kb: u64,
+    pub locked_kb: u64,
+    pub kernel_page_kb: u64,
+}
+
+impl SmapsFigures {
+    /// The figures of the VMA holding `addr` in this process's smaps.
+    pub fn of_own(addr: u64) -> Result<Self> {
+        let shows_lf = procfs::smaps_shows_lockonfault(&crate::probe::kernel_release());
+        let entries = procfs::read_smaps("/proc/self/smaps", shows_lf)?;
+        let e = entries
+            .iter()
+            .find(|e| e.mapping.start <= addr && addr < e.mapping.end)
+            .with_context(|| format!("no VMA holds {addr:#x} in /proc/self/smaps"))?;
+        let p = e.mapping.pages;
+        Ok(Self {
+            start: e.mapping.start,
+            end: e.mapping.end,
+            rss_kb: p.rss_kb,
+            thp_kb: p.thp_kb,
+            hugetlb_kb: p.hugetlb_kb,
+            locked_kb: e.locked_kb,
+            kernel_page_kb: p.kernel_page_kb,
+        })
+    }
+}
+
+/// `len` bytes starting on a THP boundary, `MADV_HUGEPAGE`, inside `reservation` (kept
+/// mapped by the caller).
+fn thp_region(len: usize) -> Result<(Region, *mut u8)> {
+    let reservation = Region::anonymous(
+        (len + THP_SIZE) / PAGE_SIZE,
+        libc::PROT_READ | libc::PROT_WRITE,
+        0,
+    )?;
+    let skip = (THP_SIZE - reservation.start() as usize % THP_SIZE) % THP_SIZE;
+    let start = reservation.addr.wrapping_add(skip);
+    // SAFETY: madvise on a range inside the mapping just made; it changes no contents.
+    if unsafe { libc::madvise(start.cast(), len, libc::MADV_HUGEPAGE) } != 0 {
+        bail!(
+            "madvise(MADV_HUGEPAGE): {} (a kernel without transparent huge pages)",
+            std::io::Error::last_os_error()
+        );
+    }
+    Ok((reservation, start))
+}
+
+/// The issue's program: 64 MiB touched under `MADV_HUGEPAGE`, another 64 MiB mlocked.
+pub fn thp() -> Result<Locked> {
+    if procfs::thp_mode() == ThpMode::Never {
+        bail!(
+            "transparent huge pages are off: /sys/kernel/mm/transparent_hugepage/enabled is \
+             not `always` or `madvise`"
+        );
+    }
+    let (_touched_region, touched) = thp_region(THP_BYTES)?;
+    for offset in (0..THP_BYTES).step_by(PAGE_SIZE) {
+        // SAFETY: inside the writable mapping just made, which only this loop uses.
+        unsafe { touched.add(offset).write_volatile(1) };
+    }
+    let (_locked_region, locked) = thp_region(THP_BYTES)?;
+    mlock_measured(locked, THP_BYTES)
+}
+
+/// 8 MiB of `MAP_HUGETLB` memory mlocked.
+pub fn hugetlb() -> Result<Locked> {
+    let region = Region::anonymous(
+        HUGETLB_BYTES / PAGE_SIZE,
+        libc::PROT_READ | libc::PROT_WRITE,
+        libc::MAP_HUGETLB,
+    )
+    .context("MAP_HUGETLB: reserve huge pages first (sysctl vm.nr_hugepages)")?;
+    mlock_measured(region.addr, region.len)
+}
+
+/// `getrusage` across `call`.
+fn measured(call: impl FnOnce() -> i32) -> (i32, Faults) {
+    let before = Faults::thread();
+    let ret = std::hint::black_box(call());
+    (ret, Faults::thread().since(before))
+}
+
+fn mlock_measured(addr: *mut u8, len: usize) -> Result<Locked> {
+    // The measurement's own first faults (its stack, getrusage's) are taken here, by a call
+    // that makes no system call the tracer sees: inside the mlock's, only the kernel's.
+    // SAFETY: getpid has no preconditions.
+    let _ = measured(|| unsafe { libc::getpid() });
+    // SAFETY: mlock changes no memory contents.
+    let (ret, faults) = measured(|| unsafe { libc::mlock(addr.cast(), len) });
+    if ret != 0 {
+        bail!("mlock: {}", std::io::Error::last_os_error());
+    }
+    let smaps = SmapsFigures::of_own(addr as u64)?;
+    std::thread::sleep(SETTLE);
+    Ok(Locked {
+        addr: addr as u64,
+        len: len as u64,
+        faults,
+        smaps,
+    })
+}
