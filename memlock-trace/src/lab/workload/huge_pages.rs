@@ -19,7 +19,8 @@ const THP_BYTES: usize = 64 << 20;
 const HUGETLB_BYTES: usize = 8 << 20;
 /// A PMD-sized transparent huge page on x86-64.
 pub const THP_SIZE: usize = 2 << 20;
-/// Longer than the tracer's smaps re-read period (250 ms), with room for a loaded machine.
+/// Longer than the tracer takes to re-read the smaps of a process whose mlock changed them
+/// ([`procfs::CHANGED_REREAD`]), with room for a loaded machine.
 const SETTLE: Duration = Duration::from_millis(1500);
 
 /// What the workload saw of its mlock.

@@ -1,0 +1,270 @@
+//! The mapping cache the fault family attributes fault addresses with: the last snapshot
+//! of each process's mappings, re-read as often as its cost allows and soon after a call
+//! changes them, kept when the process exits (the kernel frees a process's mappings before
+//! it can be reaped).
+
+use std::{
+    collections::HashMap,
+    time::{Duration, Instant},
+};
+
+use super::{Mapping, is_alive, read_comm, read_smaps, smaps_shows_lockonfault};
+use crate::output::Outside;
+
+/// CPU time the calling thread has used (`CLOCK_THREAD_CPUTIME_ID`).
+fn thread_cpu_time() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec, which lives for the call.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &raw mut ts) };
+    Duration::new(
+        u64::try_from(ts.tv_sec).unwrap_or(0),
+        u32::try_from(ts.tv_nsec).unwrap_or(0),
+    )
+}
+
+/// Last known mappings and comm per process.
+#[derive(Default)]
+pub struct MappingCache {
+    entries: HashMap<u32, Snapshot>,
+    /// VMAs seen by mlock-family calls since the last snapshot, newest last: for a process
+    /// that exits before the next snapshot, the only record of a region it mapped since.
+    noted: HashMap<u32, Vec<Mapping>>,
+    /// Reads of a living process's smaps that failed (other than its exit): its faults are
+    /// then attributed to its last snapshot, or `unknown`. Counted in the health line.
+    unreadable: u64,
+    /// Processes already warned about.
+    warned: std::collections::HashSet<u32>,
+    /// The file the mappings are read from.
+    file: MapsFile,
+}
+
+/// Which `/proc/PID/` file a process's mappings are read from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MapsFile {
+    /// With `VmFlags` (`locked`, `lockonfault`).
+    #[default]
+    Smaps,
+    /// Names and ranges only. smaps walks every page table of the process for its `Rss:`
+    /// figures: 0.5-4.9 s for each 2 GiB qemu guest on a loaded host (maps: 0-0.16 s), which
+    /// a system-wide summary paid for every process that faulted, the stop and every
+    /// interval included.
+    Maps,
+}
+
+impl MapsFile {
+    pub fn name(self) -> &'static str {
+        match self {
+            MapsFile::Smaps => "smaps",
+            MapsFile::Maps => "maps",
+        }
+    }
+
+    /// Whether a [`Mapping`] read from it has its `locked`/`lockonfault` flags.
+    pub fn has_flags(self) -> bool {
+        self == MapsFile::Smaps
+    }
+}
+
+struct Snapshot {
+    taken: Instant,
+    /// How long reading it took: periodic re-reads of a large process are spaced out so that
+    /// they cost it at most a twentieth of a CPU. CPU time, not wall time: a read that
+    /// waited for the process's mmap lock (held by a long mlock populating huge pages)
+    /// cost nothing, and must not put off the next read by twenty times the wait.
+    cost: Duration,
+    comm: Option<Outside>,
+    mappings: Vec<Mapping>,
+    /// The process was gone (or a zombie) at a later refresh: these are its last mappings,
+    /// and an address outside them may have been mapped after they were read.
+    exited: bool,
+    /// An mlock-family call changed the mappings after they were read.
+    changed: bool,
+}
+
+/// How soon a snapshot that a call has changed is re-read, however long reads take (up to
+/// a quarter of a CPU for a read of 125 ms or more): a process that mlocks and soon exits
+/// is otherwise summed up with mappings older than the region it locked. At most twice a
+/// second per process, for a program locking in a loop.
+pub const CHANGED_REREAD: Duration = Duration::from_millis(500);
+
+impl Snapshot {
+    /// Whether it is recent enough to keep for `max_age` (zero: never).
+    fn fresh(&self, max_age: Duration) -> bool {
+        if max_age.is_zero() {
+            return false;
+        }
+        // Reads spaced by twenty times their cost: at most a twentieth of a CPU.
+        let spacing = max_age.max(self.cost * 20);
+        let age = self.taken.elapsed();
+        let changed_spacing = spacing.min(CHANGED_REREAD.max(self.cost * 4));
+        age < spacing && !(self.changed && age >= changed_spacing)
+    }
+}
+
+impl MappingCache {
+    /// A cache that reads the mappings from `file`.
+    pub fn reading(file: MapsFile) -> Self {
+        Self {
+            file,
+            ..Self::default()
+        }
+    }
+
+    /// The file the mappings are read from.
+    pub fn file(&self) -> MapsFile {
+        self.file
+    }
+
+    /// Re-reads `pid`'s mappings if the snapshot is older than `max_age` (and than twenty
+    /// times what the last read took, or [`CHANGED_REREAD`] where a call changed them);
+    /// keeps the old one if the process is gone.
+    pub fn refresh(&mut self, pid: u32, max_age: Duration) {
+        if self.entries.get(&pid).is_some_and(|s| s.fresh(max_age)) {
+            return;
+        }
+        let started = thread_cpu_time();
+        let shows_lockonfault = smaps_shows_lockonfault(&crate::probe::kernel_release());
+        // Unreadable or unparsable: keep what we had. Gone is the normal end of a process;
+        // anything else is said, once per process, and counted.
+        let path = format!("/proc/{pid}/{}", self.file.name());
+        let entries = match read_smaps(&path, shows_lockonfault) {
+            Ok(entries) => entries,
+            Err(e) => {
+                if is_alive(pid) {
+                    self.unreadable += 1;
+                    // Each process once; past 1024 of them, counted only.
+                    if self.warned.len() < 1024 && self.warned.insert(pid) {
+                        eprintln!(
+                            "memlock-trace: warning: cannot read the mappings of pid {pid}: \
+                             {e:#}; its faults are attributed to its last mappings read, or \
+                             `unknown` (counted as `unreadable_mappings` in the health line)"
+                        );
+                    }
+                }
+                self.mark_exited(pid);
+                return;
+            }
+        };
+        let mappings: Vec<Mapping> = entries.into_iter().map(|e| e.mapping).collect();
+        // A zombie (or a kernel thread) has no mappings: keep what we saw while it lived.
+        if mappings.is_empty() && self.entries.contains_key(&pid) {
+            self.mark_exited(pid);
+            return;
+        }
+        let comm = read_comm(pid);
+        self.entries.insert(
+            pid,
+            Snapshot {
+                taken: Instant::now(),
+                cost: thread_cpu_time().saturating_sub(started),
+                comm,
+                mappings,
+                exited: false,
+                changed: false,
+            },
+        );
+        // The snapshot has the VMAs noted before it, as they are now (or not, if unmapped).
+        self.noted.remove(&pid);
+    }
+
+    /// Notes a VMA seen by an mlock-family call (`name` says which). Bounded: system-wide,
+    /// nothing re-reads /proc (which would clear them) until a summary.
+    pub fn note_vma(&mut self, pid: u32, mapping: Mapping) {
+        const MAX_PROCESSES: usize = 4096;
+        const MAX_PER_PROCESS: usize = 256;
+        if self.noted.len() >= MAX_PROCESSES && !self.noted.contains_key(&pid) {
+            return;
+        }
+        if let Some(s) = self.entries.get_mut(&pid) {
+            s.changed = true;
+        }
+        let noted = self.noted.entry(pid).or_default();
+        if noted.len() >= MAX_PER_PROCESS {
+            noted.remove(0);
+        }
+        noted.push(mapping);
+    }
+
+    /// VMAs noted since the last snapshot, newest last.
+    pub fn noted(&self, pid: u32) -> &[Mapping] {
+        self.noted.get(&pid).map_or(&[], Vec::as_slice)
+    }
+
+    fn mark_exited(&mut self, pid: u32) {
+        if let Some(s) = self.entries.get_mut(&pid) {
+            s.exited = true;
+        }
+    }
+
+    /// Whether `pid`'s mappings are the last ones seen before it exited.
+    pub fn exited(&self, pid: u32) -> bool {
+        self.entries.get(&pid).is_some_and(|s| s.exited)
+    }
+
+    pub fn get(&self, pid: u32) -> Option<&[Mapping]> {
+        self.entries.get(&pid).map(|s| s.mappings.as_slice())
+    }
+
+    pub fn comm(&self, pid: u32) -> Option<Outside> {
+        self.entries.get(&pid).and_then(|s| s.comm.clone())
+    }
+
+    /// Failed reads of living processes' mappings so far.
+    pub fn unreadable(&self) -> u64 {
+        self.unreadable
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_snapshot_a_call_changed_is_reread_sooner_than_its_cost_allows() {
+        let snapshot = |age_ms, cost_ms, changed| Snapshot {
+            taken: Instant::now() - Duration::from_millis(age_ms),
+            cost: Duration::from_millis(cost_ms),
+            comm: None,
+            mappings: Vec::new(),
+            exited: false,
+            changed,
+        };
+        let tick = Duration::from_millis(40);
+        // A read of 100 ms is spaced by 2 s; once a call changed the mappings, by 500 ms.
+        assert!(snapshot(600, 100, false).fresh(tick));
+        assert!(!snapshot(600, 100, true).fresh(tick));
+        assert!(snapshot(400, 100, true).fresh(tick));
+        // A read of 1 s: by 20 s, and by 4 s after a change (a quarter of a CPU).
+        assert!(snapshot(3_000, 1_000, true).fresh(tick));
+        assert!(!snapshot(4_000, 1_000, true).fresh(tick));
+        // A cheap read is spaced by the tick either way; zero means now.
+        assert!(snapshot(10, 1, true).fresh(tick));
+        assert!(!snapshot(50, 1, false).fresh(tick));
+        assert!(!snapshot(0, 0, false).fresh(Duration::ZERO));
+    }
+
+    #[test]
+    fn reads_own_smaps() {
+        let mut cache = MappingCache::default();
+        let pid = std::process::id();
+        cache.refresh(pid, Duration::ZERO);
+        let maps = cache.get(pid).expect("own smaps");
+        assert!(maps.iter().any(|m| m.name == "[stack]"), "{maps:?}");
+        assert!(cache.comm(pid).is_some());
+        // System-wide, names and ranges from maps, without flags.
+        let mut names = MappingCache::reading(MapsFile::Maps);
+        names.refresh(pid, Duration::ZERO);
+        assert_eq!(
+            (names.file(), cache.file()),
+            (MapsFile::Maps, MapsFile::Smaps)
+        );
+        let named = names.get(pid).expect("own maps");
+        assert!(named.iter().any(|m| m.name == "[stack]"), "{named:?}");
+        // Our own maps agree with our own smaps about the ranges.
+        let maps = read_smaps(&format!("/proc/{pid}/maps"), true).unwrap();
+        assert!(maps.iter().any(|e| e.mapping.name == "[stack]"));
+    }
+}
