@@ -9,7 +9,7 @@ use std::io::Read as _;
 use memlock_trace::{lab::verify, probe};
 
 /// Every step the suite must report, in order.
-const STEPS: [&str; 12] = [
+const STEPS: [&str; 14] = [
     "mlock-middle",
     "mlock-adjacent",
     "munlock-all",
@@ -22,6 +22,8 @@ const STEPS: [&str; 12] = [
     "mlock-before-fork",
     "fork-child",
     "thread-shares-lock",
+    "thp-mlock-cut",
+    "thp-munlock",
 ];
 
 fn require_root() {

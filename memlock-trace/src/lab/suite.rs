@@ -92,7 +92,7 @@ pub fn run(args: SuiteArgs) -> Result<i32> {
         runs.push((scenario, own, window.close()?));
         bar.inc(1);
     }
-    let (events, summary) = tracer.stop()?;
+    let (events, vma_calls, summary) = tracer.stop()?;
     // After the system-wide tracer stopped: advise runs tracers of its own.
     let mut advised = Vec::new();
     if !args.no_advice {
@@ -116,12 +116,14 @@ pub fn run(args: SuiteArgs) -> Result<i32> {
                 .map_or(&[][..], Vec::as_slice);
             let traced = pick(processes, &pids, "start_ns", window.boot_ns);
             let events = pick(&events, &pids, "time_ns", window.wall_ns);
+            let vma_calls = pick(&vma_calls, &pids, "time_ns", window.wall_ns);
             ScenarioRun {
                 scenario,
                 secs: window.secs(),
                 own,
                 traced,
                 events,
+                vma_calls,
             }
         })
         .collect();
@@ -284,14 +286,14 @@ impl TracerProcess {
         Ok(Self { child, lines })
     }
 
-    /// SIGINT, then the events and the final summary.
-    fn stop(mut self) -> Result<(Vec<Value>, Value)> {
+    /// SIGINT, then the syscall events, the VMA changes of each call and the final summary.
+    fn stop(mut self) -> Result<(Vec<Value>, Vec<Value>, Value)> {
         let _ = kill(Pid::from_raw(self.child.id() as i32), Signal::SIGINT);
         let status = self.child.wait()?;
         if !status.success() {
             bail!("the tracer exited with {status}");
         }
-        let mut events = Vec::new();
+        let (mut events, mut vma_calls) = (Vec::new(), Vec::new());
         let mut summary = Value::Null;
         // The reader thread ends at EOF, after the tracer's last line.
         for line in self.lines.iter() {
@@ -300,13 +302,14 @@ impl TracerProcess {
             match v["type"].as_str() {
                 Some("summary") => summary = v,
                 Some("syscall") => events.push(v),
+                Some("vma_call") => vma_calls.push(v),
                 _ => {}
             }
         }
         if summary.is_null() {
             bail!("the tracer printed no summary");
         }
-        Ok((events, json!(summary)))
+        Ok((events, vma_calls, json!(summary)))
     }
 }
 

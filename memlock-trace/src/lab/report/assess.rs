@@ -13,6 +13,7 @@ pub(super) fn assess(run: &ScenarioRun) -> Vec<Verdict> {
         Scenario::ThreadStack => thread_stack(run, &mut v),
         Scenario::DynamicAlloc => dynamic_alloc(run, &mut v),
         Scenario::VmaSplit => vma_split(run, &mut v),
+        Scenario::ThpSplit => super::thp_split::assess(run, &mut v),
         Scenario::ForkInherit => fork_inherit(run, &mut v),
         Scenario::MallocVsMmap => malloc_vs_mmap(run, &mut v),
         Scenario::MemlockLimit => memlock_limit(run, &mut v),
@@ -467,7 +468,13 @@ fn vm_memory(run: &ScenarioRun, v: &mut Vec<Verdict>) {
     ));
 }
 
-fn claim(claim: &str, published: &str, measured: String, agrees: bool, why: &str) -> Verdict {
+pub(super) fn claim(
+    claim: &str,
+    published: &str,
+    measured: String,
+    agrees: bool,
+    why: &str,
+) -> Verdict {
     Verdict {
         claim: claim.into(),
         published: published.into(),
@@ -477,7 +484,7 @@ fn claim(claim: &str, published: &str, measured: String, agrees: bool, why: &str
     }
 }
 
-fn check(what: &str, expected: String, traced: String, ok: bool) -> Verdict {
+pub(super) fn check(what: &str, expected: String, traced: String, ok: bool) -> Verdict {
     Verdict {
         claim: what.into(),
         published: String::new(),
@@ -514,6 +521,7 @@ mod tests {
             own: json!({"cpus": 2, "results": results}),
             traced: Default::default(),
             events: Vec::new(),
+            vma_calls: Vec::new(),
         }
     }
 

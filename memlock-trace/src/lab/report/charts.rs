@@ -110,7 +110,10 @@ pub(super) fn scenario_chart(dir: &Path, run: &ScenarioRun) -> Result<Option<Str
                 ],
             )?;
         }
-        Scenario::VmaSplit | Scenario::ForkInherit | Scenario::MemlockLimit => return Ok(None),
+        Scenario::VmaSplit
+        | Scenario::ThpSplit
+        | Scenario::ForkInherit
+        | Scenario::MemlockLimit => return Ok(None),
     }
     Ok(Some(file))
 }

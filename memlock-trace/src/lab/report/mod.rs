@@ -2,13 +2,15 @@
 //! references' published ones, a verdict on each published claim, and consistency checks
 //! between what the tracer saw and what the workload did (these must hold).
 //!
-//! `assess` turns each scenario's figures into verdicts, `charts` draws them, and [`write`]
+//! `assess` turns each scenario's figures into verdicts (`thp_split` those of the huge-page
+//! experiment), `charts` draws them, and [`write`]
 //! puts it all in `report.md` and `report.json`.
 
 mod advice;
 mod assess;
 mod charts;
 mod shape;
+mod thp_split;
 
 use std::{
     fmt::Write as _,
@@ -54,6 +56,8 @@ pub struct ScenarioRun {
     pub traced: Vec<Value>,
     /// The tracer's per-call events of the scenario's processes.
     pub events: Vec<Value>,
+    /// The VMA changes of each of their mlock-family calls (`vma_call` lines).
+    pub vma_calls: Vec<Value>,
 }
 
 impl ScenarioRun {
@@ -193,7 +197,7 @@ pub fn write(
             "\n<details><summary>the workload's own measurements</summary>\n\n```json\n{}\n```\n</details>\n",
             serde_json::to_string_pretty(&run.own)?
         );
-        json_runs.push(json!({ "scenario": run.scenario.name(), "secs": run.secs, "workload": run.own, "tracer": run.traced, "events": run.events, "verdicts": v }));
+        json_runs.push(json!({ "scenario": run.scenario.name(), "secs": run.secs, "workload": run.own, "tracer": run.traced, "events": run.events, "vma_calls": run.vma_calls, "verdicts": v }));
         verdicts.push((run.scenario.name().to_string(), v));
     }
     let mut json_advice = Vec::new();

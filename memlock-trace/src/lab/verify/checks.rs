@@ -269,6 +269,14 @@ fn compare_proc(cp: &Checkpoint, view: &ProcView, shows_lf: bool, bad: &mut Vec<
     {
         bad.push(format!("smaps Rss {} kB != expected {rss} kB", view.rss_kb));
     }
+    if let Some(thp) = cp.thp_kb
+        && view.thp_kb != thp
+    {
+        bad.push(format!(
+            "smaps AnonHugePages {} kB != expected {thp} kB",
+            view.thp_kb
+        ));
+    }
 }
 
 /// The region as /proc/PID/task/TID/{maps,smaps} show it.
@@ -277,6 +285,7 @@ struct ProcView {
     maps_ranges: Vec<(u64, u64, String)>,
     locked_kb: u64,
     rss_kb: u64,
+    thp_kb: u64,
 }
 
 impl ProcView {
@@ -289,6 +298,7 @@ impl ProcView {
             maps_ranges: Vec::new(),
             locked_kb: 0,
             rss_kb: 0,
+            thp_kb: 0,
         };
         for e in smaps.iter().filter(|e| e.mapping.overlaps(cp.window)) {
             view.layout.push(Piece {
@@ -300,6 +310,7 @@ impl ProcView {
             });
             view.locked_kb += e.locked_kb;
             view.rss_kb += e.rss_kb;
+            view.thp_kb += e.mapping.pages.thp_kb;
         }
         view.maps_ranges = maps
             .into_iter()
@@ -319,6 +330,9 @@ fn expected_words(cp: &Checkpoint) -> String {
     );
     if let Some(rss) = cp.rss_kb {
         let _ = write!(s, " Rss {rss}k");
+    }
+    if let Some(thp) = cp.thp_kb {
+        let _ = write!(s, " AnonHugePages {thp}k");
     }
     if let Some(c) = &cp.calls {
         let _ = write!(s, "; {}", calls_str(c));
@@ -395,10 +409,12 @@ fn traced_words(
 fn proc_words(cp: &Checkpoint, proc: &Result<ProcView>, shows_lf: bool) -> String {
     match proc {
         Ok(v) => format!(
-            "{} Locked {}k Rss {}k{}",
+            "{} Locked {}k Rss {}k{}{}",
             layout_str(cp.window, &v.layout),
             v.locked_kb,
             v.rss_kb,
+            cp.thp_kb
+                .map_or(String::new(), |_| format!(" AnonHugePages {}k", v.thp_kb)),
             if shows_lf {
                 ""
             } else {

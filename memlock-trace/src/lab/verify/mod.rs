@@ -96,6 +96,8 @@ pub struct Checkpoint {
     /// smaps `Locked:` and `Rss:` over the region.
     pub locked_kb: u64,
     pub rss_kb: Option<u64>,
+    /// smaps `AnonHugePages:` over the region: resident in transparent huge pages.
+    pub thp_kb: Option<u64>,
     pub calls: Option<ExpectCalls>,
     /// `mm->locked_vm` (pages) when the probe call enters.
     pub locked_vm: Option<u64>,

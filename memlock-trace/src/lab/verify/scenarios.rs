@@ -16,7 +16,12 @@ use super::{
 };
 use crate::{
     event::MLOCK_ONFAULT,
-    lab::workload::{Region, nix_ok, syscall_ok},
+    lab::workload::{
+        Region,
+        huge_pages::{THP_SIZE, touched_thp},
+        nix_ok, syscall_ok,
+        thp_split::HUGE_PAGES,
+    },
     procfs::PAGE_SIZE,
 };
 
@@ -27,6 +32,7 @@ pub(super) const SCENARIOS: &[(&str, Scenario)] = &[
     ("mlockall-future", mlockall_future),
     ("fork", fork_child),
     ("thread", thread_shares),
+    ("thp-split", thp_split),
 ];
 
 pub(super) const RW: i32 = libc::PROT_READ | libc::PROT_WRITE;
@@ -340,4 +346,64 @@ fn thread_shares(s: &mut Subject) -> Result<()> {
     thread
         .join()
         .map_err(|_| anyhow!("the checking thread panicked"))?
+}
+
+/// VM_LOCKED on transparent huge pages (issue 30): a lock from the middle of the first of
+/// three huge pages to the middle of the last splits the VMA in three and the two huge pages
+/// it cuts into 4 KiB mappings; munlock merges the VMA back, not the huge pages.
+fn thp_split(s: &mut Subject) -> Result<()> {
+    let (r, thp_kb) = touched_thp(HUGE_PAGES)?;
+    let region_kb = r.len as u64 / 1024;
+    if thp_kb != region_kb {
+        bail!(
+            "the kernel gave {thp_kb} of {region_kb} kB in huge pages at first touch (memory \
+             too fragmented, even compacted): the split of huge pages cannot be checked"
+        );
+    }
+    let huge = THP_SIZE as u64 / PAGE_SIZE;
+    let cut = huge / 2;
+    mlock(r.at(cut), 2 * huge)?;
+    let mut cp = r.checkpoint(
+        "thp-mlock-cut",
+        "mlock from the middle of the first of 3 touched huge pages to the middle of the last",
+        &[
+            (cut, "rw-p", N, N),
+            (2 * huge, "rw-p", Y, N),
+            (cut, "rw-p", N, N),
+        ],
+        region_kb * 2 / 3,
+    );
+    // Every page stays resident; only the huge page inside stays one.
+    cp.rss_kb = Some(region_kb);
+    cp.thp_kb = Some(region_kb / 3);
+    cp.calls = Some(ExpectCalls {
+        splits: Some(2),
+        merges: Some(0),
+        locked_pages: Some(2 * huge as i64),
+        map_count: Some(2),
+        locked_vm: Some(2 * huge as i64),
+        populated: Some(0),
+        ..calls(1)
+    });
+    s.check(&r, cp)?;
+
+    munlock(r.start(), 3 * huge)?;
+    let mut cp = r.checkpoint(
+        "thp-munlock",
+        "munlock all 3 huge pages: the VMA merges, the pages stay split",
+        &[(3 * huge, "rw-p", N, N)],
+        0,
+    );
+    cp.rss_kb = Some(region_kb);
+    cp.thp_kb = Some(region_kb / 3);
+    cp.calls = Some(ExpectCalls {
+        splits: Some(0),
+        merges: Some(2),
+        locked_pages: Some(-2 * huge as i64),
+        map_count: Some(-2),
+        locked_vm: Some(-2 * huge as i64),
+        populated: Some(0),
+        ..calls(1)
+    });
+    s.check(&r, cp)
 }

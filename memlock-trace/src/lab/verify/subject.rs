@@ -138,6 +138,7 @@ impl Region {
             layout: self.layout(layout),
             locked_kb,
             rss_kb: None,
+            thp_kb: None,
             calls: None,
             locked_vm: None,
             born_locked: None,

@@ -20,6 +20,7 @@ pub enum Scenario {
     ThreadStack,
     DynamicAlloc,
     VmaSplit,
+    ThpSplit,
     ForkInherit,
     MallocVsMmap,
     MemlockLimit,
@@ -27,12 +28,13 @@ pub enum Scenario {
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 9] = [
+    pub const ALL: [Scenario; 10] = [
         Scenario::FirstTouch,
         Scenario::ThreadCreate,
         Scenario::ThreadStack,
         Scenario::DynamicAlloc,
         Scenario::VmaSplit,
+        Scenario::ThpSplit,
         Scenario::ForkInherit,
         Scenario::MallocVsMmap,
         Scenario::MemlockLimit,
@@ -46,6 +48,7 @@ impl Scenario {
             Scenario::ThreadStack => "thread-stack",
             Scenario::DynamicAlloc => "dynamic-alloc",
             Scenario::VmaSplit => "vma-split",
+            Scenario::ThpSplit => "thp-split",
             Scenario::ForkInherit => "fork-inherit",
             Scenario::MallocVsMmap => "malloc-vs-mmap",
             Scenario::MemlockLimit => "memlock-limit",
@@ -64,6 +67,7 @@ impl Scenario {
             // thread-create spawns its own worker processes per (mode, P).
             Scenario::ThreadCreate
             | Scenario::VmaSplit
+            | Scenario::ThpSplit
             | Scenario::ForkInherit
             | Scenario::MemlockLimit => Vec::new(),
         }

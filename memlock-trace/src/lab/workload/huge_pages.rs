@@ -70,24 +70,47 @@ impl SmapsFigures {
     }
 }
 
-/// `len` bytes starting on a THP boundary, `MADV_HUGEPAGE`, inside `reservation` (kept
-/// mapped by the caller).
-fn thp_region(len: usize) -> Result<(Region, *mut u8)> {
-    let reservation = Region::anonymous(
-        (len + THP_SIZE) / PAGE_SIZE,
-        libc::PROT_READ | libc::PROT_WRITE,
-        0,
-    )?;
-    let skip = (THP_SIZE - reservation.start() as usize % THP_SIZE) % THP_SIZE;
-    let start = reservation.addr.wrapping_add(skip);
-    // SAFETY: madvise on a range inside the mapping just made; it changes no contents.
-    if unsafe { libc::madvise(start.cast(), len, libc::MADV_HUGEPAGE) } != 0 {
+/// `huge` transparent huge pages' worth of memory between guard pages, starting on a THP
+/// boundary, `MADV_HUGEPAGE`.
+pub fn thp_region(huge: usize) -> Result<Region> {
+    let region = Region::aligned_hole(huge * THP_SIZE / PAGE_SIZE, THP_SIZE)?;
+    region.map(libc::PROT_READ | libc::PROT_WRITE, 0)?;
+    // SAFETY: madvise on the mapping just made; it changes no contents.
+    if unsafe { libc::madvise(region.addr.cast(), region.len, libc::MADV_HUGEPAGE) } != 0 {
         bail!(
             "madvise(MADV_HUGEPAGE): {} (a kernel without transparent huge pages)",
             std::io::Error::last_os_error()
         );
     }
-    Ok((reservation, start))
+    Ok(region)
+}
+
+/// Writes one byte of every base page of `region`.
+fn touch(region: &Region) {
+    for offset in (0..region.len).step_by(PAGE_SIZE) {
+        // SAFETY: inside the writable mapping `region` holds, which only its maker uses.
+        unsafe { region.addr.add(offset).write_volatile(1) };
+    }
+}
+
+/// A [`thp_region`] of `huge` huge pages with every page written, and the kB of it smaps
+/// shows in huge pages (`AnonHugePages`). Where the kernel found fewer free huge pages than
+/// that, memory is compacted (as root) and a fresh region tried, three times at most: a
+/// machine too fragmented even then gives what it gave, for the caller to say.
+pub fn touched_thp(huge: usize) -> Result<(Region, u64)> {
+    let full_kb = (huge * THP_SIZE / 1024) as u64;
+    let mut attempt = 0;
+    loop {
+        let region = thp_region(huge)?;
+        touch(&region);
+        let thp_kb = SmapsFigures::of_own(region.start())?.thp_kb;
+        attempt += 1;
+        if thp_kb == full_kb || attempt == 3 {
+            return Ok((region, thp_kb));
+        }
+        // Only root may; without it the next attempt is as likely as this one was.
+        let _ = std::fs::write("/proc/sys/vm/compact_memory", "1");
+    }
 }
 
 /// The issue's program: 64 MiB touched under `MADV_HUGEPAGE`, another 64 MiB mlocked.
@@ -98,13 +121,9 @@ pub fn thp() -> Result<Locked> {
              not `always` or `madvise`"
         );
     }
-    let (_touched_region, touched) = thp_region(THP_BYTES)?;
-    for offset in (0..THP_BYTES).step_by(PAGE_SIZE) {
-        // SAFETY: inside the writable mapping just made, which only this loop uses.
-        unsafe { touched.add(offset).write_volatile(1) };
-    }
-    let (_locked_region, locked) = thp_region(THP_BYTES)?;
-    mlock_measured(locked, THP_BYTES)
+    touch(&thp_region(THP_BYTES / THP_SIZE)?);
+    let locked = thp_region(THP_BYTES / THP_SIZE)?;
+    mlock_measured(locked.addr, locked.len)
 }
 
 /// 8 MiB of `MAP_HUGETLB` memory mlocked.

@@ -13,6 +13,7 @@ pub mod malloc_vs_mmap;
 pub mod memlock_limit;
 pub mod scenario;
 pub mod syscalls;
+pub mod thp_split;
 pub mod thread_create;
 pub mod thread_stack;
 pub mod vm_memory;

@@ -50,11 +50,19 @@ impl Region {
     /// the guards' flags differ from any mapping's, so what is mapped in the gap never merges
     /// with a neighbour outside it.
     pub fn hole(pages: usize) -> Result<Self> {
-        let mut reservation = Self::anonymous(pages + 2, libc::PROT_NONE, 0)?;
-        // The guard pages stay for the rest of the process.
+        Self::aligned_hole(pages, PAGE_SIZE)
+    }
+
+    /// A [`Region::hole`] whose start is a multiple of `align` bytes (a power of two): a
+    /// transparent huge page's size, for example, so that each huge page of it is one PMD.
+    pub fn aligned_hole(pages: usize, align: usize) -> Result<Self> {
+        let slack = align / PAGE_SIZE - 1;
+        let mut reservation = Self::anonymous(pages + slack + 2, libc::PROT_NONE, 0)?;
+        // The guard pages (and the slack) stay for the rest of the process.
         reservation.unmap_on_drop = false;
+        let first = reservation.page(1);
         let hole = Self {
-            addr: reservation.page(1),
+            addr: first.wrapping_add((align - first as usize % align) % align),
             len: pages * PAGE_SIZE,
             unmap_on_drop: false,
         };

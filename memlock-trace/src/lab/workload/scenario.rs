@@ -10,8 +10,8 @@ use anyhow::{Context as _, Result, bail};
 use serde_json::{Value, json};
 
 use super::{
-    dynamic_alloc, first_touch, fork_inherit, malloc_vs_mmap, memlock_limit, thread_create,
-    thread_stack, vm_memory, vma_split,
+    dynamic_alloc, first_touch, fork_inherit, malloc_vs_mmap, memlock_limit, thp_split,
+    thread_create, thread_stack, vm_memory, vma_split,
 };
 
 pub use super::args::{Scenario, ScenarioArgs};
@@ -41,8 +41,11 @@ pub fn run(scenario: Scenario, args: &ScenarioArgs) -> Result<Value> {
 }
 
 fn run_variant(scenario: Scenario, variant: &str, args: &ScenarioArgs) -> Result<Value> {
-    // THP would turn 512 first touches into one: the experiments are about 4 KiB pages.
-    let _ = nix::sys::prctl::set_thp_disable(true);
+    // THP would turn 512 first touches into one: the experiments are about 4 KiB pages,
+    // but for the one about huge pages.
+    if scenario != Scenario::ThpSplit {
+        let _ = nix::sys::prctl::set_thp_disable(true);
+    }
     if args.settle_ms > 0 {
         std::thread::sleep(std::time::Duration::from_millis(args.settle_ms));
     }
@@ -52,6 +55,7 @@ fn run_variant(scenario: Scenario, variant: &str, args: &ScenarioArgs) -> Result
         Scenario::ThreadStack => thread_stack::run(variant, args)?,
         Scenario::DynamicAlloc => dynamic_alloc::run(variant, args)?,
         Scenario::VmaSplit => vma_split::run()?,
+        Scenario::ThpSplit => thp_split::run()?,
         Scenario::ForkInherit => fork_inherit::run()?,
         Scenario::MallocVsMmap => malloc_vs_mmap::run(variant, args)?,
         Scenario::MemlockLimit => memlock_limit::run(args)?,
