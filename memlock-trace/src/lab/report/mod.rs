@@ -42,6 +42,21 @@ pub struct Written {
     pub inconsistent: usize,
 }
 
+/// A call's errors by errno (`{"ENOMEM": 2}`) in words: `0`, or `ENOMEM 2, EPERM 1`.
+fn errors(by_errno: &Value) -> String {
+    let named: Vec<String> = by_errno
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(errno, n)| format!("{errno} {n}"))
+        .collect();
+    if named.is_empty() {
+        "0".into()
+    } else {
+        named.join(", ")
+    }
+}
+
 fn f(v: &Value) -> f64 {
     v.as_f64().unwrap_or(0.0)
 }
@@ -154,7 +169,7 @@ pub fn write(
                     "| {pid} | {} | {name} | {} | {} | {} | {} | {} | {} |",
                     p["comm"].as_str().unwrap_or(""),
                     s["count"],
-                    s["errors"],
+                    errors(&s["errors"]),
                     crate::output::duration(s["latency_ns"]["p50"].as_u64().unwrap_or(0)),
                     crate::output::duration(s["latency_ns"]["max"].as_u64().unwrap_or(0)),
                     s["pages_populated"],
@@ -259,4 +274,18 @@ pub fn write(
         verdicts,
         inconsistent,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    #[test]
+    fn errors_are_named_or_none() {
+        assert_eq!(super::errors(&json!({})), "0");
+        assert_eq!(
+            super::errors(&json!({"ENOMEM": 2, "EPERM": 1})),
+            "ENOMEM 2, EPERM 1"
+        );
+    }
 }
