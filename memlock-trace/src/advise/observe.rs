@@ -6,7 +6,7 @@ use std::{
     collections::BTreeMap,
     ffi::OsString,
     io::BufRead as _,
-    os::unix::{ffi::OsStringExt as _, process::CommandExt as _},
+    os::unix::{ffi::OsStrExt as _, process::CommandExt as _},
     path::PathBuf,
     process::{Command, Stdio},
 };
@@ -167,6 +167,13 @@ pub struct Run {
     pub started_ns: Option<u64>,
 }
 
+/// `words` as one command line a POSIX shell splits back into them.
+fn shell_words<'a>(words: impl IntoIterator<Item = &'a [u8]> + Clone) -> Vec<u8> {
+    // Only a NUL byte cannot be quoted, and no argument or environment string holds one.
+    shlex::bytes::try_join(words.clone())
+        .unwrap_or_else(|_| words.into_iter().collect::<Vec<_>>().join(&b' '))
+}
+
 /// Runs the tracer on `target` and reads back its lines; `stacks`: with fault stacks.
 pub fn run(target: &Target, env: &Environment, latency_sample: u32, stacks: bool) -> Result<Run> {
     let exe = std::env::current_exe().context("finding memlock-trace's own binary")?;
@@ -198,9 +205,20 @@ pub fn run(target: &Target, env: &Environment, latency_sample: u32, stacks: bool
                 tracer.args(env.vars.iter().map(|(k, v)| format!("{k}={v}")));
             }
             tracer.args(argv);
-            let command = argv.join(std::ffi::OsStr::new(" ")).into_vec();
+            let env_words: Vec<Vec<u8>> = (!env.vars.is_empty())
+                .then(|| b"env".to_vec())
+                .into_iter()
+                .chain(
+                    env.vars
+                        .iter()
+                        .map(|(k, v)| format!("{k}={v}").into_bytes()),
+                )
+                .collect();
+            let argv_words = argv.iter().map(|a| a.as_bytes());
+            let command = shell_words(argv_words.clone());
             let quoted = [&b"`"[..], &command, b"`"].concat();
-            (Outside::from(quoted), [&b"-- "[..], &command].concat())
+            let traced = shell_words(env_words.iter().map(Vec::as_slice).chain(argv_words));
+            (Outside::from(quoted), [&b"-- "[..], &traced].concat())
         }
     };
     let flamegraph_command = stacks.then(|| {
@@ -366,4 +384,16 @@ pub fn temp_path(what: &str) -> Result<PathBuf> {
         .open(&path)
         .with_context(|| format!("creating {}", path.display()))?;
     Ok(path)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_command_is_quoted_as_a_shell_reads_it() {
+        let words: [&[u8]; 4] = [b"python3", b"my table.py", b"$HOME", b"\xff"];
+        let line = super::shell_words(words);
+        assert_eq!(line, b"python3 'my table.py' '$HOME' '\xff'");
+        let split = shlex::bytes::split(&line).unwrap();
+        assert_eq!(split, words.map(<[u8]>::to_vec));
+    }
 }
