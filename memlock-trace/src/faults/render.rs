@@ -244,8 +244,8 @@ pub fn faults_text(out: &mut String, f: &FaultSummary, indent: &str, style: Text
             let _ = writeln!(
                 out,
                 "{indent}  (huge pages: one fault there maps a whole huge page, 512 base pages \
-                 or more, zeroed and perhaps compacted for: such faults are fewer and each far \
-                 slower than a 4 KiB one)"
+                 or more, which the kernel zeroes and may first compact memory for: such faults \
+                 are fewer, and each far slower than a 4 KiB one)"
             );
         }
     }
