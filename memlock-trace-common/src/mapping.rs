@@ -3,8 +3,9 @@
 //! its file, so a region mapped and unmapped between two reads of `/proc/PID/smaps` is
 //! still named.
 //!
-//! Two ways to find the VMA: `bpf_find_vma` (5.17+), or before 6.1 a bounded descent of the
-//! VMA rbtree (`mm->mm_rb`, what 5.10's `find_vma()` does). A program calling a helper the
+//! Two ways to find the VMA: `bpf_find_vma` (5.17+), or a bounded lockless descent of the
+//! VMA tree: the rbtree before 6.1 (`mm->mm_rb`, what 5.10's `find_vma()` does), the maple
+//! tree after (`mm->mm_mt`, what `mas_walk()` does). A program calling a helper the
 //! kernel lacks does not load, so each program that looks VMAs up comes in both kinds and
 //! the loader picks one.
 
@@ -54,6 +55,21 @@ pub struct MappingConfig {
     pub vma_rb: u32,
     pub rb_left: u32,
     pub rb_right: u32,
+    /// 1 when the maple tree fields are valid (6.1 and later).
+    pub maple_valid: u32,
+    /// `mm_struct.mm_mt` + `maple_tree.ma_root`.
+    pub mm_mt_root: u32,
+    /// `maple_range_64.pivot`, `.slot` and `maple_arange_64.pivot`, `.slot`, in words from
+    /// the node's start.
+    pub range_pivot: u32,
+    pub range_slot: u32,
+    pub arange_pivot: u32,
+    pub arange_slot: u32,
+    /// `enum maple_type` values of `maple_leaf_64`, `maple_range_64`, `maple_arange_64`.
+    pub maple_leaf_64: u32,
+    pub maple_range_64: u32,
+    pub maple_arange_64: u32,
+    pub _pad: u32,
 }
 
 impl MappingConfig {
@@ -82,6 +98,16 @@ impl MappingConfig {
         vma_rb: 0,
         rb_left: 0,
         rb_right: 0,
+        maple_valid: 0,
+        mm_mt_root: 0,
+        range_pivot: 0,
+        range_slot: 0,
+        arange_pivot: 0,
+        arange_slot: 0,
+        maple_leaf_64: 0,
+        maple_range_64: 0,
+        maple_arange_64: 0,
+        _pad: 0,
     };
 }
 

@@ -2,11 +2,10 @@
 //! call, an mlock's range), and what it maps: a layer below the families (faults and
 //! syscalls use it).
 //!
-//! Two lookups, one per kernel generation (see `memlock_trace_common::mapping`):
-//! `bpf_find_vma` (5.17+; it takes the mmap lock with a trylock and answers `-EBUSY` when
-//! that fails, which counts as not found), or a bounded descent of `mm->mm_rb`, what 5.10's
-//! `find_vma()` does (before 6.1). `RB` picks the second; a program holding a call to a
-//! helper the kernel lacks does not load, so the loader attaches the right kind.
+//! Three kinds of lookup (see `memlock_trace_common::mapping`), a `const` parameter so that
+//! a program holds the code of its kind only: [`FIND_VMA`], [`RB_WALK`], [`TREE_WALK`]. A
+//! program holding a call to a helper the kernel lacks does not load, so the loader
+//! attaches the right kind.
 
 use core::ffi::c_void;
 
@@ -75,34 +74,53 @@ struct Context {
 /// `-ENOENT`: `bpf_find_vma` found no VMA holding the address.
 const ENOENT: i64 = -2;
 
-/// The VMA of the current task holding `addr`. `identify`: also read its file's identity
-/// and name into this CPU's [`scratch`].
+/// `bpf_find_vma` (5.17+): it takes the mmap lock with a trylock and answers `-EBUSY` when
+/// that fails, which counts as not known.
+pub const FIND_VMA: u8 = 0;
+/// A bounded descent of `mm->mm_rb`, what 5.10's `find_vma()` does (before 6.1, which has
+/// no `bpf_find_vma` before 5.17).
+pub const RB_WALK: u8 = 1;
+/// A lockless descent of the tree the kernel has: the rbtree before 6.1, the maple tree
+/// (what `mas_walk()` does) after. For the programs that run with interrupts off (perf
+/// events), where `bpf_find_vma` defers its unlock to an irq_work: a self-IPI per lookup,
+/// 5 us in a virtual machine. Only they carry it: the maple descent inlined in the syscall
+/// dispatchers' loops took one past 690,000 verified instructions.
+pub const TREE_WALK: u8 = 2;
+
+/// The VMA of the current task holding `addr`, found as `HOW` says. `identify`: also read
+/// its file's identity and name into this CPU's [`scratch`].
 #[inline(always)]
-pub fn find<const RB: bool>(addr: u64, identify: bool) -> Option<Found> {
-    lookup::<RB>(addr, identify).found()
+pub fn find<const HOW: u8>(addr: u64, identify: bool) -> Option<Found> {
+    lookup::<HOW>(addr, identify).found()
 }
 
 /// [`find`], telling an unmapped address from a lookup that could not answer.
 #[inline(always)]
-pub fn lookup<const RB: bool>(addr: u64, identify: bool) -> Lookup {
+pub fn lookup<const HOW: u8>(addr: u64, identify: bool) -> Lookup {
     let config = MAPPING_CONFIG.load();
     if config.valid == 0 {
         return Lookup::Unknown;
     }
-    if RB {
-        if config.rb_valid == 0 {
-            return Lookup::Unknown;
-        }
+    if HOW != FIND_VMA {
         let mm: u64 = peek(current_task(), config.task_mm);
         if mm == 0 {
             return Lookup::Unknown;
         }
-        let vma = first_ending_above(mm, addr, &config);
+        let vma = if config.rb_valid != 0 {
+            first_ending_above(mm, addr, &config)
+        } else if HOW == TREE_WALK && config.maple_valid != 0 {
+            match maple_walk(mm, addr, &config) {
+                Some(vma) => vma,
+                None => return Lookup::Unknown,
+            }
+        } else {
+            return Lookup::Unknown;
+        };
         if vma == 0 {
             return Lookup::Unmapped;
         }
         let found = read_range(vma, &config);
-        if found.start > addr {
+        if found.start > addr || found.end <= addr {
             return Lookup::Unmapped;
         }
         if identify {
@@ -336,6 +354,82 @@ fn first_ending_above(mm: u64, addr: u64, c: &MappingConfig) -> u64 {
         }
     }
     best
+}
+
+/// Levels of the maple tree descended at most: a leaf holds up to 16 VMAs and an inner
+/// node 10 children, so 6 levels already hold the 65530 VMAs `vm.max_map_count` allows.
+const MAPLE_DEPTH: usize = 8;
+/// include/linux/maple_tree.h and lib/maple_tree.c (unchanged since 6.1): a node is 256
+/// bytes, aligned to them; an encoded node pointer keeps the node type in bits 3-6, and
+/// the root pointer has bit 1 set when it is a node.
+/// <https://git.kernel.org/pub/scm/linux/kernel/git/torvalds/linux.git/tree/lib/maple_tree.c?h=v6.1#n314>
+const MAPLE_NODE_WORDS: usize = 32;
+const MAPLE_NODE_MASK: u64 = 255;
+const MAPLE_ROOT_NODE: u64 = 0x02;
+const MAPLE_TYPE_SHIFT: u64 = 3;
+const MAPLE_TYPE_MASK: u64 = 0x0f;
+/// `MAPLE_RANGE64_SLOTS`, `MAPLE_ARANGE64_SLOTS`.
+const RANGE64_SLOTS: usize = 16;
+const ARANGE64_SLOTS: usize = 10;
+
+/// A copy of the maple node being descended (one read per level; too big for the stack).
+#[map]
+static MAPLE_NODE: PerCpuArray<[u64; MAPLE_NODE_WORDS]> = PerCpuArray::with_max_entries(1, 0);
+
+/// The VMA `mas_walk()` would find for `addr` (0: a gap), by a descent of `mm->mm_mt`
+/// without its lock: nodes are freed by RCU, under which programs run, and every read is
+/// a probe read; a node changed meanwhile can only lead to a VMA that does not hold
+/// `addr`, which the caller checks. `None`: not known (a read failed, an unknown node).
+#[inline(always)]
+fn maple_walk(mm: u64, addr: u64, c: &MappingConfig) -> Option<u64> {
+    let mut entry: u64 = peek(mm, c.mm_mt_root);
+    if entry & 3 != MAPLE_ROOT_NODE || entry < 4096 {
+        return None;
+    }
+    let node = MAPLE_NODE.get_ptr_mut(0)?;
+    for _ in 0..MAPLE_DEPTH {
+        let kind = ((entry >> MAPLE_TYPE_SHIFT) & MAPLE_TYPE_MASK) as u32;
+        let (pivots, slots, count) = if kind == c.maple_arange_64 {
+            (c.arange_pivot, c.arange_slot, ARANGE64_SLOTS)
+        } else if kind == c.maple_range_64 || kind == c.maple_leaf_64 {
+            (c.range_pivot, c.range_slot, RANGE64_SLOTS)
+        } else {
+            return None;
+        };
+        // SAFETY: the helper checks the source itself and writes at most the node's 256
+        // bytes into this CPU's value of MAPLE_NODE, which nothing else uses meanwhile.
+        let copied = unsafe {
+            bpf_probe_read_kernel(
+                node.cast(),
+                (MAPLE_NODE_WORDS * 8) as u32,
+                (entry & !MAPLE_NODE_MASK) as *const c_void,
+            )
+        };
+        if copied != 0 {
+            return None;
+        }
+        // SAFETY: as above: this CPU's copy, just written.
+        let words = unsafe { &*node };
+        // mtree_range_walk(): the first slot whose pivot reaches `addr`; past the data the
+        // pivots are 0 and the last slot's upper bound is the node's own (no pivot).
+        let mut offset = count - 1;
+        for i in 0..RANGE64_SLOTS - 1 {
+            if i + 1 >= count {
+                break;
+            }
+            let pivot = words[(pivots as usize + i) & (MAPLE_NODE_WORDS - 1)];
+            if pivot >= addr || (i > 0 && pivot == 0) {
+                offset = i;
+                break;
+            }
+        }
+        let next = words[(slots as usize + offset) & (MAPLE_NODE_WORDS - 1)];
+        if kind == c.maple_leaf_64 {
+            return Some(next);
+        }
+        entry = next;
+    }
+    None
 }
 
 /// Reads a `T` at `base + offset` of kernel memory; on failure the helper zeroes the

@@ -24,7 +24,7 @@ use memlock_trace_common::syscall_hooks::{calls, hook};
 
 use crate::{
     faults::{mappings, populate},
-    stacks,
+    mapping, stacks,
     syscall_hooks::{SyscallContext, calling, entering, exiting},
     syscalls::{self, range},
     vma,
@@ -146,7 +146,7 @@ fn enter<const FIND_VMA: bool, const CAN: u32>(ctx: &SyscallContext, nr: u32, ho
         syscalls::on_enter(ctx, nr, crate::rss::mapped_pages_or_unknown());
     }
     if wants(hook::RANGE_CHECK_RB) {
-        range::on_enter::<true>(ctx);
+        range::on_enter::<{ mapping::RB_WALK }>(ctx);
     }
     if wants(hook::VMA_ENTER_RB) {
         vma::on_enter::<true>(ctx, nr);
@@ -162,7 +162,7 @@ fn enter<const FIND_VMA: bool, const CAN: u32>(ctx: &SyscallContext, nr: u32, ho
     }
     if FIND_VMA {
         if wants(hook::RANGE_CHECK) {
-            range::on_enter::<false>(ctx);
+            range::on_enter::<{ mapping::FIND_VMA }>(ctx);
         }
         if wants(hook::VMA_ENTER) {
             vma::on_enter::<false>(ctx, nr);
@@ -190,7 +190,7 @@ fn exit<const FIND_VMA: bool, const CAN: u32>(ctx: &SyscallContext, hooks: u32) 
         populate::on_exit();
     }
     if wants(hook::POPULATE_EXIT_COUNTED_RB) {
-        populate::on_exit_counted::<true>(ctx);
+        populate::on_exit_counted::<{ mapping::RB_WALK }>(ctx);
     }
     if wants(hook::MAPPINGS_CHANGED) {
         mappings::on_changed();
@@ -203,7 +203,7 @@ fn exit<const FIND_VMA: bool, const CAN: u32>(ctx: &SyscallContext, hooks: u32) 
             vma::on_exit::<false>();
         }
         if wants(hook::POPULATE_EXIT_COUNTED) {
-            populate::on_exit_counted::<false>(ctx);
+            populate::on_exit_counted::<{ mapping::FIND_VMA }>(ctx);
         }
     }
 }

@@ -331,7 +331,45 @@ impl KernelBtf {
             config.rb_left = rb_left;
             config.rb_right = rb_right;
         }
+        // From 6.1 a maple tree: walked where `bpf_find_vma` cannot run (interrupts off).
+        if let Ok(maple) = self.maple_offsets() {
+            config = maple(config);
+        }
         Ok(config)
+    }
+}
+
+impl KernelBtf {
+    /// The maple tree fields the lockless VMA walk reads (6.1+): offsets in words from a
+    /// node's start, and the node types.
+    fn maple_offsets(&self) -> Result<impl Fn(MappingConfig) -> MappingConfig> {
+        let f = |name: &str, field: &str| self.field_offset(name, field);
+        let word = |name: &str, field: &str| f(name, field).map(|o| o / 8);
+        let kind = |member: &str| self.enum_value("maple_type", member).map(|v| v as u32);
+        let (mm_mt_root, range_pivot, range_slot, arange_pivot, arange_slot) = (
+            f("mm_struct", "mm_mt")? + f("maple_tree", "ma_root")?,
+            word("maple_range_64", "pivot")?,
+            word("maple_range_64", "slot")?,
+            word("maple_arange_64", "pivot")?,
+            word("maple_arange_64", "slot")?,
+        );
+        let (leaf, range, arange) = (
+            kind("maple_leaf_64")?,
+            kind("maple_range_64")?,
+            kind("maple_arange_64")?,
+        );
+        Ok(move |config| MappingConfig {
+            maple_valid: 1,
+            mm_mt_root,
+            range_pivot,
+            range_slot,
+            arange_pivot,
+            arange_slot,
+            maple_leaf_64: leaf,
+            maple_range_64: range,
+            maple_arange_64: arange,
+            ..config
+        })
     }
 }
 

@@ -287,12 +287,12 @@ fn a_threads_stack_is_told_apart_at_the_fault() {
 
 /// Threads created at once keep the mmap lock busy (each stack's `mmap` and `mprotect`,
 /// each thread's signal stack and malloc arena) while the threads before them touch their
-/// stacks, so on the tracepoint set `bpf_find_vma` (which only tries the lock) fails for
-/// whole stacks; their pages wait and are looked up again when the lock is free. Every
-/// stack is still one named row, told as a stack, after the process has exited (before the
-/// pages waited: 6 to 21 of 32 stacks named, up to 62% of the faults `unknown`). Also with
+/// stacks. When the tracepoint set looked faults up with `bpf_find_vma` (which only tries
+/// the lock), whole stacks failed: 6 to 21 of 32 named, up to 62% of the faults `unknown`,
+/// until their pages waited for a later lookup; now it walks the tree without the lock.
+/// Every stack is one named row, told as a stack, after the process has exited. Also with
 /// `--latency-sample`, whose lookups run at the fault's start, before the kernel grows the
-/// main stack (before: none told as a stack, the main stack's growth `unknown`).
+/// main stack (once: none told as a stack, the main stack's growth `unknown`).
 #[cfg(feature = "lab")]
 #[test]
 fn threads_created_at_once_have_every_stack_named() {

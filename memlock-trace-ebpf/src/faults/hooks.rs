@@ -10,9 +10,7 @@ use aya_ebpf::{
     },
 };
 
-use super::inflight::{
-    FIND_VMA, NO_LOOKUP, RB_WALK, hook_end, hook_start, perf_completion, record_start,
-};
+use super::inflight::{hook_end, hook_start, perf_completion, record_start};
 use crate::shared::tp_field;
 
 // ---------------------------------------------------------------------------------------
@@ -30,7 +28,7 @@ use crate::shared::tp_field;
 #[tracepoint]
 pub fn fault_exception_entry(ctx: TracePointContext) -> u32 {
     let address = tp_field::<u64>(&ctx, 8).unwrap_or(0);
-    record_start::<NO_LOOKUP>(address, 0);
+    record_start::<false>(address, 0);
     0
 }
 
@@ -39,13 +37,13 @@ pub fn fault_exception_entry(ctx: TracePointContext) -> u32 {
 /// `TP_PROTO(unsigned long address, struct pt_regs *regs, unsigned long error_code)`.
 #[btf_tracepoint(function = "page_fault_user")]
 pub fn fault_entry_user_btf(ctx: BtfTracePointContext) -> i32 {
-    record_start::<NO_LOOKUP>(ctx.arg(0), 0);
+    record_start::<false>(ctx.arg(0), 0);
     0
 }
 
 #[btf_tracepoint(function = "page_fault_kernel")]
 pub fn fault_entry_kernel_btf(ctx: BtfTracePointContext) -> i32 {
-    record_start::<NO_LOOKUP>(ctx.arg(0), 0);
+    record_start::<false>(ctx.arg(0), 0);
     0
 }
 
@@ -56,18 +54,10 @@ pub fn fault_entry_kernel_btf(ctx: BtfTracePointContext) -> i32 {
 /// the event's sample address.
 ///
 /// With `--latency-sample` it also counts every fault's region, keyed by the VMA it finds
-/// with `bpf_find_vma` (interrupts are on here, unlike at the tracepoints).
+/// by a walk of the VMA tree (`mapping::TREE_WALK`).
 #[perf_event]
 pub fn fault_perf_start(ctx: PerfEventContext) -> u32 {
-    record_start::<FIND_VMA>(perf_address(&ctx), perf_user_sp(&ctx));
-    0
-}
-
-/// [`fault_perf_start`] on kernels without `bpf_find_vma` (before 5.17): the VMA is found by
-/// a walk of the VMA rbtree.
-#[perf_event]
-pub fn fault_perf_start_rb(ctx: PerfEventContext) -> u32 {
-    record_start::<RB_WALK>(perf_address(&ctx), perf_user_sp(&ctx));
+    record_start::<true>(perf_address(&ctx), perf_user_sp(&ctx));
     0
 }
 

@@ -23,24 +23,22 @@ use super::{
     regions::{count_region, region_kind_of},
     sole_tgid,
 };
-use crate::shared::{current_ids, is_target, now_ns, read_kernel, this_cpu};
+use crate::{
+    mapping,
+    shared::{current_ids, is_target, now_ns, read_kernel, this_cpu},
+};
 
 // ---------------------------------------------------------------------------------------
 // Hook set 3: tracepoints + perf software events.
 // ---------------------------------------------------------------------------------------
 
-/// [`record_start`]'s `LOOKUP`: how the start program finds the faulting VMA when it
-/// counts regions (`--latency-sample`): not at all (the tracepoints, which run with
-/// interrupts off, where `bpf_find_vma` would defer its unlock to an irq_work per lookup),
-/// `bpf_find_vma`, or the rbtree walk (before 5.17).
-pub(super) const NO_LOOKUP: u8 = 0;
-pub(super) const FIND_VMA: u8 = 1;
-pub(super) const RB_WALK: u8 = 2;
-
 /// A traced task's fault starts: its start goes in this CPU's ring. `sp`: the faulting
 /// thread's user stack pointer, 0 when not at hand (only the lookups use it).
 #[inline(always)]
-pub(super) fn record_start<const LOOKUP: u8>(address: u64, sp: u64) {
+/// `LOOKUP`: whether it finds the faulting VMA when it counts regions (`--latency-sample`),
+/// by [`mapping::TREE_WALK`]: the perf event, not the tracepoints (whose faults the perf
+/// completion resolves).
+pub(super) fn record_start<const LOOKUP: bool>(address: u64, sp: u64) {
     let (tgid, tid) = current_ids();
     let sole = sole_tgid();
     if sole != 0 {
@@ -54,10 +52,10 @@ pub(super) fn record_start<const LOOKUP: u8>(address: u64, sp: u64) {
     // here, where every fault passes (user addresses only: a kernel-mode fault on kernel
     // memory has no mapping).
     if config!(counted_by_perf) != 0 && address < USER_ADDRESS_END {
-        let vma = match LOOKUP {
-            FIND_VMA => resolve::<false, true>(tgid, address, sp),
-            RB_WALK => resolve::<true, false>(tgid, address, sp),
-            _ => None,
+        let vma = if LOOKUP {
+            resolve::<{ mapping::TREE_WALK }, false>(tgid, address, sp)
+        } else {
+            None
         };
         let (region, vm_flags) = vma.unwrap_or((address & PAGE_MASK, 0));
         count_region(tgid, region, vm_flags);
@@ -219,14 +217,10 @@ pub(super) fn perf_completion<const ACROSS_CPUS: bool>(ctx: &PerfEventContext, m
         }
     };
     let vma = if traced && !timed_only {
-        // The `_local` programs run on kernels before 5.19, whose VMAs are still in an
-        // rbtree (maple tree: 6.1); the others have `bpf_find_vma` (5.17).
-        // A kernel-mode fault's sp is the kernel's: in no user VMA.
-        if ACROSS_CPUS {
-            resolve::<false, true>(tgid, address, sp)
-        } else {
-            resolve::<true, false>(tgid, address, sp)
-        }
+        // A walk, not bpf_find_vma (see `mapping::TREE_WALK`): with the helper, a
+        // system-wide session halved fork+exec's rate. A kernel-mode fault's sp is the
+        // kernel's: in no user VMA.
+        resolve::<{ mapping::TREE_WALK }, false>(tgid, address, sp)
     } else {
         None
     };

@@ -119,7 +119,7 @@ pub fn on_going<const RETRY: bool>() {
 /// `RETRY`: after a lookup that found the lock free, also look up the process's waiting
 /// pages (the fault programs; not the populate exit, which has no stack to spare for it).
 #[inline(always)]
-pub(super) fn resolve<const RB: bool, const RETRY: bool>(
+pub(super) fn resolve<const HOW: u8, const RETRY: bool>(
     tgid: u32,
     address: u64,
     sp: u64,
@@ -145,11 +145,13 @@ pub(super) fn resolve<const RB: bool, const RETRY: bool>(
             return Some((way.start, flags));
         }
     }
-    let found = match mapping::lookup::<RB>(address, true) {
+    let found = match mapping::lookup::<HOW>(address, true) {
         Lookup::Found(found) => found,
         Lookup::Unmapped => return None,
         Lookup::Unknown => {
-            if !RB {
+            // Only the helper fails on a busy lock; a walk that cannot answer will not
+            // answer later either.
+            if HOW == mapping::FIND_VMA {
                 wait_for_lookup(tgid, address, sp);
             }
             return None;
@@ -166,7 +168,7 @@ pub(super) fn resolve<const RB: bool, const RETRY: bool>(
         0,
         flags & VM_HELD_SP != 0,
     );
-    if RETRY && !RB {
+    if RETRY && HOW == mapping::FIND_VMA {
         retry_pending(tgid);
     }
     Some((found.start, flags))
@@ -458,8 +460,8 @@ fn remember(
         start,
     };
     // SAFETY: a valid pointer to the map's value, read at once.
-    let held_before = unsafe { FAULT_MAPPINGS.get(&cache.key) }
-        .is_some_and(|old| old.end == end && old.flags & VM_HELD_SP != 0);
+    let old = unsafe { FAULT_MAPPINGS.get(&cache.key) }.copied();
+    let held_before = old.is_some_and(|old| old.end == end && old.flags & VM_HELD_SP != 0);
     let held = if held_sp || held_before {
         VM_HELD_SP
     } else {
@@ -476,6 +478,18 @@ fn remember(
         vma,
     };
     info.flags = info.flags & !VM_HELD_SP | held;
+    // Already recorded as it is (the cache is dropped at every mapping call of every traced
+    // process, so most misses meet a VMA already known): an LRU update saved.
+    if old.is_some_and(|old| {
+        old.end == info.end
+            && old.flags == info.flags
+            && old.pgoff == info.pgoff
+            && old.ino == info.ino
+            && old.dev == info.dev
+            && old.kind == info.kind
+    }) {
+        return;
+    }
     if FAULT_MAPPINGS
         .insert(&cache.key, info, u64::from(BPF_ANY))
         .is_err()

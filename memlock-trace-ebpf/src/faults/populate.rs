@@ -144,10 +144,10 @@ fn enter(ctx: &SyscallContext, nr: u32) -> Option<u32> {
 /// At the exit of every [`populate`] call, with the tracepoint hook set
 /// (`hook::POPULATE_EXIT_COUNTED`): the task's fault-counter growth during the call, less
 /// the faults the perf events already counted, is what the call populated; charged to the
-/// VMA the call populated, found with `bpf_find_vma` (`RB`: `hook::POPULATE_EXIT_COUNTED_RB`,
-/// by a walk of the VMA rbtree on kernels without it, before 5.17).
+/// VMA the call populated, found as `HOW` says: `bpf_find_vma`, or a walk of the VMA rbtree
+/// (`hook::POPULATE_EXIT_COUNTED_RB`, on kernels without the helper, before 5.17).
 #[inline(never)]
-pub fn on_exit_counted<const RB: bool>(ctx: &SyscallContext) {
+pub fn on_exit_counted<const HOW: u8>(ctx: &SyscallContext) {
     let (tgid, tid) = current_ids();
     let Some(call) = POPULATE_INFLIGHT.get_ptr(tid) else {
         return;
@@ -185,7 +185,7 @@ pub fn on_exit_counted<const RB: bool>(ctx: &SyscallContext) {
         minor + major,
     );
     let ret = syscall_ret(ctx);
-    let address = charge::<RB>(ctx, (tgid, tid), index, range, ret, minor + major);
+    let address = charge::<HOW>(ctx, (tgid, tid), index, range, ret, minor + major);
     if config!(events) != 0 {
         let flags = fault_flags::POPULATED | if minor == 0 { fault_flags::MAJOR } else { 0 };
         emit(
@@ -208,7 +208,7 @@ pub fn on_exit_counted<const RB: bool>(ctx: &SyscallContext) {
 /// nothing tells them apart. With `--stacks`, the call site's stack is kept under the same
 /// region. Returns the address charged (0 for the call).
 #[inline(always)]
-fn charge<const RB: bool>(
+fn charge<const HOW: u8>(
     ctx: &SyscallContext,
     (tgid, tid): (u32, u32),
     index: u32,
@@ -226,7 +226,7 @@ fn charge<const RB: bool>(
     };
     let address = address & PAGE_MASK;
     if address != 0
-        && let Some(found) = mapping::find::<RB>(address, false)
+        && let Some(found) = mapping::find::<HOW>(address, false)
         && found.end >= address.saturating_add(len)
     {
         flush_region(
@@ -243,7 +243,7 @@ fn charge<const RB: bool>(
             record_stack(ctx, tgid, tid, pages, (region_kind::VMA, found.start));
         }
         // Named like the faults' VMAs (those were likely met already; if not, this records it).
-        super::mappings::resolve::<RB, false>(tgid, address, 0);
+        super::mappings::resolve::<HOW, false>(tgid, address, 0);
         return address;
     }
     flush_region(tgid, region_kind::CALL, index as u64, pages, 0);

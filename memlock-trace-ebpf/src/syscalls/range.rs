@@ -32,10 +32,10 @@ static RANGE_CHECKS: HashMap<u32, RangeCheck> = HashMap::with_max_entries(MAX_IN
 const MAX_VMAS: usize = 16;
 
 /// At the entry of `mlock`, `mlock2` and `munlock`, beside the call's entry handler
-/// (`hook::RANGE_CHECK`; `RB`: `hook::RANGE_CHECK_RB`, by the rbtree walk on kernels
+/// (`hook::RANGE_CHECK`; `HOW` the rbtree walk: `hook::RANGE_CHECK_RB`, on kernels
 /// without `bpf_find_vma`, before 5.17).
 #[inline(never)]
-pub fn on_enter<const RB: bool>(ctx: &SyscallContext) {
+pub fn on_enter<const HOW: u8>(ctx: &SyscallContext) {
     let (tgid, tid) = current_ids();
     if !is_target(tgid) {
         return;
@@ -52,7 +52,7 @@ pub fn on_enter<const RB: bool>(ctx: &SyscallContext) {
     if end > start {
         let mut addr = start;
         for _ in 0..MAX_VMAS {
-            match mapping::lookup::<RB>(addr, false) {
+            match mapping::lookup::<HOW>(addr, false) {
                 Lookup::Found(found) => {
                     addr = found.end;
                     if addr >= end {

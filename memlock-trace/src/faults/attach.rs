@@ -121,6 +121,8 @@ struct KernelSupport {
     percpu_lookup: bool,
     /// `bpf_find_vma` (5.17): the VMA of a fault looked up; else the rbtree walk.
     find_vma: bool,
+    /// VMAs in a maple tree (6.1), which the fault completions walk themselves.
+    maple_tree: bool,
 }
 
 impl KernelSupport {
@@ -131,6 +133,7 @@ impl KernelSupport {
                 .is_ok(),
             percpu_lookup: btf.has_enum_member("bpf_func_id", "BPF_FUNC_map_lookup_percpu_elem"),
             find_vma: btf.has_find_vma(),
+            maple_tree: btf.mapping_config().is_ok_and(|c| c.maple_valid == 1),
         }
     }
 }
@@ -147,7 +150,6 @@ const PERF_MAJ: &str = "fault_perf_maj";
 const PERF_MIN_LOCAL: &str = "fault_perf_min_local";
 const PERF_MAJ_LOCAL: &str = "fault_perf_maj_local";
 const PERF_START: &str = "fault_perf_start";
-const PERF_START_RB: &str = "fault_perf_start_rb";
 /// The same hooks with programs that return at once, or only read the clock: see
 /// [`BenchFloor`]. Entry user, entry kernel, perf min, perf maj.
 const EMPTY_PROGRAMS: [&str; 4] = [
@@ -218,7 +220,7 @@ pub fn attach(cx: &mut AttachContext<'_>, options: &FaultOptions) -> Result<Faul
                         .then(|| completion_names(options.bench_floor, &kernel)),
                     start_program: (tracepoints
                         && per_target_start(options, specific_targets, &kernel))
-                    .then(|| start_name(options.bench_floor, &kernel)),
+                    .then(|| start_name(options.bench_floor)),
                     hook_set: set,
                     hooks,
                     refused,
@@ -305,7 +307,7 @@ fn attach_tracepoints(
         ]);
     }
     if per_target_start(options, specific_targets, kernel) {
-        load_perf_event(ebpf, start_name(options.bench_floor, kernel))?;
+        load_perf_event(ebpf, start_name(options.bench_floor))?;
         // Opened on each target thread as targets are added (`FaultCounters`).
         hooks
             .push("perf_event/software:PAGE_FAULTS on each target thread (start, period 1)".into());
@@ -394,13 +396,8 @@ fn completion_names(floor: Option<BenchFloor>, kernel: &KernelSupport) -> [&'sta
 }
 
 /// The program the per-thread `PAGE_FAULTS` events run, or the floor's (an empty one).
-fn start_name(floor: Option<BenchFloor>, kernel: &KernelSupport) -> &'static str {
-    let start = if kernel.find_vma {
-        PERF_START
-    } else {
-        PERF_START_RB
-    };
-    floor_programs(floor).map_or(start, |p| p[2])
+fn start_name(floor: Option<BenchFloor>) -> &'static str {
+    floor_programs(floor).map_or(PERF_START, |p| p[2])
 }
 
 /// A copy of a program's fd, for the events opened on target threads.
@@ -490,10 +487,12 @@ fn vma_lookup(
     specific_targets: bool,
     kernel: &KernelSupport,
 ) -> String {
-    let how = if kernel.find_vma {
-        "bpf_find_vma"
+    // The perf events' programs run with interrupts off, where bpf_find_vma would defer
+    // its unlock to an irq_work each time: they walk the tree themselves.
+    let how = if kernel.maple_tree {
+        "a lockless walk of mm->mm_mt"
     } else {
-        "a walk of mm->mm_rb (no bpf_find_vma, 5.17)"
+        "a walk of mm->mm_rb"
     };
     if set != HookSet::Tracepoint {
         format!("each fault's VMA from {FAULT_FUNCTION}'s argument")
@@ -522,7 +521,6 @@ fn unload(ebpf: &mut Ebpf, set: HookSet) {
             PERF_MIN_LOCAL,
             PERF_MAJ_LOCAL,
             PERF_START,
-            PERF_START_RB,
         ],
     };
     for name in names {
