@@ -180,7 +180,13 @@ pub(super) fn delta(before: &FaultSummary, after: &FaultSummary) -> Delta {
 /// A sparse file whose pages `i * FILE_STRIDE` hold data (and so are in the page cache).
 pub(super) fn sparse_file(pages: usize) -> PathBuf {
     use std::os::unix::fs::FileExt as _;
-    let path = std::env::temp_dir().join(format!("memlock-trace-faults-{}", std::process::id()));
+    // One file per call: the tests of this binary run in parallel threads of one process
+    // unless `--test-threads=1` (as `cargo xtask test` runs them), and one test evicting or
+    // removing another's file made its minor faults major.
+    static FILES: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = FILES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let path =
+        std::env::temp_dir().join(format!("memlock-trace-faults-{}-{n}", std::process::id()));
     let file = std::fs::File::create(&path).expect("creating the test file");
     file.set_len((pages * FILE_STRIDE * PAGE_SIZE) as u64)
         .expect("sizing the test file");
