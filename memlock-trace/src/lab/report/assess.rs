@@ -1,7 +1,7 @@
 //! Verdicts: each scenario's published claims against this machine's figures, and the
 //! consistency checks between what the tracer saw and what the workload did.
 
-use super::{ScenarioRun, Verdict, f, shape};
+use super::{ScenarioRun, Verdict, check, claim, f, shape};
 use crate::lab::workload::scenario::Scenario;
 
 /// Each published claim of `run`'s scenario, and the tracer-versus-workload checks.
@@ -466,32 +466,6 @@ fn vm_memory(run: &ScenarioRun, v: &mut Vec<Verdict>) {
         ),
         traced_on["count"] == 1 && traced_off == 0,
     ));
-}
-
-pub(super) fn claim(
-    claim: &str,
-    published: &str,
-    measured: String,
-    agrees: bool,
-    why: &str,
-) -> Verdict {
-    Verdict {
-        claim: claim.into(),
-        published: published.into(),
-        measured,
-        verdict: if agrees { "agrees" } else { "disagrees" },
-        why: why.into(),
-    }
-}
-
-pub(super) fn check(what: &str, expected: String, traced: String, ok: bool) -> Verdict {
-    Verdict {
-        claim: what.into(),
-        published: String::new(),
-        measured: format!("workload {expected}, tracer {traced}"),
-        verdict: if ok { "consistent" } else { "INCONSISTENT" },
-        why: String::new(),
-    }
 }
 
 #[cfg(test)]

@@ -57,6 +57,28 @@ fn errors(by_errno: &Value) -> String {
     }
 }
 
+/// A verdict on a published claim.
+fn claim(claim: &str, published: &str, measured: String, agrees: bool, why: &str) -> Verdict {
+    Verdict {
+        claim: claim.into(),
+        published: published.into(),
+        measured,
+        verdict: if agrees { "agrees" } else { "disagrees" },
+        why: why.into(),
+    }
+}
+
+/// A verdict on a tracer-versus-workload check.
+fn check(what: &str, expected: String, traced: String, ok: bool) -> Verdict {
+    Verdict {
+        claim: what.into(),
+        published: String::new(),
+        measured: format!("workload {expected}, tracer {traced}"),
+        verdict: if ok { "consistent" } else { "INCONSISTENT" },
+        why: String::new(),
+    }
+}
+
 fn f(v: &Value) -> f64 {
     v.as_f64().unwrap_or(0.0)
 }

@@ -4,10 +4,7 @@
 
 use serde_json::Value;
 
-use super::{
-    ScenarioRun, Verdict,
-    assess::{check, claim},
-};
+use super::{ScenarioRun, Verdict, check, claim};
 
 fn u(v: &Value) -> i64 {
     v.as_i64().unwrap_or(0)
