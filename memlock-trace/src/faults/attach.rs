@@ -119,7 +119,8 @@ struct KernelSupport {
     /// `bpf_map_lookup_percpu_elem` (5.19): a fault's start searched on other CPUs. Without
     /// it the `_local` perf programs look on this CPU only.
     percpu_lookup: bool,
-    /// `bpf_find_vma` (5.17): the VMA of a fault looked up; else the rbtree walk.
+    /// `bpf_find_vma` (5.17): the VMA a populating call filled looked up with it; else by
+    /// the rbtree walk.
     find_vma: bool,
     /// VMAs in a maple tree (6.1), which the fault completions walk themselves.
     maple_tree: bool,
