@@ -34,10 +34,10 @@ use crate::{
 
 /// A traced task's fault starts: its start goes in this CPU's ring. `sp`: the faulting
 /// thread's user stack pointer, 0 when not at hand (only the lookups use it).
-#[inline(always)]
 /// `LOOKUP`: whether it finds the faulting VMA when it counts regions (`--latency-sample`),
 /// by [`mapping::TREE_WALK`]: the perf event, not the tracepoints (whose faults the perf
 /// completion resolves).
+#[inline(always)]
 pub(super) fn record_start<const LOOKUP: bool>(address: u64, sp: u64) {
     let (tgid, tid) = current_ids();
     let sole = sole_tgid();
@@ -53,7 +53,7 @@ pub(super) fn record_start<const LOOKUP: bool>(address: u64, sp: u64) {
     // memory has no mapping).
     if config!(counted_by_perf) != 0 && address < USER_ADDRESS_END {
         let vma = if LOOKUP {
-            resolve::<{ mapping::TREE_WALK }, false>(tgid, address, sp)
+            resolve::<{ mapping::TREE_WALK }>(tgid, address, sp)
         } else {
             None
         };
@@ -220,7 +220,7 @@ pub(super) fn perf_completion<const ACROSS_CPUS: bool>(ctx: &PerfEventContext, m
         // A walk, not bpf_find_vma (see `mapping::TREE_WALK`): with the helper, a
         // system-wide session halved fork+exec's rate. A kernel-mode fault's sp is the
         // kernel's: in no user VMA.
-        resolve::<{ mapping::TREE_WALK }, false>(tgid, address, sp)
+        resolve::<{ mapping::TREE_WALK }>(tgid, address, sp)
     } else {
         None
     };

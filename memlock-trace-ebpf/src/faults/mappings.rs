@@ -3,18 +3,19 @@
 //! `FAULT_MAPPINGS` the first time a CPU meets it, so user space names the region even when
 //! it was unmapped long before anyone read `/proc/PID/smaps`.
 //!
-//! Why a cache: `bpf_find_vma` takes the mmap lock (trylock) and walks the maple tree, and
+//! Why a cache: a lookup walks the VMA tree (a probe read per level and per VMA field), and
 //! recording the identity is a hash update; a fault usually lands in one of the few VMAs the
 //! CPU's last faults landed in. The cache is dropped whenever a traced process changes its
 //! mappings (a generation bumped at the enter and exit of the calls that map, unmap, move,
 //! re-protect or lock them), so a VMA unmapped and replaced is looked up again.
 //!
-//! `bpf_find_vma` only tries the mmap lock: while another thread of the process maps (a
-//! thread being created: its stack's `mmap` and `mprotect`), a lookup fails and the fault is
-//! keyed by its page. Such pages wait in `FAULT_VMA_PENDING` and are looked up again when
-//! the lock is likely free: as the process enters its next call that maps and at its next
-//! fault whose lookup succeeds. Once the VMA is identified, user space puts the
-//! pages keyed by page inside it in its row, even after the process has exited.
+//! The fault programs walk the VMA tree without its lock (`mapping::TREE_WALK`). Where
+//! `bpf_find_vma` looks up the VMA a populating call filled, it only tries the mmap lock:
+//! while another thread of the process maps, a lookup fails and the pages are keyed by page.
+//! Such pages wait in `FAULT_VMA_PENDING` and are looked up again when the lock is likely
+//! free: as the process enters its next call that maps or unmaps, or exits. Once the VMA is
+//! identified, user space puts the pages keyed by page inside it in its row, even after the
+//! process has exited.
 
 use core::ffi::c_void;
 
@@ -114,16 +115,10 @@ pub fn on_going<const RETRY: bool>() {
 /// The start and flags of the VMA of `tgid` (the current task's process) holding
 /// `address`, recording its identity on a cache miss; `None` when none holds it (or the
 /// mmap lock was busy). The flags carry [`VM_HELD_SP`] when the VMA also holds `sp`, the
-/// faulting thread's user stack pointer (0: not known).
-///
-/// `RETRY`: after a lookup that found the lock free, also look up the process's waiting
-/// pages (the fault programs; not the populate exit, which has no stack to spare for it).
+/// faulting thread's user stack pointer (0: not known). `HOW`: see [`mapping::FIND_VMA`];
+/// a lookup by the helper that met a busy lock leaves the page waiting (see the module).
 #[inline(always)]
-pub(super) fn resolve<const HOW: u8, const RETRY: bool>(
-    tgid: u32,
-    address: u64,
-    sp: u64,
-) -> Option<(u64, u64)> {
+pub(super) fn resolve<const HOW: u8>(tgid: u32, address: u64, sp: u64) -> Option<(u64, u64)> {
     let cache = FAULT_VMA_CACHE.get_ptr_mut(0)?;
     // SAFETY: this CPU's value of a per-CPU map, valid while the program runs; a program
     // runs to completion on its CPU, so nothing else uses it meanwhile.
@@ -168,9 +163,6 @@ pub(super) fn resolve<const HOW: u8, const RETRY: bool>(
         0,
         flags & VM_HELD_SP != 0,
     );
-    if RETRY && HOW == mapping::FIND_VMA {
-        retry_pending(tgid);
-    }
     Some((found.start, flags))
 }
 

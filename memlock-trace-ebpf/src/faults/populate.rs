@@ -243,7 +243,7 @@ fn charge<const HOW: u8>(
             record_stack(ctx, tgid, tid, pages, (region_kind::VMA, found.start));
         }
         // Named like the faults' VMAs (those were likely met already; if not, this records it).
-        super::mappings::resolve::<HOW, false>(tgid, address, 0);
+        super::mappings::resolve::<HOW>(tgid, address, 0);
         return address;
     }
     flush_region(tgid, region_kind::CALL, index as u64, pages, 0);
