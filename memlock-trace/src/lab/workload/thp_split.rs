@@ -9,10 +9,10 @@ use anyhow::Result;
 use serde_json::{Value, json};
 
 use super::{
-    PAGE_SIZE, Region,
+    Region,
     huge_pages::{THP_SIZE, touched_thp},
     syscall_ok,
-    vma_split::region_vmas,
+    vma_split::{layout, region_vmas},
 };
 
 /// Huge pages in the region: one inside the locked range, one cut at each end.
@@ -22,18 +22,10 @@ pub const HUGE_PAGES: usize = 3;
 fn step(name: &str, region: &Region) -> Result<Value> {
     let vmas = region_vmas("self", region.window())?;
     let sum = |kb: fn(&crate::procfs::SmapsEntry) -> u64| vmas.iter().map(kb).sum::<u64>();
-    let layout: Vec<String> = vmas
-        .iter()
-        .map(|v| {
-            let pages = (v.mapping.end - v.mapping.start) / PAGE_SIZE as u64;
-            let locked = if v.mapping.locked { "L" } else { "" };
-            format!("{pages}{}{locked}", v.perms)
-        })
-        .collect();
     Ok(json!({
         "step": name,
         "vmas": vmas.len(),
-        "layout": layout,
+        "layout": layout(&vmas),
         "thp_kb": sum(|v| v.mapping.pages.thp_kb),
         "rss_kb": sum(|v| v.rss_kb),
         "locked_kb": sum(|v| v.locked_kb),

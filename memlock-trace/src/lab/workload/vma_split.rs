@@ -17,6 +17,17 @@ pub fn region_vmas(pid: &str, range: (u64, u64)) -> Result<Vec<SmapsEntry>> {
         .collect())
 }
 
+/// Each VMA as pages, permissions and `L` when locked: `4rw-p`, `8rw-pL`, `4rw-p`.
+pub fn layout(vmas: &[SmapsEntry]) -> Vec<String> {
+    vmas.iter()
+        .map(|v| {
+            let pages = (v.mapping.end - v.mapping.start) / PAGE_SIZE as u64;
+            let locked = if v.mapping.locked { "L" } else { "" };
+            format!("{pages}{}{locked}", v.perms)
+        })
+        .collect()
+}
+
 const PAGES: usize = 16;
 
 pub fn run() -> Result<Value> {
@@ -53,14 +64,7 @@ pub fn run() -> Result<Value> {
     let mut step = |name: &str, expected_vmas: usize, expected_locked_pages: usize| -> Result<()> {
         let vmas = region_vmas("self", range)?;
         let locked_kib: u64 = vmas.iter().map(|v| v.locked_kb).sum();
-        let layout: Vec<String> = vmas
-            .iter()
-            .map(|v| {
-                let pages = (v.mapping.end - v.mapping.start) / PAGE_SIZE as u64;
-                let locked = if v.mapping.locked { "L" } else { "" };
-                format!("{pages}{}{locked}", v.perms)
-            })
-            .collect();
+        let layout = layout(&vmas);
         steps.push(json!({
             "step": name,
             "expected_vmas": expected_vmas,
