@@ -166,6 +166,7 @@ pub fn run(args: &Args) -> Result<()> {
         return soak::run(
             &workspace_root().join("target/release/memlock-trace"),
             minutes,
+            &args.out,
         );
     }
     if args.node_cost {

@@ -59,7 +59,7 @@ struct Sample {
     processes_started: u64,
 }
 
-pub fn run(tracer: &Path, minutes: f64) -> Result<()> {
+pub fn run(tracer: &Path, minutes: f64, out: &Path) -> Result<()> {
     if minutes <= 0.0 {
         bail!("--soak takes minutes > 0");
     }
@@ -140,7 +140,7 @@ pub fn run(tracer: &Path, minutes: f64) -> Result<()> {
     let root = workspace_root();
     plot(&root.join(PLOT), &samples)?;
     let report = report(&samples, minutes, peak_kib, stop_secs, listed, folded);
-    let out = root.join("BENCHMARKS.md");
+    let out = root.join(out);
     let existing = std::fs::read_to_string(&out).unwrap_or_default();
     std::fs::write(&out, replace_section(&existing, SECTION, &report))?;
     println!("{report}");
