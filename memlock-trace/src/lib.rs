@@ -24,6 +24,7 @@
 pub mod advise;
 pub mod arch;
 pub mod btf;
+pub mod buckets;
 pub mod cli;
 mod detach;
 pub mod event;

@@ -30,6 +30,14 @@ pub fn entries<K: Pod, V: Pod>(map: &MapData) -> Result<Vec<(K, V)>> {
     Ok(out)
 }
 
+/// Calls `f` with every key and value of a map whose value is one `V`, decoded a batch at
+/// a time: nothing the size of the map is held but what `f` keeps.
+pub fn for_each<K: Pod, V: Pod>(map: &MapData, mut f: impl FnMut(K, V)) -> Result<()> {
+    read(map, size_of::<K>(), size_of::<V>(), &mut |k, v| {
+        f(read_pod::<K>(k), read_pod::<V>(v));
+    })
+}
+
 /// Calls `f` with every key of a per-CPU map and each possible CPU's value, decoded a
 /// batch at a time: nothing the size of the map is held but what `f` keeps.
 pub fn for_each_per_cpu<K: Pod, V: Pod>(map: &MapData, mut f: impl FnMut(K, &[V])) -> Result<()> {

@@ -2,7 +2,7 @@
 //! latency percentiles from the kernel's buckets, faults attributed to mappings
 //! ([`super::mappings`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, btree_map::Entry};
 
 use memlock_trace_common::{
     faults::{FaultKey, HIST_BUCKETS, HistKey, RegionKey, bucket_range, class, populate, stat},
@@ -15,7 +15,7 @@ use super::{
     FaultHooks,
     read::{FaultReport, KeyStats},
 };
-use crate::{output::Outside, procfs::MappingCache};
+use crate::{buckets::Buckets, output::Outside, procfs::MappingCache};
 
 /// Latency of one reported class, from the kernel's log-linear buckets.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -155,7 +155,7 @@ const LATENCY_CLASSES: [(&str, &[u32]); 6] = [
 ];
 
 fn summarize_key(
-    report: &FaultReport,
+    hists: &BTreeMap<HistKey, Buckets>,
     key: FaultKey,
     s: &KeyStats,
     hooks: &FaultHooks,
@@ -168,14 +168,12 @@ fn summarize_key(
         let mut merged = [0u64; HIST_BUCKETS];
         let mut max = 0;
         for &cls in classes {
-            if let Some(h) = report.hists.get(&HistKey {
+            if let Some(h) = hists.get(&HistKey {
                 key,
                 class: cls,
                 _pad: 0,
             }) {
-                for (m, x) in merged.iter_mut().zip(h) {
-                    *m += x;
-                }
+                h.add_to(&mut merged);
             }
             max = max.max(s.max_ns[cls as usize]);
         }
@@ -247,7 +245,8 @@ pub fn summarize(
 ) -> BTreeMap<ProcessKey, (Outside, FaultSummary)> {
     // Fold thread keys into their process; histograms too.
     let mut processes: BTreeMap<ProcessKey, KeyStats> = BTreeMap::new();
-    let mut merged = report.clone();
+    // The histograms only: the whole report's clone held its mappings and regions twice.
+    let mut merged = report.hists.clone();
     for (key, s) in &report.stats {
         let p = processes.entry(process_of(key)).or_default();
         add_counts(p, s);
@@ -262,8 +261,7 @@ pub fn summarize(
                     class: cls,
                     _pad: 0,
                 }) {
-                    let total = merged
-                        .hists
+                    merged
                         .entry(HistKey {
                             key: FaultKey {
                                 tgid: key.tgid,
@@ -273,10 +271,8 @@ pub fn summarize(
                             class: cls,
                             _pad: 0,
                         })
-                        .or_insert([0; HIST_BUCKETS]);
-                    for (t, x) in total.iter_mut().zip(h) {
-                        *t += x;
-                    }
+                        .or_default()
+                        .add(h);
                 }
             }
         }
@@ -324,7 +320,7 @@ pub fn summarize(
                 } else {
                     ts.name.clone()
                 },
-                faults: summarize_key(report, *k, ts, hooks),
+                faults: summarize_key(&report.hists, *k, ts, hooks),
             })
             .collect();
         out.insert(process, (comm, summary));
@@ -337,31 +333,43 @@ pub fn summarize(
 #[derive(Clone, Debug, Default)]
 pub struct ProcessFaults {
     pub stats: KeyStats,
-    /// Kernel latency class ([`class`]) -> its log-linear buckets. Boxed: a B-tree leaf
-    /// holds room for 11 values, and 11 unboxed 2 KiB arrays are 22.5 KiB a process even for
-    /// one class (the metrics keep one of these for every process the kernel maps hold).
-    pub hists: BTreeMap<u32, Box<[u64; HIST_BUCKETS]>>,
+    /// Kernel latency class ([`class`]) -> its log-linear buckets (the metrics keep one of
+    /// these for every process the kernel maps hold).
+    pub hists: BTreeMap<u32, Buckets>,
 }
 
-/// Every process in `report`, threads folded into their process.
-pub fn by_process(report: &FaultReport) -> BTreeMap<ProcessKey, ProcessFaults> {
+/// Every process in `stats` and `hists` (a report's), threads folded into their process.
+/// Taken by value: a process's only key (threads not kept apart) moves, not copied, so a
+/// refresh holds one copy of every process the kernel maps hold, not two.
+pub fn by_process(
+    stats: BTreeMap<FaultKey, KeyStats>,
+    hists: BTreeMap<HistKey, Buckets>,
+) -> BTreeMap<ProcessKey, ProcessFaults> {
     let mut out: BTreeMap<ProcessKey, ProcessFaults> = BTreeMap::new();
-    for (key, s) in &report.stats {
-        let p = out.entry(process_of(key)).or_default();
-        add_counts(&mut p.stats, s);
+    for (key, s) in stats {
+        let p = match out.entry(process_of(&key)) {
+            Entry::Vacant(slot) => {
+                slot.insert(ProcessFaults {
+                    stats: s,
+                    hists: BTreeMap::new(),
+                });
+                continue;
+            }
+            Entry::Occupied(slot) => slot.into_mut(),
+        };
+        add_counts(&mut p.stats, &s);
         if p.stats.name.is_empty() || key.tid == key.tgid {
-            p.stats.comm.clone_from(&s.comm);
-            p.stats.name.clone_from(&s.name);
+            p.stats.comm = s.comm;
+            p.stats.name = s.name;
         }
     }
-    for (hk, buckets) in &report.hists {
+    for (hk, buckets) in hists {
         let p = out.entry(process_of(&hk.key)).or_default();
-        let total = p
-            .hists
-            .entry(hk.class)
-            .or_insert_with(|| Box::new([0; HIST_BUCKETS]));
-        for (t, x) in total.iter_mut().zip(buckets) {
-            *t += x;
+        match p.hists.entry(hk.class) {
+            Entry::Vacant(slot) => {
+                slot.insert(buckets);
+            }
+            Entry::Occupied(mut slot) => slot.get_mut().add(&buckets),
         }
     }
     out

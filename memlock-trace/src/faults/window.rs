@@ -15,12 +15,10 @@ impl FaultReport {
         let mut window = self.clone();
         for (key, hist) in &mut window.hists {
             if let Some(old) = earlier.hists.get(key) {
-                for (n, o) in hist.iter_mut().zip(old) {
-                    *n = n.saturating_sub(*o);
-                }
+                hist.saturating_sub(old);
             }
         }
-        window.hists.retain(|_, h| h.iter().any(|&n| n > 0));
+        window.hists.retain(|_, h| !h.is_empty());
         for (key, stats) in &mut window.stats {
             let Some(old) = earlier.stats.get(key) else {
                 continue;
@@ -42,7 +40,7 @@ impl FaultReport {
                         class: class as u32,
                         _pad: 0,
                     })
-                    .and_then(|h| h.iter().rposition(|&n| n > 0))
+                    .and_then(|h| h.last())
                     .map_or(0, |b| bucket_range(b).1 - 1);
                 stats.max_ns[class] = stats.max_ns[class].min(top);
             }
@@ -81,7 +79,7 @@ mod tests {
     use memlock_trace_common::faults::{FaultKey, HIST_BUCKETS, bucket_of, class, stat};
 
     use super::*;
-    use crate::faults::read::KeyStats;
+    use crate::{buckets::Buckets, faults::read::KeyStats};
 
     fn reading(faults: u64, latencies: &[u64]) -> FaultReport {
         let key = FaultKey {
@@ -103,7 +101,7 @@ mod tests {
             class: class::USER_MINOR,
             _pad: 0,
         };
-        r.hists.insert(hk, h);
+        r.hists.insert(hk, Buckets::from_dense(&h));
         r
     }
 
@@ -119,7 +117,7 @@ mod tests {
         }];
         assert_eq!(s.counts[stat::USER_MINOR], 2);
         let h = w.hists.values().next().unwrap();
-        assert_eq!(h.iter().sum::<u64>(), 2);
+        assert_eq!(h.iter().map(|(_, n)| n).sum::<u64>(), 2);
         // The session max (50 us) was not this window's: the window's top bucket bounds it.
         let max = s.max_ns[class::USER_MINOR as usize];
         assert!((4_000..4_608).contains(&max), "{max}");

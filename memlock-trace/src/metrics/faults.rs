@@ -11,7 +11,7 @@ use std::{
 };
 
 use memlock_trace_common::{
-    faults::{HIST_BUCKETS, SLOTS, bucket_range, class, populate, stat},
+    faults::{HIST_BUCKETS, bucket_range, class, populate, stat},
     process::ProcessKey,
 };
 use prometheus_client::{
@@ -21,7 +21,10 @@ use prometheus_client::{
 };
 
 use super::{Labels, names::NameCap};
-use crate::faults::{FaultHealth, FaultHooks, summary::ProcessFaults};
+use crate::{
+    buckets::Buckets,
+    faults::{FaultHealth, FaultHooks, summary::ProcessFaults},
+};
 
 /// Upper bounds of the latency buckets: powers of two nanoseconds, 256 ns to 134 ms. The
 /// kernel's log-linear buckets never straddle a power of two, so each falls in exactly one.
@@ -65,8 +68,11 @@ struct Seen {
     /// The last name read, for when the process is gone.
     comm: Option<String>,
     counts: [u64; stat::COUNT],
-    populated_by: [u64; SLOTS],
-    hists: BTreeMap<u32, Box<[u64; HIST_BUCKETS]>>,
+    /// Sparse: most processes have no page populated inside a call.
+    populated_by: Buckets,
+    /// (kernel class, buckets): a vector, not a map, for the one or two classes a process
+    /// has (a B-tree's leaf has room for 11, ~300 bytes for each of 12,288 processes).
+    hists: Vec<(u32, Buckets)>,
 }
 
 /// Growth since `before`; a total that went down is an entry the kernel evicted and
@@ -135,7 +141,7 @@ impl FaultMetrics {
     /// stored with its first fault (before an exec, for a launched command) is the fallback.
     pub fn update(
         &self,
-        processes: &BTreeMap<ProcessKey, ProcessFaults>,
+        processes: BTreeMap<ProcessKey, ProcessFaults>,
         hooks: &FaultHooks,
         health: &FaultHealth,
         labels_of: impl Fn(&ProcessKey) -> (Option<String>, String),
@@ -144,20 +150,18 @@ impl FaultMetrics {
         self.latency_sample_every
             .set(i64::from(hooks.latency_sample));
         let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        // Processes the kernel no longer holds: a later entry for the pid starts from zero.
+        last.retain(|key, _| processes.contains_key(key));
         for (key, p) in processes {
-            let before = last.remove(key).unwrap_or_default();
+            // Updated in place: a removal and insertion per process left the table's
+            // tombstones to a rehash that doubled it (12 MiB at a refresh of 12,288).
+            let before = last.entry(key).or_default();
             // Read each time: a process first seen before its exec must not keep the old name.
-            let (comm, cgroup) = labels_of(key);
+            let (comm, cgroup) = labels_of(&key);
             let comm = comm
-                .or_else(|| before.comm.clone())
+                .or_else(|| before.comm.take())
                 .unwrap_or_else(|| p.stats.comm.clone());
             let c = &p.stats.counts;
-            let seen = Seen {
-                comm: Some(comm.clone()),
-                counts: p.stats.counts,
-                populated_by: p.stats.populated_by,
-                hists: p.hists.clone(),
-            };
             // Only a process with new faults to add takes one of the names that keep their
             // own series (every exported count grows with a completed, retried or failed one).
             let active = CLASSES
@@ -165,57 +169,17 @@ impl FaultMetrics {
                 .map(|&(_, index, ..)| index)
                 .chain([stat::RETRIED, stat::FAILED])
                 .any(|index| growth(c[index], before.counts[index]) > 0);
-            if !active {
-                last.insert(*key, seen);
-                continue;
+            if active {
+                let base = self.names.labels(comm.clone(), cgroup, key.tgid);
+                self.add_growth(&p, before, base, observed);
             }
-            let base = self.names.labels(comm, cgroup, key.tgid);
-            let with = |extra: &[(&'static str, &str)]| {
-                let mut labels = base.clone();
-                labels.extend(extra.iter().map(|&(k, v)| (k, v.to_string())));
-                labels
+            *before = Seen {
+                comm: Some(comm),
+                counts: p.stats.counts,
+                populated_by: Buckets::from_dense(&p.stats.populated_by),
+                hists: p.hists.into_iter().collect(),
             };
-            for (kernel_class, index, class_label, origin) in CLASSES {
-                let n = growth(c[index], before.counts[index]);
-                if n > 0 {
-                    self.faults
-                        .get_or_create(&with(&[("class", class_label), ("origin", origin)]))
-                        .inc_by(n);
-                }
-                if let Some(buckets) = p.hists.get(&kernel_class) {
-                    let old = before.hists.get(&kernel_class);
-                    let mut added = [0u64; HIST_BUCKETS];
-                    for (b, slot) in added.iter_mut().enumerate() {
-                        *slot = growth(buckets[b], old.map_or(0, |o| o[b]));
-                    }
-                    self.latency
-                        .add(with(&[("class", class_label), ("origin", origin)]), &added);
-                }
-            }
-            for (name, (now, then)) in populate::NAMES
-                .iter()
-                .zip(p.stats.populated_by.iter().zip(before.populated_by))
-            {
-                let n = growth(*now, then);
-                if n > 0 {
-                    self.populated_by
-                        .get_or_create(&with(&[("syscall", name)]))
-                        .inc_by(n);
-                }
-            }
-            for (name, index, family) in [
-                ("retried", stat::RETRIED, &self.retried),
-                ("failed", stat::FAILED, &self.failed),
-            ] {
-                let n = growth(c[index], before.counts[index]);
-                if observed(name) && n > 0 {
-                    family.get_or_create(&base).inc_by(n);
-                }
-            }
-            last.insert(*key, seen);
         }
-        // Processes the kernel no longer holds: a later entry for the pid starts from zero.
-        last.retain(|key, _| processes.contains_key(key));
         for (name, total) in [
             ("stats_evicted", health.stats_evicted),
             ("histograms_evicted", health.histograms_evicted),
@@ -226,6 +190,61 @@ impl FaultMetrics {
             ("stacks_evicted", health.stacks_evicted.unwrap_or(0)),
         ] {
             super::health::raise(&self.health.get_or_create(&vec![("counter", name)]), total);
+        }
+    }
+
+    /// Adds what `p`'s counts and histograms grew by since `before` to the series labelled
+    /// `base`.
+    fn add_growth(
+        &self,
+        p: &ProcessFaults,
+        before: &Seen,
+        base: Labels,
+        observed: impl Fn(&str) -> bool,
+    ) {
+        let c = &p.stats.counts;
+        let with = |extra: &[(&'static str, &str)]| {
+            let mut labels = base.clone();
+            labels.extend(extra.iter().map(|&(k, v)| (k, v.to_string())));
+            labels
+        };
+        for (kernel_class, index, class_label, origin) in CLASSES {
+            let n = growth(c[index], before.counts[index]);
+            if n > 0 {
+                self.faults
+                    .get_or_create(&with(&[("class", class_label), ("origin", origin)]))
+                    .inc_by(n);
+            }
+            if let Some(buckets) = p.hists.get(&kernel_class) {
+                let old = before
+                    .hists
+                    .iter()
+                    .find_map(|(class, b)| (*class == kernel_class).then_some(b));
+                // A bucket the kernel no longer counts grew by nothing (`growth`).
+                let mut added = [0u64; HIST_BUCKETS];
+                for (b, n) in buckets.iter() {
+                    added[b] = growth(n, old.map_or(0, |o| o.get(b)));
+                }
+                self.latency
+                    .add(with(&[("class", class_label), ("origin", origin)]), &added);
+            }
+        }
+        for (slot, (name, now)) in populate::NAMES.iter().zip(p.stats.populated_by).enumerate() {
+            let n = growth(now, before.populated_by.get(slot));
+            if n > 0 {
+                self.populated_by
+                    .get_or_create(&with(&[("syscall", name)]))
+                    .inc_by(n);
+            }
+        }
+        for (name, index, family) in [
+            ("retried", stat::RETRIED, &self.retried),
+            ("failed", stat::FAILED, &self.failed),
+        ] {
+            let n = growth(c[index], before.counts[index]);
+            if observed(name) && n > 0 {
+                family.get_or_create(&base).inc_by(n);
+            }
         }
     }
 }
@@ -353,9 +372,10 @@ mod tests {
         p.stats.counts[stat::USER_MINOR] = user_minor;
         p.stats.counts[stat::POPULATED_MINOR] = mlock;
         p.stats.populated_by[populate::MLOCK] = mlock;
-        let mut hist = [0; HIST_BUCKETS];
+        let mut hist = [0u64; HIST_BUCKETS];
         hist[bucket_of(3_000)] = user_minor;
-        p.hists.insert(class::USER_MINOR, Box::new(hist));
+        p.hists
+            .insert(class::USER_MINOR, Buckets::from_dense(&hist));
         p
     }
 
@@ -365,7 +385,7 @@ mod tests {
         let health = FaultHealth::default();
         let comm = |_: &ProcessKey| (Some("db".to_string()), String::new());
         m.faults.update(
-            &BTreeMap::from([(key(7), process(10, 4))]),
+            BTreeMap::from([(key(7), process(10, 4))]),
             &hooks(),
             &health,
             comm,
@@ -373,13 +393,13 @@ mod tests {
         // Pid 7 grows to 25; pid 8 (same comm) appears; then 7's entry is evicted and
         // re-created with 3: every fault counts once.
         m.faults.update(
-            &BTreeMap::from([(key(7), process(25, 4)), (key(8), process(5, 0))]),
+            BTreeMap::from([(key(7), process(25, 4)), (key(8), process(5, 0))]),
             &hooks(),
             &health,
             comm,
         );
         m.faults.update(
-            &BTreeMap::from([(key(7), process(3, 0))]),
+            BTreeMap::from([(key(7), process(3, 0))]),
             &hooks(),
             &health,
             comm,
@@ -414,7 +434,7 @@ mod tests {
     fn kernel_comm_when_the_process_is_gone() {
         let m = Metrics::new(true, crate::metrics::DEFAULT_MAX_NAMES);
         m.faults.update(
-            &BTreeMap::from([(key(9), process(2, 0))]),
+            BTreeMap::from([(key(9), process(2, 0))]),
             &hooks(),
             &FaultHealth {
                 events_dropped: 6,

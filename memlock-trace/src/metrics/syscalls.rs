@@ -18,6 +18,7 @@ use prometheus_client::{
 
 use super::{Labels, faults::LatencyFamily, names::NameCap};
 use crate::{
+    buckets::Buckets,
     event::{Syscall, errno_name},
     syscalls::read::{KeyCounts, SyscallReport},
 };
@@ -36,7 +37,32 @@ pub struct SyscallMetrics {
     unlocked_bytes: Family<Labels, Counter>,
     page_size: u64,
     /// Each key's running totals at the last refresh.
-    last: Mutex<HashMap<SyscallKey, KeyCounts>>,
+    last: Mutex<HashMap<SyscallKey, SeenCalls>>,
+}
+
+/// A key's running totals at the last refresh: the kernel's, the latency slots kept sparse
+/// (328 bytes a key dense, for each of up to 8,192 (process, call, outcome) keys).
+#[derive(Clone, Debug, Default)]
+struct SeenCalls {
+    calls: u64,
+    pages_populated: u64,
+    faults_populated: u64,
+    pages_locked: u64,
+    pages_unlocked: u64,
+    latency: Buckets,
+}
+
+impl SeenCalls {
+    fn of(counts: &KeyCounts) -> Self {
+        Self {
+            calls: counts.calls,
+            pages_populated: counts.pages_populated,
+            faults_populated: counts.faults_populated,
+            pages_locked: counts.pages_locked,
+            pages_unlocked: counts.pages_unlocked,
+            latency: Buckets::from_dense(&counts.latency),
+        }
+    }
 }
 
 /// Growth since `before`; a total that went down is an entry the kernel evicted and
@@ -115,17 +141,19 @@ impl SyscallMetrics {
             let Some(syscall) = Syscall::from_nr(key.nr) else {
                 continue;
             };
-            let before = last.insert(*key, *now).unwrap_or_default();
+            let seen = last.entry(*key).or_default();
+            // A key's figures change with its calls only: most keys, nothing new.
+            if seen.calls == now.calls {
+                continue;
+            }
+            let before = std::mem::replace(seen, SeenCalls::of(now));
             // An entry evicted and made anew: all of it is new.
             let before = if now.calls < before.calls {
-                KeyCounts::default()
+                SeenCalls::default()
             } else {
                 before
             };
             let calls = now.calls - before.calls;
-            if calls == 0 {
-                continue;
-            }
             let process = ProcessKey {
                 tgid: key.tgid,
                 _pad: 0,
@@ -139,9 +167,9 @@ impl SyscallMetrics {
                 labels.clone(),
                 now.latency
                     .iter()
-                    .zip(before.latency)
                     .enumerate()
-                    .map(|(slot, (&n, b))| {
+                    .map(|(slot, &n)| (slot, n, before.latency.get(slot)))
+                    .map(|(slot, n, b)| {
                         // The open-ended last slot: past every finite bound.
                         let (low, high) = latency_slot_range(slot);
                         ((low, high.min(low.saturating_mul(2))), growth(n, b))

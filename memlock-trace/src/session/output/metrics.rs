@@ -6,8 +6,11 @@ use std::collections::BTreeMap;
 use anyhow::Result;
 
 use super::Output;
+use memlock_trace_common::faults::{FaultKey, HistKey};
+
 use crate::{
-    faults::{self, FaultHooks, FaultReport},
+    buckets::Buckets,
+    faults::{self, FaultHealth, FaultHooks, FaultReport, read::KeyStats},
     metrics::Metrics,
     process::{identity::Identity, table::ProcessKey},
     syscalls::read::SyscallReport,
@@ -31,8 +34,14 @@ impl Output {
             let identities = tracer.identities()?;
             self.update_call_metrics(&metrics, &calls, &identities);
             if let (Some(hooks), Some(report)) = (&tracer.fault_hooks, faults) {
-                self.update_fault_metrics(&metrics, hooks, &report, &identities);
                 metrics.maps.update(&tracer.ebpf, &report.map_entries());
+                let FaultReport {
+                    stats,
+                    hists,
+                    health,
+                    ..
+                } = report;
+                self.update_fault_metrics(&metrics, hooks, (stats, hists), &health, &identities);
             }
         }
         Ok(())
@@ -84,20 +93,23 @@ impl Output {
         });
     }
 
+    /// `counts`: a fault report's statistics and histograms, taken (see
+    /// [`faults::summary::by_process`]).
     pub(super) fn update_fault_metrics(
         &mut self,
         metrics: &Metrics,
         hooks: &FaultHooks,
-        report: &FaultReport,
+        (stats, hists): (BTreeMap<FaultKey, KeyStats>, BTreeMap<HistKey, Buckets>),
+        health: &FaultHealth,
         identities: &BTreeMap<ProcessKey, Identity>,
     ) {
-        let processes = faults::summary::by_process(report);
+        let processes = faults::summary::by_process(stats, hists);
         let labels: BTreeMap<ProcessKey, (Option<String>, String)> = processes
             .keys()
             .map(|k| (*k, self.process_labels(k, identities)))
             .collect();
         metrics
             .faults
-            .update(&processes, hooks, &report.health, |k| labels[k].clone());
+            .update(processes, hooks, health, |k| labels[k].clone());
     }
 }

@@ -395,7 +395,8 @@ impl Output {
         };
         if let (Some(hooks), Some(report)) = (&tracer.fault_hooks, fault_report) {
             if let Some(metrics) = self.metrics.clone() {
-                self.update_fault_metrics(&metrics, hooks, &report, &identities);
+                let counts = (report.stats.clone(), report.hists.clone());
+                self.update_fault_metrics(&metrics, hooks, counts, &report.health, &identities);
             }
             let shown = match (&mut self.window, scope) {
                 (Some(w), Scope::Interval) => {
