@@ -16,7 +16,7 @@ use tokio::{
 
 use self::{
     output::{IntervalState, Output, Scope, VmaOutput},
-    production::Production,
+    production::{Production, give_back_freed_memory},
     targets::{describe_targets, targets_are_specific, thread_group},
 };
 use crate::{
@@ -256,6 +256,8 @@ async fn event_loop(
         eprintln!("memlock-trace: tracing {described}");
     }
     production.serve_metrics(&tracer.hooks)?;
+    // What loading took (the kernel's BTF, the object, the verifier's logs) is freed.
+    give_back_freed_memory();
     // SAFETY: the ring buffer owns its fd for as long as the AsyncFd holds it.
     let mut ring = unsafe { AsyncFd::register(tracer.take_events()?) }
         .map_err(std::io::Error::from)
@@ -406,7 +408,10 @@ async fn event_loop(
                     }
                 }
             }
-            _ = health_ticker.tick(), if output.metrics.is_some() => output.update_health(&tracer)?,
+            _ = health_ticker.tick(), if output.metrics.is_some() => {
+                output.update_health(&tracer)?;
+                give_back_freed_memory();
+            }
             _ = drain_ticker.tick() => {
                 output.drain(ring.get_mut());
                 // Both rings, so that held event lines are not kept waiting for a wakeup.

@@ -95,3 +95,15 @@ impl Production {
         }
     }
 }
+
+/// Returns the heap's free pages to the kernel. Reading the kernel's maps back allocates
+/// per process the maps hold and frees it at once, and glibc keeps freed memory for reuse:
+/// a session that runs for weeks would sit at its highest refresh (and its start's BTF and
+/// object parsing) forever, which a memory cgroup's limit and `ps` count as its own.
+pub fn give_back_freed_memory() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim takes no pointer; glibc's allocator is thread-safe.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
