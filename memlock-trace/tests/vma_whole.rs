@@ -110,3 +110,36 @@ fn mlockall_and_munlockall_count_the_bytes_locked_vm_counts() {
         "{changes}"
     );
 }
+
+/// The per-process VMA counts are bounded by `--max-processes` as the call statistics are:
+/// a system-wide session kept one for every process that ever locked memory. Three children
+/// each set VM_LOCKED on one page with one mlock; one is listed, two are counted as evicted.
+#[test]
+fn vma_counts_past_max_processes_are_counted_as_evicted() {
+    require_privileges();
+    let out = run(&[
+        "--json",
+        "--follow-children",
+        "--max-processes",
+        "1",
+        "--",
+        BIN,
+        "workload",
+        "children",
+        "--count",
+        "3",
+        "--calls",
+        "1",
+        "--report",
+        "/dev/null",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let summary = json_lines(&stdout)
+        .into_iter()
+        .find(|l| l["type"] == "vma_summary")
+        .unwrap_or_else(|| panic!("no vma_summary:\n{stdout}"));
+    let listed = summary["processes"].as_array().unwrap();
+    assert_eq!(listed.len(), 1, "{summary}");
+    assert_eq!(listed[0]["changes"]["locked_bytes"], PAGE, "{summary}");
+    assert_eq!(summary["processes_evicted"], 2, "{summary}");
+}

@@ -25,7 +25,7 @@ use crate::{
     faults::{FaultHooks, stacks::StackSymbolizer},
     object::HookFamily as _,
     output::{Sink, TextStyle, WallClock},
-    process::{Targets, launch, pids},
+    process::{ProcessTable, Targets, launch, pids},
     procfs::{MappingCache, MapsFile},
     syscalls::Aggregator,
     tracer::{Options, Tracer},
@@ -312,6 +312,7 @@ async fn event_loop(
         metrics: production.metrics.clone(),
         vma: VmaOutput {
             hooks: tracer.vma.clone(),
+            counts: ProcessTable::with_capacity(max_processes),
             ..VmaOutput::default()
         },
         // Every process on the machine: names from /proc/PID/maps (see `MapsFile::Maps`).

@@ -369,12 +369,18 @@ pub fn summary_line(pid: u32, c: &ChangeCounts) -> String {
 }
 
 /// `{"type":"vma_summary","processes":[{"pid":..,"changes":{..}}]}`, printed before the summary.
-pub fn summary_json(counts: &BTreeMap<u32, ChangeCounts>) -> serde_json::Value {
+/// `evicted`: processes whose changes the bounded table dropped (`--max-processes`).
+pub fn summary_json(counts: &BTreeMap<u32, ChangeCounts>, evicted: u64) -> serde_json::Value {
     let processes: Vec<_> = counts
         .iter()
         .map(|(pid, c)| json!({"pid": pid, "changes": c}))
         .collect();
-    json!({"type": "vma_summary", "schema": crate::output::JSON_SCHEMA, "processes": processes})
+    json!({
+        "type": "vma_summary",
+        "schema": crate::output::JSON_SCHEMA,
+        "processes": processes,
+        "processes_evicted": evicted,
+    })
 }
 
 #[cfg(test)]

@@ -25,7 +25,10 @@ use crate::{
     },
     metrics::Metrics,
     output::{Sink, TextStyle, WallClock, hms},
-    process::cgroup::CgroupPaths,
+    process::{
+        cgroup::CgroupPaths,
+        table::{ProcessKey, ProcessTable},
+    },
     procfs::{Mapping, MappingCache},
     syscalls::{self, Aggregator, read::SyscallReport, stacks::CallSiteReport},
     tracer::Tracer,
@@ -111,7 +114,10 @@ pub(super) enum Scope {
 pub(super) struct VmaOutput {
     pub(super) tracker: vma::Tracker,
     pub(super) hooks: Option<VmaHooks>,
-    pub(super) counts: BTreeMap<u32, vma::ChangeCounts>,
+    /// Per process, bounded as the call statistics are (`--max-processes`, the least
+    /// recently changed evicted): keyed by pid, it grew with every process that ever locked
+    /// memory, for as long as a system-wide session ran.
+    pub(super) counts: ProcessTable<vma::ChangeCounts>,
 }
 
 impl Output {
@@ -309,7 +315,16 @@ impl Output {
                 );
             }
             let changes = call.counts();
-            let counts = self.vma.counts.entry(activity.tgid()).or_default();
+            // By pid, as before: a VMA record carries no start time.
+            let process = ProcessKey {
+                tgid: activity.tgid(),
+                _pad: 0,
+                start_ns: 0,
+            };
+            let counts = self
+                .vma
+                .counts
+                .get_or_insert_with(process, Default::default);
             counts.merge(&changes);
             if let Some(window) = &mut self.window {
                 let counts = window.vma_counts.entry(activity.tgid()).or_default();
@@ -450,7 +465,11 @@ impl Output {
         }
         let vma_counts = match (&mut self.window, scope) {
             (Some(w), Scope::Interval) => std::mem::take(&mut w.vma_counts),
-            _ => self.vma.counts.clone(),
+            _ => self.vma.counts.iter().map(|(k, c)| (k.tgid, *c)).collect(),
+        };
+        let vma_evicted = match scope {
+            Scope::Interval if self.window.is_some() => 0,
+            _ => self.vma.counts.evicted(),
         };
         if let (Some(w), Scope::Interval) = (&mut self.window, scope) {
             // The next interval starts from nothing, as libbpf-tools clearing its maps.
@@ -464,7 +483,7 @@ impl Output {
         if self.json {
             // Before the summary, which stays the last line.
             if !vma_counts.is_empty() {
-                let mut v = vma::summary_json(&vma_counts);
+                let mut v = vma::summary_json(&vma_counts, vma_evicted);
                 v["time_ns"] = now.into();
                 v["window"] = serde_json::to_value(summary.window)?;
                 writeln!(out, "{v}")?;
@@ -486,6 +505,13 @@ impl Output {
             }
             for (pid, counts) in &vma_counts {
                 writeln!(out, "{}", vma::summary_line(*pid, counts))?;
+            }
+            if vma_evicted > 0 {
+                writeln!(
+                    out,
+                    "VMA changes of {vma_evicted} more processes not listed (--max-processes {})",
+                    self.max_processes
+                )?;
             }
             write!(out, "{}", summary_text(&summary, self.style))?;
         }
