@@ -78,9 +78,7 @@ pub struct KeyStats {
     pub counts: [u64; stat::COUNT],
     pub populated_by: [u64; SLOTS],
     pub max_ns: [u64; SLOTS],
-    /// The comm of the first fault, lossy UTF-8: for Prometheus labels.
-    pub comm: String,
-    /// The same, exact: for text and JSON.
+    /// The comm of the first fault, exact (Prometheus labels take it lossy, when needed).
     pub name: Outside,
 }
 
@@ -166,7 +164,6 @@ pub fn read(ebpf: &Ebpf, per_thread: bool, sole: Option<ProcessKey>) -> Result<F
             }
             if entry.name.is_empty() {
                 entry.name = crate::event::comm_of(&v.comm);
-                entry.comm = entry.name.to_str_lossy().into_owned();
             }
         }
     };

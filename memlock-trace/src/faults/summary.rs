@@ -251,7 +251,6 @@ pub fn summarize(
         let p = processes.entry(process_of(key)).or_default();
         add_counts(p, s);
         if p.name.is_empty() || key.tid == key.tgid {
-            p.comm.clone_from(&s.comm);
             p.name.clone_from(&s.name);
         }
         if key.tid != 0 {
@@ -359,7 +358,6 @@ pub fn by_process(
         };
         add_counts(&mut p.stats, &s);
         if p.stats.name.is_empty() || key.tid == key.tgid {
-            p.stats.comm = s.comm;
             p.stats.name = s.name;
         }
     }

@@ -144,7 +144,7 @@ impl FaultMetrics {
         processes: BTreeMap<ProcessKey, ProcessFaults>,
         hooks: &FaultHooks,
         health: &FaultHealth,
-        labels_of: impl Fn(&ProcessKey) -> (Option<String>, String),
+        mut labels_of: impl FnMut(&ProcessKey) -> (Option<String>, String),
     ) {
         let observed = |name: &str| !hooks.unobserved.contains(&name);
         self.latency_sample_every
@@ -167,7 +167,7 @@ impl FaultMetrics {
             let (comm, cgroup) = labels_of(&key);
             let comm = comm
                 .or_else(|| before.comm.take())
-                .unwrap_or_else(|| p.stats.comm.clone());
+                .unwrap_or_else(|| p.stats.name.to_str_lossy().into_owned());
             let c = &p.stats.counts;
             // Only a process with new faults to add takes one of the names that keep their
             // own series (every exported count grows with a completed, retried or failed one).
@@ -375,7 +375,7 @@ mod tests {
     /// `user_minor` faults of 3 us each, `mlock` pages populated.
     fn process(user_minor: u64, mlock: u64) -> ProcessFaults {
         let mut p = ProcessFaults::default();
-        p.stats.comm = "kernel-comm".into();
+        p.stats.name = "kernel-comm".as_bytes().into();
         p.stats.counts[stat::USER_MINOR] = user_minor;
         p.stats.counts[stat::POPULATED_MINOR] = mlock;
         p.stats.populated_by[populate::MLOCK] = mlock;

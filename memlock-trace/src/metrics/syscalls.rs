@@ -134,7 +134,7 @@ impl SyscallMetrics {
     pub fn update(
         &self,
         report: &SyscallReport,
-        labels_of: impl Fn(&ProcessKey) -> (String, String),
+        mut labels_of: impl FnMut(&ProcessKey) -> (String, String),
     ) {
         let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
         for (key, now) in &report.counts {

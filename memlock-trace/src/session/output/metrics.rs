@@ -74,22 +74,10 @@ impl Output {
         report: &SyscallReport,
         identities: &BTreeMap<ProcessKey, Identity>,
     ) {
-        let mut labels = BTreeMap::new();
-        for key in report.counts.keys() {
-            let process = ProcessKey {
-                tgid: key.tgid,
-                _pad: 0,
-                start_ns: key.start_ns,
-            };
-            if let std::collections::btree_map::Entry::Vacant(slot) = labels.entry(process) {
-                slot.insert(self.process_labels(&process, identities));
-            }
-        }
+        // Asked only for the processes with something new: most have exited.
         metrics.syscalls.update(report, |k| {
-            labels
-                .get(k)
-                .map(|(comm, cgroup)| (comm.clone().unwrap_or_default(), cgroup.clone()))
-                .unwrap_or_default()
+            let (comm, cgroup) = self.process_labels(k, identities);
+            (comm.unwrap_or_default(), cgroup)
         });
     }
 
@@ -104,12 +92,8 @@ impl Output {
         identities: &BTreeMap<ProcessKey, Identity>,
     ) {
         let processes = faults::summary::by_process(stats, hists);
-        let labels: BTreeMap<ProcessKey, (Option<String>, String)> = processes
-            .keys()
-            .map(|k| (*k, self.process_labels(k, identities)))
-            .collect();
-        metrics
-            .faults
-            .update(processes, hooks, health, |k| labels[k].clone());
+        metrics.faults.update(processes, hooks, health, |k| {
+            self.process_labels(k, identities)
+        });
     }
 }
