@@ -19,7 +19,10 @@ use std::{
 
 use common::require_privileges;
 use serde_json::Value;
-use support::advise_json;
+use support::{
+    advise_json,
+    memory_cgroup::{Controller, write},
+};
 
 const PYTHON: &str = "/usr/bin/python3";
 const LAZY_TABLE: &str = include_str!("third_party/lazy_table.py");
@@ -32,58 +35,6 @@ const PAGE: u64 = 4096;
 /// program that exits at once can leave before a loaded machine's sampler sees it at its
 /// fullest (CI: 61 of 64 MiB seen).
 const HOLD_S: f64 = 0.5;
-
-/// Where the memory controller is, and the names of its files there.
-struct Controller {
-    point: PathBuf,
-    v1: bool,
-}
-
-impl Controller {
-    fn find() -> Self {
-        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-        let mount = |fstype: &str, option: Option<&str>| {
-            mounts.lines().find_map(|l| {
-                let (left, right) = l.split_once(" - ")?;
-                let right: Vec<&str> = right.split_whitespace().collect();
-                let ok = right.first() == Some(&fstype)
-                    && option
-                        .is_none_or(|o| right.get(2).is_some_and(|s| s.split(',').any(|x| x == o)));
-                ok.then(|| PathBuf::from(left.split_whitespace().nth(4).unwrap()))
-            })
-        };
-        if let Some(point) = mount("cgroup", Some("memory")) {
-            return Self { point, v1: true };
-        }
-        let point = mount("cgroup2", None).filter(|p| {
-            std::fs::read_to_string(p.join("cgroup.controllers"))
-                .is_ok_and(|c| c.split_whitespace().any(|c| c == "memory"))
-        });
-        let Some(point) = point else {
-            panic!(
-                "no memory controller: neither a cgroup v1 `memory` mount nor a cgroup2 mount \
-                 offering `memory` in /proc/self/mountinfo:\n{mounts}"
-            );
-        };
-        Self { point, v1: false }
-    }
-
-    fn limit_file(&self) -> &'static str {
-        if self.v1 {
-            "memory.limit_in_bytes"
-        } else {
-            "memory.max"
-        }
-    }
-
-    fn peak_file(&self) -> &'static str {
-        if self.v1 {
-            "memory.max_usage_in_bytes"
-        } else {
-            "memory.peak"
-        }
-    }
-}
 
 /// `/memlock-trace-test-advise-PID/inner`, made for the test and removed on drop.
 struct Nested {
@@ -139,11 +90,6 @@ impl Drop for Nested {
         let _ = std::fs::remove_dir(&self.inner);
         let _ = std::fs::remove_dir(&self.outer);
     }
-}
-
-fn write(file: &Path, value: &str) {
-    std::fs::write(file, value)
-        .unwrap_or_else(|e| panic!("writing {value} to {}: {e}", file.display()));
 }
 
 /// `advise --json` on the table program moved into `cgroup` by its shell before it execs;

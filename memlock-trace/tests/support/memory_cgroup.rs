@@ -1,0 +1,63 @@
+//! The memory controller of the host's cgroups, v1's where it is mounted (hybrid hosts,
+//! this one), else the unified hierarchy's (where the root offers `memory`); a host with
+//! neither fails loudly.
+
+use std::path::{Path, PathBuf};
+
+/// Where the memory controller is, and the names of its files there.
+pub struct Controller {
+    pub point: PathBuf,
+    pub v1: bool,
+}
+
+impl Controller {
+    pub fn find() -> Self {
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let mount = |fstype: &str, option: Option<&str>| {
+            mounts.lines().find_map(|l| {
+                let (left, right) = l.split_once(" - ")?;
+                let right: Vec<&str> = right.split_whitespace().collect();
+                let ok = right.first() == Some(&fstype)
+                    && option
+                        .is_none_or(|o| right.get(2).is_some_and(|s| s.split(',').any(|x| x == o)));
+                ok.then(|| PathBuf::from(left.split_whitespace().nth(4).unwrap()))
+            })
+        };
+        if let Some(point) = mount("cgroup", Some("memory")) {
+            return Self { point, v1: true };
+        }
+        let point = mount("cgroup2", None).filter(|p| {
+            std::fs::read_to_string(p.join("cgroup.controllers"))
+                .is_ok_and(|c| c.split_whitespace().any(|c| c == "memory"))
+        });
+        let Some(point) = point else {
+            panic!(
+                "no memory controller: neither a cgroup v1 `memory` mount nor a cgroup2 mount \
+                 offering `memory` in /proc/self/mountinfo:\n{mounts}"
+            );
+        };
+        Self { point, v1: false }
+    }
+
+    pub fn limit_file(&self) -> &'static str {
+        if self.v1 {
+            "memory.limit_in_bytes"
+        } else {
+            "memory.max"
+        }
+    }
+
+    pub fn peak_file(&self) -> &'static str {
+        if self.v1 {
+            "memory.max_usage_in_bytes"
+        } else {
+            "memory.peak"
+        }
+    }
+}
+
+/// Writes `value` to a cgroup file, failing the test with the file's name.
+pub fn write(file: &Path, value: &str) {
+    std::fs::write(file, value)
+        .unwrap_or_else(|e| panic!("writing {value} to {}: {e}", file.display()));
+}
