@@ -163,7 +163,18 @@ const GUEST_SUBSETS: &[(&str, &[&str], &str)] = &[
         &["5.10", "6.1"],
         "the capabilities each hook needs: 5.10's hooks, and 6.1's, which 6.12 shares",
     ),
-    ("memlock-trace/test:fork_storm", &["5.10"], ON_ONE_GUEST),
+    (
+        "memlock-trace/test:fork_storm",
+        &["5.10"],
+        "user space on top of the hooks; on the guest that boots with 96 possible CPUs \
+         (LARGE_MACHINE), where per-CPU sizing would show",
+    ),
+    (
+        "memlock-trace/test:memory_limit",
+        &["5.10"],
+        "the unit's memory limit, on the guest that boots with 96 possible CPUs \
+         (LARGE_MACHINE), where per-CPU maps would need more",
+    ),
     ("memlock-trace/test:filters", &["5.10"], ON_ONE_GUEST),
     ("memlock-trace/test:names", &["5.10"], ON_ONE_GUEST),
     ("memlock-trace/test:cli", &["5.10"], ON_ONE_GUEST),

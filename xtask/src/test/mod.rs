@@ -38,9 +38,9 @@ pub struct Args {
     /// The guest's `memlock-trace probe` always runs.
     #[arg(long, value_name = "NAME")]
     test: Vec<String>,
-    /// Boot the guests with N possible CPUs, one of them online (`-smp N`, the kernel's
-    /// `maxcpus=1`): the kernel sizes per-CPU maps for N, as on a large machine (the fork
-    /// storm's and the map memory's tests at 96).
+    /// Boot every guest with N possible CPUs, one of them online (`-smp N`, the kernel's
+    /// `maxcpus=1`): the kernel sizes per-CPU maps for N, as on a large machine. Without
+    /// it, [`LARGE_MACHINE`]'s guest boots so and the others with one CPU.
     #[arg(long, value_name = "N")]
     max_cpus: Option<u32>,
 }
@@ -107,6 +107,13 @@ impl Stage {
     }
 }
 
+/// The guest that boots as a large machine by default, and its possible CPUs: per-CPU maps
+/// are sized by possible CPUs, so a 2-CPU host hides what a 96-CPU node pays and loses
+/// (issue 29: the fork storm's exact counts and the 32 MiB of map memory, test:fork_storm,
+/// which runs on this guest). One CPU is brought up; the others cost the guest only their
+/// per-CPU areas.
+const LARGE_MACHINE: (&str, u32) = ("5.10", 96);
+
 /// Integration tests load programs into the kernel and filter on their own pid, so tests in
 /// one binary must not run concurrently.
 const LIBTEST_ARGS: [&str; 1] = ["--test-threads=1"];
@@ -140,7 +147,11 @@ pub fn run(args: &Args) -> Result<()> {
     let (host_stage, guest_stages) = std::thread::scope(|scope| {
         let handles: Vec<_> = guests
             .iter()
-            .map(|&kernel| scope.spawn(move || vm_stage(binaries, tracer, kernel, max_cpus)))
+            .map(|&kernel| {
+                let max_cpus = max_cpus
+                    .or_else(|| (kernel.version == LARGE_MACHINE.0).then_some(LARGE_MACHINE.1));
+                scope.spawn(move || vm_stage(binaries, tracer, kernel, max_cpus))
+            })
             .collect();
         let host_stage = host.then(|| host_stage(binaries, tracer));
         let guest_stages: Vec<Result<Stage>> = handles
