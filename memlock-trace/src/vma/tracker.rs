@@ -76,6 +76,9 @@ struct Pending {
     functions: Vec<FuncEvent>,
 }
 
+/// Threads whose last store is kept for [`Tracker`]'s repeat check.
+const LAST_STORES: usize = 8192;
+
 /// Pairs snapshots, stores and function events with their syscall event, per thread.
 /// A call's records arrive in order from its thread: the entry snapshot, the stores and
 /// function events, then the syscall event and the exit snapshot (in either order).
@@ -115,6 +118,12 @@ impl Tracker {
             }
             VmaRecord::Store(s) => {
                 let key = (s.index, s.last, s.vma);
+                // Threads come and go (system-wide, a new one each time a process starts and
+                // locks memory): bounded by starting over, at the cost of at most one
+                // repeated store line per thread.
+                if self.last_store.len() >= LAST_STORES && !self.last_store.contains_key(&s.tid) {
+                    self.last_store.clear();
+                }
                 if self.last_store.insert(s.tid, key) == Some(key) {
                     return None;
                 }
