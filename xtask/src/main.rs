@@ -61,6 +61,8 @@ fn main() -> ExitCode {
         Task::Lint => setup::ensure().and_then(|()| lint::run()),
         Task::Test(args) => setup::ensure().and_then(|()| test::run(&args)),
         Task::Dist => setup::ensure().and_then(|()| dist::run()),
+        // Inside a guest (`--in-guest`) there is no toolchain, only the programs to measure.
+        Task::Bench(args) if args.in_guest() => bench::run(&args),
         Task::Bench(args) => setup::ensure().and_then(|()| bench::run(&args)),
     };
     match result {

@@ -163,7 +163,8 @@ pub(super) fn attach(
         stdout: out_rx,
         stderr: err_rx,
     };
-    if ready_rx.recv_timeout(Duration::from_secs(60)).is_err() {
+    // A hang guard: an emulated guest verifies a session's programs for a minute or more.
+    if ready_rx.recv_timeout(Duration::from_secs(300)).is_err() {
         let mut attached = attached;
         let _ = attached.child.kill();
         let _ = attached.child.wait();

@@ -57,6 +57,15 @@ pub struct Args {
     /// --count-only and -p, and beside bpftrace scripts, alternating; --runs rounds.
     #[arg(long, conflicts_with = "soak")]
     node_cost: bool,
+    /// With --node-cost: measure memlock-trace's setups (untraced, system-wide,
+    /// --count-only, -p) inside a qemu guest booting this stock kernel instead (5.10, 6.1,
+    /// 6.12; repeatable): where the syscall hooks are fentry trampolines. Ratios only, the
+    /// guest is emulated.
+    #[arg(long, value_name = "KERNEL", requires = "node_cost")]
+    guest: Vec<String>,
+    /// Inside the guest (what --guest runs there): the tracer to measure.
+    #[arg(long, hide = true, requires = "node_cost")]
+    in_guest: Option<PathBuf>,
     /// Instead: what a page-fault flame graph costs, memlock-trace's `--stacks --folded`
     /// beside `perf record --call-graph dwarf` + `perf script` collapsed; --runs rounds.
     #[arg(long, conflicts_with_all = ["soak", "node_cost"])]
@@ -160,6 +169,13 @@ impl Mode {
     }
 }
 
+impl Args {
+    /// Whether this is the measuring half of `--node-cost --guest`, run inside the guest.
+    pub fn in_guest(&self) -> bool {
+        self.in_guest.is_some()
+    }
+}
+
 pub fn run(args: &Args) -> Result<()> {
     if let Some(minutes) = args.soak {
         run_cmd(Command::new("cargo").args(["build", "--release", "-p", "memlock-trace"]))?;
@@ -170,6 +186,12 @@ pub fn run(args: &Args) -> Result<()> {
         );
     }
     if args.node_cost {
+        if let Some(tracer) = &args.in_guest {
+            return node_cost::guest::measure_here(tracer, args.runs);
+        }
+        if !args.guest.is_empty() {
+            return node_cost::guest::run(&args.guest, args.runs, &args.out);
+        }
         return node_cost::run(args.runs, &args.out);
     }
     if args.stack_cost {

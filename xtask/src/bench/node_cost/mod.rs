@@ -10,6 +10,7 @@
 //! [`figures`] measures one setup, [`report`] writes the section and the plot.
 
 mod figures;
+pub(super) mod guest;
 mod report;
 
 use std::{
@@ -108,22 +109,7 @@ pub(super) fn run(rounds: usize, out: &Path) -> Result<()> {
         anyhow!("bpftrace is installed but not on PATH (the comparison needs it)")
     })?;
     let load_before = super::load_average();
-    let mut runs = Vec::new();
-    for round in 1..=rounds {
-        for setup in Setup::ALL {
-            let figures = measure_setup(&tracer, &bpftrace, setup)
-                .with_context(|| format!("round {round}, {}", setup.label()))?;
-            eprintln!(
-                "xtask bench --node-cost: round {round}/{rounds} {:<40} {figures}",
-                setup.label()
-            );
-            runs.push(Run {
-                round,
-                setup,
-                figures,
-            });
-        }
-    }
+    let runs = measure_rounds(&tracer, Some(&bpftrace), rounds, &Setup::ALL, |_| {})?;
     let environment = report::Environment {
         kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
             .unwrap_or_default()
@@ -158,8 +144,37 @@ pub(super) fn run(rounds: usize, out: &Path) -> Result<()> {
     Ok(())
 }
 
+/// `rounds` rounds of every setup in `setups`, in turn; `each` sees every run as it ends.
+fn measure_rounds(
+    tracer: &Path,
+    bpftrace: Option<&Path>,
+    rounds: usize,
+    setups: &[Setup],
+    mut each: impl FnMut(&Run),
+) -> Result<Vec<Run>> {
+    let mut runs = Vec::new();
+    for round in 1..=rounds {
+        for &setup in setups {
+            let figures = measure_setup(tracer, bpftrace, setup)
+                .with_context(|| format!("round {round}, {}", setup.label()))?;
+            eprintln!(
+                "xtask bench --node-cost: round {round}/{rounds} {:<40} {figures}",
+                setup.label()
+            );
+            let run = Run {
+                round,
+                setup,
+                figures,
+            };
+            each(&run);
+            runs.push(run);
+        }
+    }
+    Ok(runs)
+}
+
 /// One setup: started, measured, stopped.
-fn measure_setup(tracer: &Path, bpftrace: &Path, setup: Setup) -> Result<Figures> {
+fn measure_setup(tracer: &Path, bpftrace: Option<&Path>, setup: Setup) -> Result<Figures> {
     let mut bystander: Option<Child> = None;
     let attached: Option<Attached> = match setup {
         Setup::Untraced => None,
@@ -171,6 +186,7 @@ fn measure_setup(tracer: &Path, bpftrace: &Path, setup: Setup) -> Result<Figures
             } else {
                 BPFTRACE_SYSCALLS.to_string()
             };
+            let bpftrace = bpftrace.context("a bpftrace setup without bpftrace")?;
             Some(attach_bpftrace(Command::new(bpftrace), &script, &[])?)
         }
         Setup::SystemWide | Setup::SystemWideCountOnly | Setup::OtherProcess => {

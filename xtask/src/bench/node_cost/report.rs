@@ -15,6 +15,11 @@ pub(super) const SECTION: Markers = (
     "<!-- end of cargo xtask bench --node-cost -->",
 );
 
+pub(super) const GUEST_SECTION: Markers = (
+    "<!-- cargo xtask bench --node-cost --guest (generated, do not edit) -->",
+    "<!-- end of cargo xtask bench --node-cost --guest -->",
+);
+
 pub(super) struct Environment {
     pub(super) kernel: String,
     pub(super) cpus: usize,
@@ -182,6 +187,87 @@ pub(super) fn section(env: &Environment, runs: &[Run]) -> String {
         PLOT.trim_start_matches("docs/")
     );
     goals(&mut r, runs);
+    r
+}
+
+/// The guests' section: per guest, memlock-trace's setups as ratios to the guest's own
+/// untraced figures (the figures themselves are an emulated CPU's), and the goals that
+/// concern the fentry hooks.
+pub(super) fn guest_section(guests: &[super::guest::GuestRuns], rounds: usize) -> String {
+    let mut r = String::new();
+    let _ = writeln!(
+        r,
+        "## Node cost in guests: the fentry syscall hooks (`cargo xtask bench --node-cost \
+         --guest KERNEL`)\n\n\
+         Method: as the host's section above, inside a qemu guest (software emulation, one \
+         CPU) booting the stock kernel, {rounds} rounds; memlock-trace's setups only \
+         (bpftrace is not carried into the guest), `stress-ng` absent. Each cell is the median \
+         of the per-round ratios to the same round's untraced figure: an emulated CPU's \
+         figures themselves mean little.\n"
+    );
+    let setups = [
+        Setup::SystemWide,
+        Setup::SystemWideCountOnly,
+        Setup::OtherProcess,
+    ];
+    for guest in guests {
+        let _ = writeln!(
+            r,
+            "### {} (syscall hooks: {})\n",
+            guest.kernel,
+            if guest.hooks.is_empty() {
+                "-"
+            } else {
+                &guest.hooks
+            }
+        );
+        let _ = write!(r, "| |");
+        for setup in setups {
+            let _ = write!(r, " {} |", setup.label());
+        }
+        let _ = writeln!(r, "\n|---|---|---|---|");
+        for metric in METRICS.iter().filter(|m| !m.name.contains("stress-ng")) {
+            let _ = write!(r, "| {} |", metric.name);
+            for setup in setups {
+                let cell = median_ratio(&guest.runs, setup, metric)
+                    .map_or("-".into(), |ratio| format!("{ratio:.2}"));
+                let _ = write!(r, " {cell} |");
+            }
+            r.push('\n');
+        }
+        let _ = write!(r, "| BPF map memory of the session |");
+        for setup in setups {
+            let bytes = median(
+                guest
+                    .runs
+                    .iter()
+                    .filter(|run| run.setup == setup)
+                    .filter_map(|run| run.figures.map_bytes.map(|b| b as f64))
+                    .collect(),
+            );
+            let cell = bytes.map_or("-".into(), |b| format!("{:.1} MiB", b / (1024.0 * 1024.0)));
+            let _ = write!(r, " {cell} |");
+        }
+        let getppid = median_ratio(&guest.runs, Setup::SystemWide, &METRICS[2]);
+        let fork = median_ratio(&guest.runs, Setup::SystemWide, &METRICS[0]);
+        let _ = writeln!(
+            r,
+            "\n\n- `getppid` beside a system-wide session within 5% of untraced: {} ({})\n\
+             - fork+exec rate >= 0.95 of untraced, system-wide: {} ({})\n",
+            getppid.map_or("-".into(), |c| format!("{c:.2}")),
+            match getppid {
+                Some(c) if c <= 1.05 => "met",
+                Some(_) => "not met",
+                None => "not measured",
+            },
+            fork.map_or("-".into(), |c| format!("{:.2} of untraced", 1.0 / c)),
+            match fork {
+                Some(c) if 1.0 / c >= 0.95 => "met",
+                Some(_) => "not met",
+                None => "not measured",
+            },
+        );
+    }
     r
 }
 
