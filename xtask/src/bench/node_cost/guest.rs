@@ -9,7 +9,13 @@ use std::{fmt::Write as _, path::Path, process::Command, time::Duration};
 
 use anyhow::{Context as _, Result, bail};
 
-use super::{Run, Setup, figures::Figures, measure_rounds, report, syscall_hooks_line};
+use super::{
+    Run, Setup,
+    figures::Figures,
+    measure_rounds,
+    report::{self, GuestRuns},
+    syscall_hooks_line,
+};
 use crate::{run::workspace_root, vm};
 
 /// What the guest measures: memlock-trace's setups, no bpftrace.
@@ -24,13 +30,6 @@ const RUN_MARK: &str = "MEMLOCK-TRACE-NODE-COST-RUN";
 const HOOKS_MARK: &str = "MEMLOCK-TRACE-NODE-COST-HOOKS";
 /// Where the tracer is put in the guest.
 const GUEST_TRACER: &str = "/opt/memlock-trace";
-
-/// One guest's runs.
-pub(super) struct GuestRuns {
-    pub(super) kernel: String,
-    pub(super) hooks: String,
-    pub(super) runs: Vec<Run>,
-}
 
 /// Inside the guest: measures and prints every run.
 pub(in crate::bench) fn measure_here(tracer: &Path, rounds: usize) -> Result<()> {

@@ -20,6 +20,13 @@ pub(super) const GUEST_SECTION: Markers = (
     "<!-- end of cargo xtask bench --node-cost --guest -->",
 );
 
+/// One guest's runs (`--guest`).
+pub(super) struct GuestRuns {
+    pub(super) kernel: String,
+    pub(super) hooks: String,
+    pub(super) runs: Vec<Run>,
+}
+
 pub(super) struct Environment {
     pub(super) kernel: String,
     pub(super) cpus: usize,
@@ -193,7 +200,7 @@ pub(super) fn section(env: &Environment, runs: &[Run]) -> String {
 /// The guests' section: per guest, memlock-trace's setups as ratios to the guest's own
 /// untraced figures (the figures themselves are an emulated CPU's), and the goals that
 /// concern the fentry hooks.
-pub(super) fn guest_section(guests: &[super::guest::GuestRuns], rounds: usize) -> String {
+pub(super) fn guest_section(guests: &[GuestRuns], rounds: usize) -> String {
     let mut r = String::new();
     let _ = writeln!(
         r,
