@@ -21,6 +21,10 @@ use super::Labels;
 /// all their series (about 60 each) stay a few thousand.
 pub const DEFAULT_MAX_NAMES: u32 = 100;
 
+/// Folded names counted one by one, at most: the gauge stops there (1.2 MiB of hashes at
+/// most; a node past it has long been told that names fold).
+pub const FOLDED_COUNTED: usize = 65_536;
+
 /// The `comm` label of every name past the cap.
 pub const OTHER: &str = "other";
 
@@ -39,10 +43,10 @@ type Identity = (String, Option<u32>);
 #[derive(Default)]
 struct Seen {
     kept: HashSet<Identity>,
-    /// A 64-bit hash of each folded name, to count each once: a fleet node meets new names
-    /// for as long as it runs (cron jobs, build steps; the soak's churn 30 a second), and the
-    /// names themselves grew the tracer by ~80 bytes each, 4 MiB in half an hour. A hash
-    /// collision (a chance of 1 in 30 million at a million names) undercounts the gauge by one.
+    /// A 64-bit hash of each folded name, to count each once, up to [`FOLDED_COUNTED`]: a
+    /// fleet node meets new names for as long as it runs (cron jobs, build steps; the
+    /// soak's churn ~130 a second), and the names themselves grew the tracer by ~80 bytes
+    /// each. A hash collision (1 in 30 million at a million names) undercounts by one.
     folded: HashSet<u64>,
 }
 
@@ -57,7 +61,8 @@ impl NameCap {
         registry.register(
             "series_names_folded",
             "Process names (name and pid with --prometheus-pid-label) counted under \
-             comm=\"other\" because --prometheus-max-names others came first",
+             comm=\"other\" because --prometheus-max-names others came first; counted up to \
+             65536",
             cap.folded.clone(),
         );
         cap
@@ -72,7 +77,7 @@ impl NameCap {
         let kept = seen.kept.contains(&identity)
             || (seen.kept.len() < self.max && seen.kept.insert(identity.clone()));
         if !kept {
-            if seen.folded.insert(hash_of(&identity)) {
+            if seen.folded.len() < FOLDED_COUNTED && seen.folded.insert(hash_of(&identity)) {
                 self.folded
                     .set(i64::try_from(seen.folded.len()).unwrap_or(i64::MAX));
             }
@@ -139,6 +144,16 @@ mod tests {
             vec![("comm", OTHER.to_string())]
         );
         assert_eq!(cap.folded.get(), 1);
+    }
+
+    #[test]
+    fn folded_names_are_counted_up_to_a_bound() {
+        let mut registry = Registry::default();
+        let cap = NameCap::register(&mut registry, 0, false);
+        for n in 0..FOLDED_COUNTED + 10 {
+            cap.labels(format!("job-{n}"), String::new(), 1);
+        }
+        assert_eq!(cap.folded.get(), FOLDED_COUNTED as i64);
     }
 
     #[test]
