@@ -45,7 +45,7 @@ struct Seen {
     kept: HashSet<Identity>,
     /// A 64-bit hash of each folded name, to count each once, up to [`FOLDED_COUNTED`]: a
     /// fleet node meets new names for as long as it runs (cron jobs, build steps; the
-    /// soak's churn ~130 a second), and the names themselves grew the tracer by ~80 bytes
+    /// soak's churn 30 a second), and the names themselves grew the tracer by ~80 bytes
     /// each. A hash collision (1 in 30 million at a million names) undercounts by one.
     folded: HashSet<u64>,
 }
