@@ -46,14 +46,8 @@ impl Buckets {
         self.0.last().map(|&(b, _)| usize::from(b))
     }
 
-    /// The dense form, for the quantiles and exposition that walk every bucket.
-    pub fn dense<const N: usize>(&self) -> [u64; N] {
-        let mut out = [0; N];
-        self.add_to(&mut out);
-        out
-    }
-
-    /// Adds these counts into a dense histogram.
+    /// Adds these counts into a dense histogram (the quantiles and the exposition walk
+    /// every bucket).
     pub fn add_to<const N: usize>(&self, dense: &mut [u64; N]) {
         for (b, n) in self.iter() {
             dense[b] += n;
@@ -113,6 +107,12 @@ mod tests {
 
     use super::*;
 
+    fn dense_of(b: &Buckets) -> [u64; HIST_BUCKETS] {
+        let mut d = [0u64; HIST_BUCKETS];
+        b.add_to(&mut d);
+        d
+    }
+
     fn dense(pairs: &[(usize, u64)]) -> [u64; HIST_BUCKETS] {
         let mut d = [0u64; HIST_BUCKETS];
         for &(b, n) in pairs {
@@ -126,7 +126,7 @@ mod tests {
         let d = dense(&[(0, 1), (17, 5), (255, 2)]);
         let b = Buckets::from_dense(&d);
         assert_eq!(b.iter().collect::<Vec<_>>(), [(0, 1), (17, 5), (255, 2)]);
-        assert_eq!(b.dense::<HIST_BUCKETS>(), d);
+        assert_eq!(dense_of(&b), d);
         assert_eq!((b.get(17), b.get(18), b.last()), (5, 0, Some(255)));
         let kernel: [u32; HIST_BUCKETS] = std::array::from_fn(|i| u32::from(i == 3) * 7);
         assert_eq!(
@@ -144,12 +144,12 @@ mod tests {
         let mut sum = Buckets::from_dense(&x);
         sum.add(&Buckets::from_dense(&y));
         let want: [u64; HIST_BUCKETS] = std::array::from_fn(|i| x[i] + y[i]);
-        assert_eq!(sum.dense::<HIST_BUCKETS>(), want);
+        assert_eq!(dense_of(&sum), want);
         let mut empty = Buckets::default();
         empty.add(&sum);
         assert_eq!(empty, sum);
         sum.saturating_sub(&Buckets::from_dense(&x));
-        assert_eq!(sum.dense::<HIST_BUCKETS>(), y);
+        assert_eq!(dense_of(&sum), y);
         sum.saturating_sub(&Buckets::from_dense(&dense(&[(0, 9), (4, 1)])));
         assert_eq!(sum.iter().collect::<Vec<_>>(), [(10, 1)]);
     }

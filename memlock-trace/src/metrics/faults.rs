@@ -160,7 +160,7 @@ impl FaultMetrics {
             // to add, and nothing allocated (a refresh replacing every process's entry
             // scattered them over the heap, which grew 18 MiB in 10 minutes of churn).
             // Every fault, timed or not, shows in the counts.
-            if before.counts == p.stats.counts && before.comm.is_some() {
+            if before.counts == p.stats.counts {
                 continue;
             }
             // Read each time: a process first seen before its exec must not keep the old name.

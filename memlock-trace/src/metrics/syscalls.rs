@@ -165,15 +165,12 @@ impl SyscallMetrics {
             self.calls.get_or_create(&labels).inc_by(calls);
             self.latency.add_ranges(
                 labels.clone(),
-                now.latency
-                    .iter()
-                    .enumerate()
-                    .map(|(slot, &n)| (slot, n, before.latency.get(slot)))
-                    .map(|(slot, n, b)| {
-                        // The open-ended last slot: past every finite bound.
-                        let (low, high) = latency_slot_range(slot);
-                        ((low, high.min(low.saturating_mul(2))), growth(n, b))
-                    }),
+                now.latency.iter().enumerate().map(|(slot, &n)| {
+                    let b = before.latency.get(slot);
+                    // The open-ended last slot: past every finite bound.
+                    let (low, high) = latency_slot_range(slot);
+                    ((low, high.min(low.saturating_mul(2))), growth(n, b))
+                }),
             );
             for (family, n, b) in [
                 (
