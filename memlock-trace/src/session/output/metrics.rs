@@ -6,11 +6,8 @@ use std::collections::BTreeMap;
 use anyhow::Result;
 
 use super::Output;
-use memlock_trace_common::faults::{FaultKey, HistKey};
-
 use crate::{
-    buckets::Buckets,
-    faults::{self, FaultHealth, FaultHooks, FaultReport, read::KeyStats},
+    faults::{self, FaultHooks, FaultReport},
     metrics::Metrics,
     process::{identity::Identity, table::ProcessKey},
     syscalls::read::SyscallReport,
@@ -35,13 +32,7 @@ impl Output {
             self.update_call_metrics(&metrics, &calls, &identities);
             if let (Some(hooks), Some(report)) = (&tracer.fault_hooks, faults) {
                 metrics.maps.update(&tracer.ebpf, &report.map_entries());
-                let FaultReport {
-                    stats,
-                    hists,
-                    health,
-                    ..
-                } = report;
-                self.update_fault_metrics(&metrics, hooks, (stats, hists), &health, &identities);
+                self.update_fault_metrics(&metrics, hooks, report, &identities);
             }
         }
         Ok(())
@@ -81,19 +72,20 @@ impl Output {
         });
     }
 
-    /// `counts`: a fault report's statistics and histograms, taken (see
-    /// [`faults::summary::by_process`]).
+    /// Takes the report: its statistics and histograms move into the per-process view
+    /// (see [`faults::summary::by_process`]).
     pub(super) fn update_fault_metrics(
         &mut self,
         metrics: &Metrics,
         hooks: &FaultHooks,
-        (stats, hists): (BTreeMap<FaultKey, KeyStats>, BTreeMap<HistKey, Buckets>),
-        health: &FaultHealth,
+        report: FaultReport,
         identities: &BTreeMap<ProcessKey, Identity>,
     ) {
-        let processes = faults::summary::by_process(stats, hists);
-        metrics.faults.update(processes, hooks, health, |k| {
-            self.process_labels(k, identities)
-        });
+        let processes = faults::summary::by_process(report.stats, report.hists);
+        metrics
+            .faults
+            .update(processes, hooks, &report.health, |k| {
+                self.process_labels(k, identities)
+            });
     }
 }

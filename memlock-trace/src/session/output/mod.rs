@@ -410,8 +410,14 @@ impl Output {
         };
         if let (Some(hooks), Some(report)) = (&tracer.fault_hooks, fault_report) {
             if let Some(metrics) = self.metrics.clone() {
-                let counts = (report.stats.clone(), report.hists.clone());
-                self.update_fault_metrics(&metrics, hooks, counts, &report.health, &identities);
+                // The counts only: the mappings and regions are not the metrics'.
+                let counts = FaultReport {
+                    stats: report.stats.clone(),
+                    hists: report.hists.clone(),
+                    health: report.health,
+                    ..FaultReport::default()
+                };
+                self.update_fault_metrics(&metrics, hooks, counts, &identities);
             }
             let shown = match (&mut self.window, scope) {
                 (Some(w), Scope::Interval) => {
