@@ -95,6 +95,38 @@ fn median_value(runs: &[Run], setup: Setup, metric: &Metric) -> Option<f64> {
     )
 }
 
+/// A table's first two lines: a column per setup.
+fn table_header(r: &mut String, setups: &[Setup]) {
+    let _ = write!(r, "| |");
+    for setup in setups {
+        let _ = write!(r, " {} |", setup.label());
+    }
+    let _ = write!(r, "\n|---|");
+    for _ in setups {
+        let _ = write!(r, "---|");
+    }
+    r.push('\n');
+}
+
+/// The median over rounds of `setup`'s session map memory, in bytes.
+fn median_map_bytes(runs: &[Run], setup: Setup) -> Option<f64> {
+    median(
+        runs.iter()
+            .filter(|run| run.setup == setup)
+            .filter_map(|run| run.figures.map_bytes.map(|b| b as f64))
+            .collect(),
+    )
+}
+
+/// A goal's verdict from the figure that decides it.
+fn verdict(met: Option<bool>) -> &'static str {
+    match met {
+        Some(true) => "met",
+        Some(false) => "not met",
+        None => "not measured",
+    }
+}
+
 /// The median over rounds of `setup`'s cost against the same round's untraced one.
 fn median_ratio(runs: &[Run], setup: Setup, metric: &Metric) -> Option<f64> {
     let ratios = runs
@@ -148,15 +180,7 @@ pub(super) fn section(env: &Environment, runs: &[Run]) -> String {
             &env.hooks
         },
     );
-    let _ = write!(r, "| |");
-    for setup in Setup::ALL {
-        let _ = write!(r, " {} |", setup.label());
-    }
-    let _ = write!(r, "\n|---|");
-    for _ in Setup::ALL {
-        let _ = write!(r, "---|");
-    }
-    r.push('\n');
+    table_header(&mut r, &Setup::ALL);
     for metric in &METRICS {
         let _ = write!(r, "| {} |", metric.name);
         for setup in Setup::ALL {
@@ -173,12 +197,7 @@ pub(super) fn section(env: &Environment, runs: &[Run]) -> String {
     }
     let _ = write!(r, "| BPF map memory of the session |");
     for setup in Setup::ALL {
-        let bytes = median(
-            runs.iter()
-                .filter(|run| run.setup == setup)
-                .filter_map(|run| run.figures.map_bytes.map(|b| b as f64))
-                .collect(),
-        );
+        let bytes = median_map_bytes(runs, setup);
         let maps = runs
             .iter()
             .find(|run| run.setup == setup)
@@ -228,11 +247,7 @@ pub(super) fn guest_section(guests: &[GuestRuns], rounds: usize) -> String {
                 &guest.hooks
             }
         );
-        let _ = write!(r, "| |");
-        for setup in setups {
-            let _ = write!(r, " {} |", setup.label());
-        }
-        let _ = writeln!(r, "\n|---|---|---|---|");
+        table_header(&mut r, &setups);
         for metric in METRICS.iter().filter(|m| !m.name.contains("stress-ng")) {
             let _ = write!(r, "| {} |", metric.name);
             for setup in setups {
@@ -244,14 +259,7 @@ pub(super) fn guest_section(guests: &[GuestRuns], rounds: usize) -> String {
         }
         let _ = write!(r, "| BPF map memory of the session |");
         for setup in setups {
-            let bytes = median(
-                guest
-                    .runs
-                    .iter()
-                    .filter(|run| run.setup == setup)
-                    .filter_map(|run| run.figures.map_bytes.map(|b| b as f64))
-                    .collect(),
-            );
+            let bytes = median_map_bytes(&guest.runs, setup);
             let cell = bytes.map_or("-".into(), |b| format!("{:.1} MiB", b / (1024.0 * 1024.0)));
             let _ = write!(r, " {cell} |");
         }
@@ -262,17 +270,9 @@ pub(super) fn guest_section(guests: &[GuestRuns], rounds: usize) -> String {
             "\n\n- `getppid` beside a system-wide session within 5% of untraced: {} ({})\n\
              - fork+exec rate >= 0.95 of untraced, system-wide: {} ({})\n",
             getppid.map_or("-".into(), |c| format!("{c:.2}")),
-            match getppid {
-                Some(c) if c <= 1.05 => "met",
-                Some(_) => "not met",
-                None => "not measured",
-            },
+            verdict(getppid.map(|c| c <= 1.05)),
             fork.map_or("-".into(), |c| format!("{:.2} of untraced", 1.0 / c)),
-            match fork {
-                Some(c) if 1.0 / c >= 0.95 => "met",
-                Some(_) => "not met",
-                None => "not measured",
-            },
+            verdict(fork.map(|c| 1.0 / c >= 0.95)),
         );
     }
     r
@@ -281,11 +281,6 @@ pub(super) fn guest_section(guests: &[GuestRuns], rounds: usize) -> String {
 /// The issue's goals, each with the figure that decides it.
 fn goals(r: &mut String, runs: &[Run]) {
     let ratio = |setup, index: usize| median_ratio(runs, setup, &METRICS[index]);
-    let verdict = |met: Option<bool>| match met {
-        Some(true) => "met",
-        Some(false) => "not met",
-        None => "not measured",
-    };
     let _ = writeln!(r, "Goals (medians of the per-round ratios):\n");
     for (setup, label) in [
         (Setup::SystemWide, "system-wide"),
