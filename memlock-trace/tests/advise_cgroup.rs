@@ -19,10 +19,7 @@ use std::{
 
 use common::require_privileges;
 use serde_json::Value;
-use support::{
-    advise_json,
-    memory_cgroup::{Controller, write},
-};
+use support::{advise_json, memory_cgroup::Controller};
 
 const PYTHON: &str = "/usr/bin/python3";
 const LAZY_TABLE: &str = include_str!("third_party/lazy_table.py");
@@ -46,18 +43,11 @@ struct Nested {
 impl Nested {
     fn new() -> Self {
         let memory = Controller::find();
-        let outer = memory
-            .point
-            .join(format!("memlock-trace-test-advise-{}", std::process::id()));
-        let inner = outer.join("inner");
-        if !memory.v1 {
-            // Children get memory files once their parent enables the controller.
-            write(&memory.point.join("cgroup.subtree_control"), "+memory");
-            std::fs::create_dir_all(&outer).unwrap();
-            write(&outer.join("cgroup.subtree_control"), "+memory");
-        }
-        std::fs::create_dir_all(&inner)
-            .unwrap_or_else(|e| panic!("mkdir {}: {e}", inner.display()));
+        let outer = memory.make(
+            &memory.point,
+            &format!("memlock-trace-test-advise-{}", std::process::id()),
+        );
+        let inner = memory.make(&outer, "inner");
         Self {
             memory,
             outer,
@@ -66,7 +56,7 @@ impl Nested {
     }
 
     fn limit(&self, dir: &Path, bytes: u64) {
-        write(&dir.join(self.memory.limit_file()), &bytes.to_string());
+        self.memory.limit(dir, bytes);
     }
 
     /// A path as `/proc/PID/cgroup` shows it (the hierarchy's root mounted, root namespace).

@@ -13,11 +13,7 @@ mod support;
 use std::process::Command;
 
 use common::require_privileges;
-use support::{
-    BIN, Tracer,
-    memory_cgroup::{Controller, write},
-    summary,
-};
+use support::{BIN, Tracer, memory_cgroup::Controller, summary};
 
 const UNIT: &str = include_str!("../../dist/memlock-trace.service");
 const REFERENCE: &str = include_str!("../../docs/reference.md");
@@ -57,14 +53,11 @@ struct Limited {
 impl Limited {
     fn new(bytes: u64) -> Self {
         let memory = Controller::find();
-        if !memory.v1 {
-            write(&memory.point.join("cgroup.subtree_control"), "+memory");
-        }
-        let dir = memory
-            .point
-            .join(format!("memlock-trace-test-limit-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
-        write(&dir.join(memory.limit_file()), &bytes.to_string());
+        let dir = memory.make(
+            &memory.point,
+            &format!("memlock-trace-test-limit-{}", std::process::id()),
+        );
+        memory.limit(&dir, bytes);
         Self { memory, dir }
     }
 

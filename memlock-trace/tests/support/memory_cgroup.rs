@@ -47,6 +47,22 @@ impl Controller {
         }
     }
 
+    /// Makes the cgroup `name` under `parent` (v2: with the memory controller enabled for
+    /// the parent's children, which get its files only then).
+    pub fn make(&self, parent: &Path, name: &str) -> PathBuf {
+        if !self.v1 {
+            write(&parent.join("cgroup.subtree_control"), "+memory");
+        }
+        let dir = parent.join(name);
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
+        dir
+    }
+
+    /// Sets the memory limit of the cgroup `dir`.
+    pub fn limit(&self, dir: &Path, bytes: u64) {
+        write(&dir.join(self.limit_file()), &bytes.to_string());
+    }
+
     pub fn peak_file(&self) -> &'static str {
         if self.v1 {
             "memory.max_usage_in_bytes"
@@ -57,7 +73,7 @@ impl Controller {
 }
 
 /// Writes `value` to a cgroup file, failing the test with the file's name.
-pub fn write(file: &Path, value: &str) {
+fn write(file: &Path, value: &str) {
     std::fs::write(file, value)
         .unwrap_or_else(|e| panic!("writing {value} to {}: {e}", file.display()));
 }
