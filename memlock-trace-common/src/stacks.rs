@@ -44,7 +44,9 @@ pub struct StackConfig {
     pub thread_size: u32,
     /// Keep the stack of one fault in this many (1: every fault).
     pub fault_every: u32,
-    pub _pad: u32,
+    /// `sizeof(struct pt_regs)`: arm64's sit exactly that far below the top of the kernel
+    /// stack (x86's are found by their segment registers).
+    pub pt_regs_bytes: u32,
     /// The file an `mmap` maps, from its descriptor: `task_struct.files`,
     /// `files_struct.fdt`, `fdtable.fd`, `fdtable.max_fds`, `file.f_inode`, `inode.i_ino`,
     /// `inode.i_sb`, `super_block.s_dev`. 0 for `files`: not read (the notice then has no
@@ -117,10 +119,13 @@ pub struct StackSample {
     pub tid: u32,
     /// The system call's number (calls only).
     pub nr: u32,
-    /// User `ip`, `sp`, `bp` (from the `pt_regs` saved at entry to the kernel).
+    /// User `ip`, `sp`, `bp` (from the `pt_regs` saved at entry to the kernel; `bp` is the
+    /// frame pointer: x86 `rbp`, arm64 `x29`).
     pub ip: u64,
     pub sp: u64,
     pub bp: u64,
+    /// The link register (arm64 `x30`: a leaf function's return address); 0 on x86.
+    pub lr: u64,
     /// The user address `stack[0]` was copied from: `sp` rounded down to [`STACK_CHUNK`].
     pub stack_base: u64,
     /// Bytes of `stack` copied (or, with [`SAMPLE_FRAME_POINTERS`], bytes of addresses).

@@ -34,6 +34,7 @@ use memlock_trace_common::{
     },
 };
 
+use crate::arch::{self, USER_REGS_READ_WORDS, UserRegs};
 use crate::shared::{add, current_ids, is_target};
 use crate::syscall_hooks::{SyscallContext, syscall_arg, syscall_ret};
 
@@ -43,7 +44,7 @@ static STACK_CONFIG: Global<StackConfig> = Global::new(StackConfig {
     task_stack: 0,
     thread_size: 0,
     fault_every: 1,
-    _pad: 0,
+    pt_regs_bytes: 0,
     task_files: 0,
     files_fdt: 0,
     fdt_fd: 0,
@@ -277,10 +278,11 @@ fn write_sample<C: EbpfContext>(
             Some(call) => *call,
             None => SyscallStackValue::default(),
         };
-        if let Some((ip, sp, bp)) = user_regs(&mut (*s).stack) {
+        if let Some(UserRegs { ip, sp, fp, lr }) = user_regs(&mut (*s).stack) {
             (*s).ip = ip;
             (*s).sp = sp;
-            (*s).bp = bp;
+            (*s).bp = fp;
+            (*s).lr = lr;
             let base = sp & !(STACK_CHUNK as u64 - 1);
             (*s).stack_base = base;
             (*s).flags = 0;
@@ -308,6 +310,7 @@ fn write_sample<C: EbpfContext>(
             (*s).ip = 0;
             (*s).sp = 0;
             (*s).bp = 0;
+            (*s).lr = 0;
             (*s).stack_base = 0;
             (*s).stack_len = if copied > 0 { copied as u32 } else { 0 };
             (*s).flags = SAMPLE_FRAME_POINTERS;
@@ -322,27 +325,13 @@ fn write_sample<C: EbpfContext>(
     Some(fell_back)
 }
 
-/// `struct pt_regs` (arch/x86/include/asm/ptrace.h, x86_64): 21 words; the indices read.
-const PT_REGS_WORDS: usize = 21;
-const BP: usize = 4;
-const IP: usize = 16;
-const CS: usize = 17;
-const SP: usize = 19;
-const SS: usize = 20;
-/// `__USER_CS` and `__USER_DS` of a 64-bit task (arch/x86/include/asm/segment.h).
-const USER_CS: u64 = 0x33;
-const USER_DS: u64 = 0x2b;
-/// Words read below the top of the kernel stack: the registers, and 2 more for
-/// `TOP_OF_KERNEL_STACK_PADDING`, 16 bytes with `CONFIG_X86_FRED` (6.9+), 0 before.
-const READ_WORDS: usize = PT_REGS_WORDS + 2;
-
-/// The user `ip`, `sp`, `bp` of the current task, from the `pt_regs` at the top of its
-/// kernel stack (`task_pt_regs()`); the helper for it, `bpf_task_pt_regs`, is 5.15+. The
-/// segment registers tell where they are (with or without FRED's padding) and that they
-/// are a 64-bit task's user registers; otherwise None. `scratch` holds the words read (the
+/// The user registers of the current task, from the `pt_regs` at the top of its kernel
+/// stack (`task_pt_regs()`); the helper for it, `bpf_task_pt_regs`, is 5.15+. Where exactly
+/// they are and whether they are a 64-bit task's user registers is the architecture's
+/// ([`arch::user_regs_at_stack_top`]); otherwise None. `scratch` holds the words read (the
 /// BPF stack has no room for them).
 #[inline(always)]
-fn user_regs(scratch: &mut [u8; STACK_COPY_BYTES]) -> Option<(u64, u64, u64)> {
+fn user_regs(scratch: &mut [u8; STACK_COPY_BYTES]) -> Option<UserRegs> {
     let config = STACK_CONFIG.load();
     if config.task_stack == 0 {
         return None;
@@ -355,20 +344,12 @@ fn user_regs(scratch: &mut [u8; STACK_COPY_BYTES]) -> Option<(u64, u64, u64)> {
             bpf_probe_read_kernel(task.add(config.task_stack as usize).cast::<u64>()).ok()?;
         let top = stack + u64::from(config.thread_size);
         let words = scratch.as_mut_ptr().cast::<u64>();
-        let src = (top - (READ_WORDS * 8) as u64) as *const core::ffi::c_void;
-        if bpf_probe_read_kernel_raw(words.cast(), (READ_WORDS * 8) as u32, src) != 0 {
+        let src = (top - (USER_REGS_READ_WORDS * 8) as u64) as *const core::ffi::c_void;
+        if bpf_probe_read_kernel_raw(words.cast(), (USER_REGS_READ_WORDS * 8) as u32, src) != 0 {
             return None;
         }
         let word = |at: usize| words.add(at).read_unaligned();
-        let user = |at: usize| word(at + CS) == USER_CS && word(at + SS) == USER_DS;
-        let at = if user(2) {
-            2
-        } else if user(0) {
-            0
-        } else {
-            return None;
-        };
-        Some((word(at + IP), word(at + SP), word(at + BP)))
+        arch::user_regs_at_stack_top(word, config.pt_regs_bytes)
     }
 }
 

@@ -8,7 +8,7 @@
 //! `syscalls:*` events.
 
 use aya_ebpf::{macros::map, maps::Array, programs::BtfTracePointContext};
-use memlock_trace_common::syscall_hooks::{MAX_NR, TS_COMPAT};
+use memlock_trace_common::syscall_hooks::MAX_NR;
 
 use crate::{
     arch,
@@ -24,16 +24,17 @@ pub type SyscallContext = BtfTracePointContext;
 #[map]
 static SYSCALL_HOOKS: Array<u32> = Array::with_max_entries(MAX_NR, 0);
 
-/// Reads the 8-byte field at `offset` of the call's saved registers: a direct load, which
-/// the verifier checks against the kernel's BTF of `struct pt_regs`.
+/// Reads the field of type `T` at `offset` of the call's saved registers
+/// ([`arch::SYSCALL_ARGS`], [`arch::SYSCALL_NR`]): a direct load, which the verifier checks
+/// against the kernel's BTF of `struct pt_regs`.
 #[inline(always)]
-fn register(ctx: &SyscallContext, offset: usize) -> u64 {
+fn register<T>(ctx: &SyscallContext, offset: usize) -> T {
     // Argument 0 of both tracepoints and of the calls' functions is the task's
     // `struct pt_regs *`, never NULL.
     let regs: *const u8 = ctx.arg(0);
     // SAFETY: an in-bounds field of `struct pt_regs`; the verifier checks the load against
     // the kernel's BTF and turns it into one that cannot fault.
-    unsafe { core::ptr::read_volatile(regs.add(offset).cast::<u64>()) }
+    unsafe { core::ptr::read_volatile(regs.add(offset).cast::<T>()) }
 }
 
 /// At `sys_enter`: the call's number and the [`memlock_trace_common::syscall_hooks::hook`]
@@ -48,15 +49,26 @@ pub fn entering(ctx: &SyscallContext) -> Option<(u32, u32)> {
 /// At `sys_exit`: as [`entering`].
 #[inline(always)]
 pub fn exiting(ctx: &SyscallContext) -> Option<(u32, u32)> {
-    handled(register(ctx, arch::SYSCALL_NR) as i64)
+    handled(number(ctx))
 }
 
 /// At fentry or fexit of a call's function: as [`entering`]. Only 64-bit calls reach the
-/// function (32-bit ones go through `__ia32_sys_*`; x32 numbers are out of range), so
-/// there is no compat test.
+/// function (32-bit ones go through the arch's compat functions; x32 numbers are out of
+/// range), so there is no compat test.
 #[inline(always)]
 pub fn calling(ctx: &SyscallContext) -> Option<(u32, u32)> {
-    hooks_of(register(ctx, arch::SYSCALL_NR) as i64)
+    hooks_of(number(ctx))
+}
+
+/// The call's number in the saved registers, as the architecture keeps it (x86 `orig_ax`,
+/// arm64's 32-bit `syscallno`), there from entry to exit.
+#[inline(always)]
+fn number(ctx: &SyscallContext) -> i64 {
+    if arch::SYSCALL_NR_IS_32 {
+        i64::from(register::<i32>(ctx, arch::SYSCALL_NR))
+    } else {
+        register::<i64>(ctx, arch::SYSCALL_NR)
+    }
 }
 
 #[inline(always)]
@@ -78,19 +90,19 @@ fn hooks_of(nr: i64) -> Option<(u32, u32)> {
     (hooks != 0).then_some((nr, hooks))
 }
 
-/// Whether the current task is in a 32-bit system call (x86 `TS_COMPAT`): read only for the
-/// calls a handler wants, so no other call pays for it.
+/// Whether the current task is in a 32-bit system call ([`arch::COMPAT_MASK`]): read only
+/// for the calls a handler wants, so no other call pays for it.
 #[inline(always)]
 fn in_compat_syscall() -> bool {
     let offset = offsets().task_thread_status;
-    offset != 0 && read_kernel::<u32>(current_task(), offset) & TS_COMPAT != 0
+    offset != 0 && read_kernel::<u32>(current_task(), offset) & arch::COMPAT_MASK != 0
 }
 
 /// Argument `i` (below 6) of the call, at `sys_enter` or fentry.
 #[inline(always)]
 pub fn syscall_arg(ctx: &SyscallContext, i: usize) -> u64 {
     match arch::SYSCALL_ARGS.get(i) {
-        Some(&offset) => register(ctx, offset),
+        Some(&offset) => register::<u64>(ctx, offset),
         None => 0,
     }
 }

@@ -224,10 +224,11 @@ impl KernelBtf {
             task_cred,
             cred_cap_effective,
             mm_total_vm: optional("mm_struct", "total_vm"),
-            // x86 keeps `thread_info` in the task (first, offset 0); `status` is never first.
+            // x86 and arm64 keep `thread_info` in the task (first, offset 0); the compat
+            // field (x86 `status`, arm64 `flags`) is read only when found.
             task_thread_status: match (
                 self.field_offset("task_struct", "thread_info"),
-                self.field_offset("thread_info", "status"),
+                self.field_offset("thread_info", crate::arch::COMPAT_FIELD),
             ) {
                 (Ok(info), Ok(status)) => info + status,
                 _ => 0,

@@ -116,7 +116,9 @@ fn other_processes_are_filtered_out() {
 /// A 32-bit system call (`int 0x80`, which a 64-bit process may make too) has the ia32
 /// numbers: 150 is ia32 `mlock`, x86-64 `munlock`. The programs see every call on the raw
 /// `sys_enter`/`sys_exit` tracepoints, so they must leave such calls alone, as the
-/// `syscalls:*` events do, rather than report an ia32 `mlock` as a `munlock`.
+/// `syscalls:*` events do, rather than report an ia32 `mlock` as a `munlock`. x86 only: an
+/// arm64 process cannot make an AArch32 call.
+#[cfg(target_arch = "x86_64")]
 #[test]
 fn a_32_bit_call_is_not_taken_for_the_64_bit_call_of_its_number() {
     require_privileges();

@@ -73,9 +73,9 @@ fn perf_address(ctx: &PerfEventContext) -> u64 {
 /// is the kernel's); 0 otherwise.
 #[inline(always)]
 fn perf_user_sp(ctx: &PerfEventContext) -> u64 {
-    // SAFETY: as in `perf_address`. x86: the privilege level is CS's low two bits.
-    let (user_mode, sp) = unsafe { ((*ctx.ctx).regs.cs & 3 != 0, (*ctx.ctx).regs.rsp) };
-    if user_mode { sp } else { 0 }
+    // SAFETY: as in `perf_address`.
+    let regs = unsafe { &(*ctx.ctx).regs };
+    crate::arch::perf_user_sp(regs).unwrap_or(0)
 }
 
 /// `PERF_COUNT_SW_PAGE_FAULTS_MIN`, fired by `mm_account_fault()` after `min_flt++` for a

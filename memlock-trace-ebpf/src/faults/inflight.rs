@@ -24,6 +24,7 @@ use super::{
     sole_tgid,
 };
 use crate::{
+    arch::{PT_REGS_SP, USER_ADDRESS_END},
     mapping,
     shared::{current_ids, is_target, now_ns, read_kernel, this_cpu},
 };
@@ -74,9 +75,6 @@ pub(super) fn record_start<const LOOKUP: bool>(address: u64, sp: u64) {
         };
     }
 }
-
-/// Above the largest user address of x86-64 (4- or 5-level page tables).
-const USER_ADDRESS_END: u64 = 1 << 56;
 
 /// A fault's start, until its completion on the same CPU (tracepoint hook set).
 #[repr(C)]
@@ -173,9 +171,9 @@ pub(super) fn perf_completion<const ACROSS_CPUS: bool>(ctx: &PerfEventContext, m
     // SAFETY: `ctx.ctx` is the `bpf_perf_event_data` the kernel hands this program, valid
     // for its whole run.
     let address = unsafe { (*data).addr };
-    // x86: the privilege level of the faulting code is the low two bits of CS.
     // SAFETY: as above.
-    let (user_mode, sp) = unsafe { ((*data).regs.cs & 3 != 0, (*data).regs.rsp) };
+    let user_sp = crate::arch::perf_user_sp(unsafe { &(*data).regs });
+    let (user_mode, sp) = (user_sp.is_some(), user_sp.unwrap_or(0));
     let (tgid, tid) = current_ids();
     // A start found in the ring also says the task is traced (only targets fill it).
     let latency = if config!(latency) != 0 {
@@ -265,9 +263,6 @@ pub(super) fn hook_start(vma: u64, address: u64, flags: u32, regs: u64) {
     }
     start(tgid, tid, vma, address, flags, regs);
 }
-
-/// `struct pt_regs`'s `sp` (arch/x86/include/asm/ptrace.h, x86_64: the 20th word).
-const PT_REGS_SP: u32 = 19 * 8;
 
 /// The VMA's flags as the fault is counted with (see [`with_sp`]); the user stack pointer is
 /// read only for a fault of a traced thread that has registers (not one populated).

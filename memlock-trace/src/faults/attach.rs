@@ -443,6 +443,14 @@ fn attach_fault_entry(
     btf: &aya::Btf,
     options: &FaultOptions,
 ) -> Result<Vec<String>> {
+    if crate::arch::FAULT_TRACEPOINT.is_none() {
+        bail!(
+            "the start of each fault needs the exceptions:page_fault_user tracepoint, which \
+             {} kernels do not have (it is x86's): fault latency needs fentry or kprobes on \
+             {FAULT_FUNCTION} here",
+            crate::arch::NAME
+        );
+    }
     let btf_attempt = (|| -> Result<Vec<String>> {
         if options.classic_tracepoints {
             bail!("--classic-tracepoints");

@@ -140,17 +140,20 @@ pub fn capabilities() -> Result<Vec<Capability>> {
         detail: with_target(usable, detail, "tp_btf sched_process_exit"),
     });
 
+    // The fault tracepoint where the architecture has one (x86), else one every kernel has.
+    let (category, event) =
+        crate::arch::FAULT_TRACEPOINT.unwrap_or(("sched", "sched_process_exit"));
     let tracepoint: &mut TracePoint = program(&mut ebpf, "can_tracepoint")?.try_into()?;
     let (usable, detail) = outcome(
         tracepoint
             .load()
-            .and_then(|()| tracepoint.attach("exceptions", "page_fault_user").map(drop)),
+            .and_then(|()| tracepoint.attach(category, event).map(drop)),
     );
     caps.push(Capability {
         name: "tracepoint",
         usable,
         checked: true,
-        detail: with_target(usable, detail, "tracepoint exceptions:page_fault_user"),
+        detail: with_target(usable, detail, &format!("tracepoint {category}:{event}")),
     });
 
     let perf: &mut PerfEvent = program(&mut ebpf, "can_perf_event")?.try_into()?;

@@ -251,14 +251,14 @@ fn walk(
     read_stack: &mut impl FnMut(u64) -> Result<u64, ()>,
     ips: &mut Vec<u64>,
 ) -> bool {
-    use framehop::{FrameAddress, x86_64::UnwindRegsX86_64};
+    use framehop::FrameAddress;
     let base = s.stack_base;
     let known = |code: &[modules::CodeMapping], ret: u64| {
         let addr = ret.wrapping_sub(1);
         let i = code.partition_point(|m| m.end <= addr);
         code.get(i).is_some_and(|m| m.start <= addr)
     };
-    let mut regs = UnwindRegsX86_64::new(s.ip, s.sp, s.bp);
+    let mut regs = crate::arch::unwind_regs(s);
     let mut address = FrameAddress::from_instruction_pointer(s.ip);
     loop {
         ips.push(address.address());
@@ -277,13 +277,16 @@ fn walk(
             _ => None,
         };
         let next = next.or_else(|| {
-            let bp = before.bp();
-            if bp < before.sp() {
+            let (fp, sp) = crate::arch::frame_pointer_and_sp(&before);
+            if fp < sp {
                 return None;
             }
-            let (ret, caller_bp) = (read_stack(bp.checked_add(8)?).ok()?, read_stack(bp).ok()?);
+            // The frame record both architectures keep: the caller's frame pointer at the
+            // frame pointer, the return address above it.
+            let ret = crate::arch::return_address(read_stack(fp.checked_add(8)?).ok()?);
+            let caller_fp = read_stack(fp).ok()?;
             known(&p.code, ret).then(|| {
-                regs = UnwindRegsX86_64::new(ret, bp + 16, caller_bp);
+                regs = crate::arch::caller_regs(ret, fp + 16, caller_fp);
                 ret
             })
         });
@@ -329,10 +332,11 @@ pub fn config(btf: &KernelBtf, stacks: bool, fault_every: u32) -> Result<StackCo
     if !stacks {
         return Ok(StackConfig::default());
     }
-    // THREAD_SIZE is 16 KiB on x86_64 (PAGE_SIZE << THREAD_SIZE_ORDER, order 2), doubled
-    // with KASAN's KASAN_STACK_ORDER (arch/x86/include/asm/page_64_types.h). The kernel
-    // side checks the segment registers it finds there, so a wrong guess falls back to the
-    // frame-pointer walk, counted.
+    // THREAD_SIZE is 16 KiB on x86_64 (PAGE_SIZE << THREAD_SIZE_ORDER, order 2) and on
+    // arm64 with 4 KiB pages (THREAD_SHIFT 14), doubled with KASAN (x86 KASAN_STACK_ORDER,
+    // arm64 KASAN_THREAD_SHIFT). The kernel side checks the registers it finds there (x86's
+    // segment registers, arm64's pstate), so a wrong guess falls back to the frame-pointer
+    // walk, counted.
     let thread_size = if btf.has_function("kasan_report") {
         32 << 10
     } else {
@@ -341,6 +345,7 @@ pub fn config(btf: &KernelBtf, stacks: bool, fault_every: u32) -> Result<StackCo
     let mut config = StackConfig {
         task_stack: btf.field_offset("task_struct", "stack")?,
         thread_size,
+        pt_regs_bytes: btf.struct_size("pt_regs")?,
         fault_every: fault_every.max(1),
         ..StackConfig::default()
     };
@@ -409,32 +414,21 @@ mod tests {
     /// stack.
     #[inline(never)]
     fn sample_here() -> Box<StackSample> {
-        let (ip, sp, bp): (u64, u64, u64);
-        // SAFETY: reads three registers into locals; no memory is touched.
-        unsafe {
-            std::arch::asm!(
-                "lea {ip}, [rip]",
-                "mov {sp}, rsp",
-                "mov {bp}, rbp",
-                ip = out(reg) ip,
-                sp = out(reg) sp,
-                bp = out(reg) bp,
-            );
-        }
-        copy_stack(ip, sp, bp)
+        let (ip, sp, bp, lr) = crate::registers_here!();
+        copy_stack(ip, sp, bp, lr)
     }
 
     /// The stack above `sp` as the kernel copies it: whole chunks, as far as it goes. Runs
     /// below `sp`, so it changes nothing it copies.
     #[inline(never)]
-    fn copy_stack(ip: u64, sp: u64, bp: u64) -> Box<StackSample> {
+    fn copy_stack(ip: u64, sp: u64, bp: u64, lr: u64) -> Box<StackSample> {
         use std::os::unix::fs::FileExt as _;
         // SAFETY: every field of a `StackSample` is a plain integer: all zeroes is valid.
         let mut s = unsafe { Box::<StackSample>::new_zeroed().assume_init() };
         s.kind = sample_kind::SYSCALL;
         s.tgid = std::process::id();
-        s.nr = 149;
-        (s.ip, s.sp, s.bp) = (ip, sp, bp);
+        s.nr = libc::SYS_mlock as u32;
+        (s.ip, s.sp, s.bp, s.lr) = (ip, sp, bp, lr);
         s.stack_base = sp & !(STACK_CHUNK as u64 - 1);
         s.call.calls = 1;
         let mem = std::fs::File::open("/proc/self/mem").unwrap();

@@ -157,8 +157,8 @@ pub struct CodeMapping {
 pub struct ProcessModules {
     pub tgid: u32,
     pub code: Vec<CodeMapping>,
-    pub unwinder: framehop::x86_64::UnwinderX86_64<Section>,
-    pub cache: framehop::x86_64::CacheX86_64,
+    pub unwinder: crate::arch::Unwinder<Section>,
+    pub cache: crate::arch::UnwindCache,
     read_at: Instant,
 }
 
@@ -316,7 +316,7 @@ impl ModuleRegistry {
     /// Sets a process's executable mappings and builds its unwinder.
     fn install(&mut self, tgid: u32, mut code: Vec<CodeMapping>) {
         code.sort_by_key(|m| m.start);
-        let mut unwinder = framehop::x86_64::UnwinderX86_64::new();
+        let mut unwinder = crate::arch::Unwinder::new();
         for m in &code {
             let Some(file) = &m.file else { continue };
             let (Some(bias), Some(info)) = (file.bias(m.start, m.offset), file.sections()) else {
@@ -335,7 +335,7 @@ impl ModuleRegistry {
                 tgid,
                 code,
                 unwinder,
-                cache: framehop::x86_64::CacheX86_64::new(),
+                cache: crate::arch::UnwindCache::new(),
                 read_at: Instant::now(),
             },
         );
