@@ -6,6 +6,7 @@
 //! see the same bytes.
 #![no_std]
 
+pub mod arch;
 pub mod diag;
 pub mod faults;
 pub mod mapping;

@@ -14,14 +14,9 @@
 //! returns unless the call has a handler's bit in the `SYSCALL_HOOKS` map, filled by the
 //! loader as the families attach.
 
-/// Entries of `SYSCALL_HOOKS`, indexed by system call number (x86-64 numbers stop below
-/// 470); a larger number is no call any program handles.
+/// Entries of `SYSCALL_HOOKS`, indexed by system call number (x86-64's and arm64's stop
+/// below 470); a larger number is no call any program handles.
 pub const MAX_NR: u32 = 512;
-
-/// `TS_COMPAT` in `thread_info.status` (x86): the task is in a 32-bit system call, whose
-/// numbers are not the 64-bit ones (ia32 150 is `mlock`, x86-64 150 is `munlock`). The
-/// `syscalls:*` events ignore such calls, and so do the programs.
-pub const TS_COMPAT: u32 = 0x0002;
 
 /// One bit per handler (and per variant of one: the loader picks the variant the kernel
 /// allows), set in `SYSCALL_HOOKS[nr]` for each call it handles.

@@ -9,15 +9,8 @@ pub mod names {
     pub const SYSCALL_COUNTERS: &str = "SYSCALL_COUNTERS";
 }
 
-/// x86-64's numbers of the five calls, for the programs on the raw syscall tracepoints
-/// (the loader's own come from `libc`, and a test checks the two agree).
-pub mod nr {
-    pub const MLOCK: u32 = 149;
-    pub const MUNLOCK: u32 = 150;
-    pub const MLOCKALL: u32 = 151;
-    pub const MUNLOCKALL: u32 = 152;
-    pub const MLOCK2: u32 = 325;
-}
+/// The architecture's numbers of the five calls (see [`crate::arch`]).
+pub use crate::arch::syscall_nr as nr;
 
 /// Entries of `SYSCALL_STATS` (shared by the CPUs, LRU): (process, call, outcome) triples. A process
 /// that makes every call and fails each with two errnos takes 10.

@@ -1,7 +1,6 @@
 //! x86-64 (arch/x86/include/asm/ptrace.h, the same layout on every kernel).
 
 use aya_ebpf::bindings::bpf_user_pt_regs_t;
-use memlock_trace_common::syscall_hooks::TS_COMPAT;
 
 use super::UserRegs;
 
@@ -13,9 +12,11 @@ pub const SYSCALL_NR: usize = 120;
 pub const SYSCALL_NR_IS_32: bool = false;
 /// Offset of `sp` in `struct pt_regs` (the 20th word).
 pub const PT_REGS_SP: u32 = 19 * 8;
-/// In the loader's `task_thread_status` word (`thread_info.status`): `TS_COMPAT`, the task
-/// is in a 32-bit system call, whose numbers are not the 64-bit table's.
-pub const COMPAT_MASK: u32 = TS_COMPAT;
+/// In the loader's `task_thread_status` word (`thread_info.status`): `TS_COMPAT`
+/// (arch/x86/include/asm/thread_info.h), the task is in a 32-bit system call, whose numbers
+/// are not the 64-bit ones (ia32 150 is `mlock`, x86-64 150 is `munlock`). The
+/// `syscalls:*` events ignore such calls, and so do the programs.
+pub const COMPAT_MASK: u32 = 0x0002;
 /// Above the largest user address (4- or 5-level page tables).
 pub const USER_ADDRESS_END: u64 = 1 << 56;
 
