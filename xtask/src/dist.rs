@@ -1,9 +1,15 @@
 //! `cargo xtask dist`: the release binary with its man page and shell completions, all
 //! generated from the one clap definition (`memlock-trace man DIR`, `memlock-trace
 //! completions SHELL`, hidden subcommands), and the systemd unit of dist/, under
-//! target/dist/.
+//! target/dist/. With `--target TRIPLE` (aarch64-unknown-linux-gnu), the binary, its eBPF
+//! object (aya-build builds it for the target's `bpf_target_arch`) and the preload library
+//! are cross-built, under target/dist/TRIPLE/; the pages and completions, the same on every
+//! architecture, come from a build for this machine, which can run them.
 
-use std::{path::Path, process::Command};
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
 
 use anyhow::{Context as _, Result};
 
@@ -16,18 +22,45 @@ const COMPLETIONS: [(&str, &str); 3] = [
     ("fish", "fish/vendor_completions.d/memlock-trace.fish"),
 ];
 
-pub fn run() -> Result<()> {
-    run_cmd(Command::new("cargo").args([
-        "build",
-        "--release",
-        "-p",
-        "memlock-trace",
-        "-p",
-        "memlock-preload",
-    ]))?;
+#[derive(clap::Args)]
+pub struct Args {
+    /// Cross-build for this target triple (aarch64-unknown-linux-gnu), installing its
+    /// standard library and cross linker first.
+    #[arg(long)]
+    target: Option<String>,
+}
+
+pub fn run(args: &Args) -> Result<()> {
+    let build = |target: Option<&str>| {
+        let mut cargo = Command::new("cargo");
+        cargo.args([
+            "build",
+            "--release",
+            "-p",
+            "memlock-trace",
+            "-p",
+            "memlock-preload",
+        ]);
+        if let Some(target) = target {
+            cargo.args(["--target", target]);
+        }
+        run_cmd(&mut cargo)
+    };
     let root = workspace_root();
+    // The binary that writes the pages and completions: this machine's.
     let tracer = root.join("target/release/memlock-trace");
-    let dist = root.join("target/dist");
+    build(None)?;
+    let (built, dist): (PathBuf, PathBuf) = match &args.target {
+        Some(target) => {
+            crate::setup::ensure_cross(target)?;
+            build(Some(target))?;
+            (
+                root.join("target").join(target).join("release"),
+                root.join("target/dist").join(target),
+            )
+        }
+        None => (root.join("target/release"), root.join("target/dist")),
+    };
     let write = |relative: &str, text: &str| -> Result<()> {
         let path = dist.join(relative);
         std::fs::create_dir_all(path.parent().expect("a file under dist"))?;
@@ -36,12 +69,15 @@ pub fn run() -> Result<()> {
         Ok(())
     };
     std::fs::create_dir_all(dist.join("bin"))?;
-    copy(&tracer, &dist.join("bin/memlock-trace"))?;
+    copy(
+        &built.join("memlock-trace"),
+        &dist.join("bin/memlock-trace"),
+    )?;
     println!("xtask: dist: {}", dist.join("bin/memlock-trace").display());
     // `advise --apply`'s preload library, where the tracer looks for it (../lib/memlock-trace/).
     let preload = dist.join("lib/memlock-trace/libmemlock_preload.so");
     std::fs::create_dir_all(preload.parent().expect("a file under dist"))?;
-    copy(&root.join("target/release/libmemlock_preload.so"), &preload)?;
+    copy(&built.join("libmemlock_preload.so"), &preload)?;
     println!("xtask: dist: {}", preload.display());
     // memlock-trace.1 and a page per subcommand it names (memlock-trace-probe.1, ...).
     let man = dist.join("share/man/man1");

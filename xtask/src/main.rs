@@ -46,8 +46,9 @@ enum Task {
     Test(test::Args),
     /// Build the release binary with its man page, bash/zsh/fish completions and systemd unit
     /// under target/dist/ (a /usr/local-style tree: bin/, share/man/man1/,
-    /// share/...completions, lib/systemd/system/).
-    Dist,
+    /// share/...completions, lib/systemd/system/); `--target aarch64-unknown-linux-gnu`
+    /// cross-builds them under target/dist/aarch64-unknown-linux-gnu/.
+    Dist(dist::Args),
     /// Measure what tracing page faults costs (untraced vs memlock-trace vs bpftrace) and
     /// write BENCHMARKS.md.
     Bench(bench::Args),
@@ -60,7 +61,7 @@ fn main() -> ExitCode {
         Task::Run(args) => setup::ensure().and_then(|()| run::run(&args)),
         Task::Lint => setup::ensure().and_then(|()| lint::run()),
         Task::Test(args) => setup::ensure().and_then(|()| test::run(&args)),
-        Task::Dist => setup::ensure().and_then(|()| dist::run()),
+        Task::Dist(args) => setup::ensure().and_then(|()| dist::run(&args)),
         // Inside a guest (`--in-guest`) there is no toolchain, only the programs to measure.
         Task::Bench(args) if args.in_guest() => bench::run(&args),
         Task::Bench(args) => setup::ensure().and_then(|()| bench::run(&args)),

@@ -26,6 +26,27 @@ pub fn ensure() -> Result<()> {
     Ok(())
 }
 
+/// What cross-building for `target` needs besides [`ensure`]: the standard library for the
+/// target (rustup) and, for aarch64, Debian's cross linker (`.cargo/config.toml` names it).
+pub fn ensure_cross(target: &str) -> Result<()> {
+    let installed = output_of(Command::new("rustup").args(["target", "list", "--installed"]))?;
+    if !installed.lines().any(|t| t.trim() == target) {
+        eprintln!("xtask: installing the Rust standard library for {target}");
+        run(Command::new("rustup").args(["target", "add", target])).with_context(|| {
+            format!("installing {target} failed: run `rustup target add {target}`")
+        })?;
+    }
+    match target.split('-').next() {
+        Some("aarch64") => crate::util::install_missing_packages(&[
+            "gcc-aarch64-linux-gnu",
+            "libc6-dev-arm64-cross",
+        ])
+        .context("the aarch64 build links with Debian's cross gcc"),
+        Some("x86_64") => Ok(()),
+        _ => bail!("cargo xtask dist builds for x86_64 and aarch64 Linux, not {target}"),
+    }
+}
+
 fn ensure_nightly() -> Result<()> {
     if output_of(Command::new("rustc").args(["+nightly", "--version"])).is_ok() {
         return Ok(());
