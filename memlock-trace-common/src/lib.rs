@@ -106,8 +106,9 @@ pub struct KernelOffsets {
     pub cred_cap_effective: u32,
     /// `mm_struct.total_vm` (pages): what `mlockall(MCL_CURRENT)` is checked against
     pub mm_total_vm: u32,
-    /// `task_struct.thread_info.status` (x86: `TS_COMPAT` during a 32-bit system call); 0
-    /// when unknown. See [`syscall_hooks`].
+    /// The `thread_info` word of the task that tells a 32-bit system call or task (x86
+    /// `status`, arm64 `flags`; the mask is the eBPF crate's `arch`); 0 when unknown. See
+    /// [`syscall_hooks`].
     pub task_thread_status: u32,
 }
 
@@ -117,7 +118,8 @@ pub struct KernelOffsets {
 pub struct Config {
     /// One of [`filter`].
     pub filter: u32,
-    pub _pad: u32,
+    /// With [`filter::ALL`], a process left out (the tracer itself); 0 for none.
+    pub leave_out_tgid: u32,
     pub offsets: KernelOffsets,
 }
 

@@ -26,7 +26,7 @@ pub use crate::diag::Prog;
 #[unsafe(no_mangle)]
 static CONFIG: Global<Config> = Global::new(Config {
     filter: filter::ALL,
-    _pad: 0,
+    leave_out_tgid: 0,
     offsets: KernelOffsets {
         task_mm: 0,
         task_min_flt: 0,
@@ -63,8 +63,13 @@ pub fn offsets() -> KernelOffsets {
 /// and `--cgroup`, see `process.rs`).
 #[inline(always)]
 pub fn is_target(tgid: u32) -> bool {
-    (CONFIG.load().filter == filter::ALL || TARGET_TGIDS.get_ptr(tgid).is_some())
-        && matches_filters()
+    let config = CONFIG.load();
+    let wanted = if config.filter == filter::ALL {
+        tgid != config.leave_out_tgid
+    } else {
+        TARGET_TGIDS.get_ptr(tgid).is_some()
+    };
+    wanted && matches_filters()
 }
 
 /// Flags for `submit`: wake the reader only once a batch is waiting (see

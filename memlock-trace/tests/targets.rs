@@ -104,3 +104,31 @@ fn follow_children_lasts_while_a_daemon_outlives_its_command() {
     }
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// System-wide, the session leaves itself out: its own faults are its reading of the maps,
+/// counted while it read them, and its row disagreed with itself (614 faults, 1,645 of them
+/// timed). Everything else is still traced: a workload's mlock calls, exactly.
+#[test]
+fn a_system_wide_session_leaves_itself_out() {
+    require_privileges();
+    let mut tracer = Tracer::spawn(&["--json"]);
+    tracer.wait_for_stderr("memlock-trace: tracing all processes");
+    // One of each call, mlock three times (one failing).
+    let mut workload = Command::new(BIN)
+        .args(["workload", "syscalls", "--report", "/dev/null"])
+        .spawn()
+        .unwrap();
+    let workload_pid = workload.id();
+    assert!(workload.wait().unwrap().success());
+    let tracer_pid = tracer.pid();
+    tracer.signal(libc::SIGINT);
+    let done = tracer.finish();
+    assert!(done.status.success(), "{}", done.stderr);
+    let s = summary(&done.stdout);
+    assert_eq!(calls_of(&s, workload_pid, "mlock"), 3, "{s}");
+    let processes = s["processes"].as_array().expect("processes");
+    assert!(
+        processes.iter().all(|p| p["pid"] != tracer_pid),
+        "the session itself (pid {tracer_pid}) is listed: {s}"
+    );
+}

@@ -144,6 +144,7 @@ pub fn run(mut args: TraceArgs) -> Result<i32> {
         kernel_log: crate::kernel_log::level(args.verbose),
         unreadable_mm: args.test_unreadable_mm,
         ring_bytes: args.test_ring_bytes,
+        leave_out_self: true,
         ..Options::default()
     };
     let mut tracer = load_tracer(&targets, options)?;
