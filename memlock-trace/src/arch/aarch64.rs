@@ -19,6 +19,7 @@ pub type UnwindCache = framehop::aarch64::CacheAarch64;
 /// address's pointer-authentication code (and the top byte a tag), stripped before lookup.
 const USER_ADDRESS_BITS: u32 = 48;
 
+/// The registers framehop unwinds with.
 pub type UnwindRegs = framehop::aarch64::UnwindRegsAarch64;
 
 /// The pointer-authentication code and tag of a return address, above the user address bits.

@@ -1,11 +1,11 @@
 //! x86_64.
 
+use memlock_trace_common::stacks::StackSample;
+
 /// The prefix of a system call's function (`SYSCALL_DEFINEn` with the pt_regs wrappers,
 /// arch/x86/include/asm/syscall_wrapper.h, 4.17 on): `__x64_sys_mlock(const struct pt_regs
 /// *regs)` is what the 64-bit call table calls; 32-bit calls go through `__ia32_sys_*`.
 pub const SYSCALL_FUNCTION_PREFIX: &str = "__x64_sys_";
-
-use memlock_trace_common::stacks::StackSample;
 
 /// The architecture's name as `uname -m` and the README say it.
 pub const NAME: &str = "x86_64";
@@ -14,6 +14,7 @@ pub const NAME: &str = "x86_64";
 pub type Unwinder<D> = framehop::x86_64::UnwinderX86_64<D>;
 pub type UnwindCache = framehop::x86_64::CacheX86_64;
 
+/// The registers framehop unwinds with.
 pub type UnwindRegs = framehop::x86_64::UnwindRegsX86_64;
 
 /// The registers framehop starts from: `rip` is passed apart, then `rsp` and `rbp`.
