@@ -337,13 +337,18 @@ fn accuracy(set: HookSet, recording: Recording) {
         );
     }
 
-    // Read faults on a file mapping whose pages are cached: minor.
+    // Read faults on a file mapping whose pages are cached: minor. Under memory pressure (CI's
+    // guests beside the host stage) a page can be reclaimed before it is read, and its fault
+    // is then major for the kernel too (once in CI: 31 minor, 1 major, both the kernel's
+    // figures, which `window` checks the split against): so all are user faults, and at
+    // most a few of them major.
     let (d, ..) = window(&format!("file {file_pages} {}", file.display()));
     assert_eq!(
-        (d.user, d.minor, d.major),
-        (file_pages as u64, file_pages as u64, 0),
+        (d.user, d.minor + d.major),
+        (file_pages as u64, file_pages as u64),
         "{d:?}"
     );
+    assert!(d.major <= file_pages as u64 / 8, "{d:?}");
 
     // Not cached: major (the kernel reads each page).
     evict(&file);
