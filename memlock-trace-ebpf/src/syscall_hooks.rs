@@ -60,15 +60,15 @@ pub fn calling(ctx: &SyscallContext) -> Option<(u32, u32)> {
     hooks_of(number(ctx))
 }
 
-/// The call's number in the saved registers, as the architecture keeps it (x86 `orig_ax`,
-/// arm64's 32-bit `syscallno`), there from entry to exit.
+/// The call's number in the saved registers, of the width the architecture keeps it in
+/// (x86 `orig_ax`, arm64's 32-bit `syscallno`), there from entry to exit.
 #[inline(always)]
+#[allow(
+    clippy::useless_conversion,
+    reason = "the same type on x86-64, a widening on arm64"
+)]
 fn number(ctx: &SyscallContext) -> i64 {
-    if arch::SYSCALL_NR_IS_32 {
-        i64::from(register::<i32>(ctx, arch::SYSCALL_NR))
-    } else {
-        register::<i64>(ctx, arch::SYSCALL_NR)
-    }
+    i64::from(register::<arch::SyscallNr>(ctx, arch::SYSCALL_NR))
 }
 
 #[inline(always)]

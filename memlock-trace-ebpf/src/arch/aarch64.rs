@@ -10,9 +10,10 @@ use super::UserRegs;
 /// result once the call returns; the kernel's own `syscall_get_arguments` reads `orig_x0`
 /// too), then `x1`..`x5`.
 pub const SYSCALL_ARGS: [usize; 6] = [272, 8, 16, 24, 32, 40];
-/// Offset of `syscallno`, the call's number, still there at `sys_exit`; 4 bytes, signed.
+/// Offset of `syscallno`, the call's number, still there at `sys_exit`.
 pub const SYSCALL_NR: usize = 280;
-pub const SYSCALL_NR_IS_32: bool = true;
+/// The type of [`SYSCALL_NR`]: `syscallno` is an `s32`.
+pub type SyscallNr = i32;
 /// Offset of `sp` in `struct pt_regs`.
 pub const PT_REGS_SP: u32 = 31 * 8;
 /// In the loader's `task_thread_status` word (`thread_info.flags`): `_TIF_32BIT`

@@ -8,8 +8,8 @@ use super::UserRegs;
 pub const SYSCALL_ARGS: [usize; 6] = [112, 104, 96, 56, 72, 64];
 /// Offset of `orig_ax`, the call's number, still there at `sys_exit`; 8 bytes.
 pub const SYSCALL_NR: usize = 120;
-/// Whether [`SYSCALL_NR`] is a 4-byte field (arm64's `syscallno`) rather than 8.
-pub const SYSCALL_NR_IS_32: bool = false;
+/// The type of [`SYSCALL_NR`]: `orig_ax`, a register.
+pub type SyscallNr = i64;
 /// Offset of `sp` in `struct pt_regs` (the 20th word).
 pub const PT_REGS_SP: u32 = 19 * 8;
 /// In the loader's `task_thread_status` word (`thread_info.status`): `TS_COMPAT`
