@@ -237,24 +237,18 @@ fn attach_call(
     let function = format!("{SYSCALL_FUNCTION_PREFIX}{name}");
     let found = program(ebpf, program_name).map_err(|e| format!("{e:#}"))?;
     // A kernel may load the program and refuse only the trampoline (Debian 12's arm64 6.1,
-    // without ftrace direct calls: ENOTSUPP at attach): it is unloaded then, so that the
-    // dispatchers take over as where the load is refused (see `any_call_loaded`).
+    // without ftrace direct calls: ENOTSUPP at attach): whatever was refused is unloaded, so
+    // that the dispatchers take over as where the load is refused (see `any_call_loaded`).
     let result = match edge {
         SyscallEdge::Enter => {
             let p: &mut FEntry = found.try_into().map_err(|e| format!("{e}"))?;
-            p.load(&function, btf).and_then(|()| {
-                p.attach().map(drop).inspect_err(|_| {
-                    let _ = p.unload();
-                })
-            })
+            let attached = p.load(&function, btf).and_then(|()| p.attach().map(drop));
+            attached.inspect_err(|_| drop(p.unload()))
         }
         SyscallEdge::Exit => {
             let p: &mut FExit = found.try_into().map_err(|e| format!("{e}"))?;
-            p.load(&function, btf).and_then(|()| {
-                p.attach().map(drop).inspect_err(|_| {
-                    let _ = p.unload();
-                })
-            })
+            let attached = p.load(&function, btf).and_then(|()| p.attach().map(drop));
+            attached.inspect_err(|_| drop(p.unload()))
         }
     };
     result.map_err(|e| refusal_reason(&e))
