@@ -13,7 +13,10 @@ use std::{
 
 use anyhow::{Context as _, Result};
 
-use crate::{run::workspace_root, util::output_of, util::run as run_cmd};
+use crate::{
+    run::workspace_root,
+    util::{build_release, output_of, run as run_cmd},
+};
 
 /// Where each shell looks for completions, relative to a prefix such as /usr/share.
 const COMPLETIONS: [(&str, &str); 3] = [
@@ -31,29 +34,14 @@ pub struct Args {
 }
 
 pub fn run(args: &Args) -> Result<()> {
-    let build = |target: Option<&str>| {
-        let mut cargo = Command::new("cargo");
-        cargo.args([
-            "build",
-            "--release",
-            "-p",
-            "memlock-trace",
-            "-p",
-            "memlock-preload",
-        ]);
-        if let Some(target) = target {
-            cargo.args(["--target", target]);
-        }
-        run_cmd(&mut cargo)
-    };
     let root = workspace_root();
     // The binary that writes the pages and completions: this machine's.
     let tracer = root.join("target/release/memlock-trace");
-    build(None)?;
+    build_release(None)?;
     let (built, dist): (PathBuf, PathBuf) = match &args.target {
         Some(target) => {
             crate::setup::ensure_cross(target)?;
-            build(Some(target))?;
+            build_release(Some(target))?;
             (
                 root.join("target").join(target).join("release"),
                 root.join("target/dist").join(target),

@@ -5,7 +5,10 @@ use std::{path::PathBuf, process::Command};
 
 use anyhow::Result;
 
-use crate::{util::run as run_cmd, vm};
+use crate::{
+    util::{build_release, run as run_cmd},
+    vm,
+};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -24,14 +27,7 @@ pub fn run(args: &Args) -> Result<()> {
     // vm-memory boots the stock kernel under qemu: the same assets as the VM test stage.
     vm::ensure_assets(&vm::cache_dir(), vm::DEFAULT_KERNEL)?;
     // The preload library too: the advice section runs `advise --apply`, which loads it.
-    run_cmd(Command::new("cargo").args([
-        "build",
-        "--release",
-        "-p",
-        "memlock-trace",
-        "-p",
-        "memlock-preload",
-    ]))?;
+    build_release(None)?;
     let tracer = workspace_root().join("target/release/memlock-trace");
     let out = workspace_root().join("target/memlock-trace-report");
     let mut cmd = Command::new(&tracer);

@@ -19,6 +19,24 @@ pub fn run(cmd: &mut Command) -> Result<()> {
     Ok(())
 }
 
+/// Builds the tracer and advise's preload library, release, for `target` (a triple) or this
+/// machine.
+pub fn build_release(target: Option<&str>) -> Result<()> {
+    let mut cargo = Command::new("cargo");
+    cargo.args([
+        "build",
+        "--release",
+        "-p",
+        "memlock-trace",
+        "-p",
+        "memlock-preload",
+    ]);
+    if let Some(target) = target {
+        cargo.args(["--target", target]);
+    }
+    run(&mut cargo)
+}
+
 /// Runs `cmd` and returns its stdout; errors name the command line (and, when it cannot
 /// start, the program to install).
 pub fn output_of(cmd: &mut Command) -> Result<String> {
