@@ -54,15 +54,6 @@ pub struct VmaOffsets {
     pub mas_tree: u32,
     pub mas_index: u32,
     pub mas_last: u32,
-    /// `pt_regs.orig_ax`, `.di`, `.si`, `.dx` (x86-64 syscall number and first arguments).
-    pub regs_nr: u32,
-    pub regs_arg0: u32,
-    pub regs_arg1: u32,
-    pub regs_arg2: u32,
-    /// `pt_regs.ax`: `-ENOSYS` while the task is inside a system call.
-    pub regs_ax: u32,
-    /// 1 when the `regs_*` offsets are valid (the syscall of a VMA store can be read).
-    pub regs_valid: u32,
     /// 1 when snapshots walk the VMA rbtree and list instead of calling `bpf_find_vma`
     /// (kernels before 6.1 keep VMAs in `mm->mm_rb` and the `vm_next` list; 5.10 has no
     /// `bpf_find_vma` either).
@@ -148,12 +139,6 @@ impl VmaConfig {
             mas_tree: 0,
             mas_index: 0,
             mas_last: 0,
-            regs_nr: 0,
-            regs_arg0: 0,
-            regs_arg1: 0,
-            regs_arg2: 0,
-            regs_ax: 0,
-            regs_valid: 0,
             rb_walk: 0,
             mm_rb: 0,
             vma_rb: 0,

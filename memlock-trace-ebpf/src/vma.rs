@@ -42,13 +42,9 @@ use memlock_trace_common::{
 mod maple;
 mod rbtree;
 
+use crate::arch;
 use crate::shared::{EVENTS, Plain, count, current_ids, current_task, is_target};
 use crate::syscall_hooks::{SyscallContext, syscall_arg};
-
-/// `-ENOSYS`: x86-64 `do_syscall_64` stores it in `regs->ax` before dispatching, so a task
-/// whose `ax` holds it is inside a system call (and not, say, a page fault, whose `orig_ax`
-/// would be the fault's error code rather than a syscall number).
-const ENOSYS_RET: u64 = -38i64 as u64;
 
 /// Offsets and options, set by the loader (`EbpfLoader::override_global`).
 #[unsafe(no_mangle)]
@@ -262,26 +258,17 @@ fn peek<T: Plain + Default>(base: u64, offset: u32) -> T {
 /// The system call the current task is in and its first three arguments, from its saved
 /// user registers; [`NR_UNKNOWN`] outside a system call.
 #[inline(always)]
-fn current_syscall(off: &VmaOffsets) -> (u32, [u64; 3]) {
-    if off.regs_valid == 0 {
-        return (NR_UNKNOWN, [0; 3]);
-    }
+fn current_syscall() -> (u32, [u64; 3]) {
     // SAFETY: `bpf_task_pt_regs` takes the trusted current-task pointer and returns an
     // address, read only with `peek`.
     let regs = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) } as u64;
-    let ax: u64 = peek(regs, off.regs_ax);
-    if ax != ENOSYS_RET {
+    let word = |offset: usize| peek::<u64>(regs, offset as u32);
+    if !arch::in_syscall(word) {
         return (NR_UNKNOWN, [0; 3]);
     }
-    let nr: u64 = peek(regs, off.regs_nr);
-    (
-        nr as u32,
-        [
-            peek(regs, off.regs_arg0),
-            peek(regs, off.regs_arg1),
-            peek(regs, off.regs_arg2),
-        ],
-    )
+    let nr: arch::SyscallNr = peek(regs, arch::SYSCALL_NR as u32);
+    let [a0, a1, a2, ..] = arch::SYSCALL_ARGS;
+    (nr as u32, [word(a0), word(a1), word(a2)])
 }
 
 #[btf_tracepoint(function = "ma_write")]
@@ -311,7 +298,7 @@ pub fn vma_ma_write(ctx: BtfTracePointContext) -> i32 {
     if !in_call && config.all_stores == 0 && range.flags & (VM_LOCKED | VM_LOCKONFAULT) == 0 {
         return 0;
     }
-    let (nr, args) = current_syscall(&off);
+    let (nr, args) = current_syscall();
     let Some(mut slot) = EVENTS.reserve::<StoreEvent>(0) else {
         count(counter::VMA_DROPPED);
         return 0;
@@ -389,7 +376,7 @@ fn function_event(ctx: *mut c_void, hook: u32, phase: u32) {
         count(counter::VMA_DROPPED);
         return;
     };
-    let (nr, _) = current_syscall(&config.offsets);
+    let (nr, _) = current_syscall();
     let mut event = FuncEvent {
         kind: EventKind::Func as u32,
         hook,

@@ -106,8 +106,15 @@ fn every_step_agrees_with_the_tracer_and_proc() {
         );
     } else {
         assert!(report.hooks.contains("fentry refused"), "{}", report.hooks);
-        // Without fentry, the two splits show as the two stores of the split-off pieces.
-        assert_eq!(first.stores, 2, "{table}");
+        // Without fentry, the two splits show as stores: the two split-off pieces, and where
+        // splits go through `__vma_adjust` (before 6.3: Debian 12's 6.1, on arm64 here) one
+        // more, of the original VMA's new bounds.
+        let stores = if btf.has_function("__vma_adjust") {
+            3
+        } else {
+            2
+        };
+        assert_eq!(first.stores, stores, "{table}");
     }
 }
 

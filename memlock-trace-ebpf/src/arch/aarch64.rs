@@ -14,6 +14,17 @@ pub const SYSCALL_ARGS: [usize; 6] = [272, 8, 16, 24, 32, 40];
 pub const SYSCALL_NR: usize = 280;
 /// The type of [`SYSCALL_NR`]: `syscallno` is an `s32`.
 pub type SyscallNr = i32;
+/// `NO_SYSCALL`: every entry from EL0 stores it in `syscallno`, and `el0_svc` replaces it
+/// with the call's number.
+const NO_SYSCALL: i32 = -1;
+
+/// Whether the task whose saved user registers `word(offset)` reads is inside a system
+/// call: its `syscallno` is not `NO_SYSCALL` (a page fault's entry left it so).
+#[inline(always)]
+pub fn in_syscall(word: impl Fn(usize) -> u64) -> bool {
+    word(SYSCALL_NR) as u32 as i32 != NO_SYSCALL
+}
+
 /// Offset of `sp` in `struct pt_regs`.
 pub const PT_REGS_SP: u32 = 31 * 8;
 /// In the loader's `task_thread_status` word (`thread_info.flags`): `_TIF_32BIT`

@@ -10,6 +10,19 @@ pub const SYSCALL_ARGS: [usize; 6] = [112, 104, 96, 56, 72, 64];
 pub const SYSCALL_NR: usize = 120;
 /// The type of [`SYSCALL_NR`]: `orig_ax`, a register.
 pub type SyscallNr = i64;
+/// Offset of `ax` in `struct pt_regs`.
+const AX: usize = 80;
+/// `-ENOSYS`, which `do_syscall_64` stores in `ax` before dispatching.
+const ENOSYS_RET: u64 = -38i64 as u64;
+
+/// Whether the task whose saved user registers `word(offset)` reads is inside a system
+/// call: `ax` holds `-ENOSYS` until the call returns (in a page fault, `orig_ax` is the
+/// fault's error code rather than a call number).
+#[inline(always)]
+pub fn in_syscall(word: impl Fn(usize) -> u64) -> bool {
+    word(AX) == ENOSYS_RET
+}
+
 /// Offset of `sp` in `struct pt_regs` (the 20th word).
 pub const PT_REGS_SP: u32 = 19 * 8;
 /// In the loader's `task_thread_status` word (`thread_info.status`): `TS_COMPAT`

@@ -137,8 +137,22 @@ impl HookFamily for VmaHooks {
         if let Some(reason) = &self.fentry_refused {
             let _ = write!(out, " (fentry refused: {reason})");
         }
+        // One reason per group of functions: a kernel without trampolines for any of them
+        // (arm64 before 6.4) refuses each with the same words.
+        let mut groups: Vec<(Vec<&str>, &str)> = Vec::new();
         for (name, reason) in &self.refused {
-            let _ = write!(out, " ({name} refused: {reason})");
+            match groups.iter_mut().find(|(_, r)| *r == reason.as_str()) {
+                Some((names, _)) => names.push(name),
+                None => groups.push((vec![name], reason)),
+            }
+        }
+        let every_one = self.functions.is_empty();
+        for (names, reason) in groups {
+            let names = names.join(", ");
+            let _ = match every_one {
+                true => write!(out, " (fentry refused on {names}: {reason})"),
+                false => write!(out, " ({names} refused: {reason})"),
+            };
         }
         out
     }
@@ -196,16 +210,6 @@ pub fn config(btf: &KernelBtf, all_stores: bool) -> Result<VmaConfig> {
         ..VmaConfig::ZERO.offsets
     };
     maple_offsets(btf, &mut offsets);
-    // x86-64 register names; elsewhere the syscall of a store is reported as unknown.
-    let regs = ["orig_ax", "di", "si", "dx", "ax"].map(|f| btf.field_offset("pt_regs", f));
-    if let [Ok(nr), Ok(a0), Ok(a1), Ok(a2), Ok(ax)] = regs {
-        offsets.regs_nr = nr;
-        offsets.regs_arg0 = a0;
-        offsets.regs_arg1 = a1;
-        offsets.regs_arg2 = a2;
-        offsets.regs_ax = ax;
-        offsets.regs_valid = 1;
-    }
     Ok(VmaConfig {
         offsets,
         all_stores: u32::from(all_stores),
@@ -376,6 +380,40 @@ mod tests {
         process::Targets,
         tracer::{Options, Tracer},
     };
+
+    /// Functions refused for one reason are named once with it; where none attached, the
+    /// line says fentry was refused.
+    #[test]
+    fn refusals_are_grouped_by_reason() {
+        let refused = |pairs: &[(&str, &str)]| VmaHooks {
+            refused: pairs
+                .iter()
+                .map(|(n, r)| (n.to_string(), r.to_string()))
+                .collect(),
+            ..VmaHooks::default()
+        };
+        let hooks = refused(&[("mlock_fixup", "ENOTSUPP"), ("split_vma", "ENOTSUPP")]);
+        assert!(
+            hooks
+                .describe()
+                .ends_with(" (fentry refused on mlock_fixup, split_vma: ENOTSUPP)"),
+            "{}",
+            hooks.describe()
+        );
+        let mut hooks = refused(&[("vma_merge", "ENOTSUPP"), ("vma_expand", "EBUSY")]);
+        hooks.functions.push(HookedFunction {
+            name: "mlock_fixup".into(),
+            params: Vec::new(),
+            slots: Default::default(),
+        });
+        assert!(
+            hooks
+                .describe()
+                .ends_with(" (vma_merge refused: ENOTSUPP) (vma_expand refused: EBUSY)"),
+            "{}",
+            hooks.describe()
+        );
+    }
 
     /// 6.1's verifier gives up at 1M processed instructions and explores far more paths than
     /// this kernel's; a snapshot program near the limit here would fail there.
