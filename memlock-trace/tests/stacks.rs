@@ -12,113 +12,17 @@
 mod common;
 mod support;
 
-use std::{
-    path::{Path, PathBuf},
-    process::Command,
-    sync::atomic::{AtomicU32, Ordering},
-};
+use std::{path::Path, process::Command};
 
 use common::require_privileges;
 use serde_json::Value;
-use support::{BIN, json_lines};
+use support::stacks::{
+    build_lock_chain, call_site, frames, mlock_call_site, scratch, traced, traced_exiting,
+};
 
-const LOCK_CHAIN: &str = include_str!("stacks/lock_chain.c");
 const PYTHON: &str = "/usr/bin/python3";
 const MEMCACHED: &str = "/usr/bin/memcached";
 const MEMTESTER: &str = "/usr/sbin/memtester";
-
-/// A scratch directory of this test process.
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("memlock-trace-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-/// `lock_chain.c` compiled without frame pointers, with DWARF for file:line.
-fn build_lock_chain(dir: &Path) -> PathBuf {
-    let source = dir.join("lock_chain.c");
-    std::fs::write(&source, LOCK_CHAIN).unwrap();
-    let bin = dir.join("lock_chain");
-    let out = Command::new("gcc")
-        .args(["-O2", "-fomit-frame-pointer", "-g", "-o"])
-        .arg(&bin)
-        .arg(&source)
-        .output()
-        .unwrap_or_else(|e| {
-            panic!("gcc: {e} (`cargo xtask test` installs Debian's gcc; or: apt-get install gcc)")
-        });
-    assert!(
-        out.status.success(),
-        "gcc: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    bin
-}
-
-/// The summary of `memlock-trace --json --stacks [extra] -- command`, which exits 0.
-fn traced(extra: &[&str], command: &[&str]) -> Value {
-    traced_exiting(extra, command, 0)
-}
-
-/// The same for a command whose exit code (the tracer's own) is `code`. The lines go to a
-/// file: the command's own output stays on stdout.
-fn traced_exiting(extra: &[&str], command: &[&str], code: i32) -> Value {
-    static RUNS: AtomicU32 = AtomicU32::new(0);
-    let lines =
-        scratch("stacks-trace").join(format!("{}.json", RUNS.fetch_add(1, Ordering::Relaxed)));
-    let out = Command::new(BIN)
-        .args(["--json", "--stacks", "-o"])
-        .arg(&lines)
-        .args(extra)
-        .arg("--")
-        .args(command)
-        .output()
-        .expect("memlock-trace");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(code), "{stderr}");
-    let text = std::fs::read_to_string(&lines).unwrap_or_default();
-    std::fs::remove_file(&lines).ok();
-    json_lines(&text)
-        .pop()
-        .unwrap_or_else(|| panic!("no summary:\n{text}\n{stderr}"))
-}
-
-/// The frames of the one mlock call site of the one traced process, as (symbol, module).
-fn mlock_call_site(summary: &Value) -> Vec<(String, String)> {
-    frames(&call_site(summary, "mlock")["frames"])
-}
-
-/// The one call site of `syscall` among the traced processes.
-fn call_site<'a>(summary: &'a Value, syscall: &str) -> &'a Value {
-    let processes = summary["processes"].as_array().unwrap();
-    let sites: Vec<&Value> = processes
-        .iter()
-        .filter_map(|p| p["call_sites"].as_array())
-        .flatten()
-        .filter(|s| s["syscall"] == syscall)
-        .collect();
-    assert_eq!(sites.len(), 1, "one {syscall} call site: {summary}");
-    assert_eq!(sites[0]["calls"], 1, "{summary}");
-    sites[0]
-}
-
-fn frames(frames: &Value) -> Vec<(String, String)> {
-    frames
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|f| {
-            // Never a frame outside an executable mapping (a data word read as an address).
-            let module = f["module"]
-                .as_str()
-                .unwrap_or_else(|| panic!("a frame in no executable mapping: {f}"));
-            (
-                f["symbol"].as_str().unwrap().to_string(),
-                module.to_string(),
-            )
-        })
-        .collect()
-}
 
 /// perf's DWARF call chain of the one mlock of `command`, user function names innermost
 /// first (`perf script`'s `addr sym+off (module)` lines). On `raw_syscalls:sys_enter`

@@ -68,14 +68,15 @@ impl Workload {
         usize::from_str_radix(words[3].trim_start_matches("0x"), 16).expect("address")
     }
 
-    /// Waits until the child sits in `read(0, ...)`: x86_64 syscall 0 with fd 0 as the
-    /// first argument, in /proc/PID/syscall.
+    /// Waits until the child sits in `read(0, ...)`: the call's number (x86_64's 0, arm64's
+    /// 63) with fd 0 as the first argument, in /proc/PID/syscall.
     pub(super) fn wait_blocked(&self) {
         let path = format!("/proc/{}/syscall", self.pid());
+        let blocked = format!("{} 0x0 ", libc::SYS_read);
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             let text = std::fs::read_to_string(&path).expect("reading /proc/PID/syscall");
-            if text.starts_with("0 0x0 ") {
+            if text.starts_with(&blocked) {
                 return;
             }
             assert!(

@@ -6,6 +6,7 @@
 pub mod exposition;
 pub mod memory_cgroup;
 pub mod prometheus;
+pub mod stacks;
 
 use std::{
     collections::BTreeSet,

@@ -1,0 +1,116 @@
+//! `--stacks` runs on a C program built as distributions build (no frame pointers), shared
+//! by test:stacks (beside perf and gdb, on the host) and test:unwind_tables (on every
+//! architecture's kernel, a cross-built program in the arm64 guest, which has no compiler).
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+    sync::atomic::{AtomicU32, Ordering},
+};
+
+use serde_json::Value;
+
+use super::{BIN, json_lines};
+
+const LOCK_CHAIN: &str = include_str!("../stacks/lock_chain.c");
+/// Names a prebuilt `lock_chain` (`cargo xtask test` cross-compiles it for the arm64 guest).
+pub const PREBUILT_LOCK_CHAIN: &str = "MEMLOCK_TRACE_LOCK_CHAIN";
+
+/// A scratch directory of this test process.
+pub fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("memlock-trace-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// `lock_chain.c` compiled without frame pointers, with DWARF for file:line, in `dir`: a
+/// copy of the prebuilt one [`PREBUILT_LOCK_CHAIN`] names, else compiled here by gcc.
+pub fn build_lock_chain(dir: &Path) -> PathBuf {
+    let bin = dir.join("lock_chain");
+    if let Some(prebuilt) = std::env::var_os(PREBUILT_LOCK_CHAIN) {
+        std::fs::copy(&prebuilt, &bin)
+            .unwrap_or_else(|e| panic!("{PREBUILT_LOCK_CHAIN}={prebuilt:?}: {e}"));
+        return bin;
+    }
+    let source = dir.join("lock_chain.c");
+    std::fs::write(&source, LOCK_CHAIN).unwrap();
+    let out = Command::new("gcc")
+        .args(["-O2", "-fomit-frame-pointer", "-g", "-o"])
+        .arg(&bin)
+        .arg(&source)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("gcc: {e} (`cargo xtask test` installs Debian's gcc; or: apt-get install gcc)")
+        });
+    assert!(
+        out.status.success(),
+        "gcc: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    bin
+}
+
+/// The summary of `memlock-trace --json --stacks [extra] -- command`, which exits 0.
+pub fn traced(extra: &[&str], command: &[&str]) -> Value {
+    traced_exiting(extra, command, 0)
+}
+
+/// The same for a command whose exit code (the tracer's own) is `code`. The lines go to a
+/// file: the command's own output stays on stdout.
+pub fn traced_exiting(extra: &[&str], command: &[&str], code: i32) -> Value {
+    static RUNS: AtomicU32 = AtomicU32::new(0);
+    let lines =
+        scratch("stacks-trace").join(format!("{}.json", RUNS.fetch_add(1, Ordering::Relaxed)));
+    let out = Command::new(BIN)
+        .args(["--json", "--stacks", "-o"])
+        .arg(&lines)
+        .args(extra)
+        .arg("--")
+        .args(command)
+        .output()
+        .expect("memlock-trace");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(code), "{stderr}");
+    let text = std::fs::read_to_string(&lines).unwrap_or_default();
+    std::fs::remove_file(&lines).ok();
+    json_lines(&text)
+        .pop()
+        .unwrap_or_else(|| panic!("no summary:\n{text}\n{stderr}"))
+}
+
+/// The frames of the one mlock call site of the one traced process, as (symbol, module).
+pub fn mlock_call_site(summary: &Value) -> Vec<(String, String)> {
+    frames(&call_site(summary, "mlock")["frames"])
+}
+
+/// The one call site of `syscall` among the traced processes.
+pub fn call_site<'a>(summary: &'a Value, syscall: &str) -> &'a Value {
+    let processes = summary["processes"].as_array().unwrap();
+    let sites: Vec<&Value> = processes
+        .iter()
+        .filter_map(|p| p["call_sites"].as_array())
+        .flatten()
+        .filter(|s| s["syscall"] == syscall)
+        .collect();
+    assert_eq!(sites.len(), 1, "one {syscall} call site: {summary}");
+    assert_eq!(sites[0]["calls"], 1, "{summary}");
+    sites[0]
+}
+
+pub fn frames(frames: &Value) -> Vec<(String, String)> {
+    frames
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            // Never a frame outside an executable mapping (a data word read as an address).
+            let module = f["module"]
+                .as_str()
+                .unwrap_or_else(|| panic!("a frame in no executable mapping: {f}"));
+            (
+                f["symbol"].as_str().unwrap().to_string(),
+                module.to_string(),
+            )
+        })
+        .collect()
+}
