@@ -195,10 +195,15 @@ const ON_ONE_GUEST: &str = "user space on top of the hooks, whose own figures ev
                             test:fault_cli, test:vma_whole, test:verify)";
 
 /// Why `binary` does not run in the guest booting `kernel`, if it does not.
-pub(super) fn not_in_guest(binary: &str, kernel: &str) -> Option<String> {
+pub(super) fn not_in_guest(binary: &str, kernel: crate::vm::Kernel) -> Option<String> {
     if let Some((_, reason)) = HOST_ONLY.iter().find(|(name, _)| *name == binary) {
         return Some((*reason).to_string());
     }
+    if kernel.arch.rust_target().is_some() {
+        return (!super::arm64::ARM64_TESTS.contains(&binary))
+            .then(|| super::arm64::NOT_ON_ARM64.to_string());
+    }
+    let kernel = kernel.version;
     let (_, on, why) = GUEST_SUBSETS.iter().find(|(name, _, _)| *name == binary)?;
     (!on.contains(&kernel)).then(|| {
         format!(
@@ -275,7 +280,13 @@ mod tests {
             .iter()
             .chain(PROGRAM_TESTS)
             .map(|(name, _)| *name)
-            .chain(GUEST_SUBSETS.iter().map(|(name, _, _)| *name));
+            .chain(GUEST_SUBSETS.iter().map(|(name, _, _)| *name))
+            .chain(
+                super::super::arm64::ARM64_TESTS
+                    .iter()
+                    .copied()
+                    .filter(|name| !name.contains("/lib:")),
+            );
         for name in names {
             let target = name
                 .strip_prefix("memlock-trace/test:")
@@ -283,28 +294,33 @@ mod tests {
             let file = workspace_root().join(format!("memlock-trace/tests/{target}.rs"));
             assert!(file.is_file(), "{name}: no {}", file.display());
         }
-        for (_, reason) in HOST_ONLY {
+        for (name, reason) in HOST_ONLY {
             assert!(reason.starts_with("host only: "), "{reason}");
+            assert!(!super::super::arm64::ARM64_TESTS.contains(name), "{name}");
         }
     }
 
     /// A kernel misspelt in GUEST_SUBSETS would take its binary off every guest silently.
     #[test]
     fn guest_subsets_name_guest_kernels_and_leave_each_binary_somewhere() {
-        let guests: Vec<&str> = crate::vm::KERNELS.iter().map(|k| k.version).collect();
+        let x86_64: Vec<crate::vm::Kernel> = crate::vm::KERNELS
+            .into_iter()
+            .filter(|k| k.arch.rust_target().is_none())
+            .collect();
+        let guests: Vec<&str> = x86_64.iter().map(|k| k.version).collect();
         for (name, on, _) in GUEST_SUBSETS {
             assert!(!on.is_empty(), "{name}");
             for kernel in *on {
                 assert!(guests.contains(kernel), "{name}: no guest kernel {kernel}");
             }
             assert!(
-                guests.iter().any(|k| not_in_guest(name, k).is_none()),
+                x86_64.iter().any(|&k| not_in_guest(name, k).is_none()),
                 "{name}"
             );
             assert_eq!(
-                guests
+                x86_64
                     .iter()
-                    .filter(|k| not_in_guest(name, k).is_some())
+                    .filter(|&&k| not_in_guest(name, k).is_some())
                     .count(),
                 guests.len() - on.len(),
                 "{name}"

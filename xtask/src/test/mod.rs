@@ -1,8 +1,10 @@
 //! `cargo xtask test`: the lint checks first (`cargo xtask lint`; a failure stops the run
 //! before any test), then the same test binaries on this machine's kernel and inside qemu
 //! guests booting stock Debian kernels (where fentry/kprobes load; `--kernel` picks 5.10,
-//! 6.1, 6.12), with a table per kernel.
+//! 6.1, 6.12, and 6.1-arm64, whose guest runs the binaries cross-built: [`arm64`]), with a
+//! table per kernel.
 
+mod arm64;
 mod binaries;
 
 use std::{
@@ -30,7 +32,7 @@ pub struct Args {
     /// Only run the tests inside the qemu guest.
     #[arg(long, conflicts_with = "kernel")]
     vm_only: bool,
-    /// Run on these kernels only: `host`, a guest kernel (5.10, 6.1, 6.12), or `all` (the
+    /// Run on these kernels only: `host`, a guest kernel (5.10, 6.1, 6.12, 6.1-arm64), or `all` (the
     /// host and every guest, side by side); repeatable. Without it: all of them.
     #[arg(long, value_name = "VERSION")]
     kernel: Vec<String>,
@@ -76,6 +78,14 @@ struct TestBinary {
     name: String,
     package: String,
     path: PathBuf,
+}
+
+/// What a stage runs: test binaries, the tracer they run, and what a guest is given besides.
+pub(super) struct Build {
+    binaries: Vec<TestBinary>,
+    tracer: PathBuf,
+    extra_files: Vec<(PathBuf, String)>,
+    env: Vec<(String, String)>,
 }
 
 /// What one test binary did on one kernel.
@@ -130,7 +140,8 @@ pub fn run(args: &Args) -> Result<()> {
     for &kernel in &guests {
         vm::ensure_assets(&vm::cache_dir(), kernel)?;
     }
-    let mut binaries = build_test_binaries()?;
+    build_preload_library()?;
+    let mut binaries = build_test_binaries(&[])?;
     if !args.test.is_empty() {
         binaries.retain(|b| args.test.iter().any(|t| b.name.contains(t.as_str())));
         if binaries.is_empty() {
@@ -140,20 +151,42 @@ pub fn run(args: &Args) -> Result<()> {
     // Before any stage: the guests' initramfs is built from what the host has installed.
     install_missing_packages(&packages_for(&binaries))?;
     let tracer = workspace_root().join("target/debug/memlock-trace");
+    let native = Build {
+        binaries,
+        // Integration tests run the CLI by its absolute host path.
+        extra_files: vec![(tracer.clone(), tracer.display().to_string())],
+        tracer,
+        env: Vec::new(),
+    };
+    // Foreign guests run the same binaries cross-built, built before any stage starts.
+    let mut cross = Vec::new();
+    for &kernel in guests.iter().filter(|k| k.arch.rust_target().is_some()) {
+        let mut build = arm64::build(kernel)?;
+        if !args.test.is_empty() {
+            build
+                .binaries
+                .retain(|b| args.test.iter().any(|t| b.name.contains(t.as_str())));
+        }
+        cross.push((kernel, build));
+    }
     // The host stage and the guests side by side: a guest is one qemu process emulating the
     // kernel, the host stage mostly waits on its tests' processes, and the machine has few
     // cores; one after the other the run took the host's time plus the slowest guest's.
-    let (binaries, tracer, max_cpus) = (&binaries, &tracer, args.max_cpus);
+    let (native, cross, max_cpus) = (&native, &cross, args.max_cpus);
     let (host_stage, guest_stages) = std::thread::scope(|scope| {
         let handles: Vec<_> = guests
             .iter()
             .map(|&kernel| {
                 let max_cpus = max_cpus
                     .or_else(|| (kernel.version == LARGE_MACHINE.0).then_some(LARGE_MACHINE.1));
-                scope.spawn(move || vm_stage(binaries, tracer, kernel, max_cpus))
+                let build = cross
+                    .iter()
+                    .find(|(k, _)| *k == kernel)
+                    .map_or(native, |(_, build)| build);
+                scope.spawn(move || vm_stage(build, kernel, max_cpus))
             })
             .collect();
-        let host_stage = host.then(|| host_stage(binaries, tracer));
+        let host_stage = host.then(|| host_stage(&native.binaries, &native.tracer));
         let guest_stages: Vec<Result<Stage>> = handles
             .into_iter()
             .map(|h| {
@@ -201,9 +234,9 @@ pub fn run(args: &Args) -> Result<()> {
     Ok(())
 }
 
-fn build_test_binaries() -> Result<Vec<TestBinary>> {
-    // `advise --apply` finds the preload library next to the tracer; `cargo test` builds
-    // only the crate's test harness, not the library itself.
+/// `advise --apply` finds the preload library next to the tracer; `cargo test` builds only
+/// the crate's test harness, not the library itself.
+fn build_preload_library() -> Result<()> {
     let status = Command::new("cargo")
         .current_dir(workspace_root())
         .args(["build", "-p", "memlock-preload"])
@@ -212,10 +245,16 @@ fn build_test_binaries() -> Result<Vec<TestBinary>> {
     if !status.success() {
         bail!("building the preload library failed ({status})");
     }
+    Ok(())
+}
+
+/// `cargo test --no-run [cargo_args]`'s test executables.
+fn build_test_binaries(cargo_args: &[&str]) -> Result<Vec<TestBinary>> {
     // Compiler progress goes to the terminal; the JSON artifact list comes back on stdout.
     let out = Command::new("cargo")
         .current_dir(workspace_root())
         .args(["test", "--no-run", "--message-format=json"])
+        .args(cargo_args)
         .stderr(Stdio::inherit())
         .output()
         .context("running cargo test --no-run")?;
@@ -292,12 +331,7 @@ fn host_stage(binaries: &[TestBinary], tracer: &std::path::Path) -> Result<Stage
     })
 }
 
-fn vm_stage(
-    binaries: &[TestBinary],
-    tracer: &std::path::Path,
-    kernel: vm::Kernel,
-    max_cpus: Option<u32>,
-) -> Result<Stage> {
+fn vm_stage(build: &Build, kernel: vm::Kernel, max_cpus: Option<u32>) -> Result<Stage> {
     let start = Instant::now();
     println!(
         "xtask: VM stage: booting Debian's {} kernel in qemu (software emulation{})",
@@ -305,22 +339,26 @@ fn vm_stage(
         max_cpus.map_or(String::new(), |n| format!(", {n} possible CPUs"))
     );
     // Only memlock-trace's tests touch the kernel; xtask's own do not belong in the guest.
-    let (guest_binaries, not_here): (Vec<&TestBinary>, Vec<&TestBinary>) = binaries
+    let (guest_binaries, not_here): (Vec<&TestBinary>, Vec<&TestBinary>) = build
+        .binaries
         .iter()
         .filter(|b| b.package == "memlock-trace")
-        .partition(|b| not_in_guest(&b.name, kernel.version).is_none());
-    let not_run = not_here
+        .partition(|b| not_in_guest(&b.name, kernel).is_none());
+    let mut not_run: Vec<(String, String)> = not_here
         .iter()
         .map(|b| {
             (
                 b.name.clone(),
-                not_in_guest(&b.name, kernel.version).unwrap_or_default(),
+                not_in_guest(&b.name, kernel).unwrap_or_default(),
             )
         })
         .collect();
+    if kernel.arch.rust_target().is_some() {
+        not_run.push(("(every other binary)".into(), arm64::NOT_ON_ARM64.into()));
+    }
     let mut tests = vec![vm::VmTest {
         name: "probe".into(),
-        binary: tracer.to_path_buf(),
+        binary: build.tracer.clone(),
         args: vec!["probe".into()],
     }];
     tests.extend(guest_binaries.iter().map(|b| vm::VmTest {
@@ -343,9 +381,11 @@ fn vm_stage(
         timeout: Duration::from_secs(3600),
         memory_mib: 2048,
         max_cpus,
-        // Integration tests run the CLI by its absolute host path.
-        extra_files: vec![(tracer.to_path_buf(), tracer.display().to_string())],
-        programs: !packages_for(guest_binaries.iter().copied()).is_empty(),
+        extra_files: build.extra_files.clone(),
+        env: build.env.clone(),
+        // Debian's programs are this machine's, x86_64 binaries.
+        programs: kernel.arch.rust_target().is_none()
+            && !packages_for(guest_binaries.iter().copied()).is_empty(),
     })?;
     println!(
         "xtask: guest {} ({:.1} MiB initramfs, packed in {:.1}s) booted in {:.1}s, \
@@ -369,7 +409,7 @@ fn vm_stage(
         if result.name == "probe" {
             hooks = parse_hooks(&result.output);
             // The guest exists to exercise the hooks the host refuses.
-            for needed in ["fentry", "kprobe"] {
+            for &needed in kernel.arch.hooks_needed() {
                 if !hooks
                     .iter()
                     .any(|(name, how)| name == needed && how.starts_with("yes"))

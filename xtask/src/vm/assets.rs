@@ -1,5 +1,6 @@
 //! The host side of a guest: the tools (qemu, a static busybox, cpio) installed with
-//! apt-get, and the stock cloud kernel image fetched once into the cache.
+//! apt-get, and the stock cloud kernel image fetched once into the cache (for an arm64
+//! guest, with Debian's arm64 static busybox beside it).
 
 use std::{
     fs, io,
@@ -9,19 +10,24 @@ use std::{
 
 use anyhow::{Context, Result};
 
-use super::ScratchDir;
+use super::{ScratchDir, arch::GuestArch};
 use crate::util::{apt_output, install_missing_packages, output_of};
 
-/// Debian packages providing the host tools.
-const HOST_PACKAGES: [&str; 3] = ["qemu-system-x86", "busybox-static", "cpio"];
+/// Debian packages providing the host tools, besides the guest's qemu.
+const HOST_PACKAGES: [&str; 2] = ["busybox-static", "cpio"];
 /// Metapackage whose single dependency is the current cloud kernel image.
 const KERNEL_METAPACKAGE: &str = "linux-image-cloud-amd64";
+/// This machine's static busybox, which an x86_64 guest runs as is.
+const HOST_BUSYBOX: &str = "/bin/busybox";
+/// The package of a foreign guest's static busybox.
+const BUSYBOX_PACKAGE: &str = "busybox-static";
 
 /// A stock kernel the guests can boot, and where its image comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Kernel {
     /// What `--kernel` takes, e.g. `5.10`.
     pub version: &'static str,
+    pub arch: GuestArch,
     /// The cache's subdirectory holding its `vmlinuz-*`.
     dir: &'static str,
     source: Source,
@@ -38,12 +44,19 @@ enum Source {
         suite: &'static str,
         package: &'static str,
     },
+    /// The image a cloud metapackage of a foreign architecture depends on, resolved in
+    /// Debian `suites` (the newest wins: a security update's) with apt state of its own.
+    Foreign {
+        suites: &'static [&'static str],
+        metapackage: &'static str,
+    },
 }
 
-/// Every kernel the guests know, oldest first.
-pub const KERNELS: [Kernel; 3] = [
+/// Every kernel the guests know: x86_64's oldest first, then arm64's.
+pub const KERNELS: [Kernel; 4] = [
     Kernel {
         version: "5.10",
+        arch: GuestArch::X86_64,
         dir: "kernel-5.10",
         source: Source::Suite {
             suite: "bullseye",
@@ -52,16 +65,29 @@ pub const KERNELS: [Kernel; 3] = [
     },
     Kernel {
         version: "6.1",
+        arch: GuestArch::X86_64,
         // Where it always was: the vm-memory scenario boots it from there.
         dir: "kernel",
         source: Source::Metapackage,
     },
     Kernel {
         version: "6.12",
+        arch: GuestArch::X86_64,
         dir: "kernel-6.12",
         source: Source::Suite {
             suite: "trixie",
             package: "linux-image-6.12.117+deb13-cloud-amd64-unsigned",
+        },
+    },
+    // Debian 12's arm64 cloud kernel, the hand-tried one; from bookworm-security when it has
+    // a newer one than the point release.
+    Kernel {
+        version: "6.1-arm64",
+        arch: GuestArch::Aarch64,
+        dir: "kernel-6.1-arm64",
+        source: Source::Foreign {
+            suites: &["bookworm", "bookworm-security"],
+            metapackage: "linux-image-cloud-arm64",
         },
     },
 ];
@@ -87,30 +113,40 @@ pub fn kernel(version: &str) -> Result<Kernel> {
 pub struct VmAssets {
     pub vmlinuz: PathBuf,
     pub kernel_release: String,
+    /// A static busybox of the guest's architecture.
+    pub busybox: PathBuf,
 }
 
-/// Installs the host tools (qemu-system-x86, busybox-static, cpio) with
+/// Installs the host tools (the guest's qemu, busybox-static, cpio) with
 /// apt-get if any is missing, running `apt-get update` only then, and
 /// fetches the stock cloud kernel into `cache_dir/kernel` unless it is there
 /// already. Fast and offline when everything is present.
 pub fn ensure_assets(cache_dir: &Path, kernel: Kernel) -> Result<VmAssets> {
     install_missing_packages(&HOST_PACKAGES)?;
+    install_missing_packages(&[kernel.arch.qemu_package()])?;
     let kernel_dir = cache_dir.join(kernel.dir);
-    if let Some(assets) = cached_kernel(&kernel_dir)? {
+    let busybox = match kernel.arch {
+        GuestArch::X86_64 => PathBuf::from(HOST_BUSYBOX),
+        _ => kernel_dir.join("busybox"),
+    };
+    if let Some(assets) = cached_kernel(&kernel_dir, &busybox)? {
         return Ok(assets);
     }
-    fetch_kernel(cache_dir, &kernel_dir, kernel.source)
+    fetch_kernel(cache_dir, &kernel_dir, kernel)
         .with_context(|| format!("kernel {}: fetching its image", kernel.version))?;
-    cached_kernel(&kernel_dir)?.with_context(|| {
+    cached_kernel(&kernel_dir, &busybox)?.with_context(|| {
         format!(
-            "kernel {}: no vmlinuz-* in {} after fetching the image",
+            "kernel {}: no vmlinuz-* or busybox in {} after fetching them",
             kernel.version,
             kernel_dir.display()
         )
     })
 }
 
-fn cached_kernel(kernel_dir: &Path) -> Result<Option<VmAssets>> {
+fn cached_kernel(kernel_dir: &Path, busybox: &Path) -> Result<Option<VmAssets>> {
+    if !busybox.is_file() {
+        return Ok(None);
+    }
     let entries = match fs::read_dir(kernel_dir) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         entries => entries.with_context(|| format!("reading {}", kernel_dir.display()))?,
@@ -121,15 +157,17 @@ fn cached_kernel(kernel_dir: &Path) -> Result<Option<VmAssets>> {
             return Ok(Some(VmAssets {
                 vmlinuz: kernel_dir.join(&name),
                 kernel_release: release.to_owned(),
+                busybox: busybox.to_path_buf(),
             }));
         }
     }
     Ok(None)
 }
 
-fn fetch_kernel(cache_dir: &Path, kernel_dir: &Path, source: Source) -> Result<()> {
+fn fetch_kernel(cache_dir: &Path, kernel_dir: &Path, kernel: Kernel) -> Result<()> {
     let scratch = ScratchDir::new(cache_dir.join(format!("kernel-fetch-{}", process::id())))?;
-    let deb = match source {
+    fs::create_dir_all(kernel_dir).with_context(|| format!("creating {}", kernel_dir.display()))?;
+    let deb = match kernel.source {
         // Package lists may be missing or name a version the mirror has since
         // dropped: refresh them once and retry.
         Source::Metapackage => download_kernel_package(&scratch.0).or_else(|first_error| {
@@ -138,12 +176,30 @@ fn fetch_kernel(cache_dir: &Path, kernel_dir: &Path, source: Source) -> Result<(
             download_kernel_package(&scratch.0)
         })?,
         Source::Suite { suite, package } => {
-            let dir = cache_dir.join(format!("apt-{suite}"));
-            download_from_suite(&dir, suite, package)?;
-            let found = find_deb(&dir, package)?;
-            let deb = scratch.0.join(found.file_name().expect("a file"));
-            fs::rename(&found, &deb)?;
-            deb
+            let apt = SuiteApt::new(cache_dir.join(format!("apt-{suite}")), &[suite], "amd64")?;
+            apt.download(package)?;
+            apt.take_deb(package, &scratch.0)?
+        }
+        Source::Foreign {
+            suites,
+            metapackage,
+        } => {
+            let arch = kernel.arch.debian();
+            let apt = SuiteApt::new(cache_dir.join(format!("apt-{}", kernel.dir)), suites, arch)?;
+            let package = apt.dependency(metapackage, "linux-image-")?;
+            apt.download(&package)?;
+            apt.download(BUSYBOX_PACKAGE)?;
+            let busybox_deb = apt.take_deb(BUSYBOX_PACKAGE, &scratch.0)?;
+            let unpacked = scratch.0.join("busybox");
+            output_of(
+                Command::new("dpkg-deb")
+                    .arg("-x")
+                    .arg(&busybox_deb)
+                    .arg(&unpacked),
+            )?;
+            fs::rename(unpacked.join("bin/busybox"), kernel_dir.join("busybox"))
+                .with_context(|| format!("{} has no bin/busybox", busybox_deb.display()))?;
+            apt.take_deb(&package, &scratch.0)?
         }
     };
 
@@ -156,7 +212,6 @@ fn fetch_kernel(cache_dir: &Path, kernel_dir: &Path, source: Source) -> Result<(
         .filter_map(|entry| entry.ok().map(|e| e.file_name()))
         .find(|name| name.to_string_lossy().starts_with("vmlinuz-"))
         .with_context(|| format!("{} contains no boot/vmlinuz-*", deb.display()))?;
-    fs::create_dir_all(kernel_dir).with_context(|| format!("creating {}", kernel_dir.display()))?;
     // A rename, so an interrupted fetch never leaves a partial vmlinuz in the cache.
     fs::rename(boot.join(&vmlinuz), kernel_dir.join(&vmlinuz)).with_context(|| {
         format!(
@@ -185,52 +240,117 @@ fn debian_mirror() -> String {
         .to_string()
 }
 
-/// `apt-get download PACKAGE` from Debian `suite` into `dir`, with a sources list, package
-/// lists and cache of its own in `dir` (ENVIRONMENT.md section 5): never the machine's.
-fn download_from_suite(dir: &Path, suite: &str, package: &str) -> Result<()> {
-    for sub in ["lists/partial", "cache/archives/partial"] {
-        fs::create_dir_all(dir.join(sub))
-            .with_context(|| format!("creating {}", dir.join(sub).display()))?;
-    }
-    let list = dir.join("sources.list");
-    fs::write(
-        &list,
-        format!("deb [trusted=yes] {} {suite} main\n", debian_mirror()),
-    )?;
-    let apt = |verb: &[&str]| {
-        let mut cmd = Command::new("apt-get");
-        cmd.arg("-o")
-            .arg(format!("Dir::Etc::SourceList={}", list.display()))
-            .args(["-o", "Dir::Etc::SourceParts=/dev/null"])
-            .arg("-o")
-            .arg(format!("Dir::State::Lists={}", dir.join("lists").display()))
-            .arg("-o")
-            .arg(format!("Dir::Cache={}", dir.join("cache").display()))
-            .args(verb)
-            .current_dir(dir);
-        cmd
-    };
-    if find_deb(dir, package).is_ok() {
-        return Ok(());
-    }
-    apt_output(&mut apt(&["update"]))
-        .with_context(|| format!("apt-get update for Debian {suite}"))?;
-    apt_output(&mut apt(&["download", package]))
-        .with_context(|| format!("apt-get download {package} from Debian {suite}"))?;
-    Ok(())
+/// apt-get on Debian `suites` of one architecture, with a sources list, package lists and
+/// cache of its own in `dir` (ENVIRONMENT.md section 5): never the machine's configuration.
+struct SuiteApt {
+    dir: PathBuf,
+    arch: &'static str,
+    updated: std::cell::Cell<bool>,
 }
 
-/// The downloaded `PACKAGE_*.deb` in `dir`.
-fn find_deb(dir: &Path, package: &str) -> Result<PathBuf> {
-    fs::read_dir(dir)?
-        .filter_map(|entry| entry.ok().map(|e| e.path()))
-        .find(|path| {
-            path.file_name().is_some_and(|n| {
-                let n = n.to_string_lossy();
-                n.starts_with(&format!("{package}_")) && n.ends_with(".deb")
+impl SuiteApt {
+    fn new(dir: PathBuf, suites: &[&str], arch: &'static str) -> Result<Self> {
+        for sub in ["lists/partial", "cache/archives/partial"] {
+            fs::create_dir_all(dir.join(sub))
+                .with_context(|| format!("creating {}", dir.join(sub).display()))?;
+        }
+        let mirror = debian_mirror();
+        let list: String = suites
+            .iter()
+            .map(|suite| {
+                // Security updates live beside the archive, in debian-security.
+                let archive = match suite.ends_with("-security") {
+                    true => format!("{mirror}-security"),
+                    false => mirror.clone(),
+                };
+                format!("deb [trusted=yes arch={arch}] {archive} {suite} main\n")
             })
+            .collect();
+        fs::write(dir.join("sources.list"), list)?;
+        Ok(Self {
+            dir,
+            arch,
+            updated: std::cell::Cell::new(false),
         })
-        .with_context(|| format!("no {package}_*.deb in {}", dir.display()))
+    }
+
+    fn command(&self, program: &str, verb: &[&str]) -> Command {
+        let mut cmd = Command::new(program);
+        cmd.arg("-o")
+            .arg(format!(
+                "Dir::Etc::SourceList={}",
+                self.dir.join("sources.list").display()
+            ))
+            .args(["-o", "Dir::Etc::SourceParts=/dev/null"])
+            .arg("-o")
+            .arg(format!(
+                "Dir::State::Lists={}",
+                self.dir.join("lists").display()
+            ))
+            .arg("-o")
+            .arg(format!("Dir::Cache={}", self.dir.join("cache").display()))
+            .arg("-o")
+            .arg(format!("APT::Architecture={}", self.arch))
+            .arg("-o")
+            .arg(format!("APT::Architectures={}", self.arch))
+            .args(verb)
+            .current_dir(&self.dir);
+        cmd
+    }
+
+    fn update(&self) -> Result<()> {
+        if !self.updated.get() {
+            apt_output(&mut self.command("apt-get", &["update"]))
+                .with_context(|| format!("apt-get update in {}", self.dir.display()))?;
+            self.updated.set(true);
+        }
+        Ok(())
+    }
+
+    /// `apt-get download PACKAGE` into the directory, unless a .deb of it is there.
+    fn download(&self, package: &str) -> Result<()> {
+        if self.find_deb(package).is_ok() {
+            return Ok(());
+        }
+        self.update()?;
+        apt_output(&mut self.command("apt-get", &["download", package]))
+            .with_context(|| format!("apt-get download {package} ({})", self.arch))?;
+        Ok(())
+    }
+
+    /// The dependency of `metapackage` whose name starts with `prefix`.
+    fn dependency(&self, metapackage: &str, prefix: &str) -> Result<String> {
+        self.update()?;
+        let depends = output_of(&mut self.command("apt-cache", &["depends", metapackage]))?;
+        depends
+            .lines()
+            .filter_map(|line| line.trim().strip_prefix("Depends: "))
+            .find(|p| p.starts_with(prefix))
+            .map(|p| p.split(':').next().unwrap_or(p).to_owned())
+            .with_context(|| {
+                format!("`apt-cache depends {metapackage}` names no {prefix}* package")
+            })
+    }
+
+    /// Moves the downloaded `PACKAGE_*.deb` into `into`.
+    fn take_deb(&self, package: &str, into: &Path) -> Result<PathBuf> {
+        let found = self.find_deb(package)?;
+        let deb = into.join(found.file_name().expect("a file"));
+        fs::rename(&found, &deb)?;
+        Ok(deb)
+    }
+
+    fn find_deb(&self, package: &str) -> Result<PathBuf> {
+        fs::read_dir(&self.dir)?
+            .filter_map(|entry| entry.ok().map(|e| e.path()))
+            .find(|path| {
+                path.file_name().is_some_and(|n| {
+                    let n = n.to_string_lossy();
+                    n.starts_with(&format!("{package}_")) && n.ends_with(".deb")
+                })
+            })
+            .with_context(|| format!("no {package}_*.deb in {}", self.dir.display()))
+    }
 }
 
 /// Resolves the cloud metapackage's image package and downloads its .deb into `dir`.

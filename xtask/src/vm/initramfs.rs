@@ -16,11 +16,13 @@ use anyhow::{Context, Result, bail};
 
 use super::{
     BEGIN_MARK, DONE_MARK, KERNEL_MARK, RESULT_MARK, VmOptions,
+    arch::GuestArch,
+    assets::VmAssets,
     files::{install_file, pack, shared_libraries},
     programs,
 };
 
-/// Installed by busybox-static; statically linked, so it runs in the guest as is.
+/// Where the guest has busybox (statically linked, of the guest's architecture).
 const BUSYBOX: &str = "/bin/busybox";
 
 /// Debian's entries for the two users a guest knows.
@@ -29,14 +31,15 @@ const PASSWD: &str = "root:x:0:0:root:/root:/bin/sh\n\
 const GROUP: &str = "root:x:0:\nnogroup:x:65534:\n";
 
 /// Lays out the guest's root file system under `dir/root` and packs it into `dir/initramfs.cpio`.
-pub(super) fn build(opts: &VmOptions, dir: &Path) -> Result<PathBuf> {
+pub(super) fn build(opts: &VmOptions, assets: &VmAssets, dir: &Path) -> Result<PathBuf> {
+    let arch = opts.kernel.arch;
     let root = dir.join("root");
     for sub in [
         "bin", "sbin", "usr/bin", "usr/sbin", "proc", "sys", "dev", "tmp", "tests",
     ] {
         fs::create_dir_all(root.join(sub))?;
     }
-    install_file(Path::new(BUSYBOX), &root, BUSYBOX)?;
+    install_file(&assets.busybox, &root, BUSYBOX)?;
     // Programs that look users up (`memcached -u nobody`) find root and nobody.
     fs::create_dir_all(root.join("etc"))?;
     fs::write(root.join("etc/passwd"), PASSWD)?;
@@ -44,7 +47,7 @@ pub(super) fn build(opts: &VmOptions, dir: &Path) -> Result<PathBuf> {
 
     // Tests may share a binary (e.g. with different filters): copy each once.
     let mut binaries: BTreeMap<String, &Path> = BTreeMap::new();
-    let mut script = init_script_prologue();
+    let mut script = init_script_prologue(&opts.env);
     for test in &opts.tests {
         if test.name.is_empty() || test.name.contains(char::is_whitespace) {
             bail!(
@@ -69,10 +72,8 @@ pub(super) fn build(opts: &VmOptions, dir: &Path) -> Result<PathBuf> {
             Some(_) => {}
             None => {
                 install_file(&test.binary, &root, &guest)?;
-                strip_debug(&root.join(&guest[1..]));
-                for lib in shared_libraries(&test.binary)? {
-                    install_file(&lib, &root, &lib.to_string_lossy())?;
-                }
+                strip_debug(arch, &root.join(&guest[1..]));
+                install_libraries(arch, &test.binary, &root)?;
                 binaries.insert(guest.clone(), &test.binary);
             }
         }
@@ -90,7 +91,7 @@ pub(super) fn build(opts: &VmOptions, dir: &Path) -> Result<PathBuf> {
 
     for (host, guest) in &opts.extra_files {
         install_file(host, &root, guest)?;
-        strip_debug(&root.join(guest.trim_start_matches('/')));
+        strip_debug(arch, &root.join(guest.trim_start_matches('/')));
     }
     let init = root.join("init");
     fs::write(&init, script)?;
@@ -112,7 +113,11 @@ pub(super) fn build(opts: &VmOptions, dir: &Path) -> Result<PathBuf> {
 /// `/tmp` stays on the initramfs root (RAM, writable already): a tmpfs there would hide
 /// files installed under it, such as a workspace cloned into /tmp. cgroup2 is mounted as
 /// systemd mounts it: the kernel lists a process's v2 cgroup only once the hierarchy is.
-fn init_script_prologue() -> String {
+fn init_script_prologue(env: &[(String, String)]) -> String {
+    let exports: String = env
+        .iter()
+        .map(|(name, value)| format!("export {name}={}\n", sh_quote(value)))
+        .collect();
     format!(
         "#!{BUSYBOX} sh
 {BUSYBOX} --install -s
@@ -126,17 +131,79 @@ mount -t cgroup2 cgroup2 /sys/fs/cgroup
 ip link set lo up
 ulimit -l unlimited
 export PATH=/bin:/sbin:/usr/bin:/usr/sbin HOME=/tmp RUST_BACKTRACE=1 MEMLOCK_TRACE_IN_VM=1
-cd /tmp
+{exports}cd /tmp
 echo {KERNEL_MARK} $(uname -r)
 "
     )
 }
 
+/// The shared libraries `binary` loads, at the paths its loader looks for them: this
+/// machine's, or for a foreign guest the cross glibc's, put where the guest's loader
+/// searches (`/lib`, where its own path is, `/lib/ld-linux-aarch64.so.1`).
+fn install_libraries(arch: GuestArch, binary: &Path, root: &Path) -> Result<()> {
+    let Some(cross) = arch.cross_libraries() else {
+        for lib in shared_libraries(binary)? {
+            install_file(&lib, root, &lib.to_string_lossy())?;
+        }
+        return Ok(());
+    };
+    for lib in cross_shared_libraries(binary, Path::new(cross))? {
+        let name = lib.file_name().expect("a library file").to_string_lossy();
+        install_file(&lib, root, &format!("/lib/{name}"))?;
+    }
+    Ok(())
+}
+
+/// The interpreter and `NEEDED` libraries of a cross-built `binary`, transitively, found in
+/// `dir` (`ldd` runs the binary's loader, which cannot run here).
+fn cross_shared_libraries(binary: &Path, dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut found: Vec<PathBuf> = Vec::new();
+    let mut pending = vec![binary.to_path_buf()];
+    while let Some(file) = pending.pop() {
+        let out = Command::new("readelf")
+            .args(["--dynamic", "--program-headers", "--wide"])
+            .arg(&file)
+            .output()
+            .context("cannot run `readelf` (binutils)")?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let needed = text.lines().filter_map(|line| {
+            // "[Requesting program interpreter: /lib/ld-linux-aarch64.so.1]" and
+            // "0x…0001 (NEEDED)  Shared library: [libc.so.6]"
+            let start = line
+                .find("program interpreter: ")
+                .map(|at| at + "program interpreter: ".len())
+                .or_else(|| {
+                    line.contains("(NEEDED)")
+                        .then(|| line.find('[').map(|at| at + 1))
+                        .flatten()
+                })?;
+            let name = line[start..].split(']').next()?;
+            Path::new(name).file_name().map(PathBuf::from)
+        });
+        for name in needed.collect::<Vec<_>>() {
+            let lib = dir.join(&name);
+            if !lib.is_file() {
+                bail!(
+                    "{}: needs {}, which {} lacks (apt-get install libc6-arm64-cross)",
+                    file.display(),
+                    name.display(),
+                    dir.display()
+                );
+            }
+            if !found.contains(&lib) {
+                found.push(lib.clone());
+                pending.push(lib);
+            }
+        }
+    }
+    Ok(found)
+}
+
 /// Drops the DWARF of a copied binary (symbols stay, so backtraces still name functions):
 /// a debug test binary is ~60 MB, mostly debug info, and the initramfs is unpacked into
 /// guest RAM, where a dozen of them no longer fit. Best effort: a failure keeps the copy whole.
-fn strip_debug(path: &Path) {
-    let stripped = Command::new("strip")
+fn strip_debug(arch: GuestArch, path: &Path) {
+    let stripped = Command::new(arch.strip())
         .arg("--strip-debug")
         .arg(path)
         .stderr(Stdio::null())

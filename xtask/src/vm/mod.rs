@@ -17,6 +17,7 @@
 //! hang guard and reads the results off the console. The marker lines below are the
 //! protocol between the last two.
 
+mod arch;
 mod assets;
 mod files;
 mod initramfs;
@@ -32,7 +33,10 @@ use std::{
 
 use anyhow::{Context, Result, bail};
 
-pub use self::assets::{DEFAULT_KERNEL, KERNELS, Kernel, ensure_assets, kernel};
+pub use self::{
+    arch::GuestArch,
+    assets::{DEFAULT_KERNEL, KERNELS, Kernel, ensure_assets, kernel},
+};
 
 /// `/init` prints this and `uname -r` once booted.
 const KERNEL_MARK: &str = "MEMLOCK-TRACE-KERNEL";
@@ -69,6 +73,8 @@ pub struct VmOptions {
     pub max_cpus: Option<u32>,
     /// Extra files to copy in: (host path, absolute guest path).
     pub extra_files: Vec<(PathBuf, String)>,
+    /// Exported to every test: (name, value).
+    pub env: Vec<(String, String)>,
     /// Carry the third-party programs tests run (python3 and its standard library,
     /// memcached; see [`programs`]) where the host has them.
     pub programs: bool,
@@ -125,7 +131,7 @@ pub fn run(opts: &VmOptions) -> Result<VmReport> {
             .join(format!("vm-run-{}-{version}", process::id())),
     )?;
     let packing = Instant::now();
-    let initrd = initramfs::build(opts, &scratch.0)?;
+    let initrd = initramfs::build(opts, &assets, &scratch.0)?;
     let initramfs_secs = packing.elapsed().as_secs_f64();
     let initramfs_bytes = fs::metadata(&initrd)
         .with_context(|| format!("reading {}", initrd.display()))?

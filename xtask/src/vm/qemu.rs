@@ -84,7 +84,8 @@ pub(super) fn boot(
     log.set_len(0)?;
     let start = Instant::now();
     let smp = smp(opts.max_cpus);
-    let mut qemu = Command::new("qemu-system-x86_64")
+    let arch = opts.kernel.arch;
+    let mut qemu = Command::new(arch.qemu())
         // No -enable-kvm: nested KVM dies with an internal error on this machine kind.
         // One vCPU: under software emulation a second one made no test faster and doubled
         // the host CPU a guest takes (test:fault_cli alone on 6.12: 232 s and 5m14 of CPU
@@ -93,7 +94,8 @@ pub(super) fn boot(
         // other vCPU was running.
         // `--max-cpus N` keeps that one vCPU online and makes N possible, which is what
         // per-CPU maps are sized by (see `smp`).
-        .args(["-cpu", "max", "-smp", &smp.0])
+        .args(arch.machine())
+        .args(["-smp", &smp.0])
         .args(["-nographic", "-no-reboot"])
         // The guest needs no network; this also skips loading the NIC's option ROM.
         .args(["-nic", "none"])
@@ -104,12 +106,22 @@ pub(super) fn boot(
         .arg(initrd)
         // panic=-1 reboots at once on a panic, which -no-reboot turns into qemu exiting.
         .arg("-append")
-        .arg(format!("console=ttyS0 panic=-1 quiet{}", smp.1))
+        .arg(format!(
+            "console={} panic=-1 quiet{}",
+            arch.console(),
+            smp.1
+        ))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(log.try_clone()?)
         .spawn()
-        .context("cannot run `qemu-system-x86_64` (is qemu-system-x86 installed?)")?;
+        .with_context(|| {
+            format!(
+                "cannot run `{}` (is {} installed?)",
+                arch.qemu(),
+                arch.qemu_package()
+            )
+        })?;
     let stdout = qemu.stdout.take().context("no stdout from qemu")?;
 
     // A reader thread, so the main thread can enforce the timeout.

@@ -87,6 +87,7 @@ pub(in crate::bench) fn run(kernels: &[String], rounds: usize, out: &Path) -> Re
             memory_mib: 2048,
             max_cpus: None,
             extra_files: vec![(tracer.clone(), GUEST_TRACER.into())],
+            env: Vec::new(),
             programs: false,
         })?;
         let result = report
