@@ -48,6 +48,13 @@ pub struct Args {
 }
 
 impl Args {
+    /// Keeps the binaries `--test` names (all without it).
+    fn keep_chosen(&self, binaries: &mut Vec<TestBinary>) {
+        if !self.test.is_empty() {
+            binaries.retain(|b| self.test.iter().any(|t| b.name.contains(t.as_str())));
+        }
+    }
+
     /// Whether to run on the host, and which guest kernels.
     fn kernels(&self) -> Result<(bool, Vec<vm::Kernel>)> {
         if self.kernel.is_empty() {
@@ -81,7 +88,7 @@ struct TestBinary {
 }
 
 /// What a stage runs: test binaries, the tracer they run, and what a guest is given besides.
-pub(super) struct Build {
+struct Build {
     binaries: Vec<TestBinary>,
     tracer: PathBuf,
     extra_files: Vec<(PathBuf, String)>,
@@ -142,11 +149,9 @@ pub fn run(args: &Args) -> Result<()> {
     }
     build_preload_library()?;
     let mut binaries = build_test_binaries(&[])?;
-    if !args.test.is_empty() {
-        binaries.retain(|b| args.test.iter().any(|t| b.name.contains(t.as_str())));
-        if binaries.is_empty() {
-            bail!("no test binary matches --test {}", args.test.join(", "));
-        }
+    args.keep_chosen(&mut binaries);
+    if binaries.is_empty() {
+        bail!("no test binary matches --test {}", args.test.join(", "));
     }
     // Before any stage: the guests' initramfs is built from what the host has installed.
     install_missing_packages(&packages_for(&binaries))?;
@@ -162,11 +167,7 @@ pub fn run(args: &Args) -> Result<()> {
     let mut cross = Vec::new();
     for &kernel in guests.iter().filter(|k| k.arch.rust_target().is_some()) {
         let mut build = arm64::build(kernel)?;
-        if !args.test.is_empty() {
-            build
-                .binaries
-                .retain(|b| args.test.iter().any(|t| b.name.contains(t.as_str())));
-        }
+        args.keep_chosen(&mut build.binaries);
         cross.push((kernel, build));
     }
     // The host stage and the guests side by side: a guest is one qemu process emulating the

@@ -127,7 +127,7 @@ pub fn ensure_assets(cache_dir: &Path, kernel: Kernel) -> Result<VmAssets> {
     let kernel_dir = cache_dir.join(kernel.dir);
     let busybox = match kernel.arch {
         GuestArch::X86_64 => PathBuf::from(HOST_BUSYBOX),
-        _ => kernel_dir.join("busybox"),
+        GuestArch::Aarch64 => kernel_dir.join("busybox"),
     };
     if let Some(assets) = cached_kernel(&kernel_dir, &busybox)? {
         return Ok(assets);
@@ -176,7 +176,11 @@ fn fetch_kernel(cache_dir: &Path, kernel_dir: &Path, kernel: Kernel) -> Result<(
             download_kernel_package(&scratch.0)
         })?,
         Source::Suite { suite, package } => {
-            let apt = SuiteApt::new(cache_dir.join(format!("apt-{suite}")), &[suite], "amd64")?;
+            let apt = SuiteApt::new(
+                cache_dir.join(format!("apt-{suite}")),
+                &[suite],
+                kernel.arch.debian(),
+            )?;
             apt.download(package)?;
             apt.take_deb(package, &scratch.0)?
         }
