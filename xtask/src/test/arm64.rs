@@ -1,5 +1,5 @@
-//! The aarch64 guest's part of `cargo xtask test`: which test binaries it runs, and building
-//! them for it. The guest is emulated instruction by instruction beside three x86_64 guests
+//! The aarch64 guests' part of `cargo xtask test`: which test binaries they run, and building
+//! them for them. A guest is emulated instruction by instruction beside three x86_64 guests
 //! on a 2-core machine, so it runs every family's exact figures and no more: the lib's
 //! tests (the programs verified, CO-RE offsets against arm64's BTF), `probe`, the calls
 //! against what the workload made, the faults against `/proc/PID/stat`, the VMA changes
@@ -7,18 +7,12 @@
 //! bundled scenarios with their consistency checks. What user space builds on top of the
 //! hooks is the same code on both architectures, and the x86_64 stages run it.
 
-use std::process::Command;
-
 use anyhow::{Context as _, Result};
 
-use super::{Build, build_test_binaries};
-use crate::{
-    run::workspace_root,
-    util::output_of,
-    vm::{GuestArch, Kernel},
-};
+use super::{Build, binaries::guest_lock_chain, build_test_binaries};
+use crate::{run::workspace_root, vm::GuestArch};
 
-/// The test binaries the aarch64 guest runs.
+/// The test binaries the aarch64 guests run.
 pub(super) const ARM64_TESTS: &[&str] = &[
     "memlock-trace/lib:memlock_trace",
     "memlock-trace/test:probe",
@@ -39,11 +33,10 @@ pub(super) const NOT_ON_ARM64: &str = "x86_64 guests and the host only: user spa
     of the hooks, the same code on both architectures; this guest checks the hooks' own \
     figures (test:syscalls, test:faults, test:vma_whole, test:verify)";
 
-/// Cross-builds [`ARM64_TESTS`] and the tracer for `kernel`'s architecture, installing the
+/// Cross-builds [`ARM64_TESTS`] and the tracer for `arch`, installing the
 /// target's standard library and cross gcc when missing, and compiles test:stacks' C
 /// program for it with that gcc (the guest has no compiler).
-pub(super) fn build(kernel: Kernel) -> Result<Build> {
-    let arch: GuestArch = kernel.arch;
+pub(super) fn build(arch: GuestArch) -> Result<Build> {
     let target = arch
         .rust_target()
         .context("only a foreign guest is cross-built")?;
@@ -58,26 +51,18 @@ pub(super) fn build(kernel: Kernel) -> Result<Build> {
     }
     let binaries = build_test_binaries(&args)?;
     let debug = workspace_root().join("target").join(target).join("debug");
-    let lock_chain = debug.join("lock_chain");
-    output_of(
-        Command::new(arch.gcc())
-            .args(["-O2", "-fomit-frame-pointer", "-g", "-o"])
-            .arg(&lock_chain)
-            .arg(workspace_root().join("memlock-trace/tests/stacks/lock_chain.c")),
-    )
-    .with_context(|| format!("compiling test:stacks' C program with {}", arch.gcc()))?;
+    let (lock_chain, lock_chain_env) = guest_lock_chain(arch, &debug)?;
     let tracer = debug.join("memlock-trace");
-    const GUEST_LOCK_CHAIN: &str = "/tests/lock_chain";
     Ok(Build {
         binaries,
         extra_files: vec![
             // Integration tests run the CLI by its absolute host path.
             (tracer.clone(), tracer.display().to_string()),
-            (lock_chain, GUEST_LOCK_CHAIN.into()),
+            lock_chain,
         ],
         tracer,
         env: vec![
-            ("MEMLOCK_TRACE_LOCK_CHAIN".into(), GUEST_LOCK_CHAIN.into()),
+            lock_chain_env,
             ("MEMLOCK_TRACE_SCENARIOS".into(), SCENARIOS.into()),
         ],
     })

@@ -1,7 +1,15 @@
 //! Which test binaries run where and need what: the host-only ones with their reasons, and
 //! the Debian packages of the ones that run third-party programs.
 
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context as _, Result};
+
 use super::TestBinary;
+use crate::{run::workspace_root, util::output_of, vm::GuestArch};
 
 /// Test binaries run on the host stage only, with the reason the guests' tables show. Only
 /// kernel-independent behaviour belongs here (CLI parsing, output shape, JSON schema,
@@ -263,6 +271,27 @@ pub(super) fn packages_for<'a>(
         }
     }
     packages
+}
+
+/// test:stacks' C program, compiled for `arch` into `dir` (no guest has a compiler), as the
+/// guest file test:unwind_tables runs and the variable that names it there.
+pub(super) fn guest_lock_chain(
+    arch: GuestArch,
+    dir: &Path,
+) -> Result<((PathBuf, String), (String, String))> {
+    const GUEST_PATH: &str = "/tests/lock_chain";
+    let lock_chain = dir.join("lock_chain");
+    output_of(
+        Command::new(arch.gcc())
+            .args(["-O2", "-fomit-frame-pointer", "-g", "-o"])
+            .arg(&lock_chain)
+            .arg(workspace_root().join("memlock-trace/tests/stacks/lock_chain.c")),
+    )
+    .with_context(|| format!("compiling test:stacks' C program with {}", arch.gcc()))?;
+    Ok((
+        (lock_chain, GUEST_PATH.into()),
+        ("MEMLOCK_TRACE_LOCK_CHAIN".into(), GUEST_PATH.into()),
+    ))
 }
 
 #[cfg(test)]

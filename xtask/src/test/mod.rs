@@ -1,8 +1,8 @@
 //! `cargo xtask test`: the lint checks first (`cargo xtask lint`; a failure stops the run
 //! before any test), then the same test binaries on this machine's kernel and inside qemu
 //! guests booting stock Debian kernels (where fentry/kprobes load; `--kernel` picks 5.10,
-//! 6.1, 6.12, and 6.1-arm64, whose guest runs the binaries cross-built: [`arm64`]), with a
-//! table per kernel.
+//! 6.1, 6.12, and 6.1-arm64, 6.12-arm64, whose guests run the binaries cross-built:
+//! [`arm64`]), with a table per kernel.
 
 mod arm64;
 mod binaries;
@@ -32,7 +32,7 @@ pub struct Args {
     /// Only run the tests inside the qemu guest.
     #[arg(long, conflicts_with = "kernel")]
     vm_only: bool,
-    /// Run on these kernels only: `host`, a guest kernel (5.10, 6.1, 6.12, 6.1-arm64), or `all` (the
+    /// Run on these kernels only: `host`, a guest kernel (5.10, 6.1, 6.12, 6.1-arm64, 6.12-arm64), or `all` (the
     /// host and every guest, side by side); repeatable. Without it: all of them.
     #[arg(long, value_name = "VERSION")]
     kernel: Vec<String>,
@@ -156,19 +156,26 @@ pub fn run(args: &Args) -> Result<()> {
     // Before any stage: the guests' initramfs is built from what the host has installed.
     install_missing_packages(&packages_for(&binaries))?;
     let tracer = workspace_root().join("target/debug/memlock-trace");
+    let (lock_chain, lock_chain_env) = binaries::guest_lock_chain(
+        vm::GuestArch::X86_64,
+        &workspace_root().join("target/debug"),
+    )?;
     let native = Build {
         binaries,
         // Integration tests run the CLI by its absolute host path.
-        extra_files: vec![(tracer.clone(), tracer.display().to_string())],
+        extra_files: vec![(tracer.clone(), tracer.display().to_string()), lock_chain],
         tracer,
-        env: Vec::new(),
+        env: vec![lock_chain_env],
     };
-    // Foreign guests run the same binaries cross-built, built before any stage starts.
-    let mut cross = Vec::new();
+    // Foreign guests run the same binaries cross-built, once per architecture, before any
+    // stage starts.
+    let mut cross: Vec<(vm::GuestArch, Build)> = Vec::new();
     for &kernel in guests.iter().filter(|k| k.arch.rust_target().is_some()) {
-        let mut build = arm64::build(kernel)?;
-        args.keep_chosen(&mut build.binaries);
-        cross.push((kernel, build));
+        if cross.iter().all(|(arch, _)| *arch != kernel.arch) {
+            let mut build = arm64::build(kernel.arch)?;
+            args.keep_chosen(&mut build.binaries);
+            cross.push((kernel.arch, build));
+        }
     }
     // The host stage and the guests side by side: a guest is one qemu process emulating the
     // kernel, the host stage mostly waits on its tests' processes, and the machine has few
@@ -182,7 +189,7 @@ pub fn run(args: &Args) -> Result<()> {
                     .or_else(|| (kernel.version == LARGE_MACHINE.0).then_some(LARGE_MACHINE.1));
                 let build = cross
                     .iter()
-                    .find(|(k, _)| *k == kernel)
+                    .find(|(arch, _)| *arch == kernel.arch)
                     .map_or(native, |(_, build)| build);
                 scope.spawn(move || vm_stage(build, kernel, max_cpus))
             })

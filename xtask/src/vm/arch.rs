@@ -30,8 +30,8 @@ impl GuestArch {
     }
 
     /// The hooks a guest of this architecture exists to exercise, which its `probe` must
-    /// find. Debian 12's arm64 kernel has no ftrace direct calls, so no trampolines: the
-    /// kprobe fault set and the raw syscall dispatchers are its path.
+    /// find. Debian 12's arm64 kernel has no ftrace direct calls (6.4), so no trampolines:
+    /// kprobes are what every arm64 guest has (test:probe checks fentry by kernel version).
     pub fn hooks_needed(self) -> &'static [&'static str] {
         match self {
             Self::X86_64 => &["fentry", "kprobe"],

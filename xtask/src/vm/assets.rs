@@ -53,7 +53,7 @@ enum Source {
 }
 
 /// Every kernel the guests know: x86_64's oldest first, then arm64's.
-pub const KERNELS: [Kernel; 4] = [
+pub const KERNELS: [Kernel; 5] = [
     Kernel {
         version: "5.10",
         arch: GuestArch::X86_64,
@@ -79,14 +79,23 @@ pub const KERNELS: [Kernel; 4] = [
             package: "linux-image-6.12.117+deb13-cloud-amd64-unsigned",
         },
     },
-    // Debian 12's arm64 cloud kernel, the hand-tried one; from bookworm-security when it has
-    // a newer one than the point release.
+    // Debian's arm64 cloud kernels, each the newest of its release and its security updates:
+    // 12's 6.1, without trampolines (no ftrace direct calls before 6.4), and 13's 6.12, with.
     Kernel {
         version: "6.1-arm64",
         arch: GuestArch::Aarch64,
         dir: "kernel-6.1-arm64",
         source: Source::Foreign {
             suites: &["bookworm", "bookworm-security"],
+            metapackage: "linux-image-cloud-arm64",
+        },
+    },
+    Kernel {
+        version: "6.12-arm64",
+        arch: GuestArch::Aarch64,
+        dir: "kernel-6.12-arm64",
+        source: Source::Foreign {
+            suites: &["trixie", "trixie-security"],
             metapackage: "linux-image-cloud-arm64",
         },
     },
@@ -201,8 +210,13 @@ fn fetch_kernel(cache_dir: &Path, kernel_dir: &Path, kernel: Kernel) -> Result<(
                     .arg(&busybox_deb)
                     .arg(&unpacked),
             )?;
-            fs::rename(unpacked.join("bin/busybox"), kernel_dir.join("busybox"))
-                .with_context(|| format!("{} has no bin/busybox", busybox_deb.display()))?;
+            // Debian 13 moved it to /usr/bin (merged /usr).
+            let busybox = ["bin/busybox", "usr/bin/busybox"]
+                .map(|path| unpacked.join(path))
+                .into_iter()
+                .find(|path| path.is_file())
+                .with_context(|| format!("{} has no busybox", busybox_deb.display()))?;
+            fs::rename(busybox, kernel_dir.join("busybox"))?;
             apt.take_deb(&package, &scratch.0)?
         }
     };
