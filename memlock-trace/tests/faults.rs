@@ -375,9 +375,9 @@ fn accuracy(set: HookSet, recording: Recording) {
 
     // A SIGSEGV then its successful restart: one failed fault (every hook set counts it at
     // the signal, though fentry/kprobe never see it reach handle_mm_fault), one completed.
-    // The kernel may add a minor fault of its own (a page of the workload's it was migrating
-    // for compaction while the guests beside took memory: 2 once in CI), which the window
-    // has already matched to /proc/PID/stat like every other.
+    // The kernel may count a minor fault more (2 once in CI, with five guests taking memory
+    // and CPU beside the host stage), which the window has already matched to
+    // /proc/PID/stat like every other.
     let (d, ..) = window("segv");
     assert!(d.user >= 1, "{d:?}");
     assert_eq!(d.failed, Some(1), "{d:?}");

@@ -38,7 +38,8 @@ enum Task {
     /// command that reproduces it.
     Lint,
     /// Lint, then run the tests on this kernel and in qemu guests booting Debian's 5.10, 6.1
-    /// and 6.12, and arm64's 6.1 and 6.12 (emulated, the binaries cross-built).
+    /// and 6.12, and arm64's 6.1 (emulated, the binaries cross-built; 6.12 with `--kernel
+    /// 6.12-arm64`).
     ///
     /// The lint checks of `cargo xtask lint` always run first: if one fails, no test runs.
     /// Then the test binaries are built once and run on this machine's kernel and inside the

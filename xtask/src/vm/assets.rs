@@ -53,7 +53,7 @@ enum Source {
 }
 
 /// Every kernel the guests know: x86_64's oldest first, then arm64's.
-pub const KERNELS: [Kernel; 5] = [
+pub const KERNELS: [Kernel; 4] = [
     Kernel {
         version: "5.10",
         arch: GuestArch::X86_64,
@@ -79,8 +79,8 @@ pub const KERNELS: [Kernel; 5] = [
             package: "linux-image-6.12.117+deb13-cloud-amd64-unsigned",
         },
     },
-    // Debian's arm64 cloud kernels, each the newest of its release and its security updates:
-    // 12's 6.1, without trampolines (no ftrace direct calls before 6.4), and 13's 6.12, with.
+    // Debian 12's arm64 cloud kernel, the newest of bookworm and its security updates: no
+    // trampolines on arm64 before 6.4 (kprobes, the raw syscall dispatchers).
     Kernel {
         version: "6.1-arm64",
         arch: GuestArch::Aarch64,
@@ -90,6 +90,14 @@ pub const KERNELS: [Kernel; 5] = [
             metapackage: "linux-image-cloud-arm64",
         },
     },
+];
+
+/// Kernels a guest boots only when `--kernel` names them: a sixth stage beside the others
+/// made two timing-bound tests fail under the load on 2 cores (test:memory_limit's 60 s exit
+/// on 5.10, test:hugepages on the host), so it stays out of the default run.
+pub const OPTIONAL_KERNELS: [Kernel; 1] = [
+    // Debian 13's, where arm64 has trampolines: fentry/fexit on `__arm64_sys_*`,
+    // `handle_mm_fault` and the VMA functions.
     Kernel {
         version: "6.12-arm64",
         arch: GuestArch::Aarch64,
@@ -108,9 +116,14 @@ pub const DEFAULT_KERNEL: Kernel = KERNELS[1];
 pub fn kernel(version: &str) -> Result<Kernel> {
     KERNELS
         .into_iter()
+        .chain(OPTIONAL_KERNELS)
         .find(|k| k.version == version)
         .with_context(|| {
-            let known: Vec<&str> = KERNELS.iter().map(|k| k.version).collect();
+            let known: Vec<&str> = KERNELS
+                .iter()
+                .chain(&OPTIONAL_KERNELS)
+                .map(|k| k.version)
+                .collect();
             format!(
                 "unknown kernel {version}: known are host, {}",
                 known.join(", ")

@@ -165,6 +165,13 @@ fn cross_shared_libraries(binary: &Path, dir: &Path) -> Result<Vec<PathBuf>> {
             .arg(&file)
             .output()
             .context("cannot run `readelf` (binutils)")?;
+        if !out.status.success() {
+            bail!(
+                "`readelf --dynamic {}` failed: {}",
+                file.display(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
         let text = String::from_utf8_lossy(&out.stdout);
         let needed = text.lines().filter_map(|line| {
             // "[Requesting program interpreter: /lib/ld-linux-aarch64.so.1]" and
