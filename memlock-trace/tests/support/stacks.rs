@@ -114,3 +114,29 @@ pub fn frames(frames: &Value) -> Vec<(String, String)> {
         })
         .collect()
 }
+
+/// The lock_chain program at `bin`, traced: its mlock call site reads libc's mlock <- lock_b
+/// <- lock_a <- main, those three in `bin`, with no frame-pointer walk. The frames' names,
+/// innermost first, and the summary.
+pub fn lock_chain_call_site(bin: &str) -> (Vec<String>, Value) {
+    let summary = traced(&[], &[bin]);
+    let ours = mlock_call_site(&summary);
+    let names: Vec<String> = ours.iter().map(|(s, _)| s.clone()).collect();
+    assert!(
+        names.first().is_some_and(|n| n.ends_with("mlock")),
+        "innermost: libc's mlock: {ours:#?}"
+    );
+    assert_eq!(
+        names.get(1..4),
+        Some(&["lock_b", "lock_a", "main"].map(String::from)[..]),
+        "{ours:#?}"
+    );
+    for (_, module) in &ours[1..4] {
+        assert_eq!(module, bin, "{ours:#?}");
+    }
+    // (A sampled fault's stack may be cut, and counted: one at `_start`, or in crt code
+    // without unwind tables whose frame pointer holds the data word.)
+    let unwinding = &summary["call_site_health"]["unwinding"];
+    assert_eq!(unwinding["frame_pointer_walks"], 0, "{unwinding}");
+    (names, summary)
+}
