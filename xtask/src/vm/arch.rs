@@ -88,6 +88,15 @@ impl GuestArch {
         }
     }
 
+    /// This machine's static busybox where the guest can run it as is; `None`: the guest's
+    /// own is fetched with its kernel.
+    pub(super) fn host_busybox(self) -> Option<&'static str> {
+        match self {
+            Self::X86_64 => Some("/bin/busybox"),
+            Self::Aarch64 => None,
+        }
+    }
+
     /// Where the guest's shared libraries come from: `None`, this machine's (`ldd`
     /// resolves them); else the cross glibc's directory, searched for each `NEEDED` entry.
     pub(super) fn cross_libraries(self) -> Option<&'static str> {

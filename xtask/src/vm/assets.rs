@@ -17,8 +17,6 @@ use crate::util::{apt_output, install_missing_packages, output_of};
 const HOST_PACKAGES: [&str; 2] = ["busybox-static", "cpio"];
 /// Metapackage whose single dependency is the current cloud kernel image.
 const KERNEL_METAPACKAGE: &str = "linux-image-cloud-amd64";
-/// This machine's static busybox, which an x86_64 guest runs as is.
-const HOST_BUSYBOX: &str = "/bin/busybox";
 /// The package of a foreign guest's static busybox.
 const BUSYBOX_PACKAGE: &str = "busybox-static";
 
@@ -147,10 +145,10 @@ pub fn ensure_assets(cache_dir: &Path, kernel: Kernel) -> Result<VmAssets> {
     install_missing_packages(&HOST_PACKAGES)?;
     install_missing_packages(&[kernel.arch.qemu_package()])?;
     let kernel_dir = cache_dir.join(kernel.dir);
-    let busybox = match kernel.arch {
-        GuestArch::X86_64 => PathBuf::from(HOST_BUSYBOX),
-        GuestArch::Aarch64 => kernel_dir.join("busybox"),
-    };
+    let busybox = kernel
+        .arch
+        .host_busybox()
+        .map_or_else(|| kernel_dir.join("busybox"), PathBuf::from);
     if let Some(assets) = cached_kernel(&kernel_dir, &busybox)? {
         return Ok(assets);
     }
