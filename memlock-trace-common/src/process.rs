@@ -88,6 +88,10 @@ pub struct ProcessOffsets {
     /// `task_struct.min_flt` / `maj_flt`
     pub task_min_flt: u32,
     pub task_maj_flt: u32,
+    /// Non-zero where the kernel has `bpf_get_current_task_btf` (5.11): the current task's
+    /// start time is then read with two loads the verifier checks against BTF, not two
+    /// `bpf_probe_read_kernel` calls (it runs on every fault of a system-wide session).
+    pub task_btf: u32,
 }
 
 /// Load-time configuration of the process filters (the `PROCESS_CONFIG` global). Each

@@ -141,6 +141,7 @@ pub fn process_offsets(btf: &KernelBtf) -> Result<ProcessOffsets> {
         signal_maj_flt: btf.field_offset("signal_struct", "maj_flt")?,
         task_min_flt: btf.field_offset("task_struct", "min_flt")?,
         task_maj_flt: btf.field_offset("task_struct", "maj_flt")?,
+        task_btf: u32::from(btf.has_enum_member("bpf_func_id", "BPF_FUNC_get_current_task_btf")),
     })
 }
 
