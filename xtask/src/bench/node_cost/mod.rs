@@ -31,6 +31,11 @@ pub(super) enum Setup {
     /// `memlock-trace --json`: every process, default mode (counts + latency histograms).
     SystemWide,
     SystemWideCountOnly,
+    /// The floors under the two system-wide modes: the same hooks with fault programs that
+    /// return at once (`--bench-floor empty`; the other families' programs still run), what
+    /// any program on those hooks pays before it counts a fault.
+    SystemWideFloor,
+    SystemWideCountOnlyFloor,
     /// `memlock-trace -p PID` of an idle `sleep`: the measured work is no target.
     OtherProcess,
     /// bpftrace counting faults with a latency histogram per pid, system-wide.
@@ -40,10 +45,12 @@ pub(super) enum Setup {
 }
 
 impl Setup {
-    pub(super) const ALL: [Setup; 6] = [
+    pub(super) const ALL: [Setup; 8] = [
         Setup::Untraced,
         Setup::SystemWide,
         Setup::SystemWideCountOnly,
+        Setup::SystemWideFloor,
+        Setup::SystemWideCountOnlyFloor,
         Setup::OtherProcess,
         Setup::BpftraceFaults,
         Setup::BpftraceSyscalls,
@@ -54,6 +61,8 @@ impl Setup {
             Setup::Untraced => "untraced",
             Setup::SystemWide => "memlock-trace system-wide",
             Setup::SystemWideCountOnly => "memlock-trace system-wide --count-only",
+            Setup::SystemWideFloor => "floor: its hooks, fault programs empty",
+            Setup::SystemWideCountOnlyFloor => "floor of --count-only",
             Setup::OtherProcess => "memlock-trace -p (an idle sleep)",
             Setup::BpftraceFaults => "bpftrace: faults + latency per pid",
             Setup::BpftraceSyscalls => "bpftrace: mlock family timed",
@@ -189,11 +198,24 @@ fn measure_setup(tracer: &Path, bpftrace: Option<&Path>, setup: Setup) -> Result
             let bpftrace = bpftrace.context("a bpftrace setup without bpftrace")?;
             Some(attach_bpftrace(Command::new(bpftrace), &script, &[])?)
         }
-        Setup::SystemWide | Setup::SystemWideCountOnly | Setup::OtherProcess => {
+        Setup::SystemWide
+        | Setup::SystemWideCountOnly
+        | Setup::SystemWideFloor
+        | Setup::SystemWideCountOnlyFloor
+        | Setup::OtherProcess => {
             let mut cmd = Command::new(tracer);
             cmd.arg("--json");
-            if setup == Setup::SystemWideCountOnly {
+            if matches!(
+                setup,
+                Setup::SystemWideCountOnly | Setup::SystemWideCountOnlyFloor
+            ) {
                 cmd.arg("--count-only");
+            }
+            if matches!(
+                setup,
+                Setup::SystemWideFloor | Setup::SystemWideCountOnlyFloor
+            ) {
+                cmd.args(["--bench-floor", "empty"]);
             }
             if setup == Setup::OtherProcess {
                 let sleep = Command::new("sleep")
