@@ -366,8 +366,8 @@ fn ancestor_cgroup_id(off: &CgroupOffsets, level: u32) -> u64 {
 
 /// The current process's start time (its group leader's `start_boottime`), which with the
 /// tgid identifies it for its whole life. It runs on every fault that is not on the
-/// single-process fast path, twice with latency histograms: where the kernel has
-/// `bpf_get_current_task_btf`, two loads the verifier checks against the task's BTF (the
+/// single-process fast path (once: the fault's histogram reuses its stats key's). Where the
+/// kernel has `bpf_get_current_task_btf`, two loads the verifier checks against the task's BTF (the
 /// offsets are constants of the frozen `.rodata`) and makes fault-safe; else two
 /// `bpf_probe_read_kernel` calls (a system-wide `--count-only` first touch: 112-133 ns a
 /// fault's completion with them, 102-105 without; bpf_stats).

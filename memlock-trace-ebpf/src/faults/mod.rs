@@ -213,11 +213,12 @@ fn record_stack<C: EbpfContext>(ctx: &C, tgid: u32, tid: u32, count: u64, region
     stacks::record(ctx, tgid, tid, count, region);
 }
 
-/// The stats slot of a task, created on its first fault if it is traced, and whether it is
-/// the sole target's (this CPU's value, see [`FAULT_SOLE_TGID`]). Looked up before the target
-/// filter: only traced tasks have one, so a traced task's fault skips the filter.
+/// The stats slot of a task, created on its first fault if it is traced, and the process
+/// start time of its key: `None` when it is the sole target's (this CPU's value, see
+/// [`FAULT_SOLE_TGID`]), whose key is not needed. Looked up before the target filter: only
+/// traced tasks have one, so a traced task's fault skips the filter.
 #[inline(always)]
-fn stats_for(tgid: u32, tid: u32, known_target: bool) -> Option<(*mut FaultStats, bool)> {
+fn stats_for(tgid: u32, tid: u32, known_target: bool) -> Option<(*mut FaultStats, Option<u64>)> {
     let sole = sole_tgid();
     if sole != 0 {
         if tgid != sole {
@@ -233,7 +234,7 @@ fn stats_for(tgid: u32, tid: u32, known_target: bool) -> Option<(*mut FaultStats
                 crate::process::note_process(tgid, current_process_start_ns());
             }
         }
-        return Some((stats, true));
+        return Some((stats, None));
     }
     let key = FaultKey {
         tgid,
@@ -241,7 +242,7 @@ fn stats_for(tgid: u32, tid: u32, known_target: bool) -> Option<(*mut FaultStats
         start_ns: current_process_start_ns(),
     };
     if let Some(stats) = FAULT_STATS.get_ptr_mut(key) {
-        return Some((stats, false));
+        return Some((stats, Some(key.start_ns)));
     }
     if !known_target && !is_target(tgid) {
         return None;
@@ -264,7 +265,7 @@ fn stats_for(tgid: u32, tid: u32, known_target: bool) -> Option<(*mut FaultStats
     if stats.is_none() {
         update_failed("FAULT_STATS");
     }
-    stats.map(|stats| (stats, false))
+    stats.map(|stats| (stats, Some(key.start_ns)))
 }
 
 /// One fault, as a hook saw it.
@@ -310,7 +311,7 @@ fn account(f: Fault) -> bool {
         retried,
         known_target,
     } = f;
-    let Some((stats, sole)) = stats_for(tgid, tid, known_target) else {
+    let Some((stats, start_ns)) = stats_for(tgid, tid, known_target) else {
         return false;
     };
     // SAFETY: `stats_for` returns a valid pointer to the task's stats (this CPU's value of
@@ -353,9 +354,9 @@ fn account(f: Fault) -> bool {
             add_shared(&raw mut s.counts[stat::LATENCY_UNMATCHED], 1);
         }
     } else if latency != NOT_TIMED {
-        record_latency(s, sole, tgid, tid, cls, latency);
+        record_latency(s, start_ns, tgid, tid, cls, latency);
         if retried {
-            record_latency(s, sole, tgid, tid, class::RETRIED, latency);
+            record_latency(s, start_ns, tgid, tid, class::RETRIED, latency);
         }
     }
     if !timed_only {
@@ -390,10 +391,18 @@ fn account(f: Fault) -> bool {
 /// on a CPU the workload could use (the first measurement, unpinned, doubled the wall time
 /// per fault). The slots cost resolution (a bucket is 1/8 of its value wide, the max is kept
 /// exact), far below how much fault latency varies; so slots by default, streaming
-/// (`--events --sample N`) on request. `sole`: `s` is the sole target's (from
-/// [`stats_for`]), whose minor faults go to [`FAULT_SOLE_HIST`].
+/// (`--events --sample N`) on request. `start_ns`: the start time of `s`'s key, as
+/// [`stats_for`] gives it; `None`, `s` is the sole target's, whose minor faults go to
+/// [`FAULT_SOLE_HIST`].
 #[inline(always)]
-fn record_latency(s: &mut FaultStats, sole: bool, tgid: u32, tid: u32, cls: u32, ns: u64) {
+fn record_latency(
+    s: &mut FaultStats,
+    start_ns: Option<u64>,
+    tgid: u32,
+    tid: u32,
+    cls: u32,
+    ns: u64,
+) {
     // Not atomic (no atomic max before 5.12): two CPUs timing one process's faults at once
     // may keep the smaller of their two maxima.
     let max = &mut s.max_ns[cls as usize & (SLOTS - 1)];
@@ -401,7 +410,7 @@ fn record_latency(s: &mut FaultStats, sole: bool, tgid: u32, tid: u32, cls: u32,
         *max = ns;
     }
     let bucket = bucket_of(ns) & (HIST_BUCKETS - 1);
-    if cls == class::USER_MINOR && sole {
+    if cls == class::USER_MINOR && start_ns.is_none() {
         if let Some(hist) = FAULT_SOLE_HIST.get_ptr_mut(0) {
             // SAFETY: this CPU's value of a per-CPU map, used by nothing else meanwhile.
             unsafe { (*hist).counts[bucket] += 1 };
@@ -412,7 +421,7 @@ fn record_latency(s: &mut FaultStats, sole: bool, tgid: u32, tid: u32, cls: u32,
         key: FaultKey {
             tgid,
             tid: if config!(per_thread) != 0 { tid } else { 0 },
-            start_ns: current_process_start_ns(),
+            start_ns: start_ns.unwrap_or_else(current_process_start_ns),
         },
         class: cls,
         _pad: 0,
