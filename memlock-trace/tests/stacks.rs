@@ -83,7 +83,7 @@ fn c_program_without_frame_pointers_unwinds_to_main_as_perf() {
     let dir = scratch("stacks-c");
     let bin = build_lock_chain(&dir);
     let bin = bin.to_str().unwrap();
-    let (names, _) = lock_chain_call_site(bin);
+    let names = lock_chain_call_site(bin);
     let perf = perf_dwarf_chain(&dir, &[bin]);
     std::fs::remove_dir_all(&dir).ok();
     assert_eq!(names, perf, "ours and perf --call-graph dwarf");

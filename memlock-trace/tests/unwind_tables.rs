@@ -16,7 +16,7 @@ fn c_program_without_frame_pointers_unwinds_to_main() {
     require_privileges();
     let dir = scratch("unwind-tables");
     let bin = build_lock_chain(&dir);
-    let (names, _) = lock_chain_call_site(bin.to_str().unwrap());
+    let names = lock_chain_call_site(bin.to_str().unwrap());
     std::fs::remove_dir_all(&dir).ok();
     eprintln!(
         "{} ({}): {names:?}",
