@@ -5,9 +5,9 @@
 //!
 //! Why a cache: a lookup walks the VMA tree (a probe read per level and per VMA field), and
 //! recording the identity is a hash update; a fault usually lands in one of the few VMAs the
-//! CPU's last faults landed in. The cache is dropped whenever a traced process changes its
-//! mappings (a generation bumped at the enter and exit of the calls that map, unmap, move,
-//! re-protect or lock them), so a VMA unmapped and replaced is looked up again.
+//! CPU's last faults landed in. A process's cached VMAs are dropped whenever it changes its
+//! mappings (its generation bumped at the enter and exit of the calls that map, unmap,
+//! move, re-protect or lock them), so a VMA unmapped and replaced is looked up again.
 //!
 //! The fault programs walk the VMA tree without its lock (`mapping::TREE_WALK`). Where
 //! `bpf_find_vma` looks up the VMA a populating call filled, it only tries the mmap lock:
@@ -37,9 +37,14 @@ use crate::{
 static FAULT_MAPPINGS: LruHashMap<RegionKey, memlock_trace_common::mapping::MappingInfo> =
     LruHashMap::with_max_entries(MAX_FAULT_MAPPINGS, 0);
 
-/// Bumped when a traced process may have changed its mappings.
+/// Per process (a slot per tgid, by its low bits), bumped when it may have changed its
+/// mappings: only its own cached VMAs are dropped. One generation for all dropped every
+/// CPU's cache at every mapping call on the machine (system-wide, ld.so's `mmap`s in each
+/// new process walked the tree again for every other process's faults).
 #[map]
-static FAULT_VMA_GEN: Array<u64> = Array::with_max_entries(1, 0);
+static FAULT_VMA_GEN: Array<u64> = Array::with_max_entries(GEN_SLOTS, 0);
+
+const GEN_SLOTS: u32 = 4096;
 
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -71,17 +76,21 @@ struct VmaCache {
 static FAULT_VMA_CACHE: PerCpuArray<VmaCache> = PerCpuArray::with_max_entries(1, 0);
 
 #[inline(always)]
-fn generation() -> u64 {
-    FAULT_VMA_GEN.get(0).copied().unwrap_or(0)
+fn generation(tgid: u32) -> u64 {
+    FAULT_VMA_GEN
+        .get(tgid & (GEN_SLOTS - 1))
+        .copied()
+        .unwrap_or(0)
 }
 
-/// The mappings of a traced process may have changed: drop every CPU's cache.
+/// The mappings of traced process `tgid` may have changed: drop its VMAs from every CPU's
+/// cache (and those of the processes sharing its slot).
 #[inline(always)]
-pub(super) fn changed() {
-    if let Some(generation) = FAULT_VMA_GEN.get_ptr_mut(0) {
-        // SAFETY: a valid pointer to the map's one value. Two CPUs bumping at once may lose
-        // an increment; either way the value differs from every cached one.
-        unsafe { *generation += 1 };
+pub(super) fn changed(tgid: u32) {
+    if let Some(generation) = FAULT_VMA_GEN.get_ptr_mut(tgid & (GEN_SLOTS - 1)) {
+        // Atomic, so that the value only grows: a lost increment could bring back a value
+        // a CPU cached a VMA at.
+        super::add_shared(generation, 1);
     }
 }
 
@@ -92,7 +101,7 @@ pub(super) fn changed() {
 pub fn on_changed() {
     let (tgid, _) = current_ids();
     if is_target(tgid) {
-        changed();
+        changed(tgid);
     }
 }
 
@@ -105,7 +114,7 @@ pub fn on_changed() {
 pub fn on_going<const RETRY: bool>() {
     let (tgid, _) = current_ids();
     if is_target(tgid) {
-        changed();
+        changed(tgid);
         if RETRY {
             retry_pending(tgid);
         }
@@ -123,7 +132,7 @@ pub(super) fn resolve<const HOW: u8>(tgid: u32, address: u64, sp: u64) -> Option
     // SAFETY: this CPU's value of a per-CPU map, valid while the program runs; a program
     // runs to completion on its CPU, so nothing else uses it meanwhile.
     let cache = unsafe { &mut *cache };
-    let generation = generation();
+    let generation = generation(tgid);
     for way in cache.ways.iter_mut() {
         if way.tgid == tgid
             && way.generation == generation
@@ -299,7 +308,7 @@ pub(super) fn retry_pending(tgid: u32) {
         pending,
         cache,
         tgid: u64::from(tgid),
-        generation: generation(),
+        generation: generation(tgid),
         busy: 0,
     };
     // SAFETY: the callback uses the entry and cache `retry` points to, and `retry`.
@@ -409,7 +418,7 @@ pub(super) fn note_vma(tgid: u32, vma: u64, start: u64, flags: u64) -> Option<u6
     let cache = FAULT_VMA_CACHE.get_ptr_mut(0)?;
     // SAFETY: as in `resolve`.
     let cache = unsafe { &mut *cache };
-    let generation = generation();
+    let generation = generation(tgid);
     for way in &cache.ways {
         if way.tgid == tgid
             && way.generation == generation

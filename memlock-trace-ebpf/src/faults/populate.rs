@@ -119,7 +119,7 @@ fn enter(ctx: &SyscallContext, nr: u32) -> Option<u32> {
         }
     }
     // The call may map, unmap or split VMAs: the fault hooks look them up afresh.
-    super::mappings::changed();
+    super::mappings::changed(tgid);
     let (min_flt, maj_flt) = task_faults();
     let call = PopulateCall {
         index,
@@ -169,7 +169,7 @@ pub fn on_exit_counted<const HOW: u8>(ctx: &SyscallContext) {
         )
     };
     let _ = POPULATE_INFLIGHT.remove(tid);
-    super::mappings::changed();
+    super::mappings::changed(tgid);
     if minor == 0 && major == 0 {
         return;
     }
@@ -258,8 +258,8 @@ fn charge<const HOW: u8>(
 /// in-flight entry to name the call.
 #[inline(never)]
 pub fn on_exit() {
-    let (_, tid) = current_ids();
+    let (tgid, tid) = current_ids();
     if POPULATE_INFLIGHT.remove(tid).is_ok() {
-        super::mappings::changed();
+        super::mappings::changed(tgid);
     }
 }
