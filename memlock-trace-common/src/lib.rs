@@ -93,6 +93,8 @@ pub struct KernelOffsets {
     pub mm_locked_vm: u32,
     /// `mm_struct.map_count` (number of VMAs)
     pub mm_map_count: u32,
+    /// `mm_struct.def_flags` (`VM_LOCKED` after `mlockall(MCL_FUTURE)`); 0 when unknown
+    pub mm_def_flags: u32,
     // Why an mlock-family call failed, read at its entry. 0 means this kernel's BTF has no
     // such field (none of them is first in its struct): the figure is then unknown.
     /// `task_struct.signal`

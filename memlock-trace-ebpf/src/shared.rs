@@ -34,6 +34,7 @@ static CONFIG: Global<Config> = Global::new(Config {
         task_maj_flt: 0,
         mm_locked_vm: 0,
         mm_map_count: 0,
+        mm_def_flags: 0,
         task_signal: 0,
         signal_rlim_memlock: 0,
         task_cred: 0,

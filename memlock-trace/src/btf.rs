@@ -219,6 +219,7 @@ impl KernelBtf {
             task_maj_flt: self.field_offset("task_struct", "maj_flt")?,
             mm_locked_vm: self.field_offset("mm_struct", "locked_vm")?,
             mm_map_count: self.field_offset("mm_struct", "map_count")?,
+            mm_def_flags: optional("mm_struct", "def_flags"),
             task_signal,
             signal_rlim_memlock,
             task_cred,

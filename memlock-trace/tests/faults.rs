@@ -164,6 +164,9 @@ fn accuracy(set: HookSet, recording: Recording) {
         "touch 1",
         "mlock 1",
         "populate 1",
+        "protect 1",
+        "remap 1",
+        "advise 1",
         "onfault 1",
         "segv",
         "mlockall 1",
@@ -291,6 +294,31 @@ fn accuracy(set: HookSet, recording: Recording) {
     let (d, ..) = window("populate 300");
     assert_eq!((d.user, d.populated), (0, 300), "{d:?}");
     assert_eq!(d.populated_by, BTreeMap::from([("mmap", 300)]));
+
+    // Calls that populate only where memory is locked (the programs leave a call out when
+    // it cannot: `may_populate`), here counted to the call. A locked read-only mapping
+    // (mlock maps the zero page) made writable (mprotect copies each page):
+    let (d, ..) = window("protect 40");
+    assert_eq!((d.user, d.populated), (0, 80), "{d:?}");
+    assert_eq!(
+        d.populated_by,
+        BTreeMap::from([("mlock", 40), ("mprotect", 40)])
+    );
+    // A locked mapping doubled by mremap, which populates the new half:
+    let (d, ..) = window("remap 30");
+    assert_eq!((d.user, d.populated), (0, 60), "{d:?}");
+    assert_eq!(
+        d.populated_by,
+        BTreeMap::from([("mmap", 30), ("mremap", 30)])
+    );
+    // MADV_POPULATE_WRITE, where the kernel has it (5.14).
+    let (d, ..) = window("advise 20");
+    let expected = if madv_populate_write_supported() {
+        BTreeMap::from([("madvise", 20)])
+    } else {
+        BTreeMap::new()
+    };
+    assert_eq!(d.populated_by, expected, "{d:?}");
 
     // Lock on fault: nothing populated, every touch a fault in a locked VMA.
     let (d, onfault_addr, by_mapping) = window("onfault 64");
@@ -466,4 +494,30 @@ fn auto_picks_the_best_allowed_set() {
         hooks.hook_set.name(),
         hooks.refused
     );
+}
+
+/// Whether this kernel has `MADV_POPULATE_WRITE` (5.14): an older one answers EINVAL.
+fn madv_populate_write_supported() -> bool {
+    const PAGE: usize = 4096;
+    // SAFETY: a fresh private page of this process, populated and unmapped; nothing refers
+    // into it.
+    unsafe {
+        let addr = libc::mmap(
+            std::ptr::null_mut(),
+            PAGE,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        assert_ne!(addr, libc::MAP_FAILED, "mmap of one page");
+        let ret = libc::madvise(addr, PAGE, libc::MADV_POPULATE_WRITE);
+        let error = std::io::Error::last_os_error();
+        libc::munmap(addr, PAGE);
+        assert!(
+            ret == 0 || error.raw_os_error() == Some(libc::EINVAL),
+            "madvise(MADV_POPULATE_WRITE): {error}"
+        );
+        ret == 0
+    }
 }

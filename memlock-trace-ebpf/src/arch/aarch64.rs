@@ -76,3 +76,8 @@ pub fn user_regs_at_stack_top(word: impl Fn(usize) -> u64, pt_regs_bytes: u32) -
         lr: word(at + LR),
     })
 }
+
+/// `mmap` flags that make the call fault its pages in (include/uapi/asm-generic/mman.h and
+/// mman-common.h).
+pub const MAP_LOCKED: u64 = 0x2000;
+pub const MAP_POPULATE: u64 = 0x8000;

@@ -78,3 +78,8 @@ pub fn user_regs_at_stack_top(
         lr: 0,
     })
 }
+
+/// `mmap` flags that make the call fault its pages in (include/uapi/asm-generic/mman.h and
+/// mman-common.h, which x86's includes).
+pub const MAP_LOCKED: u64 = 0x2000;
+pub const MAP_POPULATE: u64 = 0x8000;

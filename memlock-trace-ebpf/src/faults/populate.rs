@@ -15,14 +15,17 @@ use memlock_trace_common::{
         MAX_POPULATE_CALLS, PopulateCall, SLOTS, VM_HELD_SP, fault_flags, populate, region_kind,
         stat,
     },
+    vma::VM_LOCKED,
 };
 
 use super::{
     FAULT_CONFIG, NO_LATENCY, NO_SYSCALL, emit, record_stack, regions::flush_region, stats_for,
 };
-use crate::mapping;
-use crate::shared::{current_ids, is_target, now_ns, read_kernel, task_faults};
+use crate::shared::{
+    current_ids, current_task, is_target, now_ns, offsets, read_kernel, task_faults,
+};
 use crate::syscall_hooks::{SyscallContext, syscall_arg, syscall_ret};
+use crate::{arch, mapping};
 
 #[map]
 pub(super) static POPULATE_INFLIGHT: LruHashMap<u32, PopulateCall> =
@@ -120,6 +123,9 @@ fn enter(ctx: &SyscallContext, nr: u32) -> Option<u32> {
     }
     // The call may map, unmap or split VMAs: the fault hooks look them up afresh.
     super::mappings::changed(tgid);
+    if !may_populate(ctx, index as usize) {
+        return Some(tgid);
+    }
     let (min_flt, maj_flt) = task_faults();
     let call = PopulateCall {
         index,
@@ -141,6 +147,41 @@ fn enter(ctx: &SyscallContext, nr: u32) -> Option<u32> {
     Some(tgid)
 }
 
+/// Whether call `index` can fault pages in, by the kernel's own tests; one that cannot is
+/// left out of `POPULATE_INFLIGHT`, which saves its entry's insert and removal on the
+/// commonest mapping calls (ld.so's `mmap`s and `mprotect`s, an allocator's `madvise`):
+/// - `mmap`: `do_mmap()` populates with `MAP_POPULATE` or a `VM_LOCKED` mapping
+///   (`MAP_LOCKED`, or `mlockall(MCL_FUTURE)`'s `def_flags`); `brk` only with the latter;
+/// - `mprotect`, `pkey_mprotect` (`mprotect_fixup()`) and `mremap` only in `VM_LOCKED`
+///   VMAs, so never while `locked_vm` is 0;
+/// - `madvise` not for the advice values below, which drop, mark or hint (not
+///   `MADV_UNMERGEABLE`: breaking KSM sharing faults);
+/// - the mlock family, `execve` (its arguments) and `remap_file_pages` always may.
+#[inline(always)]
+fn may_populate(ctx: &SyscallContext, index: usize) -> bool {
+    let off = offsets();
+    // Unknown offsets: the call is counted as before.
+    if off.mm_def_flags == 0 {
+        return true;
+    }
+    let mm: u64 = read_kernel(current_task(), off.task_mm);
+    let locked_by_default = || read_kernel::<u64>(mm, off.mm_def_flags) & VM_LOCKED != 0;
+    match index {
+        populate::MMAP => {
+            syscall_arg(ctx, 3) & (arch::MAP_POPULATE | arch::MAP_LOCKED) != 0
+                || locked_by_default()
+        }
+        populate::BRK => locked_by_default(),
+        populate::MPROTECT | populate::PKEY_MPROTECT | populate::MREMAP => {
+            read_kernel::<u64>(mm, off.mm_locked_vm) != 0 || locked_by_default()
+        }
+        // MADV_NORMAL, RANDOM, SEQUENTIAL, DONTNEED, FREE, HUGEPAGE, NOHUGEPAGE, DONTDUMP,
+        // DODUMP (include/uapi/asm-generic/mman-common.h, every architecture's).
+        populate::MADVISE => !matches!(syscall_arg(ctx, 2), 0 | 1 | 2 | 4 | 8 | 14..=17),
+        _ => true,
+    }
+}
+
 /// At the exit of every [`populate`] call, with the tracepoint hook set
 /// (`hook::POPULATE_EXIT_COUNTED`): the task's fault-counter growth during the call, less
 /// the faults the perf events already counted, is what the call populated; charged to the
@@ -150,6 +191,10 @@ fn enter(ctx: &SyscallContext, nr: u32) -> Option<u32> {
 pub fn on_exit_counted<const HOW: u8>(ctx: &SyscallContext) {
     let (tgid, tid) = current_ids();
     let Some(call) = POPULATE_INFLIGHT.get_ptr(tid) else {
+        // A call that could not populate (`may_populate`) may still have changed mappings.
+        if is_target(tgid) {
+            super::mappings::changed(tgid);
+        }
         return;
     };
     let (min_flt, maj_flt) = task_faults();
@@ -259,7 +304,9 @@ fn charge<const HOW: u8>(
 #[inline(never)]
 pub fn on_exit() {
     let (tgid, tid) = current_ids();
-    if POPULATE_INFLIGHT.remove(tid).is_ok() {
+    // A call that could not populate (`may_populate`) has no entry, and may still have
+    // changed mappings.
+    if POPULATE_INFLIGHT.remove(tid).is_ok() || is_target(tgid) {
         super::mappings::changed(tgid);
     }
 }

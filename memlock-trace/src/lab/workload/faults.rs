@@ -249,6 +249,63 @@ fn step(command: &str, kept: &mut Vec<(*mut u8, usize)>) -> Result<usize> {
             unmap(addr, pages);
             addr
         }
+        // The calls that populate only in a locked mapping: a read-only one locked (its
+        // pages populated by mlock, as the zero page), made writable (populated again by
+        // mprotect, each copied); a locked one grown in place by mremap (its new pages).
+        "protect" => {
+            let addr = map(pages, 0)?;
+            // SAFETY: mprotect and mlock change this module's fresh mapping's access and
+            // residency, not its contents; nothing refers into it.
+            unsafe {
+                syscall_ok(
+                    "mprotect",
+                    libc::mprotect(addr.cast(), pages * PAGE_SIZE, libc::PROT_READ),
+                )?;
+                syscall_ok("mlock", libc::mlock(addr.cast(), pages * PAGE_SIZE))?;
+                syscall_ok(
+                    "mprotect",
+                    libc::mprotect(
+                        addr.cast(),
+                        pages * PAGE_SIZE,
+                        libc::PROT_READ | libc::PROT_WRITE,
+                    ),
+                )?;
+            }
+            unmap(addr, pages);
+            addr
+        }
+        "remap" => {
+            let addr = map(pages, libc::MAP_LOCKED)?;
+            // SAFETY: grows this module's mapping (moving it if it must), contents kept.
+            let grown = unsafe {
+                libc::mremap(
+                    addr.cast(),
+                    pages * PAGE_SIZE,
+                    2 * pages * PAGE_SIZE,
+                    libc::MREMAP_MAYMOVE,
+                )
+            };
+            if grown == libc::MAP_FAILED {
+                unmap(addr, pages);
+                bail!("mremap: {}", std::io::Error::last_os_error());
+            }
+            unmap(grown.cast(), 2 * pages);
+            grown.cast()
+        }
+        // MADV_POPULATE_WRITE: a madvise that populates (Linux 5.14; before, EINVAL and
+        // nothing populated, which the step accepts, so one test serves every kernel).
+        "advise" => {
+            let addr = map_small_pages(pages)?;
+            // SAFETY: populating changes residency only, of this module's fresh mapping.
+            let ret =
+                unsafe { libc::madvise(addr.cast(), pages * PAGE_SIZE, libc::MADV_POPULATE_WRITE) };
+            let error = std::io::Error::last_os_error();
+            unmap(addr, pages);
+            if ret != 0 && error.raw_os_error() != Some(libc::EINVAL) {
+                bail!("madvise(MADV_POPULATE_WRITE): {error}");
+            }
+            addr
+        }
         "onfault" => {
             let addr = map_small_pages(pages)?;
             // SAFETY: mlock2 changes no memory contents, only residency.
