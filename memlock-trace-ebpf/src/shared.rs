@@ -13,6 +13,7 @@ use aya_ebpf::{
     maps::{HashMap, PerCpuArray, RingBuf},
     programs::TracePointContext,
 };
+use core::intrinsics::{AtomicOrdering, atomic_xadd};
 use memlock_trace_common::{
     Config, EVENTS_BYTE_SIZE, KernelOffsets, MAX_TARGETS, TASK_COMM_LEN, counter,
     diag::field,
@@ -89,6 +90,22 @@ pub fn submit_flags() -> u64 {
 #[inline(always)]
 pub fn count(index: u32) {
     add(&COUNTERS, index, 1);
+}
+
+/// Adds `n` to a counter of a map value the CPUs share. The result is unused, so this is
+/// the plain BPF atomic add every kernel verifies (the fetching forms need 5.12).
+#[inline(always)]
+pub fn add_shared(counter: *mut u64, n: u64) {
+    // SAFETY: the callers pass an aligned u64 inside a map value, valid while the program
+    // runs (RCU keeps an evicted LRU entry alive meanwhile).
+    unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(counter, n) };
+}
+
+/// [`add_shared`] for a u32 counter.
+#[inline(always)]
+pub fn add_shared_u32(counter: *mut u32, n: u32) {
+    // SAFETY: as in `add_shared`: an aligned u32 inside a map value.
+    unsafe { atomic_xadd::<u32, u32, { AtomicOrdering::Relaxed }>(counter, n) };
 }
 
 /// Adds `n` to this CPU's slot `index` of a per-CPU counter array and returns what the slot

@@ -191,17 +191,17 @@ fn count_call(key: &SyscallKey, call: &CallFigures) {
     // added to atomically (the max not: no atomic max before 5.12, so two calls ending at
     // once on two CPUs may keep the smaller).
     let s = unsafe { &mut *stats };
-    crate::faults::add_shared(&raw mut s.calls, 1);
-    crate::faults::add_shared(&raw mut s.pages_populated, call.populated);
-    crate::faults::add_shared(&raw mut s.faults_populated, call.faults);
-    crate::faults::add_shared(&raw mut s.pages_locked, call.locked);
-    crate::faults::add_shared(&raw mut s.pages_unlocked, call.unlocked);
+    crate::shared::add_shared(&raw mut s.calls, 1);
+    crate::shared::add_shared(&raw mut s.pages_populated, call.populated);
+    crate::shared::add_shared(&raw mut s.faults_populated, call.faults);
+    crate::shared::add_shared(&raw mut s.pages_locked, call.locked);
+    crate::shared::add_shared(&raw mut s.pages_unlocked, call.unlocked);
     if call.duration_ns > s.max_ns {
         s.max_ns = call.duration_ns;
     }
     // A mask every verifier can follow (`LATENCY_SLOTS` is a power of two); `latency_slot`
     // never returns more than `LATENCY_SLOTS - 1` anyway.
-    crate::faults::add_shared_u32(
+    crate::shared::add_shared_u32(
         &raw mut s.latency[latency_slot(call.duration_ns) & (LATENCY_SLOTS - 1)],
         1,
     );

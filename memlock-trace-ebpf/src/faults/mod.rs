@@ -29,7 +29,6 @@ use aya_ebpf::{
     macros::map,
     maps::{Array, LruHashMap, PerCpuArray, RingBuf},
 };
-use core::intrinsics::{AtomicOrdering, atomic_xadd};
 use memlock_trace_common::{
     EventKind, TASK_COMM_LEN,
     faults::{
@@ -42,7 +41,9 @@ use memlock_trace_common::{
 
 use self::regions::count_region;
 use crate::{
-    shared::{add, current_process_start_ns, is_target, now_ns, this_cpu},
+    shared::{
+        add, add_shared, add_shared_u32, current_process_start_ns, is_target, now_ns, this_cpu,
+    },
     stacks,
 };
 
@@ -100,22 +101,6 @@ static FAULT_CONFIG: FaultConfig = FaultConfig {
 #[map]
 static FAULT_STATS: LruHashMap<FaultKey, FaultStats> =
     LruHashMap::with_max_entries(MAX_FAULT_KEYS, 0);
-
-/// Adds `n` to a counter of a map value the CPUs share. The result is unused, so this is
-/// the plain BPF atomic add every kernel verifies (the fetching forms need 5.12).
-#[inline(always)]
-pub(crate) fn add_shared(counter: *mut u64, n: u64) {
-    // SAFETY: the callers pass an aligned u64 inside a map value, valid while the program
-    // runs (RCU keeps an evicted LRU entry alive meanwhile).
-    unsafe { atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(counter, n) };
-}
-
-/// [`add_shared`] for a u32 counter.
-#[inline(always)]
-pub(crate) fn add_shared_u32(counter: *mut u32, n: u32) {
-    // SAFETY: as in `add_shared`: an aligned u32 inside a map value.
-    unsafe { atomic_xadd::<u32, u32, { AtomicOrdering::Relaxed }>(counter, n) };
-}
 
 /// The fast path for the commonest use, one process traced (`-p PID` or a launched command,
 /// without `--per-thread`, `--follow-children`, `--comm` or `--cgroup`): the loader writes
