@@ -43,7 +43,7 @@ mod maple;
 mod rbtree;
 
 use crate::arch;
-use crate::shared::{EVENTS, Plain, count, current_ids, current_task, is_target};
+use crate::shared::{EVENTS, Plain, add_shared, count, current_ids, current_task, is_target};
 use crate::syscall_hooks::{SyscallContext, syscall_arg};
 
 /// Offsets and options, set by the loader (`EbpfLoader::override_global`).
@@ -68,6 +68,26 @@ struct CallRange {
 #[map]
 static VMA_CALLS: HashMap<u32, CallRange> = HashMap::with_max_entries(MAX_INFLIGHT, 0);
 
+/// How many entries `VMA_CALLS` holds: nearly always 0, when the programs that run at every
+/// VMA change on the machine (`ma_write`, the split/merge functions) need no lookup to
+/// tell that the thread is in no mlock-family call.
+#[map]
+static VMA_CALLS_LIVE: Array<u64> = Array::with_max_entries(1, 0);
+
+/// Adds `n` (wrapping: `u64::MAX` takes one away) to [`VMA_CALLS_LIVE`].
+#[inline(always)]
+fn count_live_calls(n: u64) {
+    if let Some(live) = VMA_CALLS_LIVE.get_ptr_mut(0) {
+        add_shared(live, n);
+    }
+}
+
+/// Whether thread `tid` is inside an mlock-family call.
+#[inline(always)]
+fn in_mlock_call(tid: u32) -> bool {
+    VMA_CALLS_LIVE.get(0).is_some_and(|&live| live != 0) && VMA_CALLS.get_ptr(tid).is_some()
+}
+
 /// At the exit of the five calls (`hook::VMA_EXIT`; `RB`: `hook::VMA_EXIT_RB`, on kernels
 /// whose VMAs are an rbtree, before 6.1).
 #[inline(never)]
@@ -79,7 +99,9 @@ pub fn on_exit<const RB: bool>() {
     // SAFETY: a valid pointer to this thread's own entry (keyed by tid), copied out before
     // it is removed.
     let call = unsafe { *call };
-    let _ = VMA_CALLS.remove(tid);
+    if VMA_CALLS.remove(tid).is_ok() {
+        count_live_calls(u64::MAX);
+    }
     snapshot::<RB>(tgid, tid, phase::AFTER, &call);
 }
 
@@ -114,6 +136,7 @@ pub fn on_enter<const RB: bool>(ctx: &SyscallContext, nr: u32) {
         count(counter::INFLIGHT_FULL);
         return;
     }
+    count_live_calls(1);
     snapshot::<RB>(tgid, tid, phase::BEFORE, &call);
 }
 
@@ -283,18 +306,14 @@ pub fn vma_ma_write(ctx: BtfTracePointContext) -> i32 {
     let mas: u64 = ctx.arg(1);
     let val: u64 = ctx.arg(3);
     // Nearly every store (a fork copying a tree, an exec building one, ld.so mapping) is of
-    // an unlocked VMA outside an mlock-family call: told by one read and one lookup, before
-    // the tree and the range are read (fork+exec beside a system-wide session: 240 -> 120-145
-    // ns a store, bpf_stats).
+    // an unlocked VMA outside an mlock-family call: told by one read (and a lookup while
+    // such a call runs somewhere), before the tree and the range are read.
     let flags: u64 = if val != 0 {
         peek(val, off.vma_flags)
     } else {
         0
     };
-    if config.all_stores == 0
-        && flags & (VM_LOCKED | VM_LOCKONFAULT) == 0
-        && VMA_CALLS.get_ptr(tid).is_none()
-    {
+    if config.all_stores == 0 && flags & (VM_LOCKED | VM_LOCKONFAULT) == 0 && !in_mlock_call(tid) {
         return 0;
     }
     // Only the task's own VMA tree: other maple trees (and other mms, e.g. a fork child's
@@ -374,7 +393,7 @@ fn function_event(ctx: *mut c_void, hook: u32, phase: u32) {
     let config = VMA_CONFIG.load();
     // These functions run for every mmap/mprotect/munmap too: keep the mlock-family ones
     // unless the user asked for all.
-    if config.all_stores == 0 && VMA_CALLS.get_ptr(tid).is_none() {
+    if config.all_stores == 0 && !in_mlock_call(tid) {
         return;
     }
     let Some(spec) = VMA_HOOKS.get_ptr(hook) else {
