@@ -11,6 +11,10 @@
 //! - `mtouch N T`: the same with T threads, each touching its share at once (max fault rate);
 //! - `mlock N`: `mlock` a fresh, untouched mapping (the kernel populates it);
 //! - `populate N`: `mmap(MAP_POPULATE)`;
+//! - `protect N`: map N pages read-only, `mlock` them (the zero page, populated by mlock),
+//!   `mprotect` them writable (populated again, each copied);
+//! - `remap N`: `mmap(MAP_LOCKED)` N pages, `mremap` to 2N (the new half populated);
+//! - `advise N`: `madvise(MADV_POPULATE_WRITE)` a fresh mapping (EINVAL before 5.14, accepted);
 //! - `onfault N`: `mlock2(MLOCK_ONFAULT)` a fresh mapping, then touch it (kept mapped);
 //! - `file N PATH`: read one byte of each of N pages of PATH, `FILE_STRIDE` pages apart;
 //! - `segv`: touch a `PROT_NONE` page whose SIGSEGV handler makes it readable;
