@@ -192,9 +192,9 @@ pub fn on_exit_counted<const HOW: u8>(ctx: &SyscallContext) {
     let (tgid, tid) = current_ids();
     let Some(call) = POPULATE_INFLIGHT.get_ptr(tid) else {
         // A call that could not populate (`may_populate`) may still have changed mappings.
-        if is_target(tgid) {
-            super::mappings::changed(tgid);
-        }
+        // Bumped whoever called: cheaper than asking whether it is traced (a hash lookup
+        // with `-p`), and an untraced process's slot drops no cached VMA of its own.
+        super::mappings::changed(tgid);
         return;
     };
     let (min_flt, maj_flt) = task_faults();
@@ -304,9 +304,7 @@ fn charge<const HOW: u8>(
 #[inline(never)]
 pub fn on_exit() {
     let (tgid, tid) = current_ids();
-    // A call that could not populate (`may_populate`) has no entry, and may still have
-    // changed mappings.
-    if POPULATE_INFLIGHT.remove(tid).is_ok() || is_target(tgid) {
-        super::mappings::changed(tgid);
-    }
+    let _ = POPULATE_INFLIGHT.remove(tid);
+    // With an entry or not (`may_populate`), as in `on_exit_counted`.
+    super::mappings::changed(tgid);
 }
