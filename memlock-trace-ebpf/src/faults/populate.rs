@@ -160,20 +160,21 @@ fn enter(ctx: &SyscallContext, nr: u32) -> Option<u32> {
 #[inline(always)]
 fn may_populate(ctx: &SyscallContext, index: usize) -> bool {
     let off = offsets();
-    // Unknown offsets: the call is counted as before.
-    if off.mm_def_flags == 0 {
-        return true;
-    }
-    let mm: u64 = read_kernel(current_task(), off.task_mm);
-    let locked_by_default = || read_kernel::<u64>(mm, off.mm_def_flags) & VM_LOCKED != 0;
+    // Read only for the calls whose answer depends on them (not on every `execve`).
+    let mm = || read_kernel::<u64>(current_task(), off.task_mm);
+    // An unknown offset counts as locked: the call is counted, as before.
+    let locked_by_default = |mm: u64| {
+        off.mm_def_flags == 0 || read_kernel::<u64>(mm, off.mm_def_flags) & VM_LOCKED != 0
+    };
     match index {
         populate::MMAP => {
             syscall_arg(ctx, 3) & (arch::MAP_POPULATE | arch::MAP_LOCKED) != 0
-                || locked_by_default()
+                || locked_by_default(mm())
         }
-        populate::BRK => locked_by_default(),
+        populate::BRK => locked_by_default(mm()),
         populate::MPROTECT | populate::PKEY_MPROTECT | populate::MREMAP => {
-            read_kernel::<u64>(mm, off.mm_locked_vm) != 0 || locked_by_default()
+            let mm = mm();
+            read_kernel::<u64>(mm, off.mm_locked_vm) != 0 || locked_by_default(mm)
         }
         // MADV_NORMAL, RANDOM, SEQUENTIAL, DONTNEED, FREE, HUGEPAGE, NOHUGEPAGE, DONTDUMP,
         // DODUMP (include/uapi/asm-generic/mman-common.h, every architecture's).
