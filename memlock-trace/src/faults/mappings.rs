@@ -58,8 +58,8 @@ pub struct MappingFaults {
     /// `--stacks`: the stacks that faulted most in this mapping (from `sampled`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stacks: Option<Vec<StackFaults>>,
-    /// The pages backing the row's range, from the last `/proc/PID/smaps` read (absent
-    /// where no mapping read there holds it).
+    /// The pages backing the row's range, from the last `/proc/PID/smaps` read that held it
+    /// (absent where none did: a region mapped and unmapped between two reads).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pages: Option<RowPages>,
 }
@@ -401,16 +401,22 @@ pub fn by_mapping(
     }));
     list.sort_by(|a, b| b.faults.cmp(&a.faults).then_with(|| a.start.cmp(&b.start)));
     list.truncate(top);
-    if let Some(maps) = maps {
-        let mode = crate::procfs::thp_mode();
-        let hex = |s: &str| u64::from_str_radix(s.strip_prefix("0x")?, 16).ok();
-        for row in &mut list {
-            if let (Some(start), Some(end)) = (hex(&row.start), hex(&row.end)) {
-                row.pages = RowPages::of(maps, (start, end), mode);
-            }
+    list
+}
+
+/// Says what pages back each row, from the mappings last read (`maps`), or, for a row none
+/// of them overlaps, from the last read that saw its mapping before it was unmapped
+/// (`unmapped`): a program often unmaps its large regions just before it exits, after the
+/// tracer's last read while they were mapped.
+pub fn add_pages(rows: &mut [MappingFaults], maps: &[Mapping], unmapped: &[Mapping]) {
+    let mode = crate::procfs::thp_mode();
+    let hex = |s: &str| u64::from_str_radix(s.strip_prefix("0x")?, 16).ok();
+    for row in rows {
+        if let (Some(start), Some(end)) = (hex(&row.start), hex(&row.end)) {
+            row.pages = RowPages::of(maps, (start, end), mode)
+                .or_else(|| RowPages::of(unmapped, (start, end), mode));
         }
     }
-    list
 }
 
 fn add_sampled(into: &mut BTreeMap<Stack, u64>, stacks: &BTreeMap<Stack, u64>) {

@@ -10,7 +10,7 @@ use memlock_trace_common::{
 };
 use serde::Serialize;
 
-use super::mappings::{MappingFaults, RegionSites, by_mapping};
+use super::mappings::{MappingFaults, RegionSites, add_pages, by_mapping};
 use super::{
     FaultHooks,
     read::{FaultReport, KeyStats},
@@ -305,6 +305,11 @@ pub fn summarize(
             // Gone (or never read: gone before the first read).
             (mappings.exited(tgid) || mappings.get(tgid).is_none()).then(|| mappings.noted(tgid)),
             top_mappings,
+        );
+        add_pages(
+            &mut summary.by_mapping,
+            mappings.get(tgid).unwrap_or_default(),
+            mappings.unmapped(tgid),
         );
         summary.threads = report
             .stats

@@ -77,6 +77,10 @@ struct Snapshot {
     cost: Duration,
     comm: Option<Outside>,
     mappings: Vec<Mapping>,
+    /// Mappings earlier reads had and this one has not (nothing mapped over them since),
+    /// newest last: what backed a region the process unmapped, often just before it exited,
+    /// as the last read that saw it said.
+    unmapped: Vec<Mapping>,
     /// The process was gone (or a zombie) at a later refresh: these are its last mappings,
     /// and an address outside them may have been mapped after they were read.
     exited: bool,
@@ -155,6 +159,11 @@ impl MappingCache {
             return;
         }
         let comm = read_comm(pid);
+        // Only smaps says what backs a mapping: from maps, nothing worth keeping.
+        let unmapped = match self.entries.remove(&pid) {
+            Some(old) if self.file == MapsFile::Smaps => still_unmapped(old, &mappings),
+            _ => Vec::new(),
+        };
         self.entries.insert(
             pid,
             Snapshot {
@@ -162,6 +171,7 @@ impl MappingCache {
                 cost: thread_cpu_time().saturating_sub(started),
                 comm,
                 mappings,
+                unmapped,
                 exited: false,
                 changed: false,
             },
@@ -211,6 +221,13 @@ impl MappingCache {
         self.entries.get(&pid).map(|s| s.mappings.as_slice())
     }
 
+    /// The mappings earlier reads of `pid` had and its last read has not, newest last.
+    pub fn unmapped(&self, pid: u32) -> &[Mapping] {
+        self.entries
+            .get(&pid)
+            .map_or(&[], |s| s.unmapped.as_slice())
+    }
+
     pub fn comm(&self, pid: u32) -> Option<Outside> {
         self.entries.get(&pid).and_then(|s| s.comm.clone())
     }
@@ -219,6 +236,23 @@ impl MappingCache {
     pub fn unreadable(&self) -> u64 {
         self.unreadable
     }
+}
+
+/// The mappings of `old` (and those it had already lost) that no mapping of a new read
+/// `now` overlaps: unmapped in between, kept for what their last read said. Bounded per
+/// process, the oldest dropped first: a process mapping and unmapping in a loop (a malloc
+/// arena, a JIT) would otherwise grow it with every read.
+fn still_unmapped(old: Snapshot, now: &[Mapping]) -> Vec<Mapping> {
+    const MAX_PER_PROCESS: usize = 32;
+    let mut unmapped: Vec<Mapping> = old
+        .unmapped
+        .into_iter()
+        .chain(old.mappings)
+        .filter(|m| !now.iter().any(|n| n.overlaps((m.start, m.end))))
+        .collect();
+    let excess = unmapped.len().saturating_sub(MAX_PER_PROCESS);
+    unmapped.drain(..excess);
+    unmapped
 }
 
 #[cfg(test)]
@@ -232,6 +266,7 @@ mod tests {
             cost: Duration::from_millis(cost_ms),
             comm: None,
             mappings: Vec::new(),
+            unmapped: Vec::new(),
             exited: false,
             changed,
         };
@@ -247,6 +282,45 @@ mod tests {
         assert!(snapshot(10, 1, true).fresh(tick));
         assert!(!snapshot(50, 1, false).fresh(tick));
         assert!(!snapshot(0, 0, false).fresh(Duration::ZERO));
+    }
+
+    #[test]
+    fn mappings_a_read_lost_are_kept_until_something_is_mapped_over_them() {
+        let m = |start: u64, end: u64| Mapping {
+            start,
+            end,
+            offset: 0,
+            name: format!("{start:#x}").into(),
+            locked: false,
+            lockonfault: None,
+            pages: crate::procfs::PageSizes::default(),
+        };
+        let read = |mappings, unmapped| Snapshot {
+            taken: Instant::now(),
+            cost: Duration::ZERO,
+            comm: None,
+            mappings,
+            unmapped,
+            exited: false,
+            changed: false,
+        };
+        let starts = |v: &[Mapping]| v.iter().map(|m| m.start).collect::<Vec<_>>();
+        // 0x3000 unmapped; 0x1000 split (still overlapped): only 0x3000 is lost.
+        let first = read(vec![m(0x1000, 0x3000), m(0x3000, 0x5000)], Vec::new());
+        let lost = still_unmapped(first, &[m(0x1000, 0x2000), m(0x2000, 0x3000)]);
+        assert_eq!(starts(&lost), [0x3000]);
+        // Kept across reads, newest last, until a new mapping covers part of it.
+        let second = read(vec![m(0x1000, 0x2000), m(0x8000, 0x9000)], lost);
+        assert_eq!(
+            starts(&still_unmapped(second, &[m(0x1000, 0x2000)])),
+            [0x3000, 0x8000]
+        );
+        let third = read(vec![m(0x1000, 0x2000)], vec![m(0x3000, 0x5000)]);
+        assert!(still_unmapped(third, &[m(0x1000, 0x2000), m(0x4000, 0x4800)]).is_empty());
+        // At most 32, the oldest dropped.
+        let many: Vec<Mapping> = (0..40).map(|i| m(i << 12, (i + 1) << 12)).collect();
+        let kept = still_unmapped(read(many, Vec::new()), &[]);
+        assert_eq!((kept.len(), kept[0].start), (32, 8 << 12));
     }
 
     #[test]

@@ -456,3 +456,62 @@ fn sampled_stacks_go_to_the_row_of_their_region() {
     assert_eq!(row("populated by mlockall"), sampled(&[(&lock, 90)]));
     assert_eq!(list.iter().map(|m| m.sampled.len()).sum::<usize>(), 5);
 }
+
+#[test]
+fn a_row_unmapped_before_the_last_read_has_the_pages_an_earlier_read_saw() {
+    let hugetlb = |start, end| Mapping {
+        pages: crate::procfs::PageSizes {
+            kernel_page_kb: 2048,
+            hugetlb: true,
+            hugetlb_kb: 8192,
+            ..Default::default()
+        },
+        ..mapping(start, end, "anon_hugepage (deleted)", false)
+    };
+    let base = |start, end, rss_kb| Mapping {
+        pages: crate::procfs::PageSizes {
+            kernel_page_kb: 4,
+            rss_kb,
+            ..Default::default()
+        },
+        ..mapping(start, end, "[heap]", false)
+    };
+    let row = |start: u64, end: u64| MappingFaults {
+        mapping: "anon_hugepage".into(),
+        start: format!("{start:#x}"),
+        end: format!("{end:#x}"),
+        faults: 4,
+        locked: None,
+        lockonfault: None,
+        locked_source: "vma",
+        stack: false,
+        named_by: "fault",
+        file: None,
+        sampled: BTreeMap::new(),
+        stacks: None,
+        pages: None,
+    };
+    // The hugetlb region was unmapped before the last read; the heap is still mapped, as
+    // an older read of its range said otherwise.
+    let now = [base(0x1000, 0x9000, 32)];
+    let unmapped = [hugetlb(0x200000, 0xa00000), base(0x1000, 0x5000, 4)];
+    let mut rows = [
+        row(0x200000, 0xa00000),
+        row(0x1000, 0x9000),
+        row(0xa00000, 0xb00000),
+    ];
+    add_pages(&mut rows, &now, &unmapped);
+    let pages: Vec<_> = rows
+        .iter()
+        .map(|r| r.pages.map(|p| (p.page_bytes, p.hugetlb, p.rss_bytes)))
+        .collect();
+    assert_eq!(
+        pages,
+        [
+            Some((2 << 20, true, 8 << 20)),
+            Some((4096, false, 32 << 10)),
+            // Never read while mapped: nothing known.
+            None,
+        ]
+    );
+}
