@@ -165,9 +165,9 @@ fn a_thp_mlock_counts_base_pages_as_smaps_and_faults_as_getrusage() {
         "{mlock}"
     );
     // The locked VMA's row says its huge pages, as smaps does: the tracer re-reads the smaps
-    // of a process whose mappings a call changed within `procfs::CHANGED_REREAD`, the
-    // workload waits longer than that before it unmaps the region and exits, and a read
-    // between the two keeps what the earlier one said of the region.
+    // of a process whose mappings a call changed within `procfs::CHANGED_REREAD`, and the
+    // workload waits longer than that before it unmaps the region; then it waits again, so
+    // the last read has the region no more and the row has its pages from the one before.
     let row = row_at(rows, u(&smaps["start"]));
     let pages_of_row = &row["pages"];
     assert_eq!(

@@ -239,16 +239,22 @@ impl MappingCache {
 }
 
 /// The mappings of `old` (and those it had already lost) that no mapping of a new read
-/// `now` overlaps: unmapped in between, kept for what their last read said. Bounded per
-/// process, the oldest dropped first: a process mapping and unmapping in a loop (a malloc
-/// arena, a JIT) would otherwise grow it with every read.
+/// `now` (in address order, as the kernel lists them) overlaps: unmapped in between, kept
+/// for what their last read said. Bounded per process, the oldest dropped first: a process
+/// mapping and unmapping in a loop (a malloc arena, a JIT) would otherwise grow it with
+/// every read.
 fn still_unmapped(old: Snapshot, now: &[Mapping]) -> Vec<Mapping> {
     const MAX_PER_PROCESS: usize = 32;
+    let mapped_over = |m: &Mapping| {
+        let first_ending_after = now.partition_point(|n| n.end <= m.start);
+        now.get(first_ending_after)
+            .is_some_and(|n| n.overlaps((m.start, m.end)))
+    };
     let mut unmapped: Vec<Mapping> = old
         .unmapped
         .into_iter()
         .chain(old.mappings)
-        .filter(|m| !now.iter().any(|n| n.overlaps((m.start, m.end))))
+        .filter(|m| !mapped_over(m))
         .collect();
     let excess = unmapped.len().saturating_sub(MAX_PER_PROCESS);
     unmapped.drain(..excess);

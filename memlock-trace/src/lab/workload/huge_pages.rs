@@ -2,8 +2,8 @@
 //! 64 MiB under `MADV_HUGEPAGE`, then mlocks another 64 MiB `MADV_HUGEPAGE` region (the
 //! program of issue 30); `hugetlb` mlocks 8 MiB of `MAP_HUGETLB` memory (pages reserved with
 //! `vm.nr_hugepages` beforehand). Each reports the thread's `getrusage` faults across the
-//! mlock and the locked VMA's smaps fields read after it, then waits
-//! [`SETTLE`] so that a tracer reads the process's smaps too before it exits.
+//! mlock and the locked VMA's smaps fields read after it, then waits [`SETTLE`] so that a
+//! tracer reads the process's smaps too, unmaps the region and waits again before it exits.
 
 use std::time::Duration;
 
@@ -175,8 +175,10 @@ pub fn thp() -> Result<Locked> {
     }
     make_room_for_huge_pages(2 * THP_BYTES / THP_SIZE);
     touch(&thp_region(THP_BYTES / THP_SIZE)?);
-    let locked = thp_region(THP_BYTES / THP_SIZE)?;
-    mlock_measured(locked.addr, locked.len)
+    let region = thp_region(THP_BYTES / THP_SIZE)?;
+    let locked = mlock_measured(region.addr, region.len)?;
+    settle_then_unmap(region)?;
+    Ok(locked)
 }
 
 /// 8 MiB of `MAP_HUGETLB` memory mlocked.
@@ -187,7 +189,20 @@ pub fn hugetlb() -> Result<Locked> {
         libc::MAP_HUGETLB,
     )
     .context("MAP_HUGETLB: reserve huge pages first (sysctl vm.nr_hugepages)")?;
-    mlock_measured(region.addr, region.len)
+    let locked = mlock_measured(region.addr, region.len)?;
+    settle_then_unmap(region)?;
+    Ok(locked)
+}
+
+/// Waits [`SETTLE`] with `region` mapped, unmaps it and waits again, so that a tracer reads
+/// the process's smaps both while the region is there and after it is gone: its summary
+/// must still say what backed the region, as for a program that unmaps its large regions
+/// just before it exits.
+fn settle_then_unmap(region: Region) -> Result<()> {
+    std::thread::sleep(SETTLE);
+    region.unmap()?;
+    std::thread::sleep(SETTLE);
+    Ok(())
 }
 
 /// `getrusage` across `call`.
@@ -208,7 +223,6 @@ fn mlock_measured(addr: *mut u8, len: usize) -> Result<Locked> {
         bail!("mlock: {}", std::io::Error::last_os_error());
     }
     let smaps = SmapsFigures::of_own(addr as u64)?;
-    std::thread::sleep(SETTLE);
     Ok(Locked {
         addr: addr as u64,
         len: len as u64,

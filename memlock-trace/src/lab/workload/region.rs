@@ -119,6 +119,16 @@ impl Region {
     pub fn window(&self) -> (u64, u64) {
         (self.start(), self.start() + self.len as u64)
     }
+
+    /// Unmaps the region now, a [`Region::hole`]'s mapping too (whose drop leaves it).
+    pub fn unmap(mut self) -> Result<()> {
+        self.unmap_on_drop = false;
+        // SAFETY: the region's own range, which only its maker uses; `self` is gone after.
+        if unsafe { libc::munmap(self.addr.cast(), self.len) } != 0 {
+            bail!("munmap: {}", std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
 }
 
 impl Drop for Region {
