@@ -491,8 +491,8 @@ fn a_row_unmapped_before_the_last_read_has_the_pages_an_earlier_read_saw() {
         stacks: None,
         pages: None,
     };
-    // The hugetlb region was unmapped before the last read; the heap is still mapped, as
-    // an older read of its range said otherwise.
+    // The hugetlb region was unmapped before the last read. The heap is still mapped: the
+    // last read's figures for it win over an older read's.
     let now = [base(0x1000, 0x9000, 32)];
     let unmapped = [hugetlb(0x200000, 0xa00000), base(0x1000, 0x5000, 4)];
     let mut rows = [
