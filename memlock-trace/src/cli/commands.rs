@@ -77,7 +77,8 @@ pub enum WorkloadName {
     /// Takes page faults on command (stdin), answering its own fault counters (stdout).
     Faults,
     /// Touches 64 MiB under MADV_HUGEPAGE, then mlocks another 64 MiB MADV_HUGEPAGE region;
-    /// reports getrusage across the mlock and the VMA's smaps.
+    /// reports getrusage across the mlock and the VMA's smaps. Holds the region 1.5 s,
+    /// unmaps it and waits 1.5 s more, so a tracer reads its smaps with and without it.
     Thp,
     /// mlocks 8 MiB of MAP_HUGETLB memory (reserve vm.nr_hugepages first); reports as `thp`.
     Hugetlb,
