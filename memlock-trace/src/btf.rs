@@ -24,6 +24,15 @@ pub fn kernel_release() -> String {
         .unwrap_or_else(|_| "unknown".into())
 }
 
+/// A kernel release's major and minor version (`6.1.0-57-cloud-amd64`: 6, 1), for the
+/// features a version brings; None when it does not start with both.
+pub fn kernel_version(release: &str) -> Option<(u32, u32)> {
+    let mut numbers = release
+        .split(|c: char| !c.is_ascii_digit())
+        .map(str::parse::<u32>);
+    Some((numbers.next()?.ok()?, numbers.next()?.ok()?))
+}
+
 /// The running kernel's type information.
 pub struct KernelBtf {
     /// Memory-mapped: each type is parsed when it is asked for.
@@ -422,6 +431,17 @@ pub enum TypeShape {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kernel_versions_are_read_from_releases() {
+        assert_eq!(kernel_version("6.18.44-fc-v1300"), Some((6, 18)));
+        assert_eq!(kernel_version("5.10.0-32-cloud-amd64"), Some((5, 10)));
+        assert_eq!(kernel_version("7.0"), Some((7, 0)));
+        assert_eq!(kernel_version("unknown"), None);
+        assert_eq!(kernel_version("6"), None);
+        // The running kernel's, whatever it is.
+        assert!(kernel_version(&kernel_release()).is_some());
+    }
 
     #[test]
     fn a_copy_of_the_btf_resolves_as_the_kernels_file() {

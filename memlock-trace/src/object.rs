@@ -67,11 +67,8 @@ fn maps_failed(error: &aya::EbpfError) -> anyhow::Error {
         next = e.source();
     }
     let release = crate::btf::kernel_release();
-    let mut version = release
-        .split(|c: char| !c.is_ascii_digit())
-        .filter_map(|n| n.parse::<u32>().ok());
-    let hint = match (version.next(), version.next()) {
-        (Some(major), Some(minor)) if (major, minor) < (5, 11) => {
+    let hint = match crate::btf::kernel_version(&release) {
+        Some(version) if version < (5, 11) => {
             " (kernels before 5.11 charge maps to RLIMIT_MEMLOCK: is it too low?)"
         }
         _ => "",

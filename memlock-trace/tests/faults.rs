@@ -314,11 +314,9 @@ fn accuracy(set: HookSet, recording: Recording) {
     // MADV_POPULATE_WRITE, where the kernel has it (5.14; before, the step answers address
     // 0: EINVAL, nothing populated).
     let (d, addr, _) = window("advise 20");
-    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
-    let mut version = release
-        .split(['.', '-'])
-        .map(|n| n.parse::<u32>().unwrap_or(0));
-    let has_populate_write = (version.next(), version.next()) >= (Some(5), Some(14));
+    let release = memlock_trace::probe::kernel_release();
+    let has_populate_write =
+        memlock_trace::probe::kernel_version(&release).is_some_and(|v| v >= (5, 14));
     assert_eq!(addr != 0, has_populate_write, "`advise 20` on {release}");
     let expected = if has_populate_write {
         BTreeMap::from([("madvise", 20)])

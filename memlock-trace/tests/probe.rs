@@ -39,11 +39,8 @@ fn capabilities_match_the_kernel() {
         });
     // A trampoline is called from the function's ftrace site: arm64 has had those direct
     // calls since 6.4 (DYNAMIC_FTRACE_WITH_DIRECT_CALLS); before, every attach is ENOTSUPP.
-    let mut version = kernel
-        .split(|c: char| !c.is_ascii_digit())
-        .filter_map(|n| n.parse::<u32>().ok());
     let direct_calls = memlock_trace::arch::NAME != "aarch64"
-        || (version.next(), version.next()) >= (Some(6), Some(4));
+        || memlock_trace::probe::kernel_version(&kernel).is_some_and(|v| v >= (6, 4));
     let fentry = find(&caps, "fentry");
     assert_eq!(
         fentry.usable,

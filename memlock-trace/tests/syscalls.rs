@@ -186,10 +186,7 @@ fn the_syscall_hooks_are_on_the_calls_functions_where_fentry_is_allowed() {
     let syscalls = &tracer.hooks["syscalls"];
     let prefix = memlock_trace::arch::SYSCALL_FUNCTION_PREFIX;
     let release = memlock_trace::probe::kernel_release();
-    let mut version = release
-        .split(|c: char| !c.is_ascii_digit())
-        .filter_map(|n| n.parse::<u32>().ok());
-    let before_5_11 = (version.next(), version.next()) < (Some(5), Some(11));
+    let before_5_11 = memlock_trace::probe::kernel_version(&release).is_none_or(|v| v < (5, 11));
     if fentry.usable && !before_5_11 {
         assert!(
             syscalls.starts_with(&format!("fentry/fexit {prefix}{{mlock,")),

@@ -10,7 +10,7 @@ use std::{fs, path::Path};
 
 use anyhow::{Context as _, Result, anyhow, bail};
 
-pub use crate::btf::{KernelBtf, VMLINUX_BTF, kernel_release};
+pub use crate::btf::{KernelBtf, VMLINUX_BTF, kernel_release, kernel_version};
 pub use capabilities::{Capability, capabilities, unprivileged};
 
 pub const TRACEFS: &str = "/sys/kernel/tracing";

@@ -114,11 +114,7 @@ pub struct SmapsEntry {
 /// Whether this kernel's smaps `VmFlags` show `lf` (VM_LOCKONFAULT): added in Linux 6.2
 /// (fs/proc/task_mmu.c, commit 8614d6c5eda0).
 pub fn smaps_shows_lockonfault(release: &str) -> bool {
-    let mut parts = release
-        .split(['.', '-'])
-        .map(|p| p.parse::<u32>().unwrap_or(0));
-    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
-    (major, minor) >= (6, 2)
+    crate::probe::kernel_version(release).is_some_and(|version| version >= (6, 2))
 }
 
 /// Parses `/proc/PID/smaps`, or `/proc/PID/maps` (headers only: `Rss`, `Locked` and the
