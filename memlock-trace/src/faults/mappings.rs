@@ -407,9 +407,13 @@ pub fn by_mapping(
 /// Says what pages back each row, from the mappings last read (`maps`), or, for a row none
 /// of them overlaps, from the last read that saw its mapping before it was unmapped
 /// (`unmapped`): a program often unmaps its large regions just before it exits, after the
-/// tracer's last read while they were mapped.
-pub fn add_pages(rows: &mut [MappingFaults], maps: &[Mapping], unmapped: &[Mapping]) {
-    let mode = crate::procfs::thp_mode();
+/// tracer's last read while they were mapped. `mode`: the system's THP mode.
+pub fn add_pages(
+    rows: &mut [MappingFaults],
+    maps: &[Mapping],
+    unmapped: &[Mapping],
+    mode: ThpMode,
+) {
     let hex = |s: &str| u64::from_str_radix(s.strip_prefix("0x")?, 16).ok();
     for row in rows {
         if let (Some(start), Some(end)) = (hex(&row.start), hex(&row.end)) {

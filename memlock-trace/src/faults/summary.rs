@@ -277,6 +277,8 @@ pub fn summarize(
         }
     }
     let mut out = BTreeMap::new();
+    // One read of the sysfs file a summary, not one a process.
+    let thp_mode = crate::procfs::thp_mode();
     for (&process, s) in &processes {
         let tgid = process.tgid;
         let key = FaultKey {
@@ -310,6 +312,7 @@ pub fn summarize(
             &mut summary.by_mapping,
             mappings.get(tgid).unwrap_or_default(),
             mappings.unmapped(tgid),
+            thp_mode,
         );
         summary.threads = report
             .stats

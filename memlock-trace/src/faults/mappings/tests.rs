@@ -500,7 +500,7 @@ fn a_row_unmapped_before_the_last_read_has_the_pages_an_earlier_read_saw() {
         row(0x1000, 0x9000),
         row(0xa00000, 0xb00000),
     ];
-    add_pages(&mut rows, &now, &unmapped);
+    add_pages(&mut rows, &now, &unmapped, ThpMode::Madvise);
     let pages: Vec<_> = rows
         .iter()
         .map(|r| r.pages.map(|p| (p.page_bytes, p.hugetlb, p.rss_bytes)))
