@@ -50,9 +50,10 @@ pub(super) fn assess(run: &ScenarioRun, v: &mut Vec<Verdict>) {
         && rss == [region_kb; 3]
         && locked == [0, lock_kb, 0];
     let why = if given < region_kb {
+        let cause = o["shortfall"].as_str().unwrap_or("memory too fragmented");
         format!(
-            "the kernel gave {} of the {} huge pages at first touch (memory too fragmented, \
-             even compacted): the split cannot be shown on this machine now",
+            "the kernel gave {} of the {} huge pages ({cause}): the split cannot be shown on \
+             this machine now",
             given / huge_kb,
             region_kb / huge_kb
         )
@@ -184,6 +185,15 @@ mod tests {
             v[0].why.contains("gave 2 of the 3 huge pages"),
             "{}",
             v[0].why
+        );
+        // What the workload tried, where it says.
+        let mut said = short;
+        said.own["shortfall"] = json!("the kernel gave 4096 of 6144 kB after 3 tries");
+        let mut v = Vec::new();
+        assess(&said, &mut v);
+        assert!(
+            v[0].why
+                .contains("(the kernel gave 4096 of 6144 kB after 3 tries)")
         );
     }
 }

@@ -352,14 +352,12 @@ fn thread_shares(s: &mut Subject) -> Result<()> {
 /// three huge pages to the middle of the last splits the VMA in three and the two huge pages
 /// it cuts into 4 KiB mappings; munlock merges the VMA back, not the huge pages.
 fn thp_split(s: &mut Subject) -> Result<()> {
-    let (r, thp_kb) = touched_thp(HUGE_PAGES)?;
-    let region_kb = r.len as u64 / 1024;
-    if thp_kb != region_kb {
-        bail!(
-            "the kernel gave {thp_kb} of {region_kb} kB in huge pages at first touch (memory \
-             too fragmented, even compacted): the split of huge pages cannot be checked"
-        );
+    let touched = touched_thp(HUGE_PAGES)?;
+    if let Some(shortfall) = touched.shortfall {
+        bail!("{shortfall}: the split of huge pages cannot be checked");
     }
+    let r = touched.region;
+    let region_kb = r.len as u64 / 1024;
     let huge = THP_SIZE as u64 / PAGE_SIZE;
     let cut = huge / 2;
     mlock(r.at(cut), 2 * huge)?;

@@ -93,23 +93,121 @@ fn touch(region: &Region) {
     }
 }
 
-/// A [`thp_region`] of `huge` huge pages with every page written, and the kB of it smaps
-/// shows in huge pages (`AnonHugePages`). Where the kernel found fewer free huge pages than
-/// that, room is made ([`make_room_for_huge_pages`]) and a fresh region tried, three times
-/// at most: a machine too fragmented even then gives what it gave, for the caller to say.
-pub fn touched_thp(huge: usize) -> Result<(Region, u64)> {
+/// A [`thp_region`] with every base page written, and what the kernel made of it.
+pub struct TouchedThp {
+    pub region: Region,
+    /// The region's `AnonHugePages` in smaps, kB.
+    pub thp_kb: u64,
+    /// Where that is less than the region: what was tried and what the kernel's counters
+    /// said, for the caller's message.
+    pub shortfall: Option<String>,
+}
+
+/// A [`thp_region`] of `huge` huge pages with every page written. Where the kernel gives
+/// fewer huge pages than that, the region is collapsed (`MADV_COLLAPSE`, 6.1+), and if
+/// still short a fresh one tried after room is made ([`make_room_for_huge_pages`], forced
+/// from the second try), three times at most: a machine too fragmented even then gives
+/// what it gave, and the shortfall says why as far as the kernel's counters tell.
+pub fn touched_thp(huge: usize) -> Result<TouchedThp> {
+    // SAFETY: a getter; the other arguments must be 0.
+    if unsafe { libc::prctl(libc::PR_GET_THP_DISABLE, 0, 0, 0, 0) } == 1 {
+        bail!(
+            "transparent huge pages are disabled for this process: prctl PR_SET_THP_DISABLE, \
+             set here or by an ancestor (fork and exec keep it)"
+        );
+    }
     let full_kb = (huge * THP_SIZE / 1024) as u64;
     let mut attempt = 0;
     loop {
-        make_room_for_huge_pages(huge);
+        attempt += 1;
+        let room = make_room_for_huge_pages(huge, attempt > 1);
+        let fallbacks_before = thp_fault_fallbacks();
         let region = thp_region(huge)?;
         touch(&region);
-        let thp_kb = SmapsFigures::of_own(region.start())?.thp_kb;
-        attempt += 1;
+        let fallbacks = thp_fault_fallbacks().saturating_sub(fallbacks_before);
+        let mut thp_kb = SmapsFigures::of_own(region.start())?.thp_kb;
+        let mut collapse = String::new();
+        if thp_kb < full_kb {
+            collapse = collapsed(&region);
+            thp_kb = SmapsFigures::of_own(region.start())?.thp_kb;
+        }
         if thp_kb == full_kb || attempt == 3 {
-            return Ok((region, thp_kb));
+            let shortfall = (thp_kb < full_kb).then(|| {
+                Shortfall {
+                    thp_kb,
+                    full_kb,
+                    tries: attempt,
+                    room,
+                    fallbacks,
+                    collapse,
+                }
+                .to_string()
+            });
+            return Ok(TouchedThp {
+                region,
+                thp_kb,
+                shortfall,
+            });
         }
     }
+}
+
+/// What [`touched_thp`] says of a region the kernel gave fewer huge pages than asked.
+struct Shortfall {
+    thp_kb: u64,
+    full_kb: u64,
+    tries: u32,
+    /// What the last try found and did to make room.
+    room: Room,
+    /// `thp_fault_fallback` across the last try's touch.
+    fallbacks: u64,
+    /// `MADV_COLLAPSE`'s outcome on the last try's region.
+    collapse: String,
+}
+
+impl std::fmt::Display for Shortfall {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Self {
+            thp_kb,
+            full_kb,
+            tries,
+            room,
+            fallbacks,
+            collapse,
+        } = self;
+        write!(
+            f,
+            "the kernel gave {thp_kb} of {full_kb} kB in huge pages after {tries} tries; the \
+             last: {room}, thp_fault_fallback +{fallbacks} during its touch"
+        )?;
+        if *fallbacks == 0 && *thp_kb == 0 {
+            // Every fault took base pages without asking for a huge one.
+            write!(f, ", so the kernel did not try huge pages for it")?;
+        }
+        write!(f, ", {collapse}")
+    }
+}
+
+/// `MADV_COLLAPSE` on `region`, said as its outcome: the kernel allocates the huge pages
+/// itself, compacting and reclaiming as it needs, whatever the THP defrag setting (6.1+;
+/// older kernels: EINVAL).
+fn collapsed(region: &Region) -> String {
+    // SAFETY: on the mapping `region` holds; a collapse copies pages, it changes no contents.
+    match unsafe { libc::madvise(region.addr.cast(), region.len, libc::MADV_COLLAPSE) } {
+        0 => "MADV_COLLAPSE succeeded".into(),
+        _ => format!("MADV_COLLAPSE: {}", std::io::Error::last_os_error()),
+    }
+}
+
+/// `thp_fault_fallback` of `/proc/vmstat`: faults that wanted a huge page and got base
+/// pages (all processes; 0 where unreadable).
+fn thp_fault_fallbacks() -> u64 {
+    let vmstat = std::fs::read_to_string("/proc/vmstat").unwrap_or_default();
+    vmstat
+        .lines()
+        .find_map(|line| line.strip_prefix("thp_fault_fallback "))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
 }
 
 const COMPACT_MEMORY: &str = "/proc/sys/vm/compact_memory";
@@ -139,30 +237,59 @@ fn huge_blocks_in(buddyinfo: &str) -> usize {
         .sum()
 }
 
+/// What [`make_room_for_huge_pages`] found and did, in free 2 MiB blocks.
+#[derive(Clone, Copy, Debug)]
+pub struct Room {
+    pub free_before: usize,
+    pub compacted: Option<usize>,
+    pub dropped_caches: Option<usize>,
+}
+
+impl std::fmt::Display for Room {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} free 2 MiB blocks", self.free_before)?;
+        if let Some(n) = self.compacted {
+            write!(f, ", {n} after compaction")?;
+        }
+        if let Some(n) = self.dropped_caches {
+            write!(f, ", {n} after dropping clean caches and compacting again")?;
+        }
+        Ok(())
+    }
+}
+
 /// Makes room for `huge` huge pages where the kernel has fewer free 2 MiB blocks than twice
-/// that: a machine whose page cache filled its memory has few or none (this host during the
-/// test command: 21 of 24 GiB cached, 230 MiB free, one free 2 MiB block in its Normal
-/// zone, and `thp-split` got no huge page). Memory is compacted, then, if that was
-/// not enough, clean page cache is dropped and memory compacted again: what one does by
-/// hand before a huge-page experiment. Root only (else nothing changes, and the caller says
-/// what the kernel gave); a drop of the page cache is said on stderr.
-pub fn make_room_for_huge_pages(huge: usize) {
-    if free_huge_blocks() >= 2 * huge {
-        return;
+/// that, or whatever it has when `force`d (a try that got fewer: buddyinfo's blocks are not
+/// all the fault can take). A machine whose page cache filled its memory has few or none
+/// (this host during the test command: 21 of 24 GiB cached, 230 MiB free, one free 2 MiB
+/// block in its Normal zone, and `thp-split` got no huge page). Memory is compacted, then,
+/// if that was not enough, dirty pages written back, clean page cache and slab (dentries,
+/// inodes: unmovable, they pin the blocks they sit in) dropped and memory compacted again:
+/// what one does by hand before a huge-page experiment. Root only (else nothing changes,
+/// and the caller says what the kernel gave); a drop of the caches is said on stderr.
+pub fn make_room_for_huge_pages(huge: usize, force: bool) -> Room {
+    let mut room = Room {
+        free_before: free_huge_blocks(),
+        compacted: None,
+        dropped_caches: None,
+    };
+    if room.free_before >= 2 * huge && !force {
+        return room;
     }
     let _ = std::fs::write(COMPACT_MEMORY, "1");
     let compacted = free_huge_blocks();
-    if compacted >= 2 * huge {
-        return;
+    room.compacted = Some(compacted);
+    if compacted >= 2 * huge && !force {
+        return room;
     }
-    if std::fs::write("/proc/sys/vm/drop_caches", "1").is_ok() {
+    // SAFETY: no arguments; it only starts writeback, so that drop_caches finds clean pages.
+    unsafe { libc::sync() };
+    if std::fs::write("/proc/sys/vm/drop_caches", "3").is_ok() {
         let _ = std::fs::write(COMPACT_MEMORY, "1");
-        eprintln!(
-            "memlock-trace workload: {compacted} free 2 MiB blocks for {huge} huge pages after \
-             compaction: dropped clean page cache and compacted again, {} now",
-            free_huge_blocks()
-        );
+        room.dropped_caches = Some(free_huge_blocks());
+        eprintln!("memlock-trace workload: making room for {huge} huge pages: {room}");
     }
+    room
 }
 
 /// The issue's program: 64 MiB touched under `MADV_HUGEPAGE`, another 64 MiB mlocked.
@@ -173,7 +300,7 @@ pub fn thp() -> Result<Locked> {
              not `always` or `madvise`"
         );
     }
-    make_room_for_huge_pages(2 * THP_BYTES / THP_SIZE);
+    make_room_for_huge_pages(2 * THP_BYTES / THP_SIZE, false);
     touch(&thp_region(THP_BYTES / THP_SIZE)?);
     let region = thp_region(THP_BYTES / THP_SIZE)?;
     let locked = mlock_measured(region.addr, region.len)?;
@@ -234,6 +361,46 @@ fn mlock_measured(addr: *mut u8, len: usize) -> Result<Locked> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_shortfall_says_what_was_tried_and_what_the_kernel_counted() {
+        let room = Room {
+            free_before: 1,
+            compacted: Some(2),
+            dropped_caches: Some(40),
+        };
+        let untried = Shortfall {
+            thp_kb: 0,
+            full_kb: 6144,
+            tries: 3,
+            room,
+            fallbacks: 0,
+            collapse: "MADV_COLLAPSE: Invalid argument (os error 22)".into(),
+        };
+        assert_eq!(
+            untried.to_string(),
+            "the kernel gave 0 of 6144 kB in huge pages after 3 tries; the last: 1 free 2 MiB \
+             blocks, 2 after compaction, 40 after dropping clean caches and compacting again, \
+             thp_fault_fallback +0 during its touch, so the kernel did not try huge pages for \
+             it, MADV_COLLAPSE: Invalid argument (os error 22)"
+        );
+        let fragmented = Shortfall {
+            thp_kb: 2048,
+            fallbacks: 2,
+            room: Room {
+                free_before: 9,
+                compacted: None,
+                dropped_caches: None,
+            },
+            ..untried
+        };
+        assert_eq!(
+            fragmented.to_string(),
+            "the kernel gave 2048 of 6144 kB in huge pages after 3 tries; the last: 9 free 2 MiB \
+             blocks, thp_fault_fallback +2 during its touch, MADV_COLLAPSE: Invalid argument \
+             (os error 22)"
+        );
+    }
 
     #[test]
     fn buddyinfo_counts_every_free_2_mib_block() {

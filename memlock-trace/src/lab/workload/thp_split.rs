@@ -33,7 +33,8 @@ fn step(name: &str, region: &Region) -> Result<Value> {
 }
 
 pub fn run() -> Result<Value> {
-    let (region, _) = touched_thp(HUGE_PAGES)?;
+    let touched = touched_thp(HUGE_PAGES)?;
+    let region = touched.region;
     let mut steps = vec![step("touched", &region)?];
     let (lock_at, lock_len) = (
         region.addr.wrapping_add(THP_SIZE / 2),
@@ -55,6 +56,7 @@ pub fn run() -> Result<Value> {
         "huge_page_kb": THP_SIZE / 1024,
         "region_kb": region.len / 1024,
         "locked_kb": lock_len / 1024,
+        "shortfall": touched.shortfall,
         "steps": steps,
     }))
 }
