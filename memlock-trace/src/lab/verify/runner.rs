@@ -71,8 +71,10 @@ impl Runner {
                 let pid = child.as_raw() as u32;
                 let result = self.talk(name, pid, msg_r, ack_w);
                 let status = waitpid(child, None).context("waitpid")?;
-                result?;
-                if !matches!(status, WaitStatus::Exited(_, 0)) {
+                let reported_failure = result?;
+                // Exit code 1 is how a scenario ends after the failure it reported.
+                let expected = if reported_failure { 1 } else { 0 };
+                if !matches!(status, WaitStatus::Exited(_, code) if code == expected) {
                     self.failed(
                         name,
                         pid,
@@ -84,7 +86,9 @@ impl Runner {
         }
     }
 
-    fn talk(&mut self, name: &str, pid: u32, msg: OwnedFd, ack: OwnedFd) -> Result<()> {
+    /// Serves the scenario's messages until it closes its end; whether it reported a failure.
+    fn talk(&mut self, name: &str, pid: u32, msg: OwnedFd, ack: OwnedFd) -> Result<bool> {
+        let mut reported_failure = false;
         let mut ack = File::from(ack);
         self.tracer.add_target(pid)?;
         // The subject starts only once it is traced.
@@ -101,11 +105,14 @@ impl Runner {
                     let result = check(&cp, &activity, self.shows_lf, self.tracer.vma.as_ref());
                     self.results.push(result);
                 }
-                Message::Failed { step, error } => self.failed(&step, pid, error),
+                Message::Failed { step, error } => {
+                    reported_failure = true;
+                    self.failed(&step, pid, error);
+                }
             }
             ack.write_all(&[1]).context("resuming the scenario")?;
         }
-        Ok(())
+        Ok(reported_failure)
     }
 
     fn failed(&mut self, step: &str, pid: u32, error: String) {

@@ -134,6 +134,9 @@ pub fn table(report: &Report) -> String {
     for r in &report.steps {
         let value = if r.ok {
             r.expected.clone()
+        } else if r.expected.is_empty() && r.traced.is_empty() && r.proc.is_empty() {
+            // A scenario that failed before its step's checkpoint: nothing was compared.
+            "not checked: the scenario failed (below)".to_string()
         } else {
             format!(
                 "expected {}, traced {}, /proc {}",
