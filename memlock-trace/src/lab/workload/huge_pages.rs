@@ -93,13 +93,11 @@ fn touch(region: &Region) {
     }
 }
 
-/// A [`thp_region`] with every base page written, and what the kernel made of it.
+/// A [`thp_region`] with every base page written.
 pub struct TouchedThp {
     pub region: Region,
-    /// The region's `AnonHugePages` in smaps, kB.
-    pub thp_kb: u64,
-    /// Where that is less than the region: what was tried and what the kernel's counters
-    /// said, for the caller's message.
+    /// Where the kernel gave fewer huge pages than the region holds (its `AnonHugePages`
+    /// in smaps): what was tried and what the kernel's counters said, for the caller.
     pub shortfall: Option<String>,
 }
 
@@ -143,11 +141,7 @@ pub fn touched_thp(huge: usize) -> Result<TouchedThp> {
                 }
                 .to_string()
             });
-            return Ok(TouchedThp {
-                region,
-                thp_kb,
-                shortfall,
-            });
+            return Ok(TouchedThp { region, shortfall });
         }
     }
 }
