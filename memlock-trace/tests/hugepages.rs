@@ -24,6 +24,8 @@ struct Run {
     workload: Value,
     /// The tracer's JSON lines (`-o`), or its text.
     trace: String,
+    /// The tracer's stderr (its warnings) and the workload's, for a failure's message.
+    stderr: String,
 }
 
 fn dir(what: &str) -> PathBuf {
@@ -61,7 +63,11 @@ fn trace(name: &str, args: &[&str]) -> Run {
         .unwrap_or_else(|e| panic!("the workload's report: {e}\n{stderr}"));
     let trace = std::fs::read_to_string(&trace).unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
-    Run { workload, trace }
+    Run {
+        workload,
+        trace,
+        stderr: stderr.into_owned(),
+    }
 }
 
 fn u(v: &Value) -> u64 {
@@ -183,7 +189,8 @@ fn a_thp_mlock_counts_base_pages_as_smaps_and_faults_as_getrusage() {
             Some(true),
             Some(PAGE_KB * KIB)
         ),
-        "the row's pages as smaps says them: {row}"
+        "the row's pages as smaps says them: {row}\nthe workload: {w}\nstderr:\n{}",
+        run.stderr
     );
 }
 
@@ -298,7 +305,8 @@ fn a_hugetlb_mlock_counts_base_pages_as_smaps_and_faults_as_getrusage() {
                 p["rss_bytes"].as_u64()
             ),
             (Some(true), Some(2048 * KIB), Some(hugetlb_kb * KIB)),
-            "the row's pages as smaps says them: {row}"
+            "the row's pages as smaps says them: {row}\nthe workload: {w}\nstderr:\n{}",
+            run.stderr
         );
     }
 }

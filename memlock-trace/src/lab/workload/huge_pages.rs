@@ -246,21 +246,25 @@ impl std::fmt::Display for Room {
             write!(f, ", {n} after compaction")?;
         }
         if let Some(n) = self.dropped_caches {
-            write!(f, ", {n} after dropping clean caches and compacting again")?;
+            write!(
+                f,
+                ", {n} after dropping clean page cache and compacting again"
+            )?;
         }
         Ok(())
     }
 }
 
 /// Makes room for `huge` huge pages where the kernel has fewer free 2 MiB blocks than twice
-/// that, or whatever it has when `force`d (a try that got fewer: buddyinfo's blocks are not
-/// all the fault can take). A machine whose page cache filled its memory has few or none
-/// (this host during the test command: 21 of 24 GiB cached, 230 MiB free, one free 2 MiB
-/// block in its Normal zone, and `thp-split` got no huge page). Memory is compacted, then,
-/// if that was not enough, dirty pages written back, clean page cache and slab (dentries,
-/// inodes: unmovable, they pin the blocks they sit in) dropped and memory compacted again:
-/// what one does by hand before a huge-page experiment. Root only (else nothing changes,
-/// and the caller says what the kernel gave); a drop of the caches is said on stderr.
+/// that: a machine whose page cache filled its memory has few or none (this host during the
+/// test command: 21 of 24 GiB cached, 230 MiB free, one free 2 MiB block in its Normal
+/// zone, and `thp-split` got no huge page). Memory is compacted (also when `force`d: a try
+/// that came up short although buddyinfo showed the blocks), then, if that was not enough,
+/// clean page cache is dropped and memory compacted again: what one does by hand before a
+/// huge-page experiment. Not `sync` nor slab: their writeback and stalls hit every other
+/// process (with them, a tracer beside this one in the test command went seconds without
+/// reading its target's smaps). Root only (else nothing changes, and the caller says what
+/// the kernel gave); a drop of the page cache is said on stderr.
 pub fn make_room_for_huge_pages(huge: usize, force: bool) -> Room {
     let mut room = Room {
         free_before: free_huge_blocks(),
@@ -273,12 +277,10 @@ pub fn make_room_for_huge_pages(huge: usize, force: bool) -> Room {
     let _ = std::fs::write(COMPACT_MEMORY, "1");
     let compacted = free_huge_blocks();
     room.compacted = Some(compacted);
-    if compacted >= 2 * huge && !force {
+    if compacted >= 2 * huge {
         return room;
     }
-    // SAFETY: no arguments; it only starts writeback, so that drop_caches finds clean pages.
-    unsafe { libc::sync() };
-    if std::fs::write("/proc/sys/vm/drop_caches", "3").is_ok() {
+    if std::fs::write("/proc/sys/vm/drop_caches", "1").is_ok() {
         let _ = std::fs::write(COMPACT_MEMORY, "1");
         room.dropped_caches = Some(free_huge_blocks());
         eprintln!("memlock-trace workload: making room for {huge} huge pages: {room}");
@@ -374,9 +376,9 @@ mod tests {
         assert_eq!(
             untried.to_string(),
             "the kernel gave 0 of 6144 kB in huge pages after 3 tries; the last: 1 free 2 MiB \
-             blocks, 2 after compaction, 40 after dropping clean caches and compacting again, \
-             thp_fault_fallback +0 during its touch, so the kernel did not try huge pages for \
-             it, MADV_COLLAPSE: Invalid argument (os error 22)"
+             blocks, 2 after compaction, 40 after dropping clean page cache and compacting \
+             again, thp_fault_fallback +0 during its touch, so the kernel did not try huge \
+             pages for it, MADV_COLLAPSE: Invalid argument (os error 22)"
         );
         let fragmented = Shortfall {
             thp_kb: 2048,
