@@ -3,6 +3,7 @@
 //! against `/proc`), and `suite` with its report and charts. Behind the default-on `lab`
 //! cargo feature, so a production build links neither plotters nor indicatif.
 
+pub mod pressure;
 pub mod report;
 pub mod seeds;
 pub mod suite;

@@ -133,6 +133,21 @@ fn memory_line(cgroups: &str, mounts: &str) -> Option<(Version, String)> {
         .map(|p| (Version::V2, p.to_string()))
 }
 
+/// Where this machine's memory controller is mounted: v1's `memory` hierarchy where it is
+/// (a hybrid host keeps memory there), else a cgroup2 mount whose root offers `memory`.
+pub fn controller() -> Option<(Version, PathBuf)> {
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    if let Some(mount) = memory_mount(&mounts, Version::V1) {
+        return Some((Version::V1, mount.point));
+    }
+    let mount = memory_mount(&mounts, Version::V2)?;
+    let offered = std::fs::read_to_string(mount.point.join("cgroup.controllers")).ok()?;
+    offered
+        .split_whitespace()
+        .any(|c| c == "memory")
+        .then_some((Version::V2, mount.point))
+}
+
 /// A hierarchy's mount: where it is, and which of its cgroups is mounted there.
 struct Mount {
     point: PathBuf,

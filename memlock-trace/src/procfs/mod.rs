@@ -109,6 +109,8 @@ pub struct SmapsEntry {
     pub inode: u64,
     pub rss_kb: u64,
     pub locked_kb: u64,
+    /// `Swap:`: the VMA's pages that are out on a swap device.
+    pub swap_kb: u64,
 }
 
 /// Whether this kernel's smaps `VmFlags` show `lf` (VM_LOCKONFAULT): added in Linux 6.2
@@ -160,6 +162,7 @@ pub fn parse_smaps(text: &[u8], shows_lockonfault: bool) -> Result<Vec<SmapsEntr
                 pages.rss_kb = entry.rss_kb;
             }
             "Locked" => entry.locked_kb = kb()?,
+            "Swap" => entry.swap_kb = kb()?,
             "KernelPageSize" => pages.kernel_page_kb = kb()?,
             "AnonHugePages" | "ShmemPmdMapped" | "FilePmdMapped" => pages.thp_kb += kb()?,
             "Private_Hugetlb" | "Shared_Hugetlb" => pages.hugetlb_kb += kb()?,
@@ -240,6 +243,7 @@ fn parse_header(line: &[u8], shows_lockonfault: bool) -> Result<SmapsEntry> {
         inode,
         rss_kb: 0,
         locked_kb: 0,
+        swap_kb: 0,
     })
 }
 

@@ -18,6 +18,7 @@ pub(super) fn assess(run: &ScenarioRun) -> Vec<Verdict> {
         Scenario::MallocVsMmap => malloc_vs_mmap(run, &mut v),
         Scenario::MemlockLimit => memlock_limit(run, &mut v),
         Scenario::VmMemory => vm_memory(run, &mut v),
+        Scenario::MemoryPressure => super::pressure::assess(run, &mut v),
     }
     v
 }

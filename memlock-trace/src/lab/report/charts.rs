@@ -110,6 +110,23 @@ pub(super) fn scenario_chart(dir: &Path, run: &ScenarioRun) -> Result<Option<Str
                 ],
             )?;
         }
+        Scenario::MemoryPressure => {
+            let again = &run.own["touched_again"];
+            bars(
+                &path,
+                "touching each region again after the pressure (ms)",
+                "ms",
+                &[
+                    ("lazy".into(), f(&again["lazy"]["ns"]) / 1e6),
+                    ("MAP_POPULATE".into(), f(&again["populate"]["ns"]) / 1e6),
+                    ("mlock".into(), f(&again["mlock"]["ns"]) / 1e6),
+                    (
+                        "mlock, after munlock".into(),
+                        f(&run.own["munlock"]["touched_again"]["ns"]) / 1e6,
+                    ),
+                ],
+            )?;
+        }
         Scenario::VmaSplit
         | Scenario::ThpSplit
         | Scenario::ForkInherit

@@ -9,6 +9,7 @@
 mod advice;
 mod assess;
 mod charts;
+mod pressure;
 mod shape;
 mod thp_split;
 

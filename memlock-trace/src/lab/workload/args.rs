@@ -25,10 +25,11 @@ pub enum Scenario {
     MallocVsMmap,
     MemlockLimit,
     VmMemory,
+    MemoryPressure,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 10] = [
+    pub const ALL: [Scenario; 11] = [
         Scenario::FirstTouch,
         Scenario::ThreadCreate,
         Scenario::ThreadStack,
@@ -39,6 +40,7 @@ impl Scenario {
         Scenario::MallocVsMmap,
         Scenario::MemlockLimit,
         Scenario::VmMemory,
+        Scenario::MemoryPressure,
     ];
 
     pub fn name(self) -> &'static str {
@@ -53,6 +55,7 @@ impl Scenario {
             Scenario::MallocVsMmap => "malloc-vs-mmap",
             Scenario::MemlockLimit => "memlock-limit",
             Scenario::VmMemory => "vm-memory",
+            Scenario::MemoryPressure => "memory-pressure",
         }
     }
 
@@ -69,7 +72,9 @@ impl Scenario {
             | Scenario::VmaSplit
             | Scenario::ThpSplit
             | Scenario::ForkInherit
-            | Scenario::MemlockLimit => Vec::new(),
+            | Scenario::MemlockLimit
+            // memory-pressure runs its one process inside the cgroup it makes.
+            | Scenario::MemoryPressure => Vec::new(),
         }
     }
 }
@@ -133,6 +138,15 @@ pub struct ScenarioArgs {
     /// Guest memory for vm-memory (MiB).
     #[arg(long, default_value_t = 512, value_parser = int(16usize, MAX_MIB))]
     pub guest_mib: usize,
+    /// Size of each of memory-pressure's three regions (lazy, populated, locked; MiB).
+    #[arg(long, default_value_t = 32, value_parser = int(1usize, MAX_MIB))]
+    pub pressure_region_mib: usize,
+    /// memory-pressure's memory cgroup limit (MiB): below the regions plus the pressure.
+    #[arg(long, default_value_t = 128, value_parser = int(8usize, MAX_MIB))]
+    pub pressure_limit_mib: usize,
+    /// memory-pressure's fourth allocation, touched to push the regions out (MiB).
+    #[arg(long, default_value_t = 256, value_parser = int(1usize, MAX_MIB))]
+    pub pressure_mib: usize,
     /// Kernel image for vm-memory (default: the one `cargo xtask test` cached).
     #[arg(long)]
     pub kernel: Option<PathBuf>,
@@ -165,6 +179,9 @@ impl ScenarioArgs {
             stack_used_kib: 256,
             limit_kib: 256,
             guest_mib: 128,
+            pressure_region_mib: 8,
+            pressure_limit_mib: 48,
+            pressure_mib: 96,
             kernel: None,
             variant: None,
             worker: false,
@@ -198,6 +215,12 @@ impl ScenarioArgs {
             ("--stack-used-kib", self.stack_used_kib.to_string()),
             ("--limit-kib", self.limit_kib.to_string()),
             ("--guest-mib", self.guest_mib.to_string()),
+            (
+                "--pressure-region-mib",
+                self.pressure_region_mib.to_string(),
+            ),
+            ("--pressure-limit-mib", self.pressure_limit_mib.to_string()),
+            ("--pressure-mib", self.pressure_mib.to_string()),
         ]
         .into_iter()
         // No list given: the child works out the same default from the same CPUs.
@@ -232,6 +255,7 @@ impl ScenarioArgs {
             Scenario::MallocVsMmap => self.records_mib,
             Scenario::ThreadStack => self.threads * self.stack_mib,
             Scenario::VmMemory => self.guest_mib + 256,
+            Scenario::MemoryPressure => self.pressure_limit_mib,
             _ => 0,
         };
         if need > avail_mib * 3 / 4 {
@@ -247,6 +271,18 @@ impl ScenarioArgs {
                 "--stack-used-kib must leave room in the {} MiB stack",
                 self.stack_mib
             );
+        }
+        if scenario == Scenario::MemoryPressure {
+            let (region, limit) = (self.pressure_region_mib, self.pressure_limit_mib);
+            // The locked region and the process itself must fit, and everything must not.
+            if region + 16 > limit || 3 * region + self.pressure_mib <= limit {
+                bail!(
+                    "memory-pressure needs --pressure-limit-mib ({limit}) at least 16 MiB above \
+                     --pressure-region-mib ({region}) and below three regions plus \
+                     --pressure-mib ({})",
+                    self.pressure_mib
+                );
+            }
         }
         if self.runs == 0 || self.processes.contains(&0) {
             bail!("--runs and --processes must be positive");

@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::{Context as _, Result, bail};
 use serde::Serialize;
 
-use super::{Faults, PAGE_SIZE, Region};
+use super::{Faults, PAGE_SIZE, Region, SmapsFigures};
 use crate::procfs::{self, ThpMode};
 
 /// What `thp` mlocks (and touches before).
@@ -32,42 +32,6 @@ pub struct Locked {
     pub faults: Faults,
     /// The VMA holding `addr` in `/proc/self/smaps` after the mlock.
     pub smaps: SmapsFigures,
-}
-
-/// One VMA's smaps fields, in kB as smaps gives them.
-#[derive(Clone, Copy, Debug, Default, Serialize)]
-pub struct SmapsFigures {
-    pub start: u64,
-    pub end: u64,
-    pub rss_kb: u64,
-    /// `AnonHugePages` (and the shmem/file PMD-mapped fields).
-    pub thp_kb: u64,
-    /// `Private_Hugetlb` + `Shared_Hugetlb`.
-    pub hugetlb_kb: u64,
-    pub locked_kb: u64,
-    pub kernel_page_kb: u64,
-}
-
-impl SmapsFigures {
-    /// The figures of the VMA holding `addr` in this process's smaps.
-    pub fn of_own(addr: u64) -> Result<Self> {
-        let shows_lf = procfs::smaps_shows_lockonfault(&crate::probe::kernel_release());
-        let entries = procfs::read_smaps("/proc/self/smaps", shows_lf)?;
-        let e = entries
-            .iter()
-            .find(|e| e.mapping.start <= addr && addr < e.mapping.end)
-            .with_context(|| format!("no VMA holds {addr:#x} in /proc/self/smaps"))?;
-        let p = e.mapping.pages;
-        Ok(Self {
-            start: e.mapping.start,
-            end: e.mapping.end,
-            rss_kb: p.rss_kb,
-            thp_kb: p.thp_kb,
-            hugetlb_kb: p.hugetlb_kb,
-            locked_kb: e.locked_kb,
-            kernel_page_kb: p.kernel_page_kb,
-        })
-    }
 }
 
 /// `huge` transparent huge pages' worth of memory between guard pages, starting on a THP

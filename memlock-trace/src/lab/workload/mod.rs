@@ -11,6 +11,7 @@ pub mod fork_inherit;
 pub mod huge_pages;
 pub mod malloc_vs_mmap;
 pub mod memlock_limit;
+pub mod memory_pressure;
 pub mod scenario;
 pub mod syscalls;
 pub mod thp_split;
@@ -28,7 +29,7 @@ use nix::sys::{
 };
 use serde::Serialize;
 
-pub use region::Region;
+pub use region::{Region, SmapsFigures};
 
 /// [`crate::procfs::PAGE_SIZE`] as a length.
 pub const PAGE_SIZE: usize = crate::procfs::PAGE_SIZE as usize;

@@ -1,10 +1,13 @@
-//! Anonymous private mappings of whole pages, for the workloads and for `verify`'s subject.
+//! Anonymous private mappings of whole pages, for the workloads and for `verify`'s subject,
+//! and what this process's smaps says of them.
 
 use std::ptr;
 
-use anyhow::{Result, bail};
+use anyhow::{Context as _, Result, bail};
+use serde::Serialize;
 
 use super::PAGE_SIZE;
+use crate::procfs::{self, SmapsEntry};
 
 /// An anonymous private mapping of whole pages. One made by [`Region::anonymous`] is unmapped
 /// on drop; one made by [`Region::hole`] or [`Region::guarded`] lies between two `PROT_NONE`
@@ -139,4 +142,75 @@ impl Drop for Region {
             unsafe { libc::munmap(self.addr.cast(), self.len) };
         }
     }
+}
+
+/// One VMA's smaps fields (or a region's, summed over its VMAs), in kB as smaps gives them.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct SmapsFigures {
+    pub start: u64,
+    pub end: u64,
+    pub rss_kb: u64,
+    /// `AnonHugePages` (and the shmem/file PMD-mapped fields).
+    pub thp_kb: u64,
+    /// `Private_Hugetlb` + `Shared_Hugetlb`.
+    pub hugetlb_kb: u64,
+    pub locked_kb: u64,
+    /// `Swap`: pages out on a swap device.
+    pub swap_kb: u64,
+    pub kernel_page_kb: u64,
+}
+
+impl SmapsFigures {
+    /// The figures of the VMA holding `addr` in this process's smaps.
+    pub fn of_own(addr: u64) -> Result<Self> {
+        let entries = own_smaps()?;
+        let e = entries
+            .iter()
+            .find(|e| e.mapping.start <= addr && addr < e.mapping.end)
+            .with_context(|| format!("no VMA holds {addr:#x} in /proc/self/smaps"))?;
+        Ok(Self::of_entry(e))
+    }
+
+    /// The figures of `region`, summed over the VMAs of this process's smaps inside it (a
+    /// region mlocked in part is several).
+    pub fn of_region(region: &Region) -> Result<Self> {
+        let (start, end) = region.window();
+        let mut sum = Self {
+            start,
+            end,
+            ..Self::default()
+        };
+        for e in own_smaps()?
+            .iter()
+            .filter(|e| e.mapping.overlaps((start, end)))
+        {
+            let v = Self::of_entry(e);
+            sum.rss_kb += v.rss_kb;
+            sum.thp_kb += v.thp_kb;
+            sum.hugetlb_kb += v.hugetlb_kb;
+            sum.locked_kb += v.locked_kb;
+            sum.swap_kb += v.swap_kb;
+            sum.kernel_page_kb = v.kernel_page_kb;
+        }
+        Ok(sum)
+    }
+
+    fn of_entry(e: &SmapsEntry) -> Self {
+        let p = e.mapping.pages;
+        Self {
+            start: e.mapping.start,
+            end: e.mapping.end,
+            rss_kb: p.rss_kb,
+            thp_kb: p.thp_kb,
+            hugetlb_kb: p.hugetlb_kb,
+            locked_kb: e.locked_kb,
+            swap_kb: e.swap_kb,
+            kernel_page_kb: p.kernel_page_kb,
+        }
+    }
+}
+
+fn own_smaps() -> Result<Vec<SmapsEntry>> {
+    let shows_lf = procfs::smaps_shows_lockonfault(&crate::probe::kernel_release());
+    procfs::read_smaps("/proc/self/smaps", shows_lf)
 }

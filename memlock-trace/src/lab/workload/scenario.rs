@@ -10,8 +10,8 @@ use anyhow::{Context as _, Result, bail};
 use serde_json::{Value, json};
 
 use super::{
-    dynamic_alloc, first_touch, fork_inherit, malloc_vs_mmap, memlock_limit, thp_split,
-    thread_create, thread_stack, vm_memory, vma_split,
+    dynamic_alloc, first_touch, fork_inherit, malloc_vs_mmap, memlock_limit, memory_pressure,
+    thp_split, thread_create, thread_stack, vm_memory, vma_split,
 };
 
 pub use super::args::{Scenario, ScenarioArgs};
@@ -60,6 +60,7 @@ fn run_variant(scenario: Scenario, variant: &str, args: &ScenarioArgs) -> Result
         Scenario::MallocVsMmap => malloc_vs_mmap::run(variant, args)?,
         Scenario::MemlockLimit => memlock_limit::run(args)?,
         Scenario::VmMemory => vm_memory::run(variant, args)?,
+        Scenario::MemoryPressure => memory_pressure::run(variant, args)?,
     };
     if result.get("pids").is_none() {
         result["pids"] = json!([std::process::id()]);

@@ -1,0 +1,143 @@
+//! The memory-pressure scenario's verdicts: what the references claim locking guarantees
+//! under pressure (never swapped, never a major fault from swap, a secret never on the swap
+//! device; munlock hands the pages back to reclaim), against smaps, getrusage, the cgroup's
+//! `memory.stat` and the swap device itself; and the tracer's major faults against the
+//! kernel's count.
+
+use serde_json::Value;
+
+use super::{ScenarioRun, Verdict, check, claim, f};
+
+/// What mlock does not keep out of reach, whatever the swap device holds.
+const NOT_COVERED: &str = "mlock keeps a page out of swap, not out of a core dump \
+    (MADV_DONTDUMP does) nor out of a forked child's copy-on-write copy, which is not locked \
+    (fork-inherit); memfd_secret (Linux 5.14) takes the pages out of the kernel's own mapping too";
+
+pub(super) fn assess(run: &ScenarioRun, v: &mut Vec<Verdict>) {
+    let o = &run.own;
+    let (out, again) = (&o["pushed_out"], &o["touched_again"]);
+    let swapped_kb = |r: &str| f(&out[r]["swap_kb"]);
+    let majors = |r: &str| f(&again[r]["faults"]["majflt"]);
+    let ms = |r: &str| f(&again[r]["ns"]) / 1e6;
+    let region_kb = f(&o["region_pages"]) * f(&o["page_size"]) / 1024.0;
+    let unevictable_kb = f(&o["cgroup_stat"]["unevictable"]) / 1024.0;
+    let others_swapped = swapped_kb("lazy") > 0.0 && swapped_kb("populate") > 0.0;
+    v.push(claim(
+        "locked pages are not reclaimed and never swapped out",
+        "000, section 1",
+        format!(
+            "under a {} MiB cgroup limit with {} MiB of pressure: locked region {} kB in swap \
+             ({} kB Locked, cgroup unevictable {unevictable_kb:.0} kB); lazy {} kB, \
+             MAP_POPULATE {} kB of {region_kb:.0} kB in swap",
+            o["limit_mib"],
+            o["pressure_mib"],
+            swapped_kb("mlock"),
+            f(&out["mlock"]["locked_kb"]),
+            swapped_kb("lazy"),
+            swapped_kb("populate"),
+        ),
+        swapped_kb("mlock") == 0.0
+            && f(&out["mlock"]["locked_kb"]) == region_kb
+            && unevictable_kb >= region_kb
+            && others_swapped,
+        "smaps Swap and Locked per region and the cgroup's memory.stat, read with the pressure \
+         still mapped; mlock moves the pages to the unevictable list, which reclaim never scans",
+    ));
+    v.push(claim(
+        "a locked page never becomes a major fault from swap; MAP_POPULATE only prefaults",
+        "001 (inferred there: its container had no swap)",
+        format!(
+            "touched again: locked {} major faults in {:.1} ms; MAP_POPULATE {} in {:.1} ms; \
+             lazy {} in {:.1} ms",
+            majors("mlock"),
+            ms("mlock"),
+            majors("populate"),
+            ms("populate"),
+            majors("lazy"),
+            ms("lazy"),
+        ),
+        majors("mlock") == 0.0 && majors("populate") > 0.0 && majors("lazy") > 0.0,
+        "getrusage around each region's second touch, the pressure unmapped first; \
+         MAP_POPULATE's pages were on the LRU like any others",
+    ));
+    let m = &o["munlock"];
+    v.push(claim(
+        "munlock does not reclaim the pages at once; it puts them back where reclaim takes them",
+        "000, section 1",
+        format!(
+            "right after munlock {} kB in swap, {} kB resident; after the same pressure {} kB \
+             in swap; touched again: {} major faults in {:.1} ms",
+            f(&m["right_after"]["swap_kb"]),
+            f(&m["right_after"]["rss_kb"]),
+            f(&m["pushed_out"]["swap_kb"]),
+            f(&m["touched_again"]["faults"]["majflt"]),
+            f(&m["touched_again"]["ns"]) / 1e6,
+        ),
+        f(&m["right_after"]["swap_kb"]) == 0.0
+            && f(&m["right_after"]["rss_kb"]) == region_kb
+            && f(&m["pushed_out"]["swap_kb"]) > 0.0,
+        "smaps of the formerly locked region",
+    ));
+    secret(o, v);
+    tracer_majors(run, v);
+}
+
+/// secret-in-swap: the device searched for each region's key, with the positive control.
+fn secret(o: &Value, v: &mut Vec<Verdict>) {
+    let search = &o["swap_search"];
+    let (unlocked, locked) = (
+        f(&search["unlocked_key_pages"]),
+        f(&search["locked_key_pages"]),
+    );
+    let page_kb = f(&o["page_size"]) / 1024.0;
+    let swapped_pages = (f(&o["pushed_out"]["lazy"]["swap_kb"])
+        + f(&o["pushed_out"]["populate"]["swap_kb"]))
+        / page_kb;
+    let measured = format!(
+        "on {}: the unlocked regions' key on {unlocked} pages (smaps: {swapped_pages} pages \
+         swapped), the locked region's key on {locked}; after munlock and pressure, on {}",
+        o["environment"]["swap"]
+            .as_str()
+            .unwrap_or("the swap device"),
+        f(&o["munlock"]["locked_key_pages"]),
+    );
+    if unlocked == 0.0 {
+        v.push(super::Verdict {
+            claim: "a secret in locked memory never reaches the swap device".into(),
+            published: "000, introduction".into(),
+            measured,
+            verdict: "not checked",
+            why: "the positive control failed: the unlocked key was not found either, so the \
+                  search proves nothing (is zswap holding the pages?)"
+                .into(),
+        });
+        return;
+    }
+    v.push(claim(
+        "a secret in locked memory never reaches the swap device",
+        "000, introduction",
+        measured,
+        locked == 0.0 && unlocked == swapped_pages,
+        NOT_COVERED,
+    ));
+}
+
+/// The tracer's fault counts of the experiment's process against the kernel's, as `wait4`
+/// reported them at its exit.
+fn tracer_majors(run: &ScenarioRun, v: &mut Vec<Verdict>) {
+    let pid = run.own["pids"][0].as_u64().map(|p| p as u32);
+    let traced = run.faults(pid);
+    for (class, kernel) in [("major", "majflt"), ("minor", "minflt")] {
+        let (traced, kernel) = (&traced[class], &run.own["faults_at_exit"][kernel]);
+        v.push(check(
+            &format!("{class} faults of the experiment's process (wait4 at its exit = tracer)"),
+            kernel.to_string(),
+            if traced.is_null() {
+                "not traced".into()
+            } else {
+                traced.to_string()
+            },
+            traced.as_u64().is_some() && traced == kernel,
+        ));
+    }
+}
