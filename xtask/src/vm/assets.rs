@@ -1,6 +1,6 @@
-//! The host side of a guest: the tools (qemu, a static busybox, cpio) installed with
-//! apt-get, and the stock cloud kernel image fetched once into the cache (for an arm64
-//! guest, with Debian's arm64 static busybox beside it).
+//! The host side of a guest: the tools (qemu, a static busybox, cpio, xz) installed with
+//! apt-get, and the stock cloud kernel image with the modules its guest loads fetched once
+//! into the cache (for an arm64 guest, with Debian's arm64 static busybox beside it).
 
 use std::{
     fs, io,
@@ -10,11 +10,11 @@ use std::{
 
 use anyhow::{Context, Result};
 
-use super::{ScratchDir, arch::GuestArch};
+use super::{ScratchDir, arch::GuestArch, modules};
 use crate::util::{apt_output, install_missing_packages, output_of};
 
 /// Debian packages providing the host tools, besides the guest's qemu.
-const HOST_PACKAGES: [&str; 2] = ["busybox-static", "cpio"];
+const HOST_PACKAGES: [&str; 3] = ["busybox-static", "cpio", "xz-utils"];
 /// Metapackage whose single dependency is the current cloud kernel image.
 const KERNEL_METAPACKAGE: &str = "linux-image-cloud-amd64";
 /// The package of a foreign guest's static busybox.
@@ -29,7 +29,26 @@ pub struct Kernel {
     /// The cache's subdirectory holding its `vmlinuz-*`.
     dir: &'static str,
     source: Source,
+    /// The modules the guest's `/init` loads, in load order (each after those it depends
+    /// on): paths under `lib/modules/RELEASE/kernel/` in the image's package.
+    pub modules: &'static [&'static str],
 }
+
+/// zram, for swap in the guest (the memory-pressure scenario sets it up itself), where its
+/// default compressor is lzo-rle: without that module, writing `disksize` fails (EINVAL).
+const ZRAM_LZO_RLE: &[&str] = &[
+    "mm/zsmalloc.ko",
+    "drivers/block/zram/zram.ko",
+    "crypto/lzo-rle.ko",
+];
+
+/// zram from 6.12, which defaults to lz4 and depends on both lz4 modules itself.
+const ZRAM_LZ4: &[&str] = &[
+    "mm/zsmalloc.ko",
+    "lib/lz4/lz4_compress.ko",
+    "lib/lz4/lz4hc_compress.ko",
+    "drivers/block/zram/zram.ko",
+];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Source {
@@ -60,6 +79,7 @@ pub const KERNELS: [Kernel; 4] = [
             suite: "bullseye",
             package: "linux-image-5.10.0-32-cloud-amd64-unsigned",
         },
+        modules: ZRAM_LZO_RLE,
     },
     Kernel {
         version: "6.1",
@@ -67,6 +87,7 @@ pub const KERNELS: [Kernel; 4] = [
         // Where it always was: the vm-memory scenario boots it from there.
         dir: "kernel",
         source: Source::Metapackage,
+        modules: ZRAM_LZO_RLE,
     },
     Kernel {
         version: "6.12",
@@ -76,6 +97,7 @@ pub const KERNELS: [Kernel; 4] = [
             suite: "trixie",
             package: "linux-image-6.12.117+deb13-cloud-amd64-unsigned",
         },
+        modules: ZRAM_LZ4,
     },
     // Debian 12's arm64 cloud kernel, the newest of bookworm and its security updates: no
     // trampolines on arm64 before 6.4 (kprobes, the raw syscall dispatchers).
@@ -87,6 +109,7 @@ pub const KERNELS: [Kernel; 4] = [
             suites: &["bookworm", "bookworm-security"],
             metapackage: "linux-image-cloud-arm64",
         },
+        modules: ZRAM_LZO_RLE,
     },
 ];
 
@@ -104,6 +127,8 @@ pub const OPTIONAL_KERNELS: [Kernel; 1] = [
             suites: &["trixie", "trixie-security"],
             metapackage: "linux-image-cloud-arm64",
         },
+        // As 6.12 on x86_64: Debian configures zram alike on both architectures.
+        modules: ZRAM_LZ4,
     },
 ];
 
@@ -135,12 +160,14 @@ pub struct VmAssets {
     pub kernel_release: String,
     /// A static busybox of the guest's architecture.
     pub busybox: PathBuf,
+    /// [`Kernel::modules`] of this release, uncompressed, in load order.
+    pub modules: Vec<PathBuf>,
 }
 
 /// Installs the host tools (the guest's qemu, busybox-static, cpio) with
 /// apt-get if any is missing, running `apt-get update` only then, and
-/// fetches the stock cloud kernel into `cache_dir/kernel` unless it is there
-/// already. Fast and offline when everything is present.
+/// fetches the stock cloud kernel and its modules into `cache_dir/kernel` unless they are
+/// there already. Fast and offline when everything is present.
 pub fn ensure_assets(cache_dir: &Path, kernel: Kernel) -> Result<VmAssets> {
     install_missing_packages(&HOST_PACKAGES)?;
     install_missing_packages(&[kernel.arch.qemu_package()])?;
@@ -149,39 +176,53 @@ pub fn ensure_assets(cache_dir: &Path, kernel: Kernel) -> Result<VmAssets> {
         .arch
         .host_busybox()
         .map_or_else(|| kernel_dir.join("busybox"), PathBuf::from);
-    if let Some(assets) = cached_kernel(&kernel_dir, &busybox)? {
+    if let Some(assets) = cached_kernel(&kernel_dir, &busybox, kernel)? {
         return Ok(assets);
     }
+    // A cache from before the modules (a vmlinuz alone) is fetched again, whole.
     fetch_kernel(cache_dir, &kernel_dir, kernel)
         .with_context(|| format!("kernel {}: fetching its image", kernel.version))?;
-    cached_kernel(&kernel_dir, &busybox)?.with_context(|| {
+    cached_kernel(&kernel_dir, &busybox, kernel)?.with_context(|| {
         format!(
-            "kernel {}: no vmlinuz-* or busybox in {} after fetching them",
+            "kernel {}: no vmlinuz-*, its modules or busybox in {} after fetching them",
             kernel.version,
             kernel_dir.display()
         )
     })
 }
 
-fn cached_kernel(kernel_dir: &Path, busybox: &Path) -> Result<Option<VmAssets>> {
+/// The cached `vmlinuz-RELEASE` that has its modules in `RELEASE/`.
+fn cached_kernel(kernel_dir: &Path, busybox: &Path, kernel: Kernel) -> Result<Option<VmAssets>> {
     if !busybox.is_file() {
         return Ok(None);
     }
-    let entries = match fs::read_dir(kernel_dir) {
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        entries => entries.with_context(|| format!("reading {}", kernel_dir.display()))?,
-    };
-    for entry in entries {
-        let name = entry?.file_name();
-        if let Some(release) = name.to_str().and_then(|n| n.strip_prefix("vmlinuz-")) {
+    for release in cached_releases(kernel_dir)? {
+        if let Some(modules) = modules::cached(kernel_dir, &release, kernel.modules) {
             return Ok(Some(VmAssets {
-                vmlinuz: kernel_dir.join(&name),
-                kernel_release: release.to_owned(),
+                vmlinuz: kernel_dir.join(format!("vmlinuz-{release}")),
+                kernel_release: release,
                 busybox: busybox.to_path_buf(),
+                modules,
             }));
         }
     }
     Ok(None)
+}
+
+/// The releases of the `vmlinuz-*` in `kernel_dir`.
+fn cached_releases(kernel_dir: &Path) -> Result<Vec<String>> {
+    let entries = match fs::read_dir(kernel_dir) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        entries => entries.with_context(|| format!("reading {}", kernel_dir.display()))?,
+    };
+    let mut releases = Vec::new();
+    for entry in entries {
+        let name = entry?.file_name();
+        if let Some(release) = name.to_str().and_then(|n| n.strip_prefix("vmlinuz-")) {
+            releases.push(release.to_owned());
+        }
+    }
+    Ok(releases)
 }
 
 fn fetch_kernel(cache_dir: &Path, kernel_dir: &Path, kernel: Kernel) -> Result<()> {
@@ -234,21 +275,30 @@ fn fetch_kernel(cache_dir: &Path, kernel_dir: &Path, kernel: Kernel) -> Result<(
 
     let extracted = scratch.0.join("extracted");
     output_of(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&extracted))?;
-    // Only the kernel image is kept: everything needed is built in (see module docs).
+    // Only the kernel image and the guest's few modules are kept: everything else needed is
+    // built in (see the parent module's docs).
     let boot = extracted.join("boot");
     let vmlinuz = fs::read_dir(&boot)
         .with_context(|| format!("reading {}", boot.display()))?
-        .filter_map(|entry| entry.ok().map(|e| e.file_name()))
-        .find(|name| name.to_string_lossy().starts_with("vmlinuz-"))
+        .filter_map(|entry| entry.ok().and_then(|e| e.file_name().into_string().ok()))
+        .find(|name| name.starts_with("vmlinuz-"))
         .with_context(|| format!("{} contains no boot/vmlinuz-*", deb.display()))?;
+    let release = &vmlinuz["vmlinuz-".len()..];
+    // The modules before the image: the cache counts a kernel only once both are there.
+    modules::extract(&extracted, release, kernel.modules, kernel_dir)
+        .with_context(|| format!("{}: the guest's modules", deb.display()))?;
     // A rename, so an interrupted fetch never leaves a partial vmlinuz in the cache.
-    fs::rename(boot.join(&vmlinuz), kernel_dir.join(&vmlinuz)).with_context(|| {
-        format!(
-            "moving {} into {}",
-            vmlinuz.to_string_lossy(),
-            kernel_dir.display()
-        )
-    })
+    fs::rename(boot.join(&vmlinuz), kernel_dir.join(&vmlinuz))
+        .with_context(|| format!("moving {vmlinuz} into {}", kernel_dir.display()))?;
+    // An older release the metapackage named before goes, so one vmlinuz-* is left (the
+    // vm-memory scenario boots the first it finds).
+    for old in cached_releases(kernel_dir)? {
+        if old != release {
+            fs::remove_file(kernel_dir.join(format!("vmlinuz-{old}")))?;
+            modules::remove_dir(&kernel_dir.join(&old))?;
+        }
+    }
+    Ok(())
 }
 
 /// The Debian mirror the machine's apt sources use, else deb.debian.org.

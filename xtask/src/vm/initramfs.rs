@@ -1,7 +1,8 @@
-//! The guest's root file system: busybox, the test binaries with the shared libraries they
-//! load, extra files, `/etc/passwd` and `/etc/group`, the third-party programs of
-//! [`super::programs`] when asked for, and an `/init` script that runs each test between marker lines
-//! (see the parent module) and powers off.
+//! The guest's root file system: busybox, the kernel modules it loads, the test binaries
+//! with the shared libraries they load, extra files, `/etc/passwd` and `/etc/group`, the
+//! third-party programs of [`super::programs`] when asked for, and an `/init` script that
+//! loads the modules, runs each test between marker lines (see the parent module) and
+//! powers off.
 
 use std::{
     collections::BTreeMap,
@@ -24,6 +25,8 @@ use super::{
 
 /// Where the guest has busybox (statically linked, of the guest's architecture).
 const BUSYBOX: &str = "/bin/busybox";
+/// Where the guest has the kernel modules `/init` loads.
+const MODULES: &str = "/modules";
 
 /// Debian's entries for the two users a guest knows.
 const PASSWD: &str = "root:x:0:0:root:/root:/bin/sh\n\
@@ -34,12 +37,23 @@ const GROUP: &str = "root:x:0:\nnogroup:x:65534:\n";
 pub(super) fn build(opts: &VmOptions, assets: &VmAssets, dir: &Path) -> Result<PathBuf> {
     let arch = opts.kernel.arch;
     let root = dir.join("root");
+    // `/run`: where the memory-pressure scenario keeps its swap lock.
     for sub in [
-        "bin", "sbin", "usr/bin", "usr/sbin", "proc", "sys", "dev", "tmp", "tests",
+        "bin", "sbin", "usr/bin", "usr/sbin", "proc", "sys", "dev", "tmp", "run", "tests",
     ] {
         fs::create_dir_all(root.join(sub))?;
     }
     install_file(&assets.busybox, &root, BUSYBOX)?;
+    let mut modules = Vec::new();
+    for module in &assets.modules {
+        let name = module
+            .file_name()
+            .with_context(|| format!("module {} has no file name", module.display()))?
+            .to_string_lossy()
+            .into_owned();
+        install_file(module, &root, &format!("{MODULES}/{name}"))?;
+        modules.push(name);
+    }
     // Programs that look users up (`memcached -u nobody`) find root and nobody.
     fs::create_dir_all(root.join("etc"))?;
     fs::write(root.join("etc/passwd"), PASSWD)?;
@@ -47,7 +61,7 @@ pub(super) fn build(opts: &VmOptions, assets: &VmAssets, dir: &Path) -> Result<P
 
     // Tests may share a binary (e.g. with different filters): copy each once.
     let mut binaries: BTreeMap<String, &Path> = BTreeMap::new();
-    let mut script = init_script_prologue(&opts.env);
+    let mut script = init_script_prologue(&opts.env, &modules);
     for test in &opts.tests {
         if test.name.is_empty() || test.name.contains(char::is_whitespace) {
             bail!(
@@ -113,11 +127,15 @@ pub(super) fn build(opts: &VmOptions, assets: &VmAssets, dir: &Path) -> Result<P
 /// `/tmp` stays on the initramfs root (RAM, writable already): a tmpfs there would hide
 /// files installed under it, such as a workspace cloned into /tmp. cgroup2 is mounted as
 /// systemd mounts it: the kernel lists a process's v2 cgroup only once the hierarchy is.
-fn init_script_prologue(env: &[(String, String)]) -> String {
+/// The `modules` (file names under [`MODULES`], in load order) are loaded, not used: a
+/// failure is said on the console and the test needing zram then fails naming it.
+fn init_script_prologue(env: &[(String, String)], modules: &[String]) -> String {
     let exports: String = env
         .iter()
         .map(|(name, value)| format!("export {name}={}\n", sh_quote(value)))
         .collect();
+    let modules: Vec<String> = modules.iter().map(|m| sh_quote(m)).collect();
+    let modules = modules.join(" ");
     format!(
         "#!{BUSYBOX} sh
 {BUSYBOX} --install -s
@@ -128,6 +146,13 @@ mount -t tracefs tracefs /sys/kernel/tracing
 mount -t debugfs debugfs /sys/kernel/debug
 mount -t bpf bpf /sys/fs/bpf
 mount -t cgroup2 cgroup2 /sys/fs/cgroup
+loaded=
+for m in {modules}; do
+  if insmod {MODULES}/$m; then loaded=\"$loaded $m\"; else echo \"modules: insmod $m FAILED\"; fi
+done
+echo \"modules: loaded$loaded\"
+if [ -e /sys/block/zram0 ]; then echo 'zram: /sys/block/zram0 ready'
+else echo 'zram: no /sys/block/zram0: swap on zram is unavailable in this guest'; fi
 ip link set lo up
 ulimit -l unlimited
 export PATH=/bin:/sbin:/usr/bin:/usr/sbin HOME=/tmp RUST_BACKTRACE=1 MEMLOCK_TRACE_IN_VM=1

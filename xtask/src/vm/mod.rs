@@ -8,19 +8,23 @@
 //! reports each one's exit code on the serial console between marker lines.
 //!
 //! Everything the cloud kernel needs for this (initramfs, 8250 serial
-//! console, BPF with BTF, kprobes, tracefs, debugfs, bpffs, tmpfs, devtmpfs)
-//! is built in, so no kernel modules are loaded.
+//! console, BPF with BTF, kprobes, tracefs, debugfs, bpffs, tmpfs, devtmpfs,
+//! the cgroup v2 memory controller) is built in. zram is a module: `/init`
+//! loads it and what it needs (the kernel table's `modules`, taken from the
+//! image's own package) so the memory-pressure scenario can swap to it. It
+//! only loads them: the scenario sets up swap and its cgroup itself.
 //!
 //! One file per stage of a run: [`assets`] installs the host tools and caches the kernel
-//! image, [`initramfs`] lays out the guest and writes its `/init` (with [`programs`], the
-//! cached archive of third-party programs some tests run), [`qemu`] boots it under a
-//! hang guard and reads the results off the console. The marker lines below are the
+//! image with its [`modules`], [`initramfs`] lays out the guest and writes its `/init`
+//! (with [`programs`], the cached archive of third-party programs some tests run), [`qemu`]
+//! boots it under a hang guard and reads the results off the console. The marker lines below are the
 //! protocol between the last two.
 
 mod arch;
 mod assets;
 mod files;
 mod initramfs;
+mod modules;
 mod programs;
 mod qemu;
 
