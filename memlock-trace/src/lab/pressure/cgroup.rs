@@ -77,6 +77,10 @@ impl Drop for PressureCgroup {
         // The experiment's process has been reaped; its memory is uncharged a moment later.
         for _ in 0..50 {
             if std::fs::remove_dir(&self.dir).is_ok() || !self.dir.exists() {
+                // And what a killed experiment's process left, if it has gone since.
+                if let Some(point) = self.dir.parent() {
+                    remove_leftovers(point);
+                }
                 return;
             }
             std::thread::sleep(Duration::from_millis(100));

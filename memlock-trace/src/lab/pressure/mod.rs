@@ -2,21 +2,24 @@
 //! or zram set up here) and a memory cgroup limited below the experiment's working set. The
 //! `memory-pressure` scenario and `verify`'s pressure step run their process inside it.
 //!
-//! "However it ends": both are taken down on drop (an error, a panic), and while the
-//! experiment's process runs, SIGINT, SIGTERM and SIGHUP are passed on to it rather than
-//! killing the process that holds them, so that it still gets to drop them.
+//! "However it ends": both are taken down on drop (an error, a panic); from set-up to drop,
+//! SIGINT, SIGTERM and SIGHUP are kept and passed on to the experiment's process rather than
+//! killing the process that holds them, which then stops and drops them; a SIGKILLed holder
+//! takes its experiment with it (`PR_SET_PDEATHSIG`) and the next experiment removes what it
+//! left ([`swap`], [`cgroup`]).
 
 pub mod cgroup;
 pub mod swap;
 
 use std::{
-    io::Read as _,
+    io::{ErrorKind, Read as _},
     os::unix::process::{CommandExt as _, ExitStatusExt as _},
     process::{Command, Output},
     sync::atomic::{AtomicI32, Ordering},
 };
 
-use anyhow::{Context as _, Result};
+use anyhow::{Context as _, Result, bail};
+use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, sigaction};
 use serde_json::{Value, json};
 
 pub use self::{cgroup::PressureCgroup, swap::Swap};
@@ -24,22 +27,33 @@ use crate::lab::workload::Faults;
 
 /// The experiment's process, for the signal handler to pass signals on to.
 static CHILD: AtomicI32 = AtomicI32::new(0);
+/// A termination signal that arrived while the pressure was set up (0: none).
+static PENDING: AtomicI32 = AtomicI32::new(0);
 
 /// Swap and a limited memory cgroup, for as long as this lives.
 pub struct Pressure {
     pub cgroup: PressureCgroup,
     // Dropped after the cgroup: swap goes off once nothing of the experiment is charged.
     pub swap: Swap,
+    // Dropped last: a signal until then is kept for later, not fatal.
+    _signals: Forwarding,
 }
 
 impl Pressure {
     /// Swap of `swap_bytes` (unless the machine has its own) and a cgroup limited to
     /// `limit_bytes`. A machine that can have neither says which and why.
     pub fn set_up(limit_bytes: u64, swap_bytes: u64) -> Result<Self> {
+        let signals = Forwarding::install()?;
         let swap = Swap::ensure(swap_bytes).context("swap for the memory-pressure experiment")?;
         let cgroup = PressureCgroup::make(limit_bytes)
             .context("a memory cgroup for the memory-pressure experiment")?;
-        Ok(Self { cgroup, swap })
+        let pressure = Self {
+            cgroup,
+            swap,
+            _signals: signals,
+        };
+        interrupted()?;
+        Ok(pressure)
     }
 
     /// Where the experiment ran, for its report.
@@ -52,9 +66,10 @@ impl Pressure {
         })
     }
 
-    /// Runs `command` inside the cgroup (it moves itself in before exec) and waits for it;
-    /// termination signals meanwhile go to it. Returns its output and its faults as `wait4`
-    /// reports them: the kernel's count of its whole life, exit included.
+    /// Runs `command` inside the cgroup (it moves itself in before exec, and is killed should
+    /// this process die first) and waits for it; termination signals meanwhile go to it.
+    /// Returns its output and its faults as `wait4` reports them: the kernel's count of its
+    /// whole life, exit included.
     pub fn run(&self, command: &mut Command) -> Result<(Output, Faults)> {
         let procs = std::ffi::CString::new(
             self.cgroup
@@ -62,10 +77,17 @@ impl Pressure {
                 .into_os_string()
                 .into_encoded_bytes(),
         )?;
+        let parent = std::process::id() as i32;
         // SAFETY: between fork and exec the closure only makes async-signal-safe calls
-        // (open, write, close) on memory prepared before the fork.
+        // (prctl, getppid, open, write, close) on memory prepared before the fork.
         unsafe {
             command.pre_exec(move || {
+                // A SIGKILLed parent cannot take the pressure down: its experiment goes with
+                // it, so that the next one can.
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                if libc::getppid() != parent {
+                    return Err(std::io::Error::other("the parent is gone"));
+                }
                 let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
                 if fd < 0 {
                     return Err(std::io::Error::last_os_error());
@@ -79,26 +101,36 @@ impl Pressure {
                 Ok(())
             });
         }
-        let _forwarding = Forwarding::install();
+        interrupted()?;
         let mut child = command
             .stdout(std::process::Stdio::piped())
             .spawn()
             .context("starting the experiment in its memory cgroup")?;
         let pid = child.id() as i32;
         CHILD.store(pid, Ordering::SeqCst);
+        if let signal @ 1.. = PENDING.load(Ordering::SeqCst) {
+            // SAFETY: our own child.
+            unsafe { libc::kill(pid, signal) };
+        }
         let mut stdout = Vec::new();
         let read = child.stdout.take().expect("piped").read_to_end(&mut stdout);
         let mut status = 0;
         // SAFETY: an all-zero rusage is valid; wait4 fills it for our own child.
         let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-        // SAFETY: waits for the child spawned above, which nothing else reaps.
-        let waited = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+        let waited = loop {
+            // SAFETY: waits for the child spawned above, which nothing else reaps.
+            let waited = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+            if waited >= 0 || std::io::Error::last_os_error().kind() != ErrorKind::Interrupted {
+                break waited;
+            }
+        };
         let error = std::io::Error::last_os_error();
         CHILD.store(0, Ordering::SeqCst);
-        read.context("reading the experiment's result")?;
         if waited != pid {
             return Err(error).context("waiting for the experiment");
         }
+        read.context("reading the experiment's result")?;
+        interrupted()?;
         let faults = Faults {
             minflt: usage.ru_minflt as u64,
             majflt: usage.ru_majflt as u64,
@@ -112,12 +144,24 @@ impl Pressure {
     }
 }
 
-/// Termination signals passed on to the experiment's process until dropped.
-struct Forwarding {
-    previous: Vec<(libc::c_int, libc::sighandler_t)>,
+/// An error once a termination signal has arrived.
+fn interrupted() -> Result<()> {
+    match PENDING.load(Ordering::SeqCst) {
+        0 => Ok(()),
+        signal => bail!(
+            "the memory-pressure experiment was stopped by signal {signal}; swap and its \
+             memory cgroup are put back"
+        ),
+    }
 }
 
-extern "C" fn pass_on(signal: libc::c_int) {
+/// Termination signals kept (and passed on to the experiment's process) until dropped.
+struct Forwarding {
+    previous: Vec<(Signal, SigAction)>,
+}
+
+extern "C" fn keep(signal: libc::c_int) {
+    PENDING.store(signal, Ordering::SeqCst);
     let child = CHILD.load(Ordering::SeqCst);
     if child > 0 {
         // SAFETY: kill is async-signal-safe.
@@ -126,25 +170,24 @@ extern "C" fn pass_on(signal: libc::c_int) {
 }
 
 impl Forwarding {
-    fn install() -> Self {
-        let previous = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP]
-            .into_iter()
-            .map(|s| {
-                // SAFETY: `pass_on` only reads an atomic and calls kill.
-                (s, unsafe {
-                    libc::signal(s, pass_on as *const () as libc::sighandler_t)
-                })
-            })
-            .collect();
-        Self { previous }
+    fn install() -> Result<Self> {
+        PENDING.store(0, Ordering::SeqCst);
+        // No SA_RESTART: a wait for the swap lock ends at the signal.
+        let action = SigAction::new(SigHandler::Handler(keep), SaFlags::empty(), SigSet::empty());
+        let mut previous = Vec::new();
+        for signal in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+            // SAFETY: `keep` only stores to atomics and calls kill.
+            previous.push((signal, unsafe { sigaction(signal, &action) }?));
+        }
+        Ok(Self { previous })
     }
 }
 
 impl Drop for Forwarding {
     fn drop(&mut self) {
-        for &(signal, handler) in &self.previous {
-            // SAFETY: puts back the handler that was there before `install`.
-            unsafe { libc::signal(signal, handler) };
+        for (signal, action) in &self.previous {
+            // SAFETY: puts back the action that was there before `install`.
+            let _ = unsafe { sigaction(*signal, action) };
         }
     }
 }

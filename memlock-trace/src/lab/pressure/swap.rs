@@ -65,9 +65,12 @@ impl Swap {
             .write(true)
             .open(LOCK)
             .with_context(|| format!("opening {LOCK}"))?;
-        // SAFETY: flock on a descriptor this function owns.
+        // SAFETY: flock on a descriptor this function owns. A signal ends the wait (EINTR).
         if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
-            bail!("flock {LOCK}: {}", std::io::Error::last_os_error());
+            bail!(
+                "waiting for another memory-pressure experiment to end (flock {LOCK}): {}",
+                std::io::Error::last_os_error()
+            );
         }
         let areas = areas()?;
         if let Some(left) = left_behind() {

@@ -12,6 +12,7 @@ use super::{
 };
 use crate::{
     event::Syscall,
+    lab::pressure::cgroup::read_stat,
     procfs::{PAGE_SIZE, read_smaps},
     vma::{Activity, ChangeCounts, VmaCall, VmaHooks},
 };
@@ -277,6 +278,39 @@ fn compare_proc(cp: &Checkpoint, view: &ProcView, shows_lf: bool, bad: &mut Vec<
             view.thp_kb
         ));
     }
+    if let Some(want) = &cp.pressure {
+        if !within(view.swap_kb, want.swap_kb) {
+            bad.push(format!(
+                "smaps Swap {}k, expected {}",
+                view.swap_kb,
+                bounds(want.swap_kb)
+            ));
+        }
+        match view.unevictable_kb {
+            Some(kb) if within(kb, want.unevictable_kb) => {}
+            Some(kb) => bad.push(format!(
+                "memory cgroup unevictable {kb}k, expected {}",
+                bounds(want.unevictable_kb)
+            )),
+            None => bad.push(format!(
+                "no unevictable in {}/memory.stat",
+                want.cgroup.display()
+            )),
+        }
+    }
+}
+
+fn within(kb: u64, (low, high): (u64, u64)) -> bool {
+    (low..=high).contains(&kb)
+}
+
+/// `0k`, `4-8192k`, `>=8192k`, as the other figures of a step are written.
+fn bounds((low, high): (u64, u64)) -> String {
+    match (low, high) {
+        (low, high) if low == high => format!("{low}k"),
+        (low, u64::MAX) => format!(">={low}k"),
+        (low, high) => format!("{low}-{high}k"),
+    }
 }
 
 /// The region as /proc/PID/task/TID/{maps,smaps} show it.
@@ -286,6 +320,9 @@ struct ProcView {
     locked_kb: u64,
     rss_kb: u64,
     thp_kb: u64,
+    swap_kb: u64,
+    /// The memory cgroup's `unevictable`, for a step under pressure.
+    unevictable_kb: Option<u64>,
 }
 
 impl ProcView {
@@ -299,6 +336,8 @@ impl ProcView {
             locked_kb: 0,
             rss_kb: 0,
             thp_kb: 0,
+            swap_kb: 0,
+            unevictable_kb: None,
         };
         for e in smaps.iter().filter(|e| e.mapping.overlaps(cp.window)) {
             view.layout.push(Piece {
@@ -311,6 +350,12 @@ impl ProcView {
             view.locked_kb += e.locked_kb;
             view.rss_kb += e.rss_kb;
             view.thp_kb += e.mapping.pages.thp_kb;
+            view.swap_kb += e.swap_kb;
+        }
+        if let Some(p) = &cp.pressure {
+            view.unevictable_kb = read_stat(&p.cgroup)?
+                .get("unevictable")
+                .map(|bytes| bytes / 1024);
         }
         view.maps_ranges = maps
             .into_iter()
@@ -333,6 +378,14 @@ fn expected_words(cp: &Checkpoint) -> String {
     }
     if let Some(thp) = cp.thp_kb {
         let _ = write!(s, " AnonHugePages {thp}k");
+    }
+    if let Some(p) = &cp.pressure {
+        let _ = write!(
+            s,
+            " Swap {}; cgroup unevictable {}",
+            bounds(p.swap_kb),
+            bounds(p.unevictable_kb)
+        );
     }
     if let Some(c) = &cp.calls {
         let _ = write!(s, "; {}", calls_str(c));
@@ -409,12 +462,18 @@ fn traced_words(
 fn proc_words(cp: &Checkpoint, proc: &Result<ProcView>, shows_lf: bool) -> String {
     match proc {
         Ok(v) => format!(
-            "{} Locked {}k Rss {}k{}{}",
+            "{} Locked {}k Rss {}k{}{}{}",
             layout_str(cp.window, &v.layout),
             v.locked_kb,
             v.rss_kb,
             cp.thp_kb
                 .map_or(String::new(), |_| format!(" AnonHugePages {}k", v.thp_kb)),
+            cp.pressure.as_ref().map_or(String::new(), |_| format!(
+                " Swap {}k; cgroup unevictable {}",
+                v.swap_kb,
+                v.unevictable_kb
+                    .map_or_else(|| "unknown".into(), |kb| format!("{kb}k"))
+            )),
             if shows_lf {
                 ""
             } else {

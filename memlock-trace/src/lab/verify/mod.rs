@@ -14,6 +14,7 @@
 //! is the child's side of the pipe and `scenarios` the steps it takes.
 
 mod checks;
+mod pressure;
 mod runner;
 mod scenarios;
 mod subject;
@@ -104,6 +105,19 @@ pub struct Checkpoint {
     /// Whether a VMA covering the region must (true) or must not (false) have been stored
     /// already VM_LOCKED by an `mmap` (mlockall(MCL_FUTURE)).
     pub born_locked: Option<bool>,
+    /// Under memory pressure: what smaps `Swap:` and the memory cgroup must show.
+    pub pressure: Option<PressureExpect>,
+}
+
+/// What a region under memory pressure must show, each as inclusive bounds in kB (`(0, 0)`:
+/// none; `(4, size)`: some).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PressureExpect {
+    /// smaps `Swap:` over the region.
+    pub swap_kb: (u64, u64),
+    /// The subject's memory cgroup directory, and its `memory.stat` `unevictable`.
+    pub cgroup: std::path::PathBuf,
+    pub unevictable_kb: (u64, u64),
 }
 
 /// Subject to parent.
@@ -189,6 +203,10 @@ pub fn run_suite() -> Result<Report> {
     for (name, scenario) in SCENARIOS {
         runner.scenario(name, *scenario)?;
     }
+    // Last, inside the swap and memory cgroup it needs for as long as it runs.
+    let environment = pressure::Environment::set_up()?;
+    runner.scenario(pressure::NAME, pressure::scenario)?;
+    drop(environment);
     let steps = runner.results;
     let failed = steps.iter().filter(|r| !r.ok).count();
     Ok(Report {

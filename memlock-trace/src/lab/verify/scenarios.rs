@@ -39,14 +39,14 @@ pub(super) const RW: i32 = libc::PROT_READ | libc::PROT_WRITE;
 pub(super) const N: bool = false;
 pub(super) const Y: bool = true;
 
-fn mlock(addr: u64, pages: u64) -> Result<()> {
+pub(super) fn mlock(addr: u64, pages: u64) -> Result<()> {
     // SAFETY: mlock changes no memory contents, only whether the pages stay resident.
     syscall_ok("mlock", unsafe {
         libc::mlock(addr as *const libc::c_void, (pages * PAGE_SIZE) as usize)
     })
 }
 
-fn munlock(addr: u64, pages: u64) -> Result<()> {
+pub(super) fn munlock(addr: u64, pages: u64) -> Result<()> {
     // SAFETY: munlock changes no memory contents, only whether the pages stay resident.
     syscall_ok("munlock", unsafe {
         libc::munlock(addr as *const libc::c_void, (pages * PAGE_SIZE) as usize)
@@ -61,7 +61,7 @@ pub(super) fn calls(count: u32) -> ExpectCalls {
 }
 
 /// No mlock-family call between two checkpoints.
-fn no_calls() -> ExpectCalls {
+pub(super) fn no_calls() -> ExpectCalls {
     ExpectCalls {
         splits: Some(0),
         merges: Some(0),

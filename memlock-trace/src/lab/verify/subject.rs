@@ -142,6 +142,7 @@ impl Region {
             calls: None,
             locked_vm: None,
             born_locked: None,
+            pressure: None,
         }
     }
 }

@@ -88,7 +88,7 @@ impl Seen {
 
 /// A pass over memory: how long it took and the faults the thread took in it.
 #[derive(Clone, Copy, Debug, Serialize)]
-struct Pass {
+pub(crate) struct Pass {
     ns: u64,
     faults: Faults,
 }
@@ -158,7 +158,7 @@ fn stamp(region: &Region, index: usize, key: &[u8]) {
     }
 }
 
-fn madvise_cold(region: &Region) -> Result<()> {
+pub(crate) fn madvise_cold(region: &Region) -> Result<()> {
     // SAFETY: MADV_COLD changes no contents, only where the pages sit on the LRU lists.
     syscall_ok("madvise(MADV_COLD)", unsafe {
         libc::madvise(region.addr.cast(), region.len, libc::MADV_COLD)
@@ -184,7 +184,7 @@ const PRESSURE_PASSES: usize = 2;
 
 /// The fourth allocation: mapped and written page by page [`PRESSURE_PASSES`] times, kept
 /// until dropped.
-fn squeeze(mib: usize) -> Result<(Region, Vec<Pass>)> {
+pub(crate) fn squeeze(mib: usize) -> Result<(Region, Vec<Pass>)> {
     let region = Region::anonymous(mib * 256, RW, 0)?;
     let passes = (0..PRESSURE_PASSES)
         .map(|_| Pass::over(&region, true))
