@@ -29,11 +29,12 @@ fn run(args: &[&str]) -> (Option<i32>, String, String) {
     )
 }
 
-/// Exit 2 with one line on stderr, naming `needle`, and no panic.
+/// Exit 2 with one line on stderr, `memlock-trace: error: ...` naming `needle`, and no panic.
 fn assert_usage_error(args: &[&str], needle: &str) -> String {
     let (code, _, err) = run(args);
     assert_eq!(code, Some(2), "{args:?}: {err}");
     assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+    assert!(err.starts_with("memlock-trace: error: "), "{args:?}: {err}");
     assert!(
         err.contains(needle),
         "{args:?} does not name {needle:?}: {err}"
@@ -84,6 +85,40 @@ fn numbers_out_of_range_are_one_line_usage_errors() {
     let err = assert_usage_error(&["--max-targets", "4294967295"], "from 1 to 4194304");
     assert!(!err.contains("RLIMIT_MEMLOCK"), "{err}");
     assert_usage_error(&["--duration", "2e19"], "at most 1000000000");
+}
+
+#[test]
+fn a_negative_number_is_a_value_out_of_range_not_an_option() {
+    for (args, flag, range) in [
+        (&["-d", "-1"][..], "--duration", "greater than 0"),
+        (&["--duration", "-0.5"], "--duration", "greater than 0"),
+        (&["-i", "-2"], "--interval", "greater than 0"),
+        (&["-p", "-1"], "--pid", "from 1 to 4194304"),
+        (&["--top-mappings", "-3"], "--top-mappings", "from 0 to"),
+        (&["--sample", "-1"], "--sample", "from 1 to"),
+    ] {
+        let err = assert_usage_error(args, flag);
+        assert!(err.contains(range), "{args:?} names no range: {err}");
+        assert!(!err.contains("unknown option"), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn the_parsers_own_errors_are_the_tools_one_line() {
+    // clap's errors other than unknown options and bad values: a conflict, a missing
+    // requirement, a value not among the choices, a missing value.
+    for (args, needle) in [
+        (&["-t", "1", "-p", "1"][..], "cannot be used with"),
+        (&["-m", "-u"], "cannot be used with"),
+        (&["--stack-sample", "8"], "--stacks"),
+        (&["--events=bogus"], "bogus"),
+        (&["--fault-hooks", "nope"], "nope"),
+        (&["--duration"], "--duration"),
+        (&["--user", "nobody"], "COMMAND"),
+    ] {
+        let err = assert_usage_error(args, needle);
+        assert!(!err.contains("Usage:"), "{args:?}: {err}");
+    }
 }
 
 #[test]
