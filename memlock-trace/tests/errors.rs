@@ -279,6 +279,40 @@ fn exit_codes_tell_the_tool_from_the_command() {
 }
 
 #[test]
+fn a_duration_stops_the_launched_command_as_timeout_does() {
+    require_privileges();
+    let start = Instant::now();
+    let (code, out, err) = run(&["-d", "1", "--", "sleep", "30"]);
+    // timeout(1): SIGTERM to the command at the end of the duration, then 124.
+    assert_eq!(code, Some(124), "{err}");
+    assert!(
+        start.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        start.elapsed()
+    );
+    let said: Vec<&str> = err.lines().filter(|l| l.contains("SIGTERM")).collect();
+    assert_eq!(said.len(), 1, "one line says so: {err}");
+    let pid: u32 = said[0]
+        .split("(pid ")
+        .nth(1)
+        .and_then(|rest| rest.split(')').next())
+        .and_then(|pid| pid.parse().ok())
+        .unwrap_or_else(|| panic!("the line names the command's pid: {err}"));
+    assert!(said[0].contains("`sleep`"), "{err}");
+    // Waited for, so reaped: the pid is gone, not an orphan still sleeping.
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    assert!(
+        !stat.contains("(sleep)"),
+        "`sleep` (pid {pid}) is still running: {stat}"
+    );
+    assert!(out.contains("dropped events: 0"), "the summary: {out}");
+
+    // A command that exits within the duration keeps its own status.
+    let (code, _, err) = run(&["-q", "-d", "30", "--", "sh", "-c", "exit 3"]);
+    assert_eq!(code, Some(3), "{err}");
+}
+
+#[test]
 fn a_launched_command_dies_of_sigpipe_as_from_a_shell() {
     require_privileges();
     // With SIGPIPE left ignored (Rust's own setting), `yes` complains of EPIPE instead.

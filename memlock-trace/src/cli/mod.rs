@@ -61,7 +61,8 @@ pub struct TraceArgs {
     /// the whole session's summary at the end.
     #[arg(short = 'i', long, value_name = "SECS", value_parser = values::secs, allow_negative_numbers = true)]
     pub interval: Option<f64>,
-    /// Stop after SECS seconds.
+    /// Stop after SECS seconds. A launched command still running then is sent SIGTERM and
+    /// waited for, as `timeout(1)` does, and the exit status is 124.
     #[arg(short = 'd', long, value_name = "SECS", value_parser = values::secs, allow_negative_numbers = true)]
     pub duration: Option<f64>,
     /// INTERVAL as in libbpf-tools: `memlock-trace 1 5` prints five one-second intervals,
