@@ -313,6 +313,24 @@ fn timestamp_flag_stamps_every_event_line() {
     check_units(&text, made.len(), Some("us"));
 }
 
+/// Page counts say so in their headers: the syscall table's populated and locked columns
+/// are pages (as the event lines' `populated 8 pages`), beside KiB and MiB elsewhere.
+#[test]
+fn page_columns_name_their_unit() {
+    require_privileges();
+    let (out, made) = traced_syscalls(&["--fault-hooks", "off"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let header = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("syscall "))
+        .unwrap_or_else(|| panic!("no syscall table:\n{text}"));
+    assert!(
+        header.contains("populated pages") && header.contains("locked pages"),
+        "{header:?}"
+    );
+    check_units(&text, made.len(), None);
+}
+
 #[test]
 fn output_file_leaves_the_command_its_stdout() {
     require_privileges();
