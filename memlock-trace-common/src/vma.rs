@@ -235,6 +235,8 @@ pub struct StoreEvent {
     pub range: VmaRange,
     /// The maple tree function that stored it, NUL-terminated.
     pub func: [u8; STORE_FN_LEN],
+    /// The storing task's name (`task_struct.comm`), as every other event line shows it.
+    pub comm: [u8; crate::TASK_COMM_LEN],
 }
 
 /// One entry to or exit from a hooked kernel function.

@@ -20,7 +20,7 @@ use core::ffi::c_void;
 use aya_ebpf::{
     EbpfContext as _, Global,
     helpers::{
-        bpf_get_current_task_btf, bpf_probe_read_kernel_str_bytes,
+        bpf_get_current_comm, bpf_get_current_task_btf, bpf_probe_read_kernel_str_bytes,
         generated::{
             self as helper, bpf_find_vma, bpf_get_func_arg, bpf_get_func_ret, bpf_task_pt_regs,
         },
@@ -344,6 +344,7 @@ pub fn vma_ma_write(ctx: BtfTracePointContext) -> i32 {
         vma: val,
         range,
         func: [0; _],
+        comm: bpf_get_current_comm().unwrap_or([0; _]),
     };
     // SAFETY: the helper fails rather than faults on a bad `func` (the tracepoint's
     // `const char *fn`), and writes at most `event.func.len()` bytes.

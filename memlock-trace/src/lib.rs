@@ -55,6 +55,9 @@ pub mod lab;
 pub mod exit {
     /// What the user asked for is wrong (clap's usage errors, a bad path or pid).
     pub const USAGE: u8 = 2;
+    /// `--duration` (or `INTERVAL COUNT`) ended while the launched command ran: it was sent
+    /// SIGTERM and waited for, and this is the status, as timeout(1)'s.
+    pub const TIMED_OUT: u8 = 124;
     /// The tool itself failed: loading, reading, writing its output.
     pub const FAILURE: u8 = 125;
     /// The command to trace was found but could not be executed.

@@ -84,27 +84,48 @@ fn exit_code(error: &anyhow::Error) -> u8 {
     }
 }
 
-/// Parses the command line. clap renders its own errors, except two it gets wrong here: a
-/// value out of range is one line, as the tool's other usage errors; an unknown option
-/// gets no "use `-- -X`" tip, since `--` starts the command to trace.
+/// Parses the command line. clap renders help and version; every usage error is one line
+/// `memlock-trace: error: ...`, exit 2, as the tool's own (clap's `error:` with its usage
+/// block would be the one error not saying whose it is). A value out of range names the
+/// flag and what is accepted; an unknown option gets no "use `-- -X`" tip, since `--`
+/// starts the command to trace.
 fn parse_cli() -> Result<Cli, ExitCode> {
     let error = match Cli::try_parse() {
         Ok(cli) => return Ok(cli),
         Err(error) => error,
     };
     let message = match error.kind() {
-        ErrorKind::ValueValidation => error
-            .to_string()
-            .lines()
-            .next()
-            .unwrap_or_default()
-            .trim_start_matches("error: ")
-            .to_string(),
+        ErrorKind::DisplayHelp
+        | ErrorKind::DisplayVersion
+        | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => error.exit(),
         ErrorKind::UnknownArgument => unknown_argument(&error),
-        _ => error.exit(),
+        ErrorKind::ValueValidation => one_line(&error),
+        _ => format!("{}: see `memlock-trace --help`", one_line(&error)),
     };
     eprintln!("memlock-trace: error: {message}");
     Err(ExitCode::from(exit::USAGE))
+}
+
+/// clap's message on one line: its first paragraph (a list of arguments folded in) and its
+/// tips; the usage block is left out.
+fn one_line(error: &clap::Error) -> String {
+    let text = error.to_string();
+    let mut paragraphs = text.split("\n\n").map(|p| {
+        p.lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .collect::<Vec<_>>()
+            .join(" ")
+    });
+    let mut message = paragraphs
+        .next()
+        .unwrap_or_default()
+        .trim_start_matches("error: ")
+        .to_string();
+    for tip in paragraphs.filter_map(|p| p.strip_prefix("tip: ").map(str::to_string)) {
+        message.push_str(&format!(" ({tip})"));
+    }
+    message
 }
 
 fn unknown_argument(error: &clap::Error) -> String {

@@ -83,3 +83,46 @@ fn a_process_in_a_fresh_cgroup_is_reported_with_its_path() {
     assert!(text.lines().any(|l| l == header), "{header:?} in\n{text}");
     assert!(!text.contains("\npid "), "no per-process blocks:\n{text}");
 }
+
+/// `--by cgroup`'s table in the units of every other table: latency as the syscall table
+/// shows it (`us`/`ms`, not raw ns), page counts named pages. The workload stays in the
+/// test's own cgroup (no cgroup is made).
+#[test]
+fn cgroup_tables_use_the_units_of_the_others() {
+    require_privileges();
+    let out = run(&[
+        "--by",
+        "cgroup",
+        "--fault-hooks",
+        "off",
+        "--",
+        BIN,
+        "workload",
+        "syscalls",
+        "--report",
+        "/dev/null",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let header = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("syscall "))
+        .unwrap_or_else(|| panic!("no syscall table:\n{text}"));
+    assert!(
+        header.contains("populated pages") && header.contains("locked pages"),
+        "{header:?}"
+    );
+    let rows: Vec<&str> = text
+        .lines()
+        .filter(|l| l.trim_start().starts_with("mlock "))
+        .collect();
+    assert!(!rows.is_empty(), "{text}");
+    for row in rows {
+        // syscall, calls, populated, locked, max latency, errors...
+        let latency = row.split_whitespace().nth(4).unwrap();
+        assert!(
+            (latency.ends_with("us") || latency.ends_with("ms"))
+                && latency[..latency.len() - 2].parse::<f64>().is_ok(),
+            "{row}"
+        );
+    }
+}

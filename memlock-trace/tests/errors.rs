@@ -29,11 +29,12 @@ fn run(args: &[&str]) -> (Option<i32>, String, String) {
     )
 }
 
-/// Exit 2 with one line on stderr, naming `needle`, and no panic.
+/// Exit 2 with one line on stderr, `memlock-trace: error: ...` naming `needle`, and no panic.
 fn assert_usage_error(args: &[&str], needle: &str) -> String {
     let (code, _, err) = run(args);
     assert_eq!(code, Some(2), "{args:?}: {err}");
     assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+    assert!(err.starts_with("memlock-trace: error: "), "{args:?}: {err}");
     assert!(
         err.contains(needle),
         "{args:?} does not name {needle:?}: {err}"
@@ -84,6 +85,40 @@ fn numbers_out_of_range_are_one_line_usage_errors() {
     let err = assert_usage_error(&["--max-targets", "4294967295"], "from 1 to 4194304");
     assert!(!err.contains("RLIMIT_MEMLOCK"), "{err}");
     assert_usage_error(&["--duration", "2e19"], "at most 1000000000");
+}
+
+#[test]
+fn a_negative_number_is_a_value_out_of_range_not_an_option() {
+    for (args, flag, range) in [
+        (&["-d", "-1"][..], "--duration", "greater than 0"),
+        (&["--duration", "-0.5"], "--duration", "greater than 0"),
+        (&["-i", "-2"], "--interval", "greater than 0"),
+        (&["-p", "-1"], "--pid", "from 1 to 4194304"),
+        (&["--top-mappings", "-3"], "--top-mappings", "from 0 to"),
+        (&["--sample", "-1"], "--sample", "from 1 to"),
+    ] {
+        let err = assert_usage_error(args, flag);
+        assert!(err.contains(range), "{args:?} names no range: {err}");
+        assert!(!err.contains("unknown option"), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn the_parsers_own_errors_are_the_tools_one_line() {
+    // clap's errors other than unknown options and bad values: a conflict, a missing
+    // requirement, a value not among the choices, a missing value.
+    for (args, needle) in [
+        (&["-t", "1", "-p", "1"][..], "cannot be used with"),
+        (&["-m", "-u"], "cannot be used with"),
+        (&["--stack-sample", "8"], "--stacks"),
+        (&["--events=bogus"], "bogus"),
+        (&["--fault-hooks", "nope"], "nope"),
+        (&["--duration"], "--duration"),
+        (&["--user", "nobody"], "COMMAND"),
+    ] {
+        let err = assert_usage_error(args, needle);
+        assert!(!err.contains("Usage:"), "{args:?}: {err}");
+    }
 }
 
 #[test]
@@ -241,6 +276,40 @@ fn exit_codes_tell_the_tool_from_the_command() {
     assert_eq!(code, Some(3), "{err}");
     let (code, _, err) = run(&["-q", "--", "sh", "-c", "kill -TERM $$"]);
     assert_eq!(code, Some(128 + 15), "{err}");
+}
+
+#[test]
+fn a_duration_stops_the_launched_command_as_timeout_does() {
+    require_privileges();
+    let start = Instant::now();
+    let (code, out, err) = run(&["-d", "1", "--", "sleep", "30"]);
+    // timeout(1): SIGTERM to the command at the end of the duration, then 124.
+    assert_eq!(code, Some(124), "{err}");
+    assert!(
+        start.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        start.elapsed()
+    );
+    let said: Vec<&str> = err.lines().filter(|l| l.contains("SIGTERM")).collect();
+    assert_eq!(said.len(), 1, "one line says so: {err}");
+    let pid: u32 = said[0]
+        .split("(pid ")
+        .nth(1)
+        .and_then(|rest| rest.split(')').next())
+        .and_then(|pid| pid.parse().ok())
+        .unwrap_or_else(|| panic!("the line names the command's pid: {err}"));
+    assert!(said[0].contains("`sleep`"), "{err}");
+    // Waited for, so reaped: the pid is gone, not an orphan still sleeping.
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    assert!(
+        !stat.contains("(sleep)"),
+        "`sleep` (pid {pid}) is still running: {stat}"
+    );
+    assert!(out.contains("dropped events: 0"), "the summary: {out}");
+
+    // A command that exits within the duration keeps its own status.
+    let (code, _, err) = run(&["-q", "-d", "30", "--", "sh", "-c", "exit 3"]);
+    assert_eq!(code, Some(3), "{err}");
 }
 
 #[test]

@@ -313,6 +313,73 @@ fn timestamp_flag_stamps_every_event_line() {
     check_units(&text, made.len(), Some("us"));
 }
 
+/// Page counts say so in their headers: the syscall table's populated and locked columns
+/// are pages (as the event lines' `populated 8 pages`), beside KiB and MiB elsewhere.
+#[test]
+fn page_columns_name_their_unit() {
+    require_privileges();
+    let (out, made) = traced_syscalls(&["--fault-hooks", "off"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let header = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("syscall "))
+        .unwrap_or_else(|| panic!("no syscall table:\n{text}"));
+    assert!(
+        header.contains("populated pages") && header.contains("locked pages"),
+        "{header:?}"
+    );
+    check_units(&text, made.len(), None);
+}
+
+/// The VMA stores of calls outside the mlock family, as strace writes those calls: munmap
+/// with its two arguments, the task's name in the comm column and in the JSON record.
+#[test]
+fn vma_store_lines_name_the_task_and_the_calls_own_arguments() {
+    require_privileges();
+    let (out, _) = traced_syscalls(&["--events", "--all-vma-changes", "--fault-hooks", "off"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let stores: Vec<&str> = text.lines().filter(|l| l.contains(": ma_write ")).collect();
+    let munmaps: Vec<&str> = stores
+        .iter()
+        .copied()
+        .filter(|l| l.contains(" munmap("))
+        .collect();
+    assert!(!munmaps.is_empty(), "no munmap store:\n{text}");
+    for line in &munmaps {
+        let args = line.split(" munmap(").nth(1).unwrap();
+        let args = &args[..args.find(')').unwrap()];
+        assert_eq!(args.split(", ").count(), 2, "munmap(addr, len): {line}");
+    }
+    for line in &stores {
+        // `PID/TID COMM CALL: ma_write ...`
+        assert_eq!(
+            line.split_whitespace().nth(1),
+            Some("memlock-trace"),
+            "the comm column: {line}"
+        );
+    }
+
+    let (out, _) = traced_syscalls(&[
+        "--json",
+        "--events",
+        "--all-vma-changes",
+        "--fault-hooks",
+        "off",
+    ]);
+    let lines = json_lines(&String::from_utf8_lossy(&out.stdout));
+    let stores: Vec<&Value> = lines.iter().filter(|l| l["type"] == "vma_store").collect();
+    assert!(!stores.is_empty(), "no vma_store record");
+    for store in stores {
+        assert_eq!(store["comm"], "memlock-trace", "{store}");
+        if let Some(call) = store["syscall"]
+            .as_str()
+            .filter(|c| c.starts_with("munmap("))
+        {
+            assert_eq!(call.matches(", ").count(), 1, "{store}");
+        }
+    }
+}
+
 #[test]
 fn output_file_leaves_the_command_its_stdout() {
     require_privileges();

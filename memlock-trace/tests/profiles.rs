@@ -452,3 +452,29 @@ fn a_missing_perf_map_is_reported() {
     assert_eq!(&gz[..2], [0x1f, 0x8b], "gzip");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// A profile file implies `--stacks`, as `perf script report flamegraph` works from the
+/// call graphs it needs: `--flamegraph FILE` alone draws the kept stacks.
+#[test]
+fn a_flamegraph_alone_keeps_the_stacks_it_draws() {
+    require_privileges();
+    let dir = scratch("profiles-implied");
+    let svg = dir.join("faults.svg");
+    let out = Command::new(BIN)
+        .args(["--stack-sample", "1", "--flamegraph"])
+        .arg(&svg)
+        .args(["--", BIN, "workload", "syscalls", "--report", "/dev/null"])
+        .output()
+        .expect("memlock-trace");
+    let text = ok(&out, "--flamegraph without --stacks");
+    assert!(
+        text.contains("user call site (innermost first)"),
+        "the stacks were kept: {text}"
+    );
+    let titles = svg_titles(&svg);
+    assert!(
+        titles.iter().any(|t| t.starts_with("memlock-trace")),
+        "the workload's stacks are drawn: {titles:?}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}

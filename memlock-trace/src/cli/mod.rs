@@ -8,7 +8,7 @@ mod profile;
 #[cfg(test)]
 mod tests;
 
-use clap::{Args, Parser, ValueEnum};
+use clap::{ArgGroup, Args, Parser, ValueEnum};
 use std::{ffi::OsString, path::PathBuf};
 
 pub use commands::Command;
@@ -41,27 +41,38 @@ pub struct Cli {
 }
 
 /// `memlock-trace [OPTIONS] [-- COMMAND ARGS...]`: system-wide unless `-p` or a command.
+/// `stack_sources`: what keeps stacks (`--stacks`, or a profile file, which implies it).
 #[derive(Debug, Args, Default, Clone)]
+#[command(group(
+    ArgGroup::new("stack_sources")
+        .args(["stacks", "folded", "flamegraph", "pprof"])
+        .multiple(true)
+))]
 pub struct TraceArgs {
     /// Trace this running process and all its threads (repeatable).
-    #[arg(short = 'p', long = "pid", value_name = "PID")]
+    #[arg(short = 'p', long = "pid", value_name = "PID", value_parser = int(1, values::MAX_PIDS),
+          allow_negative_numbers = true)]
     pub pids: Vec<u32>,
     /// Trace only this thread (its process is traced, its other threads are left out).
-    #[arg(short = 't', long = "tid", value_name = "TID", conflicts_with_all = ["pids", "command"])]
+    #[arg(short = 't', long = "tid", value_name = "TID", conflicts_with_all = ["pids", "command"],
+          value_parser = int(1, values::MAX_PIDS), allow_negative_numbers = true)]
     pub tid: Option<u32>,
     /// Print what happened in each SECS-second interval (counts reset per interval), then
     /// the whole session's summary at the end.
-    #[arg(short = 'i', long, value_name = "SECS", value_parser = values::secs)]
+    #[arg(short = 'i', long, value_name = "SECS", value_parser = values::secs, allow_negative_numbers = true)]
     pub interval: Option<f64>,
-    /// Stop after SECS seconds.
-    #[arg(short = 'd', long, value_name = "SECS", value_parser = values::secs)]
+    /// Stop after SECS seconds. A launched command still running then is sent SIGTERM and
+    /// waited for, as `timeout(1)` does, and the exit status is 124.
+    #[arg(short = 'd', long, value_name = "SECS", value_parser = values::secs, allow_negative_numbers = true)]
     pub duration: Option<f64>,
     /// INTERVAL as in libbpf-tools: `memlock-trace 1 5` prints five one-second intervals,
     /// then exits.
-    #[arg(value_name = "INTERVAL", value_parser = positional_secs, conflicts_with = "interval")]
+    #[arg(value_name = "INTERVAL", value_parser = positional_secs, conflicts_with = "interval",
+          allow_negative_numbers = true)]
     pub interval_positional: Option<f64>,
     /// Number of intervals to print before exiting.
-    #[arg(value_name = "COUNT", requires = "interval_positional", value_parser = positive_count)]
+    #[arg(value_name = "COUNT", requires = "interval_positional", value_parser = positive_count,
+          allow_negative_numbers = true)]
     pub count: Option<u64>,
     /// Log2 histograms of each call's latency and of fault latency per class, per process
     /// (and per thread with --per-thread).
@@ -119,30 +130,34 @@ pub struct TraceArgs {
     #[arg(long)]
     pub per_thread: bool,
     /// With --events, print one page fault in N.
-    #[arg(long, value_name = "N", default_value_t = 1, value_parser = int(1, u32::MAX))]
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = int(1, u32::MAX),
+          allow_negative_numbers = true)]
     pub sample: u32,
     /// Time one page fault in N, counts staying exact. Tracepoint hooks: with -p or a command
     /// only, per process (the completion event runs its program once per N faults);
     /// fentry/kprobe: any targets (the programs count every fault and read the clock for one
     /// in N of each thread's).
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = int(1, u32::MAX),
-          conflicts_with = "count_only")]
+          conflicts_with = "count_only", allow_negative_numbers = true)]
     pub latency_sample: u32,
     /// Mappings listed per process, by page faults.
-    #[arg(long, value_name = "N", default_value_t = 10, value_parser = int(0, MAX_TOP))]
+    #[arg(long, value_name = "N", default_value_t = 10, value_parser = int(0, MAX_TOP),
+          allow_negative_numbers = true)]
     pub top_mappings: usize,
     /// Keep user call stacks, unwound with each module's unwind tables (as perf's
     /// --call-graph dwarf) and symbolized: every mlock-family call's call site, and the
     /// stack of one page fault in --stack-sample (pages populated inside mlock,
-    /// MAP_POPULATE, ... count at the call site).
+    /// MAP_POPULATE, ... count at the call site). Implied by --folded, --flamegraph and
+    /// --pprof, as `perf script report flamegraph` works from the call graphs it needs.
     #[arg(long)]
     pub stacks: bool,
     /// With --stacks: one page fault in N keeps its stack (1: every fault).
     #[arg(long, value_name = "N", default_value_t = crate::faults::DEFAULT_STACK_SAMPLE,
-          requires = "stacks", value_parser = int(1, u32::MAX))]
+          requires = "stack_sources", value_parser = int(1, u32::MAX), allow_negative_numbers = true)]
     pub stack_sample: u32,
     /// Stacks listed per process with --stacks, by page faults.
-    #[arg(long, value_name = "N", default_value_t = 10, requires = "stacks", value_parser = int(0, MAX_TOP))]
+    #[arg(long, value_name = "N", default_value_t = 10, requires = "stack_sources",
+          value_parser = int(0, MAX_TOP), allow_negative_numbers = true)]
     pub stacks_top: usize,
     #[command(flatten)]
     pub profile: ProfileArgs,
@@ -203,6 +218,12 @@ impl TraceArgs {
         }
     }
 
+    /// `--stacks`, or a profile file (`--folded`, `--flamegraph`, `--pprof`), which implies
+    /// it.
+    pub fn keeps_stacks(&self) -> bool {
+        self.stacks || self.profile.any_file()
+    }
+
     pub fn syscall_events(&self) -> bool {
         matches!(self.events, Some(EventKinds::All | EventKinds::Syscalls))
     }
@@ -221,7 +242,7 @@ impl TraceArgs {
             sample_every: self.sample.max(1),
             latency_sample: self.latency_sample.max(1),
             top_mappings: self.top_mappings,
-            stacks: self.stacks,
+            stacks: self.keeps_stacks(),
             stack_sample: self.stack_sample,
             top_stacks: self.stacks_top,
             classic_tracepoints: self.classic_tracepoints,

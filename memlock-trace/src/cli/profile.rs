@@ -8,19 +8,19 @@ use crate::profile::Weight;
 
 #[derive(Debug, Args, Default, Clone)]
 pub struct ProfileArgs {
-    /// With --stacks: write the kept stacks to FILE as folded lines, as stackcollapse-perf.pl
+    /// Write the kept stacks (implies --stacks) to FILE as folded lines, as stackcollapse-perf.pl
     /// writes them (process name, then frames root first, `;`-separated, the weight last),
     /// for flamegraph.pl, inferno and speedscope.
-    #[arg(long, value_name = "FILE", requires = "stacks")]
+    #[arg(long, value_name = "FILE")]
     pub folded: Option<PathBuf>,
-    /// With --stacks: draw the kept stacks as a flame graph SVG (flamegraph.pl's `mem`
+    /// Draw the kept stacks (implies --stacks) as a flame graph SVG (flamegraph.pl's `mem`
     /// palette, widths in pages, calls or bytes per --profile-weight).
-    #[arg(long, value_name = "FILE", requires = "stacks")]
+    #[arg(long, value_name = "FILE")]
     pub flamegraph: Option<PathBuf>,
-    /// With --stacks: write the kept stacks as a pprof profile (gzipped profile.proto) for
+    /// Write the kept stacks (implies --stacks) as a pprof profile (gzipped profile.proto) for
     /// `go tool pprof`, Grafana Pyroscope and Parca: sample types faults and bytes (calls and
     /// locked bytes for the call sites).
-    #[arg(long, value_name = "FILE", requires = "stacks")]
+    #[arg(long, value_name = "FILE")]
     pub pprof: Option<PathBuf>,
     /// What the profile files weigh: fault stacks by faults (pages) or by bytes faulted in,
     /// mlock-family call sites by calls or by bytes locked.
@@ -29,6 +29,11 @@ pub struct ProfileArgs {
 }
 
 impl ProfileArgs {
+    /// Whether any profile file was asked for (each implies `--stacks`).
+    pub fn any_file(&self) -> bool {
+        self.folded.is_some() || self.flamegraph.is_some() || self.pprof.is_some()
+    }
+
     /// The files asked for, created now (see [`crate::profile::ProfileFiles::open`]).
     pub fn open(&self) -> anyhow::Result<crate::profile::ProfileFiles> {
         crate::profile::ProfileFiles::open(

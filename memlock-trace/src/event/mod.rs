@@ -15,6 +15,7 @@ use crate::output::Outside;
 pub use fault::FaultRecord;
 pub use syscall::{
     MCL_CURRENT, MCL_FUTURE, MCL_ONFAULT, MLOCK_ONFAULT, Syscall, SyscallRecord, errno_name,
+    flag_names,
 };
 pub use vma::VmaRecord;
 

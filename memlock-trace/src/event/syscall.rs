@@ -72,7 +72,9 @@ impl Syscall {
     }
 }
 
-fn flag_names(flags: u64, known: &[(u64, &str)]) -> String {
+/// `PROT_READ|PROT_WRITE`, `MAP_PRIVATE|0x40000`: the bits of `flags` named by `known`, the
+/// rest in hex (`0` when none is set).
+pub fn flag_names(flags: u64, known: &[(u64, &str)]) -> String {
     if flags == 0 {
         return "0".into();
     }

@@ -6,7 +6,10 @@ use std::{collections::BTreeMap, fmt::Write as _};
 use serde::Serialize;
 
 use super::process_summary::ProcessSummary;
-use crate::{output::Outside, process::cgroup::CgroupInfo};
+use crate::{
+    output::{Outside, Unit},
+    process::cgroup::CgroupInfo,
+};
 
 /// One cgroup's processes, added up.
 #[derive(Clone, Debug, Default, Serialize)]
@@ -65,8 +68,14 @@ pub fn by_cgroup(processes: &[ProcessSummary]) -> Vec<CgroupSummary> {
     out
 }
 
-/// The text blocks of `--by cgroup`.
-pub fn text(out: &mut String, groups: &[CgroupSummary]) {
+/// The text blocks of `--by cgroup`; the latency column in `unit`, fitted to the column
+/// over every cgroup (`-m`/`-u` fix it), as the per-process tables show theirs.
+pub fn text(out: &mut String, groups: &[CgroupSummary], unit: Unit) {
+    let unit = unit.fit(
+        groups
+            .iter()
+            .flat_map(|g| g.syscalls.values().map(|s| s.max_latency_ns)),
+    );
     for g in groups {
         let name = g.cgroup.as_ref().map_or_else(
             || "cgroup unknown".to_string(),
@@ -115,8 +124,8 @@ pub fn text(out: &mut String, groups: &[CgroupSummary]) {
         if !g.syscalls.is_empty() {
             let _ = writeln!(
                 out,
-                "  {:<11} {:>9}  {:>10} {:>10}  {:>12}  errors",
-                "syscall", "calls", "populated", "locked", "max latency"
+                "  {:<11} {:>9}  {:>16} {:>13}  {:>11}  errors",
+                "syscall", "calls", "populated pages", "locked pages", "max latency"
             );
         }
         for (name, s) in &g.syscalls {
@@ -131,8 +140,11 @@ pub fn text(out: &mut String, groups: &[CgroupSummary]) {
             };
             let _ = writeln!(
                 out,
-                "  {name:<11} {:>9}  {:>10} {:>+10}  {:>10}ns  {errors}",
-                s.count, s.pages_populated, s.pages_locked, s.max_latency_ns
+                "  {name:<11} {:>9}  {:>16} {:>+13}  {:>11}  {errors}",
+                s.count,
+                s.pages_populated,
+                s.pages_locked,
+                unit.format(s.max_latency_ns)
             );
         }
     }
@@ -198,7 +210,7 @@ mod tests {
         assert_eq!((mlock.count, mlock.errors["ENOMEM"]), (15, 2));
         assert_eq!((mlock.pages_locked, mlock.max_latency_ns), (15, 2000));
         let mut text_out = String::new();
-        text(&mut text_out, &groups);
+        text(&mut text_out, &groups, Unit::Auto);
         assert!(
             text_out.starts_with(
                 "cgroup /system.slice/db.service (unit db.service): 2 processes (db)\n"
@@ -209,5 +221,7 @@ mod tests {
             text_out.contains("cgroup unknown: 1 process (old)"),
             "{text_out}"
         );
+        // The latency in the unit the other tables use, not raw ns.
+        assert!(text_out.contains("      2.0us  ENOMEM x2"), "{text_out}");
     }
 }

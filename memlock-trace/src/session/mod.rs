@@ -2,21 +2,15 @@
 //! command exits, the duration is over, the targets exit or a signal arrives, then print
 //! the summary.
 
-use std::{
-    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
-    path::Path,
-    time::Duration,
-};
+use std::{os::fd::AsRawFd as _, path::Path, time::Duration};
 
 use anyhow::{Context as _, Result, anyhow};
-use tokio::{
-    io::unix::AsyncFd,
-    signal::unix::{SignalKind, signal},
-};
+use tokio::io::unix::AsyncFd;
 
 use self::{
     output::{IntervalState, Output, Scope, VmaOutput},
     production::{Production, give_back_freed_memory},
+    stop::{Stop, Stops, targets_ended},
     targets::{describe_targets, targets_are_specific, thread_group},
 };
 use crate::{
@@ -37,6 +31,7 @@ mod order;
 mod output;
 mod process_summary;
 mod production;
+mod stop;
 pub mod summary;
 mod targets;
 
@@ -84,17 +79,6 @@ fn load_tracer(targets: &Targets, options: Options) -> Result<Tracer> {
 fn too_complex(reason: &str) -> bool {
     reason.contains("kernel refused")
         && (reason.contains("(os error 7)") || reason.contains("too complex"))
-}
-
-/// Why tracing stopped.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Stop {
-    CommandExited(i32),
-    TargetsExited,
-    DurationOver,
-    /// `INTERVAL COUNT`: the COUNT intervals were printed.
-    CountDone,
-    Signal(&'static str),
 }
 
 /// Runs `memlock-trace [OPTIONS] [-- COMMAND]`; returns the process exit code (the launched
@@ -251,8 +235,7 @@ async fn event_loop(
     (started_ns, attached_ns): (u64, u64),
 ) -> Result<i32> {
     // Handlers first, then the "tracing" line: a Ctrl-C from then on always gets a summary.
-    let sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
-    let sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut stops = Stops::new(args.duration)?;
     if !args.quiet {
         eprintln!("memlock-trace: tracing {described}");
     }
@@ -355,8 +338,9 @@ async fn event_loop(
     // tells: mappings are then read when a summary is printed.
     let follow_mappings = targets_are_specific(&args) && tracer.fault_hooks.is_some();
     let mut mapping_ticker = tokio::time::interval(MAPPINGS_REFRESH);
-    let stop = wait_for_stop(&args, sigint, sigterm);
-    tokio::pin!(stop);
+    // Set when the session's time is up and the command was sent SIGTERM: it is waited
+    // for (and still traced), and the exit status is then timeout(1)'s 124.
+    let mut timed_out = false;
     let ended = targets_ended(&args, launched);
     tokio::pin!(ended);
     // --follow-children: once the command or the -p processes are gone, the session lasts
@@ -407,7 +391,14 @@ async fn event_loop(
                 if let Some(left) = intervals_left.as_mut() {
                     *left -= 1;
                     if *left == 0 {
-                        break Stop::CountDone;
+                        match launched.filter(|_| outlived.is_none()) {
+                            Some(pid) => {
+                                stop::terminate(pid, &args, Stop::CountDone);
+                                timed_out = true;
+                                ticker = None;
+                            }
+                            None => break Stop::CountDone,
+                        }
                     }
                 }
             }
@@ -433,10 +424,17 @@ async fn event_loop(
             _ = mapping_ticker.tick(), if follow_mappings => {
                 output.refresh_mappings(&tracer, MAPPINGS_REFRESH);
             }
-            reason = &mut stop => break reason?,
+            reason = stops.next() => match launched.filter(|_| outlived.is_none()) {
+                // As timeout(1): the command is stopped and waited for, not left running.
+                Some(pid) if reason == Stop::DurationOver => {
+                    stop::terminate(pid, &args, reason);
+                    timed_out = true;
+                }
+                _ => break reason,
+            },
             reason = &mut ended, if outlived.is_none() => {
                 let reason = reason?;
-                if !follow || tracer.live_targets() == 0 {
+                if timed_out || !follow || tracer.live_targets() == 0 {
                     break reason;
                 }
                 if !args.quiet {
@@ -509,56 +507,10 @@ async fn event_loop(
     // The summary is out: what is left is the kernel's unhooking, all at once.
     tracer.detach_all();
     Ok(match reason {
+        _ if timed_out => crate::exit::TIMED_OUT.into(),
         Stop::CommandExited(code) => code,
         _ => 0,
     })
-}
-
-/// Signals and `--duration`.
-async fn wait_for_stop(
-    args: &TraceArgs,
-    mut sigint: tokio::signal::unix::Signal,
-    mut sigterm: tokio::signal::unix::Signal,
-) -> Result<Stop> {
-    let duration = args.duration.map(Duration::from_secs_f64);
-    tokio::select! {
-        _ = sigint.recv() => Ok(Stop::Signal("SIGINT")),
-        _ = sigterm.recv() => Ok(Stop::Signal("SIGTERM")),
-        _ = async { tokio::time::sleep(duration.expect("guarded")).await }, if duration.is_some() => Ok(Stop::DurationOver),
-    }
-}
-
-/// The launched command exited, or every `-p` process did (never, for neither).
-async fn targets_ended(args: &TraceArgs, launched: Option<u32>) -> Result<Stop> {
-    if let Some(pid) = launched {
-        let code = tokio::task::spawn_blocking(move || launch::wait_exit(pid)).await??;
-        return Ok(Stop::CommandExited(code));
-    }
-    if args.pids.is_empty() {
-        return std::future::pending().await;
-    }
-    for &pid in &args.pids {
-        wait_pid_exit(pid).await?;
-    }
-    Ok(Stop::TargetsExited)
-}
-
-/// Resolves when process `pid` (not necessarily our child) exits, through a pidfd.
-async fn wait_pid_exit(pid: u32) -> Result<()> {
-    // SAFETY: pidfd_open takes integers and touches no memory of ours (nix has no wrapper).
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
-    if fd < 0 {
-        // ESRCH: it is already gone.
-        return Ok(());
-    }
-    // SAFETY: `fd` was just returned by pidfd_open, so it is open and owned by nothing else.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
-    // SAFETY: the OwnedFd stays open for the AsyncFd's lifetime.
-    let fd = unsafe { AsyncFd::register(fd) }
-        .map_err(std::io::Error::from)
-        .context("polling a pidfd")?;
-    let _ = fd.readable().await?;
-    Ok(())
 }
 
 #[cfg(test)]

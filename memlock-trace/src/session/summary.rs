@@ -135,7 +135,7 @@ pub fn summary_text(summary: &Summary, style: TextStyle) -> String {
         out.push_str("no mlock-family calls or page faults traced\n");
     }
     if let Some(groups) = &summary.cgroups {
-        super::groups::text(&mut out, groups);
+        super::groups::text(&mut out, groups, unit);
     }
     // `--by cgroup` replaces the per-process blocks.
     for p in summary

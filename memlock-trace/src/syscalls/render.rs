@@ -111,8 +111,8 @@ pub fn table(out: &mut String, syscalls: &BTreeMap<&'static str, SyscallSummary>
     ];
     let _ = writeln!(
         out,
-        "  {:<11} {:>7}  {:>9} {:>9} {:>9} {:>9}  {:>10} {:>10}  errors",
-        "syscall", "calls", "p50", "p90", "p99", "max", "populated", "locked"
+        "  {:<11} {:>7}  {:>9} {:>9} {:>9} {:>9}  {:>16} {:>13}  errors",
+        "syscall", "calls", "p50", "p90", "p99", "max", "populated pages", "locked pages"
     );
     for (name, s) in syscalls {
         let errors = if s.errors.is_empty() {
@@ -126,7 +126,7 @@ pub fn table(out: &mut String, syscalls: &BTreeMap<&'static str, SyscallSummary>
         };
         let _ = writeln!(
             out,
-            "  {:<11} {:>7}  {:>9} {:>9} {:>9} {:>9}  {:>10} {:>+10}  {}",
+            "  {:<11} {:>7}  {:>9} {:>9} {:>9} {:>9}  {:>16} {:>+13}  {}",
             name,
             s.count,
             units[0].format(s.latency_ns.p50),
@@ -165,8 +165,8 @@ const TEXT_FRAMES: usize = 16;
 pub fn call_sites_text(out: &mut String, sites: &[super::stacks::CallSite], indent: &str) {
     let _ = writeln!(
         out,
-        "{indent}  {:<10} {:>7} {:>10} {:>10}  user call site (innermost first)",
-        "syscall", "calls", "populated", "locked"
+        "{indent}  {:<10} {:>7} {:>16} {:>13}  user call site (innermost first)",
+        "syscall", "calls", "populated pages", "locked pages"
     );
     if sites.is_empty() {
         let _ = writeln!(out, "{indent}  (no call site recorded)");
@@ -179,7 +179,7 @@ pub fn call_sites_text(out: &mut String, sites: &[super::stacks::CallSite], inde
             (l, u) => format!("+{l}/-{u}"),
         };
         let mut figures = format!(
-            "{:<10} {:>7} {:>10} {:>10}",
+            "{:<10} {:>7} {:>16} {:>13}",
             site.syscall, site.calls, site.pages_populated, locked
         );
         let blank = " ".repeat(figures.len());

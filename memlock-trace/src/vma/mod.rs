@@ -6,6 +6,7 @@
 //! function events are the mechanism, shown alongside ([`attach`], [`render`]).
 
 pub mod attach;
+mod calls;
 pub mod diff;
 pub mod render;
 pub mod tracker;

@@ -4,18 +4,18 @@
 use std::{collections::BTreeMap, fmt::Write as _};
 
 use memlock_trace_common::vma::{
-    FuncEvent, NR_UNKNOWN, STORE_FN_LEN, StoreEvent, VM_LOCKED, VM_LOCKONFAULT, VmaRange,
-    WholeTotals, phase,
+    FuncEvent, STORE_FN_LEN, StoreEvent, VM_LOCKED, VM_LOCKONFAULT, VmaRange, WholeTotals, phase,
 };
 use serde_json::json;
 
 use super::{
     attach::VmaHooks,
+    calls::{syscall_only, syscall_str},
     diff::{Change, ChangeCounts},
     tracker::{Activity, VmaCall},
 };
 use crate::{
-    event::{Syscall, comm_str, errno_name},
+    event::{comm_of, comm_str, errno_name},
     procfs::PAGE_SIZE,
 };
 
@@ -87,38 +87,6 @@ impl Change {
             }
         }
     }
-}
-
-/// `mmap(0x7f.., 65536, 0x3)`: a syscall number with its first arguments, for VMA events
-/// outside the mlock family.
-/// outside the mlock family.
-pub fn syscall_str(nr: u32, args: [u64; 3]) -> String {
-    if nr == NR_UNKNOWN {
-        return "(no syscall: page fault or kernel)".into();
-    }
-    if let Some(s) = Syscall::from_nr(nr) {
-        return s.describe(args);
-    }
-    let name = syscall_name(nr).map_or_else(|| format!("syscall {nr}"), str::to_string);
-    format!("{name}({:#x}, {}, {:#x})", args[0], args[1], args[2])
-}
-
-/// Names of the other calls that change VMAs (x86-64 numbers via libc).
-fn syscall_name(nr: u32) -> Option<&'static str> {
-    let nr = i64::from(nr);
-    Some(match nr {
-        n if n == libc::SYS_mmap => "mmap",
-        n if n == libc::SYS_munmap => "munmap",
-        n if n == libc::SYS_mprotect => "mprotect",
-        n if n == libc::SYS_madvise => "madvise",
-        n if n == libc::SYS_mremap => "mremap",
-        n if n == libc::SYS_brk => "brk",
-        n if n == libc::SYS_clone => "clone",
-        n if n == libc::SYS_clone3 => "clone3",
-        n if n == libc::SYS_execve => "execve",
-        n if n == libc::SYS_exit_group => "exit_group",
-        _ => return None,
-    })
 }
 
 pub fn store_func(s: &StoreEvent) -> String {
@@ -271,7 +239,7 @@ pub fn activity_lines(a: &Activity, hooks: Option<&VmaHooks>) -> Vec<String> {
             "{:>7}/{:<7} {:<16} {}: ma_write {} ({})",
             s.tgid,
             s.tid,
-            "",
+            comm_of(&s.comm),
             syscall_str(s.nr, s.args),
             store_str(s),
             store_func(s)
@@ -281,7 +249,8 @@ pub fn activity_lines(a: &Activity, hooks: Option<&VmaHooks>) -> Vec<String> {
             f.tgid,
             f.tid,
             "",
-            syscall_str(f.nr, [f.args[0], f.args[1], f.args[2]]),
+            // `args` are the kernel function's, not the call's.
+            syscall_only(f.nr),
             function_str(f, hooks)
         )],
     }
@@ -324,7 +293,7 @@ pub fn activity_json(a: &Activity, hooks: Option<&VmaHooks>) -> serde_json::Valu
             "schema": crate::output::JSON_SCHEMA,
             "pid": f.tgid,
             "tid": f.tid,
-            "syscall": syscall_str(f.nr, [f.args[0], f.args[1], f.args[2]]),
+            "syscall": syscall_only(f.nr),
             "call": function_str(f, hooks),
         }),
     }
@@ -341,6 +310,7 @@ fn store_json(s: &StoreEvent) -> serde_json::Value {
         "schema": crate::output::JSON_SCHEMA,
         "pid": s.tgid,
         "tid": s.tid,
+        "comm": comm_of(&s.comm),
         "syscall": syscall_str(s.nr, s.args),
         "start": s.index,
         "end": s.last.wrapping_add(1),
@@ -390,7 +360,7 @@ mod tests {
     use super::*;
     use crate::vma::test_vmas::{LO, P, RW, v};
     use crate::{
-        event::{DecodeError, Event, SyscallRecord, VmaRecord, bytes_of, decode},
+        event::{DecodeError, Event, Syscall, SyscallRecord, VmaRecord, bytes_of, decode},
         vma::Tracker,
     };
 
