@@ -9,7 +9,7 @@ use std::io::Read as _;
 use memlock_trace::{lab::verify, probe};
 
 /// Every step the suite must report, in order.
-const STEPS: [&str; 14] = [
+const STEPS: [&str; 18] = [
     "mlock-middle",
     "mlock-adjacent",
     "munlock-all",
@@ -24,6 +24,11 @@ const STEPS: [&str; 14] = [
     "thread-shares-lock",
     "thp-mlock-cut",
     "thp-munlock",
+    // Under memory pressure, with swap and a memory cgroup the step sets up and puts back.
+    "pressure-locked",
+    "pressure-unlocked",
+    "munlock-under-limit",
+    "pressure-after-munlock",
 ];
 
 fn require_root() {

@@ -194,6 +194,13 @@ const GUEST_SUBSETS: &[(&str, &[&str], &str)] = &[
     ("memlock-trace/test:third_party", &["6.1"], ON_ONE_GUEST),
     ("memlock-trace/test:suite", &["6.1"], ON_ONE_GUEST),
     ("memlock-trace/test:prometheus", &["6.12"], ON_ONE_GUEST),
+    (
+        "memlock-trace/test:tracer_under_pressure",
+        &["6.12"],
+        "the tracer inside the pressured cgroup it traces: on the kernel whose LRU is the \
+         multi-generational one, beside the host's classic LRU (the pressure itself, and the \
+         counts under it, on every guest: test:memory_pressure and test:verify)",
+    ),
     ("memlock-trace/test:intervals", &["6.12"], ON_ONE_GUEST),
     ("memlock-trace/test:robustness", &["6.12"], ON_ONE_GUEST),
     ("memlock-trace/test:pid_reuse", &["6.12"], ON_ONE_GUEST),
@@ -243,6 +250,7 @@ pub(super) const PROGRAM_TESTS: &[(&str, &str)] = &[
     ("memlock-trace/test:memcached", "memcached"),
     ("memlock-trace/test:third_party", "python3"),
     ("memlock-trace/test:mappings", "python3"),
+    ("memlock-trace/test:tracer_under_pressure", "python3"),
     ("memlock-trace/test:profiles", "gcc"),
     ("memlock-trace/test:profiles", "linux-perf"),
     ("memlock-trace/test:profiles", "golang-go"),
