@@ -149,9 +149,18 @@ fn limits(t: &Table) -> String {
         ),
         None => String::new(),
     };
+    let swap = if t.swap_max_bytes > 0 {
+        format!(
+            "; on swap at most {} (VmSwap; {} resident and swapped at the largest)",
+            size(t.swap_max_bytes),
+            size(t.footprint_max_bytes)
+        )
+    } else {
+        String::new()
+    };
     format!(
-        "limits: RLIMIT_MEMLOCK {limit}{cap}; MemAvailable {}{cgroup}; locked at most {}; {} \
-         thread{}",
+        "limits: RLIMIT_MEMLOCK {limit}{cap}; MemAvailable {}{cgroup}; locked at most \
+         {}{swap}; {} thread{}",
         t.mem_available_bytes.map_or("unknown".into(), size),
         size(t.locked_max_bytes),
         t.threads_max,

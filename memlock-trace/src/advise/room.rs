@@ -49,6 +49,57 @@ pub fn cgroup_note(table: &Table, charge: u64) -> Option<String> {
     ))
 }
 
+/// Locking `pinned` bytes of a mapping whose pages went to swap (`locked`: every byte locked
+/// with it, this one included), weighed against the memory cgroup's limit: what it leaves
+/// for everything else in the cgroup, and whether the rest of the process's working set
+/// (its largest footprint, resident and swapped, less this mapping) fits there or in the
+/// swap it can still use. `Ok(note)` when locking is safe, `Err(reason)` when the cgroup
+/// would OOM-kill; `None` without a limited memory cgroup.
+pub fn weigh_swapped(table: &Table, pinned: u64, locked: u64) -> Option<Result<String, String>> {
+    let limit = binding(table)?;
+    let left = limit.limit_bytes.saturating_sub(locked);
+    let rest = table.footprint_max_bytes.saturating_sub(pinned);
+    let limit_text = limit_text(table, limit);
+    let cgroup = own_path(table);
+    if left == 0 {
+        return Some(Err(format!(
+            "do not lock it: {} locked in all is the whole of the memory cgroup {cgroup}'s              limit ({limit_text}): nothing would be left for the rest of the process ({}              at its largest, resident and swapped, less this mapping), and the kernel              OOM-kills in the cgroup",
+            size(locked),
+            size(rest)
+        )));
+    }
+    let leaves = format!(
+        "locking it ({} locked in all) leaves {} of the memory cgroup {cgroup}'s {} for          everything else in it",
+        size(locked),
+        size(left),
+        limit_text
+    );
+    if rest <= left {
+        return Some(Ok(format!(
+            "{leaves}; the rest of the process's working set ({}: its largest footprint, {}              resident and swapped, less this mapping) fits there",
+            size(rest),
+            size(table.footprint_max_bytes)
+        )));
+    }
+    let overflow = rest - left;
+    let rest_text = format!(
+        "the rest of the process's working set ({}: its largest footprint, {} resident and          swapped, less this mapping) does not fit there: {} of it must live on swap",
+        size(rest),
+        size(table.footprint_max_bytes),
+        size(overflow)
+    );
+    match table.swap_room_bytes {
+        Some(room) if overflow <= room => Some(Ok(format!(
+            "{leaves}; {rest_text}, and swap has {} for it (free swap and the process's own,              at the least): no OOM risk while that lasts, but the rest's own swap-ins take              the place of this mapping's (--apply measures the trade)",
+            size(room)
+        ))),
+        room => Some(Err(format!(
+            "do not lock it: {leaves}; {rest_text}, and swap has {} for it: past that the              kernel OOM-kills in the cgroup (locked pages are never reclaimed)",
+            room.map_or("an unknown amount".into(), size)
+        ))),
+    }
+}
+
 /// The process's own memory cgroup's path.
 fn own_path(table: &Table) -> String {
     table

@@ -42,6 +42,8 @@ pub struct Seen {
     pub last_ns: u64,
     pub rss_max_bytes: u64,
     pub locked_max_bytes: u64,
+    /// Most bytes out on swap in any sample (smaps `Swap:`).
+    pub swap_max_bytes: u64,
     /// Times it appeared: 2 or more when it was unmapped and mapped again at the same place.
     pub lifetimes: u32,
     /// A one-page `---p` mapping right below it: a thread stack's guard.
@@ -71,6 +73,13 @@ pub struct Samples {
     pub threads_max: u32,
     /// Most bytes locked at once (the sum of smaps `Locked:`).
     pub locked_max_bytes: u64,
+    /// Most bytes the process had out on swap (`VmSwap:`), and most resident and swapped
+    /// together in one sample (`VmRSS:` + `VmSwap:`: its whole footprint at its largest).
+    pub swap_max_bytes: u64,
+    pub footprint_max_bytes: u64,
+    /// The least swap the process could have used in any sample: the machine's free swap
+    /// (`SwapFree:`) and what the process itself held there (`None`: never read).
+    pub swap_room_bytes: Option<u64>,
     /// `/proc/PID/stat` minflt and majflt at the first and the last sample.
     pub stat_first: Option<(u64, u64)>,
     pub stat_last: Option<(u64, u64)>,
@@ -171,6 +180,20 @@ fn sample_until(pid_source: Pid, stop: &AtomicBool, found: &AtomicU32) -> Sample
             if let Some(caps) = field("CapEff:").and_then(|c| u64::from_str_radix(c, 16).ok()) {
                 samples.cap_ipc_lock = Some(caps & (1 << CAP_IPC_LOCK) != 0);
             }
+            let kb = |k: &str| {
+                field(k)
+                    .and_then(|v| v.trim_end_matches("kB").trim().parse::<u64>().ok())
+                    .map(|kb| kb * 1024)
+            };
+            if let (Some(rss), Some(swap)) = (kb("VmRSS:"), kb("VmSwap:")) {
+                samples.swap_max_bytes = samples.swap_max_bytes.max(swap);
+                samples.footprint_max_bytes = samples.footprint_max_bytes.max(rss + swap);
+                if let Some(free) = meminfo_bytes("SwapFree:") {
+                    let room = free + swap;
+                    samples.swap_room_bytes =
+                        Some(samples.swap_room_bytes.map_or(room, |r| r.min(room)));
+                }
+            }
         }
         if let Some(limit) = read(&format!("/proc/{pid}/limits")).and_then(|l| memlock_limit(&l)) {
             samples.memlock_limit = Some(limit);
@@ -218,6 +241,7 @@ fn sample_until(pid_source: Pid, stop: &AtomicBool, found: &AtomicU32) -> Sample
             seen.last_ns = now;
             seen.rss_max_bytes = seen.rss_max_bytes.max(e.rss_kb * 1024);
             seen.locked_max_bytes = seen.locked_max_bytes.max(e.locked_kb * 1024);
+            seen.swap_max_bytes = seen.swap_max_bytes.max(e.swap_kb * 1024);
             seen.guarded |= guarded;
             now_present.insert(key);
         }
@@ -271,10 +295,15 @@ fn memlock_limit(limits: &str) -> Option<MemlockLimit> {
 
 /// `MemAvailable:` of /proc/meminfo, bytes.
 pub fn mem_available() -> Option<u64> {
+    meminfo_bytes("MemAvailable:")
+}
+
+/// A field of /proc/meminfo (`MemAvailable:`, `SwapFree:`), bytes.
+fn meminfo_bytes(field: &str) -> Option<u64> {
     let meminfo = read("/proc/meminfo")?;
     let kb: u64 = meminfo
         .lines()
-        .find_map(|l| l.strip_prefix("MemAvailable:"))?
+        .find_map(|l| l.strip_prefix(field))?
         .trim()
         .trim_end_matches("kB")
         .trim()

@@ -52,6 +52,9 @@ pub struct MappingFigures {
     pub perms: Option<String>,
     /// Most bytes resident in any sample.
     pub resident_bytes: Option<u64>,
+    /// Most bytes out on swap in any sample (smaps `Swap:`): its pages were resident,
+    /// evicted, and its faults since are swap-ins.
+    pub swap_bytes: Option<u64>,
     pub faults_startup: u64,
     pub faults_after: u64,
     pub fault_ns_startup: u64,
@@ -77,6 +80,11 @@ impl MappingFigures {
 
     pub fn faults(&self) -> u64 {
         self.faults_startup + self.faults_after
+    }
+
+    /// Some of its pages were seen on swap.
+    pub fn swapped(&self) -> bool {
+        self.swap_bytes.is_some_and(|b| b > 0)
     }
 
     pub fn anonymous(&self) -> bool {
@@ -116,6 +124,12 @@ pub struct Table {
     pub memory_cgroup: Option<MemoryCgroup>,
     pub threads_max: u32,
     pub locked_max_bytes: u64,
+    /// Most bytes the process had on swap (`VmSwap:`), and its largest footprint
+    /// (resident and swapped in one sample).
+    pub swap_max_bytes: u64,
+    pub footprint_max_bytes: u64,
+    /// Swap the process could have used at the least (free swap and its own).
+    pub swap_room_bytes: Option<u64>,
     /// Bytes the kernel counted locked by the process's mlock-family calls (exact, where
     /// the samples may miss a short-lived lock).
     pub locked_by_calls_bytes: u64,
@@ -267,6 +281,9 @@ pub fn build(run: &Run, startup_flag: Option<f64>) -> Result<Table> {
         memory_cgroup: s.memory_cgroup.clone(),
         threads_max: s.threads_max,
         locked_max_bytes: s.locked_max_bytes,
+        swap_max_bytes: s.swap_max_bytes,
+        footprint_max_bytes: s.footprint_max_bytes,
+        swap_room_bytes: s.swap_room_bytes,
         locked_by_calls_bytes: run.locked_by_calls,
         own_faults: s
             .stat_first
@@ -301,6 +318,7 @@ pub(super) fn merge_grown(mut rows: Vec<MappingFigures>) -> Vec<MappingFigures> 
                 prev.fault_ns_startup += m.fault_ns_startup;
                 prev.fault_ns_after += m.fault_ns_after;
                 prev.resident_bytes = prev.resident_bytes.max(m.resident_bytes);
+                prev.swap_bytes = prev.swap_bytes.max(m.swap_bytes);
                 prev.locked |= m.locked;
                 prev.lifetimes = prev.lifetimes.max(m.lifetimes);
                 prev.stack |= m.stack;
@@ -481,6 +499,7 @@ fn figures_of(key: &MappingKey, seen: &[Seen], t0: u64) -> MappingFigures {
         size_bytes: end.saturating_sub(*start),
         perms: found.map(|m| m.perms.clone()),
         resident_bytes: found.map(|m| m.rss_max_bytes),
+        swap_bytes: found.map(|m| m.swap_max_bytes),
         faults_startup: 0,
         faults_after: 0,
         fault_ns_startup: 0,
