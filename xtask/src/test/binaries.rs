@@ -52,6 +52,12 @@ pub(super) const HOST_ONLY: &[(&str, &str)] = &[
          test:intervals and test:faults, in the guests too)",
     ),
     (
+        "memlock-trace/test:advise_pressure",
+        "host only: advise --apply runs python3 again with the preload library, which the \
+         guest's initramfs does not carry, in the pressured cgroup (the swap and cgroup \
+         figures behind it: test:memory_pressure and test:verify, in the guests too)",
+    ),
+    (
         "memlock-trace/test:advise_memcached",
         "host only: runs memcached a second time with the preload library and perf stat, \
          which the guest's initramfs does not carry (the fault figures advise reads: \
@@ -234,6 +240,7 @@ pub(super) fn not_in_guest(binary: &str, kernel: crate::vm::Kernel) -> Option<St
 pub(super) const PROGRAM_TESTS: &[(&str, &str)] = &[
     ("memlock-trace/test:advise", "python3"),
     ("memlock-trace/test:advise_cgroup", "python3"),
+    ("memlock-trace/test:advise_pressure", "python3"),
     ("memlock-trace/test:advise_memcached", "memcached"),
     ("memlock-trace/test:advise_memcached", "linux-perf"),
     ("memlock-trace/test:prometheus_server", "prometheus"),
