@@ -159,8 +159,9 @@ fn a_table_swapped_out_under_pressure_is_advised_locked_and_weighed_against_the_
 
     // --apply: the table locked in the second run, under the same pressure.
     assert_eq!(runs[1]["cold_refused"], ROUNDS, "not locked: {}", runs[1]);
+    // Its reads' majors are the interpreter's own pages now, not the table's.
     assert!(
-        runs[1]["hot_majflt"].as_u64().unwrap() < pages / 100,
+        runs[1]["hot_majflt"].as_u64().unwrap() < pages / 10,
         "the locked table still swapped in: {}",
         runs[1]
     );

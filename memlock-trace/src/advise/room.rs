@@ -63,38 +63,42 @@ pub fn weigh_swapped(table: &Table, pinned: u64, locked: u64) -> Option<Result<S
     let cgroup = own_path(table);
     if left == 0 {
         return Some(Err(format!(
-            "do not lock it: {} locked in all is the whole of the memory cgroup {cgroup}'s              limit ({limit_text}): nothing would be left for the rest of the process ({}              at its largest, resident and swapped, less this mapping), and the kernel              OOM-kills in the cgroup",
-            size(locked),
-            size(rest)
+            "do not lock it: {} locked in all is at or past the memory cgroup {cgroup}'s \
+             limit ({limit_text}); locked pages are never reclaimed, so nothing would be left \
+             for anything else in the cgroup and the kernel OOM-kills in it",
+            size(locked)
         )));
     }
     let leaves = format!(
-        "locking it ({} locked in all) leaves {} of the memory cgroup {cgroup}'s {} for          everything else in it",
+        "locking it ({} locked in all) leaves {} for everything else in the memory cgroup \
+         {cgroup}, under {limit_text}",
         size(locked),
-        size(left),
-        limit_text
+        size(left)
+    );
+    let working_set = format!(
+        "the rest of the process's working set ({}: its largest footprint, {} resident and \
+         swapped, less this mapping)",
+        size(rest),
+        size(table.footprint_max_bytes)
     );
     if rest <= left {
-        return Some(Ok(format!(
-            "{leaves}; the rest of the process's working set ({}: its largest footprint, {}              resident and swapped, less this mapping) fits there",
-            size(rest),
-            size(table.footprint_max_bytes)
-        )));
+        return Some(Ok(format!("{leaves}; {working_set} fits there")));
     }
     let overflow = rest - left;
     let rest_text = format!(
-        "the rest of the process's working set ({}: its largest footprint, {} resident and          swapped, less this mapping) does not fit there: {} of it must live on swap",
-        size(rest),
-        size(table.footprint_max_bytes),
+        "{working_set} does not fit there: {} of it must live on swap",
         size(overflow)
     );
     match table.swap_room_bytes {
         Some(room) if overflow <= room => Some(Ok(format!(
-            "{leaves}; {rest_text}, and swap has {} for it (free swap and the process's own,              at the least): no OOM risk while that lasts, but the rest's own swap-ins take              the place of this mapping's (--apply measures the trade)",
+            "{leaves}; {rest_text}, and swap has {} for it (free swap and the process's own, \
+             at the least): no OOM risk while that lasts, but the rest's own swap-ins take \
+             the place of this mapping's (--apply measures the trade)",
             size(room)
         ))),
         room => Some(Err(format!(
-            "do not lock it: {leaves}; {rest_text}, and swap has {} for it: past that the              kernel OOM-kills in the cgroup (locked pages are never reclaimed)",
+            "do not lock it: {leaves}; {rest_text}, and swap has {} for it: past that the \
+             kernel OOM-kills in the cgroup (locked pages are never reclaimed)",
             room.map_or("an unknown amount".into(), size)
         ))),
     }

@@ -572,10 +572,12 @@ fn major_faults(table: &Table) -> Option<Advice> {
     }
     let what = if swap_ins > 0 {
         format!(
-            "{} major faults ({during} during start-up, {after} after); about {} of those \
-             after were swap-ins of mappings seen on swap (advised on above), the other {}: \
-             pages read from a file",
+            "{} major faults ({} during start-up, {} after); about {} of those after were \
+             swap-ins of mappings seen on swap (advised on above), the other {}: pages read \
+             from a file",
             count(during + after),
+            count(during),
+            count(after),
             count(swap_ins),
             count(during + other_after)
         )
@@ -590,9 +592,10 @@ fn major_faults(table: &Table) -> Option<Advice> {
             String::new()
         };
         format!(
-            "{} major faults ({during} during start-up, {after} after): pages read from a \
-             file{swap}",
-            count(during + after)
+            "{} major faults ({} during start-up, {} after): pages read from a file{swap}",
+            count(during + after),
+            count(during),
+            count(after)
         )
     };
     let how = "locking cannot remove a first read from a file: mlock only moves it into the \

@@ -431,3 +431,76 @@ fn within_the_memory_cgroup_s_room_the_lock_says_what_it_charges() {
     let kinds: Vec<&str> = advice.iter().map(|a| a.kind).collect();
     assert_eq!(kinds, ["lock", "over-cgroup"], "{advice:?}");
 }
+
+/// Issue 44, item 4: a table whose pages went to swap and came back is advised locked as
+/// swap-ins, weighed against the memory cgroup; its majors are not a file's reads.
+#[test]
+fn a_swapped_table_is_locked_against_swap_ins_and_weighed_against_the_cgroup() {
+    use crate::process::memory_cgroup::{MemoryCgroup, MemoryLimit, Version};
+    let mut m = mapping("anonymous", 16 * MIB, 4096, 3 * 4096);
+    m.swap_bytes = Some(16 * MIB);
+    let mut t = table(vec![m], 8 * MIB, true);
+    t.after_startup.major = 3 * 4096;
+    t.latency_ns.insert(
+        "major".into(),
+        super::observe::Latency {
+            count: 3 * 4096,
+            p50: 5_000,
+            p99: 300_000,
+            max: 1_000_000,
+            total: 3 * 4096 * 40_000,
+        },
+    );
+    t.swap_max_bytes = 40 * MIB;
+    t.footprint_max_bytes = 100 * MIB;
+    t.swap_room_bytes = Some(400 * MIB);
+    t.memory_cgroup = Some(MemoryCgroup {
+        version: Version::V1,
+        path: "/pressed".into(),
+        limits: vec![MemoryLimit {
+            path: "/pressed".into(),
+            file: "memory.limit_in_bytes",
+            limit_bytes: 96 * MIB,
+            usage_bytes: 96 * MIB,
+        }],
+    });
+    let advice = advise(&t);
+    assert_eq!(advice[0].kind, "swap-ins", "{advice:?}");
+    assert_eq!(advice[0].verdict, Verdict::Do);
+    assert!(
+        advice[0].what.contains("12,288 of them swap-ins"),
+        "{}",
+        advice[0].what
+    );
+    assert!(
+        advice[0].what.contains("491.5 ms in swap-ins"),
+        "{}",
+        advice[0].what
+    );
+    assert!(advice[0].how.contains("leaves 80 MiB"), "{}", advice[0].how);
+    assert!(
+        advice[0].how.contains("4 MiB of it must live on swap"),
+        "{}",
+        advice[0].how
+    );
+    assert!(
+        !advice.iter().any(|a| a.kind == "major-faults"),
+        "{advice:?}"
+    );
+    // No swap to take the rest: locking would OOM-kill.
+    t.swap_room_bytes = Some(MIB);
+    let advice = advise(&t);
+    assert_eq!(advice[0].kind, "over-cgroup", "{advice:?}");
+    assert_eq!(advice[0].verdict, Verdict::DoNot);
+    assert!(advice[0].how.contains("OOM-kills"), "{}", advice[0].how);
+    // Never on swap: its majors are a file's reads, and locking cannot help.
+    t.mappings[0].swap_bytes = Some(0);
+    let advice = advise(&t);
+    let majors = advice.iter().find(|a| a.kind == "major-faults").unwrap();
+    assert!(
+        majors.what.contains("pages read from a file"),
+        "{}",
+        majors.what
+    );
+    assert!(!majors.what.contains("swap-ins"), "{}", majors.what);
+}
