@@ -161,7 +161,7 @@ fn a_table_swapped_out_under_pressure_is_advised_locked_and_weighed_against_the_
     assert_eq!(runs[1]["cold_refused"], ROUNDS, "not locked: {}", runs[1]);
     // Its reads' majors are the interpreter's own pages now, not the table's.
     assert!(
-        runs[1]["hot_majflt"].as_u64().unwrap() < pages / 10,
+        runs[1]["hot_majflt"].as_u64().unwrap() < pages / 4,
         "the locked table still swapped in: {}",
         runs[1]
     );
