@@ -322,3 +322,119 @@ fn threads_created_at_once_have_every_stack_named() {
         );
     }
 }
+
+/// Issue 47 point 1: one VMA that grew was one row per size it had (memcached's slab VMA,
+/// extended downwards by each 1 MiB slab mapped below it: ten overlapping rows sharing an
+/// end). python3 maps four 1 MiB regions one below the other (the kernel merges each into
+/// the VMA above it) and touches each: the rows of the table never overlap, and the four
+/// regions, when they are one VMA, are one row at its widest with all their faults. With
+/// `--top-mappings 2`, what the table leaves out is said: in JSON, and in text as `... and N
+/// more mappings, M faults`.
+#[test]
+fn a_vma_that_grew_is_one_row_and_what_the_table_leaves_out_is_said() {
+    require_privileges();
+    let script = "import ctypes, json, mmap, time\n\
+                  keep, addrs = [], []\n\
+                  for _ in range(4):\n    \
+                      m = mmap.mmap(-1, 1 << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)\n    \
+                      for off in range(0, len(m), mmap.PAGESIZE): m[off] = 1\n    \
+                      keep.append(m); addrs.append(ctypes.addressof(ctypes.c_char.from_buffer(m)))\n\
+                  time.sleep(0.6)\n\
+                  print(json.dumps(addrs))\n";
+    let (lines, stdout) = traced(PYTHON, &["-c", script]);
+    let addrs: Vec<u64> = serde_json::from_str(stdout.trim()).unwrap();
+    let f = faults_of(&lines);
+    let rows = assert_every_fault_named(&f);
+    let ranged: Vec<(u64, u64)> = rows
+        .iter()
+        .filter(|r| r["end"] != "" && r["start"] != "")
+        .map(|r| (hex(&r["start"]), hex(&r["end"])))
+        .collect();
+    for (i, a) in ranged.iter().enumerate() {
+        for b in &ranged[i + 1..] {
+            assert!(
+                a.1 <= b.0 || b.1 <= a.0,
+                "rows {a:x?} and {b:x?} overlap: {rows:#?}"
+            );
+        }
+    }
+    let adjacent = addrs.windows(2).all(|w| w[1] + (1 << 20) == w[0]);
+    if adjacent {
+        let row = row_holding(rows, addrs[0]);
+        for &a in &addrs[1..] {
+            assert_eq!(row_holding(rows, a), row, "{rows:#?}");
+        }
+        assert!(row["faults"].as_u64().unwrap() >= 4 * 256, "{row}");
+    }
+
+    let (lines, _) = traced_with(&["--top-mappings", "2"], PYTHON, &["-c", script]);
+    let f = faults_of(&lines);
+    let shown = f["by_mapping"].as_array().unwrap();
+    assert_eq!(shown.len(), 2, "{f:#}");
+    let left_out = &f["by_mapping_left_out"];
+    let in_rows: u64 = shown.iter().map(|r| r["faults"].as_u64().unwrap()).sum();
+    assert!(left_out["mappings"].as_u64().unwrap() > 0, "{f:#}");
+    assert_eq!(
+        in_rows + left_out["faults"].as_u64().unwrap(),
+        f["minor"].as_u64().unwrap() + f["major"].as_u64().unwrap(),
+        "{f:#}"
+    );
+    let out = Command::new(BIN)
+        .args(["-q", "--top-mappings", "2", "--", TRUE])
+        .output()
+        .expect("memlock-trace");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("... and "))
+        .unwrap_or_else(|| panic!("no `... and N more mappings` line:\n{text}"));
+    let words: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(
+        (words[0], words[1], words[3], words[4], words[6]),
+        ("...", "and", "more", "mappings,", "faults"),
+        "{line}"
+    );
+}
+
+/// Issue 47 point 12: one file, two names in one table (`libc.so.6` beside its path). The
+/// kernel keeps a file's last path component; a VMA split or unmapped since has no smaps
+/// mapping at its start to take the path from, but the file's other mappings (same device,
+/// inode) have it. python3 maps a file, reads its first page, unmaps that page and keeps
+/// the rest: every row of the file is named by its path.
+#[test]
+fn one_file_is_one_name_in_the_table() {
+    require_privileges();
+    let dir = std::env::temp_dir().join(format!("memlock-trace-one-name-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("data.bin");
+    std::fs::write(&path, vec![b'x'; 16 * 4096]).unwrap();
+    let inode = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&path).unwrap());
+    let script = "import ctypes, mmap, os, sys, time\n\
+                  libc = ctypes.CDLL(None)\n\
+                  libc.mmap.restype = ctypes.c_void_p\n\
+                  libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]\n\
+                  libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]\n\
+                  P = mmap.PAGESIZE\n\
+                  fd = os.open(sys.argv[1], os.O_RDONLY)\n\
+                  a = libc.mmap(None, 16 * P, mmap.PROT_READ, mmap.MAP_PRIVATE, fd, 0)\n\
+                  ctypes.string_at(a, 1)\n\
+                  libc.munmap(a, P)\n\
+                  ctypes.string_at(a + 8 * P, 1)\n\
+                  time.sleep(0.6)\n";
+    let (lines, _) = traced(PYTHON, &["-c", script, path.to_str().unwrap()]);
+    let f = faults_of(&lines);
+    let rows = f["by_mapping"].as_array().unwrap();
+    let of_file: Vec<&Value> = rows
+        .iter()
+        .filter(|r| r["file"]["inode"].as_u64() == Some(inode))
+        .collect();
+    assert!(
+        !of_file.is_empty(),
+        "no row of {}: {rows:#?}",
+        path.display()
+    );
+    for row in &of_file {
+        assert_eq!(row["mapping"], path.to_str().unwrap(), "{of_file:#?}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -300,6 +300,8 @@ mod tests {
             locked: false,
             lockonfault: None,
             pages: crate::procfs::PageSizes::default(),
+            dev: 0,
+            inode: 0,
         };
         let read = |mappings, unmapped| Snapshot {
             taken: Instant::now(),
