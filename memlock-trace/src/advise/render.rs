@@ -282,8 +282,9 @@ fn sites_text(t: &Table, a: &Advice) -> Vec<String> {
         .map(|site| {
             let names: Vec<String> = site.frames.iter().map(|f| shown(&f.symbol)).collect();
             format!(
-                "faulted there: {} sampled faults at {}",
+                "faulted there: {} faults ({} sampled) at {}",
                 count(site.faults),
+                count(site.samples),
                 crate::output::stack_line(&names)
             )
         })

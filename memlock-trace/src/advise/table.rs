@@ -339,7 +339,10 @@ pub(super) fn merge_grown(mut rows: Vec<MappingFigures>) -> Vec<MappingFigures> 
 fn merge_sites(sites: &mut Vec<Site>, more: &[Site]) {
     for site in more {
         match sites.iter_mut().find(|s| s.frames == site.frames) {
-            Some(s) => s.faults += site.faults,
+            Some(s) => {
+                s.faults += site.faults;
+                s.samples += site.samples;
+            }
             None => sites.push(site.clone()),
         }
     }
