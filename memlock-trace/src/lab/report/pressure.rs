@@ -80,6 +80,61 @@ pub(super) fn assess(run: &ScenarioRun, v: &mut Vec<Verdict>) {
     ));
     secret(o, v);
     tracer_majors(run, v);
+    faults_by_region(run, v);
+}
+
+/// Each region's faults, as the tracer's mapping rows counted them, against the workload's
+/// getrusage around each step that faulted in it: populated by its call, first touched,
+/// read back from swap.
+fn faults_by_region(run: &ScenarioRun, v: &mut Vec<Verdict>) {
+    let o = &run.own;
+    let all = |faults: &Value| f(&faults["minflt"]) + f(&faults["majflt"]);
+    let again = |r: &str| all(&o["touched_again"][r]["faults"]);
+    let expected = [
+        ("lazy", all(&o["stamping"]) + again("lazy")),
+        ("populate", all(&o["populate_call"]) + again("populate")),
+        (
+            "mlock",
+            all(&o["mlock_call"]) + again("mlock") + all(&o["munlock"]["touched_again"]["faults"]),
+        ),
+    ];
+    let pid = o["pids"][0].as_u64().map(|p| p as u32);
+    let rows = run.faults(pid)["by_mapping"].clone();
+    let hex = |v: &Value| {
+        v.as_str()
+            .and_then(|s| u64::from_str_radix(s.trim_start_matches("0x"), 16).ok())
+    };
+    let traced: Vec<Option<f64>> = expected
+        .iter()
+        .map(|(r, _)| {
+            let (start, end) = (o["windows"][r][0].as_u64()?, o["windows"][r][1].as_u64()?);
+            let rows = rows.as_array()?;
+            Some(
+                rows.iter()
+                    .filter(|row| {
+                        hex(&row["start"]).is_some_and(|s| s < end)
+                            && hex(&row["end"]).is_some_and(|e| e > start)
+                    })
+                    .map(|row| f(&row["faults"]))
+                    .sum(),
+            )
+        })
+        .collect();
+    let words = |values: &mut dyn Iterator<Item = String>| values.collect::<Vec<_>>().join(", ");
+    v.push(check(
+        "faults in each region: lazy, MAP_POPULATE, mlock (the tracer's mapping rows = getrusage \
+         around each step)",
+        words(&mut expected.iter().map(|(r, n)| format!("{r} {n}"))),
+        words(
+            &mut expected.iter().zip(&traced).map(|((r, _), t)| {
+                t.map_or_else(|| format!("{r} not shown"), |t| format!("{r} {t}"))
+            }),
+        ),
+        expected
+            .iter()
+            .zip(&traced)
+            .all(|((_, want), got)| *got == Some(*want)),
+    ));
 }
 
 /// secret-in-swap: the device searched for each region's key, with the positive control.

@@ -263,6 +263,11 @@ fn measure(args: &ScenarioArgs) -> Result<Value> {
 
     Ok(json!({
         "region_pages": pages,
+        "windows": {
+            "lazy": lazy.window(),
+            "populate": populate.window(),
+            "mlock": locked.window(),
+        },
         "page_size": PAGE_SIZE,
         "limit_mib": args.pressure_limit_mib,
         "pressure_mib": args.pressure_mib,
