@@ -73,11 +73,8 @@ pub struct MappingRow {
 /// first, as the tracer's JSON gives them.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
 pub struct Site {
-    /// Faults at this stack: its samples times the tracer's `--stack-sample`.
+    /// Faults that kept this stack (one in the tracer's `--stack-sample`).
     pub faults: u64,
-    /// Faults that kept this stack (one in `--stack-sample`).
-    #[serde(default)]
-    pub samples: u64,
     pub frames: Vec<SiteFrame>,
 }
 

@@ -282,9 +282,8 @@ fn sites_text(t: &Table, a: &Advice) -> Vec<String> {
         .map(|site| {
             let names: Vec<String> = site.frames.iter().map(|f| shown(&f.symbol)).collect();
             format!(
-                "faulted there: {} faults ({} sampled) at {}",
+                "faulted there: {} sampled faults at {}",
                 count(site.faults),
-                count(site.samples),
                 crate::output::stack_line(&names)
             )
         })

@@ -339,10 +339,7 @@ pub(super) fn merge_grown(mut rows: Vec<MappingFigures>) -> Vec<MappingFigures> 
 fn merge_sites(sites: &mut Vec<Site>, more: &[Site]) {
     for site in more {
         match sites.iter_mut().find(|s| s.frames == site.frames) {
-            Some(s) => {
-                s.faults += site.faults;
-                s.samples += site.samples;
-            }
+            Some(s) => s.faults += site.faults,
             None => sites.push(site.clone()),
         }
     }

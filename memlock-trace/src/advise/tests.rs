@@ -238,9 +238,8 @@ fn a_region_seen_growing_is_one_row() {
 fn a_mapping_known_by_two_extents_has_its_faults_counted_once() {
     use super::observe::{Faults, Interval, MappingRow, Run, Site, SiteFrame, Window};
     let table = 0x7f00_0000_0000u64;
-    let site = |samples: u64, symbol: &str| Site {
-        faults: samples * 32,
-        samples,
+    let site = |faults: u64, symbol: &str| Site {
+        faults,
         frames: vec![SiteFrame {
             symbol: symbol.into(),
         }],
