@@ -14,7 +14,6 @@ use memlock_trace_common::{
 };
 use serde::Serialize;
 
-pub use self::merge::LeftOut;
 use super::{sizing::REGION_SHIFT, stacks::StackFaults};
 use crate::{
     output::Outside,
@@ -50,8 +49,7 @@ pub struct MappingFaults {
     /// [`MapsFile::Maps`]; the lock flags are then unknown), `"call"` (an mlock-family call's
     /// VMA), or `"none"`.
     pub named_by: &'static str,
-    /// The mapped file's device (`major:minor`) and inode, as the kernel read them (or
-    /// `/proc/PID/smaps`, for a row it named).
+    /// The mapped file's device (`major:minor`) and inode, as the kernel read them.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub file: Option<FileIdentity>,
     /// `--stacks`: the sampled faults of this row per stack, unwound, not yet symbolized.
@@ -146,26 +144,16 @@ fn kernel_name(info: &MappingInfo, maps: Option<&[Mapping]>) -> Outside {
         kind::HEAP => "[heap]".into(),
         kind::STACK => "[stack]".into(),
         kind::SPECIAL => name.into(),
-        // Any mapping of the same file (device, inode) gives its path: the VMA itself may
-        // have been split, merged or unmapped since, another of the file's is still there.
         kind::FILE => maps
             .into_iter()
             .flatten()
             .find(|m| {
-                m.inode != 0
-                    && m.inode == info.ino
-                    && (libc::major(m.dev), libc::minor(m.dev))
-                        == (info.dev >> 20, info.dev & 0xf_ffff)
-            })
-            .or_else(|| {
-                maps.into_iter().flatten().find(|m| {
-                    let path = m.name.as_bytes();
-                    let path = path.strip_suffix(b" (deleted)").unwrap_or(path);
-                    m.start == info.start
-                        && !name.is_empty()
-                        && (path.rsplit(|&b| b == b'/').next() == Some(in_maps.as_slice())
-                            || path == internal(&in_maps).as_slice())
-                })
+                let path = m.name.as_bytes();
+                let path = path.strip_suffix(b" (deleted)").unwrap_or(path);
+                m.start == info.start
+                    && !name.is_empty()
+                    && (path.rsplit(|&b| b == b'/').next() == Some(in_maps.as_slice())
+                        || path == internal(&in_maps).as_slice())
             })
             .map_or_else(|| internal_or(&in_maps), |m| m.name.clone()),
         _ => "anonymous".into(),
@@ -202,9 +190,7 @@ type Placed<'a> = ((u64, u64), MappingFaults, Option<&'a MappingInfo>);
 /// The sampled faults of one region per stack (`--stacks`).
 pub type RegionSites<'a> = (&'a RegionKey, &'a BTreeMap<Stack, u64>);
 
-/// Attributes region counts to the process's mappings and returns the top `top` by faults,
-/// and what the rest held. Rows that are one VMA over time are one row at its widest, and
-/// one file has one name ([`merge`]).
+/// Attributes region counts to the process's mappings and returns the top `top` by faults.
 /// `kernel`: the VMAs the fault hooks identified, by start. `read`: the process's mappings
 /// and the file they were read from (without flags from `maps`). `exited`: those are the
 /// last seen before the process exited, so an address outside them is unknown (mapped after
@@ -218,7 +204,7 @@ pub fn by_mapping(
     read: Option<(&[Mapping], MapsFile)>,
     exited: Option<&[Mapping]>,
     top: usize,
-) -> (Vec<MappingFaults>, LeftOut) {
+) -> Vec<MappingFaults> {
     let maps = read.map(|(maps, _)| maps);
     let file = read.map_or(MapsFile::Smaps, |(_, file)| file);
     let mut per_mapping: StdHashMap<(u64, u64), MappingFaults> = StdHashMap::new();
@@ -289,9 +275,8 @@ pub fn by_mapping(
         {
             // The stack grows down and the heap up: one row each, whatever their extent
             // when each fault was counted.
-            // Other VMAs by their range here: the rows of one VMA over time (grown, or
-            // split by an mlock after its first faults) are merged afterwards, by what
-            // backs them ([`merge::same_vma`]).
+            // Not anonymous VMAs by their end: an mlock of a region's top half splits off
+            // a VMA with the same end, and it is a row of its own.
             let range = match info.kind {
                 kind::STACK => (0, info.end),
                 kind::HEAP => (info.start, 0),
@@ -334,13 +319,6 @@ pub fn by_mapping(
                     format!("{:#x}", m.end),
                     source,
                 );
-                if m.inode != 0 {
-                    entry.file = Some(FileIdentity {
-                        dev: format!("{:02x}:{:02x}", libc::major(m.dev), libc::minor(m.dev)),
-                        inode: m.inode,
-                        offset: m.offset,
-                    });
-                }
                 if has_flags {
                     entry.locked = Some(m.locked);
                     entry.lockonfault = m.lockonfault;
@@ -421,8 +399,9 @@ pub fn by_mapping(
         }
         entry
     }));
-    merge::one_name_per_file(&mut list);
-    merge::top(merge::same_vma(list), top)
+    list.sort_by(|a, b| b.faults.cmp(&a.faults).then_with(|| a.start.cmp(&b.start)));
+    list.truncate(top);
+    list
 }
 
 /// Says what pages back each row, from the mappings last read (`maps`), or, for a row none
@@ -471,6 +450,5 @@ fn spans(mut runs: Vec<(u64, u64)>) -> Vec<(u64, u64, u64)> {
     spans
 }
 
-mod merge;
 #[cfg(test)]
 mod tests;

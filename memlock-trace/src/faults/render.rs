@@ -13,7 +13,7 @@ use super::{
 };
 use crate::{
     event::FaultRecord,
-    output::{JSON_SCHEMA, TextStyle, Unit, count, hist::Log2Hist, or_na, stack_line},
+    output::{JSON_SCHEMA, TextStyle, Unit, hist::Log2Hist, or_na, stack_line},
 };
 
 /// One line per sampled fault for `--events`.
@@ -229,37 +229,13 @@ pub fn faults_text(out: &mut String, f: &FaultSummary, indent: &str, style: Text
             for stack in m.stacks.iter().flatten() {
                 let _ = writeln!(
                     out,
-                    "{indent}  {:>faults_w$}  {:<locked_w$}    {} {} at {}",
+                    "{indent}  {:>faults_w$}  {:<locked_w$}    {} sampled at {}",
                     "",
                     "",
-                    count(stack.samples),
-                    if stack.samples == 1 {
-                        "sample"
-                    } else {
-                        "samples"
-                    },
+                    stack.faults,
                     stack_line(&stack.frames.iter().map(|f| &f.symbol).collect::<Vec<_>>())
                 );
             }
-        }
-        let left_out = f.by_mapping_left_out;
-        if left_out.mappings > 0 {
-            let _ = writeln!(
-                out,
-                "{indent}  ... and {} more {}, {} {} (--top-mappings)",
-                count(left_out.mappings),
-                if left_out.mappings == 1 {
-                    "mapping"
-                } else {
-                    "mappings"
-                },
-                count(left_out.faults),
-                if left_out.faults == 1 {
-                    "fault"
-                } else {
-                    "faults"
-                },
-            );
         }
         if f.by_mapping
             .iter()
@@ -307,22 +283,18 @@ fn hists_text(out: &mut String, f: &FaultSummary, indent: &str, unit: Unit) {
 /// Frames of a stack shown in the text summary (the JSON has them all).
 const TEXT_FRAMES: usize = 16;
 
-/// `--stacks`: a process's top stacks, innermost frame first, as `perf report -n` shows
-/// sampled events: the samples, and the overhead, the stack's share of the process's
-/// `faults` (each sample weighing one in `--stack-sample` faults, as in the folded file and
-/// the flame graph).
-pub fn stacks_text(out: &mut String, stacks: &[StackFaults], faults: u64, indent: &str) {
+/// `--stacks`: a process's top stacks, innermost frame first.
+pub fn stacks_text(out: &mut String, stacks: &[StackFaults], indent: &str) {
     let _ = writeln!(
         out,
-        "{indent}  {:>8} {:>9}  user call stack (innermost first; sampled: --stack-sample)",
-        "overhead", "samples"
+        "{indent}  {:>9}  user call stack (innermost first; sampled: --stack-sample)",
+        "faults"
     );
     if stacks.is_empty() {
-        let _ = writeln!(out, "{indent}  {:>8} {:>9}  (no stack recorded)", "-", "-");
+        let _ = writeln!(out, "{indent}  {:>9}  (no stack recorded)", "-");
     }
     for stack in stacks {
-        let share = stack.faults as f64 * 100.0 / faults.max(1) as f64;
-        let mut lead = format!("{:>7.2}% {:>9}", share.min(100.0), count(stack.samples));
+        let mut count = stack.faults.to_string();
         for frame in stack.frames.iter().take(TEXT_FRAMES) {
             let place = match (&frame.file, frame.line) {
                 (Some(file), Some(line)) => format!("  {file}:{line}"),
@@ -332,19 +304,19 @@ pub fn stacks_text(out: &mut String, stacks: &[StackFaults], faults: u64, indent
             let inlined = if frame.inlined { " (inlined)" } else { "" };
             let _ = writeln!(
                 out,
-                "{indent}  {lead:>18}  {}{inlined}{place}",
+                "{indent}  {count:>9}  {}{inlined}{place}",
                 frame.symbol
             );
-            lead.clear();
+            count.clear();
         }
         if stack.frames.len() > TEXT_FRAMES {
             let _ = writeln!(
                 out,
-                "{indent}  {lead:>18}  ... {} more frames",
+                "{indent}  {count:>9}  ... {} more frames",
                 stack.frames.len() - TEXT_FRAMES
             );
         } else if stack.frames.is_empty() {
-            let _ = writeln!(out, "{indent}  {lead:>18}  (stack not found)");
+            let _ = writeln!(out, "{indent}  {count:>9}  (stack not found)");
         }
     }
 }

@@ -27,14 +27,9 @@ pub struct StackReport {
 }
 
 /// One of a process's top stacks: the `"stacks"` entries of the JSON `"faults"` object.
-/// As perf report counts a sampled event: the samples, and the events they stand for (each
-/// sample weighs `--stack-sample` faults, as in the folded file and the flame graph).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct StackFaults {
-    /// Faults: `samples` times one in `--stack-sample` (an estimate, unless it is 1).
     pub faults: u64,
-    /// Faults that kept this stack.
-    pub samples: u64,
     /// Innermost first: the faulting instruction, or the system call's call site.
     pub frames: Vec<Frame>,
 }
@@ -64,27 +59,23 @@ pub fn top_stacks(
             .unwrap_or(key.ips.len());
         *per_stack.entry(&key.ips[..depth]).or_default() += n;
     }
-    symbolized_top(per_stack, report.sample_every, modules, top, symbolizer)
+    symbolized_top(per_stack, modules, top, symbolizer)
 }
 
-/// The `top` stacks of `per_stack` (samples) by faults, symbolized; one fault in `every`
-/// was sampled.
+/// The `top` stacks of `per_stack` by faults, symbolized.
 fn symbolized_top(
     per_stack: BTreeMap<&[u64], u64>,
-    every: u32,
     modules: Option<&ProcessModules>,
     top: usize,
     symbolizer: &StackSymbolizer,
 ) -> Vec<StackFaults> {
-    let every = u64::from(every.max(1));
     let mut list: Vec<(&[u64], u64)> = per_stack.into_iter().collect();
     // Most faults first; ties in address order, so the output is stable.
     list.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
     list.truncate(top);
     list.into_iter()
-        .map(|(ips, samples)| StackFaults {
-            faults: samples * every,
-            samples,
+        .map(|(ips, faults)| StackFaults {
+            faults,
             frames: symbolizer.stack(ips, modules),
         })
         .collect()
@@ -103,26 +94,16 @@ const MAPPING_STACKS_SYMBOLIZED: usize = 64;
 /// are one site to the reader (as a flame graph merges them).
 fn top_sites(
     sampled: &BTreeMap<Stack, u64>,
-    every: u32,
     modules: Option<&ProcessModules>,
     top: usize,
     symbolizer: &StackSymbolizer,
 ) -> Vec<StackFaults> {
     let per_stack = sampled.iter().map(|(s, &n)| (&s[..], n)).collect();
     let mut merged: Vec<(Vec<String>, StackFaults)> = Vec::new();
-    for stack in symbolized_top(
-        per_stack,
-        every,
-        modules,
-        MAPPING_STACKS_SYMBOLIZED,
-        symbolizer,
-    ) {
+    for stack in symbolized_top(per_stack, modules, MAPPING_STACKS_SYMBOLIZED, symbolizer) {
         let names: Vec<String> = stack.frames.iter().map(|f| f.symbol.to_string()).collect();
         match merged.iter_mut().find(|(n, _)| *n == names) {
-            Some((_, site)) => {
-                site.faults += stack.faults;
-                site.samples += stack.samples;
-            }
+            Some((_, site)) => site.faults += stack.faults,
             None => merged.push((names, stack)),
         }
     }
@@ -144,13 +125,7 @@ pub fn add_to(
         summary.stacks = Some(top_stacks(report, key.tgid, modules, top, symbolizer));
         for row in &mut summary.by_mapping {
             let top = top.min(MAPPING_STACKS);
-            row.stacks = Some(top_sites(
-                &row.sampled,
-                report.sample_every,
-                modules,
-                top,
-                symbolizer,
-            ));
+            row.stacks = Some(top_sites(&row.sampled, modules, top, symbolizer));
         }
     }
 }
@@ -172,7 +147,6 @@ mod tests {
         };
         let (five, six, seven) = (&[0x10, 0x20][..], &[0x30][..], &[0x40][..]);
         let report = StackReport {
-            sample_every: 32,
             counts: BTreeMap::from([
                 (key(1, 0, five), 3),
                 (key(2, 10, five), 4),
@@ -186,9 +160,7 @@ mod tests {
         let s = StackSymbolizer::default();
         let top = top_stacks(&report, 2, None, 2, &s);
         assert_eq!(top.len(), 2);
-        // Samples, and the faults they stand for, one in 32 sampled.
-        assert_eq!((top[0].samples, top[1].samples), (9, 8));
-        assert_eq!((top[0].faults, top[1].faults), (9 * 32, 8 * 32));
+        assert_eq!((top[0].faults, top[1].faults), (9, 8));
         assert_eq!(top[1].frames.len(), 2);
         assert_eq!(top[1].frames[1].symbol, "0x20");
     }

@@ -45,19 +45,6 @@ pub fn size(bytes: u64) -> String {
     format!("{bytes} B")
 }
 
-/// A count with thousands separated, as `ls -l`'s and perf's `'` flag print them: 3,456.
-pub fn count(n: u64) -> String {
-    let digits = n.to_string();
-    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
-
 /// A count the hook set may not observe: `n/a` when it cannot.
 pub fn or_na(v: Option<u64>) -> String {
     v.map_or_else(|| "n/a".into(), |v| v.to_string())
@@ -140,14 +127,6 @@ impl Unit {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn counts_have_thousands_separated() {
-        assert_eq!(
-            [0, 999, 1000, 3456, 1_234_567].map(count),
-            ["0", "999", "1,000", "3,456", "1,234,567"]
-        );
-    }
 
     #[test]
     fn a_stack_line_shows_four_frames_then_how_many() {

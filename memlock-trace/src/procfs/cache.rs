@@ -300,8 +300,6 @@ mod tests {
             locked: false,
             lockonfault: None,
             pages: crate::procfs::PageSizes::default(),
-            dev: 0,
-            inode: 0,
         };
         let read = |mappings, unmapped| Snapshot {
             taken: Instant::now(),

@@ -29,10 +29,6 @@ pub struct Mapping {
     pub lockonfault: Option<bool>,
     /// The page sizes backing it, from smaps (all 0 and false when read from `maps`).
     pub pages: PageSizes,
-    /// The mapped file's device (as `stat` encodes it) and inode; 0 and 0 for none: what
-    /// tells one file's mappings from another's, whatever names them.
-    pub dev: u64,
-    pub inode: u64,
 }
 
 /// What backs a mapping, from its smaps fields: the page size, and how much of it sits in
@@ -241,8 +237,6 @@ fn parse_header(line: &[u8], shows_lockonfault: bool) -> Result<SmapsEntry> {
             locked: false,
             lockonfault: shows_lockonfault.then_some(false),
             pages: PageSizes::default(),
-            dev,
-            inode,
         },
         perms: perms.to_string(),
         dev,
@@ -336,8 +330,6 @@ VmFlags: rd wr mr mw me gd ac
                 locked: false,
                 lockonfault: Some(false),
                 pages: PageSizes::default(),
-                dev: 0,
-                inode: 0,
             }
         );
         assert_eq!(

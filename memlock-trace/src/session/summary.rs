@@ -167,7 +167,7 @@ pub fn summary_text(summary: &Summary, style: TextStyle) -> String {
         if let Some(f) = &p.faults {
             faults::render::faults_text(&mut out, f, "  ", style);
             if let Some(stacks) = &f.stacks {
-                faults::render::stacks_text(&mut out, stacks, f.minor + f.major, "  ");
+                faults::render::stacks_text(&mut out, stacks, "  ");
             }
             for t in &f.threads {
                 let _ = writeln!(out, "  thread {} ({})", t.tid, t.comm);

@@ -311,8 +311,6 @@ impl Output {
                         locked: range.flags & VM_LOCKED != 0,
                         lockonfault: Some(range.flags & VM_LOCKONFAULT != 0),
                         pages: crate::procfs::PageSizes::default(),
-                        dev: 0,
-                        inode: 0,
                     },
                 );
             }
