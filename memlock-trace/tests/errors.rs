@@ -262,8 +262,7 @@ fn exit_codes_tell_the_tool_from_the_command() {
     assert_eq!(code, Some(127), "{err}");
     assert!(err.contains("command not found"), "{err}");
 
-    let dir = std::env::temp_dir().join(format!("memlock-trace-errors-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = support::scratch("errors");
     let script = dir.join("not-executable");
     std::fs::write(&script, "#!/bin/sh\nexit 0\n").unwrap();
     std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o644)).unwrap();

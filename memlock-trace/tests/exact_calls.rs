@@ -13,7 +13,7 @@ use std::{
 };
 
 use common::require_privileges;
-use support::{BIN, Tracer, calls_of, summary};
+use support::{BIN, Tracer, calls_of, flood_args, summary};
 
 const THREADS: u64 = 4;
 const CALLS: u64 = 25_000;
@@ -46,16 +46,7 @@ fn a_starved_tracer_still_counts_every_call() {
     require_privileges();
     // The flood waits for a byte on stdin, so it starts only once the tracer is stopped.
     let mut flood = Command::new(BIN)
-        .args([
-            "workload",
-            "flood",
-            "--threads",
-            &THREADS.to_string(),
-            "--calls",
-            &CALLS.to_string(),
-            "--munlock",
-            "--wait-stdin",
-        ])
+        .args(flood_args(THREADS, CALLS, &["--munlock", "--wait-stdin"]))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()

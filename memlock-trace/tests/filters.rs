@@ -10,6 +10,7 @@ use std::{
     process::Command,
 };
 
+use aya::maps::{MapData, RingBuf};
 use common::{drain_syscalls, gettid, require_privileges};
 use memlock_trace::{
     event::Syscall,
@@ -17,7 +18,7 @@ use memlock_trace::{
     process::{Cgroup, Filters, Targets, launch},
     tracer::{Options, Tracer},
 };
-use support::{BIN, calls_of, summary};
+use support::{BIN, calls_of, summary, workload_children};
 
 fn mlock_pages(n: usize) {
     let region = Region::anonymous(1, libc::PROT_READ | libc::PROT_WRITE, 0).unwrap();
@@ -54,6 +55,21 @@ fn threads_started_after_attach_are_traced() {
     );
 }
 
+/// The tracer loaded for every process but `filters`' choice, and its ring of events (to
+/// drain while the tracer is kept).
+fn traced_with(filters: Filters) -> (Tracer, RingBuf<MapData>) {
+    let mut tracer = Tracer::load_with(
+        &Targets::All,
+        &Options {
+            filters,
+            ..Options::default()
+        },
+    )
+    .expect("load");
+    let ring = tracer.take_events().expect("ring");
+    (tracer, ring)
+}
+
 /// Runs `memlock-trace workload syscalls` (9 calls), held at its exec until
 /// `before_release` ran.
 fn run_workload(before_release: impl FnOnce(u32)) -> u32 {
@@ -82,15 +98,7 @@ fn comm_filter_matches_the_process_name_even_in_renamed_threads() {
         .to_string();
     let mut filters = Filters::default();
     filters.set_comm(&own_comm, &mut |n| panic!("{n}")).unwrap();
-    let mut tracer = Tracer::load_with(
-        &Targets::All,
-        &Options {
-            filters,
-            ..Options::default()
-        },
-    )
-    .expect("load");
-    let mut ring = tracer.take_events().expect("ring");
+    let (_tracer, mut ring) = traced_with(filters);
 
     let tid = std::thread::spawn(|| {
         // The thread's own comm differs; the process's (its group leader's) matches.
@@ -118,15 +126,7 @@ fn comm_filter_matches_the_process_name_even_in_renamed_threads() {
     filters
         .set_comm("memlock-trace", &mut |n| panic!("{n}"))
         .unwrap();
-    let mut tracer = Tracer::load_with(
-        &Targets::All,
-        &Options {
-            filters,
-            ..Options::default()
-        },
-    )
-    .expect("load");
-    let mut ring = tracer.take_events().expect("ring");
+    let (_tracer, mut ring) = traced_with(filters);
     mlock_pages(2);
     let other = run_workload(|_| {});
     let events = drain_syscalls(&mut ring);
@@ -219,15 +219,7 @@ fn cgroup_filter_covers_the_cgroup_and_its_descendants() {
         cgroup: Some(cgroup),
         ..Default::default()
     };
-    let mut tracer = Tracer::load_with(
-        &Targets::All,
-        &Options {
-            filters,
-            ..Options::default()
-        },
-    )
-    .expect("load");
-    let mut ring = tracer.take_events().expect("ring");
+    let (_tracer, mut ring) = traced_with(filters);
 
     let move_into = |dir: &Path| {
         let dir = dir.to_path_buf();
@@ -294,15 +286,7 @@ fn children_run(tracer_args: &[&str], count: u32, calls: u32) -> (serde_json::Va
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
-    let r: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
-    std::fs::remove_file(&report).ok();
-    let children = r["children"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| c.as_u64().unwrap() as u32)
-        .collect();
+    let children = workload_children(&report);
     (summary(&String::from_utf8_lossy(&out.stdout)), children)
 }
 
@@ -390,37 +374,26 @@ fn bad_filters_are_clear_usage_errors() {
             String::from_utf8_lossy(&out.stderr).into_owned(),
         )
     };
-    let (code, err) = run(&["--cgroup", "/no/such/cgroup", "--duration", "1"]);
-    assert_eq!(
-        (code, err.contains("no cgroup at `/no/such/cgroup`")),
-        (Some(2), true),
-        "{err}"
-    );
-    let (code, err) = run(&["--cgroup", "/proc", "--duration", "1"]);
-    assert_eq!(
-        (code, err.contains("not on a cgroup v2 filesystem")),
-        (Some(2), true),
-        "{err}"
-    );
-    let (code, err) = run(&["--comm", "", "--duration", "1"]);
-    assert_eq!(
-        (code, err.contains("--comm needs a non-empty")),
-        (Some(2), true),
-        "{err}"
-    );
-    let (code, err) = run(&["--follow-children", "--duration", "1"]);
-    assert_eq!(
-        (code, err.contains("--follow-children needs")),
-        (Some(2), true),
-        "{err}"
-    );
-    let (code, err) = run(&["--prometheus", "nowhere", "--duration", "1"]);
-    assert_eq!(
-        (code, err.contains("is not a listen address")),
-        (Some(2), true),
-        "{err}"
-    );
-    assert!(!err.contains("panicked"));
+    // Each refused with usage's exit code 2 and a message that says why.
+    let usage_errors: [(&[&str], &str); 5] = [
+        (
+            &["--cgroup", "/no/such/cgroup"],
+            "no cgroup at `/no/such/cgroup`",
+        ),
+        (&["--cgroup", "/proc"], "not on a cgroup v2 filesystem"),
+        (&["--comm", ""], "--comm needs a non-empty"),
+        (&["--follow-children"], "--follow-children needs"),
+        (&["--prometheus", "nowhere"], "is not a listen address"),
+    ];
+    for (args, says) in usage_errors {
+        let (code, err) = run(&[args, &["--duration", "1"]].concat());
+        assert_eq!(
+            (code, err.contains(says)),
+            (Some(2), true),
+            "{args:?}: {err}"
+        );
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
 
     // Too long a comm: traced with the kernel's 15 bytes, and said so.
     let (code, err) = run(&["--comm", "a-very-long-process-name", "--duration", "0.2"]);

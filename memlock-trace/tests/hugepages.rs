@@ -13,7 +13,7 @@ use std::{path::PathBuf, process::Command};
 use common::require_privileges;
 use memlock_trace::lab::workload::huge_pages::make_room_for_huge_pages;
 use serde_json::Value;
-use support::{BIN, json_lines};
+use support::{BIN, json_lines, succeeded};
 
 const KIB: u64 = 1024;
 const PAGE_KB: u64 = 4;
@@ -53,12 +53,8 @@ fn trace(name: &str, args: &[&str]) -> Run {
         .arg(&report)
         .output()
         .expect("memlock-trace");
+    succeeded(&format!("{args:?} {name}"), &out);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "{args:?} {name}: {:?}\n{stderr}",
-        out.status
-    );
     let workload: Value = serde_json::from_slice(&std::fs::read(&report).unwrap())
         .unwrap_or_else(|e| panic!("the workload's report: {e}\n{stderr}"));
     let trace = std::fs::read_to_string(&trace).unwrap();

@@ -12,7 +12,7 @@ use std::{
 
 use common::require_privileges;
 use serde_json::Value;
-use support::{BIN, json_lines, run};
+use support::{BIN, json_lines, run, threads_of, waiting_flood};
 
 /// Waits for the tracer's "tracing" line. Loading takes long in an emulated guest on a
 /// busy machine: this is a hang guard, not a timing check.
@@ -202,35 +202,13 @@ fn each_interval_shows_only_its_own_calls_and_faults() {
 fn tid_traces_one_thread() {
     require_privileges();
     // Two threads ready to make 5 failing mlock calls each, waiting for a byte on stdin.
-    let mut flood = Command::new(BIN)
-        .args([
-            "workload",
-            "flood",
-            "--threads",
-            "2",
-            "--calls",
-            "5",
-            "--wait-stdin",
-        ])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut flood = waiting_flood(2, 5);
     let pid = flood.id();
-    let task = format!("/proc/{pid}/task");
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    let tid = loop {
-        let tids: Vec<u32> = std::fs::read_dir(&task)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().parse().unwrap())
-            .filter(|&t| t != pid)
-            .collect();
-        if tids.len() == 2 {
-            break tids[1];
-        }
-        assert!(std::time::Instant::now() < deadline, "threads: {tids:?}");
-        std::thread::sleep(Duration::from_millis(10));
-    };
+    let tid = threads_of(pid, 3)
+        .into_iter()
+        .filter(|&t| t != pid)
+        .nth(1)
+        .unwrap();
     let tracer = support::Tracer::spawn(&[
         "-t",
         &tid.to_string(),

@@ -6,33 +6,17 @@ mod support;
 use std::process::Command;
 
 use common::require_privileges;
-use support::{BIN, json_lines};
+use support::{BIN, json_lines, succeeded, workload};
 
 #[test]
 fn every_json_line_has_the_schema_version() {
     require_privileges();
     let out = Command::new(BIN)
-        .args([
-            "--json",
-            "--events",
-            "--stacks",
-            "--interval",
-            "0.05",
-            "--",
-            BIN,
-            "workload",
-            "syscalls",
-            "--report",
-            "/dev/null",
-        ])
+        .args(["--json", "--events", "--stacks", "--interval", "0.05", "--"])
+        .args(workload("syscalls", "/dev/null"))
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let lines = json_lines(&String::from_utf8_lossy(&out.stdout));
+    let lines = json_lines(&succeeded("memlock-trace --json --events", &out));
     let kinds: std::collections::BTreeSet<&str> =
         lines.iter().map(|l| l["type"].as_str().unwrap()).collect();
     assert!(

@@ -10,13 +10,13 @@ mod support;
 use std::{collections::BTreeMap, process::Command};
 
 use common::require_privileges;
-use support::{BIN, Tracer, bpf_ids, summary};
+use support::{BIN, Tracer, bpf_ids, summary, workload_children};
 
 /// `memlock-trace ARGS --json --follow-children --max-targets 3 -- memlock-trace workload
 /// children --count 4 --calls 1`: room for the command and its first 2 children, so the
 /// kernel cannot follow the other 2 (both logged whatever their CPUs: a record is written
 /// for the 1st, 2nd, 4th, ... occurrence on each CPU). Returns (children, summary, stderr).
-fn full_target_map(args: &[&str]) -> (Vec<u64>, serde_json::Value, String) {
+fn full_target_map(args: &[&str]) -> (Vec<u32>, serde_json::Value, String) {
     let report = std::env::temp_dir().join(format!(
         "memlock-trace-kernel-log-{}-{}.json",
         std::process::id(),
@@ -32,17 +32,8 @@ fn full_target_map(args: &[&str]) -> (Vec<u64>, serde_json::Value, String) {
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(out.status.success(), "{stderr}");
-    let r: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
-    std::fs::remove_file(&report).ok();
-    let children = r["children"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| c.as_u64().unwrap())
-        .collect();
     (
-        children,
+        workload_children(&report),
         summary(&String::from_utf8_lossy(&out.stdout)),
         stderr,
     )

@@ -12,7 +12,7 @@ use std::{
 };
 
 use common::require_privileges;
-use support::{BIN, calls_of, summary};
+use support::{BIN, calls_of, os_result, summary};
 
 const CAP_DAC_READ_SEARCH: u32 = 2;
 const CAP_PERFMON: u32 = 38;
@@ -38,18 +38,11 @@ fn as_nobody_with(cmd: &mut Command, caps: &'static [u32]) {
     // SAFETY: only raw syscalls between fork and exec, on stack data.
     unsafe {
         cmd.pre_exec(move || {
-            let check = |rc: libc::c_int| {
-                if rc == 0 {
-                    Ok(())
-                } else {
-                    Err(std::io::Error::last_os_error())
-                }
-            };
             // Keep the permitted set across the uid change, then trim it to `caps`.
-            check(libc::prctl(libc::PR_SET_KEEPCAPS, 1, 0, 0, 0))?;
-            check(libc::setgroups(0, std::ptr::null()))?;
-            check(libc::setresgid(NOBODY, NOBODY, NOBODY))?;
-            check(libc::setresuid(NOBODY, NOBODY, NOBODY))?;
+            os_result(libc::prctl(libc::PR_SET_KEEPCAPS, 1, 0, 0, 0))?;
+            os_result(libc::setgroups(0, std::ptr::null()))?;
+            os_result(libc::setresgid(NOBODY, NOBODY, NOBODY))?;
+            os_result(libc::setresuid(NOBODY, NOBODY, NOBODY))?;
             let header = CapHeader {
                 version: 0x2008_0522,
                 pid: 0,
@@ -61,9 +54,9 @@ fn as_nobody_with(cmd: &mut Command, caps: &'static [u32]) {
                 data[word].permitted |= bit;
                 data[word].inheritable |= bit;
             }
-            check(libc::syscall(libc::SYS_capset, &header, data.as_ptr()) as libc::c_int)?;
+            os_result(libc::syscall(libc::SYS_capset, &header, data.as_ptr()) as libc::c_int)?;
             for &cap in caps {
-                check(libc::prctl(
+                os_result(libc::prctl(
                     libc::PR_CAP_AMBIENT,
                     libc::PR_CAP_AMBIENT_RAISE as libc::c_ulong,
                     cap as libc::c_ulong,

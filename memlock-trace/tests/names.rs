@@ -13,7 +13,7 @@ use std::{
 };
 
 use common::require_privileges;
-use support::{BIN, run, settled, summary};
+use support::{BIN, run, scratch, settled, summary};
 
 #[test]
 fn a_launched_command_has_its_own_name_every_time() {
@@ -83,8 +83,7 @@ fn kernel_faults(pid: u32) -> u64 {
 #[test]
 fn faults_before_exec_are_the_launchers_and_every_later_one_is_counted() {
     require_privileges();
-    let dir = std::env::temp_dir().join(format!("memlock-trace-names-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch("names");
     let file = dir.join("trace.json");
     let mut tracer = Command::new(BIN)
         .args(["--json", "-o"])

@@ -3,11 +3,13 @@
 //! (which BPF trampolines need) are readable in tracefs.
 
 mod common;
+mod support;
 
 use std::path::Path;
 
 use common::require_privileges;
 use memlock_trace::probe::{Capability, capabilities};
+use support::{BIN, succeeded};
 
 fn find<'a>(caps: &'a [Capability], name: &str) -> &'a Capability {
     caps.iter()
@@ -56,8 +58,6 @@ fn capabilities_match_the_kernel() {
     }
 }
 
-const BIN: &str = env!("CARGO_BIN_EXE_memlock-trace");
-
 /// Every line of `probe`'s text within 100 columns, the verifier's empty log not printed.
 fn assert_fits(text: &str) {
     for line in text.lines() {
@@ -77,12 +77,7 @@ fn probe_fits_a_terminal() {
         .arg("probe")
         .output()
         .expect("run probe");
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = succeeded("probe", &out);
     assert_fits(&text);
     // A refusal's errno once.
     for line in text.lines().filter(|l| l.contains("os error")) {

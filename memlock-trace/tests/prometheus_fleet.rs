@@ -20,13 +20,17 @@ use std::{
 };
 
 use common::require_privileges;
-use support::{BIN, Tracer, cgroup2_mount, prometheus::Prometheus, summary};
+use support::{
+    BIN, Tracer, cgroup2_mount, flood_args,
+    prometheus::{Prometheus, scrape_job, served_target},
+    summary, threads_of,
+};
 
 /// The known process's mlock calls (and as many munlocks): the figure issue 20 saw become 2.
 const N: u64 = 100;
 /// Pages each of its calls locks, then unlocks.
 const PROBE_PAGES: u64 = 4;
-const FLOOD_THREADS: u32 = 2;
+const FLOOD_THREADS: u64 = 2;
 /// Per flood thread: long enough on one shared CPU to outlast the probe.
 const FLOOD_CALLS: u64 = 150_000;
 const JOB: &str = "fleet";
@@ -114,6 +118,19 @@ impl Drop for Scratch {
 /// A child killed and reaped when dropped (a failed assertion leaves nothing behind).
 struct Reaped(Child);
 
+impl Reaped {
+    /// Starts `cmd` with its stdin and stdout piped: the test commands it and reads its
+    /// answers.
+    fn commanded(cmd: &mut Command) -> Self {
+        Self(
+            cmd.stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap(),
+        )
+    }
+}
+
 impl Drop for Reaped {
     fn drop(&mut self) {
         if let Ok(None) = self.0.try_wait() {
@@ -124,7 +141,7 @@ impl Drop for Reaped {
 }
 
 /// `sh -c 'move myself into CGROUP; exec PROGRAM ARGS'`: forked by a shell, named by its exec.
-fn in_cgroup(cgroup: &Path, program: &str, args: &[&str]) -> Command {
+fn in_cgroup(cgroup: &Path, program: &str, args: &[impl AsRef<std::ffi::OsStr>]) -> Command {
     let mut cmd = Command::new("/bin/sh");
     cmd.arg("-c")
         .arg(r#"echo $$ > "$0/cgroup.procs" && exec "$@""#)
@@ -190,18 +207,6 @@ fn pin(pid: u32, cpu: usize) {
     }
 }
 
-/// The value of an instant query that must return at most one series (0 for none).
-fn one(prometheus: &Prometheus, promql: &str) -> f64 {
-    let result = prometheus.query(promql);
-    assert!(
-        result.len() <= 1,
-        "{promql} returned several series: {result:?}"
-    );
-    result
-        .first()
-        .map_or(0.0, |s| s["value"][1].as_str().unwrap().parse().unwrap())
-}
-
 /// Polls `promql` until it returns `want` or 40 s pass; returns the last value.
 fn poll(prometheus: &Prometheus, promql: &str, want: f64) -> f64 {
     poll_until(prometheus, promql, |got| got == want)
@@ -211,7 +216,7 @@ fn poll(prometheus: &Prometheus, promql: &str, want: f64) -> f64 {
 fn poll_until(prometheus: &Prometheus, promql: &str, done: impl Fn(f64) -> bool) -> f64 {
     let deadline = Instant::now() + Duration::from_secs(40);
     loop {
-        let got = one(prometheus, promql);
+        let got = prometheus.one(promql);
         if done(got) || Instant::now() > deadline {
             eprintln!("{promql} = {got}");
             return got;
@@ -275,18 +280,9 @@ fn promql_returns_what_a_known_process_did_beside_churn_and_a_starving_flood() {
 
     // System-wide: no -p, no command, as a fleet node runs it.
     let mut tracer = Tracer::spawn(&["--json", "--prometheus", "127.0.0.1:0"]);
-    let serving = tracer.wait_for_stderr("serving Prometheus metrics on http://");
-    let target = serving
-        .rsplit("http://")
-        .next()
-        .unwrap()
-        .trim_end_matches("/metrics")
-        .to_string();
+    let target = served_target(&tracer.wait_for_stderr("serving Prometheus metrics on http://"));
     tracer.wait_for_stderr("memlock-trace: tracing");
-    let prometheus = Prometheus::start(
-        &scratch.join("prometheus"),
-        &format!("  - job_name: {JOB}\n    static_configs:\n      - targets: [\"{target}\"]\n"),
-    );
+    let prometheus = Prometheus::start(&scratch.join("prometheus"), &scrape_job(JOB, &target));
     let targets = prometheus.targets_after_scrapes(1);
     assert_eq!(
         targets[0]["health"],
@@ -306,16 +302,11 @@ fn promql_returns_what_a_known_process_did_beside_churn_and_a_starving_flood() {
         .unwrap();
     let mut churn = Reaped(churn);
 
-    let probe_cmd = in_cgroup(
+    let mut probe_child = Reaped::commanded(&mut in_cgroup(
         &cgroups.dir("probe"),
         probe.to_str().unwrap(),
         &[&N.to_string(), &PROBE_PAGES.to_string()],
-    )
-    .stdin(Stdio::piped())
-    .stdout(Stdio::piped())
-    .spawn()
-    .unwrap();
-    let mut probe_child = Reaped(probe_cmd);
+    ));
     let probe_pid = probe_child.0.id();
     let mut probe_out = BufReader::new(probe_child.0.stdout.take().unwrap());
     assert_eq!(line_from(&mut probe_out, "fleetprobe"), "ready");
@@ -326,41 +317,18 @@ fn promql_returns_what_a_known_process_did_beside_churn_and_a_starving_flood() {
         "the kernel's name after the exec"
     );
 
-    let flood = in_cgroup(
+    let mut flood = Reaped::commanded(&mut in_cgroup(
         &cgroups.dir("flood"),
         BIN,
-        &[
-            "workload",
-            "flood",
-            "--threads",
-            &FLOOD_THREADS.to_string(),
-            "--calls",
-            &FLOOD_CALLS.to_string(),
-            "--munlock",
-            "--wait-stdin",
-        ],
-    )
-    .stdin(Stdio::piped())
-    .stdout(Stdio::piped())
-    .spawn()
-    .unwrap();
-    let mut flood = Reaped(flood);
+        &flood_args(FLOOD_THREADS, FLOOD_CALLS, &["--munlock", "--wait-stdin"]),
+    ));
     let flood_pid = flood.0.id();
     // Its threads wait at the start line: all of them exist once /proc lists them.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while std::fs::read_dir(format!("/proc/{flood_pid}/task")).map_or(0, |d| d.count())
-        < FLOOD_THREADS as usize + 1
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the flood's threads never started"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    threads_of(flood_pid, FLOOD_THREADS as usize + 1);
     pin(flood_pid, cpu);
     // The starvation: the tracer idle-class on the flood's CPU.
     schedule(tracer.pid() as u32, cpu, true, &all);
-    let dropped_before = one(&prometheus, "sum(memlock_trace_dropped_events_total)");
+    let dropped_before = prometheus.one("sum(memlock_trace_dropped_events_total)");
 
     flood.0.stdin.take().unwrap().write_all(b"g").unwrap();
     // Let the flood fill the ring first, then the probe's calls.
@@ -393,7 +361,7 @@ fn promql_returns_what_a_known_process_did_beside_churn_and_a_starving_flood() {
     let flood_calls = flood_out["calls"].as_u64().unwrap();
     let flood_munlocks = flood_out["munlock_calls"].as_u64().unwrap();
     let flood_enomem = flood_out["enomem"].as_u64().unwrap();
-    assert_eq!(flood_calls, u64::from(FLOOD_THREADS) * FLOOD_CALLS);
+    assert_eq!(flood_calls, FLOOD_THREADS * FLOOD_CALLS);
 
     // PromQL: the probe's series, by its name after exec and its cgroup.
     let probe_sel = format!(
@@ -411,18 +379,15 @@ fn promql_returns_what_a_known_process_did_beside_churn_and_a_starving_flood() {
     ));
     // SAFETY: sysconf has no preconditions.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as u64;
-    let locked = one(
-        &prometheus,
-        &format!("memlock_trace_syscall_locked_bytes_total{{{probe_sel},syscall=\"mlock\"}}"),
-    );
-    let unlocked = one(
-        &prometheus,
-        &format!("memlock_trace_syscall_unlocked_bytes_total{{{probe_sel},syscall=\"munlock\"}}"),
-    );
-    let probe_errors = one(
-        &prometheus,
-        &format!("sum(memlock_trace_syscall_errors_total{{{probe_sel}}})"),
-    );
+    let locked = prometheus.one(&format!(
+        "memlock_trace_syscall_locked_bytes_total{{{probe_sel},syscall=\"mlock\"}}"
+    ));
+    let unlocked = prometheus.one(&format!(
+        "memlock_trace_syscall_unlocked_bytes_total{{{probe_sel},syscall=\"munlock\"}}"
+    ));
+    let probe_errors = prometheus.one(&format!(
+        "sum(memlock_trace_syscall_errors_total{{{probe_sel}}})"
+    ));
 
     // The flood's series, by its cgroup (its name is memlock-trace, as other tests' are).
     let flood_sel = format!("job=\"{JOB}\",cgroup=\"{}\"", cgroups.path("flood"));
@@ -436,12 +401,9 @@ fn promql_returns_what_a_known_process_did_beside_churn_and_a_starving_flood() {
         &format!("sum({})", calls(&flood_sel, "munlock")),
         flood_munlocks as f64,
     );
-    let flood_errors = one(
-        &prometheus,
-        &format!(
-            "sum(memlock_trace_syscall_errors_total{{{flood_sel},syscall=\"mlock\",errno=\"ENOMEM\"}})"
-        ),
-    );
+    let flood_errors = prometheus.one(&format!(
+        "sum(memlock_trace_syscall_errors_total{{{flood_sel},syscall=\"mlock\",errno=\"ENOMEM\"}})"
+    ));
     let dropped = poll_until(
         &prometheus,
         "sum(memlock_trace_dropped_events_total)",

@@ -17,12 +17,12 @@ mod support;
 use std::{
     io::Write as _,
     os::unix::process::CommandExt as _,
-    process::{Child, Command, Stdio},
+    process::{Child, Command},
     time::{Duration, Instant},
 };
 
 use common::require_privileges;
-use support::{BIN, Tracer, calls_of, summary};
+use support::{BIN, Tracer, calls_of, summary, waiting_flood};
 
 /// A guard against a stop that waits on the kernel one hook after another (2.99 s in CI
 /// when every syscall hook was a perf-attached `syscalls:*` event, each released after a
@@ -58,20 +58,7 @@ fn tracer(args: &[&str]) -> Tracer {
 /// for a debug-build reader. At the default priority: at nice 19 beside the guests it made
 /// fewer than the 1,000 calls in a second that the SIGTERM test asks of it.
 fn flood() -> Child {
-    let mut child = Command::new(BIN)
-        .args([
-            "workload",
-            "flood",
-            "--threads",
-            "2",
-            "--calls",
-            "1000000000",
-            "--wait-stdin",
-        ])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = waiting_flood(2, 1_000_000_000);
     child.stdin.take().unwrap().write_all(b"go").unwrap();
     child
 }

@@ -8,7 +8,7 @@ mod support;
 use std::{os::unix::process::ExitStatusExt as _, process::Command};
 
 use common::require_privileges;
-use support::{Tracer, bpf_ids, summary, wait_all_unloaded};
+use support::{BpfIds, Tracer, bpf_ids, summary, wait_all_unloaded};
 
 /// Traces a sleeping process with every hook kind attached (tracepoints and tp_btf),
 /// notes the eBPF objects the tracer holds, then sends `signal`.
@@ -46,13 +46,7 @@ fn sigint_prints_the_summary_and_unloads_everything() {
     assert_eq!(done.status.code(), Some(0), "{}", done.stderr);
     assert!(done.stderr.contains("stopped by SIGINT"), "{}", done.stderr);
     assert_eq!(summary(&done.stdout)["schema"], 1);
-    let took = wait_all_unloaded(&ids);
-    eprintln!(
-        "SIGINT: {} programs, {} links, {} maps gone {took:?} after exit",
-        ids.programs.len(),
-        ids.links.len(),
-        ids.maps.len()
-    );
+    wait_unloaded_and_say("SIGINT", &ids);
 }
 
 #[test]
@@ -76,9 +70,15 @@ fn sigkill_leaves_no_program_map_or_link_behind() {
     assert_eq!(done.status.signal(), Some(libc::SIGKILL));
     assert!(done.stdout.is_empty(), "killed: no summary");
     // Nothing pinned, nothing held elsewhere: closing the fds releases everything.
-    let took = wait_all_unloaded(&ids);
+    wait_unloaded_and_say("SIGKILL", &ids);
+}
+
+/// Waits until every one of `ids` is gone from the kernel, and says how long that took
+/// after the tracer's exit (`stopped_by`).
+fn wait_unloaded_and_say(stopped_by: &str, ids: &BpfIds) {
+    let took = wait_all_unloaded(ids);
     eprintln!(
-        "SIGKILL: {} programs, {} links, {} maps gone {took:?} after exit",
+        "{stopped_by}: {} programs, {} links, {} maps gone {took:?} after exit",
         ids.programs.len(),
         ids.links.len(),
         ids.maps.len()

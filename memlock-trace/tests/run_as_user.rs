@@ -17,7 +17,7 @@ use std::{
 use common::require_privileges;
 use nix::unistd::{User, getgrouplist};
 use serde_json::Value;
-use support::{BIN, json_lines};
+use support::{BIN, json_lines, os_result, workload};
 
 #[test]
 fn a_command_run_as_nobody_has_nobodys_ids_no_capabilities_and_is_traced_exactly() {
@@ -188,16 +188,9 @@ fn the_capable_binary_runs_for_its_group_only() {
         // without PR_SET_KEEPCAPS clears every capability.
         unsafe {
             cmd.pre_exec(move || {
-                let check = |rc: libc::c_int| {
-                    if rc == 0 {
-                        Ok(())
-                    } else {
-                        Err(std::io::Error::last_os_error())
-                    }
-                };
-                check(libc::setgroups(groups.len(), groups.as_ptr()))?;
-                check(libc::setresgid(65534, 65534, 65534))?;
-                check(libc::setresuid(65534, 65534, 65534))
+                os_result(libc::setgroups(groups.len(), groups.as_ptr()))?;
+                os_result(libc::setresgid(65534, 65534, 65534))?;
+                os_result(libc::setresuid(65534, 65534, 65534))
             });
         }
         cmd.output()
@@ -213,15 +206,10 @@ fn the_capable_binary_runs_for_its_group_only() {
     let out = as_nobody(
         &[GROUP],
         &[
-            "--json",
-            "--events",
-            "--",
-            BIN,
-            "workload",
-            "syscalls",
-            "--report",
-            report.to_str().unwrap(),
-        ],
+            &["--json", "--events", "--"][..],
+            &workload("syscalls", report.to_str().unwrap()),
+        ]
+        .concat(),
     )
     .expect("runs inside the group");
     let stderr = String::from_utf8_lossy(&out.stderr);

@@ -3,13 +3,13 @@
 #![cfg(feature = "lab")]
 
 mod common;
+mod support;
 
 use std::process::Command;
 
 use common::require_privileges;
 use serde_json::Value;
-
-const BIN: &str = env!("CARGO_BIN_EXE_memlock-trace");
+use support::{BIN, suite_report};
 
 /// The seeds, answered: `advise --apply` on first-touch's lazy run must name the region and
 /// move its first-touch faults out of the timed loop; on malloc-vs-mmap's malloc run name
@@ -22,23 +22,14 @@ const BIN: &str = env!("CARGO_BIN_EXE_memlock-trace");
 fn the_advice_agrees_with_the_references_on_every_seed() {
     require_privileges();
     let out_dir = std::env::temp_dir().join(format!("memlock-trace-advice-{}", std::process::id()));
-    let out = Command::new(BIN)
-        .args(["suite", "--tiny", "--scenario", "first-touch"])
-        .args(["--scenario", "malloc-vs-mmap", "--scenario", "thread-stack"])
-        .args(["--scenario", "dynamic-alloc", "--out"])
-        .arg(&out_dir)
-        .output()
-        .expect("run memlock-trace suite");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "suite failed: {:?}\nstdout:\n{stdout}\nstderr:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
+    let report = suite_report(
+        Command::new(BIN)
+            .args(["suite", "--tiny", "--scenario", "first-touch"])
+            .args(["--scenario", "malloc-vs-mmap", "--scenario", "thread-stack"])
+            .args(["--scenario", "dynamic-alloc", "--out"])
+            .arg(&out_dir),
+        &out_dir,
     );
-    let report: Value =
-        serde_json::from_str(&std::fs::read_to_string(out_dir.join("report.json")).unwrap())
-            .unwrap();
     let advice = report["advice"].as_array().unwrap();
     let names: Vec<&str> = advice
         .iter()

@@ -3,13 +3,12 @@
 #![cfg(feature = "lab")]
 
 mod common;
+mod support;
 
 use std::process::Command;
 
 use common::require_privileges;
-use serde_json::Value;
-
-const BIN: &str = env!("CARGO_BIN_EXE_memlock-trace");
+use support::{BIN, suite_report};
 
 #[test]
 fn every_scenario_runs_and_the_tracer_agrees_with_the_workload() {
@@ -52,18 +51,7 @@ fn every_scenario_runs_and_the_tracer_agrees_with_the_workload() {
             cmd.args(["--scenario", name]);
         }
     }
-    let out = cmd.output().expect("run memlock-trace suite");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "suite failed: {:?}\nstdout:\n{stdout}\nstderr:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-
-    let report: Value =
-        serde_json::from_str(&std::fs::read_to_string(out_dir.join("report.json")).unwrap())
-            .unwrap();
+    let report = suite_report(&mut cmd, &out_dir);
     let scenarios = report["scenarios"].as_array().unwrap();
     let names: Vec<&str> = scenarios
         .iter()

@@ -9,7 +9,7 @@ use std::{process::Command, sync::mpsc, time::Instant};
 
 use common::{gettid, require_privileges};
 use serde_json::Value;
-use support::{BIN, Tracer, calls_of, run, summary, with_syscalls};
+use support::{BIN, Tracer, calls_of, run, scratch, summary, with_syscalls};
 
 #[test]
 fn a_thread_id_given_to_p_traces_its_process_and_says_so() {
@@ -73,8 +73,7 @@ fn a_kernel_thread_is_refused_with_the_reason() {
 #[test]
 fn follow_children_lasts_while_a_daemon_outlives_its_command() {
     require_privileges();
-    let dir = std::env::temp_dir().join(format!("memlock-trace-targets-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch("targets");
     let report = dir.join("daemon.json");
     let script = format!(
         "(sleep 1; exec {BIN} workload syscalls --report {}) </dev/null >/dev/null 2>&1 & exit 0",

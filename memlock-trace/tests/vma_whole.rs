@@ -13,26 +13,20 @@ mod support;
 
 use common::require_privileges;
 use serde_json::Value;
-use support::{BIN, json_lines, run};
+use support::{json_lines, run, scratch, workload};
 
 const PAGE: u64 = 4096;
 
 #[test]
 fn mlockall_and_munlockall_count_the_bytes_locked_vm_counts() {
     require_privileges();
-    let dir = std::env::temp_dir().join(format!("memlock-trace-vma-whole-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch("vma-whole");
     let report = dir.join("calls.json");
     let out = run(&[
-        "--json",
-        "--events",
-        "--",
-        BIN,
-        "workload",
-        "syscalls",
-        "--report",
-        report.to_str().unwrap(),
-    ]);
+        &["--json", "--events", "--"][..],
+        &workload("syscalls", report.to_str().unwrap()),
+    ]
+    .concat());
     std::fs::remove_dir_all(&dir).ok();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let lines = json_lines(&stdout);
@@ -118,21 +112,11 @@ fn mlockall_and_munlockall_count_the_bytes_locked_vm_counts() {
 fn vma_counts_past_max_processes_are_counted_as_evicted() {
     require_privileges();
     let out = run(&[
-        "--json",
-        "--follow-children",
-        "--max-processes",
-        "1",
-        "--",
-        BIN,
-        "workload",
-        "children",
-        "--count",
-        "3",
-        "--calls",
-        "1",
-        "--report",
-        "/dev/null",
-    ]);
+        &["--json", "--follow-children", "--max-processes", "1", "--"][..],
+        &workload("children", "/dev/null"),
+        &["--count", "3", "--calls", "1"],
+    ]
+    .concat());
     let stdout = String::from_utf8_lossy(&out.stdout);
     let summary = json_lines(&stdout)
         .into_iter()

@@ -2,20 +2,25 @@
 //! so `--interval` blocks show what happened in their window (as libbpf-tools clearing its
 //! maps would) while the maps keep counting for the whole session's summary.
 
-use memlock_trace_common::faults::{HistKey, SLOTS, bucket_range};
+use memlock_trace_common::faults::{HIST_BUCKETS, HistKey, SLOTS, bucket_range};
 
 use super::read::FaultReport;
+use crate::{
+    buckets::Buckets,
+    process::counts::{bucket_growth, growth},
+};
 
 impl FaultReport {
     /// What was counted after `earlier` (a previous reading of the same maps). A key the LRU
-    /// evicted and re-created in between can read lower than before: it counts from zero.
+    /// evicted and re-created in between can read lower than before: all it counts is new
+    /// ([`growth`], the rule the Prometheus series follow too).
     /// The largest latency of a window is exact when it raised the session's maximum,
     /// otherwise it is the top of the window's highest latency bucket (within 1/8).
     pub fn since(&self, earlier: &FaultReport) -> FaultReport {
         let mut window = self.clone();
         for (key, hist) in &mut window.hists {
             if let Some(old) = earlier.hists.get(key) {
-                hist.saturating_sub(old);
+                *hist = Buckets::from_dense(&bucket_growth::<HIST_BUCKETS>(hist, Some(old)));
             }
         }
         window.hists.retain(|_, h| !h.is_empty());
@@ -24,10 +29,10 @@ impl FaultReport {
                 continue;
             };
             for (n, o) in stats.counts.iter_mut().zip(old.counts) {
-                *n = n.saturating_sub(o);
+                *n = growth(*n, o);
             }
             for (n, o) in stats.populated_by.iter_mut().zip(old.populated_by) {
-                *n = n.saturating_sub(o);
+                *n = growth(*n, o);
             }
             for class in 0..SLOTS {
                 if stats.max_ns[class] != old.max_ns[class] {
@@ -50,7 +55,7 @@ impl FaultReport {
             if let Some(old) = earlier.regions.get(tgid) {
                 for (key, value) in regions.iter_mut() {
                     if let Some((_, o)) = old.iter().find(|(k, _)| k == key) {
-                        value.faults = value.faults.saturating_sub(o.faults);
+                        value.faults = growth(value.faults, o.faults);
                     }
                 }
             }
@@ -58,13 +63,13 @@ impl FaultReport {
         }
         if let (Some(now), Some(old)) = (&mut window.stacks, &earlier.stacks) {
             for (key, n) in &mut now.counts {
-                *n = n.saturating_sub(old.counts.get(key).copied().unwrap_or(0));
+                *n = growth(*n, old.counts.get(key).copied().unwrap_or(0));
             }
             now.counts.retain(|_, n| *n > 0);
             for (region, sites) in &mut now.sites {
                 let old = old.sites.get(region);
                 for (stack, n) in sites.iter_mut() {
-                    *n = n.saturating_sub(old.and_then(|o| o.get(stack)).copied().unwrap_or(0));
+                    *n = growth(*n, old.and_then(|o| o.get(stack)).copied().unwrap_or(0));
                 }
                 sites.retain(|_, n| *n > 0);
             }
@@ -81,23 +86,25 @@ mod tests {
     use super::*;
     use crate::{buckets::Buckets, faults::read::KeyStats};
 
+    /// The one process of every reading.
+    const KEY: FaultKey = FaultKey {
+        tgid: 7,
+        tid: 0,
+        start_ns: 1,
+    };
+
     fn reading(faults: u64, latencies: &[u64]) -> FaultReport {
-        let key = FaultKey {
-            tgid: 7,
-            tid: 0,
-            start_ns: 1,
-        };
         let mut r = FaultReport::default();
         let mut s = KeyStats::default();
         s.counts[stat::USER_MINOR] = faults;
         s.max_ns[class::USER_MINOR as usize] = latencies.iter().copied().max().unwrap_or(0);
-        r.stats.insert(key, s);
+        r.stats.insert(KEY, s);
         let mut h = [0u64; HIST_BUCKETS];
         for &ns in latencies {
             h[bucket_of(ns)] += 1;
         }
         let hk = HistKey {
-            key,
+            key: KEY,
             class: class::USER_MINOR,
             _pad: 0,
         };
@@ -105,24 +112,34 @@ mod tests {
         r
     }
 
+    /// A window's user minor faults, and how many latencies its histogram holds.
+    fn counted(window: &FaultReport) -> (u64, u64) {
+        let faults = window.stats[&KEY].counts[stat::USER_MINOR];
+        let hist = window.hists.values().next().unwrap();
+        (faults, hist.iter().map(|(_, n)| n).sum())
+    }
+
     #[test]
     fn a_window_holds_only_its_own_faults() {
         let first = reading(3, &[1_000, 2_000, 50_000]);
         let second = reading(5, &[1_000, 2_000, 50_000, 3_000, 4_000]);
         let w = second.since(&first);
-        let s = &w.stats[&FaultKey {
-            tgid: 7,
-            tid: 0,
-            start_ns: 1,
-        }];
-        assert_eq!(s.counts[stat::USER_MINOR], 2);
-        let h = w.hists.values().next().unwrap();
-        assert_eq!(h.iter().map(|(_, n)| n).sum::<u64>(), 2);
+        assert_eq!(counted(&w), (2, 2));
+        let s = &w.stats[&KEY];
         // The session max (50 us) was not this window's: the window's top bucket bounds it.
         let max = s.max_ns[class::USER_MINOR as usize];
         assert!((4_000..4_608).contains(&max), "{max}");
         // Nothing new: the process has no window entry.
         assert!(second.since(&second).stats.is_empty());
+    }
+
+    /// Issue 46 point 8: a key the LRU evicted and re-created reads lower than before; what
+    /// it counts is all new, as in the Prometheus series (it read 0 here before).
+    #[test]
+    fn an_evicted_and_recreated_key_is_all_new() {
+        let first = reading(9, &[1_000, 1_000, 1_000]);
+        let second = reading(2, &[1_000, 50_000]);
+        assert_eq!(counted(&second.since(&first)), (2, 2));
     }
 
     /// `--stacks`: a window's mapping stacks are the samples kept in it.

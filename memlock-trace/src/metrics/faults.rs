@@ -24,6 +24,7 @@ use super::{Labels, names::NameCap};
 use crate::{
     buckets::Buckets,
     faults::{FaultHealth, FaultHooks, summary::ProcessFaults},
+    process::counts::{bucket_growth, growth},
 };
 
 /// Upper bounds of the latency buckets: powers of two nanoseconds, 256 ns to 134 ms. The
@@ -73,12 +74,6 @@ struct Seen {
     /// (kernel class, buckets): a vector, not a map, for the one or two classes a process
     /// has (a B-tree's leaf has room for 11, ~300 bytes for each of 12,288 processes).
     hists: Vec<(u32, Buckets)>,
-}
-
-/// Growth since `before`; a total that went down is an entry the kernel evicted and
-/// re-created, whose whole value is new.
-fn growth(now: u64, before: u64) -> u64 {
-    if now >= before { now - before } else { now }
 }
 
 impl FaultMetrics {
@@ -227,11 +222,7 @@ impl FaultMetrics {
                     .hists
                     .iter()
                     .find_map(|(class, b)| (*class == kernel_class).then_some(b));
-                // A bucket the kernel no longer counts grew by nothing (`growth`).
-                let mut added = [0u64; HIST_BUCKETS];
-                for (b, n) in buckets.iter() {
-                    added[b] = growth(n, old.map_or(0, |o| o.get(b)));
-                }
+                let added: [u64; HIST_BUCKETS] = bucket_growth(buckets, old);
                 self.latency
                     .add(with(&[("class", class_label), ("origin", origin)]), &added);
             }

@@ -20,6 +20,7 @@ use super::{Labels, faults::LatencyFamily, names::NameCap};
 use crate::{
     buckets::Buckets,
     event::{Syscall, errno_name},
+    process::counts::growth,
     syscalls::read::{KeyCounts, SyscallReport},
 };
 
@@ -63,12 +64,6 @@ impl SeenCalls {
             latency: Buckets::from_dense(&counts.latency),
         }
     }
-}
-
-/// Growth since `before`; a total that went down is an entry the kernel evicted and
-/// re-created, whose whole value is new.
-fn growth(now: u64, before: u64) -> u64 {
-    if now >= before { now - before } else { now }
 }
 
 impl SyscallMetrics {

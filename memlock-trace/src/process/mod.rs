@@ -1,9 +1,11 @@
 //! Which processes are traced: the target set and its filters ([`filters`]), commands
 //! launched under the tracer ([`launch`]), the memory cgroup that limits a process
-//! ([`memory_cgroup`]), and the bounded per-process table that keeps a
-//! long session's footprint fixed ([`table`]).
+//! ([`memory_cgroup`]), the bounded per-process table that keeps a
+//! long session's footprint fixed ([`table`]), and how the kernel's per-process running
+//! totals are differenced between two readings ([`counts`]).
 
 pub mod cgroup;
+pub mod counts;
 pub mod filters;
 pub mod identity;
 pub mod launch;

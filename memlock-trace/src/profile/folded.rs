@@ -67,21 +67,6 @@ pub fn lines(profile: &Profile, weight: Weight) -> Vec<String> {
 }
 
 #[cfg(test)]
-fn unnamed() -> Frame {
-    Frame {
-        addr: String::new(),
-        symbol: "".into(),
-        resolved: false,
-        inlined: false,
-        module: None,
-        build_id: None,
-        offset: None,
-        file: None,
-        line: None,
-    }
-}
-
-#[cfg(test)]
 pub(super) mod tests {
     use super::*;
     use crate::profile::ProfileStack;
@@ -93,7 +78,7 @@ pub(super) mod tests {
             symbol: symbol.into(),
             resolved,
             module: module.map(Into::into),
-            ..unnamed()
+            ..Frame::unmapped(String::new())
         }
     }
 
@@ -105,21 +90,18 @@ pub(super) mod tests {
             count,
             bytes,
         };
+        let node_main = || {
+            vec![
+                frame("touch;All", Some("anonymous"), true),
+                frame("grow", Some("anonymous"), true),
+                frame("main", Some("/usr/bin/node"), true),
+            ]
+        };
         Profile {
             weight: Weight::Faults,
             sample_every: 1,
             stacks: vec![
-                stack(
-                    7,
-                    "node",
-                    vec![
-                        frame("touch;All", Some("anonymous"), true),
-                        frame("grow", Some("anonymous"), true),
-                        frame("main", Some("/usr/bin/node"), true),
-                    ],
-                    1000,
-                    4_096_000,
-                ),
+                stack(7, "node", node_main(), 1000, 4_096_000),
                 stack(
                     7,
                     "node",
@@ -134,18 +116,8 @@ pub(super) mod tests {
                     24,
                     98_304,
                 ),
-                // Another address in the same functions: folds into the first line.
-                stack(
-                    7,
-                    "node",
-                    vec![
-                        frame("touch;All", Some("anonymous"), true),
-                        frame("grow", Some("anonymous"), true),
-                        frame("main", Some("/usr/bin/node"), true),
-                    ],
-                    24,
-                    98_304,
-                ),
+                // The same functions again: folds into the first line.
+                stack(7, "node", node_main(), 24, 98_304),
                 stack(8, "a\nb", vec![frame("f", None, true)], 0, 4096),
             ],
         }

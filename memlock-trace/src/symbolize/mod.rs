@@ -45,6 +45,23 @@ pub struct Frame {
     pub line: Option<u32>,
 }
 
+impl Frame {
+    /// A frame at `addr` that no mapping held: its address stands in for the function.
+    pub fn unmapped(addr: String) -> Frame {
+        Frame {
+            symbol: Outside::from(addr.as_str()),
+            addr,
+            resolved: false,
+            inlined: false,
+            module: None,
+            build_id: None,
+            offset: None,
+            file: None,
+            line: None,
+        }
+    }
+}
+
 /// Symbolizes frames through a mapping snapshot; keeps parsed files between summaries.
 pub struct StackSymbolizer {
     symbolizer: Symbolizer,
@@ -149,18 +166,7 @@ impl StackSymbolizer {
     ) -> (Frame, Option<u64>) {
         let addr = format!("{ip:#x}");
         let Some(m) = modules.and_then(|p| p.at(lookup_ip)) else {
-            let frame = Frame {
-                symbol: Outside::from(addr.as_str()),
-                addr,
-                resolved: false,
-                inlined: false,
-                module: None,
-                build_id: None,
-                offset: None,
-                file: None,
-                line: None,
-            };
-            return (frame, None);
+            return (Frame::unmapped(addr), None);
         };
         let offset = ip - m.start + m.offset;
         let frame = Frame {

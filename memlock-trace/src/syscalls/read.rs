@@ -23,6 +23,7 @@ use crate::{
     event::{Syscall, errno_name},
     latency::Latency,
     output::Outside,
+    process::counts::growth,
 };
 
 /// One key's figures, summed over CPUs.
@@ -108,7 +109,8 @@ impl SyscallReport {
         let mut counts = BTreeMap::new();
         for (key, now) in &self.counts {
             let then = before.counts.get(key).copied().unwrap_or_default();
-            // Fewer than before: the entry was evicted and made anew; all of it is new.
+            // Fewer calls than before: the entry was evicted and made anew, and all of it is
+            // new ([`growth`]'s rule, judged on the calls for the whole entry).
             let then = if now.calls < then.calls {
                 KeyCounts::default()
             } else {
@@ -119,16 +121,16 @@ impl SyscallReport {
             }
             let mut latency = now.latency;
             for (n, t) in latency.iter_mut().zip(then.latency) {
-                *n = n.saturating_sub(t);
+                *n = growth(*n, t);
             }
             counts.insert(
                 *key,
                 KeyCounts {
                     calls: now.calls - then.calls,
-                    pages_populated: now.pages_populated.saturating_sub(then.pages_populated),
-                    faults_populated: now.faults_populated.saturating_sub(then.faults_populated),
-                    pages_locked: now.pages_locked.saturating_sub(then.pages_locked),
-                    pages_unlocked: now.pages_unlocked.saturating_sub(then.pages_unlocked),
+                    pages_populated: growth(now.pages_populated, then.pages_populated),
+                    faults_populated: growth(now.faults_populated, then.faults_populated),
+                    pages_locked: growth(now.pages_locked, then.pages_locked),
+                    pages_unlocked: growth(now.pages_unlocked, then.pages_unlocked),
                     max_ns: now.max_ns,
                     latency,
                 },

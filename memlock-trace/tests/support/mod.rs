@@ -279,19 +279,119 @@ pub fn with_syscalls(summary: &Value) -> Vec<&Value> {
         .collect()
 }
 
+/// A scratch directory of this test process, `memlock-trace-NAME-PID` in the temporary
+/// directory (the pid keeps concurrent test binaries apart).
+pub fn scratch(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("memlock-trace-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A raw libc call's return code as a `Result` (0 is success, else `errno`), for the
+/// `pre_exec` closures that drop privileges, where only such calls may run.
+pub fn os_result(rc: libc::c_int) -> std::io::Result<()> {
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// `memlock-trace workload NAME --report REPORT`: a bundled workload as the command to
+/// trace, writing what it did (its own count of calls and faults) to REPORT.
+pub fn workload<'a>(name: &'a str, report: &'a str) -> [&'a str; 5] {
+    [BIN, "workload", name, "--report", report]
+}
+
+/// The arguments of `memlock-trace workload flood`: `threads` threads making `calls`
+/// failing mlock calls each, then `extra` (`--munlock`, `--wait-stdin`, `--report PATH`).
+pub fn flood_args(threads: u64, calls: u64, extra: &[&str]) -> Vec<String> {
+    let counts = [threads, calls].map(|n| n.to_string());
+    [
+        "workload",
+        "flood",
+        "--threads",
+        &counts[0],
+        "--calls",
+        &counts[1],
+    ]
+    .iter()
+    .chain(extra)
+    .map(|a| a.to_string())
+    .collect()
+}
+
+/// `memlock-trace workload flood` started with [`flood_args`] `--wait-stdin`: its threads
+/// wait at the start line until a byte arrives on its (piped) stdin; its report is dropped.
+pub fn waiting_flood(threads: u64, calls: u64) -> Child {
+    Command::new(BIN)
+        .args(flood_args(threads, calls, &["--wait-stdin"]))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start the flood")
+}
+
+/// The thread ids of process `pid` once it has at least `n` threads (the main one too):
+/// threads a process starts appear in `/proc/PID/task` a moment later.
+pub fn threads_of(pid: u32, n: usize) -> Vec<u32> {
+    let task = format!("/proc/{pid}/task");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let tids: Vec<u32> = std::fs::read_dir(&task)
+            .unwrap_or_else(|e| panic!("{task}: {e}"))
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+            .collect();
+        if tids.len() >= n {
+            return tids;
+        }
+        assert!(Instant::now() < deadline, "{pid}'s threads: {tids:?}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// The pids of the children `memlock-trace workload children --report REPORT` started, in
+/// order, from its report (which is then removed).
+pub fn workload_children(report: &std::path::Path) -> Vec<u32> {
+    let r: Value = serde_json::from_str(&std::fs::read_to_string(report).unwrap()).unwrap();
+    std::fs::remove_file(report).ok();
+    r["children"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_u64().unwrap() as u32)
+        .collect()
+}
+
+/// Asserts that the finished command `what` succeeded, its status, stdout and stderr in the
+/// message; returns its stdout.
+pub fn succeeded(what: &str, out: &std::process::Output) -> String {
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{what}: {}\nstdout:\n{stdout}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
 /// Runs `memlock-trace ARGS` to completion; it must succeed (its stderr is in the message).
 pub fn run(args: &[&str]) -> std::process::Output {
     let out = Command::new(BIN)
         .args(args)
         .output()
         .expect("memlock-trace");
-    assert!(
-        out.status.success(),
-        "memlock-trace {args:?}: {:?}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
+    succeeded(&format!("memlock-trace {args:?}"), &out);
     out
+}
+
+/// Runs `cmd` (`memlock-trace suite ... --out OUT_DIR`) to completion; it must succeed.
+/// Returns the report it wrote, `OUT_DIR/report.json`.
+pub fn suite_report(cmd: &mut Command, out_dir: &std::path::Path) -> Value {
+    let out = cmd.output().expect("run memlock-trace suite");
+    succeeded("suite", &out);
+    serde_json::from_str(&std::fs::read_to_string(out_dir.join("report.json")).unwrap()).unwrap()
 }
 
 /// The cgroup2 mount: the unified hierarchy, also on hybrid hosts.
@@ -338,13 +438,7 @@ pub fn advise_json(options: &[&str], command: &[&str]) -> Value {
         .args(command)
         .output()
         .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "advise failed ({}): {}\n{stdout}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = succeeded("advise", &out);
     let line = stdout
         .lines()
         .find(|l| l.contains("\"type\":\"advise\""))

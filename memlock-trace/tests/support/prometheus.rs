@@ -41,6 +41,22 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// The `scrape_configs` entry of one plain-HTTP job scraping `target` (`HOST:PORT`).
+pub fn scrape_job(job: &str, target: &str) -> String {
+    format!("  - job_name: {job}\n    static_configs:\n      - targets: [\"{target}\"]\n")
+}
+
+/// The `HOST:PORT` the tracer's `serving Prometheus metrics on http://HOST:PORT/metrics`
+/// line names, as a scrape target.
+pub fn served_target(serving: &str) -> String {
+    serving
+        .rsplit("http://")
+        .next()
+        .unwrap()
+        .trim_end_matches("/metrics")
+        .to_string()
+}
+
 pub fn require(program: &str) {
     assert!(
         Path::new(program).is_file(),
@@ -135,6 +151,18 @@ impl Prometheus {
             .as_array()
             .expect("a vector")
             .clone()
+    }
+
+    /// The value of an instant PromQL query that returns at most one series (0 when none).
+    pub fn one(&self, promql: &str) -> f64 {
+        let result = self.query(promql);
+        assert!(
+            result.len() <= 1,
+            "{promql} returned several series: {result:?}"
+        );
+        result
+            .first()
+            .map_or(0.0, |s| s["value"][1].as_str().unwrap().parse().unwrap())
     }
 
     /// The active targets, once every one has been scraped at least `scrapes` times (its

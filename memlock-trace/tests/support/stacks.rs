@@ -10,18 +10,12 @@ use std::{
 
 use serde_json::Value;
 
+pub use super::scratch;
 use super::{BIN, json_lines};
 
 const LOCK_CHAIN: &str = include_str!("../stacks/lock_chain.c");
 /// Names a prebuilt `lock_chain` (`cargo xtask test` cross-compiles it for the arm64 guest).
 pub const PREBUILT_LOCK_CHAIN: &str = "MEMLOCK_TRACE_LOCK_CHAIN";
-
-/// A scratch directory of this test process.
-pub fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("memlock-trace-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
 
 /// `lock_chain.c` compiled without frame pointers, with DWARF for file:line, in `dir`: a
 /// copy of the prebuilt one [`PREBUILT_LOCK_CHAIN`] names, else compiled here by gcc.
