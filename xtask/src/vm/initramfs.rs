@@ -252,3 +252,26 @@ fn strip_debug(arch: GuestArch, path: &Path) {
 fn sh_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn init_loads_the_modules_in_order_once_cgroup2_is_mounted() {
+        let modules = ["zsmalloc.ko", "zram.ko", "lzo-rle.ko"].map(String::from);
+        let script = init_script_prologue(&[], &modules);
+        let cgroup2 = script.find("mount -t cgroup2").unwrap();
+        let list = script
+            .find("for m in 'zsmalloc.ko' 'zram.ko' 'lzo-rle.ko'; do")
+            .unwrap();
+        let kernel_mark = script.find(KERNEL_MARK).unwrap();
+        assert!(cgroup2 < list && list < kernel_mark, "{script}");
+        assert!(script.contains("insmod /modules/$m"), "{script}");
+        // Loading is all /init does with them: the scenario makes swap and cgroups itself.
+        assert!(
+            !script.contains("swapon") && !script.contains("mkdir"),
+            "{script}"
+        );
+    }
+}
