@@ -331,6 +331,34 @@ fn page_columns_name_their_unit() {
     check_units(&text, made.len(), None);
 }
 
+/// `--events=calls` is one line per call, as strace and perf trace print; the VMA lines
+/// come with `--events=calls,vma` (or `--events=syscalls`, `--events`) (issue 47 point 13).
+#[test]
+fn events_calls_is_one_line_per_call_and_vma_adds_the_vma_lines() {
+    require_privileges();
+    let (out, made) = traced_syscalls(&["--events=calls", "--fault-hooks", "off"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let events: Vec<&str> = text
+        .lines()
+        .take_while(|l| !l.starts_with("pid "))
+        .collect();
+    assert!(
+        !events.iter().any(|l| l.contains("VMAs around range")),
+        "a VMA line under --events=calls:\n{text}"
+    );
+    assert_eq!(
+        events.iter().filter(|l| l.contains(") = ")).count() as u64,
+        made.values().sum::<u64>(),
+        "one line per call:\n{text}"
+    );
+    for events in ["--events=calls,vma", "--events=syscalls"] {
+        let (out, _) = traced_syscalls(&[events, "--fault-hooks", "off"]);
+        assert!(out.status.success(), "{out:?}");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains("VMAs around range"), "{events}: {text}");
+    }
+}
+
 /// The VMA stores of calls outside the mlock family, as strace writes those calls: munmap
 /// with its two arguments, the task's name in the comm column and in the JSON record.
 #[test]
