@@ -508,6 +508,31 @@ fn verbose_prints_the_hook_detail_once_on_stderr() {
     }
 }
 
+/// The man page names page faults in its NAME line and has the EXIT STATUS and EXAMPLES
+/// sections of a tool's page (man-pages(7)), in that order after OPTIONS (issue 47 point 14).
+#[test]
+fn man_page_has_exit_status_examples_and_names_page_faults() {
+    let man = String::from_utf8_lossy(&run(&["man"]).stdout).into_owned();
+    let name = man
+        .split(".SH NAME\n")
+        .nth(1)
+        .and_then(|rest| rest.lines().next())
+        .unwrap_or_else(|| panic!("no NAME section:\n{man}"));
+    assert!(name.contains("page faults"), "{name}");
+    let at = |s: &str| man.find(s).unwrap_or_else(|| panic!("no {s:?} in:\n{man}"));
+    assert!(at(".SH OPTIONS") < at(".SH \"EXIT STATUS\""));
+    assert!(at(".SH \"EXIT STATUS\"") < at(".SH EXAMPLES"));
+    for code in ["124", "125", "126", "127"] {
+        assert!(man.contains(&format!("\\fB{code}\\fR")), "exit {code}");
+    }
+    // The page written to a directory is the same.
+    let dir = tempdir("man-sections");
+    run(&["man", dir.to_str().unwrap()]);
+    let written = std::fs::read_to_string(dir.join("memlock-trace.1")).unwrap();
+    assert!(written.contains(".SH EXAMPLES"), "{written}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 #[test]
 fn man_page_and_completions_come_from_the_clap_definition() {
     let man = run(&["man"]);

@@ -3,6 +3,7 @@
 //! subcommands exist only with the `lab` feature.
 
 mod commands;
+pub mod man;
 mod production;
 mod profile;
 #[cfg(test)]
@@ -29,8 +30,9 @@ const MAX_TOP: usize = 1_000_000;
 #[command(
     name = "memlock-trace",
     version,
-    about = "Trace mlock-family calls from the kernel: who, what range, how long, what it returned, \
-             how many pages it populated and locked.",
+    about = "Trace mlock-family calls and page faults from the kernel: who, what range, how long, \
+             what it returned, how many pages it populated and locked, which faults each process \
+             took, where and how long they took.",
     args_conflicts_with_subcommands = true
 )]
 pub struct Cli {
