@@ -45,8 +45,10 @@ impl VmaCall {
         }
         c.unmeasured_calls += u32::from(self.unmeasured);
         // mlockall/munlockall's figures are the whole process's totals, complete whatever
-        // the snapshot of their range held.
-        c.incomplete_calls += u32::from(self.incomplete && self.whole.is_none());
+        // the snapshot of their range held; a call that changed no locked_vm (one refused on
+        // the limit) left nothing out.
+        c.incomplete_calls +=
+            u32::from(self.incomplete && self.whole.is_none() && self.syscall.pages_locked() != 0);
         c
     }
 }
