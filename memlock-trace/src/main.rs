@@ -48,15 +48,11 @@ fn main() -> ExitCode {
             clap_complete::generate(shell, &mut Cli::command(), "memlock-trace", &mut script);
             print_result(None, &script).map(|()| 0)
         }
-        Some(Command::Man { dir: None }) => {
-            let mut page = Vec::new();
-            clap_mangen::Man::new(Cli::command())
-                .render(&mut page)
-                .map_err(anyhow::Error::from)
-                .and_then(|()| print_result(None, &page))
-                .map(|()| 0)
-        }
-        Some(Command::Man { dir: Some(dir) }) => clap_mangen::generate_to(Cli::command(), &dir)
+        Some(Command::Man { dir: None }) => memlock_trace::cli::man::page()
+            .map_err(anyhow::Error::from)
+            .and_then(|page| print_result(None, &page))
+            .map(|()| 0),
+        Some(Command::Man { dir: Some(dir) }) => memlock_trace::cli::man::write_pages(&dir)
             .map(|()| 0)
             .map_err(|e| {
                 UsageError(format!("cannot write man pages to {}: {e}", dir.display())).into()

@@ -251,6 +251,35 @@ fn fault_hist_counts_each_class() {
     assert!(text.contains("  thread "), "{text}");
 }
 
+/// On the tracepoint set the latency rows count the timed faults only, and say so where the
+/// header counts more (the pages mlock populated are not timed there); the `user` row, minor
+/// and major together when nothing populated was timed, is not repeated as a row or a third
+/// histogram (issue 47 point 7).
+#[test]
+fn latency_rows_say_what_they_count_and_user_is_not_repeated() {
+    require_privileges();
+    let out = traced_workload(
+        &["--hist", "--fault-hooks", "tracepoint"],
+        "touch 500\nmlock 64\nexit",
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("(latency rows count timed faults only: "),
+        "no note for the untimed populated faults:\n{text}"
+    );
+    assert!(
+        text.contains(" populated by the kernel are counted, not timed: the clock starts at the page-fault exception"),
+        "{text}"
+    );
+    let user_rows = text
+        .lines()
+        .filter(|l| l.trim_start().starts_with("user ") && !l.contains("page faults"))
+        .count();
+    assert_eq!(user_rows, 0, "a user row repeating minor + major:\n{text}");
+    assert!(!text.contains("user fault latency"), "{text}");
+    assert!(text.contains("minor fault latency"), "{text}");
+}
+
 /// `-p PID` of a process that exits mid-run: the tracer stops with it and still reports
 /// the faults it took up to its exit.
 #[test]

@@ -331,6 +331,34 @@ fn page_columns_name_their_unit() {
     check_units(&text, made.len(), None);
 }
 
+/// `--events=calls` is one line per call, as strace and perf trace print; the VMA lines
+/// come with `--events=calls,vma` (or `--events=syscalls`, `--events`) (issue 47 point 13).
+#[test]
+fn events_calls_is_one_line_per_call_and_vma_adds_the_vma_lines() {
+    require_privileges();
+    let (out, made) = traced_syscalls(&["--events=calls", "--fault-hooks", "off"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let events: Vec<&str> = text
+        .lines()
+        .take_while(|l| !l.starts_with("pid "))
+        .collect();
+    assert!(
+        !events.iter().any(|l| l.contains("VMAs around range")),
+        "a VMA line under --events=calls:\n{text}"
+    );
+    assert_eq!(
+        events.iter().filter(|l| l.contains(") = ")).count() as u64,
+        made.values().sum::<u64>(),
+        "one line per call:\n{text}"
+    );
+    for events in ["--events=calls,vma", "--events=syscalls"] {
+        let (out, _) = traced_syscalls(&[events, "--fault-hooks", "off"]);
+        assert!(out.status.success(), "{out:?}");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains("VMAs around range"), "{events}: {text}");
+    }
+}
+
 /// The VMA stores of calls outside the mlock family, as strace writes those calls: munmap
 /// with its two arguments, the task's name in the comm column and in the JSON record.
 #[test]
@@ -478,6 +506,31 @@ fn verbose_prints_the_hook_detail_once_on_stderr() {
             "every line of the reason: {verbose}"
         );
     }
+}
+
+/// The man page names page faults in its NAME line and has the EXIT STATUS and EXAMPLES
+/// sections of a tool's page (man-pages(7)), in that order after OPTIONS (issue 47 point 14).
+#[test]
+fn man_page_has_exit_status_examples_and_names_page_faults() {
+    let man = String::from_utf8_lossy(&run(&["man"]).stdout).into_owned();
+    let name = man
+        .split(".SH NAME\n")
+        .nth(1)
+        .and_then(|rest| rest.lines().next())
+        .unwrap_or_else(|| panic!("no NAME section:\n{man}"));
+    assert!(name.contains("page faults"), "{name}");
+    let at = |s: &str| man.find(s).unwrap_or_else(|| panic!("no {s:?} in:\n{man}"));
+    assert!(at(".SH OPTIONS") < at(".SH \"EXIT STATUS\""));
+    assert!(at(".SH \"EXIT STATUS\"") < at(".SH EXAMPLES"));
+    for code in ["124", "125", "126", "127"] {
+        assert!(man.contains(&format!("\\fB{code}\\fR")), "exit {code}");
+    }
+    // The page written to a directory is the same.
+    let dir = tempdir("man-sections");
+    run(&["man", dir.to_str().unwrap()]);
+    let written = std::fs::read_to_string(dir.join("memlock-trace.1")).unwrap();
+    assert!(written.contains(".SH EXAMPLES"), "{written}");
+    std::fs::remove_dir_all(&dir).ok();
 }
 
 #[test]

@@ -77,6 +77,35 @@ fn interval_count_positionals_print_exactly_count_blocks() {
     sleeper.wait().unwrap();
 }
 
+/// Health lines all zero are not repeated under every interval, as bcc's tools print
+/// "Possibly lost N samples" only when some were: the session summary still ends with them
+/// (issue 47 point 13).
+#[test]
+fn zero_health_lines_are_printed_once_at_the_end() {
+    require_privileges();
+    let mut sleeper = Command::new("sleep").arg("3600").spawn().unwrap();
+    let pid = sleeper.id().to_string();
+    let out = run(&["0.3", "3", "-p", &pid]);
+    sleeper.kill().unwrap();
+    sleeper.wait().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let blocks: Vec<&str> = text.split("--- ").filter(|b| !b.is_empty()).collect();
+    assert_eq!(blocks.len(), 4, "{text}");
+    for block in &blocks[..3] {
+        assert!(block.contains(" interval ("), "{block}");
+        for health in ["dropped events: 0", "fault maps: 0 processes evicted"] {
+            assert!(
+                !block.contains(health),
+                "{health:?} in an interval:\n{text}"
+            );
+        }
+    }
+    let session = blocks[3];
+    assert!(session.contains("session summary"), "{text}");
+    assert!(session.contains("dropped events: 0"), "{text}");
+    assert!(session.contains("fault maps: "), "{text}");
+}
+
 /// The faults workload, started by the test (not by the tracer), answering on a pipe.
 struct FaultWorkload {
     child: std::process::Child,

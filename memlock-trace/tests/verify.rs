@@ -13,7 +13,7 @@ const STEPS: [&str; 18] = [
     "mlock-middle",
     "mlock-adjacent",
     "munlock-all",
-    "mlock-across-exec",
+    "mlock-across-prot-exec",
     "mlock2-onfault",
     "onfault-touch",
     "mlockall-future-mmap",

@@ -3,6 +3,7 @@
 //! subcommands exist only with the `lab` feature.
 
 mod commands;
+pub mod man;
 mod production;
 mod profile;
 #[cfg(test)]
@@ -29,8 +30,9 @@ const MAX_TOP: usize = 1_000_000;
 #[command(
     name = "memlock-trace",
     version,
-    about = "Trace mlock-family calls from the kernel: who, what range, how long, what it returned, \
-             how many pages it populated and locked.",
+    about = "Trace mlock-family calls and page faults from the kernel: who, what range, how long, \
+             what it returned, how many pages it populated and locked, which faults each process \
+             took, where and how long they took.",
     args_conflicts_with_subcommands = true
 )]
 pub struct Cli {
@@ -99,17 +101,19 @@ pub struct TraceArgs {
     /// Nothing on stderr but errors and warnings.
     #[arg(short = 'q', long = "quiet")]
     pub quiet: bool,
-    /// Print each call (and page fault) as it happens; `--events=syscalls` or
-    /// `--events=faults` for one kind only.
+    /// Print each call, the VMAs it changed and each page fault as they happen; or only the
+    /// kinds named, comma-separated: `--events=calls` (one line per call), `--events=syscalls`
+    /// (each call with its VMA line: `calls,vma`), `--events=faults`.
     #[arg(
         long,
         value_enum,
         value_name = "KINDS",
         num_args = 0..=1,
         require_equals = true,
+        value_delimiter = ',',
         default_missing_value = "all"
     )]
-    pub events: Option<EventKinds>,
+    pub events: Option<Vec<EventKinds>>,
     /// Write JSON lines (events with --events, then the summary) instead of text.
     #[arg(long)]
     pub json: bool,
@@ -193,11 +197,20 @@ pub struct TraceArgs {
     pub command: Vec<OsString>,
 }
 
-/// What `--events` prints.
+/// What `--events` prints: a list of kinds, as perf trace's `-e` and bpftrace take several.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum EventKinds {
+    /// Every kind below (`--events` alone).
     All,
+    /// One line per mlock-family call, and nothing else of it.
+    Calls,
+    /// Each mlock-family call with the VMAs it changed: `calls,vma` (what it always meant,
+    /// which scripts and the suite's JSON reading rely on).
     Syscalls,
+    /// The VMAs each call split, merged, locked or unlocked, and VMA stores
+    /// (`--all-vma-changes` for those of other calls).
+    Vma,
+    /// Page faults (one in `--sample`).
     Faults,
 }
 
@@ -224,12 +237,27 @@ impl TraceArgs {
         self.stacks || self.profile.any_file()
     }
 
+    /// Whether `--events` names any of `kinds` (or `all`).
+    fn shows(&self, kinds: &[EventKinds]) -> bool {
+        self.events.as_ref().is_some_and(|named| {
+            named
+                .iter()
+                .any(|k| *k == EventKinds::All || kinds.contains(k))
+        })
+    }
+
     pub fn syscall_events(&self) -> bool {
-        matches!(self.events, Some(EventKinds::All | EventKinds::Syscalls))
+        self.shows(&[EventKinds::Calls, EventKinds::Syscalls])
+    }
+
+    /// The VMA line of each call, and VMA stores: `--events`, `--events=syscalls` or
+    /// `--events=...,vma`.
+    pub fn vma_events(&self) -> bool {
+        self.shows(&[EventKinds::Vma, EventKinds::Syscalls])
     }
 
     pub fn fault_events(&self) -> bool {
-        matches!(self.events, Some(EventKinds::All | EventKinds::Faults))
+        self.shows(&[EventKinds::Faults])
     }
 
     pub fn fault_options(&self) -> FaultOptions {

@@ -200,6 +200,17 @@ fn fault_options_parse() {
             .events
     );
     assert!(parse(&["--events=bogus"]).is_err());
+    // A list of kinds: a call's VMA line only when `vma` (or nothing, or `all`) is named.
+    let kinds = |arg: &str| {
+        let t = parse(&[arg]).unwrap().trace;
+        (t.syscall_events(), t.vma_events(), t.fault_events())
+    };
+    assert_eq!(kinds("--events"), (true, true, true));
+    assert_eq!(kinds("--events=all"), (true, true, true));
+    assert_eq!(kinds("--events=calls"), (true, false, false));
+    assert_eq!(kinds("--events=syscalls"), (true, true, false));
+    assert_eq!(kinds("--events=calls,vma"), (true, true, false));
+    assert_eq!(kinds("--events=faults,calls"), (true, false, true));
     assert!(parse(&["--fault-hooks", "uprobe"]).is_err());
     assert!(parse(&["--sample", "0"]).is_err());
     assert_eq!(

@@ -150,7 +150,7 @@ pub fn faults_text(out: &mut String, f: &FaultSummary, indent: &str, style: Text
             column(|l| l.p99_9),
             column(|l| l.max),
         ];
-        for (class, l) in &f.latency_ns {
+        for (class, l) in f.latency_ns.iter().filter(|(c, _)| shown_class(f, c)) {
             let _ = writeln!(
                 out,
                 "{indent}  {:<10} {:>9}  {:>9} {:>9} {:>9} {:>9} {:>9}",
@@ -162,6 +162,9 @@ pub fn faults_text(out: &mut String, f: &FaultSummary, indent: &str, style: Text
                 units[3].format(l.p99_9),
                 units[4].format(l.max)
             );
+        }
+        if let Some(note) = untimed_note(f) {
+            let _ = writeln!(out, "{indent}  ({note})");
         }
         if f.latency_unmatched > 0 {
             let _ = writeln!(
@@ -251,6 +254,35 @@ pub fn faults_text(out: &mut String, f: &FaultSummary, indent: &str, style: Text
     }
 }
 
+/// Whether a latency class gets a row (and a histogram): `user` only when some populated
+/// faults were timed too; without them it is minor and major together, row for row.
+fn shown_class(f: &FaultSummary, class: &str) -> bool {
+    class != "user" || f.latency_ns.contains_key("populated")
+}
+
+/// Why the latency rows count fewer faults than the header: the rows hold timed faults only,
+/// and the faults the kernel populated (mlock, `MAP_POPULATE`) are timed only by the hook
+/// sets that enter `handle_mm_fault` itself (fentry, kprobe); the tracepoint set starts the
+/// clock at the page-fault exception, which a populated fault never takes.
+fn untimed_note(f: &FaultSummary) -> Option<String> {
+    let timed: u64 = ["minor", "major"]
+        .iter()
+        .filter_map(|c| f.latency_ns.get(c))
+        .map(|l| l.count)
+        .sum();
+    let counted = f.minor + f.major;
+    let populated_timed = f.latency_ns.get("populated").map_or(0, |l| l.count);
+    if timed >= counted || f.populated == 0 || populated_timed > 0 {
+        return None;
+    }
+    Some(format!(
+        "latency rows count timed faults only: {timed} of the {counted} above; the {} populated \
+         by the kernel are counted, not timed: the clock starts at the page-fault exception, \
+         which they never take",
+        f.populated
+    ))
+}
+
 /// What backs a mapping row, after its range: nothing for base pages alone;
 /// ` [hugetlb 2 MiB pages]`, ` [THP 62 MiB of 64 MiB resident]`, ` [THP-eligible]`.
 fn page_tag(p: &super::mappings::RowPages) -> String {
@@ -274,7 +306,7 @@ fn page_tag(p: &super::mappings::RowPages) -> String {
 fn hists_text(out: &mut String, f: &FaultSummary, indent: &str, unit: Unit) {
     // libbpf-tools' default: usecs unless -m.
     let unit = if unit == Unit::Ms { Unit::Ms } else { Unit::Us };
-    for (class, values) in &f.latency_values {
+    for (class, values) in f.latency_values.iter().filter(|(c, _)| shown_class(f, c)) {
         let _ = writeln!(out, "{indent}  {class} fault latency");
         Log2Hist::of(unit, values.iter().copied()).render(out, unit, &format!("{indent}  "));
     }

@@ -290,6 +290,7 @@ async fn event_loop(
         max_processes,
         per_thread,
         syscall_events: args.syscall_events(),
+        vma_events: args.vma_events(),
         fault_events: args.fault_events(),
         aggregator: Aggregator::with_max_processes(max_processes).per_thread(per_thread),
         undecodable: 0,

@@ -195,25 +195,31 @@ pub fn summary_text(summary: &Summary, style: TextStyle) -> String {
         out.push_str(&super::fold::folded_text(folded));
     }
     let h = &summary.health;
-    let _ = writeln!(
-        out,
-        "dropped events: {}{}{}",
-        h.dropped_events,
-        // The counts above are the kernel's: only event lines and per-call detail are lost.
-        if h.dropped_events > 0 {
-            " (event lines and last-failure detail only: the counts above are exact)"
-        } else {
-            ""
-        },
-        if h.untracked_calls + h.failed_reads + h.dropped_vma_records > 0 {
-            format!(
-                " (calls not tracked: {}, failed kernel reads: {}, VMA records dropped: {})",
-                h.untracked_calls, h.failed_reads, h.dropped_vma_records
-            )
-        } else {
-            String::new()
-        }
-    );
+    // Each interval shows its health lines only when something was lost, as bcc's tools
+    // print "Possibly lost N samples" only then; the session's summary always ends with them.
+    let every = summary.kind != "interval";
+    let lost = h.dropped_events + h.untracked_calls + h.failed_reads + h.dropped_vma_records;
+    if every || lost > 0 {
+        let _ = writeln!(
+            out,
+            "dropped events: {}{}{}",
+            h.dropped_events,
+            // The counts above are the kernel's: only event lines and per-call detail are lost.
+            if h.dropped_events > 0 {
+                " (event lines and last-failure detail only: the counts above are exact)"
+            } else {
+                ""
+            },
+            if h.untracked_calls + h.failed_reads + h.dropped_vma_records > 0 {
+                format!(
+                    " (calls not tracked: {}, failed kernel reads: {}, VMA records dropped: {})",
+                    h.untracked_calls, h.failed_reads, h.dropped_vma_records
+                )
+            } else {
+                String::new()
+            }
+        );
+    }
     if h.unreadable_mappings > 0 {
         let _ = writeln!(
             out,
@@ -251,7 +257,16 @@ pub fn summary_text(summary: &Summary, style: TextStyle) -> String {
             c.dropped, u.unwound, u.frame_pointer_walks, u.frames_dropped, u.no_module
         );
     }
-    if let Some(f) = &summary.fault_health {
+    if let Some(f) = summary.fault_health.as_ref().filter(|f| {
+        every
+            || f.stats_evicted
+                + f.histograms_evicted
+                + f.regions_evicted
+                + f.update_failed
+                + f.events_dropped
+                + f.stacks_dropped.unwrap_or(0)
+                > 0
+    }) {
         let _ = writeln!(
             out,
             "fault maps: {} processes evicted, {} histograms evicted, {} regions evicted, {} updates failed, {} fault events dropped",

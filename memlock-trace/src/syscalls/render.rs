@@ -93,6 +93,8 @@ pub fn syscall_json(rec: &SyscallRecord) -> serde_json::Value {
         "range_mapped": why.range_mapped,
         "first_unmapped": why.first_unmapped,
         "failed_check": why.failed_check,
+        "left_locked_bytes": why.left_locked_bytes,
+        "hole_at_or_after": why.hole_at_or_after,
     })
 }
 

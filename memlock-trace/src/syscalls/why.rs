@@ -39,6 +39,14 @@ pub struct LockFigures {
     /// A failed call: the kernel check that failed, as far as the figures tell (see
     /// [`FailedCheck`]); `None` for a call that succeeded.
     pub failed_check: Option<FailedCheck>,
+    /// A failed `mlock`/`mlock2` that still raised `locked_vm`: the bytes it left locked
+    /// (`apply_vma_lock_flags()` locks the VMAs before a hole, then fails; nothing undoes
+    /// them). `None` for a call that succeeded or left nothing locked.
+    pub left_locked_bytes: Option<u64>,
+    /// Such a call's hole when the range was not looked up at entry: no lower than the
+    /// start plus what it locked (each byte it locked lies before the hole).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hole_at_or_after: Option<u64>,
 }
 
 /// Which of the kernel's checks (mm/mlock.c) a failed call failed.
@@ -118,9 +126,22 @@ impl LockFigures {
             range_mapped,
             first_unmapped: (range_mapped == Some(false)).then_some(r.first_unmapped),
             failed_check: None,
+            left_locked_bytes: None,
+            hole_at_or_after: None,
         };
         if r.ret < 0 {
+            let grew = rec.pages_locked();
+            figures.left_locked_bytes = (matches!(rec.syscall, Syscall::Mlock | Syscall::Mlock2)
+                && grew > 0)
+                .then(|| grew.unsigned_abs().saturating_mul(PAGE_SIZE));
             figures.failed_check = Some(figures.check_failed(rec));
+            if figures.failed_check == Some(FailedCheck::Unmapped)
+                && figures.first_unmapped.is_none()
+            {
+                figures.hole_at_or_after = figures
+                    .left_locked_bytes
+                    .map(|left| (start & PAGE_MASK).saturating_add(left));
+            }
         }
         figures
     }
@@ -169,6 +190,15 @@ impl LockFigures {
                 FailedCheck::Limit
             }
             (_, ENOMEM) if self.range_mapped == Some(false) => FailedCheck::Unmapped,
+            // Not looked up at entry (more VMAs than the walk takes, or the mmap lock was
+            // busy), yet the call locked some and failed: the limit check comes before any
+            // locking (a call over it locks nothing), so `apply_vma_lock_flags()` met a hole
+            // after the VMAs it locked, as for a range known to have one.
+            (Syscall::Mlock | Syscall::Mlock2, ENOMEM)
+                if self.range_mapped.is_none() && self.left_locked_bytes.is_some() =>
+            {
+                FailedCheck::Unmapped
+            }
             (Syscall::Mlock | Syscall::Mlock2, ENOMEM)
                 if self.range_mapped == Some(true) && over_limit == Some(false) =>
             {
@@ -184,10 +214,24 @@ impl LockFigures {
     /// CAP_IPC_LOCK`: the failed check when the figures tell it, then the figures.
     pub fn describe(&self) -> String {
         let figures = self.figures();
-        match self.failed_check {
-            Some(check) if check != FailedCheck::Unknown => {
-                format!("{}: {figures}", check.describe(self.first_unmapped))
+        match (self.failed_check, self.left_locked_bytes) {
+            // The hole, and what the call left locked before it.
+            (Some(FailedCheck::Unmapped), Some(left)) => {
+                let hole = match (self.first_unmapped, self.hole_at_or_after) {
+                    (Some(addr), _) => format!("at {addr:#x}"),
+                    (None, Some(addr)) => format!("at or after {addr:#x}"),
+                    (None, None) => "(not looked up at entry)".into(),
+                };
+                format!(
+                    "a hole in the range {hole}: left {} locked before the hole; {figures}",
+                    size(left)
+                )
             }
+            (Some(check), left) if check != FailedCheck::Unknown => {
+                let left = left.map_or_else(String::new, |b| format!(" (left {} locked)", size(b)));
+                format!("{}{left}: {figures}", check.describe(self.first_unmapped))
+            }
+            (_, Some(left)) => format!("left {} locked; {figures}", size(left)),
             _ => figures,
         }
     }
@@ -200,6 +244,18 @@ impl LockFigures {
             (Some(false), Some(bytes)) => size(bytes),
             _ => "unknown".to_string(),
         };
+        // With CAP_IPC_LOCK the limit is not checked: said first, so that its figure is not
+        // read as the cause.
+        if self.cap_ipc_lock == Some(true) {
+            let mut parts = vec![
+                format!("CAP_IPC_LOCK, so no limit applies (RLIMIT_MEMLOCK {limit})"),
+                format!("{} locked before", size(self.locked_bytes_before)),
+            ];
+            if let Some(asked) = self.asked_bytes {
+                parts.push(format!("asked {}", size(asked)));
+            }
+            return parts.join(", ");
+        }
         let mut parts = vec![
             format!("RLIMIT_MEMLOCK {limit}"),
             format!("{} locked", size(self.locked_bytes_before)),
@@ -283,7 +339,7 @@ mod tests {
         assert_eq!(figures.rlimit_memlock_bytes, None);
         assert_eq!(
             figures.describe(),
-            "RLIMIT_MEMLOCK unlimited, 0 B locked, CAP_IPC_LOCK"
+            "CAP_IPC_LOCK, so no limit applies (RLIMIT_MEMLOCK unlimited), 0 B locked before"
         );
     }
 
@@ -292,6 +348,7 @@ mod tests {
         // mlock(0x10000, 4096) with CAP_IPC_LOCK, the range not mapped at entry.
         let mut rec = failed_mlock(0x10000, 4096);
         rec.raw.locked_vm_before = 0;
+        rec.raw.locked_vm_after = 0;
         rec.raw.rlimit_memlock = 8 << 20;
         rec.raw.lock_context = RLIMIT_KNOWN
             | CAP_KNOWN
@@ -304,7 +361,8 @@ mod tests {
         assert_eq!(figures.range_mapped, Some(false));
         assert_eq!(
             figures.describe(),
-            "range not mapped at 0x10000: RLIMIT_MEMLOCK 8 MiB, 0 B locked, asked 4 KiB, CAP_IPC_LOCK"
+            "range not mapped at 0x10000: CAP_IPC_LOCK, so no limit applies (RLIMIT_MEMLOCK \
+             8 MiB), 0 B locked before, asked 4 KiB"
         );
         // Over the limit too: the kernel checks the limit first.
         rec.raw.lock_context &= !CAP_IPC_LOCK;
@@ -313,6 +371,7 @@ mod tests {
         // Mapped and within the limit: the populate step failed.
         let mut mapped = failed_mlock(0x10000, 4096);
         mapped.raw.locked_vm_before = 0;
+        mapped.raw.locked_vm_after = 0;
         mapped.raw.lock_context |= lock_context::RANGE_CHECKED;
         assert_eq!(
             LockFigures::of(&mapped).failed_check,
@@ -321,6 +380,7 @@ mod tests {
         // Within the limit but not checked (lock busy): only the figures.
         let mut unchecked = failed_mlock(0x10000, 4096);
         unchecked.raw.locked_vm_before = 0;
+        unchecked.raw.locked_vm_after = 0;
         let figures = LockFigures::of(&unchecked);
         assert_eq!(figures.range_mapped, None);
         assert_eq!(figures.failed_check, Some(FailedCheck::Unknown));
@@ -357,6 +417,51 @@ mod tests {
         all.raw.ret = EINVAL;
         all.raw.args = [MCL_ONFAULT, 0, 0];
         assert_eq!(LockFigures::of(&all).failed_check, Some(FailedCheck::Flags));
+    }
+
+    /// mlock(addr, 1 TiB) as root over 12 MiB mapped, then a hole: apply_vma_lock_flags()
+    /// locks the 12 MiB, then fails with ENOMEM (issue 47 point 5).
+    fn past_a_hole(checked: bool) -> SyscallRecord {
+        let mut rec = failed_mlock(0x7f00_0000_0000, 1 << 40);
+        rec.raw.locked_vm_before = 0;
+        rec.raw.locked_vm_after = 3072;
+        rec.raw.rlimit_memlock = 8 << 20;
+        rec.raw.lock_context = RLIMIT_KNOWN | CAP_KNOWN | CAP_IPC_LOCK;
+        if checked {
+            rec.raw.lock_context |= lock_context::RANGE_CHECKED | lock_context::RANGE_UNMAPPED;
+            rec.raw.first_unmapped = 0x7f00_00c0_0000;
+        }
+        rec
+    }
+
+    #[test]
+    fn a_failed_mlock_past_a_hole_names_the_hole_and_what_it_left_locked() {
+        let figures = LockFigures::of(&past_a_hole(true));
+        assert_eq!(figures.failed_check, Some(FailedCheck::Unmapped));
+        assert_eq!(figures.left_locked_bytes, Some(12 << 20));
+        assert_eq!(
+            figures.describe(),
+            "a hole in the range at 0x7f0000c00000: left 12 MiB locked before the hole; \
+             CAP_IPC_LOCK, so no limit applies (RLIMIT_MEMLOCK 8 MiB), 0 B locked before, \
+             asked 1 TiB"
+        );
+        // Not looked up at entry: what it locked still tells the hole, and where it can be.
+        let figures = LockFigures::of(&past_a_hole(false));
+        assert_eq!(figures.failed_check, Some(FailedCheck::Unmapped));
+        assert_eq!(figures.hole_at_or_after, Some(0x7f00_00c0_0000));
+        assert!(
+            figures
+                .describe()
+                .starts_with("a hole in the range at or after 0x7f0000c00000: left 12 MiB"),
+            "{}",
+            figures.describe()
+        );
+        // A call that locked nothing is not said to have left anything.
+        let mut none = past_a_hole(false);
+        none.raw.locked_vm_after = 0;
+        let figures = LockFigures::of(&none);
+        assert_eq!(figures.left_locked_bytes, None);
+        assert_eq!(figures.failed_check, Some(FailedCheck::Unknown));
     }
 
     #[test]

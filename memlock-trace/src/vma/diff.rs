@@ -117,6 +117,9 @@ pub struct ChangeCounts {
     /// `mlockall`/`munlockall` calls whose VMAs could not be read: their bytes are not in
     /// the figures above.
     pub unmeasured_calls: u32,
+    /// Calls whose range held more VMAs than a snapshot takes: the VMAs past its end are not
+    /// in the figures above (the call's `locked_vm` change counts them all).
+    pub incomplete_calls: u32,
 }
 
 impl ChangeCounts {
@@ -156,6 +159,7 @@ impl ChangeCounts {
         self.onfault_bytes += other.onfault_bytes;
         self.unonfault_bytes += other.unonfault_bytes;
         self.unmeasured_calls += other.unmeasured_calls;
+        self.incomplete_calls += other.incomplete_calls;
     }
 }
 

@@ -335,6 +335,20 @@ pub fn summary_line(pid: u32, c: &ChangeCounts) -> String {
             c.unmeasured_calls
         );
     }
+    // Why this can be less than the syscall table's locked pages (`locked_vm`).
+    if c.incomplete_calls > 0 {
+        let _ = write!(
+            out,
+            " ({} {} spanned more VMAs than a snapshot holds: the VMAs past it are not in \
+             these figures, the syscall table's locked pages (locked_vm) count them)",
+            c.incomplete_calls,
+            if c.incomplete_calls == 1 {
+                "call's range"
+            } else {
+                "calls' ranges"
+            }
+        );
+    }
     out
 }
 

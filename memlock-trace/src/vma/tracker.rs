@@ -44,6 +44,11 @@ impl VmaCall {
             c.unonfault_bytes += b.onfault_bytes.saturating_sub(a.onfault_bytes);
         }
         c.unmeasured_calls += u32::from(self.unmeasured);
+        // mlockall/munlockall's figures are the whole process's totals, complete whatever
+        // the snapshot of their range held; a call that changed no locked_vm (one refused on
+        // the limit) left nothing out.
+        c.incomplete_calls +=
+            u32::from(self.incomplete && self.whole.is_none() && self.syscall.pages_locked() != 0);
         c
     }
 }

@@ -153,8 +153,8 @@ fn exec_neighbour(s: &mut Subject) -> Result<()> {
     })?;
     mlock(r.at(4), 8)?;
     let mut cp = r.checkpoint(
-        "mlock-across-exec",
-        "mlock pages 4-11 across a rw-/r-x boundary at page 8",
+        "mlock-across-prot-exec",
+        "mlock pages 4-11 across a PROT_EXEC boundary (rw- | r-x) at page 8",
         &[
             (4, "rw-p", N, N),
             (4, "rw-p", Y, N),

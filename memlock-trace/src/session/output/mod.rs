@@ -54,6 +54,8 @@ pub(super) struct Output {
     /// When the session started, CLOCK_REALTIME ns.
     pub(super) started_ns: u64,
     pub(super) syscall_events: bool,
+    /// `--events` or `--events=...,vma`: each call's VMA line and VMA stores.
+    pub(super) vma_events: bool,
     pub(super) fault_events: bool,
     pub(super) aggregator: Aggregator,
     pub(super) undecodable: u64,
@@ -331,8 +333,8 @@ impl Output {
                 counts.merge(&changes);
             }
         }
-        // VMA changes are shown with the syscall events that caused them.
-        if !self.syscall_events {
+        // VMA changes are shown when asked for (`--events`, `--events=syscalls`, `--events=calls,vma`).
+        if !self.vma_events {
             return;
         }
         let hooks = self.vma.hooks.as_ref();
