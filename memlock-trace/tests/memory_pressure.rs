@@ -104,8 +104,10 @@ fn locked_pages_never_reach_swap_and_the_tracer_counts_what_did() {
     assert_eq!(out_kb("mlock", "swap_kb"), 0, "{w}");
     assert_eq!(w["touched_again"]["mlock"]["faults"]["majflt"], 0, "{w}");
     assert_eq!(w["touched_again"]["mlock"]["faults"]["minflt"], 0, "{w}");
-    let unevictable = w["cgroup_stat"]["unevictable"].as_u64().unwrap();
-    assert!(unevictable >= region_kb * 1024, "{w}");
+    // memory.stat trails by up to a batch of 64 pages per CPU.
+    let unevictable = w["cgroup_stat"]["unevictable"].as_u64().unwrap() / 1024;
+    let lag = memlock_trace::lab::pressure::cgroup::stat_lag_kb();
+    assert!(unevictable + lag >= region_kb, "{w}");
     // The two unlocked regions went to swap; each page read back is one major fault where
     // the device is zram (synchronous: no readahead, no swap cache).
     let zram = w["environment"]["swap"]

@@ -7,6 +7,7 @@
 use serde_json::Value;
 
 use super::{ScenarioRun, Verdict, check, claim, f};
+use crate::lab::pressure::cgroup::stat_lag_kb;
 
 /// What mlock does not keep out of reach, whatever the swap device holds.
 const NOT_COVERED: &str = "mlock keeps a page out of swap, not out of a core dump \
@@ -38,7 +39,7 @@ pub(super) fn assess(run: &ScenarioRun, v: &mut Vec<Verdict>) {
         ),
         swapped_kb("mlock") == 0.0
             && f(&out["mlock"]["locked_kb"]) == region_kb
-            && unevictable_kb >= region_kb
+            && unevictable_kb + stat_lag_kb() as f64 >= region_kb
             && others_swapped,
         "smaps Swap and Locked per region and the cgroup's memory.stat, read with the pressure \
          still mapped; mlock moves the pages to the unevictable list, which reclaim never scans",
