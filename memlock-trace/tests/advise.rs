@@ -11,17 +11,12 @@
 mod common;
 mod support;
 
-use std::{
-    os::unix::fs::PermissionsExt as _,
-    path::{Path, PathBuf},
-    process::Command,
-};
+use std::{os::unix::fs::PermissionsExt as _, path::PathBuf, process::Command};
 
 use common::require_privileges;
 use serde_json::Value;
-use support::{BIN, advise_apply};
+use support::{BIN, PYTHON, advise_apply, require_preload, require_python, scratch_dir};
 
-const PYTHON: &str = "/usr/bin/python3";
 const LAZY_TABLE: &str = include_str!("third_party/lazy_table.py");
 const CHURN: &str = include_str!("third_party/churn.py");
 const TABLE_BYTES: u64 = 64 << 20;
@@ -34,23 +29,9 @@ struct Scratch(PathBuf);
 
 impl Scratch {
     fn new(name: &str) -> Self {
-        assert!(
-            Path::new(PYTHON).is_file(),
-            "{PYTHON} is missing (`cargo xtask test` installs Debian's python3 package, or: \
-             apt-get install python3)"
-        );
-        let preload = Path::new(BIN).with_file_name("libmemlock_preload.so");
-        assert!(
-            preload.is_file(),
-            "{} is missing: `cargo xtask test` builds it (or: cargo build -p memlock-preload)",
-            preload.display()
-        );
-        let dir = std::env::temp_dir().join(format!(
-            "memlock-trace-advise-{name}-{}",
-            std::process::id()
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        require_python();
+        require_preload();
+        let dir = scratch_dir(&format!("advise-{name}"), 0o777);
         Self(dir)
     }
 

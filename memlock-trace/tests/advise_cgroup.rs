@@ -12,16 +12,12 @@
 mod common;
 mod support;
 
-use std::{
-    os::unix::fs::PermissionsExt as _,
-    path::{Path, PathBuf},
-};
+use std::path::{Path, PathBuf};
 
 use common::require_privileges;
 use serde_json::Value;
-use support::{advise_json, memory_cgroup::Controller};
+use support::{PYTHON, advise_json, memory_cgroup::Controller, require_python, scratch_dir};
 
-const PYTHON: &str = "/usr/bin/python3";
 const LAZY_TABLE: &str = include_str!("third_party/lazy_table.py");
 const MIB: u64 = 1 << 20;
 const TABLE_BYTES: u64 = 256 * MIB;
@@ -116,13 +112,8 @@ fn table_advice(report: &Value) -> Vec<&Value> {
 #[test]
 fn a_table_the_cgroup_has_no_room_for_is_not_locked_and_the_lowest_limit_is_named() {
     require_privileges();
-    assert!(
-        Path::new(PYTHON).is_file(),
-        "{PYTHON} is missing (apt-get install python3)"
-    );
-    let dir = std::env::temp_dir().join(format!("memlock-trace-advise-cg-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    require_python();
+    let dir = scratch_dir("advise-cg", 0o755);
     let cgroup = Nested::new();
     let limit_file = cgroup.memory.limit_file();
     // The inner limit is the higher; the outer one leaves the least room.

@@ -16,14 +16,11 @@
 mod common;
 mod support;
 
-use std::{os::unix::fs::PermissionsExt as _, path::Path};
-
 use common::require_privileges;
 use memlock_trace::lab::pressure::Pressure;
 use serde_json::Value;
-use support::{BIN, advise_apply};
+use support::{PYTHON, advise_apply, require_preload, require_python, scratch_dir};
 
-const PYTHON: &str = "/usr/bin/python3";
 const PROGRAM: &str = include_str!("third_party/pressure_table.py");
 const MIB: u64 = 1 << 20;
 const LIMIT: u64 = 96 * MIB;
@@ -49,22 +46,9 @@ fn on_the_table(report: &Value) -> Vec<&Value> {
 #[test]
 fn a_table_swapped_out_under_pressure_is_advised_locked_and_weighed_against_the_cgroup() {
     require_privileges();
-    assert!(
-        Path::new(PYTHON).is_file(),
-        "{PYTHON} is missing (apt-get install python3)"
-    );
-    let preload = Path::new(BIN).with_file_name("libmemlock_preload.so");
-    assert!(
-        preload.is_file(),
-        "{} is missing: `cargo xtask test` builds it (or: cargo build -p memlock-preload)",
-        preload.display()
-    );
-    let dir = std::env::temp_dir().join(format!(
-        "memlock-trace-advise-pressure-{}",
-        std::process::id()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    require_python();
+    require_preload();
+    let dir = scratch_dir("advise-pressure", 0o755);
     let script = dir.join("pressure_table.py");
     std::fs::write(&script, PROGRAM).unwrap();
     let own = dir.join("report.json");

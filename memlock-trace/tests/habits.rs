@@ -14,7 +14,7 @@ use std::{
 
 use common::require_privileges;
 use serde_json::Value;
-use support::{BIN, json_lines, run};
+use support::{BIN, json_lines, run, syscall_table_header};
 
 fn realtime_ns() -> u64 {
     SystemTime::now()
@@ -320,14 +320,7 @@ fn page_columns_name_their_unit() {
     require_privileges();
     let (out, made) = traced_syscalls(&["--fault-hooks", "off"]);
     let text = String::from_utf8_lossy(&out.stdout);
-    let header = text
-        .lines()
-        .find(|l| l.trim_start().starts_with("syscall "))
-        .unwrap_or_else(|| panic!("no syscall table:\n{text}"));
-    assert!(
-        header.contains("populated pages") && header.contains("locked pages"),
-        "{header:?}"
-    );
+    syscall_table_header(&text);
     check_units(&text, made.len(), None);
 }
 

@@ -467,3 +467,46 @@ pub fn map_memory(pid: i32) -> Vec<(String, u64)> {
     maps.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
     maps
 }
+
+/// Debian's python3, which the advise tests run: missing, the test fails saying how to get it.
+pub const PYTHON: &str = "/usr/bin/python3";
+
+pub fn require_python() {
+    assert!(
+        std::path::Path::new(PYTHON).is_file(),
+        "{PYTHON} is missing (`cargo xtask test` installs Debian's python3 package, or: \
+         apt-get install python3)"
+    );
+}
+
+/// advise --apply's preload library, beside the tracer: missing, the test fails naming it.
+pub fn require_preload() {
+    let preload = std::path::Path::new(BIN).with_file_name("libmemlock_preload.so");
+    assert!(
+        preload.is_file(),
+        "{} is missing: `cargo xtask test` builds it (or: cargo build -p memlock-preload)",
+        preload.display()
+    );
+}
+
+/// A new directory `memlock-trace-NAME-PID` in the temporary directory, with `mode`.
+pub fn scratch_dir(name: &str, mode: u32) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = std::env::temp_dir().join(format!("memlock-trace-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(mode)).unwrap();
+    dir
+}
+
+/// The header of the syscall table in a text summary; its page columns name their unit.
+pub fn syscall_table_header(text: &str) -> &str {
+    let header = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("syscall "))
+        .unwrap_or_else(|| panic!("no syscall table:\n{text}"));
+    assert!(
+        header.contains("populated pages") && header.contains("locked pages"),
+        "{header:?}"
+    );
+    header
+}
