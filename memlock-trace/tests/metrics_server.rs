@@ -13,7 +13,7 @@ use std::{
 };
 
 use common::require_privileges;
-use support::{Tracer, map_memory, settled};
+use support::{Tracer, map_memory, settled, status_kb};
 
 /// The server's timeout for a request head (memlock-trace's `metrics::server::TIMEOUT`).
 const TIMEOUT: Duration = Duration::from_secs(10);
@@ -58,16 +58,6 @@ fn assert_scrapes(addr: SocketAddr, when: &str) {
 }
 
 /// A field of /proc/PID/status, in its own unit (kB for memory).
-fn status_field(pid: i32, field: &str) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
-}
-
 /// SIGTERM; the tracer exits 0 and never said that the server stopped.
 fn stop(tracer: Tracer) {
     tracer.signal(libc::SIGTERM);
@@ -95,7 +85,7 @@ fn idle_connections_past_the_descriptor_limit_leave_it_serving() {
     // Once the scrape's connection is closed: the server closes it after its response, and
     // a baseline that still counted it made 64 accepted connections read 63, so the wait for
     // 64 ran into the head timeout that closes them (held: 35, under load).
-    let (fds, threads) = (settled(|| open_fds(pid)), status_field(pid, "Threads:"));
+    let (fds, threads) = (settled(|| open_fds(pid)), status_kb(pid, "Threads:"));
 
     // 100 idle connections: the server takes MAX_CONNECTIONS, the rest wait in the backlog,
     // and no thread is started for any of them.
@@ -112,7 +102,7 @@ fn idle_connections_past_the_descriptor_limit_leave_it_serving() {
     std::thread::sleep(Duration::from_millis(500));
     assert_eq!(held(), MAX_CONNECTIONS, "connections held by the tracer");
     assert_eq!(
-        status_field(pid, "Threads:"),
+        status_kb(pid, "Threads:"),
         threads,
         "threads with 100 idle connections"
     );
@@ -159,7 +149,7 @@ fn an_oversized_header_is_refused_without_growing_the_tracer() {
     let (tracer, addr) = start();
     let pid = tracer.pid();
     assert_scrapes(addr, "before");
-    let (rss, peak) = (status_field(pid, "VmRSS:"), status_field(pid, "VmHWM:"));
+    let (rss, peak) = (status_kb(pid, "VmRSS:"), status_kb(pid, "VmHWM:"));
 
     // 64 MiB of one header, sent until the server answers or closes.
     let mut s = TcpStream::connect(addr).unwrap();
@@ -189,7 +179,7 @@ fn an_oversized_header_is_refused_without_growing_the_tracer() {
     assert!(sent < 64 << 20, "the server read all 64 MiB");
     drop(s);
     assert_scrapes(addr, "after the 64 MiB header");
-    let (rss_after, peak_after) = (status_field(pid, "VmRSS:"), status_field(pid, "VmHWM:"));
+    let (rss_after, peak_after) = (status_kb(pid, "VmRSS:"), status_kb(pid, "VmHWM:"));
     eprintln!(
         "sent {} KiB of header before refusal; RSS {rss} -> {rss_after} kB, peak {peak} -> \
          {peak_after} kB",
@@ -457,7 +447,7 @@ fn both_formats_pass_the_linters() {
         .find_map(|l| l.strip_prefix("process_resident_memory_bytes "))
         .and_then(|v| v.parse::<f64>().ok())
         .expect("process_resident_memory_bytes");
-    let kernel = status_field(tracer.pid(), "VmRSS:") as f64 * 1024.0;
+    let kernel = status_kb(tracer.pid(), "VmRSS:") as f64 * 1024.0;
     assert!(
         (rss - kernel).abs() < 8.0 * 1024.0 * 1024.0,
         "process_resident_memory_bytes {rss} vs VmRSS {kernel}"

@@ -446,6 +446,17 @@ pub fn advise_json(options: &[&str], command: &[&str]) -> Value {
     serde_json::from_str(line).unwrap()
 }
 
+/// A figure of `/proc/PID/status` in kB, such as `VmRSS:` or `RssAnon:`.
+pub fn status_kb(pid: i32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
+}
+
 /// The BPF maps process `pid` holds, from its fds' fdinfo: each map once (however many fds
 /// refer to it) as (name, `memlock:` bytes, what the kernel charges for it), largest first.
 /// Names are the kernel's, cut to 15 bytes.
