@@ -200,9 +200,13 @@ fn run_probe(json: bool) -> anyhow::Result<()> {
                 memlock_trace::faults::attach::tracepoint_set_limits(&probe::KernelBtf::load()?);
             if let Some(faults) = hooks.get_mut(FaultHooks::NAME) {
                 for limit in limits {
-                    faults.push_str(&format!("; tracepoint set here: {limit}"));
+                    faults.note(&format!("; tracepoint set here: {limit}"));
                 }
             }
+            let hooks: std::collections::BTreeMap<_, _> = hooks
+                .iter()
+                .map(|(family, line)| (*family, line.full()))
+                .collect();
             (capabilities, hooks)
         }
         Some(missing) => {

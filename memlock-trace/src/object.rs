@@ -2,20 +2,21 @@
 //! ([`HookFamily::attach`] with an [`AttachContext`]), and one way of turning the kernel's
 //! refusal into a message that names the program, the kernel's reason and the fix.
 
-use std::fmt::Write as _;
-
 use anyhow::{Context as _, Result, anyhow, bail};
-use aya::{
-    Btf, Ebpf, EbpfLoader,
-    programs::{Program, ProgramError},
-};
+use aya::{Btf, Ebpf, EbpfLoader, programs::Program};
 use memlock_trace_common::{Config, names};
 
 use crate::btf::KernelBtf;
 
+mod hook_line;
+mod refusal;
 #[cfg(test)]
 mod stack_budget;
 mod syscall_hooks;
+pub use hook_line::HookLine;
+pub use refusal::{
+    Refused, hook_refused, is_permission_error, perf_paranoid_hint, refusal_reason, too_complex,
+};
 pub use syscall_hooks::{SyscallEdge, SyscallVia, attach_syscall_hook, call_names, fentry_refusal};
 
 /// The eBPF object built by `build.rs`, embedded so the binary is self-contained.
@@ -86,8 +87,8 @@ pub trait HookFamily: Sized {
     /// Loads and attaches the family's programs, with the best hook set the kernel allows.
     fn attach(cx: &mut AttachContext<'_>, options: &Self::Options) -> Result<Self>;
 
-    /// The hooks in use, for the user to see.
-    fn describe(&self) -> String;
+    /// The hooks in use, and those refused, for the user to see.
+    fn hook_line(&self) -> HookLine;
 }
 
 /// What a family needs to attach: the object, the kernel's BTF, and whether specific
@@ -178,113 +179,6 @@ pub fn load_side_by_side(
 pub fn program<'e>(ebpf: &'e mut Ebpf, name: &str) -> Result<&'e mut Program> {
     ebpf.program_mut(name)
         .ok_or_else(|| anyhow!("program {name} missing from the eBPF object"))
-}
-
-/// Turns a refused load or attach into a message naming the program, the kernel's reason
-/// (the last lines of the verifier log) and what to do about it.
-pub fn hook_refused(program: &str, kind: &str, error: ProgramError) -> anyhow::Error {
-    let mut message = format!("the kernel refused {kind} program `{program}`: ");
-    match &error {
-        ProgramError::LoadError {
-            io_error,
-            verifier_log,
-        } => {
-            let log = verifier_log.to_string();
-            let tail: Vec<&str> = log.lines().rev().take(8).collect();
-            let _ = write!(message, "{io_error}");
-            if !tail.is_empty() {
-                let _ = write!(message, "\nverifier log (last lines):");
-                for line in tail.iter().rev() {
-                    let _ = write!(message, "\n    {line}");
-                }
-            }
-        }
-        other => {
-            let _ = write!(message, "{other}");
-            if let Some(source) = std::error::Error::source(other) {
-                let _ = write!(message, ": {source}");
-            }
-        }
-    }
-    let _ = write!(
-        message,
-        "\nrun `memlock-trace probe` to see which hooks this kernel allows{}",
-        if kind == "tracepoint" {
-            "; tracepoints need tracefs mounted at /sys/kernel/tracing"
-        } else {
-            ""
-        }
-    );
-    message.push_str(&perf_paranoid_hint(&message));
-    anyhow!(message)
-}
-
-/// Debian and Ubuntu patch the kernel so that `kernel.perf_event_paranoid` 3 (their default)
-/// refuses `perf_event_open` to everyone without CAP_SYS_ADMIN, CAP_PERFMON included: a
-/// least-privilege tracer then fails with EACCES attaching its first tracepoint. Says so.
-pub fn perf_paranoid_hint(refusal: &str) -> String {
-    let paranoid = std::fs::read_to_string("/proc/sys/kernel/perf_event_paranoid")
-        .ok()
-        .and_then(|v| v.trim().parse::<i32>().ok());
-    match paranoid {
-        Some(level)
-            if level > 2
-                && refusal.contains("perf_event_open")
-                && refusal.contains("os error 13") =>
-        {
-            format!(
-                "\nkernel.perf_event_paranoid is {level}: this kernel then lets only CAP_SYS_ADMIN \
-             open perf events (a Debian/Ubuntu patch; CAP_PERFMON is not enough). Run as root, or \
-             `sysctl kernel.perf_event_paranoid=2` to keep to CAP_BPF + CAP_PERFMON"
-            )
-        }
-        _ => String::new(),
-    }
-}
-
-/// The kernel-internal `ENOTSUPP` (include/linux/errno.h), which strerror does not know: the
-/// trampoline cannot handle this function (e.g. `vma_merge`'s 11 arguments on 6.1).
-const ENOTSUPP: i32 = 524;
-
-/// Whether the kernel refuses fentry as such, rather than this one function (ENOTSUPP for
-/// one function's arguments, EBUSY for one already patched).
-pub fn is_permission_error(error: &ProgramError) -> bool {
-    let errno = match error {
-        ProgramError::LoadError { io_error, .. } => io_error.raw_os_error(),
-        ProgramError::SyscallError(e) => e.io_error.raw_os_error(),
-        _ => None,
-    };
-    matches!(errno, Some(libc::EPERM | libc::EACCES))
-}
-
-/// `io::Error`'s text, naming ENOTSUPP where strerror says "Unknown error 524".
-fn errno_text(error: &std::io::Error) -> String {
-    match error.raw_os_error() {
-        Some(ENOTSUPP) => "ENOTSUPP (524): the trampoline cannot take this function".into(),
-        _ => error.to_string(),
-    }
-}
-
-/// The kernel's reason in one line: the errno, and the verifier's last words if any.
-pub fn refusal_reason(error: &ProgramError) -> String {
-    match error {
-        ProgramError::LoadError {
-            io_error,
-            verifier_log,
-        } => {
-            let log = verifier_log.to_string();
-            match log.lines().rev().find(|l| !l.trim().is_empty()) {
-                Some(last) => format!(
-                    "BPF_PROG_LOAD: {}; verifier: {}",
-                    errno_text(io_error),
-                    last.trim()
-                ),
-                None => format!("BPF_PROG_LOAD: {}", errno_text(io_error)),
-            }
-        }
-        ProgramError::SyscallError(e) => format!("{}: {}", e.call, errno_text(&e.io_error)),
-        other => other.to_string(),
-    }
 }
 
 #[cfg(test)]

@@ -22,7 +22,7 @@ use aya_log::EbpfLogger;
 use crate::{
     faults::{self, FaultHooks, FaultOptions, FaultReport, HookChoice, counting::FaultCounters},
     kernel_log::{self, KernelLog},
-    object::{self, AttachContext, HookFamily},
+    object::{self, AttachContext, HookFamily, HookLine},
     probe::{self, KernelBtf},
     process::{Filters, ProcessHealth, ProcessHooks, Targets, filters, identity::Identity},
     syscalls::{self, SyscallHooks},
@@ -76,7 +76,7 @@ pub struct Tracer {
     pub(crate) ebpf: Ebpf,
     targets: HashMap<MapData, u32, u8>,
     /// Hook family -> the hooks it uses on this kernel, for the user to see.
-    pub hooks: BTreeMap<&'static str, String>,
+    pub hooks: BTreeMap<&'static str, HookLine>,
     /// The VMA family's hook set, when it attached (decoding function events needs it).
     pub vma: Option<VmaHooks>,
     /// The page-fault hook set chosen for this kernel (None with `--fault-hooks off`).
@@ -218,7 +218,7 @@ impl Tracer {
         let mut cx = AttachContext::new(&mut tracer.ebpf, &btf, true).with_aya_btf(aya_btf);
         let hooks = ProcessHooks::attach(&mut cx, filters)?;
         aya_btf = cx.into_aya_btf();
-        tracer.hooks.insert(ProcessHooks::NAME, hooks.describe());
+        tracer.hooks.insert(ProcessHooks::NAME, hooks.hook_line());
         if let Targets::Tgids(tgids) = targets {
             for &tgid in tgids {
                 tracer.add_target(tgid)?;
@@ -232,27 +232,27 @@ impl Tracer {
             AttachContext::new(&mut tracer.ebpf, &btf, per_process_events).with_aya_btf(aya_btf);
         // A family the kernel cannot serve is reported as not traced, with its reason, and
         // the others carry on: one family never stops the tracer (unless the user required it).
-        let describe = |family: Result<String>| {
-            family.unwrap_or_else(|error| format!("not traced: {error:#}"))
+        let syscalls = match SyscallHooks::attach(&mut cx, &rss_config) {
+            Ok(hooks) => hooks.hook_line(),
+            Err(error) => HookLine::not_traced(&error),
         };
-        let syscalls = SyscallHooks::attach(&mut cx, &rss_config).map(|hooks| hooks.describe());
-        tracer.hooks.insert(SyscallHooks::NAME, describe(syscalls));
+        tracer.hooks.insert(SyscallHooks::NAME, syscalls);
         match vma_config.and_then(|_| VmaHooks::attach(&mut cx, &())) {
             Ok(hooks) => {
-                tracer.hooks.insert(VmaHooks::NAME, hooks.describe());
+                tracer.hooks.insert(VmaHooks::NAME, hooks.hook_line());
                 tracer.vma = Some(hooks);
             }
             Err(error) if options.require_vma => return Err(error),
             Err(error) => {
                 tracer
                     .hooks
-                    .insert(VmaHooks::NAME, format!("not traced: {error:#}"));
+                    .insert(VmaHooks::NAME, HookLine::not_traced(&error));
             }
         }
         if fault_options.hooks != HookChoice::Off {
             match FaultHooks::attach(&mut cx, fault_options) {
                 Ok(hooks) => {
-                    tracer.hooks.insert(FaultHooks::NAME, hooks.describe());
+                    tracer.hooks.insert(FaultHooks::NAME, hooks.hook_line());
                     tracer.fault_hooks = Some(hooks);
                 }
                 // A hook set the user forced is theirs to give up on.
@@ -264,7 +264,9 @@ impl Tracer {
                     return Err(error);
                 }
                 Err(error) => {
-                    tracer.hooks.insert(FaultHooks::NAME, describe(Err(error)));
+                    tracer
+                        .hooks
+                        .insert(FaultHooks::NAME, HookLine::not_traced(&error));
                 }
             }
         }

@@ -15,8 +15,8 @@ use aya::{
     },
 };
 
-use super::{BenchFloor, FaultHooks, FaultOptions, HookChoice, HookSet, Refusal};
-use crate::object::{AttachContext, hook_refused, load_side_by_side, program};
+use super::{BenchFloor, FaultHooks, FaultOptions, HookChoice, HookSet, Refusal, Unobservable};
+use crate::object::{AttachContext, Refused, hook_refused, load_side_by_side, program};
 use syscall_hooks::{attach_mappings_changed, attach_populate};
 
 /// Whether count-only mode on the tracepoint set can use counting perf events on the
@@ -207,7 +207,7 @@ pub fn attach(cx: &mut AttachContext<'_>, options: &FaultOptions) -> Result<Faul
                 if set == HookSet::Tracepoint {
                     // page_fault_user + perf events see neither the VM_FAULT_RETRY results
                     // nor the VMA.
-                    unobserved.extend(["retried", "in_locked_vma"]);
+                    unobserved.extend([Unobservable::Retried, Unobservable::InLockedVma]);
                 }
                 let tracepoints = set == HookSet::Tracepoint;
                 let counting = tracepoints && counting(options, specific_targets, &kernel);
@@ -237,9 +237,14 @@ pub fn attach(cx: &mut AttachContext<'_>, options: &FaultOptions) -> Result<Faul
                         set.name()
                     )));
                 }
+                let Refused {
+                    reason,
+                    too_complex,
+                } = Refused::of(&error);
                 refused.push(Refusal {
                     hook_set: set,
-                    reason: format!("{error:#}"),
+                    reason,
+                    too_complex,
                 });
             }
         }

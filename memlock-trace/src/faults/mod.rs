@@ -24,7 +24,7 @@ use serde::Serialize;
 pub use read::{FaultHealth, FaultReport};
 pub use summary::{FaultSummary, summarize};
 
-use crate::object::{AttachContext, HookFamily};
+use crate::object::{AttachContext, HookFamily, HookLine, Refused};
 
 /// `--fault-hooks`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -163,6 +163,9 @@ impl FaultOptions {
 pub struct Refusal {
     pub hook_set: HookSet,
     pub reason: String,
+    /// The verifier gave up for complexity (see `object::too_complex`).
+    #[serde(skip)]
+    pub too_complex: bool,
 }
 
 /// The fault hooks in use: named in the text output and the JSON summary.
@@ -177,8 +180,8 @@ pub struct FaultHooks {
     /// Faults taken through the exception are counted by counting perf events on the
     /// targets' threads, not by a BPF program per fault (count-only, specific targets).
     pub counting: bool,
-    /// Fault classes this hook set cannot observe (reported as null).
-    pub unobserved: Vec<&'static str>,
+    /// What this hook set cannot observe (reported as null).
+    pub unobserved: Vec<Unobservable>,
     /// One fault in this many is timed (1: every one); the counts stay exact.
     pub latency_sample: u32,
     /// The completion events are bound to the targets' threads (opened by
@@ -195,7 +198,30 @@ pub struct FaultHooks {
     pub start_program: Option<&'static str>,
 }
 
+/// What a fault hook set may not see, named as the summary's fields: `page_fault_user` and
+/// perf events see neither the VM_FAULT_RETRY results nor the VMA.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Unobservable {
+    Retried,
+    InLockedVma,
+}
+
+impl Unobservable {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Retried => "retried",
+            Self::InLockedVma => "in_locked_vma",
+        }
+    }
+}
+
 impl FaultHooks {
+    /// Whether this hook set sees `what`.
+    pub fn observes(&self, what: Unobservable) -> bool {
+        !self.unobserved.contains(&what)
+    }
+
     /// Whether the exception faults are counted by the perf events on the targets' threads
     /// (read back by the loader) rather than by the programs: count-only, and sampled latency
     /// on the tracepoint set, whose completion programs run for one fault in N. With every
@@ -213,12 +239,25 @@ impl HookFamily for FaultHooks {
         attach::attach(cx, options)
     }
 
-    fn describe(&self) -> String {
-        let mut line = format!("{} ({})", self.hook_set.name(), self.hooks.join(", "));
+    fn hook_line(&self) -> HookLine {
+        let set = self.hook_set.name();
+        let mut full = format!("{set} ({})", self.hooks.join(", "));
         for refusal in &self.refused {
             let reason = refusal.reason.lines().next().unwrap_or_default();
-            line.push_str(&format!("; {} refused: {reason}", refusal.hook_set.name()));
+            full.push_str(&format!("; {} refused: {reason}", refusal.hook_set.name()));
         }
-        line
+        HookLine::Traced {
+            set,
+            brief: set.to_string(),
+            full,
+            refused: self
+                .refused
+                .iter()
+                .map(|r| Refused {
+                    reason: r.reason.clone(),
+                    too_complex: r.too_complex,
+                })
+                .collect(),
+        }
     }
 }

@@ -94,7 +94,12 @@ pub fn fault_hooks_detail(hooks: &FaultHooks) -> String {
         let _ = writeln!(
             out,
             "  not observable with these hooks: {}",
-            hooks.unobserved.join(", ")
+            hooks
+                .unobserved
+                .iter()
+                .map(|u| u.name())
+                .collect::<Vec<_>>()
+                .join(", ")
         );
     }
     out

@@ -12,7 +12,7 @@ use serde::Serialize;
 
 use super::mappings::{MappingFaults, RegionSites, add_pages, by_mapping};
 use super::{
-    FaultHooks,
+    FaultHooks, Unobservable,
     read::{FaultReport, KeyStats},
 };
 use crate::{buckets::Buckets, output::Outside, procfs::MappingCache};
@@ -161,7 +161,7 @@ fn summarize_key(
     hooks: &FaultHooks,
 ) -> FaultSummary {
     let c = &s.counts;
-    let observed = |name: &str| !hooks.unobserved.contains(&name);
+    let sees_vma = hooks.observes(Unobservable::InLockedVma);
     let mut latency_ns = BTreeMap::new();
     let mut latency_values = BTreeMap::new();
     for (name, classes) in LATENCY_CLASSES {
@@ -194,16 +194,18 @@ fn summarize_key(
         major: c[stat::USER_MAJOR] + c[stat::POPULATED_MAJOR],
         user: c[stat::USER_MINOR] + c[stat::USER_MAJOR],
         populated: c[stat::POPULATED_MINOR] + c[stat::POPULATED_MAJOR],
-        retried: observed("retried").then_some(c[stat::RETRIED]),
-        failed: observed("failed").then_some(c[stat::FAILED]),
+        retried: hooks
+            .observes(Unobservable::Retried)
+            .then_some(c[stat::RETRIED]),
+        failed: Some(c[stat::FAILED]),
         populated_by: populate::NAMES
             .iter()
             .zip(s.populated_by)
             .filter(|(_, n)| *n > 0)
             .map(|(name, n)| (*name, n))
             .collect(),
-        in_locked_vma: observed("in_locked_vma").then_some(c[stat::IN_LOCKED]),
-        in_lockonfault_vma: observed("in_locked_vma").then_some(c[stat::IN_LOCKONFAULT]),
+        in_locked_vma: sees_vma.then_some(c[stat::IN_LOCKED]),
+        in_lockonfault_vma: sees_vma.then_some(c[stat::IN_LOCKONFAULT]),
         latency_ns,
         latency_values,
         latency_unmatched: c[stat::LATENCY_UNMATCHED],

@@ -23,7 +23,7 @@ use prometheus_client::{
 use super::{Labels, names::NameCap};
 use crate::{
     buckets::Buckets,
-    faults::{FaultHealth, FaultHooks, summary::ProcessFaults},
+    faults::{FaultHealth, FaultHooks, Unobservable, summary::ProcessFaults},
     process::counts::{bucket_growth, growth},
 };
 
@@ -141,7 +141,6 @@ impl FaultMetrics {
         health: &FaultHealth,
         mut labels_of: impl FnMut(&ProcessKey) -> (Option<String>, String),
     ) {
-        let observed = |name: &str| !hooks.unobserved.contains(&name);
         self.latency_sample_every
             .set(i64::from(hooks.latency_sample));
         let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
@@ -173,7 +172,7 @@ impl FaultMetrics {
                 .any(|index| growth(c[index], before.counts[index]) > 0);
             if active {
                 let base = self.names.labels(comm.clone(), cgroup, key.tgid);
-                self.add_growth(&p, before, base, observed);
+                self.add_growth(&p, before, base, hooks.observes(Unobservable::Retried));
             }
             *before = Seen {
                 comm: Some(comm),
@@ -197,13 +196,7 @@ impl FaultMetrics {
 
     /// Adds what `p`'s counts and histograms grew by since `before` to the series labelled
     /// `base`.
-    fn add_growth(
-        &self,
-        p: &ProcessFaults,
-        before: &Seen,
-        base: Labels,
-        observed: impl Fn(&str) -> bool,
-    ) {
+    fn add_growth(&self, p: &ProcessFaults, before: &Seen, base: Labels, retried_observed: bool) {
         let c = &p.stats.counts;
         let with = |extra: &[(&'static str, &str)]| {
             let mut labels = base.clone();
@@ -235,12 +228,12 @@ impl FaultMetrics {
                     .inc_by(n);
             }
         }
-        for (name, index, family) in [
-            ("retried", stat::RETRIED, &self.retried),
-            ("failed", stat::FAILED, &self.failed),
+        for (observed, index, family) in [
+            (retried_observed, stat::RETRIED, &self.retried),
+            (true, stat::FAILED, &self.failed),
         ] {
             let n = growth(c[index], before.counts[index]);
-            if observed(name) && n > 0 {
+            if observed && n > 0 {
                 family.get_or_create(&base).inc_by(n);
             }
         }
@@ -347,7 +340,7 @@ mod tests {
             refused: Vec::new(),
             latency: true,
             counting: false,
-            unobserved: vec!["retried", "in_locked_vma"],
+            unobserved: vec![Unobservable::Retried, Unobservable::InLockedVma],
             latency_sample: 1,
             per_target_completion: false,
             completion_programs: None,

@@ -13,7 +13,7 @@ use aya::{
 };
 use memlock_trace_common::{names, syscall_hooks};
 
-use super::{hook_refused, load_side_by_side, program, refusal_reason};
+use super::{Refused, hook_refused, load_side_by_side, program};
 use crate::arch::SYSCALL_FUNCTION_PREFIX;
 
 /// A system call's entry or exit: fentry or fexit of its function, or the raw tracepoint.
@@ -65,10 +65,10 @@ pub enum SyscallVia {
 /// The kernel's reason for refusing the last fentry program on a call's function that
 /// decided an object's syscall hooks (the same for every object of this process: one
 /// kernel), for the syscall family's hook line.
-static FENTRY_REFUSED: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+static FENTRY_REFUSED: std::sync::Mutex<Option<Refused>> = std::sync::Mutex::new(None);
 
 /// Why the syscall hooks are on the raw tracepoints, if an object tried fentry.
-pub fn fentry_refusal() -> Option<String> {
+pub fn fentry_refusal() -> Option<Refused> {
     FENTRY_REFUSED.lock().map_or(None, |r| r.clone())
 }
 
@@ -100,14 +100,26 @@ impl SyscallVia {
         }
     }
 
-    /// Why fentry is not used, for one family's hook line: ` (fentry on __x64_sys_*
-    /// refused: REASON)`, or nothing.
-    pub fn refused(self) -> String {
+    /// Why fentry is not used, if it was refused, with its words for one family's hook
+    /// line: ` (fentry on __x64_sys_* refused: REASON)`.
+    pub fn refused(self) -> Option<(Refused, String)> {
         match (self, fentry_refusal()) {
-            (SyscallVia::RawTracepoints, Some(reason)) => {
-                format!(" (fentry on {SYSCALL_FUNCTION_PREFIX}* refused: {reason})")
+            (SyscallVia::RawTracepoints, Some(refused)) => {
+                let words = format!(
+                    " (fentry on {SYSCALL_FUNCTION_PREFIX}* refused: {})",
+                    refused.reason
+                );
+                Some((refused, words))
             }
-            _ => String::new(),
+            _ => None,
+        }
+    }
+
+    /// The hook set's kind, for the build info.
+    pub fn set(self) -> &'static str {
+        match self {
+            SyscallVia::Fentry => "fentry/fexit",
+            SyscallVia::RawTracepoints => "tp_btf",
         }
     }
 }
@@ -200,14 +212,18 @@ pub fn attach_syscall_hook(
             // The first program decides: a kernel without trampolines refuses them all.
             Err(refused) if !tried && !any_call_loaded(ebpf, find_vma) => {
                 if let Ok(mut last) = FENTRY_REFUSED.lock() {
-                    *last = Some(format!("{program}: {refused}"));
+                    *last = Some(Refused {
+                        reason: format!("{program}: {}", refused.reason),
+                        too_complex: refused.too_complex,
+                    });
                 }
                 attach_dispatchers(ebpf, btf, find_vma)?;
                 return Ok(SyscallVia::RawTracepoints);
             }
             Err(refused) => {
                 bail!(
-                    "the kernel refused fentry program `{program}` on {SYSCALL_FUNCTION_PREFIX}{name}: {refused}"
+                    "the kernel refused fentry program `{program}` on {SYSCALL_FUNCTION_PREFIX}{name}: {}",
+                    refused.reason
                 )
             }
         }
@@ -233,25 +249,25 @@ fn attach_call(
     edge: SyscallEdge,
     name: &str,
     program_name: &str,
-) -> std::result::Result<(), String> {
+) -> std::result::Result<(), Refused> {
     let function = format!("{SYSCALL_FUNCTION_PREFIX}{name}");
-    let found = program(ebpf, program_name).map_err(|e| format!("{e:#}"))?;
+    let found = program(ebpf, program_name).map_err(|e| Refused::of(&e))?;
     // A kernel may load the program and refuse only the trampoline (Debian 12's arm64 6.1,
     // without ftrace direct calls: ENOTSUPP at attach): whatever was refused is unloaded, so
     // that the dispatchers take over as where the load is refused (see `any_call_loaded`).
     let result = match edge {
         SyscallEdge::Enter => {
-            let p: &mut FEntry = found.try_into().map_err(|e| format!("{e}"))?;
+            let p: &mut FEntry = found.try_into().map_err(|e| Refused::of_program(&e))?;
             let attached = p.load(&function, btf).and_then(|()| p.attach().map(drop));
             attached.inspect_err(|_| drop(p.unload()))
         }
         SyscallEdge::Exit => {
-            let p: &mut FExit = found.try_into().map_err(|e| format!("{e}"))?;
+            let p: &mut FExit = found.try_into().map_err(|e| Refused::of_program(&e))?;
             let attached = p.load(&function, btf).and_then(|()| p.attach().map(drop));
             attached.inspect_err(|_| drop(p.unload()))
         }
     };
-    result.map_err(|e| refusal_reason(&e))
+    result.map_err(|e| Refused::of_program(&e))
 }
 
 /// Loads both edges' dispatching programs side by side (see [`load_side_by_side`]; they are

@@ -23,7 +23,7 @@ use memlock_trace_common::{
 use crate::{
     UsageError,
     btf::KernelBtf,
-    object::{AttachContext, HookFamily, hook_refused, program},
+    object::{AttachContext, HookFamily, HookLine, hook_refused, program},
     output::Outside,
 };
 
@@ -355,8 +355,8 @@ impl HookFamily for ProcessHooks {
         Ok(Self { hooks })
     }
 
-    fn describe(&self) -> String {
-        self.hooks.join(", ")
+    fn hook_line(&self) -> HookLine {
+        HookLine::plain("tp_btf", self.hooks.join(", "))
     }
 }
 

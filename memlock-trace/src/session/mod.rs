@@ -17,7 +17,7 @@ use crate::{
     UsageError,
     cli::TraceArgs,
     faults::{FaultHooks, stacks::StackSymbolizer},
-    object::HookFamily as _,
+    object::{HookFamily as _, HookLine},
     output::{Sink, TextStyle, WallClock},
     process::{ProcessTable, Targets, launch, pids},
     procfs::{MappingCache, MapsFile},
@@ -63,8 +63,12 @@ fn load_tracer(targets: &Targets, options: Options) -> Result<Tracer> {
         return tracer;
     }
     let reason = match &tracer {
-        Ok(tracer) => tracer.hooks.values().find(|h| too_complex(h)).cloned(),
-        Err(error) => Some(format!("{error:#}")).filter(|r| too_complex(r)),
+        Ok(tracer) => tracer
+            .hooks
+            .values()
+            .find(|h| h.too_complex())
+            .map(HookLine::full),
+        Err(error) => crate::object::too_complex(error).then(|| format!("{error:#}")),
     };
     match reason {
         Some(reason) => Err(anyhow!(
@@ -73,12 +77,6 @@ fn load_tracer(targets: &Targets, options: Options) -> Result<Tracer> {
         )),
         None => tracer,
     }
-}
-
-/// Whether a hook description or load error is a verifier's refusal for complexity.
-fn too_complex(reason: &str) -> bool {
-    reason.contains("kernel refused")
-        && (reason.contains("(os error 7)") || reason.contains("too complex"))
 }
 
 /// Runs `memlock-trace [OPTIONS] [-- COMMAND]`; returns the process exit code (the launched
@@ -161,8 +159,8 @@ pub fn run(mut args: TraceArgs) -> Result<i32> {
                         eprintln!("memlock-trace: {line}");
                     }
                 }
-                _ if args.verbose > 0 => eprintln!("memlock-trace: {family}: {hooks}"),
-                _ => eprintln!("memlock-trace: {family}: {}", brief_hooks(hooks)),
+                _ if args.verbose > 0 => eprintln!("memlock-trace: {family}: {}", hooks.full()),
+                _ => eprintln!("memlock-trace: {family}: {}", hooks.brief()),
             }
         }
     }
@@ -209,20 +207,6 @@ fn exit_check(
             attached_ns,
             launched,
         })
-}
-
-/// A family's hook description cut to the hook set, noting refusals without their reasons.
-fn brief_hooks(described: &str) -> String {
-    let end = [" (", "; "]
-        .iter()
-        .filter_map(|sep| described.find(sep))
-        .min()
-        .unwrap_or(described.len());
-    let mut brief = described[..end].to_string();
-    if described.contains("refused") {
-        brief.push_str(" (better hooks refused: -v says why)");
-    }
-    brief
 }
 
 async fn event_loop(
@@ -512,42 +496,4 @@ async fn event_loop(
         Stop::CommandExited(code) => code,
         _ => 0,
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::brief_hooks;
-
-    #[test]
-    fn brief_hook_lines_name_the_set_and_hint_at_refusals() {
-        assert_eq!(
-            brief_hooks(
-                "tracepoint (tp_btf/page_fault_user, perf_event/x); fentry refused: EPERM; \
-                 kprobe refused: ENOENT"
-            ),
-            "tracepoint (better hooks refused: -v says why)"
-        );
-        assert_eq!(
-            brief_hooks("tp_btf maple_tree:ma_write (fentry refused: BPF_PROG_LOAD: EPERM)"),
-            "tp_btf maple_tree:ma_write (better hooks refused: -v says why)"
-        );
-        assert_eq!(
-            brief_hooks("tp_btf sched_process_exit"),
-            "tp_btf sched_process_exit"
-        );
-    }
-
-    /// Only a verifier's refusal for complexity is blamed on -v's diagnostics: an EPERM
-    /// (no trampolines on this kernel) is the hook set's business, with or without -v.
-    #[test]
-    fn only_a_refusal_for_complexity_stops_verbose() {
-        assert!(super::too_complex(
-            "not traced: the kernel refused tracepoint program `sys_enter_mlock`: Argument list \
-             too long (os error 7)\nverifier log (last lines):\n    processed 1000001 insns"
-        ));
-        assert!(!super::too_complex(
-            "the kernel refused fentry program `handle_mm_fault_fentry`: Operation not \
-             permitted (os error 1)"
-        ));
-    }
 }

@@ -9,6 +9,7 @@ use crate::{
     UsageError,
     cli::TraceArgs,
     metrics::{Metrics, server::MetricsServer, web_config::WebConfig},
+    object::HookLine,
     process::{Cgroup, Filters},
 };
 
@@ -81,14 +82,10 @@ impl Production {
 
     /// Starts the metrics server on the session's runtime (bound in [`Self::setup`]), its
     /// build info naming the hook set of each family (`hooks`: family, description).
-    pub fn serve_metrics(&mut self, hooks: &BTreeMap<&'static str, String>) -> Result<()> {
+    pub fn serve_metrics(&mut self, hooks: &BTreeMap<&'static str, HookLine>) -> Result<()> {
         match (&mut self.server, &self.metrics) {
             (Some(server), Some(metrics)) => {
-                // The set is the description's first word: `tracepoint (...)`, `tp_btf ...`.
-                metrics.set_build_info(hooks.iter().map(|(family, described)| {
-                    let set = described.split_whitespace().next().unwrap_or("none");
-                    (*family, set)
-                }));
+                metrics.set_build_info(hooks.iter().map(|(family, line)| (*family, line.set())));
                 server.serve(Arc::clone(metrics))
             }
             _ => Ok(()),

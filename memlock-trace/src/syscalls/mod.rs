@@ -20,7 +20,7 @@ use memlock_trace_common::syscall_hooks::hook;
 
 use crate::{
     event::Syscall,
-    object::{AttachContext, HookFamily, SyscallEdge, SyscallVia},
+    object::{AttachContext, HookFamily, HookLine, SyscallEdge, SyscallVia},
 };
 
 /// The syscall family's programs, attached.
@@ -61,20 +61,31 @@ impl HookFamily for SyscallHooks {
         })
     }
 
-    fn describe(&self) -> String {
-        let calls = format!(
-            "{}{}",
-            self.via.describe(None, &Syscall::ALL.map(Syscall::nr)),
-            self.via.refused()
+    fn hook_line(&self) -> HookLine {
+        let calls = self.via.describe(None, &Syscall::ALL.map(Syscall::nr));
+        let refused = self.via.refused();
+        let mut full = format!(
+            "{calls}{}",
+            refused.as_ref().map_or(String::new(), |r| r.1.clone())
         );
-        let mut line = match &self.range_check {
-            Ok(how) => format!("{calls} + ranges checked at entry by {how}"),
-            Err(why) => format!("{calls} (ranges not checked at entry: {why})"),
-        };
-        if let Some(why) = &self.pages_unknown {
-            line += &format!(" (pages populated counted as faults, one per huge page: {why})");
+        let mut brief = calls;
+        match &self.range_check {
+            Ok(how) => {
+                let checked = format!(" + ranges checked at entry by {how}");
+                brief += &checked;
+                full += &checked;
+            }
+            Err(why) => full += &format!(" (ranges not checked at entry: {why})"),
         }
-        line
+        if let Some(why) = &self.pages_unknown {
+            full += &format!(" (pages populated counted as faults, one per huge page: {why})");
+        }
+        HookLine::Traced {
+            set: self.via.set(),
+            brief,
+            full,
+            refused: refused.into_iter().map(|r| r.0).collect(),
+        }
     }
 }
 

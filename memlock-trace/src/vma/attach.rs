@@ -20,7 +20,8 @@ use crate::{
     btf::{KernelBtf, Signature, TypeShape},
     event::Syscall,
     object::{
-        AttachContext, HookFamily, SyscallEdge, hook_refused, is_permission_error, refusal_reason,
+        AttachContext, HookFamily, HookLine, Refused, SyscallEdge, hook_refused,
+        is_permission_error,
     },
 };
 
@@ -54,6 +55,9 @@ pub struct VmaHooks {
     /// Snapshots walk the VMA rbtree and list: a kernel before 6.1 (no maple tree, so no
     /// `maple_tree:ma_write` stores either).
     pub rb_walk: bool,
+    /// The kernel's refusals, typed (the words are in `fentry_refused` and `refused`).
+    #[serde(skip)]
+    pub refusals: Vec<Refused>,
 }
 
 /// Whether this kernel keeps VMAs in an rbtree and list (before 6.1) rather than a maple tree.
@@ -95,7 +99,12 @@ impl HookFamily for VmaHooks {
         };
         if !btf.has_enum_member("bpf_func_id", "BPF_FUNC_get_func_arg") {
             // The function programs read their arguments with it (5.17).
-            hooks.fentry_refused = Some("this kernel has no bpf_get_func_arg helper".into());
+            let reason = "this kernel has no bpf_get_func_arg helper";
+            hooks.fentry_refused = Some(reason.into());
+            hooks.refusals.push(Refused {
+                reason: reason.into(),
+                too_complex: false,
+            });
         }
         if rb_walk {
             // No maple tree, so no ma_write; the function programs need 5.17 helpers.
@@ -122,18 +131,21 @@ impl HookFamily for VmaHooks {
     }
 
     /// One line for the user: which hooks, and why not the others.
-    fn describe(&self) -> String {
+    fn hook_line(&self) -> HookLine {
         let mut out = String::new();
         if !self.functions.is_empty() {
             let names: Vec<&str> = self.functions.iter().map(|f| f.name.as_str()).collect();
             let _ = write!(out, "fentry+fexit {} + ", names.join(", "));
         }
         out.push_str(if self.rb_walk {
-            "snapshots at mlock-family entry/exit by a bounded walk of mm->mm_rb and vm_next \
-             (no maple tree: no maple_tree:ma_write, so VMA stores are not traced)"
+            "snapshots at mlock-family entry/exit by a bounded walk of mm->mm_rb and vm_next"
         } else {
             "tp_btf maple_tree:ma_write + bpf_find_vma snapshots at mlock-family entry/exit"
         });
+        let brief = out.clone();
+        if self.rb_walk {
+            out.push_str(" (no maple tree: no maple_tree:ma_write, so VMA stores are not traced)");
+        }
         if let Some(reason) = &self.fentry_refused {
             let _ = write!(out, " (fentry refused: {reason})");
         }
@@ -154,7 +166,17 @@ impl HookFamily for VmaHooks {
                 false => write!(out, " ({names} refused: {reason})"),
             };
         }
-        out
+        let set = match (self.functions.is_empty(), self.rb_walk) {
+            (false, _) => "fentry+fexit",
+            (true, true) => "snapshots",
+            (true, false) => "tp_btf",
+        };
+        HookLine::Traced {
+            set,
+            brief,
+            full: out,
+            refused: self.refusals.clone(),
+        }
     }
 }
 
@@ -351,7 +373,9 @@ fn attach_functions(
                 index += 1;
             }
             Err(error) => {
-                let reason = refusal_reason(&error);
+                let refusal = Refused::of_program(&error);
+                let reason = refusal.reason.clone();
+                hooks.refusals.push(refusal);
                 // Loaded but not attached: give the kernel its memory back.
                 if let Some(Ok(program)) = ebpf.program_mut(&entry).map(<&mut FEntry>::try_from) {
                     let _ = program.unload();
@@ -395,10 +419,11 @@ mod tests {
         let hooks = refused(&[("mlock_fixup", "ENOTSUPP"), ("split_vma", "ENOTSUPP")]);
         assert!(
             hooks
-                .describe()
+                .hook_line()
+                .full()
                 .ends_with(" (fentry refused on mlock_fixup, split_vma: ENOTSUPP)"),
             "{}",
-            hooks.describe()
+            hooks.hook_line().full()
         );
         let mut hooks = refused(&[("vma_merge", "ENOTSUPP"), ("vma_expand", "EBUSY")]);
         hooks.functions.push(HookedFunction {
@@ -408,10 +433,11 @@ mod tests {
         });
         assert!(
             hooks
-                .describe()
+                .hook_line()
+                .full()
                 .ends_with(" (vma_merge refused: ENOTSUPP) (vma_expand refused: EBUSY)"),
             "{}",
-            hooks.describe()
+            hooks.hook_line().full()
         );
     }
 
@@ -425,7 +451,7 @@ mod tests {
         let btf = KernelBtf::load().expect("kernel BTF");
         let tracer = Tracer::load(&Targets::Tgids(Vec::new()))
             .expect("the tracer starts on every kernel (needs root)");
-        let described = &tracer.hooks[VmaHooks::NAME];
+        let described = &tracer.hooks[VmaHooks::NAME].full();
         match config(&btf, false) {
             Ok(config) => {
                 let hooks = tracer.vma.as_ref().expect(described);
@@ -449,7 +475,7 @@ mod tests {
         assert!(
             tracer.fault_hooks.is_some(),
             "faults: {:?}",
-            tracer.hooks.get("faults")
+            tracer.hooks.get(crate::faults::FaultHooks::NAME)
         );
     }
 

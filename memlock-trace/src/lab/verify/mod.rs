@@ -29,10 +29,11 @@ use serde::{Deserialize, Serialize};
 pub use self::table::{layout_str, table};
 use self::{runner::Runner, scenarios::SCENARIOS};
 use crate::{
+    object::{HookFamily as _, HookLine},
     probe,
     process::Targets,
     tracer::{Options, Tracer},
-    vma::flags_str,
+    vma::{VmaHooks, flags_str},
 };
 
 /// The invalid `mlock2` flag of the probe call: the kernel rejects it before touching anything.
@@ -196,7 +197,11 @@ pub fn run_suite() -> Result<Report> {
             ..Options::default()
         },
     )?;
-    let hooks = tracer.hooks.get("vma").cloned().unwrap_or_default();
+    let hooks = tracer
+        .hooks
+        .get(VmaHooks::NAME)
+        .map(HookLine::full)
+        .unwrap_or_default();
     let kernel = probe::kernel_release();
     let shows_lf = crate::procfs::smaps_shows_lockonfault(&kernel);
     let mut runner = Runner::new(tracer, shows_lf)?;
