@@ -107,7 +107,7 @@ struct Stage {
     /// `host`, or the guest kernel's version.
     title: &'static str,
     kernel: String,
-    hooks: Vec<(String, String)>,
+    probe: Probe,
     outcomes: Vec<Outcome>,
     /// Test binaries not run on this kernel, and why.
     not_run: Vec<(String, String)>,
@@ -308,8 +308,10 @@ fn host_stage(binaries: &[TestBinary], tracer: &std::path::Path) -> Result<Stage
         .trim()
         .to_string();
     println!("xtask: host stage on kernel {kernel}");
-    let hooks =
-        parse_hooks(&output_of(Command::new(tracer).arg("probe")).context("memlock-trace probe")?);
+    let probe = Probe::parse(
+        &output_of(Command::new(tracer).args(["probe", "--json"]))
+            .context("memlock-trace probe --json")?,
+    )?;
     let mut outcomes = Vec::new();
     for binary in binaries {
         println!("xtask: running {}", binary.name);
@@ -332,7 +334,7 @@ fn host_stage(binaries: &[TestBinary], tracer: &std::path::Path) -> Result<Stage
     Ok(Stage {
         title: "host",
         kernel,
-        hooks,
+        probe,
         outcomes,
         not_run: Vec::new(),
         secs: start.elapsed().as_secs_f64(),
@@ -367,7 +369,7 @@ fn vm_stage(build: &Build, kernel: vm::Kernel, max_cpus: Option<u32>) -> Result<
     let mut tests = vec![vm::VmTest {
         name: "probe".into(),
         binary: build.tracer.clone(),
-        args: vec!["probe".into()],
+        args: vec!["probe".into(), "--json".into()],
     }];
     tests.extend(guest_binaries.iter().map(|b| vm::VmTest {
         name: b.name.replace([':', '/'], "-"),
@@ -405,7 +407,7 @@ fn vm_stage(build: &Build, kernel: vm::Kernel, max_cpus: Option<u32>) -> Result<
         report.total_secs,
         report.console_log.display()
     );
-    let mut hooks = Vec::new();
+    let mut probe = Probe::default();
     let mut outcomes = Vec::new();
     for result in &report.results {
         println!(
@@ -415,13 +417,10 @@ fn vm_stage(build: &Build, kernel: vm::Kernel, max_cpus: Option<u32>) -> Result<
             result.output.trim_end()
         );
         if result.name == "probe" {
-            hooks = parse_hooks(&result.output);
+            probe = Probe::parse(&result.output)?;
             // The guest exists to exercise the hooks the host refuses.
             for &needed in kernel.arch.hooks_needed() {
-                if !hooks
-                    .iter()
-                    .any(|(name, how)| name == needed && how.starts_with("yes"))
-                {
+                if !probe.usable(needed) {
                     bail!(
                         "the guest kernel {} does not offer {needed}; the VM stage cannot test that path:\n{}",
                         report.kernel_release,
@@ -448,7 +447,7 @@ fn vm_stage(build: &Build, kernel: vm::Kernel, max_cpus: Option<u32>) -> Result<
     Ok(Stage {
         title: kernel.version,
         kernel: report.kernel_release,
-        hooks,
+        probe,
         outcomes,
         not_run,
         secs: start.elapsed().as_secs_f64(),
@@ -484,42 +483,63 @@ fn outcome(name: &str, output: &str, exit_code: i32) -> Outcome {
     }
 }
 
-/// `memlock-trace probe` prints `CAPABILITY yes|no DETAIL` lines, then
-/// `hooks FAMILY: HOOK SET` lines, wrapped at 100 columns (continuation lines indented);
-/// both go into the table.
-fn parse_hooks(probe_output: &str) -> Vec<(String, String)> {
-    const CAPABILITIES: [&str; 7] = [
-        "btf",
-        "ring_buffer",
-        "fentry",
-        "kprobe",
-        "tp_btf",
-        "tracepoint",
-        "perf_event",
-    ];
-    let mut joined: Vec<String> = Vec::new();
-    for line in probe_output.lines() {
-        match joined.last_mut() {
-            Some(previous) if line.starts_with(' ') => {
-                previous.push(' ');
-                previous.push_str(line.trim());
-            }
-            _ => joined.push(line.to_string()),
-        }
-    }
-    joined
-        .iter()
-        .filter_map(|l| {
-            if let Some(hooks) = l.strip_prefix("hooks ") {
-                let (family, set) = hooks.split_once(": ")?;
-                return Some((family.to_string(), set.to_string()));
-            }
-            let (name, rest) = l.split_once(char::is_whitespace)?;
-            CAPABILITIES
-                .contains(&name)
-                .then(|| (name.to_string(), rest.trim().to_string()))
+/// What `memlock-trace probe --json` reports: each hook kind the kernel allows or not (and
+/// why), and each family's hook set.
+#[derive(Debug, Default, PartialEq)]
+struct Probe {
+    capabilities: Vec<Capability>,
+    hooks: Vec<(String, String)>,
+}
+
+#[derive(Debug, PartialEq)]
+struct Capability {
+    name: String,
+    /// `None`: not checked (no privileges to try).
+    usable: Option<bool>,
+    detail: String,
+}
+
+impl Probe {
+    /// The report's JSON line, among whatever else the output holds (a guest's console).
+    fn parse(output: &str) -> Result<Self> {
+        let line = output
+            .lines()
+            .find(|l| l.starts_with('{') && l.contains("\"type\":\"probe\""))
+            .with_context(|| {
+                format!("no JSON report in `memlock-trace probe --json`'s output:\n{output}")
+            })?;
+        let report: serde_json::Value = serde_json::from_str(line).context("probe --json")?;
+        let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_string();
+        let capabilities = report["capabilities"]
+            .as_array()
+            .context("probe --json: no capabilities")?
+            .iter()
+            .map(|c| Capability {
+                name: text(&c["name"]),
+                usable: c["checked"]
+                    .as_bool()
+                    .unwrap_or(false)
+                    .then(|| c["usable"].as_bool().unwrap_or(false)),
+                detail: text(&c["detail"]),
+            })
+            .collect();
+        let hooks = report["hooks"]
+            .as_object()
+            .context("probe --json: no hooks")?
+            .iter()
+            .map(|(family, line)| (family.clone(), text(line)))
+            .collect();
+        Ok(Self {
+            capabilities,
+            hooks,
         })
-        .collect()
+    }
+
+    fn usable(&self, name: &str) -> bool {
+        self.capabilities
+            .iter()
+            .any(|c| c.name == name && c.usable == Some(true))
+    }
 }
 
 fn print_table(stage: &Stage) {
@@ -527,7 +547,15 @@ fn print_table(stage: &Stage) {
         "== {} — kernel {} ({:.0}s) ==",
         stage.title, stage.kernel, stage.secs
     );
-    for (family, hooks) in &stage.hooks {
+    for c in &stage.probe.capabilities {
+        let usable = match c.usable {
+            Some(true) => "yes",
+            Some(false) => "no",
+            None => "?",
+        };
+        println!("  {:<12} {usable:<4} {}", c.name, c.detail);
+    }
+    for (family, hooks) in &stage.probe.hooks {
         println!("  {family:<12} {hooks}");
     }
     println!(
@@ -582,19 +610,19 @@ mod tests {
     }
 
     #[test]
-    fn hooks_lines_parse() {
-        let h = parse_hooks(
-            "kernel 6.1\nfentry       no   refused\nhooks faults: fentry/fexit\n    handle_mm_fault\nother",
-        );
+    fn probe_reports_parse() {
+        let probe = Probe::parse(
+            "console noise\n{\"type\":\"probe\",\"capabilities\":[\
+             {\"name\":\"fentry\",\"usable\":false,\"checked\":true,\"detail\":\"refused\"},\
+             {\"name\":\"kprobe\",\"usable\":true,\"checked\":true,\"detail\":\"ok\"}],\
+             \"hooks\":{\"faults\":\"kprobe (handle_mm_fault)\"}}\nmore",
+        )
+        .unwrap();
+        assert!(probe.usable("kprobe") && !probe.usable("fentry") && !probe.usable("btf"));
         assert_eq!(
-            h,
-            [
-                ("fentry".to_string(), "no   refused".to_string()),
-                (
-                    "faults".to_string(),
-                    "fentry/fexit handle_mm_fault".to_string()
-                )
-            ]
+            probe.hooks,
+            [("faults".to_string(), "kprobe (handle_mm_fault)".to_string())]
         );
+        assert!(Probe::parse("kernel 6.1\nfentry no").is_err());
     }
 }
