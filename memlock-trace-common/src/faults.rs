@@ -171,11 +171,6 @@ pub struct FaultConfig {
     pub nr_cpus: u32,
     /// Non-zero (`--stacks`): count faults per user call stack (see [`StackKey`]).
     pub stacks: u32,
-    /// Not read by the programs, which test [`crate::vma::VM_LOCKED`] and
-    /// [`crate::vma::VM_LOCKONFAULT`] (the one copy of those `#define`s); kept so the layout
-    /// the loader writes does not change. Remove with the loader's own copy of the constants.
-    pub vm_locked: u64,
-    pub vm_lockonfault: u64,
     /// `vm_area_struct.vm_flags` / `.vm_start` offsets.
     pub vma_vm_flags: u32,
     pub vma_vm_start: u32,
@@ -198,10 +193,7 @@ pub struct FaultConfig {
     pub _pad: u32,
 }
 
-const _: () = assert!(
-    core::mem::offset_of!(FaultConfig, vm_locked).is_multiple_of(8)
-        && size_of::<FaultConfig>().is_multiple_of(8)
-);
+const _: () = assert!(size_of::<FaultConfig>().is_multiple_of(8));
 const _: () = assert!(
     core::mem::offset_of!(FaultConfig, populate_nrs) + 4 * populate::COUNT + 12
         == size_of::<FaultConfig>()

@@ -78,8 +78,6 @@ static FAULT_CONFIG: FaultConfig = FaultConfig {
     vm_fault_oom: 0,
     nr_cpus: 1,
     stacks: 0,
-    vm_locked: 0,
-    vm_lockonfault: 0,
     vma_vm_flags: 0,
     vma_vm_start: 0,
     region_shift: 16,

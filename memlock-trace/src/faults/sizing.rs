@@ -3,12 +3,9 @@
 
 use anyhow::{Result, anyhow};
 use aya::EbpfLoader;
-use memlock_trace_common::{
-    faults::{
-        FAULT_EVENTS_BYTE_SIZE, FaultConfig, MAX_FAULT_HISTS, MAX_FAULT_KEYS, MAX_FAULT_REGIONS,
-        REGION_SLOTS, RegionSlot, names, populate,
-    },
-    vma::{VM_LOCKED, VM_LOCKONFAULT},
+use memlock_trace_common::faults::{
+    FAULT_EVENTS_BYTE_SIZE, FaultConfig, MAX_FAULT_HISTS, MAX_FAULT_KEYS, MAX_FAULT_REGIONS,
+    REGION_SLOTS, RegionSlot, names, populate,
 };
 
 use super::FaultOptions;
@@ -110,8 +107,6 @@ pub fn config(btf: &KernelBtf, options: &FaultOptions) -> Result<FaultConfig> {
         vm_fault_oom: reason("VM_FAULT_OOM")? as u32,
         nr_cpus: u32::try_from(cpus).unwrap_or(u32::MAX),
         stacks: u32::from(options.stacks),
-        vm_locked: VM_LOCKED,
-        vm_lockonfault: VM_LOCKONFAULT,
         vma_vm_flags: btf.field_offset("vm_area_struct", "vm_flags")?,
         vma_vm_start: btf.field_offset("vm_area_struct", "vm_start")?,
         region_shift: REGION_SHIFT,
