@@ -137,10 +137,12 @@ pub fn summary_text(summary: &Summary, style: TextStyle) -> String {
     if let Some(groups) = &summary.cgroups {
         super::groups::text(&mut out, groups, unit);
     }
+    if summary.processes.len() > 1 && summary.cgroups.is_none() {
+        out.push_str(&totals_line(summary));
+    }
     // `--by cgroup` replaces the per-process blocks.
-    for p in summary
-        .processes
-        .iter()
+    for p in by_activity(&summary.processes)
+        .into_iter()
         .filter(|_| summary.cgroups.is_none())
     {
         // A reused pid: the start time tells the processes apart.
@@ -287,6 +289,55 @@ pub fn summary_text(summary: &Summary, style: TextStyle) -> String {
     out
 }
 
+/// A process's mlock-family calls and page faults.
+fn activity(p: &ProcessSummary) -> (u64, u64) {
+    let calls = p.syscalls.values().map(|s| s.count).sum();
+    let faults = p.faults.as_ref().map_or(0, |f| f.minor + f.major);
+    (calls, faults)
+}
+
+/// The processes busiest first, as top(1) lists them: mlock-family callers first (by calls),
+/// then by page faults; pid order breaks ties. (The JSON keeps pid order.)
+fn by_activity(processes: &[ProcessSummary]) -> Vec<&ProcessSummary> {
+    let mut ordered: Vec<&ProcessSummary> = processes.iter().collect();
+    ordered.sort_by_key(|p| {
+        let (calls, faults) = activity(p);
+        (
+            std::cmp::Reverse(calls),
+            std::cmp::Reverse(faults),
+            p.pid,
+            p.start_ns,
+        )
+    });
+    ordered
+}
+
+/// What a summary of several processes covers, before their blocks: how long, how many
+/// processes, calls and faults in all.
+fn totals_line(summary: &Summary) -> String {
+    let (mut calls, mut callers, mut faults, mut major) = (0, 0, 0, 0);
+    for p in &summary.processes {
+        let (c, f) = activity(p);
+        calls += c;
+        callers += u64::from(c > 0);
+        faults += f;
+        major += p.faults.as_ref().map_or(0, |f| f.major);
+    }
+    let w = summary.window;
+    let span = match w.end_ns.checked_sub(w.start_ns) {
+        Some(ns) if w.start_ns > 0 => format!(" in {:.1} s", ns as f64 / 1e9),
+        _ => String::new(),
+    };
+    let faults = match &summary.fault_hooks {
+        Some(_) => format!(", {faults} page faults ({major} major)"),
+        None => String::new(),
+    };
+    format!(
+        "{} processes{span}: {calls} mlock-family calls by {callers}{faults}; busiest first\n",
+        summary.processes.len()
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -365,5 +416,24 @@ mod tests {
         }
         assert_eq!(m["pages_populated"], 0);
         assert_eq!(m["pages_locked"], 0);
+    }
+
+    #[test]
+    fn several_processes_are_listed_busiest_first_under_their_totals() {
+        let mut agg = Aggregator::default();
+        agg.record_syscall(&rec(Syscall::Mlock, 9, 0, 500, 0));
+        for _ in 0..2 {
+            agg.record_syscall(&rec(Syscall::Munlock, 30, 0, 500, 0));
+        }
+        let summary = Summary::new("summary", agg.summaries(), Health::default());
+        let text = summary_text(&summary, TextStyle::default());
+        assert!(
+            text.starts_with("2 processes: 3 mlock-family calls by 2; busiest first\n"),
+            "{text}"
+        );
+        let at = |pid: &str| text.find(&format!("pid {pid} (")).unwrap();
+        assert!(at("30") < at("9"), "{text}");
+        // The JSON keeps pid order.
+        assert_eq!(summary.processes[0].pid, 9);
     }
 }
