@@ -94,6 +94,39 @@ pub struct Tracer {
     kernel_log: Option<EbpfLogger<KernelLog>>,
 }
 
+/// Who the kernel traces, decided once from the targets and options: the maps' sizes, the
+/// hooks' choice and the single-process fast path all read it.
+#[derive(Clone, Copy, Debug)]
+struct Reach {
+    /// Specific processes (`-p`, a command), not the whole system.
+    specific: bool,
+    /// `--follow-children`: children join the targets in the kernel.
+    follows_children: bool,
+    /// `--per-thread`: statistics per thread, not per process.
+    per_thread: bool,
+    /// `--comm` or `--cgroup`: a process may match only after an exec or a move.
+    filtered: bool,
+}
+
+impl Reach {
+    /// Per-thread perf events (counting, start, completion) reach a target's new threads by
+    /// inheritance, but not the children `--follow-children` adds in the kernel: with it, the
+    /// fault family hooks every process and the target set filters, as system-wide.
+    fn per_process_events(self) -> bool {
+        self.specific && !self.follows_children
+    }
+
+    /// Few keys in the statistics maps: one per traced process.
+    fn few_processes(self) -> bool {
+        self.per_process_events() && !self.per_thread
+    }
+
+    /// Nothing can make a second process a target, nor filter the one there is.
+    fn sole_target_allowed(self) -> bool {
+        self.few_processes() && !self.filtered
+    }
+}
+
 /// Whether the fault hooks may use their single-process fast path, and for whom.
 #[derive(Clone, Copy, Debug)]
 struct SoleTarget {
@@ -156,8 +189,12 @@ impl Tracer {
         let stack_config =
             crate::unwind::config(&btf, fault_options.stacks, fault_options.stack_sample)?;
         let rss_config = syscalls::rss::config(&btf);
-        let few_processes =
-            targets.specific() && !filters.follow_children && !fault_options.per_thread;
+        let reach = Reach {
+            specific: targets.specific(),
+            follows_children: filters.follow_children,
+            per_thread: fault_options.per_thread,
+            filtered: filters.comm.is_some() || filters.cgroup.is_some(),
+        };
         let loader = loader.finish();
         // aya's parse of the kernel BTF, which tp_btf and fentry programs load against (the
         // loader's own is out of reach): on a second thread, while this one creates the maps.
@@ -172,13 +209,13 @@ impl Tracer {
             }
             syscalls::stacks::prepare_loader(loader, fault_options.stacks);
             syscalls::rss::prepare_loader(loader, &rss_config);
-            syscalls::read::prepare_loader(loader, few_processes)?;
+            syscalls::read::prepare_loader(loader, reach.few_processes())?;
             if let Some(bytes) = options.ring_bytes {
                 loader.map_max_entries(names::EVENTS, bytes);
             }
             crate::unwind::prepare_loader(loader, &stack_config, fault_options.stacks);
             kernel_log::prepare_loader(loader, options.kernel_log);
-            faults::sizing::prepare_loader(loader, &fault_config, few_processes)
+            faults::sizing::prepare_loader(loader, &fault_config, reach.few_processes())
         })?;
 
         // Before any program is attached, so that nothing they log is missed.
@@ -201,11 +238,7 @@ impl Tracer {
                 .stacks
                 .then(crate::unwind::StackCollector::new),
             sole: SoleTarget {
-                allowed: targets.specific()
-                    && !filters.follow_children
-                    && filters.comm.is_none()
-                    && filters.cgroup.is_none()
-                    && !fault_options.per_thread,
+                allowed: reach.sole_target_allowed(),
                 targets: 0,
                 tgid: None,
             },
@@ -224,12 +257,8 @@ impl Tracer {
                 tracer.add_target(tgid)?;
             }
         }
-        // Per-thread fault events (counting, start, completion) reach a target's new threads
-        // by inheritance, but not the children --follow-children adds in the kernel: with it,
-        // the fault family hooks every process and the target set filters, as system-wide.
-        let per_process_events = targets.specific() && !filters.follow_children;
-        let mut cx =
-            AttachContext::new(&mut tracer.ebpf, &btf, per_process_events).with_aya_btf(aya_btf);
+        let mut cx = AttachContext::new(&mut tracer.ebpf, &btf, reach.per_process_events())
+            .with_aya_btf(aya_btf);
         // A family the kernel cannot serve is reported as not traced, with its reason, and
         // the others carry on: one family never stops the tracer (unless the user required it).
         let syscalls = match SyscallHooks::attach(&mut cx, &rss_config) {
@@ -276,7 +305,7 @@ impl Tracer {
         if let Some(hooks) = tracer
             .fault_hooks
             .as_ref()
-            .filter(|h| h.counting || h.per_target_completion)
+            .filter(|h| h.plan.per_target_events())
         {
             let mut counters = match hooks.completion_programs {
                 Some(names) => FaultCounters::with_completion(faults::counting::Completion {
@@ -405,7 +434,7 @@ impl Tracer {
         let counted_by_perf = self
             .fault_hooks
             .as_ref()
-            .is_some_and(FaultHooks::counted_by_perf);
+            .is_some_and(|h| h.plan.counted_by_perf());
         if let Some(counters) = self.fault_counters.as_ref().filter(|_| counted_by_perf) {
             report.add_counted(counters.read(), start_of);
         }

@@ -365,7 +365,7 @@ fn sampled_latency_is_said_and_times_one_fault_in_n() {
     {
         // Before 5.13 (Debian 11's 5.10) the tracepoint set cannot sample: the tracer says
         // why at start, and `probe` names the field the kernel lacks.
-        let need = memlock_trace::faults::attach::SAMPLING_NEEDS_INHERIT_THREAD;
+        let need = memlock_trace::faults::plan::SAMPLING_NEEDS_INHERIT_THREAD;
         let stderr = refused_at_start(&args);
         assert!(
             stderr.contains(&format!(

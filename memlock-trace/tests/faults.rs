@@ -109,7 +109,7 @@ fn accuracy(set: HookSet, recording: Recording) {
             {
                 // Before 5.13 (Debian 11's 5.10) the tracepoint set cannot sample: loading it
                 // says why, and `probe` names the same missing field.
-                let need = memlock_trace::faults::attach::SAMPLING_NEEDS_INHERIT_THREAD;
+                let need = memlock_trace::faults::plan::SAMPLING_NEEDS_INHERIT_THREAD;
                 assert!(message.contains(need), "{message}");
                 assert!(
                     memlock_trace::faults::attach::tracepoint_set_limits(&btf).contains(&need),
@@ -238,7 +238,7 @@ fn accuracy(set: HookSet, recording: Recording) {
                 .hooks
                 .iter()
                 .any(|h| h.contains("on each target thread"))
-                || !hooks.per_target_completion,
+                || !hooks.plan.per_target_completion(),
             "{:?}",
             hooks.hooks
         );
@@ -333,7 +333,8 @@ fn accuracy(set: HookSet, recording: Recording) {
         (zero_if_vma(64), zero_if_vma(64))
     );
     // Counting events see no addresses: nothing to attribute.
-    let counting = tracer.fault_hooks.as_ref().unwrap().counting;
+    let counting = tracer.fault_hooks.as_ref().unwrap().plan
+        == memlock_trace::faults::plan::FaultPlan::CountingEvents;
     // Counting events need perf_event_attr.inherit_thread (5.13); before, the hooks say so.
     let inherit_thread = memlock_trace::probe::KernelBtf::load()
         .expect("kernel BTF")

@@ -15,88 +15,15 @@ use aya::{
     },
 };
 
-use super::{BenchFloor, FaultHooks, FaultOptions, HookChoice, HookSet, Refusal, Unobservable};
+use super::{
+    BenchFloor, FaultHooks, FaultOptions, HookChoice, HookSet, Refusal, Unobservable,
+    plan::{
+        FaultPlan, FaultStart, KernelSupport, SAMPLING_NEEDS_INHERIT_THREAD, wants_counting_events,
+    },
+};
 use crate::object::{AttachContext, Refused, hook_refused, load_side_by_side, program};
 use syscall_hooks::{attach_mappings_changed, attach_populate};
 
-/// Whether count-only mode on the tracepoint set can use counting perf events on the
-/// targets' threads (see `fault_counting`) instead of a BPF program per fault: it needs
-/// specific processes, and nothing per fault (no latency, events, per-thread keys or stacks).
-fn counting(options: &FaultOptions, specific_targets: bool, kernel: &KernelSupport) -> bool {
-    kernel.inherit_thread && wants_counting(options, specific_targets)
-}
-
-/// Whether counting perf events would do, were the kernel recent enough.
-fn wants_counting(options: &FaultOptions, specific_targets: bool) -> bool {
-    specific_targets
-        && !options.latency
-        && !options.events
-        && !options.per_thread
-        && !options.stacks
-}
-
-/// Whether the completion events go on the targets' threads rather than on every CPU, so a
-/// process that is not traced never runs them: specific targets, and new threads followed
-/// by `inherit_thread` (5.13). The system-wide floors keep the per-CPU events they measure.
-fn per_target_completion(
-    options: &FaultOptions,
-    specific_targets: bool,
-    kernel: &KernelSupport,
-) -> bool {
-    specific_targets
-        && kernel.inherit_thread
-        && !counting(options, specific_targets, kernel)
-        && matches!(options.bench_floor, None | Some(BenchFloor::PerThread))
-}
-
-/// Whether the fault starts come from `PAGE_FAULTS` perf events on the targets' threads
-/// rather than from the system-wide start tracepoints: wherever the completion events are on
-/// the targets' threads and faults are timed. A tracepoint's program runs for every fault on
-/// the machine, and rejects other processes' only inside; a per-thread event is in the
-/// target's perf context alone, so other processes' faults find no event and run nothing.
-/// (`--classic-tracepoints` and `--tracepoint-start` keep the tracepoints, for the bench.)
-fn per_target_start(
-    options: &FaultOptions,
-    specific_targets: bool,
-    kernel: &KernelSupport,
-) -> bool {
-    options.latency
-        && !options.classic_tracepoints
-        && !options.tracepoint_start
-        && per_target_completion(options, specific_targets, kernel)
-}
-
-/// Why the tracepoint set cannot sample latency here, if it cannot: the sampled events'
-/// own counts replace the per-fault program's, which needs per-process events (specific
-/// targets, `inherit_thread`) and nothing else per fault.
-fn sampling_refused(
-    options: &FaultOptions,
-    specific_targets: bool,
-    kernel: &KernelSupport,
-) -> Option<&'static str> {
-    if !options.samples_latency() {
-        None
-    } else if !specific_targets {
-        Some(
-            "--latency-sample needs -p PID or a command, without --follow-children: system-wide, per-process counts need a program on every fault",
-        )
-    } else if !kernel.inherit_thread {
-        Some(SAMPLING_NEEDS_INHERIT_THREAD)
-    } else if options.events || options.per_thread || options.stacks {
-        Some(
-            "--latency-sample counts per process only: not with --events, --per-thread or --stacks",
-        )
-    } else {
-        None
-    }
-}
-
-/// Why the tracepoint set refuses `--latency-sample` before 5.13: the sampled events' own
-/// counts are the process's fault counts, so they must follow its new threads and not its
-/// forked children, which only `inherit_thread` does (plain `inherit` adds the children's
-/// faults to the count read back).
-pub const SAMPLING_NEEDS_INHERIT_THREAD: &str =
-    "--latency-sample needs perf_event_attr.inherit_thread (Linux 5.13)";
 /// How the tracepoint set counts without a latency before 5.13.
 const COUNT_ONLY_BY_BPF: &str =
     "count-only by BPF per fault (counting events need perf_event_attr.inherit_thread, 5.13)";
@@ -108,34 +35,6 @@ pub fn tracepoint_set_limits(btf: &crate::probe::KernelBtf) -> Vec<&'static str>
         Vec::new()
     } else {
         vec![SAMPLING_NEEDS_INHERIT_THREAD, COUNT_ONLY_BY_BPF]
-    }
-}
-
-/// What older kernels lack that the tracepoint set would use, from the kernel's BTF.
-struct KernelSupport {
-    /// `perf_event_attr.inherit_thread` (5.13): counting events that follow new threads
-    /// but not forked children. Without it count-only mode uses the BPF programs.
-    inherit_thread: bool,
-    /// `bpf_map_lookup_percpu_elem` (5.19): a fault's start searched on other CPUs. Without
-    /// it the `_local` perf programs look on this CPU only.
-    percpu_lookup: bool,
-    /// `bpf_find_vma` (5.17): the VMA a populating call filled looked up with it; else by
-    /// the rbtree walk.
-    find_vma: bool,
-    /// VMAs in a maple tree (6.1), which the fault completions walk themselves.
-    maple_tree: bool,
-}
-
-impl KernelSupport {
-    fn of(btf: &crate::probe::KernelBtf) -> Self {
-        Self {
-            inherit_thread: btf
-                .field_offset("perf_event_attr", "inherit_thread")
-                .is_ok(),
-            percpu_lookup: btf.has_enum_member("bpf_func_id", "BPF_FUNC_map_lookup_percpu_elem"),
-            find_vma: btf.has_find_vma(),
-            maple_tree: btf.mapping_config().is_ok_and(|c| c.maple_valid == 1),
-        }
     }
 }
 
@@ -166,7 +65,7 @@ const CLOCK_PROGRAMS: [&str; 4] = [
     "bench_clock_perf_maj",
 ];
 const FAULT_SIGNAL: &str = "fault_signal";
-const FAULT_FUNCTION: &str = "handle_mm_fault";
+pub(super) const FAULT_FUNCTION: &str = "handle_mm_fault";
 
 /// Tries the hook sets `options.hooks` allows, best first, and attaches the first the kernel
 /// accepts. A forced set the kernel refuses is an error with the kernel's reason.
@@ -184,16 +83,20 @@ pub fn attach(cx: &mut AttachContext<'_>, options: &FaultOptions) -> Result<Faul
     };
     let mut refused = Vec::new();
     for &set in candidates {
-        let attached = match set {
-            HookSet::Fentry => attach_fentry(ebpf, has_fault_function, aya_btf),
-            HookSet::Kprobe => attach_kprobe(ebpf),
-            HookSet::Tracepoint => {
-                attach_tracepoints(ebpf, aya_btf, options, &kernel, specific_targets)
-            }
-        };
+        let plan = FaultPlan::decide(set, options, specific_targets, &kernel);
+        let attached = plan.map_err(|reason| anyhow!("{reason}")).and_then(|plan| {
+            let hooks = match set {
+                HookSet::Fentry => attach_fentry(ebpf, has_fault_function, aya_btf),
+                HookSet::Kprobe => attach_kprobe(ebpf),
+                HookSet::Tracepoint => {
+                    attach_tracepoints(ebpf, aya_btf, options, &kernel, specific_targets, plan)
+                }
+            };
+            hooks.map(|hooks| (plan, hooks))
+        });
         match attached {
-            Ok(mut hooks) => {
-                hooks.push(vma_lookup(set, options, specific_targets, &kernel));
+            Ok((plan, mut hooks)) => {
+                hooks.push(plan.vma_lookup(&kernel));
                 hooks.extend(attach_populate(ebpf, aya_btf, set, kernel.find_vma)?);
                 let retry = set == HookSet::Tracepoint && kernel.find_vma;
                 hooks.push(attach_mappings_changed(
@@ -209,19 +112,15 @@ pub fn attach(cx: &mut AttachContext<'_>, options: &FaultOptions) -> Result<Faul
                     // nor the VMA.
                     unobserved.extend([Unobservable::Retried, Unobservable::InLockedVma]);
                 }
-                let tracepoints = set == HookSet::Tracepoint;
-                let counting = tracepoints && counting(options, specific_targets, &kernel);
-                let per_target =
-                    tracepoints && per_target_completion(options, specific_targets, &kernel);
                 return Ok(FaultHooks {
-                    counting,
+                    plan,
                     latency_sample: options.latency_period(),
-                    per_target_completion: per_target,
-                    completion_programs: per_target
+                    completion_programs: plan
+                        .per_target_completion()
                         .then(|| completion_names(options.bench_floor, &kernel)),
-                    start_program: (tracepoints
-                        && per_target_start(options, specific_targets, &kernel))
-                    .then(|| start_name(options.bench_floor)),
+                    start_program: plan
+                        .start_on_target_threads()
+                        .then(|| start_name(options.bench_floor)),
                     hook_set: set,
                     hooks,
                     refused,
@@ -296,31 +195,36 @@ fn attach_kprobe(ebpf: &mut Ebpf) -> Result<Vec<String>> {
     ])
 }
 
+/// The tracepoint set as `plan` has it: fault starts, completions, or counting events.
 fn attach_tracepoints(
     ebpf: &mut Ebpf,
     btf: &aya::Btf,
     options: &FaultOptions,
     kernel: &KernelSupport,
     specific_targets: bool,
+    plan: FaultPlan,
 ) -> Result<Vec<String>> {
     let mut hooks = Vec::new();
-    if let Some(reason) = sampling_refused(options, specific_targets, kernel) {
-        bail!("{reason}");
+    let start = match plan {
+        FaultPlan::Completions { start, .. } => start,
+        _ => {
+            return Ok(vec![
+                "perf counting events software:PAGE_FAULTS_MIN/MAJ on each target thread (no BPF per fault)".into(),
+            ]);
+        }
+    };
+    match start {
+        FaultStart::TargetThreads => {
+            load_perf_event(ebpf, start_name(options.bench_floor))?;
+            // Opened on each target thread as targets are added (`FaultCounters`).
+            hooks.push(
+                "perf_event/software:PAGE_FAULTS on each target thread (start, period 1)".into(),
+            );
+        }
+        FaultStart::Tracepoints => hooks.extend(attach_fault_entry(ebpf, btf, options)?),
+        FaultStart::Untimed => {}
     }
-    if counting(options, specific_targets, kernel) {
-        return Ok(vec![
-            "perf counting events software:PAGE_FAULTS_MIN/MAJ on each target thread (no BPF per fault)".into(),
-        ]);
-    }
-    if per_target_start(options, specific_targets, kernel) {
-        load_perf_event(ebpf, start_name(options.bench_floor))?;
-        // Opened on each target thread as targets are added (`FaultCounters`).
-        hooks
-            .push("perf_event/software:PAGE_FAULTS on each target thread (start, period 1)".into());
-    } else if options.latency {
-        hooks.extend(attach_fault_entry(ebpf, btf, options)?);
-    }
-    if wants_counting(options, specific_targets) {
+    if wants_counting_events(options, specific_targets) {
         hooks.push(COUNT_ONLY_BY_BPF.into());
     }
     let cpus = aya::util::online_cpus().map_err(|(what, e)| anyhow!("{what}: {e}"))?;
@@ -332,7 +236,7 @@ fn attach_tracepoints(
                 .into(),
         );
     }
-    let per_target = per_target_completion(options, specific_targets, kernel);
+    let per_target = plan.per_target_completion();
     load_perf_events(ebpf, &[min, maj])?;
     for (name, event, label) in [
         (min, SoftwareEvent::PageFaultsMin, "PAGE_FAULTS_MIN"),
@@ -492,33 +396,6 @@ fn attach_fault_entry(
         hooks.push(format!("tracepoint/exceptions:{tp}"));
     }
     Ok(hooks)
-}
-
-/// How each fault's VMA is found, for the hook lines.
-fn vma_lookup(
-    set: HookSet,
-    options: &FaultOptions,
-    specific_targets: bool,
-    kernel: &KernelSupport,
-) -> String {
-    // The perf events' programs run with interrupts off, where bpf_find_vma would defer
-    // its unlock to an irq_work each time: they walk the tree themselves.
-    let how = if kernel.maple_tree {
-        "a lockless walk of mm->mm_mt"
-    } else {
-        "a walk of mm->mm_rb"
-    };
-    if set != HookSet::Tracepoint {
-        format!("each fault's VMA from {FAULT_FUNCTION}'s argument")
-    } else if counting(options, specific_targets, kernel) {
-        "no program per fault: mappings from /proc/PID/smaps".into()
-    } else if !options.samples_latency() {
-        format!("each fault's VMA looked up with {how} at its completion")
-    } else if per_target_start(options, specific_targets, kernel) {
-        format!("each fault's VMA looked up with {how} at its start")
-    } else {
-        "faults counted by page at their start: mappings from /proc/PID/smaps".into()
-    }
 }
 
 /// Drops whatever a refused hook set managed to load or attach.

@@ -11,6 +11,7 @@
 pub mod attach;
 pub mod counting;
 pub mod mappings;
+pub mod plan;
 pub mod read;
 pub mod render;
 pub mod sizing;
@@ -25,6 +26,7 @@ pub use read::{FaultHealth, FaultReport};
 pub use summary::{FaultSummary, summarize};
 
 use crate::object::{AttachContext, HookFamily, HookLine, Refused};
+use plan::FaultPlan;
 
 /// `--fault-hooks`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -177,18 +179,15 @@ pub struct FaultHooks {
     /// Better sets tried first and refused.
     pub refused: Vec<Refusal>,
     pub latency: bool,
-    /// Faults taken through the exception are counted by counting perf events on the
-    /// targets' threads, not by a BPF program per fault (count-only, specific targets).
-    pub counting: bool,
+    /// Where each fault's start and completion are hooked, and who counts it.
+    #[serde(flatten)]
+    pub plan: FaultPlan,
     /// What this hook set cannot observe (reported as null).
     pub unobserved: Vec<Unobservable>,
     /// One fault in this many is timed (1: every one); the counts stay exact.
     pub latency_sample: u32,
-    /// The completion events are bound to the targets' threads (opened by
-    /// [`counting::FaultCounters`] with the completion programs), not to every CPU, so other
-    /// processes' faults do not run them.
-    pub per_target_completion: bool,
-    /// The completion programs to bind to target threads (with `per_target_completion`).
+    /// The completion programs to bind to target threads (opened by
+    /// [`counting::FaultCounters`]), where the plan puts them there.
     #[serde(skip)]
     pub completion_programs: Option<[&'static str; 2]>,
     /// A fault's start is taken from `PAGE_FAULTS` perf events on the targets' threads (the
@@ -220,14 +219,6 @@ impl FaultHooks {
     /// Whether this hook set sees `what`.
     pub fn observes(&self, what: Unobservable) -> bool {
         !self.unobserved.contains(&what)
-    }
-
-    /// Whether the exception faults are counted by the perf events on the targets' threads
-    /// (read back by the loader) rather than by the programs: count-only, and sampled latency
-    /// on the tracepoint set, whose completion programs run for one fault in N. With every
-    /// fault timed, and on fentry/kprobe, the programs count them.
-    pub fn counted_by_perf(&self) -> bool {
-        self.counting || (self.hook_set == HookSet::Tracepoint && self.latency_sample > 1)
     }
 }
 

@@ -339,10 +339,13 @@ mod tests {
             hooks: Vec::new(),
             refused: Vec::new(),
             latency: true,
-            counting: false,
+            plan: crate::faults::plan::FaultPlan::Completions {
+                start: crate::faults::plan::FaultStart::Tracepoints,
+                on: crate::faults::plan::EventScope::EveryCpu,
+                period: 1,
+            },
             unobserved: vec![Unobservable::Retried, Unobservable::InLockedVma],
             latency_sample: 1,
-            per_target_completion: false,
             completion_programs: None,
             start_program: None,
         }
