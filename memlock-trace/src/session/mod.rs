@@ -2,26 +2,25 @@
 //! command exits, the duration is over, the targets exit or a signal arrives, then print
 //! the summary.
 
-use std::{os::fd::AsRawFd as _, path::Path, time::Duration};
+use std::{path::Path, time::Duration};
 
 use anyhow::{Context as _, Result, anyhow};
-use tokio::io::unix::AsyncFd;
 
 use self::{
-    output::{IntervalState, Output, Scope, VmaOutput},
+    output::{Output, OutputConfig, OutputStart, Scope},
     production::{Production, give_back_freed_memory},
-    stop::{Stop, Stops, targets_ended},
+    rings::Rings,
+    stop::{Ending, Next, Stop, Stops, targets_ended},
     targets::{describe_targets, targets_are_specific, thread_group},
 };
 use crate::{
     UsageError,
     cli::TraceArgs,
-    faults::{FaultHooks, stacks::StackSymbolizer},
+    faults::FaultHooks,
     object::{HookFamily as _, HookLine},
-    output::{Sink, TextStyle, WallClock},
-    process::{ProcessTable, Targets, launch, pids},
-    procfs::{MappingCache, MapsFile},
-    syscalls::Aggregator,
+    output::{Sink, WallClock},
+    process::{Targets, launch, pids},
+    procfs::MapsFile,
     tracer::{Options, Tracer},
 };
 
@@ -31,6 +30,7 @@ mod order;
 mod output;
 mod process_summary;
 mod production;
+mod rings;
 mod stop;
 pub mod summary;
 mod targets;
@@ -226,244 +226,143 @@ async fn event_loop(
     production.serve_metrics(&tracer.hooks)?;
     // What loading took (the kernel's BTF, the object, the verifier's logs) is freed.
     give_back_freed_memory();
-    // SAFETY: the ring buffer owns its fd for as long as the AsyncFd holds it.
-    let mut ring = unsafe { AsyncFd::register(tracer.take_events()?) }
-        .map_err(std::io::Error::from)
-        .context("polling the ring buffer")?;
-    // Fault events have their own ring, so a storm of faults cannot crowd out syscall events.
-    let mut fault_ring = match tracer.take_fault_events()? {
-        // SAFETY: as above.
-        Some(r) => Some(
-            unsafe { AsyncFd::register(r) }
-                .map_err(std::io::Error::from)
-                .context("polling the fault event ring buffer")?,
-        ),
-        None => None,
-    };
-    // --stacks: the kept stacks, unwound as they arrive (while their process lives).
-    let mut stack_ring = match tracer.take_stack_samples()? {
-        // SAFETY: as above.
-        Some(r) => Some(
-            unsafe { AsyncFd::register(r) }
-                .map_err(std::io::Error::from)
-                .context("polling the stack ring buffer")?,
-        ),
-        None => None,
-    };
-    let interval = args.interval_secs();
-    let per_thread = args.per_thread || args.tid.is_some();
-    let max_processes = production.max_processes;
-    let mut output = Output {
-        out: sink,
-        json: args.json,
-        style: TextStyle {
-            unit: args.unit(),
-            hist: args.hist,
-        },
-        timestamps: args.timestamp,
-        clock: WallClock::measure(),
-        tid: args.tid,
-        window: interval.map(|_| IntervalState {
-            aggregator: Aggregator::with_max_processes(max_processes).per_thread(per_thread),
-            vma_counts: Default::default(),
-            faults_before: None,
-            syscalls_before: None,
-            start_ns: started_ns,
-        }),
-        started_ns,
-        max_processes,
-        per_thread,
-        syscall_events: args.syscall_events(),
-        vma_events: args.vma_events(),
-        fault_events: args.fault_events(),
-        aggregator: Aggregator::with_max_processes(max_processes).per_thread(per_thread),
-        undecodable: 0,
-        metrics: production.metrics.clone(),
-        vma: VmaOutput {
-            hooks: tracer.vma.clone(),
-            counts: ProcessTable::with_capacity(max_processes),
-            ..VmaOutput::default()
-        },
-        // Every process on the machine: names from /proc/PID/maps (see `MapsFile::Maps`).
-        mappings: MappingCache::reading(
-            if targets_are_specific(&args) || production.filters.narrows() {
+    let config = OutputConfig::of(&args, production.max_processes);
+    let mut output = Output::new(
+        config,
+        OutputStart {
+            sink,
+            profiles,
+            started_ns,
+            intervals: args.interval_secs().is_some(),
+            metrics: production.metrics.clone(),
+            vma_hooks: tracer.vma.clone(),
+            // Every process on the machine: names from /proc/PID/maps (see `MapsFile::Maps`).
+            maps: if targets_are_specific(&args) || production.filters.narrows() {
                 MapsFile::Smaps
             } else {
                 MapsFile::Maps
             },
-        ),
-        top_mappings: args.top_mappings,
-        top_stacks: args.stacks_top,
-        symbolizer: StackSymbolizer::default(),
-        stacks: tracer.stacks.take(),
-        stack_sample: args.stack_sample,
-        order: Default::default(),
-        cgroups: Default::default(),
-        exit_check: exit_check(&args, &tracer, launched, attached_ns),
-        by_cgroup: args.production.by == Some(crate::cli::GroupBy::Cgroup),
-        profiles,
-    };
-    // Event lines wait until both rings were read past them.
-    output.order.watch(ring.get_ref().as_raw_fd());
-    if let Some(fault_ring) = &fault_ring {
-        output.order.watch(fault_ring.get_ref().as_raw_fd());
-    }
-    // The kernel's loss counters change without any event arriving: refresh them for scrapes
-    // (and give freed heap back, see `give_back_freed_memory`).
-    let mut health_ticker = tokio::time::interval(Duration::from_secs(1));
-    // A refresh that outlasts the period (system-wide on a busy node) must not be followed by
-    // a burst of catch-up refreshes: the loop would do nothing else, nor would the metrics
-    // server on this thread answer a scrape.
-    health_ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // Small batches do not wake us (`EVENTS_WAKEUP_BYTES`): drain on a timer as well.
-    let mut drain_ticker = tokio::time::interval(Duration::from_millis(
-        memlock_trace_common::DRAIN_INTERVAL_MS,
-    ));
-    // System-wide, re-reading every process's smaps each second would cost more than it
-    // tells: mappings are then read when a summary is printed.
-    let follow_mappings = targets_are_specific(&args) && tracer.fault_hooks.is_some();
-    let mut mapping_ticker = tokio::time::interval(MAPPINGS_REFRESH);
-    // Set when the session's time is up and the command was sent SIGTERM: it is waited
-    // for (and still traced), and the exit status is then timeout(1)'s 124.
-    let mut timed_out = false;
-    let ended = targets_ended(&args, launched);
-    tokio::pin!(ended);
-    // --follow-children: once the command or the -p processes are gone, the session lasts
-    // while a followed process lives (a daemon outlives its launcher).
-    let follow = args.production.follow_children && targets_are_specific(&args);
-    let mut outlived: Option<Stop> = None;
-    let mut followed_ticker = tokio::time::interval(FOLLOWED_POLL);
-    let mut ticker = interval.map(|secs| tokio::time::interval(Duration::from_secs_f64(secs)));
-    if let Some(t) = ticker.as_mut() {
-        t.tick().await; // the first tick is immediate
-    }
+            stacks: tracer.stacks.take(),
+            exit_check: exit_check(&args, &tracer, launched, attached_ns),
+        },
+    );
+    let mut rings = Rings::take(&mut tracer, &mut output)?;
+    let mut timers = Timers::new(&args, &tracer).await;
     // The first interval holds everything since the hooks attached (no earlier reading of
     // the fault maps to subtract), so nothing done right after "tracing" is missed.
     if let Some(w) = output.window.as_mut() {
         w.start_ns = WallClock::now_ns();
     }
-    // `memlock-trace INTERVAL COUNT`: exit after COUNT intervals.
-    let mut intervals_left = args.count;
+    let mut ending = Ending::new(&args, launched);
+    let ended = targets_ended(&args, launched);
+    tokio::pin!(ended);
     let reason = loop {
-        tokio::select! {
-            guard = ring.readable_mut() => {
-                let mut guard = guard.context("polling the ring buffer")?;
-                // Left ready when the budget ran out: the loop comes back to it next.
-                if output.drain(guard.get_inner_mut()) {
-                    guard.clear_ready();
-                }
-            }
-            guard = async { fault_ring.as_mut().expect("guarded").readable_mut().await }, if fault_ring.is_some() => {
-                let mut guard = guard.context("polling the fault event ring buffer")?;
-                if output.drain(guard.get_inner_mut()) {
-                    guard.clear_ready();
-                }
-            }
-            guard = async { stack_ring.as_mut().expect("guarded").readable_mut().await }, if stack_ring.is_some() => {
-                let mut guard = guard.context("polling the stack ring buffer")?;
-                output.drain_stacks(guard.get_inner_mut());
-                guard.clear_ready();
-            }
-            _ = async { ticker.as_mut().expect("guarded").tick().await }, if ticker.is_some() => {
-                if let Some(stack_ring) = stack_ring.as_mut() {
-                    output.drain_stacks(stack_ring.get_mut());
-                }
-                output.drain(ring.get_mut());
-                if let Some(fault_ring) = fault_ring.as_mut() {
-                    output.drain(fault_ring.get_mut());
-                }
+        let next = tokio::select! {
+            drained = rings.drain_ready(&mut output) => drained.map(|()| Next::Go)?,
+            _ = Timers::tick(&mut timers.interval), if timers.interval.is_some() => {
+                rings.drain_all(&mut output);
                 output.summary(&tracer, Scope::Interval)?;
-                if let Some(left) = intervals_left.as_mut() {
-                    *left -= 1;
-                    if *left == 0 {
-                        match launched.filter(|_| outlived.is_none()) {
-                            Some(pid) => {
-                                stop::terminate(pid, &args, Stop::CountDone);
-                                timed_out = true;
-                                ticker = None;
-                            }
-                            None => break Stop::CountDone,
-                        }
-                    }
-                }
+                ending.interval_printed(&args)
             }
             // With metrics, after each refresh (its transient allocations are the largest);
             // without, on the same beat: a drain's decoding and reads still come and go.
-            _ = health_ticker.tick() => {
+            _ = timers.health.tick() => {
                 if output.metrics.is_some() {
                     output.update_health(&tracer)?;
                 }
                 give_back_freed_memory();
+                Next::Go
             }
-            _ = drain_ticker.tick() => {
-                output.drain(ring.get_mut());
-                // Both rings, so that held event lines are not kept waiting for a wakeup.
-                if let Some(fault_ring) = fault_ring.as_mut() {
-                    output.drain(fault_ring.get_mut());
-                }
-                if let Some(stack_ring) = stack_ring.as_mut() {
-                    output.drain_stacks(stack_ring.get_mut());
-                }
+            _ = timers.drain.tick() => {
+                rings.drain_all(&mut output);
                 tracer.flush_kernel_log();
+                Next::Go
             }
-            _ = mapping_ticker.tick(), if follow_mappings => {
+            _ = Timers::tick(&mut timers.mappings), if timers.mappings.is_some() => {
                 output.refresh_mappings(&tracer, MAPPINGS_REFRESH);
+                Next::Go
             }
-            reason = stops.next() => match launched.filter(|_| outlived.is_none()) {
-                // As timeout(1): the command is stopped and waited for, not left running.
-                Some(pid) if reason == Stop::DurationOver => {
-                    stop::terminate(pid, &args, reason);
-                    timed_out = true;
-                }
-                _ => break reason,
-            },
-            reason = &mut ended, if outlived.is_none() => {
-                let reason = reason?;
-                if timed_out || !follow || tracer.live_targets() == 0 {
-                    break reason;
-                }
-                if !args.quiet {
-                    let gone = match launched {
-                        Some(_) => "the command has exited",
-                        None => "the -p processes have exited",
-                    };
-                    let n = tracer.live_targets();
-                    let plural = if n == 1 { "" } else { "es" };
-                    eprintln!(
-                        "memlock-trace: {gone}; still tracing {n} followed \
-                         process{plural} until the last exits (--follow-children)"
-                    );
-                }
-                outlived = Some(reason);
+            reason = stops.next() => ending.stopped(reason, &args),
+            reason = &mut ended, if ending.outlived.is_none() => {
+                ending.targets_ended(reason?, tracer.live_targets(), &args)
             }
-            _ = followed_ticker.tick(), if outlived.is_some() => {
-                if tracer.live_targets() == 0 {
-                    break outlived.expect("guarded");
+            _ = timers.followed.tick(), if ending.outlived.is_some() => {
+                match tracer.live_targets() {
+                    0 => Next::End(ending.outlived.expect("guarded")),
+                    _ => Next::Go,
                 }
             }
+        };
+        match next {
+            Next::Go => {}
+            Next::StopIntervals => timers.interval = None,
+            Next::End(reason) => break reason,
         }
         // An output that refused a write (full disk, closed pipe) ends the session.
         output.out.check()?;
     };
-    if let Some(stack_ring) = stack_ring.as_mut() {
-        output.drain_stacks(stack_ring.get_mut());
+    finish(tracer, output, rings, reason, &args)?;
+    Ok(ending.exit_code(reason))
+}
+
+/// The session's timers, besides the stops.
+struct Timers {
+    /// The kernel's loss counters change without any event arriving: refreshed for scrapes
+    /// (and freed heap given back, see `give_back_freed_memory`).
+    health: tokio::time::Interval,
+    /// Small batches do not wake us (`EVENTS_WAKEUP_BYTES`): the rings are drained on a
+    /// timer as well.
+    drain: tokio::time::Interval,
+    /// Mappings re-read while the targets run; system-wide, re-reading every process's
+    /// smaps each second would cost more than it tells: they are then read at a summary.
+    mappings: Option<tokio::time::Interval>,
+    /// `--follow-children`, once the targets are gone: whether a followed process lives.
+    followed: tokio::time::Interval,
+    /// `--interval`.
+    interval: Option<tokio::time::Interval>,
+}
+
+impl Timers {
+    async fn new(args: &TraceArgs, tracer: &Tracer) -> Self {
+        let mut health = tokio::time::interval(Duration::from_secs(1));
+        // A refresh that outlasts the period (system-wide on a busy node) must not be
+        // followed by a burst of catch-up refreshes: the loop would do nothing else, nor
+        // would the metrics server on this thread answer a scrape.
+        health.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let follow_mappings = targets_are_specific(args) && tracer.fault_hooks.is_some();
+        let mut interval = args
+            .interval_secs()
+            .map(|secs| tokio::time::interval(Duration::from_secs_f64(secs)));
+        if let Some(t) = interval.as_mut() {
+            t.tick().await; // the first tick is immediate
+        }
+        Self {
+            health,
+            drain: tokio::time::interval(Duration::from_millis(
+                memlock_trace_common::DRAIN_INTERVAL_MS,
+            )),
+            mappings: follow_mappings.then(|| tokio::time::interval(MAPPINGS_REFRESH)),
+            followed: tokio::time::interval(FOLLOWED_POLL),
+            interval,
+        }
     }
-    // Everything the kernel submitted before we stopped is still in the ring: read it (at
-    // least as many bytes as the ring holds), and then only for as long as the exit's
-    // promptness allows: a flood still writing would never let the ring empty.
-    let mut complete = output.drain_for(
-        ring.get_mut(),
-        FINAL_DRAIN,
-        memlock_trace_common::EVENTS_BYTE_SIZE.into(),
-    );
-    if let Some(fault_ring) = fault_ring.as_mut() {
-        complete &= output.drain_for(
-            fault_ring.get_mut(),
-            FINAL_DRAIN,
-            memlock_trace_common::faults::FAULT_EVENTS_BYTE_SIZE.into(),
-        );
+
+    /// The next tick of a timer the select arm has checked is there.
+    async fn tick(timer: &mut Option<tokio::time::Interval>) {
+        timer.as_mut().expect("guarded").tick().await;
     }
-    if !complete {
+}
+
+/// After the stop: the last reading of the rings, the summary, the profiles, what could not
+/// be read or printed in order, and the kernel's unhooking.
+fn finish(
+    mut tracer: Tracer,
+    mut output: Output,
+    mut rings: Rings,
+    reason: Stop,
+    args: &TraceArgs,
+) -> Result<()> {
+    if !rings.drain_final(&mut output, FINAL_DRAIN) {
         eprintln!(
             "memlock-trace: warning: events were still arriving {} ms after the stop: the \
              records after that were not read, and their calls are missing from the summary \
@@ -491,9 +390,5 @@ async fn event_loop(
     }
     // The summary is out: what is left is the kernel's unhooking, all at once.
     tracer.detach_all();
-    Ok(match reason {
-        _ if timed_out => crate::exit::TIMED_OUT.into(),
-        Stop::CommandExited(code) => code,
-        _ => 0,
-    })
+    Ok(())
 }

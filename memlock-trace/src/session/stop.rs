@@ -61,6 +61,105 @@ impl Stops {
     }
 }
 
+/// What the loop does next about an event that may end the session.
+pub(super) enum Next {
+    Go,
+    /// `INTERVAL COUNT` is done while the launched command is stopped: no more intervals.
+    StopIntervals,
+    End(Stop),
+}
+
+/// How the session ends, as it stands: a launched command is stopped as timeout(1) does and
+/// waited for; with `--follow-children` the session outlives the command or the `-p`
+/// processes while a followed process lives; `INTERVAL COUNT` ends after COUNT intervals.
+pub(super) struct Ending {
+    launched: Option<u32>,
+    follow: bool,
+    intervals_left: Option<u64>,
+    /// The session's time was up and the command sent SIGTERM: the exit status is 124.
+    timed_out: bool,
+    /// The targets ended while followed processes still live: why, for when they are gone.
+    pub(super) outlived: Option<Stop>,
+}
+
+impl Ending {
+    pub(super) fn new(args: &TraceArgs, launched: Option<u32>) -> Self {
+        Self {
+            launched,
+            follow: args.production.follow_children && super::targets_are_specific(args),
+            intervals_left: args.count,
+            timed_out: false,
+            outlived: None,
+        }
+    }
+
+    /// The launched command, while the session still waits for it.
+    fn command(&self) -> Option<u32> {
+        self.launched.filter(|_| self.outlived.is_none())
+    }
+
+    /// An interval's summary was printed.
+    pub(super) fn interval_printed(&mut self, args: &TraceArgs) -> Next {
+        let Some(left) = self.intervals_left.as_mut() else {
+            return Next::Go;
+        };
+        *left -= 1;
+        if *left > 0 {
+            return Next::Go;
+        }
+        match self.command() {
+            Some(pid) => {
+                terminate(pid, args, Stop::CountDone);
+                self.timed_out = true;
+                Next::StopIntervals
+            }
+            None => Next::End(Stop::CountDone),
+        }
+    }
+
+    /// A signal, or `--duration` is over: as timeout(1), a running command is stopped and
+    /// waited for, not left running.
+    pub(super) fn stopped(&mut self, reason: Stop, args: &TraceArgs) -> Next {
+        match self.command() {
+            Some(pid) if reason == Stop::DurationOver => {
+                terminate(pid, args, reason);
+                self.timed_out = true;
+                Next::Go
+            }
+            _ => Next::End(reason),
+        }
+    }
+
+    /// The command or every `-p` process exited; `live` followed processes remain.
+    pub(super) fn targets_ended(&mut self, reason: Stop, live: usize, args: &TraceArgs) -> Next {
+        if self.timed_out || !self.follow || live == 0 {
+            return Next::End(reason);
+        }
+        if !args.quiet {
+            let gone = match self.launched {
+                Some(_) => "the command has exited",
+                None => "the -p processes have exited",
+            };
+            let plural = if live == 1 { "" } else { "es" };
+            eprintln!(
+                "memlock-trace: {gone}; still tracing {live} followed process{plural} until \
+                 the last exits (--follow-children)"
+            );
+        }
+        self.outlived = Some(reason);
+        Next::Go
+    }
+
+    /// The tracer's exit status: the launched command's, or 124 when its time was up.
+    pub(super) fn exit_code(&self, reason: Stop) -> i32 {
+        match reason {
+            _ if self.timed_out => crate::exit::TIMED_OUT.into(),
+            Stop::CommandExited(code) => code,
+            _ => 0,
+        }
+    }
+}
+
 /// The session's time is up (`why`) while the launched command `pid` runs: SIGTERM to it,
 /// as timeout(1) sends, and one line naming it (unless `-q`).
 pub(super) fn terminate(pid: u32, args: &TraceArgs, why: Stop) {

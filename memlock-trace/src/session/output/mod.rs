@@ -7,10 +7,12 @@ use anyhow::Result;
 use aya::maps::{MapData, RingBuf};
 use memlock_trace_common::vma::{VM_LOCKED, VM_LOCKONFAULT};
 
+mod config;
 mod metrics;
 mod naming;
 mod profiles;
 
+pub(super) use config::{OutputConfig, OutputStart};
 use naming::{name_exited, only_thread};
 
 use super::{
@@ -24,7 +26,7 @@ use crate::{
         stacks::{StackReport, StackSymbolizer},
     },
     metrics::Metrics,
-    output::{Sink, TextStyle, WallClock, hms},
+    output::{Sink, WallClock, hms},
     process::{
         cgroup::CgroupPaths,
         table::{ProcessKey, ProcessTable},
@@ -40,46 +42,30 @@ use crate::{
 const DRAIN_BUDGET: Duration = Duration::from_millis(50);
 
 pub(super) struct Output {
+    /// What the arguments ask of the output.
+    pub(super) config: OutputConfig,
     /// Stdout, or `-o FILE`.
     pub(super) out: Sink,
-    pub(super) json: bool,
-    pub(super) style: TextStyle,
-    /// `-T`: the wall-clock time on every event line.
-    pub(super) timestamps: bool,
     pub(super) clock: WallClock,
-    /// `-t TID`: only this thread's calls and faults.
-    pub(super) tid: Option<u32>,
     /// `--interval`: what the current interval has seen.
     pub(super) window: Option<IntervalState>,
     /// When the session started, CLOCK_REALTIME ns.
     pub(super) started_ns: u64,
-    pub(super) syscall_events: bool,
-    /// `--events` or `--events=...,vma`: each call's VMA line and VMA stores.
-    pub(super) vma_events: bool,
-    pub(super) fault_events: bool,
     pub(super) aggregator: Aggregator,
     pub(super) undecodable: u64,
     pub(super) metrics: Option<Arc<Metrics>>,
     pub(super) vma: VmaOutput,
     pub(super) mappings: MappingCache,
-    pub(super) top_mappings: usize,
-    pub(super) top_stacks: usize,
-    pub(super) max_processes: usize,
-    pub(super) per_thread: bool,
     /// Keeps the files it parsed from one summary to the next.
     pub(super) symbolizer: StackSymbolizer,
     /// `--stacks`: the kept stacks, unwound, and the modules of every process.
     pub(super) stacks: Option<StackCollector>,
-    /// `--stack-sample`: one fault in N keeps its stack.
-    pub(super) stack_sample: u32,
     /// Event lines waiting for their turn in time order.
     pub(super) order: Reorder,
     /// Cgroup ids to paths, kept from one summary to the next.
     pub(super) cgroups: CgroupPaths,
     /// When each exited process's fault count can be checked against the kernel's.
     pub(super) exit_check: Option<ExitCheck>,
-    /// `--by cgroup`.
-    pub(super) by_cgroup: bool,
     /// `--folded`, `--flamegraph`, `--pprof`: written at the end of the session.
     pub(super) profiles: crate::profile::ProfileFiles,
 }
@@ -134,7 +120,7 @@ impl Output {
             value["time_ns"] = wall.into();
             let _ = writeln!(text, "{value}");
         } else {
-            let stamp = if self.timestamps {
+            let stamp = if self.config.timestamps {
                 format!("{} ", hms(wall))
             } else {
                 String::new()
@@ -147,7 +133,7 @@ impl Output {
     }
 
     fn wanted(&self, tid: u32) -> bool {
-        self.tid.is_none_or(|t| t == tid)
+        self.config.tid.is_none_or(|t| t == tid)
     }
 
     /// `--stacks`: unwinds the kept stacks waiting in their ring.
@@ -169,14 +155,14 @@ impl Output {
         if let (Some(stacks), Some((_, dropped))) = (&self.stacks, tracer.stacks_dropped()?) {
             report.health.stacks_dropped = Some(dropped);
             report.health.stacks_evicted = Some(0);
-            report.health.stacks_sample_every = Some(self.stack_sample);
+            report.health.stacks_sample_every = Some(self.config.stack_sample);
             report.health.stack_unwinding = Some(stacks.health);
             report.stacks = Some(StackReport {
                 counts: stacks.faults.clone(),
                 sites: stacks.fault_sites.clone(),
                 dropped,
                 evicted: 0,
-                sample_every: self.stack_sample,
+                sample_every: self.config.stack_sample,
             });
         }
         Ok(Some(report))
@@ -227,9 +213,9 @@ impl Output {
                     if let Some(window) = &mut self.window {
                         window.aggregator.record_syscall(&rec);
                     }
-                    if self.syscall_events {
-                        let unit = self.style.unit;
-                        let (json, lines) = if self.json {
+                    if self.config.syscall_events {
+                        let unit = self.config.style.unit;
+                        let (json, lines) = if self.config.json {
                             (Some(syscalls::render::syscall_json(&rec)), vec![])
                         } else {
                             (None, vec![syscalls::render::syscall_line(&rec, unit)])
@@ -249,11 +235,14 @@ impl Output {
                     }
                 }
                 Ok(Event::Fault(rec)) => {
-                    if self.fault_events && self.wanted(rec.raw.tid) {
-                        let (json, lines) = if self.json {
+                    if self.config.fault_events && self.wanted(rec.raw.tid) {
+                        let (json, lines) = if self.config.json {
                             (Some(fault_render::fault_json(&rec)), vec![])
                         } else {
-                            (None, vec![fault_render::fault_line(&rec, self.style.unit)])
+                            (
+                                None,
+                                vec![fault_render::fault_line(&rec, self.config.style.unit)],
+                            )
                         };
                         self.emit(Some(rec.raw.time_ns), json, &lines);
                     }
@@ -288,7 +277,7 @@ impl Output {
                 sites,
                 p.pid,
                 stacks.modules.get(p.pid),
-                self.top_stacks,
+                self.config.top_stacks,
                 &self.symbolizer,
             ));
         }
@@ -334,7 +323,7 @@ impl Output {
             }
         }
         // VMA changes are shown when asked for (`--events`, `--events=syscalls`, `--events=calls,vma`).
-        if !self.vma_events {
+        if !self.config.vma_events {
             return;
         }
         let hooks = self.vma.hooks.as_ref();
@@ -344,7 +333,7 @@ impl Output {
             vma::Activity::Call(c) => Some(c.syscall.raw.enter_ns),
             _ => None,
         };
-        if self.json {
+        if self.config.json {
             self.emit(ktime, Some(vma::activity_json(activity, hooks)), &[]);
         } else {
             self.emit(ktime, None, &vma::activity_lines(activity, hooks));
@@ -377,7 +366,7 @@ impl Output {
         let mut calls = tracer.syscall_report()?;
         let fault_report = self.fault_report(tracer)?;
         let identities = tracer.identities()?;
-        if self.tid.is_some() {
+        if self.config.tid.is_some() {
             // The kernel counts per process: `-t`'s thread is counted from its records.
             calls.counts.clear();
         }
@@ -436,27 +425,29 @@ impl Output {
                 self.mappings.refresh(tgid, Duration::ZERO);
             }
             let mut per_process =
-                faults::summarize(&shown, hooks, &mut self.mappings, self.top_mappings);
+                faults::summarize(&shown, hooks, &mut self.mappings, self.config.top_mappings);
             if let (Some(stacks), Some(collector)) = (&shown.stacks, &self.stacks) {
                 faults::stacks::add_to(
                     &mut per_process,
                     stacks,
                     &collector.modules,
-                    self.top_stacks,
+                    self.config.top_stacks,
                     &self.symbolizer,
                 );
             }
-            if let Some(tid) = self.tid {
+            if let Some(tid) = self.config.tid {
                 only_thread(&mut per_process, tid);
             }
             summary.add_faults(hooks.clone(), shown.health, per_process);
         }
         self.identify(&mut summary, &identities);
         name_exited(&mut summary, &tracer.exit_comms()?);
-        if self.by_cgroup {
+        if self.config.by_cgroup {
             summary.cgroups = Some(super::groups::by_cgroup(&summary.processes));
         }
-        if let Some(folded) = super::fold::fold_beyond(&mut summary.processes, self.max_processes) {
+        if let Some(folded) =
+            super::fold::fold_beyond(&mut summary.processes, self.config.max_processes)
+        {
             summary.folded = Some(folded);
         }
         if let (Some(stacks), Some((dropped, _))) = (&self.stacks, tracer.stacks_dropped()?) {
@@ -481,14 +472,13 @@ impl Output {
         };
         if let (Some(w), Scope::Interval) = (&mut self.window, scope) {
             // The next interval starts from nothing, as libbpf-tools clearing its maps.
-            w.aggregator =
-                Aggregator::with_max_processes(self.max_processes).per_thread(self.per_thread);
+            w.aggregator = self.config.aggregator();
             w.start_ns = now;
         }
         // Rendered whole, so that a summary the output refuses is printed elsewhere, not lost.
         let mut rendered = Vec::new();
         let out = &mut rendered;
-        if self.json {
+        if self.config.json {
             // Before the summary, which stays the last line.
             if !vma_counts.is_empty() {
                 let mut v = vma::summary_json(&vma_counts, vma_evicted);
@@ -518,10 +508,10 @@ impl Output {
                 writeln!(
                     out,
                     "VMA changes of {vma_evicted} more processes not listed (--max-processes {})",
-                    self.max_processes
+                    self.config.max_processes
                 )?;
             }
-            write!(out, "{}", summary_text(&summary, self.style))?;
+            write!(out, "{}", summary_text(&summary, self.config.style))?;
         }
         self.out.write_result(&rendered)
     }

@@ -63,7 +63,7 @@ impl Output {
                 &stacks.modules,
                 &self.symbolizer,
                 &comm,
-                self.stack_sample,
+                self.config.stack_sample,
                 weight,
             )
         } else {
