@@ -332,8 +332,12 @@ fn totals_line(summary: &Summary) -> String {
         Some(_) => format!(", {faults} page faults ({major} major)"),
         None => String::new(),
     };
+    let calls = match calls {
+        0 => "no mlock-family calls".to_string(),
+        _ => format!("{calls} mlock-family calls by {callers} of them"),
+    };
     format!(
-        "{} processes{span}: {calls} mlock-family calls by {callers}{faults}; busiest first\n",
+        "{} processes{span}: {calls}{faults}; busiest first\n",
         summary.processes.len()
     )
 }
@@ -428,7 +432,7 @@ mod tests {
         let summary = Summary::new("summary", agg.summaries(), Health::default());
         let text = summary_text(&summary, TextStyle::default());
         assert!(
-            text.starts_with("2 processes: 3 mlock-family calls by 2; busiest first\n"),
+            text.starts_with("2 processes: 3 mlock-family calls by 2 of them; busiest first\n"),
             "{text}"
         );
         let at = |pid: &str| text.find(&format!("pid {pid} (")).unwrap();
