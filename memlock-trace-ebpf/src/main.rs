@@ -13,6 +13,7 @@ mod bench;
 mod capabilities;
 mod diag;
 mod faults;
+mod kernel_walk;
 mod mapping;
 mod process;
 mod rss;

@@ -20,7 +20,13 @@ use aya_ebpf::{
 };
 use memlock_trace_common::mapping::{MappingConfig, MappingInfo, kind};
 
-use crate::shared::{Plain, current_task};
+use crate::{
+    kernel_walk::{
+        MAPLE_ARANGE64_SLOTS, MAPLE_NODE_MASK, MAPLE_NODE_WORDS, MAPLE_RANGE64_SLOTS,
+        MAPLE_ROOT_NODE, MAPLE_TYPE_MASK, MAPLE_TYPE_SHIFT, RbOffsets, first_ending_above, peek,
+    },
+    shared::current_task,
+};
 
 /// Offsets, set by the loader (`EbpfLoader::override_global`).
 #[unsafe(no_mangle)]
@@ -39,10 +45,6 @@ pub struct Found {
     pub end: u64,
     pub flags: u64,
 }
-
-/// Levels of the rbtree descended at most: a red-black tree of n nodes is at most
-/// 2 log2(n + 1) deep, 32 for the 65530 VMAs `vm.max_map_count` allows by default.
-const RB_DEPTH: usize = 40;
 
 /// What a lookup found.
 #[derive(Clone, Copy)]
@@ -107,7 +109,18 @@ pub fn lookup<const HOW: u8>(addr: u64, identify: bool) -> Lookup {
             return Lookup::Unknown;
         }
         let vma = if config.rb_valid != 0 {
-            first_ending_above(mm, addr, &config)
+            first_ending_above(
+                mm,
+                addr,
+                &RbOffsets {
+                    mm_rb: config.mm_rb,
+                    vma_rb: config.vma_rb,
+                    vma_start: config.vma_start,
+                    vma_end: config.vma_end,
+                    rb_left: config.rb_left,
+                    rb_right: config.rb_right,
+                },
+            )
         } else if HOW == TREE_WALK && config.maple_valid != 0 {
             match maple_walk(mm, addr, &config) {
                 Some(vma) => vma,
@@ -328,50 +341,9 @@ fn read_str(ptr: u64, out: &mut [u8]) {
     }
 }
 
-/// The first VMA whose end is above `addr` (5.10's `find_vma()`), or 0.
-#[inline(always)]
-fn first_ending_above(mm: u64, addr: u64, c: &MappingConfig) -> u64 {
-    if mm == 0 {
-        return 0;
-    }
-    let mut node: u64 = peek(mm, c.mm_rb);
-    let mut best = 0u64;
-    for _ in 0..RB_DEPTH {
-        if node == 0 {
-            break;
-        }
-        let vma = node.wrapping_sub(u64::from(c.vma_rb));
-        let end: u64 = peek(vma, c.vma_end);
-        if end > addr {
-            best = vma;
-            let start: u64 = peek(vma, c.vma_start);
-            if start <= addr {
-                break;
-            }
-            node = peek(node, c.rb_left);
-        } else {
-            node = peek(node, c.rb_right);
-        }
-    }
-    best
-}
-
 /// Levels of the maple tree descended at most: a leaf holds up to 16 VMAs and an inner
 /// node 10 children, so 6 levels already hold the 65530 VMAs `vm.max_map_count` allows.
 const MAPLE_DEPTH: usize = 8;
-/// include/linux/maple_tree.h and lib/maple_tree.c (unchanged since 6.1): a node is 256
-/// bytes, aligned to them; an encoded node pointer keeps the node type in bits 3-6, and
-/// the root pointer has bit 1 set when it is a node.
-/// <https://git.kernel.org/pub/scm/linux/kernel/git/torvalds/linux.git/tree/lib/maple_tree.c?h=v6.1#n314>
-const MAPLE_NODE_WORDS: usize = 32;
-const MAPLE_NODE_MASK: u64 = 255;
-const MAPLE_ROOT_NODE: u64 = 0x02;
-const MAPLE_TYPE_SHIFT: u64 = 3;
-const MAPLE_TYPE_MASK: u64 = 0x0f;
-/// `MAPLE_RANGE64_SLOTS`, `MAPLE_ARANGE64_SLOTS`.
-const RANGE64_SLOTS: usize = 16;
-const ARANGE64_SLOTS: usize = 10;
-
 /// A copy of the maple node being descended (one read per level; too big for the stack).
 #[map]
 static MAPLE_NODE: PerCpuArray<[u64; MAPLE_NODE_WORDS]> = PerCpuArray::with_max_entries(1, 0);
@@ -390,9 +362,9 @@ fn maple_walk(mm: u64, addr: u64, c: &MappingConfig) -> Option<u64> {
     for _ in 0..MAPLE_DEPTH {
         let kind = ((entry >> MAPLE_TYPE_SHIFT) & MAPLE_TYPE_MASK) as u32;
         let (pivots, slots, count) = if kind == c.maple_arange_64 {
-            (c.arange_pivot, c.arange_slot, ARANGE64_SLOTS)
+            (c.arange_pivot, c.arange_slot, MAPLE_ARANGE64_SLOTS as usize)
         } else if kind == c.maple_range_64 || kind == c.maple_leaf_64 {
-            (c.range_pivot, c.range_slot, RANGE64_SLOTS)
+            (c.range_pivot, c.range_slot, MAPLE_RANGE64_SLOTS as usize)
         } else {
             return None;
         };
@@ -413,7 +385,7 @@ fn maple_walk(mm: u64, addr: u64, c: &MappingConfig) -> Option<u64> {
         // mtree_range_walk(): the first slot whose pivot reaches `addr`; past the data the
         // pivots are 0 and the last slot's upper bound is the node's own (no pivot).
         let mut offset = count - 1;
-        for i in 0..RANGE64_SLOTS - 1 {
+        for i in 0..MAPLE_RANGE64_SLOTS as usize - 1 {
             if i + 1 >= count {
                 break;
             }
@@ -430,21 +402,4 @@ fn maple_walk(mm: u64, addr: u64, c: &MappingConfig) -> Option<u64> {
         entry = next;
     }
     None
-}
-
-/// Reads a `T` at `base + offset` of kernel memory; on failure the helper zeroes the
-/// destination, so the field reads as 0 (a NULL pointer, no name).
-#[inline(always)]
-fn peek<T: Plain + Default>(base: u64, offset: u32) -> T {
-    let mut value = T::default();
-    // SAFETY: bpf_probe_read_kernel checks the source address itself, and writes at most
-    // `size_of::<T>()` bytes into `value`, any of which make a valid `T` (`Plain`).
-    unsafe {
-        bpf_probe_read_kernel(
-            (&mut value as *mut T).cast(),
-            size_of::<T>() as u32,
-            base.wrapping_add(u64::from(offset)) as *const c_void,
-        )
-    };
-    value
 }

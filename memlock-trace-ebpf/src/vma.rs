@@ -21,9 +21,7 @@ use aya_ebpf::{
     EbpfContext as _, Global,
     helpers::{
         bpf_get_current_comm, bpf_get_current_task_btf, bpf_probe_read_kernel_str_bytes,
-        generated::{
-            self as helper, bpf_find_vma, bpf_get_func_arg, bpf_get_func_ret, bpf_task_pt_regs,
-        },
+        generated::{bpf_find_vma, bpf_get_func_arg, bpf_get_func_ret, bpf_task_pt_regs},
     },
     macros::{btf_tracepoint, fentry, fexit, map},
     maps::{Array, HashMap},
@@ -42,9 +40,9 @@ use memlock_trace_common::{
 mod maple;
 mod rbtree;
 
-use crate::arch;
-use crate::shared::{EVENTS, Plain, add_shared, count, current_ids, current_task, is_target};
+use crate::shared::{EVENTS, add_shared, count, current_ids, current_task, is_target};
 use crate::syscall_hooks::{SyscallContext, syscall_arg};
+use crate::{arch, kernel_walk::peek};
 
 /// Offsets and options, set by the loader (`EbpfLoader::override_global`).
 #[unsafe(no_mangle)]
@@ -257,25 +255,6 @@ fn read_vma(vma: u64, off: &VmaOffsets) -> VmaRange {
         end: peek(vma, off.vma_end),
         flags: peek(vma, off.vma_flags),
     }
-}
-
-/// Reads a `T` at `base + offset` of kernel memory without a branch: on failure the helper
-/// zeroes the destination, so the field reads as 0. Unlike `shared::read_kernel` a failure is
-/// not counted: each counted failure is one more path for the verifier to walk, per read, in
-/// the snapshot and slot loops.
-#[inline(always)]
-fn peek<T: Plain + Default>(base: u64, offset: u32) -> T {
-    let mut value = T::default();
-    // SAFETY: bpf_probe_read_kernel checks the source address itself, and writes at most
-    // `size_of::<T>()` bytes into `value`, any of which make a valid `T` (`Plain`).
-    unsafe {
-        helper::bpf_probe_read_kernel(
-            (&mut value as *mut T).cast(),
-            size_of::<T>() as u32,
-            base.wrapping_add(u64::from(offset)) as *const c_void,
-        )
-    };
-    value
 }
 
 /// The system call the current task is in and its first three arguments, from its saved

@@ -18,19 +18,19 @@ use core::ffi::c_void;
 use aya_ebpf::{helpers::generated::bpf_loop, macros::map, maps::PerCpuArray};
 use memlock_trace_common::vma::{VM_LOCKED, VM_LOCKONFAULT, VmaOffsets, WholeTotals};
 
-use super::{VMA_CONFIG, peek, read_vma};
-use crate::shared::current_task;
+use super::{VMA_CONFIG, read_vma};
+use crate::{
+    kernel_walk::{MAPLE_ARANGE64_SLOTS, MAPLE_NODE_MASK, MAPLE_RANGE64_SLOTS, peek},
+    shared::current_task,
+};
 
 /// `bpf_loop` steps at most: a few per tree level per leaf, 16 slots per leaf; far more than
 /// a process with thousands of VMAs needs.
 const MAX_STEPS: u32 = 1 << 16;
-const NODE_MASK: u64 = 255;
+/// `enum maple_type`'s values for the node types an mm's tree holds.
 const LEAF_64: u64 = 1;
 const RANGE_64: u64 = 2;
 const ARANGE_64: u64 = 3;
-/// Slots of a `maple_range_64` (leaf) and a `maple_arange_64` node.
-const RANGE_SLOTS: u64 = 16;
-const ARANGE_SLOTS: u64 = 10;
 
 /// The walk's state, in a map rather than on the stack: values read back from a map are
 /// unknown to the verifier, so it checks [`step`] once instead of once per slot and count it
@@ -114,11 +114,11 @@ extern "C" fn step(_index: u64, _ctx: *mut c_void) -> i64 {
 
 #[inline(always)]
 fn advance(w: &mut Walk, off: &VmaOffsets) -> u32 {
-    let node = w.node & !NODE_MASK;
+    let node = w.node & !MAPLE_NODE_MASK;
     let kind = (w.node >> 3) & 0xf;
     let (pivots, slots, count) = match kind {
-        LEAF_64 | RANGE_64 => (off.mr64_pivot, off.mr64_slot, RANGE_SLOTS),
-        ARANGE_64 => (off.ma64_pivot, off.ma64_slot, ARANGE_SLOTS),
+        LEAF_64 | RANGE_64 => (off.mr64_pivot, off.mr64_slot, MAPLE_RANGE64_SLOTS),
+        ARANGE_64 => (off.ma64_pivot, off.ma64_slot, MAPLE_ARANGE64_SLOTS),
         _ => return FAILED,
     };
     if node == 0 || w.slot >= count {
@@ -194,17 +194,17 @@ fn advance(w: &mut Walk, off: &VmaOffsets) -> u32 {
 fn data_end(node: u64, kind: u64, max: u64, off: &VmaOffsets) -> u64 {
     if kind == ARANGE_64 {
         // `meta.end` is the metadata's first byte (x86-64 is little-endian).
-        let meta: u32 = peek(node, off.ma64_slot + 8 * ARANGE_SLOTS as u32 * 2);
+        let meta: u32 = peek(node, off.ma64_slot + 8 * MAPLE_ARANGE64_SLOTS as u32 * 2);
         return u64::from(meta & 0xff);
     }
-    let last: u64 = peek(node, off.mr64_pivot + 8 * (RANGE_SLOTS as u32 - 2));
+    let last: u64 = peek(node, off.mr64_pivot + 8 * (MAPLE_RANGE64_SLOTS as u32 - 2));
     if last == 0 {
         // The metadata sits in place of the last slot.
-        let meta: u32 = peek(node, off.mr64_slot + 8 * (RANGE_SLOTS as u32 - 1));
+        let meta: u32 = peek(node, off.mr64_slot + 8 * (MAPLE_RANGE64_SLOTS as u32 - 1));
         return u64::from(meta & 0xff);
     }
     if last == max {
-        return RANGE_SLOTS - 2;
+        return MAPLE_RANGE64_SLOTS - 2;
     }
-    RANGE_SLOTS - 1
+    MAPLE_RANGE64_SLOTS - 1
 }

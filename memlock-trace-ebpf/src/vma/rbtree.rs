@@ -11,12 +11,24 @@ use memlock_trace_common::vma::{
     MAX_SNAPSHOT_VMAS, SnapshotEvent, VM_LOCKED, VM_LOCKONFAULT, VmaOffsets, WholeTotals,
 };
 
-use super::{CallRange, VMA_CONFIG, peek, read_vma};
-use crate::shared::current_task;
+use super::{CallRange, VMA_CONFIG, read_vma};
+use crate::{
+    kernel_walk::{RbOffsets, first_ending_above, peek},
+    shared::current_task,
+};
 
-/// Levels of the rbtree descended at most: a red-black tree of n nodes is at most
-/// 2 log2(n + 1) deep, 32 for the 65530 VMAs `vm.max_map_count` allows by default.
-const RB_DEPTH: usize = 40;
+/// Where the rbtree walk reads, from the VMA family's offsets.
+#[inline(always)]
+fn rb_offsets(off: &VmaOffsets) -> RbOffsets {
+    RbOffsets {
+        mm_rb: off.mm_rb,
+        vma_rb: off.vma_rb,
+        vma_start: off.vma_start,
+        vma_end: off.vma_end,
+        rb_left: off.rb_left,
+        rb_right: off.rb_right,
+    }
+}
 
 /// Walks the VMAs from the one below `start` to the one holding `end`, like
 /// [`super::walk`]: a hole ends the walk.
@@ -25,7 +37,7 @@ pub(super) fn walk(call: &CallRange, event: &mut SnapshotEvent) {
     let off = VMA_CONFIG.load().offsets;
     let mm: u64 = peek(current_task(), off.task_mm);
     let probe = call.start.saturating_sub(1);
-    let mut vma = first_ending_above(mm, probe, &off);
+    let mut vma = first_ending_above(mm, probe, &rb_offsets(&off));
     let mut count = 0usize;
     let mut addr = call.start;
     // The VMA just below the range: a merge candidate (it may also hold `start`).
@@ -106,32 +118,4 @@ pub(super) fn totals(out: &mut WholeTotals) {
         last_end = v.end;
         vma = peek(vma, off.vma_next);
     }
-}
-
-/// The first VMA whose end is above `addr` (5.10's `find_vma()`), or 0.
-#[inline(always)]
-fn first_ending_above(mm: u64, addr: u64, off: &VmaOffsets) -> u64 {
-    if mm == 0 {
-        return 0;
-    }
-    let mut node: u64 = peek(mm, off.mm_rb);
-    let mut best = 0u64;
-    for _ in 0..RB_DEPTH {
-        if node == 0 {
-            break;
-        }
-        let vma = node.wrapping_sub(u64::from(off.vma_rb));
-        let end: u64 = peek(vma, off.vma_end);
-        if end > addr {
-            best = vma;
-            let start: u64 = peek(vma, off.vma_start);
-            if start <= addr {
-                break;
-            }
-            node = peek(node, off.rb_left);
-        } else {
-            node = peek(node, off.rb_right);
-        }
-    }
-    best
 }
