@@ -6,6 +6,7 @@
 
 mod arm64;
 mod binaries;
+mod placement;
 
 use std::{
     io::{BufRead as _, BufReader},
@@ -16,7 +17,7 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use self::binaries::{not_in_guest, packages_for};
+use self::{binaries::packages_for, placement::Placement};
 use crate::{
     lint,
     run::workspace_root,
@@ -85,6 +86,8 @@ struct TestBinary {
     name: String,
     package: String,
     path: PathBuf,
+    /// Where it runs and what it needs, as its source file declares.
+    placement: Placement,
 }
 
 /// What a stage runs: test binaries, the tracer they run, and what a guest is given besides.
@@ -290,8 +293,10 @@ fn build_test_binaries(cargo_args: &[&str]) -> Result<Vec<TestBinary>> {
             .to_string();
         let target = msg["target"]["name"].as_str().unwrap_or("?");
         let kind = msg["target"]["kind"][0].as_str().unwrap_or("?");
+        let src_path = PathBuf::from(msg["target"]["src_path"].as_str().unwrap_or_default());
         binaries.push(TestBinary {
             name: format!("{package}/{kind}:{target}"),
+            placement: placement::of_binary(&package, kind, &src_path)?,
             package,
             path: PathBuf::from(exe),
         });
@@ -353,13 +358,13 @@ fn vm_stage(build: &Build, kernel: vm::Kernel, max_cpus: Option<u32>) -> Result<
         .binaries
         .iter()
         .filter(|b| b.package == "memlock-trace")
-        .partition(|b| not_in_guest(&b.name, kernel).is_none());
+        .partition(|b| b.placement.why_not_on(kernel).is_none());
     let mut not_run: Vec<(String, String)> = not_here
         .iter()
         .map(|b| {
             (
                 b.name.clone(),
-                not_in_guest(&b.name, kernel).unwrap_or_default(),
+                b.placement.why_not_on(kernel).unwrap_or_default(),
             )
         })
         .collect();
@@ -385,7 +390,7 @@ fn vm_stage(build: &Build, kernel: vm::Kernel, max_cpus: Option<u32>) -> Result<
         // with two guests and other work on 2 cores; 6.12 took ~2,600 s with every binary
         // once the syscall hooks were per-call fentry programs, before the 6.1/6.12 split;
         // a fresh-clone run of c188847, alone on the machine: 2,713, 2,857 and 2,793 s for
-        // 5.10, 6.1 and 6.12; with GUEST_SUBSETS' split by hooks and optimised dependencies,
+        // 5.10, 6.1 and 6.12; with the guests' split by hooks and optimised dependencies,
         // 1,511-1,527 s, which CI's slower machine stretches by up to 1.5x). 3,600 s keeps
         // the whole run inside CI's 90 minutes.
         timeout: Duration::from_secs(3600),
