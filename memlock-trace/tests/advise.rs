@@ -1,3 +1,9 @@
+//! Runs on: host only: runs the command a second time with the preload library and setpriv, which
+//! the guest's initramfs does not carry (the per-interval fault figures advise reads:
+//! test:intervals and test:faults, in the guests too)
+//!
+//! Packages: python3
+//!
 //! `memlock-trace advise` and `--apply` on python3, a program nobody here wrote, in the two
 //! cases of issue 23: a table mapped up front and touched lazily inside a timed phase
 //! (tests/third_party/lazy_table.py), and an allocator that gives a 64 MiB block back to the

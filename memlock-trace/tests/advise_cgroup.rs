@@ -1,3 +1,9 @@
+//! Runs on: host only: the memory cgroup's limits and usage are files advise reads in user space,
+//! the same on every kernel (the per-interval fault figures advise weighs: test:intervals and
+//! test:faults, in the guests too)
+//!
+//! Packages: python3
+//!
 //! `advise` in a memory cgroup: python3 maps a 256 MiB table and touches one page in four
 //! (64 MiB) inside a real memory cgroup the test makes, nested two deep
 //! (`/memlock-trace-test-advise-PID/inner`). Locking the table would charge the 192 MiB not

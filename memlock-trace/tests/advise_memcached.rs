@@ -1,3 +1,9 @@
+//! Runs on: host only: runs memcached a second time with the preload library and perf stat, which
+//! the guest's initramfs does not carry (the fault figures advise reads: test:intervals and
+//! test:faults, in the guests too)
+//!
+//! Packages: memcached, linux-perf
+//!
 //! `memlock-trace advise --apply` on Debian's memcached under a load this test drives: 60,000
 //! sets of 1,000 bytes fill about 64 MiB of slab pages, which memcached takes from `malloc`
 //! one 1 MiB block at a time as the sets arrive. glibc maps each block itself (its internal

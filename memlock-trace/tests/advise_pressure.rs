@@ -1,3 +1,9 @@
+//! Runs on: host only: advise --apply runs python3 again with the preload library, which the
+//! guest's initramfs does not carry, in the pressured cgroup (the swap and cgroup figures behind
+//! it: test:memory_pressure and test:verify, in the guests too)
+//!
+//! Packages: python3
+//!
 //! Issue 44, item 4: `advise` under memory pressure. python3 (tests/third_party/
 //! pressure_table.py) maps a 16 MiB hot table and a 112 MiB buffer it streams through, in a
 //! 96 MiB memory cgroup with swap (`memlock_trace::lab::pressure`); each pass over the buffer

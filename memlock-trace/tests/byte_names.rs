@@ -1,3 +1,7 @@
+//! Runs on: host only: a command named and given arguments in bytes is launched in user space, the
+//! same on every kernel; the guests' programs are busybox applets, chosen by their name (launched
+//! commands traced: test:targets, in a guest too)
+//!
 //! A command's name and arguments are bytes, as the kernel takes them (issue 30, item 4):
 //! `memlock-trace -- "$(printf 's\377')" 0.3`, a copy of `sleep` whose name is not UTF-8,
 //! runs as strace and perf run it, and so does a program given an argument that is not

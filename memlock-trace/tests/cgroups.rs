@@ -1,3 +1,6 @@
+//! Runs on: host, 6.1: user space on top of the hooks, whose own figures every guest checks
+//! (test:syscalls or test:exact_calls, test:faults or test:fault_cli, test:vma_whole, test:verify)
+//!
 //! Every process carries its cgroup v2: a process the test moves into a fresh cgroup (a
 //! directory made under the cgroup2 mount, its pid written to `cgroup.procs`) is reported
 //! with that path, the unit its name makes, and `--by cgroup` adds the summary up by it.

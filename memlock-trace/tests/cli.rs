@@ -1,3 +1,6 @@
+//! Runs on: host, 5.10: user space on top of the hooks, whose own figures every guest checks
+//! (test:syscalls or test:exact_calls, test:faults or test:fault_cli, test:vma_whole, test:verify)
+//!
 //! The `memlock-trace` binary as a user runs it: launching a command, JSON output, errors.
 
 mod common;

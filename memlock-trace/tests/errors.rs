@@ -1,3 +1,6 @@
+//! Runs on: host only: usage errors, output-path and I/O errors, exit codes are decided in user
+//! space, the same on every kernel
+//!
 //! Errors a script can trust (issue 12): no panics on numbers out of range, output paths
 //! checked before any work, every I/O error naming its path, a computed result never lost,
 //! and exit codes as `timeout(1)`/`env(1)` use them: the tool's own failure 125, a command

@@ -1,3 +1,6 @@
+//! Runs on: host, 5.10, 6.1: the syscall family's hooks are 6.1's on 6.12, where test:syscalls
+//! counts them
+//!
 //! The mlock-family counts are the kernel's, not the event stream's: with the tracer
 //! starved (stopped while a flood runs, so its 1 MiB ring fills and the kernel drops the
 //! rest), the summary and `/metrics` still say exactly how many `mlock` and `munlock` calls

@@ -1,3 +1,7 @@
+//! Runs on: host, 5.10, 6.1: the fault family's output on top of its hooks (their counts against
+//! getrusage on 5.10 and 6.12: test:faults), with --stacks on 5.10's raw syscall dispatchers and
+//! 6.1's trampolines, which 6.12 shares
+//!
 //! Page faults through the `memlock-trace` binary: the JSON summary's `faults` object and
 //! `fault_hooks`, sampled `--events`, the text summary, and a traced pid that exits mid-run;
 //! `--stacks` in `fault_cli/stacks.rs`.

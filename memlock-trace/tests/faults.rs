@@ -1,3 +1,7 @@
+//! Runs on: host, 5.10, 6.12, arm64: the fault family's hooks are 6.12's on 6.1 (fentry/fexit
+//! handle_mm_fault), where test:fault_cli and test:mappings count them; 6.12 also has per-VMA
+//! locks, whose retried faults the accuracy tests count against getrusage
+//!
 //! Page-fault accuracy with the real programs loaded into the running kernel.
 //!
 //! A child (`memlock-trace workload faults`) takes known faults on command. Between commands

@@ -1,3 +1,6 @@
+//! Runs on: host, 5.10: user space on top of the hooks, whose own figures every guest checks
+//! (test:syscalls or test:exact_calls, test:faults or test:fault_cli, test:vma_whole, test:verify)
+//!
 //! Who gets traced: threads started after attach, `--comm`, `--cgroup`, `--follow-children`,
 //! and what happens when the target map or the per-process table is full.
 #![cfg(feature = "lab")]

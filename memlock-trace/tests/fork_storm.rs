@@ -1,3 +1,6 @@
+//! Runs on: host, 5.10: user space on top of the hooks; on the guest that boots with 96 possible
+//! CPUs (LARGE_MACHINE), where per-CPU sizing would show
+//!
 //! A fork storm at default settings loses nothing: thousands of children, all alive at once
 //! and followed from their fork, each making one mlock call; the summary counts every call,
 //! and every page fault the kernel handed their parent when it reaped them

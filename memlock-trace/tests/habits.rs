@@ -1,3 +1,6 @@
+//! Runs on: host only: output formats (--hist rows, units, -T, -o, -q/-v, man page, completions);
+//! the counts behind them: test:syscalls, test:intervals, test:fault_cli, in the guests too
+//!
 //! What users of libbpf-tools and bpftrace expect (issue 15): `--hist`, one unit per column
 //! and `-m`/`-u`, `-T` and `time_ns`, `-o FILE`, `-q`/`-v`, and the man page and
 //! completions (intervals and `-t TID`: `intervals.rs`). Each run loads the real programs and

@@ -1,3 +1,9 @@
+//! Runs on: host only: compiles a C program with gcc and renames a symbol with objcopy, which the
+//! guest's initramfs does not carry; the escaping is user space (the figures behind the rows:
+//! test:fault_cli and test:syscalls, in the guests too)
+//!
+//! Packages: gcc, binutils
+//!
 //! Names a traced program controls, chosen as an attacker would (`tests/hostile/hostile.c`,
 //! compiled now): its comm and a thread's name hold ESC, BEL and a newline, as do a mapped
 //! file's name, a memfd's name and (renamed with objcopy) the function that makes its mlock

@@ -1,3 +1,6 @@
+//! Runs on: host, 6.12: user space on top of the hooks, whose own figures every guest checks
+//! (test:syscalls or test:exact_calls, test:faults or test:fault_cli, test:vma_whole, test:verify)
+//!
 //! `--interval` blocks that show only their own window, the libbpf-tools positionals
 //! `INTERVAL COUNT`, and `-t TID`: real programs, exact figures.
 

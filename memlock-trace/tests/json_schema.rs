@@ -1,3 +1,6 @@
+//! Runs on: host only: JSON shape (schema, time_ns, stack frame keys) is user space; the stacks and
+//! verify behind it: test:fault_cli and test:verify, in the guests too
+//!
 //! Every JSON line carries the schema version the README documents.
 
 mod common;

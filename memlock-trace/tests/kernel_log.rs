@@ -1,3 +1,6 @@
+//! Runs on: host, 6.1: user space on top of the hooks, whose own figures every guest checks
+//! (test:syscalls or test:exact_calls, test:faults or test:fault_cli, test:vma_whole, test:verify)
+//!
 //! `-v`: the eBPF programs' own diagnostics reach stderr through aya-log, named by program,
 //! for the events the kernel counts (a full target map here, deterministic), and without
 //! `-v` the log code is not even in the loaded programs (the verifier removed it). Every

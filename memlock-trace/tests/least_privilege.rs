@@ -1,3 +1,6 @@
+//! Runs on: host, 5.10, 6.1: the capabilities each hook needs: 5.10's hooks, and 6.1's, which 6.12
+//! shares
+//!
 //! memlock-trace runs as an unprivileged user holding only CAP_BPF, CAP_PERFMON and
 //! CAP_DAC_READ_SEARCH, and each of the three is needed. The capabilities are handed over as
 //! ambient capabilities (what `setpriv --ambient-caps` or systemd's `AmbientCapabilities=`

@@ -1,3 +1,8 @@
+//! Runs on: host, 5.10, 6.1: the mapping a fault hit: 5.10 walks the rbtree, 6.1 calls bpf_find_vma
+//! as 6.12 does
+//!
+//! Packages: python3
+//!
 //! Every fault in a named mapping, however short-lived the mapping or the process: the
 //! mapping is resolved in the kernel at the fault (issue 22 item 3), so a region mapped,
 //! touched and unmapped between two reads of /proc/PID/smaps, and a process that exits

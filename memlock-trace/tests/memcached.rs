@@ -1,10 +1,15 @@
+//! Runs on: host, 5.10: user space on top of the hooks, whose own figures every guest checks
+//! (test:syscalls or test:exact_calls, test:faults or test:fault_cli, test:vma_whole, test:verify)
+//!
+//! Packages: memcached
+//!
 //! The case of issue 12 item 13 with the real server: `memcached -k -u nobody` under a
 //! 64 KiB `RLIMIT_MEMLOCK` fails `mlockall` with ENOMEM, and the tracer names the limit,
 //! what was locked, what was asked and the missing `CAP_IPC_LOCK`.
 //!
 //! `cargo xtask test` installs Debian's package when missing, and the guests' initramfs
-//! carries it (with its libraries and a passwd entry for `nobody`), so this runs on every
-//! kernel.
+//! carries it (with its libraries and a passwd entry for `nobody`), so this runs in a guest
+//! too.
 //!
 //! The limit is set by the shell's `ulimit` builtin in the launched command, which then execs
 //! memcached: `prlimit(1)` is not in the guest, and lowering the limit in the tracer for its

@@ -1,3 +1,6 @@
+//! Runs on: host, 5.10: the unit's memory limit, on the guest that boots with 96 possible CPUs
+//! (LARGE_MACHINE), where per-CPU maps would need more
+//!
 //! Issue 29 item 3: a system-wide session starts and stays exact inside a memory cgroup at
 //! the limit the unit (`MemoryMax` in dist/memlock-trace.service) and the DaemonSet
 //! (docs/reference.md) give it. A memory cgroup charges more than the tracer's resident

@@ -1,3 +1,9 @@
+//! Runs on: host only: the /metrics server's limits (connections, header size, timeouts, accept
+//! errors) and formats are user space, the same on every kernel
+//!
+//! Packages: prometheus, python3-prometheus-client: promtool lints the text format; the Python
+//! client's parser checks OpenMetrics.
+//!
 //! The `/metrics` server against clients that are slow, greedy or hostile: a flood of idle
 //! connections past the tracer's descriptor limit, a 64 MiB request header, a client that
 //! sends one byte a second. After each, scrapes succeed and the tracer's memory and threads

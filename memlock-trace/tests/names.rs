@@ -1,3 +1,6 @@
+//! Runs on: host, 5.10: user space on top of the hooks, whose own figures every guest checks
+//! (test:syscalls or test:exact_calls, test:faults or test:fault_cli, test:vma_whole, test:verify)
+//!
 //! A launched command is traced from its `exec`, not from the `fork` before it: it is named
 //! by its own name, and the faults the launcher takes between fork and exec (comm
 //! `memlock-trace`) are not counted against it.

@@ -1,3 +1,6 @@
+//! Runs on: host, 5.10: user space on top of the hooks, whose own figures every guest checks
+//! (test:syscalls or test:exact_calls, test:faults or test:fault_cli, test:vma_whole, test:verify)
+//!
 //! `--events` is one stream in time order: syscall, VMA and fault records, which the kernel
 //! hands over in two ring buffers, merged by their kernel stamps.
 

@@ -1,3 +1,6 @@
+//! Runs on: host, 6.12: user space on top of the hooks, whose own figures every guest checks
+//! (test:syscalls or test:exact_calls, test:faults or test:fault_cli, test:vma_whole, test:verify)
+//!
 //! A traced process exits and another one gets its pid: the two never mix, whether they
 //! make mlock-family calls or only take page faults. The pid is reused on purpose through
 //! `/proc/sys/kernel/ns_last_pid`.

@@ -1,3 +1,5 @@
+//! Runs on: host, 5.10, 6.1, 6.12, arm64
+//!
 //! `probe` reports what the kernel really allows. The expectations come from the kernel's
 //! own, independent signals: the kprobe PMU in sysfs, and whether ftrace function hooks
 //! (which BPF trampolines need) are readable in tracefs.

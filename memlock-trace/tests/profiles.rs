@@ -1,3 +1,9 @@
+//! Runs on: host only: compiles a C program with gcc and compares with perf, go tool pprof and
+//! node's perf map, which the guests do not carry (the kernel side of --stacks: test:fault_cli, in
+//! the guests too)
+//!
+//! Packages: gcc, linux-perf, golang-go, nodejs
+//!
 //! `--folded`, `--flamegraph` and `--pprof` checked against the established tools on the same
 //! run: a C program built with frame pointers, faulting pages in from two known functions,
 //! runs under `perf record -e page-faults -c 1 -g` while memlock-trace traces perf and its

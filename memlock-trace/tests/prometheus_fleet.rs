@@ -1,3 +1,9 @@
+//! Runs on: host only: runs Debian's prometheus against a system-wide tracer, which the guest's
+//! initramfs does not carry (the counts it scrapes: test:exact_calls and test:prometheus, in the
+//! guests too)
+//!
+//! Packages: prometheus, python3
+//!
 //! The fleet node, end to end: the tracer system-wide (no `-p`, no command) behind a real
 //! Debian `prometheus` scraping it every second, while a shell loop churns short processes
 //! and a flood of mlock/munlock calls shares one CPU with the tracer, which runs

@@ -1,3 +1,8 @@
+//! Runs on: host only: runs Debian's prometheus and promtool against --web-config (TLS, basic
+//! auth), user space on every kernel
+//!
+//! Packages: prometheus
+//!
 //! `--web-config FILE` (the exporter-toolkit format) with Debian's real `prometheus` as the
 //! scraper: over HTTPS with basic auth the right password gets samples, a wrong one 401,
 //! plain HTTP nothing; a client certificate from the configured CA is accepted, one from

@@ -1,3 +1,8 @@
+//! Runs on: host only: runs Debian's prometheus server, which the guest's initramfs does not carry
+//! (the metrics it scrapes: test:prometheus, in a guest too)
+//!
+//! Packages: prometheus
+//!
 //! The fleet path with the real server: Debian's `prometheus` scrapes the tracer's
 //! `/metrics` every second, and PromQL over its HTTP API returns exactly the mlock calls and
 //! page faults a workload made (as the kernel itself counted them for the workload).

@@ -1,3 +1,6 @@
+//! Runs on: host only: asserts wall-clock bounds (SIGTERM, --duration), which mean nothing in a
+//! software-emulated guest; the summary and unloading at SIGTERM: test:robustness, in a guest too
+//!
 //! A session ends when asked: `--duration` within a second of its end, SIGTERM with the
 //! summary written and the tool gone at once, a flood of events still arriving or not.
 //! The bounds here are generous (a debug build on a loaded machine); the real figures are

@@ -1,3 +1,6 @@
+//! Runs on: host, 6.12: user space on top of the hooks, whose own figures every guest checks
+//! (test:syscalls or test:exact_calls, test:faults or test:fault_cli, test:vma_whole, test:verify)
+//!
 //! Stopping and overload: SIGINT/SIGTERM print the summary and leave nothing in the kernel;
 //! SIGKILL leaves nothing either (every program, map and link is held by a file
 //! descriptor, which the kernel closes). A ring-buffer overflow: see `exact_calls.rs`.

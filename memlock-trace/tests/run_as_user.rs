@@ -1,3 +1,9 @@
+//! Runs on: host only: --user switches groups, gid, uid and capabilities in user space before exec,
+//! and the install recipe needs setcap, which the guest's initramfs does not carry (least privilege
+//! itself: test:least_privilege, in the guests too)
+//!
+//! Packages: libcap2-bin
+//!
 //! `--user USER`: the launched command runs as USER, with USER's groups and no capability in
 //! any set, while the tracer keeps its own privileges and traces the command exactly. And
 //! the documented least-privilege install: a capable binary only its group may run.

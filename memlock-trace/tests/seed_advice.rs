@@ -1,3 +1,6 @@
+//! Runs on: host only: advise --apply runs each seed again with the preload library, which the
+//! guest's initramfs does not carry (the seeds themselves: test:suite, in a guest too)
+//!
 //! `cargo xtask run`'s advice section: `advise --apply` on the seed scenarios, its verdicts
 //! checked against the references and the workload's own counts.
 #![cfg(feature = "lab")]

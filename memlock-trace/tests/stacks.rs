@@ -1,3 +1,8 @@
+//! Runs on: host only: compiles a C program with gcc and compares with perf and gdb, which the
+//! guests do not carry (the kernel side of --stacks: test:fault_cli, in the guests too)
+//!
+//! Packages: gcc, linux-perf, gdb, memcached, memtester, python3
+//!
 //! `--stacks` on code built as distributions build it, without frame pointers: the call
 //! site of an mlock is unwound from the copied user stack with the modules' unwind tables,
 //! checked frame for frame against `perf record --call-graph dwarf` (the established

@@ -1,3 +1,6 @@
+//! Runs on: host, 6.1, arm64: user space on top of the hooks, whose own figures every guest checks
+//! (test:syscalls or test:exact_calls, test:faults or test:fault_cli, test:vma_whole, test:verify)
+//!
 //! The whole suite at tiny sizes, tracer attached: every scenario must produce its numbers
 //! and every tracer-versus-workload consistency check must hold.
 #![cfg(feature = "lab")]

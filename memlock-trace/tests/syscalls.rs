@@ -1,3 +1,6 @@
+//! Runs on: host, 5.10, 6.12, arm64: the syscall family's hooks are 6.12's on 6.1, where
+//! test:exact_calls counts them
+//!
 //! The tracer reports exactly the mlock-family calls this process makes, with the right
 //! errnos, and populated-page counts equal to the thread's own getrusage deltas.
 #![cfg(feature = "lab")]

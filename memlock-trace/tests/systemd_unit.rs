@@ -1,3 +1,8 @@
+//! Runs on: host only: systemd-analyze checks the unit file, whatever the kernel (the capabilities
+//! it grants are exercised by test:least_privilege, in the guests too)
+//!
+//! Packages: systemd
+//!
 //! The systemd unit in dist/: systemd itself checks it (`systemd-analyze verify`, with the
 //! built binary and man page where the unit names them), it grants exactly the capabilities
 //! `memlock-trace probe` asks an unprivileged user for, and its exposure score is the one

@@ -1,3 +1,6 @@
+//! Runs on: host, 6.1: user space on top of the hooks, whose own figures every guest checks
+//! (test:syscalls or test:exact_calls, test:faults or test:fault_cli, test:vma_whole, test:verify)
+//!
 //! What a session traces and for how long: `-p` given a thread id traces its process and
 //! says so, a kernel thread is refused, and `--follow-children` lasts while a followed
 //! process lives (a daemon outlives the command that started it).

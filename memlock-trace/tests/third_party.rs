@@ -1,3 +1,8 @@
+//! Runs on: host, 6.1: user space on top of the hooks, whose own figures every guest checks
+//! (test:syscalls or test:exact_calls, test:faults or test:fault_cli, test:vma_whole, test:verify)
+//!
+//! Packages: python3
+//!
 //! Real programs under the tracer: python3 with ctypes calling mlock, mlock2, mlockall and
 //! munlockall from several threads (tests/third_party/ctypes_threads.py). Its own account
 //! (thread ids, calls per thread, `VmLck` from /proc/self/status around mlockall) is checked

@@ -1,3 +1,9 @@
+//! Runs on: host, 6.12: the tracer inside the pressured cgroup it traces: on the kernel whose LRU
+//! is the multi-generational one, beside the host's classic LRU (the pressure itself, and the
+//! counts under it, on every guest: test:memory_pressure and test:verify)
+//!
+//! Packages: python3
+//!
 //! Issue 44, item 6: the tracer itself under memory pressure. An agent runs inside a memory
 //! limit on a node short of memory: here the tracer and the memory-pressure experiment it
 //! launches share one memory cgroup below their working set, with swap, so the tracer's own

@@ -1,3 +1,5 @@
+//! Runs on: host, 5.10, 6.1, 6.12, arm64
+//!
 //! `--stacks` on code without frame pointers, on the architecture the tracer was built
 //! for: the C program's mlock call site unwinds to main from the modules' unwind tables
 //! alone (framehop's x86_64 or aarch64 unwinder), with no frame-pointer walk. test:stacks

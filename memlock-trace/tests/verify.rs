@@ -1,3 +1,5 @@
+//! Runs on: host, 5.10, 6.1, 6.12, arm64
+//!
 //! `memlock-trace verify` for real: loads the programs into the running kernel, runs every
 //! scenario in child processes and fails on any step where the expectation, the tracer and
 //! /proc disagree. Needs root (CAP_BPF + CAP_PERFMON); the same binary runs on the host and

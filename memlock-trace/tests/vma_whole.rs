@@ -1,3 +1,5 @@
+//! Runs on: host, 5.10, 6.1, 6.12, arm64
+//!
 //! Issue 12 item 3: `mlockall` and `munlockall` change VMAs too. The bytes that gained and
 //! lost VM_LOCKED in them (a walk of every VMA at entry and exit) are counted in the event,
 //! the per-process VMA summary and its JSON, and equal the change of `locked_vm`: mlock_fixup

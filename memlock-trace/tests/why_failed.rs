@@ -1,3 +1,7 @@
+//! Runs on: host, 5.10, 6.12: the limit, locked_vm and capabilities are kernel fields read through
+//! CO-RE, checked on the oldest and the newest kernel (every guest resolves the programs' offsets
+//! in the lib's BTF tests)
+//!
 //! A failed mlock says why: the process's `RLIMIT_MEMLOCK`, its `locked_vm` before the
 //! call, the bytes asked for and whether it held `CAP_IPC_LOCK`, read in the kernel at the
 //! call (issue 12 item 13).

@@ -6,6 +6,8 @@
 
 mod arm64;
 mod binaries;
+mod placement;
+mod report;
 
 use std::{
     io::{BufRead as _, BufReader},
@@ -16,7 +18,11 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use self::binaries::{not_in_guest, packages_for};
+use self::{
+    binaries::packages_for,
+    placement::Placement,
+    report::{Outcome, Probe, outcome, print_table},
+};
 use crate::{
     lint,
     run::workspace_root,
@@ -85,6 +91,8 @@ struct TestBinary {
     name: String,
     package: String,
     path: PathBuf,
+    /// Where it runs and what it needs, as its source file declares.
+    placement: Placement,
 }
 
 /// What a stage runs: test binaries, the tracer they run, and what a guest is given besides.
@@ -93,14 +101,6 @@ struct Build {
     tracer: PathBuf,
     extra_files: Vec<(PathBuf, String)>,
     env: Vec<(String, String)>,
-}
-
-/// What one test binary did on one kernel.
-struct Outcome {
-    name: String,
-    passed: u64,
-    failed: u64,
-    exit_code: i32,
 }
 
 struct Stage {
@@ -290,8 +290,10 @@ fn build_test_binaries(cargo_args: &[&str]) -> Result<Vec<TestBinary>> {
             .to_string();
         let target = msg["target"]["name"].as_str().unwrap_or("?");
         let kind = msg["target"]["kind"][0].as_str().unwrap_or("?");
+        let src_path = PathBuf::from(msg["target"]["src_path"].as_str().unwrap_or_default());
         binaries.push(TestBinary {
             name: format!("{package}/{kind}:{target}"),
+            placement: placement::of_binary(&package, kind, &src_path)?,
             package,
             path: PathBuf::from(exe),
         });
@@ -353,13 +355,13 @@ fn vm_stage(build: &Build, kernel: vm::Kernel, max_cpus: Option<u32>) -> Result<
         .binaries
         .iter()
         .filter(|b| b.package == "memlock-trace")
-        .partition(|b| not_in_guest(&b.name, kernel).is_none());
+        .partition(|b| b.placement.why_not_on(kernel).is_none());
     let mut not_run: Vec<(String, String)> = not_here
         .iter()
         .map(|b| {
             (
                 b.name.clone(),
-                not_in_guest(&b.name, kernel).unwrap_or_default(),
+                b.placement.why_not_on(kernel).unwrap_or_default(),
             )
         })
         .collect();
@@ -385,7 +387,7 @@ fn vm_stage(build: &Build, kernel: vm::Kernel, max_cpus: Option<u32>) -> Result<
         // with two guests and other work on 2 cores; 6.12 took ~2,600 s with every binary
         // once the syscall hooks were per-call fentry programs, before the 6.1/6.12 split;
         // a fresh-clone run of c188847, alone on the machine: 2,713, 2,857 and 2,793 s for
-        // 5.10, 6.1 and 6.12; with GUEST_SUBSETS' split by hooks and optimised dependencies,
+        // 5.10, 6.1 and 6.12; with the guests' split by hooks and optimised dependencies,
         // 1,511-1,527 s, which CI's slower machine stretches by up to 1.5x). 3,600 s keeps
         // the whole run inside CI's 90 minutes.
         timeout: Duration::from_secs(3600),
@@ -454,126 +456,6 @@ fn vm_stage(build: &Build, kernel: vm::Kernel, max_cpus: Option<u32>) -> Result<
     })
 }
 
-/// Sums libtest's `test result: ok. N passed; M failed; ...` lines.
-fn outcome(name: &str, output: &str, exit_code: i32) -> Outcome {
-    let (mut passed, mut failed) = (0, 0);
-    for line in output.lines().filter(|l| l.starts_with("test result:")) {
-        for part in line.split(';') {
-            let mut words = part.split_whitespace().rev();
-            let (Some(label), Some(n)) = (words.next(), words.next()) else {
-                continue;
-            };
-            let n: u64 = n.parse().unwrap_or(0);
-            match label {
-                "passed" => passed += n,
-                "failed" => failed += n,
-                _ => {}
-            }
-        }
-    }
-    // A crash before the summary line still counts as a failure.
-    if exit_code != 0 && failed == 0 {
-        failed = 1;
-    }
-    Outcome {
-        name: name.to_string(),
-        passed,
-        failed,
-        exit_code,
-    }
-}
-
-/// What `memlock-trace probe --json` reports: each hook kind the kernel allows or not (and
-/// why), and each family's hook set.
-#[derive(Debug, Default, PartialEq)]
-struct Probe {
-    capabilities: Vec<Capability>,
-    hooks: Vec<(String, String)>,
-}
-
-#[derive(Debug, PartialEq)]
-struct Capability {
-    name: String,
-    /// `None`: not checked (no privileges to try).
-    usable: Option<bool>,
-    detail: String,
-}
-
-impl Probe {
-    /// The report's JSON line, among whatever else the output holds (a guest's console).
-    fn parse(output: &str) -> Result<Self> {
-        let line = output
-            .lines()
-            .find(|l| l.starts_with('{') && l.contains("\"type\":\"probe\""))
-            .with_context(|| {
-                format!("no JSON report in `memlock-trace probe --json`'s output:\n{output}")
-            })?;
-        let report: serde_json::Value = serde_json::from_str(line).context("probe --json")?;
-        let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_string();
-        let capabilities = report["capabilities"]
-            .as_array()
-            .context("probe --json: no capabilities")?
-            .iter()
-            .map(|c| Capability {
-                name: text(&c["name"]),
-                usable: c["checked"]
-                    .as_bool()
-                    .unwrap_or(false)
-                    .then(|| c["usable"].as_bool().unwrap_or(false)),
-                detail: text(&c["detail"]),
-            })
-            .collect();
-        let hooks = report["hooks"]
-            .as_object()
-            .context("probe --json: no hooks")?
-            .iter()
-            .map(|(family, line)| (family.clone(), text(line)))
-            .collect();
-        Ok(Self {
-            capabilities,
-            hooks,
-        })
-    }
-
-    fn usable(&self, name: &str) -> bool {
-        self.capabilities
-            .iter()
-            .any(|c| c.name == name && c.usable == Some(true))
-    }
-}
-
-fn print_table(stage: &Stage) {
-    println!(
-        "== {} — kernel {} ({:.0}s) ==",
-        stage.title, stage.kernel, stage.secs
-    );
-    for c in &stage.probe.capabilities {
-        let usable = match c.usable {
-            Some(true) => "yes",
-            Some(false) => "no",
-            None => "?",
-        };
-        println!("  {:<12} {usable:<4} {}", c.name, c.detail);
-    }
-    for (family, hooks) in &stage.probe.hooks {
-        println!("  {family:<12} {hooks}");
-    }
-    println!(
-        "  {:<44} {:>7} {:>7} {:>5}",
-        "test binary", "passed", "failed", "exit"
-    );
-    for o in &stage.outcomes {
-        println!(
-            "  {:<44} {:>7} {:>7} {:>5}",
-            o.name, o.passed, o.failed, o.exit_code
-        );
-    }
-    for (name, reason) in &stage.not_run {
-        println!("  {name:<44} {reason}");
-    }
-    println!();
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -594,35 +476,5 @@ mod tests {
         assert!(host);
         assert_eq!(guests, [vm::kernel("6.12").unwrap()]);
         assert_eq!(args(&[]).kernels().unwrap(), (true, vm::KERNELS.to_vec()));
-    }
-
-    #[test]
-    fn libtest_summaries_are_summed() {
-        let out = "test a ... ok\ntest result: ok. 3 passed; 0 failed; 1 ignored\n\
-                   test result: FAILED. 2 passed; 1 failed; 0 ignored; 0 measured\n";
-        let o = outcome("x", out, 101);
-        assert_eq!((o.passed, o.failed), (5, 1));
-        assert_eq!(
-            outcome("y", "", 139).failed,
-            1,
-            "a crash counts as a failure"
-        );
-    }
-
-    #[test]
-    fn probe_reports_parse() {
-        let probe = Probe::parse(
-            "console noise\n{\"type\":\"probe\",\"capabilities\":[\
-             {\"name\":\"fentry\",\"usable\":false,\"checked\":true,\"detail\":\"refused\"},\
-             {\"name\":\"kprobe\",\"usable\":true,\"checked\":true,\"detail\":\"ok\"}],\
-             \"hooks\":{\"faults\":\"kprobe (handle_mm_fault)\"}}\nmore",
-        )
-        .unwrap();
-        assert!(probe.usable("kprobe") && !probe.usable("fentry") && !probe.usable("btf"));
-        assert_eq!(
-            probe.hooks,
-            [("faults".to_string(), "kprobe (handle_mm_fault)".to_string())]
-        );
-        assert!(Probe::parse("kernel 6.1\nfentry no").is_err());
     }
 }
