@@ -172,7 +172,7 @@ impl Tracer {
             config.offsets.task_mm = config.offsets.task_min_flt;
         }
         // Without the fields it reads, the VMA family stays unattached (or fails if required).
-        let vma_config = vma::attach::config(&btf, options.all_vma_stores);
+        let vma_config = vma::config::config(&btf, options.all_vma_stores);
         if let (Err(error), true) = (&vma_config, options.require_vma) {
             return Err(anyhow!(
                 "VMA tracing is not possible on this kernel: {error:#}"

@@ -7,6 +7,7 @@
 
 pub mod attach;
 mod calls;
+pub mod config;
 pub mod diff;
 pub mod render;
 pub mod tracker;
