@@ -18,7 +18,8 @@ use aya::{
 use super::{
     BenchFloor, FaultHooks, FaultOptions, HookChoice, HookSet, Refusal, Unobservable,
     plan::{
-        FaultPlan, FaultStart, KernelSupport, SAMPLING_NEEDS_INHERIT_THREAD, wants_counting_events,
+        FAULT_FUNCTION, FaultPlan, FaultStart, KernelSupport, SAMPLING_NEEDS_INHERIT_THREAD,
+        wants_counting_events,
     },
 };
 use crate::object::{AttachContext, Refused, hook_refused, load_side_by_side, program};
@@ -65,7 +66,6 @@ const CLOCK_PROGRAMS: [&str; 4] = [
     "bench_clock_perf_maj",
 ];
 const FAULT_SIGNAL: &str = "fault_signal";
-pub(super) const FAULT_FUNCTION: &str = "handle_mm_fault";
 
 /// Tries the hook sets `options.hooks` allows, best first, and attaches the first the kernel
 /// accepts. A forced set the kernel refuses is an error with the kernel's reason.

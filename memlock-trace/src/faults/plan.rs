@@ -7,6 +7,9 @@ use serde::Serialize;
 
 use super::{BenchFloor, FaultOptions, HookSet};
 
+/// The kernel function the fentry/kprobe sets hook: every fault passes through it.
+pub const FAULT_FUNCTION: &str = "handle_mm_fault";
+
 /// What older kernels lack that the tracepoint set would use, from the kernel's BTF.
 pub struct KernelSupport {
     /// `perf_event_attr.inherit_thread` (5.13): counting events that follow new threads
@@ -178,10 +181,7 @@ impl FaultPlan {
             "a walk of mm->mm_rb"
         };
         match self {
-            Self::Function => format!(
-                "each fault's VMA from {}'s argument",
-                super::attach::FAULT_FUNCTION
-            ),
+            Self::Function => format!("each fault's VMA from {}'s argument", FAULT_FUNCTION),
             Self::CountingEvents => "no program per fault: mappings from /proc/PID/smaps".into(),
             Self::Completions { period: 1, .. } => {
                 format!("each fault's VMA looked up with {how} at its completion")
