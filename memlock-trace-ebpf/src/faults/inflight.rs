@@ -16,12 +16,13 @@ use memlock_trace_common::{
 };
 
 use super::{
-    FAILED_SIGNALLED, Fault, NO_LATENCY, NO_SYSCALL, NOT_TIMED, TIMED_ONLY, account,
+    CountedBy, Fault, Latency, NO_SYSCALL, account,
     mappings::{note_vma, resolve, with_sp},
+    not_the_sole_target,
     populate::POPULATE_INFLIGHT,
     record_stack,
     regions::{count_region, region_kind_of},
-    sole_tgid,
+    traced,
 };
 use crate::{
     arch::{PT_REGS_SP, USER_ADDRESS_END},
@@ -41,12 +42,7 @@ use crate::{
 #[inline(always)]
 pub(super) fn record_start<const LOOKUP: bool>(address: u64, sp: u64) {
     let (tgid, tid) = current_ids();
-    let sole = sole_tgid();
-    if sole != 0 {
-        if tgid != sole {
-            return;
-        }
-    } else if !is_target(tgid) {
+    if !traced(tgid) {
         return;
     }
     // Sampled latency: the completion runs for one fault in N, so the mappings are counted
@@ -202,19 +198,15 @@ pub(super) fn perf_completion<const ACROSS_CPUS: bool>(ctx: &PerfEventContext, m
     } else {
         class::USER_MINOR
     };
-    let timed_only = config!(counted_by_perf) != 0;
+    let counted_by = if config!(counted_by_perf) != 0 {
+        CountedBy::PerfEvents
+    } else {
+        CountedBy::Here
+    };
     // The fault's VMA, looked up now for the region it is counted in (not for a sampled
     // completion, whose region the start counted). A start found says the task is traced;
     // else the same test as `stats_for`'s, so no other process pays for a lookup.
-    let traced = latency.is_some() || {
-        let sole = sole_tgid();
-        if sole != 0 {
-            tgid == sole
-        } else {
-            is_target(tgid)
-        }
-    };
-    let vma = if traced && !timed_only {
+    let vma = if counted_by == CountedBy::Here && (latency.is_some() || traced(tgid)) {
         // A walk, not bpf_find_vma (see `mapping::TREE_WALK`): with the helper, a
         // system-wide session halved fork+exec's rate. A kernel-mode fault's sp is the
         // kernel's: in no user VMA.
@@ -226,8 +218,9 @@ pub(super) fn perf_completion<const ACROSS_CPUS: bool>(ctx: &PerfEventContext, m
     let counted = account(Fault {
         tgid,
         tid,
-        cls: if timed_only { cls | TIMED_ONLY } else { cls },
-        latency: latency.unwrap_or(NO_LATENCY),
+        cls,
+        counted_by,
+        latency: latency.map_or(Latency::Unmatched, Latency::Timed),
         address,
         region,
         vm_flags,
@@ -254,11 +247,8 @@ static FAULT_ENTRY: LruHashMap<u32, FaultEntry> =
 #[inline(always)]
 pub(super) fn hook_start(vma: u64, address: u64, flags: u32, regs: u64) {
     let (tgid, tid) = current_ids();
-    // Every fault on the machine runs this: with one target, other processes leave at a
-    // compare with its tgid (an inlined array read), before any hash lookup, kernel read or
-    // clock read.
-    let sole = sole_tgid();
-    if sole != 0 && tgid != sole {
+    // Every fault on the machine runs this.
+    if not_the_sole_target(tgid) {
         return;
     }
     start(tgid, tid, vma, address, flags, regs);
@@ -278,8 +268,7 @@ fn counted_flags(tgid: u32, vma: u64, vm_start: u64, regs: u64) -> u64 {
 #[inline(always)]
 pub(super) fn hook_end<C: EbpfContext>(ctx: &C, ret: u32) {
     let (tgid, tid) = current_ids();
-    let sole = sole_tgid();
-    if sole != 0 && tgid != sole {
+    if not_the_sole_target(tgid) {
         return;
     }
     let Some(entry) = FAULT_ENTRY.get_ptr_mut(tid) else {
@@ -298,46 +287,28 @@ pub(super) fn hook_end<C: EbpfContext>(ctx: &C, ret: u32) {
         return;
     }
     e.pending = 0;
-    let latency = if config!(latency) == 0 {
-        NO_LATENCY
-    } else if e.start_ns == UNTIMED {
-        NOT_TIMED
+    let latency = if config!(latency) == 0 || e.start_ns == UNTIMED {
+        Latency::Untimed
     } else {
-        now_ns().wrapping_sub(e.start_ns)
+        Latency::Timed(now_ns().wrapping_sub(e.start_ns))
     };
     let retried = e.retried != 0;
     e.retried = 0;
-    let (address, vm_flags, vm_start) = (e.address, e.vm_flags, e.vm_start);
-    let fault = Fault {
-        tgid,
-        tid,
-        cls: class::FAILED,
-        latency,
-        address,
-        region: vm_start,
-        vm_flags,
-        syscall: NO_SYSCALL,
-        retried,
-        known_target: true,
-    };
-    if ret & config!(vm_fault_error) != 0 {
-        // A user-mode fault that fails is signalled (SIGSEGV/SIGBUS) and counted by
-        // `fault_signal`, like those refused before handle_mm_fault; count here only the
-        // others (EFAULT to the kernel, get_user_pages errors, OOM), timing them all.
-        let signalled = e.flags & config!(fault_flag_user) != 0 && ret & config!(vm_fault_oom) == 0;
-        account(Fault {
-            cls: if signalled {
-                FAILED_SIGNALLED
-            } else {
-                class::FAILED
-            },
-            ..fault
-        });
-        return;
-    }
+    let failed = ret & config!(vm_fault_error) != 0;
     // mm_account_fault(): major if VM_FAULT_MAJOR, or if this was a retry.
     let major = ret & config!(vm_fault_major) != 0 || e.flags & config!(fault_flag_tried) != 0;
-    let (cls, syscall) = if e.no_regs != 0 {
+    let (cls, counted_by, syscall) = if failed {
+        // A user-mode fault that fails is signalled (SIGSEGV/SIGBUS) and counted by
+        // `fault_signal`, like those refused before handle_mm_fault; counted here are only
+        // the others (EFAULT to the kernel, get_user_pages errors, OOM), all timed.
+        let signalled = e.flags & config!(fault_flag_user) != 0 && ret & config!(vm_fault_oom) == 0;
+        let counted_by = if signalled {
+            CountedBy::Signal
+        } else {
+            CountedBy::Here
+        };
+        (class::FAILED, counted_by, NO_SYSCALL)
+    } else if e.no_regs != 0 {
         let index = match POPULATE_INFLIGHT.get_ptr(tid) {
             // SAFETY: a valid pointer to this thread's own entry, read once.
             Some(call) => unsafe { (*call).index },
@@ -348,23 +319,31 @@ pub(super) fn hook_end<C: EbpfContext>(ctx: &C, ret: u32) {
         } else {
             class::POPULATED_MINOR
         };
-        (cls, index)
+        (cls, CountedBy::Here, index)
     } else {
         let cls = if major {
             class::USER_MAJOR
         } else {
             class::USER_MINOR
         };
-        (cls, NO_SYSCALL)
+        (cls, CountedBy::Here, NO_SYSCALL)
     };
+    let (region, vm_flags) = (e.vm_start, e.vm_flags);
     let counted = account(Fault {
+        tgid,
+        tid,
         cls,
+        counted_by,
+        latency,
+        address: e.address,
+        region,
+        vm_flags,
         syscall,
-        ..fault
+        retried,
+        known_target: true,
     });
-    if config!(stacks) != 0 && counted {
-        let region = (region_kind_of(fault.vm_flags), fault.region);
-        record_stack(ctx, tgid, tid, 1, region);
+    if config!(stacks) != 0 && counted && !failed {
+        record_stack(ctx, tgid, tid, 1, (region_kind_of(vm_flags), region));
     }
 }
 
@@ -409,7 +388,8 @@ fn start(tgid: u32, tid: u32, vma: u64, address: u64, flags: u32, regs: u64) {
                 tgid,
                 tid,
                 cls: class::FAILED,
-                latency: NO_LATENCY,
+                counted_by: CountedBy::Here,
+                latency: Latency::Unmatched,
                 address: prev_addr,
                 region,
                 vm_flags: prev_flags,

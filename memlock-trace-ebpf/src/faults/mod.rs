@@ -123,6 +123,25 @@ fn sole_tgid() -> u32 {
     FAULT_SOLE_TGID.get(0).copied().unwrap_or(0)
 }
 
+/// With one target, another process's fault leaves at this compare with its tgid (an
+/// inlined array read), before any hash lookup, kernel read or clock read.
+#[inline(always)]
+fn not_the_sole_target(tgid: u32) -> bool {
+    let sole = sole_tgid();
+    sole != 0 && tgid != sole
+}
+
+/// Whether process `tgid` is traced: the sole target, or one of the target set.
+#[inline(always)]
+fn traced(tgid: u32) -> bool {
+    let sole = sole_tgid();
+    if sole != 0 {
+        tgid == sole
+    } else {
+        is_target(tgid)
+    }
+}
+
 /// Latency histograms per process (or thread) and class, shared by the CPUs like
 /// [`FAULT_STATS`].
 #[map]
@@ -143,11 +162,33 @@ static HIST_ZERO: PerCpuArray<Hist> = PerCpuArray::with_max_entries(1, 0);
 #[map]
 static STATS_SCRATCH: PerCpuArray<FaultStats> = PerCpuArray::with_max_entries(1, 0);
 
-/// A fault whose start was not seen: counted in `LATENCY_UNMATCHED`.
+/// A fault event's `latency_ns` when the fault has none.
 const NO_LATENCY: u64 = u64::MAX;
-/// A fault `--latency-sample` chose not to time.
-const NOT_TIMED: u64 = u64::MAX - 1;
 const NO_SYSCALL: u32 = u32::MAX;
+
+/// A fault's latency, as its completion knows it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Latency {
+    /// From its start to its completion, ns.
+    Timed(u64),
+    /// Not timed: `--latency-sample` skipped it, or no latency was asked.
+    Untimed,
+    /// Its start was not seen: counted in `LATENCY_UNMATCHED` when latency is asked.
+    Unmatched,
+}
+
+/// Who counts a fault: this completion, or another program that saw it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum CountedBy {
+    /// This completion: its class, its region and the rest.
+    Here,
+    /// A failed user fault: `fault_signal` counts it (as it counts those refused before
+    /// `handle_mm_fault`); only its latency, region and flags are recorded here.
+    Signal,
+    /// A sampled completion (`counted_by_perf`): the perf events count it and its start
+    /// counted its region; only its latency is recorded here.
+    PerfEvents,
+}
 
 /// Counts one in `FAULT_COUNTERS[index]` (see [`fault_counter`]); returns the count before.
 #[inline(always)]
@@ -256,10 +297,10 @@ fn stats_for(tgid: u32, tid: u32, known_target: bool) -> Option<(*mut FaultStats
 struct Fault {
     tgid: u32,
     tid: u32,
-    /// A [`class`], or [`FAILED_SIGNALLED`].
+    /// A [`class`].
     cls: u32,
-    /// ns, or [`NO_LATENCY`] or [`NOT_TIMED`].
-    latency: u64,
+    counted_by: CountedBy,
+    latency: Latency,
     address: u64,
     /// The VMA start (with `vm_flags`), or the page address.
     region: u64,
@@ -272,13 +313,6 @@ struct Fault {
     known_target: bool,
 }
 
-/// A failed fault that `fault_signal` counts: only its latency is recorded here.
-const FAILED_SIGNALLED: u32 = 0x100;
-
-/// Or'ed into a class: a sampled completion (`counted_by_perf`), counted elsewhere, so only
-/// its latency is recorded here.
-const TIMED_ONLY: u32 = 0x200;
-
 /// Counts one completed (or failed) fault; false when the task is not traced.
 #[inline(always)]
 fn account(f: Fault) -> bool {
@@ -286,6 +320,7 @@ fn account(f: Fault) -> bool {
         tgid,
         tid,
         cls,
+        counted_by,
         latency,
         address,
         region,
@@ -301,23 +336,15 @@ fn account(f: Fault) -> bool {
     // the sole target's, or the LRU map's shared entry kept valid by RCU); its counters are
     // only added to atomically.
     let s = unsafe { &mut *stats };
-    let timed_only = cls & TIMED_ONLY != 0;
-    let cls = cls & !TIMED_ONLY;
     // Constant indices in every arm: nothing for the verifier to bound.
     match cls {
-        _ if timed_only => {}
+        _ if counted_by != CountedBy::Here => {}
         class::USER_MINOR => add_shared(&raw mut s.counts[stat::USER_MINOR], 1),
         class::USER_MAJOR => add_shared(&raw mut s.counts[stat::USER_MAJOR], 1),
         class::POPULATED_MINOR => add_shared(&raw mut s.counts[stat::POPULATED_MINOR], 1),
         class::POPULATED_MAJOR => add_shared(&raw mut s.counts[stat::POPULATED_MAJOR], 1),
-        FAILED_SIGNALLED => {}
         _ => add_shared(&raw mut s.counts[stat::FAILED], 1),
     }
-    let cls = if cls == FAILED_SIGNALLED {
-        class::FAILED
-    } else {
-        cls
-    };
     if retried {
         add_shared(&raw mut s.counts[stat::RETRIED], 1);
     }
@@ -332,17 +359,19 @@ fn account(f: Fault) -> bool {
             add_shared(&raw mut s.counts[stat::IN_LOCKONFAULT], 1);
         }
     }
-    if latency == NO_LATENCY {
-        if config!(latency) != 0 && cls != class::FAILED {
+    match latency {
+        Latency::Timed(ns) => {
+            record_latency(s, start_ns, tgid, tid, cls, ns);
+            if retried {
+                record_latency(s, start_ns, tgid, tid, class::RETRIED, ns);
+            }
+        }
+        Latency::Unmatched if config!(latency) != 0 && cls != class::FAILED => {
             add_shared(&raw mut s.counts[stat::LATENCY_UNMATCHED], 1);
         }
-    } else if latency != NOT_TIMED {
-        record_latency(s, start_ns, tgid, tid, cls, latency);
-        if retried {
-            record_latency(s, start_ns, tgid, tid, class::RETRIED, latency);
-        }
+        Latency::Unmatched | Latency::Untimed => {}
     }
-    if !timed_only {
+    if counted_by != CountedBy::PerfEvents {
         count_region(tgid, region, vm_flags);
     }
     if config!(events) != 0 {
@@ -356,10 +385,9 @@ fn account(f: Fault) -> bool {
         if retried {
             flags |= fault_flags::RETRIED;
         }
-        let latency = if latency == NOT_TIMED {
-            NO_LATENCY
-        } else {
-            latency
+        let latency = match latency {
+            Latency::Timed(ns) => ns,
+            Latency::Untimed | Latency::Unmatched => NO_LATENCY,
         };
         emit(tgid, tid, flags, address, latency, vm_flags, 1, syscall);
     }
