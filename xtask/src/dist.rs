@@ -1,7 +1,7 @@
 //! `cargo xtask dist`: the release binary with its man page and shell completions, all
 //! generated from the one clap definition (`memlock-trace man DIR`, `memlock-trace
-//! completions SHELL`, hidden subcommands), and the systemd unit of dist/, under
-//! target/dist/. With `--target TRIPLE` (aarch64-unknown-linux-gnu), the binary, its eBPF
+//! completions SHELL`, hidden subcommands), and the systemd unit, the Kubernetes DaemonSet
+//! and the image recipe of dist/, under target/dist/. With `--target TRIPLE` (aarch64-unknown-linux-gnu), the binary, its eBPF
 //! object (aya-build builds it for the target's `bpf_target_arch`) and the preload library
 //! are cross-built, under target/dist/TRIPLE/; the pages and completions, the same on every
 //! architecture, come from a build for this machine, which can run them.
@@ -78,11 +78,27 @@ pub fn run(args: &Args) -> Result<()> {
         let script = output_of(Command::new(&tracer).args(["completions", shell]))?;
         write(&format!("share/{relative}"), &script)?;
     }
-    // The hardened unit for running it as a node service (README.md, "Installing").
-    let unit = root.join("dist/memlock-trace.service");
-    let text =
-        std::fs::read_to_string(&unit).with_context(|| format!("reading {}", unit.display()))?;
-    write("lib/systemd/system/memlock-trace.service", &text)?;
+    // The hardened unit for running it as a node service, and for a cluster the DaemonSet
+    // and the recipe of its image, built from this tree (README.md, "Installing").
+    for (source, installed) in [
+        (
+            "dist/memlock-trace.service",
+            "lib/systemd/system/memlock-trace.service",
+        ),
+        (
+            "dist/kubernetes/memlock-trace.yaml",
+            "share/memlock-trace/kubernetes/memlock-trace.yaml",
+        ),
+        (
+            "dist/container/Containerfile",
+            "share/memlock-trace/container/Containerfile",
+        ),
+    ] {
+        let path = root.join(source);
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {}", path.display()))?;
+        write(installed, &text)?;
+    }
     println!(
         "xtask: dist: install with `cp -r {}/* /usr/local/`; read the page with `man {}`",
         dist.display(),
