@@ -355,6 +355,26 @@ fn advise_without_a_process_says_how_to_name_one() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("-d is for -p PID"));
 }
 
+/// A running process that neither faults nor calls while advise traces it is still named
+/// (issue 47 point 3: `advise: pid N ()`, `"comm": ""`).
+#[test]
+fn an_idle_process_is_named() {
+    require_privileges();
+    let mut idle = Command::new("sleep").arg("30").spawn().unwrap();
+    let out = Command::new(BIN)
+        .args(["advise", "--json", "-d", "1", "-p", &idle.id().to_string()])
+        .output()
+        .unwrap();
+    let _ = idle.kill();
+    let _ = idle.wait();
+    let stdout = support::succeeded("advise -p", &out);
+    let report: Value = stdout
+        .lines()
+        .find_map(|l| serde_json::from_str(l).ok())
+        .unwrap_or_else(|| panic!("no JSON line: {stdout}"));
+    assert_eq!(report["process"]["comm"], "sleep", "{}", report["process"]);
+}
+
 #[test]
 fn a_command_that_cannot_run_keeps_its_exit_code_and_a_short_one_is_counted() {
     require_privileges();

@@ -342,7 +342,12 @@ pub fn run(target: &Target, env: &Environment, latency_sample: u32, stacks: bool
     Ok(Run {
         flamegraph_command,
         pid,
-        comm: ours.map_or_else(String::new, |p| p.comm.clone()),
+        // A process that neither faulted nor called while traced is in no summary line: its
+        // name from /proc, while it lives.
+        comm: ours.map_or_else(
+            || crate::procfs::read_comm(pid).map_or_else(String::new, |c| c.to_string()),
+            |p| p.comm.clone(),
+        ),
         described,
         launched: matches!(target, Target::Command(_)),
         exit_code: code,
