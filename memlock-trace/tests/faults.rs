@@ -490,7 +490,7 @@ fn auto_picks_the_best_allowed_set() {
     assert_eq!(refused, better, "{hooks:#?}");
     for r in &hooks.refused {
         assert!(
-            r.reason.contains("refused"),
+            r.refused.reason.contains("refused"),
             "a refusal without the kernel's reason: {r:?}"
         );
     }

@@ -136,21 +136,16 @@ pub fn attach(cx: &mut AttachContext<'_>, options: &FaultOptions) -> Result<Faul
                         set.name()
                     )));
                 }
-                let Refused {
-                    reason,
-                    too_complex,
-                } = Refused::of(&error);
                 refused.push(Refusal {
                     hook_set: set,
-                    reason,
-                    too_complex,
+                    refused: Refused::of(&error),
                 });
             }
         }
     }
     let reasons: Vec<String> = refused
         .iter()
-        .map(|r| format!("{}: {}", r.hook_set.name(), r.reason))
+        .map(|r| format!("{}: {}", r.hook_set.name(), r.refused.reason))
         .collect();
     bail!(
         "this kernel offers none of the page-fault hook sets (fentry/fexit or kprobes on \

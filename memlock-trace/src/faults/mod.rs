@@ -164,10 +164,8 @@ impl FaultOptions {
 #[derive(Clone, Debug, Serialize)]
 pub struct Refusal {
     pub hook_set: HookSet,
-    pub reason: String,
-    /// The verifier gave up for complexity (see `object::too_complex`).
-    #[serde(skip)]
-    pub too_complex: bool,
+    #[serde(rename = "reason")]
+    pub refused: Refused,
 }
 
 /// The fault hooks in use: named in the text output and the JSON summary.
@@ -234,21 +232,14 @@ impl HookFamily for FaultHooks {
         let set = self.hook_set.name();
         let mut full = format!("{set} ({})", self.hooks.join(", "));
         for refusal in &self.refused {
-            let reason = refusal.reason.lines().next().unwrap_or_default();
+            let reason = refusal.refused.reason.lines().next().unwrap_or_default();
             full.push_str(&format!("; {} refused: {reason}", refusal.hook_set.name()));
         }
         HookLine::Traced {
             set,
             brief: set.to_string(),
             full,
-            refused: self
-                .refused
-                .iter()
-                .map(|r| Refused {
-                    reason: r.reason.clone(),
-                    too_complex: r.too_complex,
-                })
-                .collect(),
+            refused: self.refused.iter().map(|r| r.refused.clone()).collect(),
         }
     }
 }

@@ -86,7 +86,7 @@ pub fn fault_hooks_detail(hooks: &FaultHooks) -> String {
     );
     for r in &hooks.refused {
         let _ = writeln!(out, "  {} refused:", r.hook_set.name());
-        for line in r.reason.lines() {
+        for line in r.refused.reason.lines() {
             let _ = writeln!(out, "    {line}");
         }
     }

@@ -23,11 +23,27 @@ impl std::fmt::Display for HookRefused {
 impl std::error::Error for HookRefused {}
 
 /// A refusal kept for a hook line: the kernel's reason in words, and whether the verifier
-/// gave up for complexity.
+/// gave up for complexity. In JSON it is its words.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Refused {
     pub reason: String,
     pub too_complex: bool,
+}
+
+impl serde::Serialize for Refused {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.reason)
+    }
+}
+
+impl Refused {
+    /// A refusal in words only: a helper or field the kernel lacks, not a verifier's.
+    pub fn lacking(reason: impl Into<String>) -> Self {
+        Self {
+            reason: reason.into(),
+            too_complex: false,
+        }
+    }
 }
 
 impl Refused {

@@ -48,17 +48,14 @@ pub struct VmaHooks {
     /// Functions hooked with fentry/fexit; the index is the event's `hook` number.
     pub functions: Vec<HookedFunction>,
     /// Why fentry/fexit is not used at all, when the kernel refused it.
-    pub fentry_refused: Option<String>,
+    pub fentry_refused: Option<Refused>,
     /// Candidates this kernel's BTF does not have (renamed, removed or inlined).
     pub missing: Vec<&'static str>,
     /// Candidates the kernel refused one by one: (function, reason).
-    pub refused: Vec<(String, String)>,
+    pub refused: Vec<(String, Refused)>,
     /// Snapshots walk the VMA rbtree and list: a kernel before 6.1 (no maple tree, so no
     /// `maple_tree:ma_write` stores either).
     pub rb_walk: bool,
-    /// The kernel's refusals, typed (the words are in `fentry_refused` and `refused`).
-    #[serde(skip)]
-    pub refusals: Vec<Refused>,
 }
 
 /// One hooked kernel function and what its event slots hold.
@@ -95,12 +92,9 @@ impl HookFamily for VmaHooks {
         };
         if !btf.has_enum_member("bpf_func_id", "BPF_FUNC_get_func_arg") {
             // The function programs read their arguments with it (5.17).
-            let reason = "this kernel has no bpf_get_func_arg helper";
-            hooks.fentry_refused = Some(reason.into());
-            hooks.refusals.push(Refused {
-                reason: reason.into(),
-                too_complex: false,
-            });
+            hooks.fentry_refused = Some(Refused::lacking(
+                "this kernel has no bpf_get_func_arg helper",
+            ));
         }
         if rb_walk {
             // No maple tree, so no ma_write; the function programs need 5.17 helpers.
@@ -142,14 +136,15 @@ impl HookFamily for VmaHooks {
         if self.rb_walk {
             out.push_str(" (no maple tree: no maple_tree:ma_write, so VMA stores are not traced)");
         }
-        if let Some(reason) = &self.fentry_refused {
-            let _ = write!(out, " (fentry refused: {reason})");
+        if let Some(refused) = &self.fentry_refused {
+            let _ = write!(out, " (fentry refused: {})", refused.reason);
         }
         // One reason per group of functions: a kernel without trampolines for any of them
         // (arm64 before 6.4) refuses each with the same words.
         let mut groups: Vec<(Vec<&str>, &str)> = Vec::new();
-        for (name, reason) in &self.refused {
-            match groups.iter_mut().find(|(_, r)| *r == reason.as_str()) {
+        for (name, refused) in &self.refused {
+            let reason = refused.reason.as_str();
+            match groups.iter_mut().find(|(_, r)| *r == reason) {
                 Some((names, _)) => names.push(name),
                 None => groups.push((vec![name], reason)),
             }
@@ -171,7 +166,12 @@ impl HookFamily for VmaHooks {
             set,
             brief,
             full: out,
-            refused: self.refusals.clone(),
+            refused: self
+                .fentry_refused
+                .iter()
+                .chain(self.refused.iter().map(|(_, r)| r))
+                .cloned()
+                .collect(),
         }
     }
 }
@@ -282,9 +282,7 @@ fn attach_functions(
                 index += 1;
             }
             Err(error) => {
-                let refusal = Refused::of_program(&error);
-                let reason = refusal.reason.clone();
-                hooks.refusals.push(refusal);
+                let mut refused = Refused::of_program(&error);
                 // Loaded but not attached: give the kernel its memory back.
                 if let Some(Ok(program)) = ebpf.program_mut(&entry).map(<&mut FEntry>::try_from) {
                     let _ = program.unload();
@@ -294,10 +292,11 @@ fn attach_functions(
                 }
                 if hooks.functions.is_empty() && is_permission_error(&error) {
                     // EPERM on the first: trampolines are forbidden here, not this function.
-                    hooks.fentry_refused = Some(format!("{reason} (fentry on {name})"));
+                    refused.reason = format!("{} (fentry on {name})", refused.reason);
+                    hooks.fentry_refused = Some(refused);
                     return Ok(());
                 }
-                hooks.refused.push((name.to_string(), reason));
+                hooks.refused.push((name.to_string(), refused));
                 // The programs of this index are spoiled (loaded or not): use the next pair.
                 index += 1;
             }
@@ -322,7 +321,7 @@ mod tests {
         let refused = |pairs: &[(&str, &str)]| VmaHooks {
             refused: pairs
                 .iter()
-                .map(|(n, r)| (n.to_string(), r.to_string()))
+                .map(|(n, r)| (n.to_string(), Refused::lacking(*r)))
                 .collect(),
             ..VmaHooks::default()
         };
