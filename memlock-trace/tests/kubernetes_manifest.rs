@@ -25,7 +25,6 @@ const CONTAINERFILE: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/../dist/container/Containerfile"
 );
-const UNIT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../dist/memlock-trace.service");
 /// The validator's venv, kept between runs (the build's scratch space).
 const VENV: &str = concat!(env!("CARGO_TARGET_TMPDIR"), "/kubernetes-validate");
 /// The release pinned: its schemas are Kubernetes 1.37's.
@@ -86,13 +85,9 @@ fn container() -> Value {
     containers[0].clone()
 }
 
-/// The unit's `key=` value.
+/// The unit's (first) `key=` value.
 fn unit_value(key: &str) -> String {
-    let text = std::fs::read_to_string(UNIT).unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix(key)?.strip_prefix('='))
-        .unwrap_or_else(|| panic!("no {key}= in {UNIT}"))
-        .to_string()
+    support::unit_values(key).remove(0)
 }
 
 /// The unit's ExecStart arguments, after the binary.

@@ -18,7 +18,6 @@ use std::process::Command;
 use common::require_privileges;
 use support::{BIN, Tracer, memory_cgroup::Controller, summary};
 
-const UNIT: &str = include_str!("../../dist/memlock-trace.service");
 /// Rounds of `workload children` (at most 1,024 alive at once each).
 const ROUNDS: u64 = 2;
 const PER_ROUND: u64 = 1000;
@@ -26,10 +25,7 @@ const CHILDREN: u64 = ROUNDS * PER_ROUND;
 
 /// The unit's `MemoryMax`, in bytes (`NNNM`).
 fn unit_limit() -> u64 {
-    let value = UNIT
-        .lines()
-        .find_map(|l| l.strip_prefix("MemoryMax="))
-        .expect("the unit sets MemoryMax");
+    let value = &support::unit_values("MemoryMax")[0];
     let mib: u64 = value
         .strip_suffix('M')
         .and_then(|v| v.parse().ok())

@@ -15,9 +15,8 @@ use std::{
     process::Command,
 };
 
-use support::BIN;
+use support::{BIN, UNIT};
 
-const UNIT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../dist/memlock-trace.service");
 const README: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md");
 /// Where the unit expects the binary (`cargo xtask dist`'s tree copied to /usr/local).
 const INSTALLED: &str = "/usr/local/bin/memlock-trace";
@@ -29,7 +28,7 @@ fn unit_under_test(name: &str) -> (PathBuf, PathBuf) {
         std::env::temp_dir().join(format!("memlock-trace-unit-{name}-{}", std::process::id()));
     let man = dir.join("man/man1");
     std::fs::create_dir_all(&man).unwrap();
-    let text = std::fs::read_to_string(UNIT).unwrap();
+    let text = UNIT;
     assert!(text.contains(INSTALLED), "the unit runs {INSTALLED}");
     let unit = dir.join("memlock-trace.service");
     std::fs::write(&unit, text.replace(INSTALLED, BIN)).unwrap();
@@ -55,10 +54,8 @@ fn systemd_analyze(args: &[&str], unit: &Path, manpath: &Path) -> std::process::
 
 /// Every capability named on the unit's `key=` lines.
 fn unit_capabilities(key: &str) -> Vec<String> {
-    let text = std::fs::read_to_string(UNIT).unwrap();
-    let mut caps: Vec<String> = text
-        .lines()
-        .filter_map(|l| l.strip_prefix(key)?.strip_prefix('='))
+    let mut caps: Vec<String> = support::unit_values(key)
+        .iter()
         .flat_map(|v| v.split_whitespace().map(str::to_string))
         .collect();
     caps.sort();

@@ -446,6 +446,24 @@ pub fn advise_json(options: &[&str], command: &[&str]) -> Value {
     serde_json::from_str(line).unwrap()
 }
 
+/// dist/'s systemd unit, which the DaemonSet and the limits tests keep in step with: built
+/// into the test binaries, which the guests run without the source tree.
+pub const UNIT: &str = include_str!("../../../dist/memlock-trace.service");
+
+/// The value of each of the unit's `key=` lines, in order.
+pub fn unit_values(key: &str) -> Vec<String> {
+    let values: Vec<String> = UNIT
+        .lines()
+        .filter_map(|l| l.strip_prefix(key)?.strip_prefix('='))
+        .map(str::to_string)
+        .collect();
+    assert!(
+        !values.is_empty(),
+        "no {key}= in dist/memlock-trace.service"
+    );
+    values
+}
+
 /// A figure of `/proc/PID/status` in kB, such as `VmRSS:` or `RssAnon:`.
 pub fn status_kb(pid: i32, field: &str) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
