@@ -14,52 +14,24 @@
 //! and pass, the others must be refused with the kernel's reason. Needs root.
 #![cfg(feature = "lab")]
 
-use std::{collections::BTreeMap, time::Duration};
+use std::{collections::BTreeMap, path::Path};
 
 mod common;
 #[path = "faults/harness.rs"]
 mod harness;
+#[path = "faults/hooks.rs"]
+mod hooks;
+#[path = "faults/window.rs"]
+mod window;
 
-use harness::{Delta, Workload, delta, evict, report, sparse_file, summary};
+use harness::{Delta, Workload, evict, sparse_file};
+use hooks::allowed_sets;
 use memlock_trace::{
-    faults::{FaultOptions, HookChoice, HookSet, mappings::MappingFaults},
+    faults::HookSet,
     process::Targets,
-    procfs::MappingCache,
     tracer::{Options, Tracer},
 };
-
-/// Hook sets this kernel allows, according to `memlock-trace probe`'s capability check
-/// (empty programs of each kind, independent of the fault programs under test).
-fn allowed_sets() -> Vec<HookSet> {
-    // Probed once per test binary: each probe loads the whole object, which the emulated
-    // VM stage pays for in seconds.
-    static ALLOWED: std::sync::OnceLock<Vec<HookSet>> = std::sync::OnceLock::new();
-    ALLOWED.get_or_init(probe_allowed_sets).clone()
-}
-
-fn probe_allowed_sets() -> Vec<HookSet> {
-    let caps = memlock_trace::probe::capabilities().expect("probing the kernel's capabilities");
-    let usable = |name: &str| caps.iter().any(|c| c.name == name && c.usable);
-    let mut sets = Vec::new();
-    if usable("fentry") {
-        sets.push(HookSet::Fentry);
-    }
-    if usable("kprobe") {
-        sets.push(HookSet::Kprobe);
-    }
-    if usable("tracepoint") && usable("perf_event") {
-        sets.push(HookSet::Tracepoint);
-    }
-    sets
-}
-
-fn forced(set: HookSet) -> HookChoice {
-    match set {
-        HookSet::Fentry => HookChoice::Fentry,
-        HookSet::Kprobe => HookChoice::Kprobe,
-        HookSet::Tracepoint => HookChoice::Tracepoint,
-    }
-}
+use window::Windows;
 
 /// What the tracer records, which decides the road each fault takes through the maps.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -82,64 +54,8 @@ const SAMPLE: u32 = 8;
 /// Runs every command against a tracer forced to `set` and checks each window.
 fn accuracy(set: HookSet, recording: Recording) {
     common::require_privileges();
-    let count_only = recording == Recording::CountOnly;
-    let options = FaultOptions {
-        hooks: forced(set),
-        latency: !count_only,
-        per_thread: recording == Recording::PerThread,
-        latency_sample: if recording == Recording::Sampled {
-            SAMPLE
-        } else {
-            1
-        },
-        ..FaultOptions::default()
-    };
-    let mut tracer = match Tracer::load_with(
-        &Targets::Tgids(Vec::new()),
-        &Options {
-            faults: options.clone(),
-            ..Options::default()
-        },
-    ) {
-        Ok(tracer) => tracer,
-        Err(error) => {
-            let message = format!("{error:#}");
-            let btf = memlock_trace::probe::KernelBtf::load().expect("kernel BTF");
-            if set == HookSet::Tracepoint
-                && recording == Recording::Sampled
-                && btf
-                    .field_offset("perf_event_attr", "inherit_thread")
-                    .is_err()
-            {
-                // Before 5.13 (Debian 11's 5.10) the tracepoint set cannot sample: loading it
-                // says why, and `probe` names the same missing field.
-                let need = memlock_trace::faults::plan::SAMPLING_NEEDS_INHERIT_THREAD;
-                assert!(message.contains(need), "{message}");
-                assert!(
-                    memlock_trace::faults::attach::tracepoint_set_limits(&btf).contains(&need),
-                    "probe must name it"
-                );
-                eprintln!(
-                    "\n*** kernel {} cannot sample on the tracepoint set, as probe says: {need}\n",
-                    memlock_trace::probe::kernel_release(),
-                );
-                return;
-            }
-            assert!(
-                !allowed_sets().contains(&set),
-                "\n\n*** kernel {} allows {} hooks (capability probe) but the fault programs were refused:\n{message}\n",
-                memlock_trace::probe::kernel_release(),
-                set.name(),
-            );
-            // A refusal must carry the kernel's reason.
-            assert!(message.contains("refused"), "{message}");
-            eprintln!(
-                "\n*** kernel {} refuses {} hooks, as the capability probe says: accuracy tested with the others.\n{message}\n",
-                memlock_trace::probe::kernel_release(),
-                set.name(),
-            );
-            return;
-        }
+    let Some(mut tracer) = hooks::load(set, recording) else {
+        return;
     };
     assert!(
         allowed_sets().contains(&set),
@@ -159,9 +75,21 @@ fn accuracy(set: HookSet, recording: Recording) {
         (recording != Recording::PerThread).then_some(pid),
         "the single-process fast path is used exactly when one process is traced per process"
     );
+    warm_up(&mut child, &file);
 
-    // Warm every path once (code, stack, libc), so each measured window holds only the
-    // faults its command is known to take.
+    let mut windows = Windows::new(&tracer, child, set, recording);
+    check_timing_plan(&windows);
+    check_lazy_and_populated_faults(&mut windows);
+    check_lock_on_fault(&mut windows);
+    check_file_faults(&mut windows, &file, file_pages as u64);
+    check_failed_and_future_locked_faults(&mut windows);
+
+    let _ = std::fs::remove_file(&file);
+}
+
+/// Warms every path once (code, stack, libc), so each measured window holds only the
+/// faults its command is known to take.
+fn warm_up(child: &mut Workload, file: &Path) {
     for warm in [
         "noop",
         "noop",
@@ -179,64 +107,15 @@ fn accuracy(set: HookSet, recording: Recording) {
         child.run(warm);
     }
     child.run(&format!("file 1 {}", file.display()));
+}
 
-    let mut window = |command: &str| -> (Delta, usize, Vec<MappingFaults>) {
-        let proc_before = child.proc_faults();
-        let report_before = report(&tracer);
-        let addr = child.run(command);
-        let proc_after = child.proc_faults();
-        let report_after = report(&tracer);
-        // Both sides attributed to the mappings of now: addresses get reused by new mappings.
-        let mut mappings = MappingCache::default();
-        mappings.refresh(pid, Duration::ZERO);
-        let before = summary(&tracer, &report_before, &mut mappings, pid);
-        let after = summary(&tracer, &report_after, &mut mappings, pid);
-        let d = delta(&before, &after);
-        let by_mapping = after
-            .by_mapping
-            .iter()
-            .map(|m| {
-                let old = before
-                    .by_mapping
-                    .iter()
-                    .find(|b| b.start == m.start)
-                    .map_or(0, |b| b.faults);
-                MappingFaults {
-                    faults: m.faults - old,
-                    ..m.clone()
-                }
-            })
-            .collect();
-        // The kernel's count, exactly.
-        assert_eq!(
-            (d.minor, d.major),
-            (proc_after.0 - proc_before.0, proc_after.1 - proc_before.1),
-            "`{command}` with {} hooks: tracer (minor, major) vs /proc/{pid}/stat; {d:?}",
-            set.name()
-        );
-        assert_eq!(
-            d.user + d.populated,
-            d.minor + d.major,
-            "`{command}`: {d:?}"
-        );
-        // Per thread: the child is single-threaded, so its one thread holds everything.
-        if recording == Recording::PerThread {
-            assert_eq!(after.threads.len(), 1, "{:?}", after.threads);
-            assert_eq!(after.threads[0].tid, pid);
-            assert_eq!(
-                (after.threads[0].faults.minor, after.threads[0].faults.major),
-                (after.minor, after.major)
-            );
-        }
-        eprintln!("{:>10} {command:<40} {d:?}", set.name());
-        (d, addr, by_mapping)
-    };
-    let vma_hooks = set != HookSet::Tracepoint;
-    let sampled = recording == Recording::Sampled;
-    let hooks = tracer.fault_hooks.as_ref().unwrap();
+/// The faults timed as the recording asks.
+fn check_timing_plan(windows: &Windows) {
+    let sampled = windows.recording == Recording::Sampled;
+    let hooks = windows.tracer.fault_hooks.as_ref().unwrap();
     assert_eq!(hooks.latency_sample, if sampled { SAMPLE } else { 1 });
     // With specific targets the completion events run on the targets' threads only (5.13+).
-    if set == HookSet::Tracepoint && !count_only {
+    if windows.set == HookSet::Tracepoint && !windows.count_only() {
         assert!(
             hooks
                 .hooks
@@ -247,69 +126,52 @@ fn accuracy(set: HookSet, recording: Recording) {
             hooks.hooks
         );
     }
-    // Faults timed of the n of `class` in a window: all of them, none in count-only mode,
-    // one in SAMPLE when sampled: n / SAMPLE rounded down or up, whatever the phase of the
-    // thread's period, so exactly n / SAMPLE for a multiple of SAMPLE (a sample whose start
-    // was not seen would be unmatched instead; the touch window checks there is none).
-    let period = u64::from(SAMPLE);
-    let check_timed = |d: &Delta, class: &str, n: u64| {
-        let t = d.timed.get(class).copied();
-        if count_only {
-            assert_eq!(t, None, "{class}: {d:?}");
-        } else if sampled {
-            let t = t.unwrap_or(0) + d.latency_unmatched;
-            assert!(
-                (n / period..=n.div_ceil(period)).contains(&t),
-                "{class}: {t} of {n} timed, period {period}: {d:?}"
-            );
-        } else {
-            assert_eq!(t, Some(n), "{class}: {d:?}");
-        }
-    };
-    let zero_if_vma = |n: u64| vma_hooks.then_some(n);
+}
 
-    let (d, ..) = window("noop");
+/// Nothing, lazy first touches, then the calls that populate pages, each counted to its call.
+fn check_lazy_and_populated_faults(windows: &mut Windows) {
+    let (d, ..) = windows.run("noop");
     assert_eq!(
         d,
         Delta {
             failed: Some(0),
-            in_locked_vma: zero_if_vma(0),
-            in_lockonfault_vma: zero_if_vma(0),
+            in_locked_vma: windows.zero_if_vma(0),
+            in_lockonfault_vma: windows.zero_if_vma(0),
             ..Delta::default()
         }
     );
 
     // Lazy first touch: one minor user fault per page, each timed.
-    let (d, ..) = window("touch 1000");
+    let (d, ..) = windows.run("touch 1000");
     assert_eq!((d.user, d.minor, d.populated), (1000, 1000, 0), "{d:?}");
-    check_timed(&d, "user", 1000);
+    windows.check_timed(&d, "user", 1000);
     assert_eq!(d.latency_unmatched, 0, "{d:?}");
 
     // mlock of untouched pages: the kernel populates every page inside the call.
-    let (d, ..) = window("mlock 500");
+    let (d, ..) = windows.run("mlock 500");
     assert_eq!((d.user, d.populated), (0, 500), "{d:?}");
     assert_eq!(d.populated_by, BTreeMap::from([("mlock", 500)]));
-    assert_eq!(d.in_locked_vma, zero_if_vma(500));
-    if vma_hooks {
+    assert_eq!(d.in_locked_vma, windows.zero_if_vma(500));
+    if windows.vma_hooks() {
         // Hooks inside handle_mm_fault time populated faults one by one too.
-        check_timed(&d, "populated", 500);
+        windows.check_timed(&d, "populated", 500);
     }
 
-    let (d, ..) = window("populate 300");
+    let (d, ..) = windows.run("populate 300");
     assert_eq!((d.user, d.populated), (0, 300), "{d:?}");
     assert_eq!(d.populated_by, BTreeMap::from([("mmap", 300)]));
 
     // Calls that populate only where memory is locked (the programs leave a call out when
     // it cannot: `may_populate`), here counted to the call. A locked read-only mapping
     // (mlock maps the zero page) made writable (mprotect copies each page):
-    let (d, ..) = window("protect 40");
+    let (d, ..) = windows.run("protect 40");
     assert_eq!((d.user, d.populated), (0, 80), "{d:?}");
     assert_eq!(
         d.populated_by,
         BTreeMap::from([("mlock", 40), ("mprotect", 40)])
     );
     // A locked mapping doubled by mremap, which populates the new half:
-    let (d, ..) = window("remap 30");
+    let (d, ..) = windows.run("remap 30");
     assert_eq!((d.user, d.populated), (0, 60), "{d:?}");
     assert_eq!(
         d.populated_by,
@@ -317,7 +179,7 @@ fn accuracy(set: HookSet, recording: Recording) {
     );
     // MADV_POPULATE_WRITE, where the kernel has it (5.14; before, the step answers address
     // 0: EINVAL, nothing populated).
-    let (d, addr, _) = window("advise 20");
+    let (d, addr, _) = windows.run("advise 20");
     let release = memlock_trace::probe::kernel_release();
     let has_populate_write =
         memlock_trace::probe::kernel_version(&release).is_some_and(|v| v >= (5, 14));
@@ -328,14 +190,19 @@ fn accuracy(set: HookSet, recording: Recording) {
         BTreeMap::new()
     };
     assert_eq!(d.populated_by, expected, "{d:?}");
+}
 
-    // Lock on fault: nothing populated, every touch a fault in a locked VMA.
-    let (d, onfault_addr, by_mapping) = window("onfault 64");
+/// Lock on fault: nothing populated, every touch a fault in a locked VMA, attributed to its
+/// mapping wherever a program runs per fault.
+fn check_lock_on_fault(windows: &mut Windows) {
+    let (d, onfault_addr, by_mapping) = windows.run("onfault 64");
     assert_eq!((d.user, d.populated), (64, 0), "{d:?}");
     assert_eq!(
         (d.in_locked_vma, d.in_lockonfault_vma),
-        (zero_if_vma(64), zero_if_vma(64))
+        (windows.zero_if_vma(64), windows.zero_if_vma(64))
     );
+    let (set, count_only) = (windows.set, windows.count_only());
+    let tracer = windows.tracer;
     // Counting events see no addresses: nothing to attribute.
     let counting = tracer.fault_hooks.as_ref().unwrap().plan
         == memlock_trace::faults::plan::FaultPlan::CountingEvents;
@@ -374,23 +241,26 @@ fn accuracy(set: HookSet, recording: Recording) {
             "{mapping:?}"
         );
     }
+}
 
+/// Read faults on a file mapping: minor while its pages are cached, major once evicted.
+fn check_file_faults(windows: &mut Windows, file: &Path, file_pages: u64) {
     // Read faults on a file mapping whose pages are cached: minor. Under memory pressure (CI's
     // guests beside the host stage) a page can be reclaimed before it is read, and its fault
     // is then major for the kernel too (once in CI: 31 minor, 1 major, both the kernel's
-    // figures, which `window` checks the split against): so all are user faults, and at
+    // figures, which the window checks the split against): so all are user faults, and at
     // most a few of them major.
-    let (d, ..) = window(&format!("file {file_pages} {}", file.display()));
+    let (d, ..) = windows.run(&format!("file {file_pages} {}", file.display()));
     assert_eq!(
         (d.user, d.minor + d.major),
-        (file_pages as u64, file_pages as u64),
+        (file_pages, file_pages),
         "{d:?}"
     );
-    assert!(d.major <= file_pages as u64 / 8, "{d:?}");
+    assert!(d.major <= file_pages / 8, "{d:?}");
 
     // Not cached: major (the kernel reads each page).
-    evict(&file);
-    let (d, ..) = window(&format!("file {file_pages} {}", file.display()));
+    evict(file);
+    let (d, ..) = windows.run(&format!("file {file_pages} {}", file.display()));
     // The window already matched the tracer's majors to the kernel's.
     let proc_majors = d.major;
     if proc_majors == 0 {
@@ -400,31 +270,28 @@ fn accuracy(set: HookSet, recording: Recording) {
         );
     } else {
         assert_eq!(
-            proc_majors, file_pages as u64,
+            proc_majors, file_pages,
             "the kernel's own count of major faults"
         );
-        assert_eq!(
-            (d.major, d.user),
-            (file_pages as u64, file_pages as u64),
-            "{d:?}"
-        );
-        check_timed(&d, "major", file_pages as u64);
+        assert_eq!((d.major, d.user), (file_pages, file_pages), "{d:?}");
+        windows.check_timed(&d, "major", file_pages);
     }
+}
 
+/// A failed fault and its restart; a mapping born locked by mlockall(MCL_FUTURE).
+fn check_failed_and_future_locked_faults(windows: &mut Windows) {
     // A SIGSEGV then its successful restart: one failed fault (every hook set counts it at
     // the signal, though fentry/kprobe never see it reach handle_mm_fault), one completed.
     // The kernel may count a minor fault more (2 once in CI, with five guests taking memory
     // and CPU beside the host stage), which the window has already matched to
     // /proc/PID/stat like every other.
-    let (d, ..) = window("segv");
+    let (d, ..) = windows.run("segv");
     assert!(d.user >= 1, "{d:?}");
     assert_eq!(d.failed, Some(1), "{d:?}");
 
     // mlockall(MCL_FUTURE): a new mapping is born locked and populated by mmap.
-    let (d, ..) = window("mlockall 50");
+    let (d, ..) = windows.run("mlockall 50");
     assert_eq!(d.populated_by.get("mmap"), Some(&50), "{d:?}");
-
-    let _ = std::fs::remove_file(&file);
 }
 
 #[test]

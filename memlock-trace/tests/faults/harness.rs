@@ -4,7 +4,7 @@
 use std::{
     collections::BTreeMap,
     io::{BufRead as _, BufReader, Write as _},
-    path::PathBuf,
+    path::{Path, PathBuf},
     process::{Child, ChildStdin, ChildStdout, Command, Stdio},
     time::{Duration, Instant},
 };
@@ -200,7 +200,7 @@ pub(super) fn sparse_file(pages: usize) -> PathBuf {
 }
 
 /// Drops the file's clean pages from the page cache, so reading them is a major fault.
-pub(super) fn evict(path: &PathBuf) {
+pub(super) fn evict(path: &Path) {
     use std::os::fd::AsRawFd as _;
     let file = std::fs::File::open(path).expect("opening the test file");
     let ret = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
