@@ -20,42 +20,24 @@
 
 mod common;
 mod support;
+#[path = "profiles/tools.rs"]
+mod tools;
 
 use std::{
     collections::BTreeMap,
     io::Read as _,
     path::{Path, PathBuf},
-    process::{Command, Output},
+    process::Command,
 };
 
 use common::require_privileges;
-use inferno::collapse::{
-    Collapse as _,
-    perf::{Folder, Options},
-};
 use serde_json::Value;
-use support::{BIN, json_lines};
+use support::{BIN, json_lines, scratch, succeeded};
+use tools::{from_frame, go_pprof, parse_folded, perf_collapsed, pprof_traces, svg_titles};
 
 const TOUCH_TWO: &str = include_str!("profiles/touch_two.c");
 const GROW_JS: &str = include_str!("profiles/grow.js");
 const NODE: &str = "/usr/bin/node";
-
-/// A scratch directory of this test process.
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("memlock-trace-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-fn ok(out: &Output, what: &str) -> String {
-    assert!(
-        out.status.success(),
-        "{what}: {}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
 
 /// `touch_two.c` compiled with frame pointers (and -O0, so that leaf functions keep theirs:
 /// Debian's gcc leaves them out of leaves at -O2).
@@ -71,7 +53,7 @@ fn build_touch_two(dir: &Path) -> PathBuf {
         .unwrap_or_else(|e| {
             panic!("gcc: {e} (`cargo xtask test` installs Debian's gcc; or: apt-get install gcc)")
         });
-    ok(&out, "gcc");
+    succeeded("gcc", &out);
     bin
 }
 
@@ -121,120 +103,6 @@ fn traced(dir: &Path, extra: &[&str], command: &[&str]) -> Traced {
     }
 }
 
-/// Folded lines as a map from stack to count.
-fn parse_folded(text: &str) -> BTreeMap<String, u64> {
-    let mut lines = BTreeMap::new();
-    for line in text.lines() {
-        let (stack, n) = line.rsplit_once(' ').unwrap_or_else(|| panic!("{line:?}"));
-        *lines.entry(stack.to_string()).or_default() += n.parse::<u64>().unwrap();
-    }
-    lines
-}
-
-/// perf's samples in `data`, collapsed by inferno-collapse-perf (stackcollapse-perf.pl's
-/// port) with its defaults.
-fn perf_collapsed(data: &Path) -> BTreeMap<String, u64> {
-    let out = Command::new("perf")
-        .args(["script", "-i"])
-        .arg(data)
-        .output()
-        .unwrap_or_else(|e| panic!("perf: {e} (`cargo xtask test` installs Debian's linux-perf)"));
-    let script = ok(&out, "perf script");
-    let mut folded = Vec::new();
-    Folder::from(Options::default())
-        .collapse(script.as_bytes(), &mut folded)
-        .unwrap();
-    parse_folded(&String::from_utf8(folded).unwrap())
-}
-
-/// The lines of `comm` whose leaf is `leaf`, cut to their frames from `from` up (the root
-/// frames before it left out), with their counts.
-fn from_frame(lines: &BTreeMap<String, u64>, comm: &str, from: &str, leaf: &str) -> Vec<String> {
-    lines
-        .iter()
-        .filter(|(stack, _)| stack.starts_with(&format!("{comm};")))
-        .filter(|(stack, _)| stack.ends_with(&format!(";{leaf}")))
-        .map(|(stack, n)| {
-            let frames: Vec<&str> = stack.split(';').collect();
-            let at = frames.iter().position(|f| *f == from).unwrap_or(0);
-            format!("{} {n}", frames[at..].join(";"))
-        })
-        .collect()
-}
-
-/// The text of every `<title>` of an SVG, which must parse as XML with an `<svg>` root.
-fn svg_titles(path: &Path) -> Vec<String> {
-    use quick_xml::{Reader, events::Event};
-    let text = std::fs::read_to_string(path).unwrap();
-    let mut reader = Reader::from_str(&text);
-    let (mut titles, mut in_title, mut root) = (Vec::new(), false, None);
-    loop {
-        match reader
-            .read_event()
-            .unwrap_or_else(|e| panic!("not XML: {e}"))
-        {
-            Event::Start(e) => {
-                let name = String::from_utf8_lossy(e.local_name().as_ref()).into_owned();
-                root.get_or_insert(name.clone());
-                if name == "title" {
-                    in_title = true;
-                    titles.push(String::new());
-                }
-            }
-            Event::End(e) if e.local_name().as_ref() == b"title" => in_title = false,
-            Event::Text(t) if in_title => titles.last_mut().unwrap().push_str(&t.decode().unwrap()),
-            Event::GeneralRef(r) if in_title => {
-                let entity = match r.decode().unwrap().as_ref() {
-                    "amp" => "&",
-                    "lt" => "<",
-                    "gt" => ">",
-                    "quot" => "\"",
-                    "apos" => "'",
-                    other => panic!("entity {other}"),
-                };
-                titles.last_mut().unwrap().push_str(entity);
-            }
-            Event::Eof => break,
-            _ => {}
-        }
-    }
-    assert_eq!(root.as_deref(), Some("svg"), "the SVG's root element");
-    titles
-}
-
-/// `go tool pprof ARGS FILE`'s output (Debian's golang-go).
-fn go_pprof(args: &[&str], file: &Path) -> String {
-    let out = Command::new("go")
-        .args(["tool", "pprof"])
-        .args(args)
-        .arg(file)
-        // go wants a writable home for its caches; the test's own.
-        .env("HOME", file.parent().unwrap())
-        .output()
-        .unwrap_or_else(|e| {
-            panic!("go: {e} (`cargo xtask test` installs Debian's golang-go; or: apt-get install golang-go)")
-        });
-    ok(&out, "go tool pprof")
-}
-
-/// `go tool pprof -traces`'s samples of `comm`: (value as printed, frames innermost first).
-fn pprof_traces(text: &str, comm: &str) -> Vec<(String, Vec<String>)> {
-    text.split("-----------+")
-        .filter(|block| block.lines().any(|l| l.trim() == format!("comm:  {comm}")))
-        .filter_map(|block| {
-            let mut frames = block
-                .lines()
-                .skip(1)
-                .filter(|l| !l.trim().is_empty() && !l.contains(":  "));
-            let first = frames.next()?;
-            let (value, leaf) = first.trim().split_once(char::is_whitespace)?;
-            let mut stack = vec![leaf.trim().to_string()];
-            stack.extend(frames.map(|l| l.trim().to_string()));
-            Some((value.to_string(), stack))
-        })
-        .collect()
-}
-
 /// The C program under perf, both tools on the same run: the folded lines of its two
 /// touching functions equal perf's, collapsed by inferno, and their counts are the program's
 /// own getrusage figures; the folded counts of the process sum to the faults the tracer
@@ -272,14 +140,27 @@ fn c_program_folded_lines_equal_perfs_collapsed_stacks() {
         run.stdout
     );
     let ours = parse_folded(&run.folded);
-    let perf = perf_collapsed(&data);
+    check_folded_lines_against_perf(&run, &ours, &perf_collapsed(&data));
+    check_every_fault_folded_once(&run, &ours);
+    check_flamegraph_frames(&run);
+    check_pprof_stacks(&run);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// The folded lines of touch_two's two touching functions equal perf's collapsed ones,
+/// with the counts of the program's getrusage; ours go on past libc to `_start`.
+fn check_folded_lines_against_perf(
+    run: &Traced,
+    ours: &BTreeMap<String, u64>,
+    perf: &BTreeMap<String, u64>,
+) {
     assert!(
         perf.keys().any(|k| k.starts_with("touch_two;")),
         "perf recorded no fault of touch_two: {perf:?}"
     );
     for (leaf, pages) in [("touch_small", 256), ("touch_large", 512)] {
-        let theirs = from_frame(&perf, "touch_two", "__libc_start_call_main", leaf);
-        let mine = from_frame(&ours, "touch_two", "__libc_start_call_main", leaf);
+        let theirs = from_frame(perf, "touch_two", "__libc_start_call_main", leaf);
+        let mine = from_frame(ours, "touch_two", "__libc_start_call_main", leaf);
         let expected = format!("__libc_start_call_main;main;{leaf} {pages}");
         assert_eq!(
             theirs,
@@ -300,7 +181,10 @@ fn c_program_folded_lines_equal_perfs_collapsed_stacks() {
             )]
         );
     }
-    // Every fault of the process, as the tracer counted it, is in the folded lines once.
+}
+
+/// Every fault of the process, as the tracer counted it, is in the folded lines once.
+fn check_every_fault_folded_once(run: &Traced, ours: &BTreeMap<String, u64>) {
     let process = run.summary["processes"]
         .as_array()
         .unwrap()
@@ -317,8 +201,10 @@ fn c_program_folded_lines_equal_perfs_collapsed_stacks() {
     assert_eq!(folded_sum, faults, "{}", run.folded);
     assert_eq!(run.summary["fault_health"]["stacks_dropped"], 0);
     assert!(run.stderr.contains("fault stacks folded"), "{}", run.stderr);
+}
 
-    // The flame graph: SVG with every frame of those stacks, counted in pages.
+/// The flame graph: SVG with every frame of those stacks, counted in pages.
+fn check_flamegraph_frames(run: &Traced) {
     let titles = svg_titles(&run.svg);
     for needle in [
         "touch_small (256 pages,",
@@ -331,8 +217,10 @@ fn c_program_folded_lines_equal_perfs_collapsed_stacks() {
             "{needle} in no title: {titles:#?}"
         );
     }
+}
 
-    // pprof: the sample types, and the same stacks in faults and in bytes.
+/// pprof: the sample types, and the same stacks in faults and in bytes.
+fn check_pprof_stacks(run: &Traced) {
     let raw = go_pprof(&["-raw"], &run.pprof);
     assert!(
         raw.lines()
@@ -368,7 +256,6 @@ fn c_program_folded_lines_equal_perfs_collapsed_stacks() {
             assert_eq!(found, [value], "{leaf}: {traces:#?}");
         }
     }
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 /// The perf map node writes, for the folded lines of `grow.js`: touchAll's 1,024 faults
@@ -472,7 +359,7 @@ fn a_flamegraph_alone_keeps_the_stacks_it_draws() {
         .args(["--", BIN, "workload", "syscalls", "--report", "/dev/null"])
         .output()
         .expect("memlock-trace");
-    let text = ok(&out, "--flamegraph without --stacks");
+    let text = succeeded("--flamegraph without --stacks", &out);
     assert!(
         text.contains("user call site (innermost first)"),
         "the stacks were kept: {text}"
