@@ -7,7 +7,11 @@
 //! checks exact figures.
 
 mod common;
+#[path = "output_formats/man_page.rs"]
+mod man_page;
 mod support;
+#[path = "output_formats/text.rs"]
+mod text;
 
 use std::{
     collections::BTreeMap,
@@ -17,7 +21,8 @@ use std::{
 
 use common::require_privileges;
 use serde_json::Value;
-use support::{BIN, json_lines, run, syscall_table_header};
+use support::{BIN, json_lines, run, scratch, syscall_table_header};
+use text::{check_hooks_on_stderr_once, check_units, histograms};
 
 fn realtime_ns() -> u64 {
     SystemTime::now()
@@ -29,7 +34,7 @@ fn realtime_ns() -> u64 {
 /// `memlock-trace ARGS -- memlock-trace workload syscalls`: the tracer's output and the
 /// calls the workload says it made, by name.
 fn traced_syscalls(args: &[&str]) -> (Output, BTreeMap<String, u64>) {
-    let dir = tempdir("syscalls");
+    let dir = scratch("output-formats-syscalls");
     let report = dir.join("calls.json");
     let report_arg = report.to_str().unwrap();
     let mut all = args.to_vec();
@@ -45,50 +50,6 @@ fn traced_syscalls(args: &[&str]) -> (Output, BTreeMap<String, u64>) {
     }
     std::fs::remove_dir_all(&dir).ok();
     (out, made)
-}
-
-fn tempdir(what: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "memlock-trace-habits-{what}-{}",
-        std::process::id()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-/// The histograms of a text summary: title line -> counts per `low -> high` row.
-fn histograms(text: &str) -> BTreeMap<String, Vec<(u64, u64, u64)>> {
-    let mut out: BTreeMap<String, Vec<(u64, u64, u64)>> = BTreeMap::new();
-    let mut title = None;
-    let mut lines = text.lines().peekable();
-    while let Some(line) = lines.next() {
-        if lines
-            .peek()
-            .is_some_and(|next| next.contains(" : count    distribution"))
-        {
-            title = Some(line.trim().to_string());
-            out.entry(line.trim().to_string()).or_default();
-            lines.next();
-            continue;
-        }
-        let Some(t) = &title else { continue };
-        let Some((range, rest)) = line.split_once(" : ") else {
-            title = None;
-            continue;
-        };
-        let Some((low, high)) = range.split_once(" -> ") else {
-            title = None;
-            continue;
-        };
-        let count = rest.split_whitespace().next().unwrap();
-        assert!(rest.trim_end().ends_with('|'), "a bar: {line}");
-        out.get_mut(t).unwrap().push((
-            low.trim().parse().unwrap(),
-            high.trim().parse().unwrap(),
-            count.parse().unwrap(),
-        ));
-    }
-    out
 }
 
 #[test]
@@ -169,70 +130,6 @@ fn per_thread_hist_splits_the_calls_by_thread() {
     assert_eq!(
         process["mlock latency"].iter().map(|r| r.2).sum::<u64>(),
         14
-    );
-}
-
-/// The latency columns of a syscall table: each column's unit suffixes.
-fn column_units(text: &str) -> Vec<Vec<&str>> {
-    let mut columns = vec![Vec::new(); 4];
-    for line in text.lines() {
-        let fields: Vec<&str> = line.split_whitespace().collect();
-        // A table row is a call and its count (`mlock ENOMEM (last): ...` explains a failure).
-        if fields.len() < 8
-            || !["mlock", "mlock2", "munlock", "mlockall", "munlockall"].contains(&fields[0])
-            || fields[1].parse::<u64>().is_err()
-        {
-            continue;
-        }
-        for (c, field) in columns.iter_mut().zip(&fields[2..6]) {
-            c.push(if field.ends_with("ms") { "ms" } else { "us" });
-            assert!(
-                field
-                    .trim_end_matches("ms")
-                    .trim_end_matches("us")
-                    .parse::<f64>()
-                    .is_ok(),
-                "{line}"
-            );
-        }
-    }
-    columns
-}
-
-/// Each latency column of the syscall table in one unit (`want` when fixed by -m/-u).
-fn check_units(text: &str, rows: usize, want: Option<&str>) {
-    for column in column_units(text) {
-        assert_eq!(column.len(), rows, "a row per call: {text}");
-        assert!(
-            column.iter().all(|u| *u == column[0]),
-            "mixed units:\n{text}"
-        );
-        if let Some(want) = want {
-            assert_eq!(column[0], want, "\n{text}");
-        }
-    }
-}
-
-/// The hook sets once on stderr, briefly; nothing of them in the text summary.
-fn check_hooks_on_stderr_once(out: &Output) {
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    for detail in ["refused", "page faults traced with", "hooks"] {
-        assert!(!stdout.contains(detail), "{detail:?} on stdout:\n{stdout}");
-    }
-    assert_eq!(
-        stderr.matches("memlock-trace: faults: ").count(),
-        1,
-        "{stderr}"
-    );
-    assert!(!stderr.contains("run `memlock-trace probe`"), "{stderr}");
-    // Refusals are noted without their reasons (-v gives those).
-    assert_eq!(
-        stderr.matches("refused").count(),
-        stderr
-            .matches("(better hooks refused: -v says why)")
-            .count(),
-        "{stderr}"
     );
 }
 
@@ -407,7 +304,7 @@ fn vma_store_lines_name_the_task_and_the_calls_own_arguments() {
 #[test]
 fn output_file_leaves_the_command_its_stdout() {
     require_privileges();
-    let dir = tempdir("output");
+    let dir = scratch("output-formats-output");
     let file = dir.join("trace.json");
     // Without --report, the workload prints its own calls as JSON on its stdout.
     let out = run(&[
@@ -502,72 +399,4 @@ fn verbose_prints_the_hook_detail_once_on_stderr() {
             "every line of the reason: {verbose}"
         );
     }
-}
-
-/// The man page names page faults in its NAME line and has the EXIT STATUS and EXAMPLES
-/// sections of a tool's page (man-pages(7)), in that order after OPTIONS (issue 47 point 14).
-#[test]
-fn man_page_has_exit_status_examples_and_names_page_faults() {
-    let man = String::from_utf8_lossy(&run(&["man"]).stdout).into_owned();
-    let name = man
-        .split(".SH NAME\n")
-        .nth(1)
-        .and_then(|rest| rest.lines().next())
-        .unwrap_or_else(|| panic!("no NAME section:\n{man}"));
-    assert!(name.contains("page faults"), "{name}");
-    let at = |s: &str| man.find(s).unwrap_or_else(|| panic!("no {s:?} in:\n{man}"));
-    assert!(at(".SH OPTIONS") < at(".SH \"EXIT STATUS\""));
-    assert!(at(".SH \"EXIT STATUS\"") < at(".SH EXAMPLES"));
-    for code in ["124", "125", "126", "127"] {
-        assert!(man.contains(&format!("\\fB{code}\\fR")), "exit {code}");
-    }
-    // The page written to a directory is the same.
-    let dir = tempdir("man-sections");
-    run(&["man", dir.to_str().unwrap()]);
-    let written = std::fs::read_to_string(dir.join("memlock-trace.1")).unwrap();
-    assert!(written.contains(".SH EXAMPLES"), "{written}");
-    std::fs::remove_dir_all(&dir).ok();
-}
-
-#[test]
-fn man_page_and_completions_come_from_the_clap_definition() {
-    let man = run(&["man"]);
-    let man = String::from_utf8_lossy(&man.stdout);
-    assert!(
-        man.starts_with(".ie") || man.contains(".TH memlock-trace"),
-        "{man}"
-    );
-    for flag in ["\\-\\-hist", "\\-\\-interval", "\\-o", "\\-\\-timestamp"] {
-        assert!(man.contains(flag), "{flag} missing from the man page");
-    }
-    // With a directory: the page and one per subcommand it names.
-    let dir = tempdir("man");
-    run(&["man", dir.to_str().unwrap()]);
-    let mut pages: Vec<String> = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    pages.sort();
-    for page in [
-        "memlock-trace.1",
-        "memlock-trace-probe.1",
-        "memlock-trace-verify.1",
-    ] {
-        assert!(pages.iter().any(|p| p == page), "{page} not in {pages:?}");
-    }
-    assert!(man.contains("memlock\\-trace\\-probe(1)") || man.contains("memlock-trace-probe(1)"));
-    std::fs::remove_dir_all(&dir).ok();
-    for shell in ["bash", "zsh", "fish"] {
-        let script = run(&["completions", shell]);
-        let script = String::from_utf8_lossy(&script.stdout);
-        assert!(
-            script.contains("memlock-trace") && script.contains("hist"),
-            "{shell}: {script}"
-        );
-    }
-    let out = Command::new(BIN)
-        .args(["completions", "tcsh"])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2), "{out:?}");
 }
