@@ -294,52 +294,30 @@ fn check_failed_and_future_locked_faults(windows: &mut Windows) {
     assert_eq!(d.populated_by.get("mmap"), Some(&50), "{d:?}");
 }
 
-#[test]
-fn accuracy_fentry() {
-    accuracy(HookSet::Fentry, Recording::PerThread);
+/// One accuracy test per hook set and recording, named after them.
+macro_rules! accuracy_tests {
+    ($($(#[$doc:meta])* $name:ident: $set:ident, $recording:ident;)*) => {$(
+        $(#[$doc])*
+        #[test]
+        fn $name() {
+            accuracy(HookSet::$set, Recording::$recording);
+        }
+    )*};
 }
 
-#[test]
-fn accuracy_fentry_per_process() {
-    accuracy(HookSet::Fentry, Recording::PerProcess);
-}
-
-#[test]
-fn accuracy_fentry_count_only() {
-    accuracy(HookSet::Fentry, Recording::CountOnly);
-}
-
-#[test]
-fn accuracy_kprobe() {
-    accuracy(HookSet::Kprobe, Recording::PerThread);
-}
-
-#[test]
-fn accuracy_tracepoint() {
-    accuracy(HookSet::Tracepoint, Recording::PerThread);
-}
-
-#[test]
-fn accuracy_tracepoint_per_process() {
-    accuracy(HookSet::Tracepoint, Recording::PerProcess);
-}
-
-/// Count-only on the tracepoint set: the targets' counting perf events.
-#[test]
-fn accuracy_tracepoint_count_only() {
-    accuracy(HookSet::Tracepoint, Recording::CountOnly);
-}
-
-/// `--latency-sample 8`: counts exact, one fault in 8 timed.
-#[test]
-fn accuracy_tracepoint_sampled() {
-    accuracy(HookSet::Tracepoint, Recording::Sampled);
-}
-
-/// fentry: the programs count every fault and read the clock for one in 8.
-#[test]
-fn accuracy_fentry_sampled() {
-    accuracy(HookSet::Fentry, Recording::Sampled);
+accuracy_tests! {
+    accuracy_fentry: Fentry, PerThread;
+    accuracy_fentry_per_process: Fentry, PerProcess;
+    accuracy_fentry_count_only: Fentry, CountOnly;
+    accuracy_kprobe: Kprobe, PerThread;
+    accuracy_tracepoint: Tracepoint, PerThread;
+    accuracy_tracepoint_per_process: Tracepoint, PerProcess;
+    /// Count-only on the tracepoint set: the targets' counting perf events.
+    accuracy_tracepoint_count_only: Tracepoint, CountOnly;
+    /// `--latency-sample 8`: counts exact, one fault in 8 timed.
+    accuracy_tracepoint_sampled: Tracepoint, Sampled;
+    /// fentry: the programs count every fault and read the clock for one in 8.
+    accuracy_fentry_sampled: Fentry, Sampled;
 }
 
 /// `auto` picks the best set the kernel allows and says why the better ones were refused.
