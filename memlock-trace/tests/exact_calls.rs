@@ -162,21 +162,10 @@ fn a_starved_tracer_still_counts_every_call() {
 #[test]
 fn a_tiny_ring_buffer_loses_event_lines_only() {
     require_privileges();
-    let out = support::run(&[
-        "--test-ring-bytes",
-        "4096",
-        "--",
-        BIN,
-        "workload",
-        "flood",
-        "--threads",
-        "2",
-        "--calls",
-        "5000",
-        "--munlock",
-        "--report",
-        "/dev/null",
-    ]);
+    let flood = flood_args(2, 5000, &["--munlock", "--report", "/dev/null"]);
+    let mut args = vec!["--test-ring-bytes", "4096", "--", BIN];
+    args.extend(flood.iter().map(String::as_str));
+    let out = support::run(&args);
     let text = String::from_utf8_lossy(&out.stdout);
     // `  mlock   10000 ...`: the calls column of the table.
     let calls = |call: &str| {

@@ -21,7 +21,7 @@ use std::{
 
 use common::require_privileges;
 use serde_json::Value;
-use support::{BIN, json_lines, run, scratch, syscall_table_header};
+use support::{BIN, flood_args, json_lines, run, scratch, syscall_table_header};
 use text::{check_hooks_on_stderr_once, check_units, histograms};
 
 fn realtime_ns() -> u64 {
@@ -98,20 +98,10 @@ fn hist_counts_every_call_in_log2_rows() {
 fn per_thread_hist_splits_the_calls_by_thread() {
     require_privileges();
     // Two threads, each making 7 failing mlock calls; the main thread makes none.
-    let out = run(&[
-        "--hist",
-        "--per-thread",
-        "--fault-hooks",
-        "off",
-        "--",
-        BIN,
-        "workload",
-        "flood",
-        "--threads",
-        "2",
-        "--calls",
-        "7",
-    ]);
+    let flood = flood_args(2, 7, &[]);
+    let mut args = vec!["--hist", "--per-thread", "--fault-hooks", "off", "--", BIN];
+    args.extend(flood.iter().map(String::as_str));
+    let out = run(&args);
     let text = String::from_utf8_lossy(&out.stdout);
     let thread_blocks: Vec<&str> = text.split("\n  thread ").skip(1).collect();
     assert_eq!(thread_blocks.len(), 2, "two threads made calls:\n{text}");
