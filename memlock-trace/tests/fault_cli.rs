@@ -9,6 +9,7 @@
 mod common;
 #[path = "fault_cli/stacks.rs"]
 mod stacks;
+mod support;
 
 use std::{
     io::{BufRead as _, BufReader, Write as _},
@@ -18,6 +19,7 @@ use std::{
 
 use common::require_privileges;
 use serde_json::Value;
+use support::faults_workload;
 
 const BIN: &str = env!("CARGO_BIN_EXE_memlock-trace");
 
@@ -35,14 +37,7 @@ fn json_lines(stdout: &[u8]) -> Vec<Value> {
 /// the stdout it shares with the tracer), so none runs before the tracer is ready, however
 /// slow the machine. `sleep` is not a workload command: it keeps the workload alive 300 ms.
 fn traced_workload(args: &[&str], commands: &str) -> std::process::Output {
-    let mut child = Command::new(BIN)
-        .args(args)
-        .args(["--", BIN, "workload", "faults"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run memlock-trace");
+    let mut child = faults_workload::spawn_traced(Command::new(BIN).args(args));
     let stdout = child.stdout.take().unwrap();
     let (lines_tx, lines_rx) = std::sync::mpsc::channel::<String>();
     let reader = std::thread::spawn(move || {
@@ -289,12 +284,7 @@ fn latency_rows_say_what_they_count_and_user_is_not_repeated() {
 #[test]
 fn traced_pid_that_exits_is_summarised_up_to_its_exit() {
     require_privileges();
-    let mut workload = Command::new(BIN)
-        .args(["workload", "faults"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("workload");
+    let mut workload = faults_workload::spawn();
     let pid = workload.id();
     let mut answers = BufReader::new(workload.stdout.take().unwrap());
     let mut line = String::new();

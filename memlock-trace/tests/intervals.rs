@@ -9,13 +9,13 @@ mod support;
 
 use std::{
     io::{BufRead as _, BufReader, Write as _},
-    process::{Command, Stdio},
+    process::Command,
     time::Duration,
 };
 
 use common::require_privileges;
 use serde_json::Value;
-use support::{BIN, json_lines, run, threads_of, waiting_flood};
+use support::{BIN, faults_workload, json_lines, run, threads_of, waiting_flood};
 
 /// Waits for the tracer's "tracing" line. Loading takes long in an emulated guest on a
 /// busy machine: this is a hang guard, not a timing check.
@@ -117,12 +117,7 @@ struct FaultWorkload {
 
 impl FaultWorkload {
     fn start() -> Self {
-        let mut child = Command::new(BIN)
-            .args(["workload", "faults"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("workload");
+        let mut child = faults_workload::spawn();
         let mut answers = BufReader::new(child.stdout.take().unwrap());
         let mut line = String::new();
         answers.read_line(&mut line).unwrap();

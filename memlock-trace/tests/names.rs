@@ -10,13 +10,13 @@ mod support;
 
 use std::{
     io::{BufRead as _, BufReader, Write as _},
-    process::{Command, Stdio},
+    process::Command,
     sync::mpsc,
     time::{Duration, Instant},
 };
 
 use common::require_privileges;
-use support::{BIN, run, scratch, settled, summary};
+use support::{BIN, faults_workload, run, scratch, settled, summary};
 
 #[test]
 fn a_launched_command_has_its_own_name_every_time() {
@@ -88,15 +88,8 @@ fn faults_before_exec_are_the_launchers_and_every_later_one_is_counted() {
     require_privileges();
     let dir = scratch("names");
     let file = dir.join("trace.json");
-    let mut tracer = Command::new(BIN)
-        .args(["--json", "-o"])
-        .arg(&file)
-        .args(["--", BIN, "workload", "faults"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run memlock-trace");
+    let mut tracer =
+        faults_workload::spawn_traced(Command::new(BIN).args(["--json", "-o"]).arg(&file));
     let mut stdin = tracer.stdin.take().unwrap();
     // The workload's answers and the tracer's notes, line by line: with -o the tracer's
     // stdout is the command's.

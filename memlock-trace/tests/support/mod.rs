@@ -4,6 +4,7 @@
 #![allow(dead_code, reason = "each test binary uses a different subset")]
 
 pub mod exposition;
+pub mod faults_workload;
 pub mod memory_cgroup;
 pub mod prometheus;
 pub mod stacks;
