@@ -73,18 +73,29 @@ fn ranked(report: &Value) -> Vec<&Value> {
         .collect()
 }
 
+/// The advice ranked first, which there must be.
+fn first_advice(report: &Value) -> &Value {
+    ranked(report)
+        .first()
+        .copied()
+        .unwrap_or_else(|| panic!("no advice: {report}"))
+}
+
+/// `lazy_table.py` in a scratch directory of its own: the directory, and the program's
+/// arguments after python (the script, its report file, the table's size).
+fn lazy_table(name: &str) -> (Scratch, [String; 3]) {
+    let dir = Scratch::new(name);
+    let script = dir.file("lazy_table.py", LAZY_TABLE);
+    let report_path = dir.file("report.json", "");
+    (dir, [script, report_path, TABLE_BYTES.to_string()])
+}
+
 #[test]
 fn a_lazily_touched_table_is_locked_and_its_timed_faults_go() {
     require_privileges();
-    let dir = Scratch::new("table");
-    let script = dir.file("lazy_table.py", LAZY_TABLE);
-    let report_path = dir.file("report.json", "");
-    let size = TABLE_BYTES.to_string();
+    let (dir, [script, report_path, size]) = lazy_table("table");
     let report = advise_apply(&[PYTHON, &script, &report_path, &size]);
-    let advice = ranked(&report);
-    let first = advice
-        .first()
-        .unwrap_or_else(|| panic!("no advice: {report}"));
+    let first = first_advice(&report);
     // Root has CAP_IPC_LOCK: locking fits whatever the limit.
     assert_eq!(first["kind"], "lock", "{first}");
     assert!(
@@ -143,16 +154,10 @@ fn a_lazily_touched_table_is_locked_and_its_timed_faults_go() {
 #[test]
 fn with_stacks_the_advice_names_the_code_that_faulted_in_the_mapping() {
     require_privileges();
-    let dir = Scratch::new("sites");
-    let script = dir.file("lazy_table.py", LAZY_TABLE);
-    let report_path = dir.file("report.json", "");
-    let size = TABLE_BYTES.to_string();
+    let (_dir, [script, report_path, size]) = lazy_table("sites");
     let command = [PYTHON, &script, &report_path, &size];
     let report = support::advise_json(&["--stacks"], &command);
-    let first = ranked(&report)
-        .first()
-        .copied()
-        .unwrap_or_else(|| panic!("no advice: {report}"));
+    let first = first_advice(&report);
     assert_eq!(first["kind"], "lock", "{first}");
     let mappings = report["process"]["mappings"].as_array().unwrap();
     let table = mappings
@@ -206,10 +211,7 @@ fn with_stacks_the_advice_names_the_code_that_faulted_in_the_mapping() {
 #[test]
 fn under_a_memlock_limit_the_table_is_populated_and_the_limit_named() {
     require_privileges();
-    let dir = Scratch::new("limit");
-    let script = dir.file("lazy_table.py", LAZY_TABLE);
-    let report_path = dir.file("report.json", "");
-    let size = TABLE_BYTES.to_string();
+    let (dir, [script, report_path, size]) = lazy_table("limit");
     // 8 MiB, soft and hard, and no CAP_IPC_LOCK: as an unprivileged service runs.
     let report = advise_apply(&[
         "sh",
@@ -228,10 +230,7 @@ fn under_a_memlock_limit_the_table_is_populated_and_the_limit_named() {
         report["process"]
     );
     assert_eq!(report["process"]["cap_ipc_lock"], false);
-    let advice = ranked(&report);
-    let first = advice
-        .first()
-        .unwrap_or_else(|| panic!("no advice: {report}"));
+    let first = first_advice(&report);
     assert_eq!(first["kind"], "populate", "{first}");
     let refused = report["advice"]
         .as_array()
@@ -289,10 +288,7 @@ fn an_allocator_giving_a_block_back_is_told_its_tunable_not_a_lock() {
     let report_path = dir.file("report.json", "");
     let rounds = 10u64;
     let report = advise_apply(&[PYTHON, &script, &report_path, &rounds.to_string(), "64"]);
-    let advice = ranked(&report);
-    let first = advice
-        .first()
-        .unwrap_or_else(|| panic!("no advice: {report}"));
+    let first = first_advice(&report);
     assert_eq!(first["kind"], "allocator", "{first}");
     assert_eq!(first["mapping"], "anonymous", "{first}");
     assert!(
@@ -308,6 +304,7 @@ fn an_allocator_giving_a_block_back_is_told_its_tunable_not_a_lock() {
         "glibc.malloc.mmap_threshold=134217728:glibc.malloc.trim_threshold=268435456",
         "{first}"
     );
+    let advice = ranked(&report);
     assert!(
         !advice
             .iter()
