@@ -29,6 +29,13 @@ const SIZES: [&str; 6] = [
 ];
 const REGION_PAGES: u64 = 8 * 256;
 
+/// `memlock-trace scenario memory-pressure` at the `--tiny` sizes.
+fn experiment() -> Command {
+    let mut command = Command::new(BIN);
+    command.args(["scenario", "memory-pressure"]).args(SIZES);
+    command
+}
+
 /// `/proc/swaps` and the experiment's cgroups, as the machine has them now.
 fn machine_state() -> (String, Vec<String>) {
     let swaps = std::fs::read_to_string("/proc/swaps").unwrap();
@@ -168,9 +175,7 @@ fn wait_for_cgroup(before: &(String, Vec<String>)) {
 fn a_terminated_experiment_puts_swap_and_its_cgroup_back() {
     require_privileges();
     let before = machine_state();
-    let child = Command::new(BIN)
-        .args(["scenario", "memory-pressure"])
-        .args(SIZES)
+    let child = experiment()
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -189,9 +194,7 @@ fn a_terminated_experiment_puts_swap_and_its_cgroup_back() {
 fn what_a_killed_experiment_left_the_next_one_takes_down() {
     require_privileges();
     let before = machine_state();
-    let mut killed = Command::new(BIN)
-        .args(["scenario", "memory-pressure"])
-        .args(SIZES)
+    let mut killed = experiment()
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -205,11 +208,7 @@ fn what_a_killed_experiment_left_the_next_one_takes_down() {
     assert!(!left.1.is_empty(), "the killed experiment left no cgroup");
     let t = Instant::now();
     let out = loop {
-        let out = Command::new(BIN)
-            .args(["scenario", "memory-pressure"])
-            .args(SIZES)
-            .output()
-            .unwrap();
+        let out = experiment().output().unwrap();
         // Its orphaned experiment may still hold the cgroup for a moment.
         if out.status.success() || t.elapsed() > Duration::from_secs(60) {
             break out;
