@@ -15,6 +15,8 @@
 //! The memory controller is v1's where it is mounted (hybrid hosts, this one), else the
 //! unified hierarchy's (where the root offers `memory`); a host with neither fails loudly.
 
+#[path = "support/advice.rs"]
+mod advice;
 mod common;
 mod support;
 
@@ -103,16 +105,7 @@ fn advise_in(cgroup: &Nested, dir: &Path) -> (Value, Value) {
 }
 
 fn table_advice(report: &Value) -> Vec<&Value> {
-    report["advice"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|a| {
-            a["mapping"]
-                .as_str()
-                .is_some_and(|m| m.starts_with("/dev/zero"))
-        })
-        .collect()
+    advice::on_dev_zero(report).collect()
 }
 
 #[test]

@@ -19,6 +19,8 @@
 //! cgroup of the process that made them).
 #![cfg(feature = "lab")]
 
+#[path = "support/advice.rs"]
+mod advice;
 mod common;
 mod support;
 
@@ -36,16 +38,8 @@ const ROUNDS: u32 = 3;
 const PAGE: u64 = 4096;
 
 fn on_the_table(report: &Value) -> Vec<&Value> {
-    report["advice"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|a| {
-            a["mapping"]
-                .as_str()
-                .is_some_and(|m| m.starts_with("/dev/zero"))
-                && a["end"].as_u64().unwrap() - a["start"].as_u64().unwrap() == HOT
-        })
+    advice::on_dev_zero(report)
+        .filter(|a| a["end"].as_u64().unwrap() - a["start"].as_u64().unwrap() == HOT)
         .collect()
 }
 
