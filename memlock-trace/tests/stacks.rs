@@ -17,7 +17,10 @@
 mod common;
 mod support;
 
-use std::{path::Path, process::Command};
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
 
 use common::require_privileges;
 use serde_json::Value;
@@ -29,6 +32,24 @@ use support::stacks::{
 const PYTHON: &str = "/usr/bin/python3";
 const MEMCACHED: &str = "/usr/bin/memcached";
 const MEMTESTER: &str = "/usr/sbin/memtester";
+
+/// Fails, saying how to get it, when `program` (Debian's `package`) is missing.
+fn require_program(program: &str, package: &str) {
+    assert!(
+        Path::new(program).is_file(),
+        "{program} is missing (`cargo xtask test` installs Debian's {package})"
+    );
+}
+
+/// `source` as the python script `name` in a new scratch directory `dir`: the directory
+/// and the script.
+fn python_script(dir: &str, name: &str, source: &str) -> (PathBuf, PathBuf) {
+    require_program(PYTHON, "python3");
+    let dir = scratch(dir);
+    let script = dir.join(name);
+    std::fs::write(&script, source).unwrap();
+    (dir, script)
+}
 
 /// perf's DWARF call chain of the one mlock of `command`, user function names innermost
 /// first (`perf script`'s `addr sym+off (module)` lines). On `raw_syscalls:sys_enter`
@@ -122,14 +143,9 @@ fn deleted_and_exited_program_is_still_symbolized() {
 #[test]
 fn python_ctypes_call_site_reaches_the_interpreter_and_main() {
     require_privileges();
-    assert!(
-        Path::new(PYTHON).is_file(),
-        "{PYTHON} is missing (`cargo xtask test` installs Debian's python3)"
-    );
-    let dir = scratch("stacks-python");
-    let script = dir.join("lock.py");
-    std::fs::write(
-        &script,
+    let (dir, script) = python_script(
+        "stacks-python",
+        "lock.py",
         "import ctypes, mmap\n\
          libc = ctypes.CDLL(None, use_errno=True)\n\
          buf = mmap.mmap(-1, 1 << 16)\n\
@@ -139,8 +155,7 @@ fn python_ctypes_call_site_reaches_the_interpreter_and_main() {
                  raise OSError(ctypes.get_errno(), 'mlock')\n\
          lock_here()\n\
          import time; time.sleep(0.3)\n",
-    )
-    .unwrap();
+    );
     let summary = traced(&[], &[PYTHON, script.to_str().unwrap()]);
     std::fs::remove_dir_all(&dir).ok();
     let ours = mlock_call_site(&summary);
@@ -266,10 +281,7 @@ fn as_gdb_frames(site: &Value) -> Vec<GdbFrame> {
 #[test]
 fn memcached_mlockall_call_site_equals_gdbs_backtrace() {
     require_privileges();
-    assert!(
-        Path::new(MEMCACHED).is_file(),
-        "{MEMCACHED} is missing (`cargo xtask test` installs Debian's memcached)"
-    );
+    require_program(MEMCACHED, "memcached");
     let server = [
         MEMCACHED, "-k", "-u", "root", "-p", "0", "-U", "0", "-m", "8",
     ];
@@ -293,10 +305,7 @@ fn memcached_mlockall_call_site_equals_gdbs_backtrace() {
 #[test]
 fn memtester_mlock_call_site_equals_gdbs_backtrace() {
     require_privileges();
-    assert!(
-        Path::new(MEMTESTER).is_file(),
-        "{MEMTESTER} is missing (`cargo xtask test` installs Debian's memtester)"
-    );
+    require_program(MEMTESTER, "memtester");
     let command = [MEMTESTER, "64K", "1"];
     let summary = traced(&[], &command);
     let ours = as_gdb_frames(call_site(&summary, "mlock"));
@@ -353,20 +362,14 @@ fn perf_user_stacks(script: &str, comm: &str) -> Vec<NamedStack> {
 #[test]
 fn python_fault_stacks_equal_perfs_dwarf_stacks_sample_for_sample() {
     require_privileges();
-    assert!(
-        Path::new(PYTHON).is_file(),
-        "{PYTHON} is missing (`cargo xtask test` installs Debian's python3)"
-    );
-    let dir = scratch("stacks-perf-faults");
-    let script = dir.join("faults.py");
-    std::fs::write(
-        &script,
+    let (dir, script) = python_script(
+        "stacks-perf-faults",
+        "faults.py",
         "import zlib\n\
          data = bytearray(4 << 20)\n\
          for i in range(0, len(data), 4096):\n    data[i] = 1\n\
          z = zlib.compress(bytes(data))\n",
-    )
-    .unwrap();
+    );
     let data = dir.join("perf.data");
     let (data_arg, script_arg) = (data.display().to_string(), script.display().to_string());
     let summary = traced(
