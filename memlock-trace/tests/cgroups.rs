@@ -11,7 +11,7 @@ mod support;
 use std::path::PathBuf;
 
 use common::require_privileges;
-use support::{BIN, cgroup2_mount, run, summary, syscall_table_header};
+use support::{BIN, cgroup2_mount, run, summary, syscall_table_header, workload};
 
 /// A fresh cgroup `/memlock-trace-test-PID/probe.service`, removed on drop.
 struct FreshCgroup {
@@ -93,18 +93,12 @@ fn a_process_in_a_fresh_cgroup_is_reported_with_its_path() {
 #[test]
 fn cgroup_tables_use_the_units_of_the_others() {
     require_privileges();
+    let syscalls = workload("syscalls", "/dev/null");
     let out = run(&[
-        "--by",
-        "cgroup",
-        "--fault-hooks",
-        "off",
-        "--",
-        BIN,
-        "workload",
-        "syscalls",
-        "--report",
-        "/dev/null",
-    ]);
+        &["--by", "cgroup", "--fault-hooks", "off", "--"][..],
+        &syscalls,
+    ]
+    .concat());
     let text = String::from_utf8_lossy(&out.stdout);
     syscall_table_header(&text);
     let rows: Vec<&str> = text

@@ -4,20 +4,13 @@
 //! The `memlock-trace` binary as a user runs it: launching a command, JSON output, errors.
 
 mod common;
+mod support;
 
 use std::process::Command;
 
 use common::require_privileges;
 use serde_json::Value;
-
-const BIN: &str = env!("CARGO_BIN_EXE_memlock-trace");
-
-fn json_lines(stdout: &[u8]) -> Vec<Value> {
-    String::from_utf8_lossy(stdout)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON: {l:?}: {e}")))
-        .collect()
-}
+use support::{BIN, json_lines, succeeded};
 
 #[test]
 fn launched_workload_is_traced_exactly_and_summarised_in_json() {
@@ -32,15 +25,10 @@ fn launched_workload_is_traced_exactly_and_summarised_in_json() {
         .arg(&report)
         .output()
         .expect("run memlock-trace");
-    assert!(
-        out.status.success(),
-        "exit {:?}\nstderr: {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = succeeded("memlock-trace", &out);
     let calls: Vec<Value> =
         serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
-    let lines = json_lines(&out.stdout);
+    let lines = json_lines(&stdout);
 
     let events: Vec<&Value> = lines.iter().filter(|l| l["type"] == "syscall").collect();
     assert_eq!(
@@ -199,6 +187,6 @@ fn traced_pid_ends_the_session_when_it_exits() {
         .unwrap();
     sleeper.wait().unwrap();
     assert!(out.status.success(), "{out:?}");
-    let lines = json_lines(&out.stdout);
+    let lines = json_lines(&String::from_utf8_lossy(&out.stdout));
     assert_eq!(lines.last().unwrap()["type"], "summary");
 }

@@ -301,6 +301,14 @@ fn pids(summary: &serde_json::Value) -> Vec<u32> {
         .collect()
 }
 
+/// The summary's counters of the process table (`health.processes`): each named one is as
+/// expected.
+fn assert_process_health(s: &serde_json::Value, expected: &[(&str, u64)]) {
+    for &(counter, n) in expected {
+        assert_eq!(s["health"]["processes"][counter], n, "{counter}");
+    }
+}
+
 #[test]
 fn follow_children_traces_each_child_from_its_start() {
     require_privileges();
@@ -313,8 +321,10 @@ fn follow_children_traces_each_child_from_its_start() {
     for &child in &children {
         assert_eq!(calls_of(&s, child, "mlock"), 2, "child {child}");
     }
-    assert_eq!(s["health"]["processes"]["children_followed"], 5);
-    assert_eq!(s["health"]["processes"]["children_not_followed"], 0);
+    assert_process_health(
+        &s,
+        &[("children_followed", 5), ("children_not_followed", 0)],
+    );
 
     let (s, _) = children_run(&[], 5, 2);
     assert_eq!(
@@ -322,7 +332,7 @@ fn follow_children_traces_each_child_from_its_start() {
         Vec::<u32>::new(),
         "without --follow-children only the command itself"
     );
-    assert_eq!(s["health"]["processes"]["children_followed"], 0);
+    assert_process_health(&s, &[("children_followed", 0)]);
 }
 
 #[test]
@@ -330,8 +340,10 @@ fn full_target_map_counts_the_children_it_could_not_follow() {
     require_privileges();
     // Room for 3 tgids: the command and its first 2 children (all 5 exist at once).
     let (s, children) = children_run(&["--follow-children", "--max-targets", "3"], 5, 1);
-    assert_eq!(s["health"]["processes"]["children_followed"], 2);
-    assert_eq!(s["health"]["processes"]["children_not_followed"], 3);
+    assert_process_health(
+        &s,
+        &[("children_followed", 2), ("children_not_followed", 3)],
+    );
     assert_eq!(pids(&s), children[..2], "the first two children forked");
 }
 
@@ -339,8 +351,7 @@ fn full_target_map_counts_the_children_it_could_not_follow() {
 fn full_process_table_evicts_and_counts() {
     require_privileges();
     let (s, children) = children_run(&["--follow-children", "--max-processes", "2"], 5, 1);
-    assert_eq!(s["health"]["processes"]["evicted_processes"], 3);
-    assert_eq!(s["health"]["processes"]["children_followed"], 5);
+    assert_process_health(&s, &[("evicted_processes", 3), ("children_followed", 5)]);
     // The summary lists the two most active processes (the parent, busiest with its faults,
     // among them) and folds the others by name, their calls kept in the totals.
     assert_eq!(s["processes"].as_array().unwrap().len(), 2, "{s}");

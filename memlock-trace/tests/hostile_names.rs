@@ -88,6 +88,17 @@ struct Run {
     pid: u32,
 }
 
+/// The options under which a summary shows every place a name appears: per thread, every
+/// call's stack, the top 50 mappings.
+const EVERY_NAME: [&str; 6] = [
+    "--per-thread",
+    "--stacks",
+    "--stack-sample",
+    "1",
+    "--top-mappings",
+    "50",
+];
+
 /// `memlock-trace ARGS -- hostile DIR` in a fresh directory.
 fn trace(args: &[&str], output_file: bool) -> Run {
     require_privileges();
@@ -171,18 +182,7 @@ fn symbol_shown() -> String {
 
 #[test]
 fn text_summary_rows_show_every_name_escaped() {
-    let run = trace(
-        &[
-            "--per-thread",
-            "--hist",
-            "--stacks",
-            "--stack-sample",
-            "1",
-            "--top-mappings",
-            "50",
-        ],
-        false,
-    );
+    let run = trace(&[&EVERY_NAME[..], &["--hist"]].concat(), false);
     assert_clean("stdout", &run.stdout);
     assert_clean("stderr", &run.stderr);
     let text = &run.stdout;
@@ -255,18 +255,7 @@ fn mappings(process: &Value) -> Vec<(&str, u64)> {
 
 #[test]
 fn json_keeps_every_name_exactly() {
-    let run = trace(
-        &[
-            "--json",
-            "--per-thread",
-            "--stacks",
-            "--stack-sample",
-            "1",
-            "--top-mappings",
-            "50",
-        ],
-        false,
-    );
+    let run = trace(&[&["--json"][..], &EVERY_NAME].concat(), false);
     assert_clean("stderr", &run.stderr);
     let s = summary(&run.stdout);
     let process = s["processes"]

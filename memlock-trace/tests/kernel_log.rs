@@ -61,6 +61,11 @@ fn kernel_lines(stderr: &str) -> Vec<&str> {
         .collect()
 }
 
+/// The lines among `lines` that `keep` holds for.
+fn lines_where<'a>(lines: &[&'a str], keep: impl Fn(&str) -> bool) -> Vec<&'a str> {
+    lines.iter().copied().filter(|l| keep(l)).collect()
+}
+
 #[test]
 fn verbose_names_the_program_and_the_full_map_for_each_child_not_followed() {
     require_privileges();
@@ -69,11 +74,9 @@ fn verbose_names_the_program_and_the_full_map_for_each_child_not_followed() {
     assert_eq!(s["health"]["processes"]["children_not_followed"], 2);
     let lines = kernel_lines(&stderr);
     let parent = s["processes"][0]["pid"].as_u64();
-    let not_followed: Vec<&str> = lines
-        .iter()
-        .copied()
-        .filter(|l| l.contains("process_fork: warning: map TARGET_TGIDS full"))
-        .collect();
+    let not_followed = lines_where(&lines, |l| {
+        l.contains("process_fork: warning: map TARGET_TGIDS full")
+    });
     // Each of the last 2 children, by pid, with its parent.
     assert_eq!(not_followed.len(), 2, "{stderr}");
     for child in &children[2..] {
@@ -85,11 +88,9 @@ fn verbose_names_the_program_and_the_full_map_for_each_child_not_followed() {
         );
     }
     // The targets that left the set: the command and the 2 children followed.
-    let left: Vec<&str> = lines
-        .iter()
-        .copied()
-        .filter(|l| l.starts_with("memlock-trace: kernel: process_exit: pid "))
-        .collect();
+    let left = lines_where(&lines, |l| {
+        l.starts_with("memlock-trace: kernel: process_exit: pid ")
+    });
     assert_eq!(left.len(), 3, "{stderr}");
     for child in &children[..2] {
         assert!(
@@ -131,27 +132,27 @@ fn verbose_names_the_fields_a_program_could_not_read() {
             })
             .collect()
     };
+    // `program` warned of failed reads, each naming `fields` and not `unread`.
+    let assert_failed_reads = |program: &str, fields: &str, unread: &str| {
+        let lines = failed(program);
+        assert!(!lines.is_empty(), "{stderr}");
+        for line in &lines {
+            assert!(line.contains(fields) && !line.contains(unread), "{line}");
+        }
+    };
     // At entry: the counters and the limits (total_vm); the fields not read through mm are
     // not named. A count of faults is a user address (read fails) or 0 (NULL struct).
-    let enter = failed("sys_enter_m");
-    assert!(!enter.is_empty(), "{stderr}");
-    for line in &enter {
-        assert!(
-            line.contains("mm_struct.locked_vm, mm_struct.map_count, mm_struct.total_vm (")
-                && !line.contains("task_struct"),
-            "{line}"
-        );
-    }
+    assert_failed_reads(
+        "sys_enter_m",
+        "mm_struct.locked_vm, mm_struct.map_count, mm_struct.total_vm (",
+        "task_struct",
+    );
     // At exit: the counters.
-    let exit = failed("sys_exit_mlock_family");
-    assert!(!exit.is_empty(), "{stderr}");
-    for line in &exit {
-        assert!(
-            line.contains("mm_struct.locked_vm, mm_struct.map_count (")
-                && !line.contains("total_vm"),
-            "{line}"
-        );
-    }
+    assert_failed_reads(
+        "sys_exit_mlock_family",
+        "mm_struct.locked_vm, mm_struct.map_count (",
+        "total_vm",
+    );
 }
 
 #[test]

@@ -10,6 +10,8 @@
 //! are what they were.
 
 mod common;
+#[path = "metrics_server/formats.rs"]
+mod formats;
 mod support;
 
 use std::{
@@ -19,6 +21,7 @@ use std::{
 };
 
 use common::require_privileges;
+use formats::{assert_families, assert_linters_pass};
 use support::{Tracer, map_memory, settled, status_kb};
 
 /// The server's timeout for a request head (memlock-trace's `metrics::server::TIMEOUT`).
@@ -29,15 +32,27 @@ const MAX_CONNECTIONS: usize = 64;
 /// A tracer that serves /metrics and traces nothing (no process has this name).
 fn start() -> (Tracer, SocketAddr) {
     let mut tracer = Tracer::spawn(&["--prometheus", "127.0.0.1:0", "--comm", "no-such-process"]);
-    let line = tracer.wait_for_stderr("serving Prometheus metrics on http://");
-    let addr = line
-        .rsplit("http://")
+    let addr = served_addr(&tracer.wait_for_stderr("serving Prometheus metrics on http://"));
+    tracer.wait_for_stderr("tracing");
+    (tracer, addr)
+}
+
+/// [`start`], and a first scrape that succeeded: the tracer as it was before a hostile client,
+/// its pid to read its figures.
+fn start_scraped() -> (Tracer, SocketAddr, i32) {
+    let (tracer, addr) = start();
+    let pid = tracer.pid();
+    assert_scrapes(addr, "before");
+    (tracer, addr, pid)
+}
+
+/// The address in the tracer's `serving Prometheus metrics on http://ADDR/metrics` line.
+fn served_addr(line: &str) -> SocketAddr {
+    line.rsplit("http://")
         .next()
         .and_then(|s| s.strip_suffix("/metrics"))
         .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("no address in {line:?}"));
-    tracer.wait_for_stderr("tracing");
-    (tracer, addr)
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
 }
 
 /// One GET /metrics on a fresh connection: the status line and the body.
@@ -63,7 +78,6 @@ fn assert_scrapes(addr: SocketAddr, when: &str) {
     );
 }
 
-/// A field of /proc/PID/status, in its own unit (kB for memory).
 /// SIGTERM; the tracer exits 0 and never said that the server stopped.
 fn stop(tracer: Tracer) {
     tracer.signal(libc::SIGTERM);
@@ -85,9 +99,7 @@ fn open_fds(pid: i32) -> usize {
 #[test]
 fn idle_connections_past_the_descriptor_limit_leave_it_serving() {
     require_privileges();
-    let (tracer, addr) = start();
-    let pid = tracer.pid();
-    assert_scrapes(addr, "before");
+    let (tracer, addr, pid) = start_scraped();
     // Once the scrape's connection is closed: the server closes it after its response, and
     // a baseline that still counted it made 64 accepted connections read 63, so the wait for
     // 64 ran into the head timeout that closes them (held: 35, under load).
@@ -152,9 +164,7 @@ fn idle_connections_past_the_descriptor_limit_leave_it_serving() {
 #[test]
 fn an_oversized_header_is_refused_without_growing_the_tracer() {
     require_privileges();
-    let (tracer, addr) = start();
-    let pid = tracer.pid();
-    assert_scrapes(addr, "before");
+    let (tracer, addr, pid) = start_scraped();
     let (rss, peak) = (status_kb(pid, "VmRSS:"), status_kb(pid, "VmHWM:"));
 
     // 64 MiB of one header, sent until the server answers or closes.
@@ -267,40 +277,10 @@ fn scrape_as(addr: SocketAddr, accept: Option<&str>) -> (String, String) {
     (content_type.to_string(), body.to_string())
 }
 
-/// Runs `program args` with `input` on stdin: (success, stdout and stderr).
-fn check_with(program: &str, args: &[&str], input: &str) -> (bool, String) {
-    let mut child = std::process::Command::new(program)
-        .args(args)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot run {program}: {e}"));
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(input.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    let said = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), said)
-}
-
-/// The text format 0.0.4 by default and OpenMetrics when asked: 0.0.4 passes
-/// `promtool check metrics` (which reads 0.0.4 only), OpenMetrics the strict parser of the
-/// Prometheus project's Python client; both carry a HELP for every family, the build info,
-/// the tracer's own process series and bytes, not pages.
-#[test]
-fn both_formats_pass_the_linters() {
-    require_privileges();
-    support::prometheus::require(support::prometheus::PROMTOOL);
-    // A workload that makes mlock calls, so the call families have samples.
-    // The shell becomes a sleep that holds none of the tracer's pipes, killed at the end.
+/// A tracer serving /metrics for a workload that makes mlock calls, so the call families have
+/// samples. The shell becomes a sleep that holds none of the tracer's pipes, killed at the end
+/// (by [`kill_launched`]).
+fn start_with_workload() -> (Tracer, SocketAddr) {
     let script = format!(
         "{} workload syscalls --report /dev/null; exec sleep 60 >/dev/null 2>&1",
         support::BIN
@@ -314,26 +294,29 @@ fn both_formats_pass_the_linters() {
         "-c",
         &script,
     ]);
-    let line = tracer.wait_for_stderr("serving Prometheus metrics on http://");
-    let addr: SocketAddr = line
-        .rsplit("http://")
-        .next()
-        .and_then(|s| s.strip_suffix("/metrics"))
-        .and_then(|s| s.parse().ok())
-        .unwrap();
+    let addr = served_addr(&tracer.wait_for_stderr("serving Prometheus metrics on http://"));
+    (tracer, addr)
+}
+
+/// The default format (0.0.4), scraped until it has the call series (from the drain) and the
+/// map fill (from the first fault refresh).
+fn scrape_populated_text(addr: SocketAddr) -> String {
     let deadline = Instant::now() + Duration::from_secs(60);
-    let text = loop {
+    loop {
         let (content_type, body) = scrape_as(addr, None);
         assert_eq!(content_type, "text/plain; version=0.0.4; charset=utf-8");
-        // The call series from the drain, the map fill from the first fault refresh.
         if body.contains("memlock_trace_syscall_locked_bytes_total{")
             && body.contains("memlock_trace_map_max_entries{map=\"fault_stats\"}")
         {
-            break body;
+            return body;
         }
         assert!(Instant::now() < deadline, "no mlock series:\n{body}");
         std::thread::sleep(Duration::from_millis(200));
-    };
+    }
+}
+
+/// OpenMetrics, as Prometheus asks for it; 0.0.4 when asked for explicitly.
+fn scrape_openmetrics(addr: SocketAddr) -> String {
     let (content_type, openmetrics) = scrape_as(
         addr,
         Some("application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"),
@@ -344,68 +327,12 @@ fn both_formats_pass_the_linters() {
     );
     let (_, explicit) = scrape_as(addr, Some("text/plain;version=0.0.4"));
     assert!(!explicit.contains("# EOF"), "{explicit}");
+    openmetrics
+}
 
-    let (ok, said) = check_with(support::prometheus::PROMTOOL, &["check", "metrics"], &text);
-    assert!(ok, "promtool check metrics (0.0.4): {said}\n{text}");
-    assert!(
-        !text.contains("# EOF") && !text.contains("# UNIT"),
-        "{text}"
-    );
-    // The Prometheus project's OpenMetrics parser: raises on anything out of the spec.
-    let parse = "import sys\nfrom prometheus_client.openmetrics.parser import \
-                 text_string_to_metric_families as parse\n\
-                 families = list(parse(sys.stdin.read()))\n\
-                 missing = [f.name for f in families if not f.documentation]\n\
-                 assert not missing, missing\nprint(len(families))";
-    let (ok, said) = check_with("/usr/bin/python3", &["-c", parse], &openmetrics);
-    assert!(ok, "OpenMetrics parser: {said}\n{openmetrics}");
-    assert!(openmetrics.ends_with("# EOF\n"), "{openmetrics}");
-    // promtool lints the 0.0.4 text only: on OpenMetrics its one complaint is that each
-    // counter's `_total` samples have no HELP of their own, which they have in 0.0.4.
-    let (_, said) = check_with(
-        support::prometheus::PROMTOOL,
-        &["check", "metrics"],
-        &openmetrics,
-    );
-    for complaint in said.lines() {
-        assert!(
-            complaint.ends_with("_total no help text"),
-            "promtool on OpenMetrics: {said}"
-        );
-    }
-
-    for (format, body) in [("0.0.4", &text), ("OpenMetrics", &openmetrics)] {
-        for family in [
-            "# TYPE memlock_trace_build_info gauge",
-            "# TYPE process_resident_memory_bytes gauge",
-            "# TYPE process_open_fds gauge",
-            "# TYPE memlock_trace_syscall_latency_seconds histogram",
-            "# TYPE memlock_trace_map_entries gauge",
-        ] {
-            assert!(body.contains(family), "{format}: no {family}:\n{body}");
-        }
-        assert!(
-            !body.contains("pages_populated") && !body.contains("pages_locked"),
-            "{format}: pages, not bytes:\n{body}"
-        );
-        let info = body
-            .lines()
-            .find(|l| l.starts_with("memlock_trace_build_info{"))
-            .unwrap_or_else(|| panic!("{format}: no build info:\n{body}"));
-        assert!(
-            info.contains(&format!("version=\"{}\"", env!("CARGO_PKG_VERSION")))
-                && info.contains("faults=\"")
-                && info.contains("syscalls=\"")
-                // One word per hook set, not the whole description.
-                && !info.rsplit_once(' ').unwrap().0.contains(' ')
-                && info.ends_with(" 1"),
-            "{info}"
-        );
-    }
-    assert!(
-        text.contains("# TYPE process_cpu_seconds_total counter"),
-        "{text}"
-    );
+/// The maps' series: the fault statistics map's fill within its capacity, and one memory
+/// series per map the tracer `pid` holds, together what the kernel says they take.
+fn assert_map_series(text: &str, pid: i32) {
     // The fault statistics map's fill, within its capacity (as sized at load: thousands).
     let gauge = |name: &str| {
         text.lines()
@@ -437,7 +364,7 @@ fn both_formats_pass_the_linters() {
     );
     // One series per map the tracer holds, together what the kernel says they take: two maps
     // whose names share their first 15 bytes are two series, not one overwritten.
-    let maps = map_memory(tracer.pid());
+    let maps = map_memory(pid);
     assert_eq!(
         (memory.len(), memory.iter().sum::<u64>()),
         (maps.len(), maps.iter().map(|(_, b)| b).sum::<u64>()),
@@ -447,17 +374,24 @@ fn both_formats_pass_the_linters() {
         text.contains("memlock_trace_map_memory_bytes{map=\"populate_inflight\"} "),
         "{text}"
     );
-    // The tracer's resident memory, as the kernel reports it (within a few MiB: it moves).
+}
+
+/// The tracer's resident memory, as the kernel reports it (within a few MiB: it moves).
+fn assert_resident_memory(text: &str, pid: i32) {
     let rss = text
         .lines()
         .find_map(|l| l.strip_prefix("process_resident_memory_bytes "))
         .and_then(|v| v.parse::<f64>().ok())
         .expect("process_resident_memory_bytes");
-    let kernel = status_kb(tracer.pid(), "VmRSS:") as f64 * 1024.0;
+    let kernel = status_kb(pid, "VmRSS:") as f64 * 1024.0;
     assert!(
         (rss - kernel).abs() < 8.0 * 1024.0 * 1024.0,
         "process_resident_memory_bytes {rss} vs VmRSS {kernel}"
     );
+}
+
+/// Stops the tracer, then kills the sleep its launched shell became.
+fn kill_launched(tracer: Tracer) {
     let launched: i32 = tracer
         .stderr()
         .split("`sh` (pid ")
@@ -469,4 +403,28 @@ fn both_formats_pass_the_linters() {
     let _ = tracer.finish();
     // SAFETY: kill(2) of the sleep the test started (through the tracer).
     unsafe { libc::kill(launched, libc::SIGKILL) };
+}
+
+/// The text format 0.0.4 by default and OpenMetrics when asked: 0.0.4 passes
+/// `promtool check metrics` (which reads 0.0.4 only), OpenMetrics the strict parser of the
+/// Prometheus project's Python client; both carry a HELP for every family, the build info,
+/// the tracer's own process series and bytes, not pages.
+#[test]
+fn both_formats_pass_the_linters() {
+    require_privileges();
+    support::prometheus::require(support::prometheus::PROMTOOL);
+    let (tracer, addr) = start_with_workload();
+    let text = scrape_populated_text(addr);
+    let openmetrics = scrape_openmetrics(addr);
+    assert_linters_pass(&text, &openmetrics);
+    for (format, body) in [("0.0.4", &text), ("OpenMetrics", &openmetrics)] {
+        assert_families(format, body);
+    }
+    assert!(
+        text.contains("# TYPE process_cpu_seconds_total counter"),
+        "{text}"
+    );
+    assert_map_series(&text, tracer.pid());
+    assert_resident_memory(&text, tracer.pid());
+    kill_launched(tracer);
 }

@@ -5,19 +5,18 @@
 //! parsed exposition carries exactly the calls the workload made.
 
 mod common;
+#[path = "prometheus/scrape.rs"]
+mod scrape;
 mod support;
 
-use std::{
-    io::Write as _,
-    process::{Command, Stdio},
-    time::{Duration, Instant},
-};
+use std::{io::Write as _, process::Command};
 
 use common::require_privileges;
+use scrape::{agent, scrape_until, start, workload_report};
 use serde_json::Value;
 use support::{
-    BIN, Tracer,
-    exposition::{Sample, parse, value},
+    BIN, Tracer, cgroup2_mount,
+    exposition::{Sample, value},
     summary,
 };
 
@@ -26,251 +25,161 @@ fn page_size() -> u64 {
     unsafe { libc::sysconf(libc::_SC_PAGESIZE) as u64 }
 }
 
-/// An HTTP client for the tracer's /metrics. Its timeout only bounds a hung server: the guests
-/// run these tests in software emulation beside the host stage, where a scrape after fifty
-/// processes took over 5 s; how fast the server answers is test:metrics_server's, on the host.
-fn agent() -> ureq::Agent {
-    ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(Duration::from_secs(60)))
-        .build()
-        .into()
+/// The calls the `syscalls` workload makes, each with its own series.
+const SYSCALLS: [&str; 5] = ["mlock", "mlock2", "munlock", "mlockall", "munlockall"];
+/// Those of them that populate pages (and so fault them in).
+const POPULATING: [&str; 3] = ["mlock", "mlock2", "mlockall"];
+/// The labels of the records counted from the syscall family's ring buffer.
+const SYSCALL_RECORDS: [(&str, &str); 1] = [("kind", "syscall")];
+
+/// The labels of the workload's series of `syscall`.
+fn labels(syscall: &str) -> [(&str, &str); 2] {
+    [("comm", "memlock-trace"), ("syscall", syscall)]
 }
 
-/// Starts `memlock-trace --json --prometheus 127.0.0.1:0 --follow-children EXTRA --
-/// sh -c "memlock-trace workload syscalls --report R; read x"`: the workload runs at once,
-/// then the command waits for stdin to close (and exits 0).
-fn start(extra: &[&str], report: &std::path::Path) -> (Tracer, String) {
-    let script = format!(
-        "{BIN} workload syscalls --report {}; read x || true",
-        report.display()
-    );
-    let mut cmd = Command::new(BIN);
-    cmd.args(["--json", "--prometheus", "127.0.0.1:0", "--follow-children"])
-        .args(extra)
-        .args(["--", "sh", "-c", &script])
-        .stdin(Stdio::piped());
-    let mut tracer = Tracer::spawn_command(&mut cmd);
-    let line = tracer.wait_for_stderr("serving Prometheus metrics on http://");
-    let url = line.rsplit(' ').next().unwrap().to_string();
-    (tracer, url)
+/// How many `syscall` calls the workload's report lists.
+fn made(calls: &[Value], syscall: &str) -> usize {
+    calls.iter().filter(|c| c["syscall"] == syscall).count()
 }
 
-/// The workload's own record, once it is complete.
-///
-/// A hang guard, not a target: in a software-emulated guest on a loaded 2-core machine the
-/// workload's `mlockall` populating the whole (debug) binary under the fault and VMA hooks
-/// took over 30 s on 6.12 (the first of the tests, once in three runs, twice in another).
-fn workload_report(path: &std::path::Path) -> Vec<Value> {
-    // The wait includes loading the programs (the command is held until then): minutes in
-    // an emulated guest on a loaded machine.
-    let deadline = Instant::now() + Duration::from_secs(300);
-    loop {
-        if let Ok(Ok(v)) =
-            std::fs::read_to_string(path).map(|s| serde_json::from_str::<Vec<Value>>(&s))
-        {
-            return v;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the workload never wrote {}",
-            path.display()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// Scrapes until `ready` holds (the tracer drains asynchronously), at most 120 s (guests in
-/// software emulation, side by side on two CPUs, can be slow); `expected` is said if not.
-fn scrape_until(
-    url: &str,
-    expected: &str,
-    ready: impl Fn(&[Sample]) -> bool,
-) -> (Vec<Sample>, String) {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        // What Prometheus asks for (without it: the text format 0.0.4, test:metrics_server).
-        let mut response = agent()
-            .get(url)
-            .header("Accept", "application/openmetrics-text;version=1.0.0")
-            .call()
-            .expect("GET /metrics");
-        assert_eq!(response.status(), 200);
-        let content_type = response
-            .headers()
-            .get("content-type")
-            .unwrap()
-            .to_str()
-            .unwrap()
-            .to_string();
-        let text = response.body_mut().read_to_string().unwrap();
-        let samples = parse(&text);
-        if ready(&samples) {
-            assert!(text.ends_with("# EOF\n"), "OpenMetrics ends with # EOF");
-            assert!(
-                content_type.starts_with("application/openmetrics-text"),
-                "{content_type}"
-            );
-            return (samples, text);
-        }
-        assert!(
-            Instant::now() < deadline,
-            "metrics never showed the workload ({expected}):\n{text}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-#[test]
-fn scraped_metrics_count_exactly_the_calls_made() {
-    require_privileges();
-    let report =
-        std::env::temp_dir().join(format!("memlock-trace-prom-{}.json", std::process::id()));
-    let _ = std::fs::remove_file(&report);
-    let (mut tracer, url) = start(&[], &report);
-    let calls = workload_report(&report);
-    let labels = |syscall: &'static str| [("comm", "memlock-trace"), ("syscall", syscall)];
-    // Pages the populating calls faulted in, by the workload's own getrusage around each.
-    let populating = ["mlock", "mlock2", "mlockall"];
-    let populated_by: Vec<f64> = populating
+/// Pages the workload's `syscall` calls faulted in, by its own getrusage around each.
+fn populated_by(calls: &[Value], syscall: &str) -> u64 {
+    calls
         .iter()
-        .map(|&syscall| {
-            calls
-                .iter()
-                .filter(|c| c["syscall"] == syscall)
-                .map(|c| {
-                    c["faults"]["minflt"].as_u64().unwrap()
-                        + c["faults"]["majflt"].as_u64().unwrap()
-                })
-                .sum::<u64>() as f64
+        .filter(|c| c["syscall"] == syscall)
+        .map(|c| c["faults"]["minflt"].as_u64().unwrap() + c["faults"]["majflt"].as_u64().unwrap())
+        .sum()
+}
+
+/// The fault family's pages populated by `syscall`, summed over `comm`: only the launched
+/// process is traced, and in a slow guest the first refresh can come after it exited, when
+/// the name read for it is the pre-exec one (`sh`), a known limit of the fault series' naming.
+fn faults_by(s: &[Sample], syscall: &str) -> f64 {
+    s.iter()
+        .filter(|x| {
+            x.name == "memlock_trace_page_faults_populated_total"
+                && x.labels.get("syscall").map(String::as_str) == Some(syscall)
         })
-        .collect();
-    // The fault family's series come with the next refresh (each second). Summed over
-    // `comm`: only the launched process is traced, and in a slow guest the first refresh
-    // can come after it exited, when the name read for it is the pre-exec one (`sh`), a
-    // known limit of the fault series' naming.
-    let faults_by = |s: &[Sample], syscall: &str| -> f64 {
-        s.iter()
-            .filter(|x| {
-                x.name == "memlock_trace_page_faults_populated_total"
-                    && x.labels.get("syscall").map(String::as_str) == Some(syscall)
-            })
-            .map(|x| x.value)
-            .sum()
-    };
-    let syscalls = ["mlock", "mlock2", "munlock", "mlockall", "munlockall"];
-    let made = |syscall: &str| calls.iter().filter(|c| c["syscall"] == syscall).count() as f64;
+        .map(|x| x.value)
+        .sum()
+}
+
+/// Scrapes until every call the workload made, every record of them and every page they
+/// populated shows. The call series come from the kernel's counts at each refresh (each
+/// second), the records from the ring buffer as it is drained: under load either can lag the
+/// other, and a refresh can fall between two calls (the failing mlock comes after munlockall).
+/// The fault family's series come with the next refresh (each second).
+fn scrape_all_calls(url: &str, calls: &[Value], populated: &[f64; 3]) -> (Vec<Sample>, String) {
     let expected = format!(
-        "calls made {:?}, {} syscall records read, pages populated by {populating:?}: \
-         {populated_by:?} (the workload's getrusage)",
-        syscalls.map(|syscall| (syscall, made(syscall))),
+        "calls made {:?}, {} syscall records read, pages populated by {POPULATING:?}: \
+         {populated:?} (the workload's getrusage)",
+        SYSCALLS.map(|syscall| (syscall, made(calls, syscall) as f64)),
         calls.len()
     );
-    // The call series come from the kernel's counts at each refresh (each second), the
-    // records from the ring buffer as it is drained: under load either can lag the other,
-    // and a refresh can fall between two calls (the failing mlock comes after munlockall).
-    let syscall_records = [("kind", "syscall")];
-    let (samples, text) = scrape_until(&url, &expected, |s| {
-        syscalls.iter().all(|&syscall| {
-            value(s, "memlock_trace_syscalls_total", &labels(syscall)) == Some(made(syscall))
-        }) && value(s, "memlock_trace_events_received_total", &syscall_records)
+    scrape_until(url, &expected, |s| {
+        SYSCALLS.iter().all(|&syscall| {
+            value(s, "memlock_trace_syscalls_total", &labels(syscall))
+                == Some(made(calls, syscall) as f64)
+        }) && value(s, "memlock_trace_events_received_total", &SYSCALL_RECORDS)
             == Some(calls.len() as f64)
-            && populating
+            && POPULATING
                 .iter()
-                .zip(&populated_by)
+                .zip(populated)
                 .all(|(syscall, &n)| faults_by(s, syscall) == n)
-    });
-    // The fault family agrees with the syscall family and the workload, per call.
-    for (syscall, &n) in populating.iter().zip(&populated_by) {
+    })
+}
+
+/// The fault family agrees with the syscall family and the workload, per call.
+fn assert_fault_family(samples: &[Sample], populated: &[f64; 3]) {
+    for (syscall, &n) in POPULATING.iter().zip(populated) {
         assert_eq!(
-            faults_by(&samples, syscall),
+            faults_by(samples, syscall),
             n,
             "faults populated by {syscall}"
         );
     }
-    assert!(
-        populated_by[0] > 0.0 && populated_by[2] > 0.0,
-        "{populated_by:?}"
-    );
+    assert!(populated[0] > 0.0 && populated[2] > 0.0, "{populated:?}");
     let faults: f64 = samples
         .iter()
         .filter(|x| x.name == "memlock_trace_page_faults_total")
         .map(|x| x.value)
         .sum();
-    assert!(faults >= populated_by.iter().sum::<f64>(), "{faults}");
+    assert!(faults >= populated.iter().sum::<f64>(), "{faults}");
     assert_eq!(
         value(
-            &samples,
+            samples,
             "memlock_trace_fault_health_total",
             &[("counter", "update_failed")]
         ),
         Some(0.0)
     );
+}
 
-    for syscall in syscalls {
-        let made: Vec<&Value> = calls.iter().filter(|c| c["syscall"] == syscall).collect();
-        assert_eq!(
-            value(&samples, "memlock_trace_syscalls_total", &labels(syscall)),
-            Some(made.len() as f64),
-            "{syscall}"
-        );
-        // The histogram holds every call, and its buckets are cumulative.
-        assert_eq!(
-            value(
-                &samples,
-                "memlock_trace_syscall_latency_seconds_count",
-                &labels(syscall)
-            ),
-            Some(made.len() as f64)
-        );
-        let inf = [
-            ("comm", "memlock-trace"),
-            ("syscall", syscall),
-            ("le", "+Inf"),
-        ];
-        assert_eq!(
-            value(
-                &samples,
-                "memlock_trace_syscall_latency_seconds_bucket",
-                &inf
-            ),
-            Some(made.len() as f64)
-        );
-        let sum = value(
-            &samples,
-            "memlock_trace_syscall_latency_seconds_sum",
-            &labels(syscall),
-        )
-        .unwrap();
-        assert!(sum > 0.0 && sum < 60.0, "{syscall} latency sum {sum}");
-        let populated: u64 = made
-            .iter()
-            .map(|c| {
-                c["faults"]["minflt"].as_u64().unwrap() + c["faults"]["majflt"].as_u64().unwrap()
-            })
-            .sum();
-        let got = value(
-            &samples,
-            "memlock_trace_syscall_populated_faults_total",
-            &labels(syscall),
-        )
-        .unwrap_or(0.0);
-        assert_eq!(
-            got, populated as f64,
-            "{syscall} faults populated vs the workload's getrusage"
-        );
-        // Base pages, at least one per fault (a file's fault-around, a huge page: more).
-        let bytes = value(
-            &samples,
-            "memlock_trace_syscall_populated_bytes_total",
-            &labels(syscall),
-        )
-        .unwrap_or(0.0);
-        assert!(
-            bytes >= (populated * page_size()) as f64,
-            "{syscall} bytes populated {bytes} vs {populated} faults"
-        );
-    }
+/// `syscall`'s series: its count, latency histogram and pages populated, against the calls
+/// the workload made and the faults its getrusage saw.
+fn assert_call_series(samples: &[Sample], calls: &[Value], syscall: &str) {
+    let made = made(calls, syscall);
+    assert_eq!(
+        value(samples, "memlock_trace_syscalls_total", &labels(syscall)),
+        Some(made as f64),
+        "{syscall}"
+    );
+    // The histogram holds every call, and its buckets are cumulative.
+    assert_eq!(
+        value(
+            samples,
+            "memlock_trace_syscall_latency_seconds_count",
+            &labels(syscall)
+        ),
+        Some(made as f64)
+    );
+    let inf = [
+        ("comm", "memlock-trace"),
+        ("syscall", syscall),
+        ("le", "+Inf"),
+    ];
+    assert_eq!(
+        value(
+            samples,
+            "memlock_trace_syscall_latency_seconds_bucket",
+            &inf
+        ),
+        Some(made as f64)
+    );
+    let sum = value(
+        samples,
+        "memlock_trace_syscall_latency_seconds_sum",
+        &labels(syscall),
+    )
+    .unwrap();
+    assert!(sum > 0.0 && sum < 60.0, "{syscall} latency sum {sum}");
+    let populated = populated_by(calls, syscall);
+    let got = value(
+        samples,
+        "memlock_trace_syscall_populated_faults_total",
+        &labels(syscall),
+    )
+    .unwrap_or(0.0);
+    assert_eq!(
+        got, populated as f64,
+        "{syscall} faults populated vs the workload's getrusage"
+    );
+    // Base pages, at least one per fault (a file's fault-around, a huge page: more).
+    let bytes = value(
+        samples,
+        "memlock_trace_syscall_populated_bytes_total",
+        &labels(syscall),
+    )
+    .unwrap_or(0.0);
+    assert!(
+        bytes >= (populated * page_size()) as f64,
+        "{syscall} bytes populated {bytes} vs {populated} faults"
+    );
+}
+
+/// What the workload's mlock calls did: a cumulative latency histogram, one ENOMEM, the
+/// pages locked and unlocked.
+fn assert_mlock_figures(samples: &[Sample]) {
     let buckets: Vec<f64> = samples
         .iter()
         .filter(|s| {
@@ -289,13 +198,13 @@ fn scraped_metrics_count_exactly_the_calls_made() {
         ("syscall", "mlock"),
     ];
     assert_eq!(
-        value(&samples, "memlock_trace_syscall_errors_total", &enomem),
+        value(samples, "memlock_trace_syscall_errors_total", &enomem),
         Some(1.0)
     );
     // 16 + 8 pages locked by the two successful mlocks, then unlocked by the munlocks.
     assert_eq!(
         value(
-            &samples,
+            samples,
             "memlock_trace_syscall_locked_bytes_total",
             &labels("mlock")
         ),
@@ -303,20 +212,24 @@ fn scraped_metrics_count_exactly_the_calls_made() {
     );
     assert_eq!(
         value(
-            &samples,
+            samples,
             "memlock_trace_syscall_unlocked_bytes_total",
             &labels("munlock")
         ),
         Some((40 * page_size()) as f64)
     );
-    // The tracer's health.
+}
+
+/// The tracer's health: every record received, nothing dropped or lost; the exposition's
+/// metadata, and no pid label unless asked.
+fn assert_health(samples: &[Sample], text: &str, records: usize) {
     assert_eq!(
         value(
-            &samples,
+            samples,
             "memlock_trace_events_received_total",
-            &syscall_records
+            &SYSCALL_RECORDS
         ),
-        Some(calls.len() as f64)
+        Some(records as f64)
     );
     for counter in [
         "dropped_events",
@@ -326,7 +239,7 @@ fn scraped_metrics_count_exactly_the_calls_made() {
         "evicted_processes",
     ] {
         assert_eq!(
-            value(&samples, &format!("memlock_trace_{counter}_total"), &[]),
+            value(samples, &format!("memlock_trace_{counter}_total"), &[]),
             Some(0.0),
             "{counter}"
         );
@@ -343,7 +256,9 @@ fn scraped_metrics_count_exactly_the_calls_made() {
         !text.contains("pid=\""),
         "no pid label unless asked:\n{text}"
     );
+}
 
+fn assert_unknown_path_is_404(url: &str) {
     let mut missing = agent()
         .get(url.replace("/metrics", "/nope"))
         .call()
@@ -354,6 +269,25 @@ fn scraped_metrics_count_exactly_the_calls_made() {
         "{}",
         missing.body_mut().read_to_string().unwrap()
     );
+}
+
+#[test]
+fn scraped_metrics_count_exactly_the_calls_made() {
+    require_privileges();
+    let report =
+        std::env::temp_dir().join(format!("memlock-trace-prom-{}.json", std::process::id()));
+    let _ = std::fs::remove_file(&report);
+    let (mut tracer, url) = start(&[], &report);
+    let calls = workload_report(&report);
+    let populated = POPULATING.map(|syscall| populated_by(&calls, syscall) as f64);
+    let (samples, text) = scrape_all_calls(&url, &calls, &populated);
+    assert_fault_family(&samples, &populated);
+    for syscall in SYSCALLS {
+        assert_call_series(&samples, &calls, syscall);
+    }
+    assert_mlock_figures(&samples);
+    assert_health(&samples, &text, calls.len());
+    assert_unknown_path_is_404(&url);
 
     // Closing stdin ends the command, then the tracer, which still prints its summary.
     drop(tracer.child.stdin.take());
@@ -437,17 +371,7 @@ struct FreshCgroup(std::path::PathBuf);
 
 impl FreshCgroup {
     fn new() -> Self {
-        let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-        let mount = info
-            .lines()
-            .find_map(|l| {
-                let (left, right) = l.split_once(" - ")?;
-                (right.split_whitespace().next()? == "cgroup2")
-                    .then(|| left.split_whitespace().nth(4))?
-            })
-            .expect("this test needs a cgroup2 mount (cgroup v2, or the unified hierarchy)");
-        let dir =
-            std::path::Path::new(mount).join(format!("memlock-trace-names-{}", std::process::id()));
+        let dir = cgroup2_mount().join(format!("memlock-trace-names-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
         Self(dir)
     }

@@ -16,16 +16,22 @@
 //! (the exact kernel counts behind it: test:exact_calls, on every kernel).
 
 mod common;
+#[path = "prometheus_fleet/cpus.rs"]
+mod cpus;
+#[path = "prometheus_fleet/series.rs"]
+mod series;
 mod support;
 
 use std::{
     io::{BufRead, BufReader, Write as _},
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    process::{Child, ChildStdout, Command, Stdio},
     time::{Duration, Instant},
 };
 
 use common::require_privileges;
+use cpus::{pin, schedule, shared_cpu};
+use series::{FloodSeries, ProbeSeries, flood_series, poll_until, probe_series};
 use support::{
     BIN, Tracer, cgroup2_mount, flood_args,
     prometheus::{Prometheus, scrape_job, served_target},
@@ -157,80 +163,6 @@ fn in_cgroup(cgroup: &Path, program: &str, args: &[impl AsRef<std::ffi::OsStr>])
     cmd
 }
 
-/// Every thread of `pid` onto `cpu`, and `SCHED_IDLE` if `idle` (else back to
-/// `SCHED_OTHER` on every CPU in `all`). Threads made later inherit it from their creator.
-fn schedule(pid: u32, cpu: usize, idle: bool, all: &libc::cpu_set_t) {
-    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).unwrap();
-    for task in tasks.flatten() {
-        let tid: i32 = task.file_name().to_string_lossy().parse().unwrap();
-        // SAFETY: cpu_set_t is plain data; CPU_SET writes within it.
-        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-        if idle {
-            // SAFETY: as above; cpu < CPU_SETSIZE (it came from our own mask).
-            unsafe { libc::CPU_SET(cpu, &mut set) };
-        } else {
-            set = *all;
-        }
-        let policy = if idle {
-            libc::SCHED_IDLE
-        } else {
-            libc::SCHED_OTHER
-        };
-        let param = libc::sched_param { sched_priority: 0 };
-        // SAFETY: both calls read the structs they are given; a thread that just exited
-        // makes them fail with ESRCH, which is fine.
-        let (affinity, policy) = unsafe {
-            (
-                libc::sched_setaffinity(tid, size_of::<libc::cpu_set_t>(), &set),
-                libc::sched_setscheduler(tid, policy, &param),
-            )
-        };
-        if (affinity != 0 || policy != 0) && Path::new(&format!("/proc/{pid}/task/{tid}")).exists()
-        {
-            panic!(
-                "scheduling thread {tid} of {pid}: {}",
-                std::io::Error::last_os_error()
-            );
-        }
-    }
-}
-
-/// Only `cpu`, for the flood (normal priority: it starves the idle tracer beside it).
-fn pin(pid: u32, cpu: usize) {
-    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
-        .unwrap()
-        .flatten()
-    {
-        let tid: i32 = task.file_name().to_string_lossy().parse().unwrap();
-        // SAFETY: as in `schedule`.
-        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-        // SAFETY: as in `schedule`.
-        let ret = unsafe {
-            libc::CPU_SET(cpu, &mut set);
-            libc::sched_setaffinity(tid, size_of::<libc::cpu_set_t>(), &set)
-        };
-        assert_eq!(ret, 0, "pinning thread {tid} of {pid} to CPU {cpu}");
-    }
-}
-
-/// Polls `promql` until it returns `want` or 40 s pass; returns the last value.
-fn poll(prometheus: &Prometheus, promql: &str, want: f64) -> f64 {
-    poll_until(prometheus, promql, |got| got == want)
-}
-
-/// Polls `promql` until its value passes `done` or 40 s pass; returns the last value.
-fn poll_until(prometheus: &Prometheus, promql: &str, done: impl Fn(f64) -> bool) -> f64 {
-    let deadline = Instant::now() + Duration::from_secs(40);
-    loop {
-        let got = prometheus.one(promql);
-        if done(got) || Instant::now() > deadline {
-            eprintln!("{promql} = {got}");
-            return got;
-        }
-        std::thread::sleep(Duration::from_millis(250));
-    }
-}
-
 /// Waits for a bundled workload and parses the JSON report it printed.
 fn report_of(child: &mut Child) -> serde_json::Value {
     let mut out = String::new();
@@ -248,43 +180,21 @@ fn line_from(reader: &mut impl BufRead, what: &str) -> String {
     line.trim_end().to_string()
 }
 
-#[test]
-fn promql_returns_what_a_known_process_did_beside_churn_and_a_starving_flood() {
-    require_privileges();
-    support::prometheus::require(support::prometheus::PROMETHEUS);
-    assert!(
-        Path::new(PYTHON).is_file(),
-        "{PYTHON} is missing: `cargo xtask test` installs Debian's python3"
-    );
-    let started = Instant::now();
+/// The test's scratch directory with the probe script in it, as `fleetprobe`.
+fn scratch_with_probe() -> Scratch {
     let scratch = std::env::temp_dir().join(format!("memlock-trace-fleet-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&scratch);
     std::fs::create_dir_all(&scratch).unwrap();
     let scratch = Scratch(scratch);
-    let scratch = &scratch.0;
-    let probe = scratch.join("fleetprobe");
+    let probe = scratch.0.join("fleetprobe");
     std::fs::write(&probe, PROBE_SCRIPT).unwrap();
     std::fs::set_permissions(&probe, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    scratch
+}
 
-    // CPUs this test may use: the flood and the tracer share the last one.
-    // SAFETY: cpu_set_t is plain data; sched_getaffinity fills it.
-    let mut all: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    assert_eq!(
-        unsafe { libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut all) },
-        0
-    );
-    // SAFETY: CPU_ISSET reads within the set.
-    let cpus: Vec<usize> = (0..libc::CPU_SETSIZE as usize)
-        .filter(|&c| unsafe { libc::CPU_ISSET(c, &all) })
-        .collect();
-    assert!(
-        cpus.len() >= 2,
-        "this test needs 2 CPUs (one shared by the tracer and the flood): {cpus:?}"
-    );
-    let cpu = *cpus.last().unwrap();
-
-    // System-wide: no -p, no command, as a fleet node runs it.
+/// The fleet node: the tracer system-wide (no -p, no command), and Prometheus scraping it,
+/// its target up.
+fn fleet_node(scratch: &Path) -> (Tracer, Prometheus) {
     let mut tracer = Tracer::spawn(&["--json", "--prometheus", "127.0.0.1:0"]);
     let target = served_target(&tracer.wait_for_stderr("serving Prometheus metrics on http://"));
     tracer.wait_for_stderr("memlock-trace: tracing");
@@ -296,18 +206,12 @@ fn promql_returns_what_a_known_process_did_beside_churn_and_a_starving_flood() {
         "{targets:?}\n{}",
         prometheus.log()
     );
+    (tracer, prometheus)
+}
 
-    // The cgroups appear while the tracer runs, as a container's would.
-    let cgroups = Cgroups::new();
-    let stop = scratch.join("stop-churn");
-    let churn = Command::new("/bin/sh")
-        .args(["-c", CHURN_SCRIPT, "churn"])
-        .arg(&stop)
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut churn = Reaped(churn);
-
+/// The probe, started in its cgroup and loaded (it said `ready`), named `fleetprobe` by the
+/// kernel; the reader of its answers.
+fn start_probe(cgroups: &Cgroups, probe: &Path) -> (Reaped, BufReader<ChildStdout>) {
     let mut probe_child = Reaped::commanded(&mut in_cgroup(
         &cgroups.dir("probe"),
         probe.to_str().unwrap(),
@@ -322,6 +226,37 @@ fn promql_returns_what_a_known_process_did_beside_churn_and_a_starving_flood() {
         "fleetprobe",
         "the kernel's name after the exec"
     );
+    (probe_child, probe_out)
+}
+
+/// What the run left behind it: the probe's pid, the churn's rounds, the flood's own report
+/// and the dropped records PromQL counted before the flood.
+struct Run {
+    probe_pid: u32,
+    rounds: u64,
+    flood: serde_json::Value,
+    dropped_before: f64,
+}
+
+/// The churn, the probe's calls and the flood, the tracer starved on the flood's CPU while
+/// they run; once all three have ended, the tracer is back to normal.
+fn run_beside_churn_and_flood(
+    tracer: &Tracer,
+    prometheus: &Prometheus,
+    cgroups: &Cgroups,
+    scratch: &Path,
+    (all, cpu): (libc::cpu_set_t, usize),
+) -> Run {
+    let stop = scratch.join("stop-churn");
+    let churn = Command::new("/bin/sh")
+        .args(["-c", CHURN_SCRIPT, "churn"])
+        .arg(&stop)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut churn = Reaped(churn);
+    let (mut probe_child, mut probe_out) = start_probe(cgroups, &scratch.join("fleetprobe"));
+    let probe_pid = probe_child.0.id();
 
     let mut flood = Reaped::commanded(&mut in_cgroup(
         &cgroups.dir("flood"),
@@ -364,96 +299,50 @@ fn promql_returns_what_a_known_process_did_beside_churn_and_a_starving_flood() {
     };
     // The tracer back to normal, so the queries below do not wait on it.
     schedule(tracer.pid() as u32, cpu, false, &all);
-    let flood_calls = flood_out["calls"].as_u64().unwrap();
-    let flood_munlocks = flood_out["munlock_calls"].as_u64().unwrap();
-    let flood_enomem = flood_out["enomem"].as_u64().unwrap();
-    assert_eq!(flood_calls, FLOOD_THREADS * FLOOD_CALLS);
+    Run {
+        probe_pid,
+        rounds,
+        flood: flood_out,
+        dropped_before,
+    }
+}
 
-    // PromQL: the probe's series, by its name after exec and its cgroup.
-    let probe_sel = format!(
-        "job=\"{JOB}\",comm=\"fleetprobe\",cgroup=\"{}\"",
-        cgroups.path("probe")
-    );
-    let calls =
-        |sel: &str, call: &str| format!("memlock_trace_syscalls_total{{{sel},syscall=\"{call}\"}}");
-    let mlocks = poll(&prometheus, &calls(&probe_sel, "mlock"), N as f64);
-    let munlocks = poll(&prometheus, &calls(&probe_sel, "munlock"), N as f64);
-    // Everything the probe's cgroup made, whatever the name: only fleetprobe's.
-    let in_probe_cgroup = prometheus.query(&format!(
-        "sum by (comm, syscall) (memlock_trace_syscalls_total{{job=\"{JOB}\",cgroup=\"{}\"}})",
-        cgroups.path("probe")
-    ));
+/// PromQL's figures against what the probe and the flood made; the dropped records counted,
+/// by PromQL and (at least as many) by the summary.
+fn assert_series(
+    probe: &ProbeSeries,
+    flood: &FloodSeries,
+    (dropped_before, dropped, summary_dropped): (f64, f64, Option<u64>),
+    tracer_stderr: &str,
+) {
     // SAFETY: sysconf has no preconditions.
     let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as u64;
-    let locked = prometheus.one(&format!(
-        "memlock_trace_syscall_locked_bytes_total{{{probe_sel},syscall=\"mlock\"}}"
-    ));
-    let unlocked = prometheus.one(&format!(
-        "memlock_trace_syscall_unlocked_bytes_total{{{probe_sel},syscall=\"munlock\"}}"
-    ));
-    let probe_errors = prometheus.one(&format!(
-        "sum(memlock_trace_syscall_errors_total{{{probe_sel}}})"
-    ));
-
-    // The flood's series, by its cgroup (its name is memlock-trace, as other tests' are).
-    let flood_sel = format!("job=\"{JOB}\",cgroup=\"{}\"", cgroups.path("flood"));
-    let flood_mlocks = poll(
-        &prometheus,
-        &format!("sum({})", calls(&flood_sel, "mlock")),
-        flood_calls as f64,
-    );
-    let flood_munlocks_seen = poll(
-        &prometheus,
-        &format!("sum({})", calls(&flood_sel, "munlock")),
-        flood_munlocks as f64,
-    );
-    let flood_errors = prometheus.one(&format!(
-        "sum(memlock_trace_syscall_errors_total{{{flood_sel},syscall=\"mlock\",errno=\"ENOMEM\"}})"
-    ));
-    let dropped = poll_until(
-        &prometheus,
-        "sum(memlock_trace_dropped_events_total)",
-        |d| d > dropped_before,
-    );
-
-    tracer.signal(libc::SIGINT);
-    let done = tracer.finish();
-    let summary_dropped = summary(&done.stdout)["dropped_events"].as_u64();
-    eprintln!(
-        "fleet: churn {rounds} rounds; probe pid {probe_pid}: mlock {mlocks}, munlock {munlocks}, \
-         locked {locked} B, unlocked {unlocked} B, errors {probe_errors}; flood {flood_calls} + \
-         {flood_munlocks} calls in {:.1} s: PromQL {flood_mlocks} + {flood_munlocks_seen}, ENOMEM \
-         {flood_errors}; dropped records: PromQL {dropped_before} -> {dropped}, summary \
-         {summary_dropped:?}; {:.1} s",
-        flood_out["secs"].as_f64().unwrap_or(0.0),
-        started.elapsed().as_secs_f64()
-    );
     let figures = format!(
-        "in the probe's cgroup: {in_probe_cgroup:?}\ntracer stderr:\n{}",
-        done.stderr
+        "in the probe's cgroup: {:?}\ntracer stderr:\n{tracer_stderr}",
+        probe.in_cgroup
     );
     assert_eq!(
-        (mlocks, munlocks),
+        (probe.mlocks, probe.munlocks),
         (N as f64, N as f64),
         "fleetprobe's mlock and munlock series\n{figures}"
     );
     assert_eq!(
-        in_probe_cgroup.len(),
+        probe.in_cgroup.len(),
         2,
         "one series per call in the probe's cgroup, all named fleetprobe\n{figures}"
     );
     let bytes = (N * PROBE_PAGES * page) as f64;
     assert_eq!(
-        (locked, unlocked, probe_errors),
+        (probe.locked, probe.unlocked, probe.errors),
         (bytes, bytes, 0.0),
         "fleetprobe's locked and unlocked bytes and errors\n{figures}"
     );
     assert_eq!(
-        (flood_mlocks, flood_munlocks_seen, flood_errors),
+        (flood.mlocks_seen, flood.munlocks_seen, flood.errors),
         (
-            flood_calls as f64,
-            flood_munlocks as f64,
-            flood_enomem as f64
+            flood.calls as f64,
+            flood.munlocks as f64,
+            flood.enomem as f64
         ),
         "the flood's calls\n{figures}"
     );
@@ -465,6 +354,62 @@ fn promql_returns_what_a_known_process_did_beside_churn_and_a_starving_flood() {
     assert!(
         summary_dropped.is_some_and(|d| d as f64 >= dropped),
         "the summary's dropped records ({summary_dropped:?}) below PromQL's ({dropped})"
+    );
+}
+
+#[test]
+fn promql_returns_what_a_known_process_did_beside_churn_and_a_starving_flood() {
+    require_privileges();
+    support::prometheus::require(support::prometheus::PROMETHEUS);
+    assert!(
+        Path::new(PYTHON).is_file(),
+        "{PYTHON} is missing: `cargo xtask test` installs Debian's python3"
+    );
+    let started = Instant::now();
+    let scratch = scratch_with_probe();
+    let scratch = &scratch.0;
+    let cpus = shared_cpu();
+    let (tracer, prometheus) = fleet_node(scratch);
+    // The cgroups appear while the tracer runs, as a container's would.
+    let cgroups = Cgroups::new();
+    let run = run_beside_churn_and_flood(&tracer, &prometheus, &cgroups, scratch, cpus);
+
+    let probe = probe_series(&prometheus, &cgroups);
+    let flood = flood_series(&prometheus, &cgroups, &run.flood);
+    let dropped_before = run.dropped_before;
+    let dropped = poll_until(
+        &prometheus,
+        "sum(memlock_trace_dropped_events_total)",
+        |d| d > dropped_before,
+    );
+
+    tracer.signal(libc::SIGINT);
+    let done = tracer.finish();
+    let summary_dropped = summary(&done.stdout)["dropped_events"].as_u64();
+    eprintln!(
+        "fleet: churn {} rounds; probe pid {}: mlock {}, munlock {}, locked {} B, unlocked {} B, \
+         errors {}; flood {} + {} calls in {:.1} s: PromQL {} + {}, ENOMEM {}; dropped records: \
+         PromQL {dropped_before} -> {dropped}, summary {summary_dropped:?}; {:.1} s",
+        run.rounds,
+        run.probe_pid,
+        probe.mlocks,
+        probe.munlocks,
+        probe.locked,
+        probe.unlocked,
+        probe.errors,
+        flood.calls,
+        flood.munlocks,
+        run.flood["secs"].as_f64().unwrap_or(0.0),
+        flood.mlocks_seen,
+        flood.munlocks_seen,
+        flood.errors,
+        started.elapsed().as_secs_f64()
+    );
+    assert_series(
+        &probe,
+        &flood,
+        (dropped_before, dropped, summary_dropped),
+        &done.stderr,
     );
     assert!(done.status.success(), "{}", done.stderr);
     assert!(

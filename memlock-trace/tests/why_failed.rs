@@ -12,7 +12,7 @@ mod support;
 
 use common::require_privileges;
 use serde_json::Value;
-use support::{BIN, json_lines, run};
+use support::{BIN, json_lines, run, workload};
 
 /// The memlock-limit scenario under a 64 KiB limit, as uid nobody (no capabilities): it
 /// locks 32 KiB, then asks for 128 KiB, ..., then mlocks with the limit at 0.
@@ -109,15 +109,10 @@ fn the_text_line_and_summary_say_why() {
 fn root_with_cap_ipc_lock_is_reported_as_holding_it() {
     require_privileges();
     let out = run(&[
-        "--json",
-        "--events",
-        "--",
-        BIN,
-        "workload",
-        "syscalls",
-        "--report",
-        "/dev/null",
-    ]);
+        &["--json", "--events", "--"][..],
+        &workload("syscalls", "/dev/null"),
+    ]
+    .concat());
     let lines = json_lines(&String::from_utf8_lossy(&out.stdout));
     let (soft, _) =
         nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_MEMLOCK).unwrap();

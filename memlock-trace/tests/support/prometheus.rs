@@ -10,6 +10,8 @@ use std::{
 
 use serde_json::Value;
 
+use super::poll_within;
+
 pub const PROMETHEUS: &str = "/usr/bin/prometheus";
 pub const PROMTOOL: &str = "/usr/bin/promtool";
 
@@ -168,9 +170,8 @@ impl Prometheus {
     /// The active targets, once every one has been scraped at least `scrapes` times (its
     /// health is known); at most 60 s.
     pub fn targets_after_scrapes(&self, scrapes: u32) -> Vec<Value> {
-        let deadline = Instant::now() + Duration::from_secs(60);
         let mut seen = 0;
-        loop {
+        poll_within(Duration::from_secs(60), Duration::from_millis(1100), || {
             let targets = self.api("/api/v1/targets", &[])["activeTargets"]
                 .as_array()
                 .expect("a list")
@@ -178,15 +179,13 @@ impl Prometheus {
             if !targets.is_empty() && targets.iter().all(|t| t["health"] != "unknown") {
                 seen += 1;
                 if seen >= scrapes {
-                    return targets;
+                    return Ok(targets);
                 }
             }
-            assert!(
-                Instant::now() < deadline,
+            Err(format!(
                 "targets not scraped within 60 s: {targets:?}\n{}",
                 self.log()
-            );
-            std::thread::sleep(Duration::from_millis(1100));
-        }
+            ))
+        })
     }
 }

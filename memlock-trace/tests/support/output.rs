@@ -1,0 +1,54 @@
+//! Reading the tracer's output back: its JSON lines, the summary and the text tables.
+
+use serde_json::Value;
+
+pub fn json_lines(stdout: &str) -> Vec<Value> {
+    stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON: {l:?}: {e}")))
+        .collect()
+}
+
+/// The last `"summary"` line.
+pub fn summary(stdout: &str) -> Value {
+    json_lines(stdout)
+        .into_iter()
+        .rev()
+        .find(|l| l["type"] == "summary")
+        .unwrap_or_else(|| panic!("no summary line in:\n{stdout}"))
+}
+
+/// How many mlock-family calls of `syscall` the summary counts for `pid` (all its entries).
+pub fn calls_of(summary: &Value, pid: u32, syscall: &str) -> u64 {
+    summary["processes"]
+        .as_array()
+        .expect("processes")
+        .iter()
+        .filter(|p| p["pid"] == pid)
+        .map(|p| p["syscalls"][syscall]["count"].as_u64().unwrap_or(0))
+        .sum()
+}
+
+/// The processes of a summary that made traced system calls (page faults add processes
+/// that made none, such as a parent that only forks).
+pub fn with_syscalls(summary: &Value) -> Vec<&Value> {
+    summary["processes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|p| p["syscalls"].as_object().is_some_and(|m| !m.is_empty()))
+        .collect()
+}
+
+/// The header of the syscall table in a text summary; its page columns name their unit.
+pub fn syscall_table_header(text: &str) -> &str {
+    let header = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("syscall "))
+        .unwrap_or_else(|| panic!("no syscall table:\n{text}"));
+    assert!(
+        header.contains("populated pages") && header.contains("locked pages"),
+        "{header:?}"
+    );
+    header
+}
