@@ -243,17 +243,12 @@ mod tests {
     struct Tree(PathBuf);
 
     impl Tree {
-        /// The tree with each (cgroup, file, value) written.
-        fn new(name: &str, files: &[(&str, &str, &str)]) -> Self {
+        fn new(name: &str) -> Self {
             let dir = std::env::temp_dir()
                 .join(format!("memlock-trace-memcg-{name}-{}", std::process::id()));
             let _ = std::fs::remove_dir_all(&dir);
             std::fs::create_dir_all(&dir).unwrap();
-            let tree = Self(dir);
-            for (cgroup, file, value) in files {
-                tree.set(cgroup, file, value);
-            }
-            tree
+            Self(dir)
         }
 
         fn set(&self, cgroup: &str, file: &str, value: &str) {
@@ -271,22 +266,18 @@ mod tests {
 
     #[test]
     fn v2_nested_limits_the_lowest_room_wins() {
+        let t = Tree::new("v2");
         // The root has no memory files; a slice limits 1 GiB, the pod throttles at 512 MiB,
         // the container is unlimited itself.
-        let t = Tree::new(
-            "v2",
-            &[
-                ("/", "cgroup.controllers", "cpu memory pids"),
-                ("/kubepods.slice", "memory.max", "1073741824"),
-                ("/kubepods.slice", "memory.high", "max"),
-                ("/kubepods.slice", "memory.current", "900000000"),
-                ("/kubepods.slice/pod", "memory.max", "max"),
-                ("/kubepods.slice/pod", "memory.high", "536870912"),
-                ("/kubepods.slice/pod", "memory.current", "100000000"),
-                ("/kubepods.slice/pod/app", "memory.max", "max"),
-                ("/kubepods.slice/pod/app", "memory.current", "90000000"),
-            ],
-        );
+        t.set("/", "cgroup.controllers", "cpu memory pids");
+        t.set("/kubepods.slice", "memory.max", "1073741824");
+        t.set("/kubepods.slice", "memory.high", "max");
+        t.set("/kubepods.slice", "memory.current", "900000000");
+        t.set("/kubepods.slice/pod", "memory.max", "max");
+        t.set("/kubepods.slice/pod", "memory.high", "536870912");
+        t.set("/kubepods.slice/pod", "memory.current", "100000000");
+        t.set("/kubepods.slice/pod/app", "memory.max", "max");
+        t.set("/kubepods.slice/pod/app", "memory.current", "90000000");
         let cg = read(&t.0, "/", "/kubepods.slice/pod/app", Version::V2).unwrap();
         assert_eq!(cg.version, Version::V2);
         assert_eq!(cg.path, "/kubepods.slice/pod/app");
@@ -328,13 +319,9 @@ mod tests {
 
     #[test]
     fn v2_without_the_memory_controller_is_no_memory_cgroup() {
-        let t = Tree::new(
-            "v2-none",
-            &[
-                ("/", "cgroup.controllers", "cpu pids"),
-                ("/app.service", "cgroup.procs", "1"),
-            ],
-        );
+        let t = Tree::new("v2-none");
+        t.set("/", "cgroup.controllers", "cpu pids");
+        t.set("/app.service", "cgroup.procs", "1");
         assert_eq!(read(&t.0, "/", "/app.service", Version::V2), None);
         // Unlimited all the way up: a memory cgroup with no limit.
         t.set("/app.service", "memory.current", "4096");
@@ -348,16 +335,12 @@ mod tests {
 
     #[test]
     fn v1_unlimited_levels_and_a_mounted_subtree() {
+        let t = Tree::new("v1");
         // A container's view: the hierarchy's /docker/abc is mounted at the tree's top.
-        let t = Tree::new(
-            "v1",
-            &[
-                ("/", "memory.limit_in_bytes", "268435456"),
-                ("/", "memory.usage_in_bytes", "200000000"),
-                ("/inner", "memory.limit_in_bytes", "9223372036854771712"),
-                ("/inner", "memory.usage_in_bytes", "150000000"),
-            ],
-        );
+        t.set("/", "memory.limit_in_bytes", "268435456");
+        t.set("/", "memory.usage_in_bytes", "200000000");
+        t.set("/inner", "memory.limit_in_bytes", "9223372036854771712");
+        t.set("/inner", "memory.usage_in_bytes", "150000000");
         let cg = read(&t.0, "/docker/abc", "/docker/abc/inner", Version::V1).unwrap();
         assert_eq!(cg.version, Version::V1);
         assert_eq!(cg.limits.len(), 1, "{cg:?}");
