@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use anyhow::{Context as _, Result, anyhow};
 use aya::{
     Ebpf,
-    maps::{HashMap, MapData, PerCpuArray, RingBuf},
+    maps::{HashMap, MapData, RingBuf},
 };
 use memlock_trace_common::{counter, names, process::ProcessKey};
 
@@ -17,6 +17,7 @@ use crate::{
     faults::{self, FaultHooks, FaultOptions, FaultReport, HookChoice, counting::FaultCounters},
     kernel_log::{self, KernelLog},
     object::{self, AttachContext, HookFamily, HookLine},
+    per_cpu::CpuCounters,
     probe::{self, KernelBtf},
     process::{Filters, ProcessHealth, ProcessHooks, Targets, filters, identity::Identity},
     syscalls::{self, SyscallHooks},
@@ -423,12 +424,8 @@ impl Tracer {
     }
 
     pub fn health(&self) -> Result<Health> {
-        let map = self
-            .ebpf
-            .map(names::COUNTERS)
-            .ok_or_else(|| anyhow!("map {} missing", names::COUNTERS))?;
-        let counters: PerCpuArray<&MapData, u64> = PerCpuArray::try_from(map)?;
-        let sum = |index: u32| -> Result<u64> { Ok(counters.get(&index, 0)?.iter().sum()) };
+        let counters = CpuCounters::open(&self.ebpf, names::COUNTERS)?;
+        let sum = |index: u32| counters.sum(index);
         Ok(Health {
             dropped_events: sum(counter::RINGBUF_DROPPED)?,
             untracked_calls: sum(counter::INFLIGHT_FULL)?,

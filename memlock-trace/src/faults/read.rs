@@ -23,7 +23,7 @@ use serde::Serialize;
 
 use super::stacks::StackReport;
 use crate::buckets::Buckets;
-use crate::{map_batch, output::Outside};
+use crate::{map_batch, output::Outside, per_cpu::CpuCounters};
 
 /// Everything the kernel aggregated, summed over CPUs.
 #[derive(Clone, Debug, Default)]
@@ -134,9 +134,8 @@ pub fn pids(ebpf: &Ebpf) -> Result<BTreeSet<u32>> {
 /// `sole`: the process the single-process fast path counted for, if it was used.
 pub fn read(ebpf: &Ebpf, per_thread: bool, sole: Option<ProcessKey>) -> Result<FaultReport> {
     let mut report = FaultReport::default();
-    let counters: PerCpuArray<&MapData, u64> =
-        PerCpuArray::try_from(map(ebpf, names::FAULT_COUNTERS)?)?;
-    let sum = |index: u32| -> u64 { counters.get(&index, 0).map(|v| v.iter().sum()).unwrap_or(0) };
+    let counters = CpuCounters::open(ebpf, names::FAULT_COUNTERS)?;
+    let sum = |index: u32| counters.sum(index).unwrap_or(0);
     // The insert counters before the maps: a live session reads the maps while faults go on,
     // and a key inserted meanwhile must not count as evicted (inserts minus keys seen).
     let inserts = [

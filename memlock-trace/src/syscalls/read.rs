@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use anyhow::{Result, anyhow};
 use aya::{
     EbpfLoader,
-    maps::{HashMap, IterableMap as _, MapData, PerCpuArray},
+    maps::{HashMap, IterableMap as _, MapData},
 };
 use memlock_trace_common::{
     process::ProcessKey,
@@ -23,6 +23,7 @@ use crate::{
     event::{Syscall, errno_name},
     latency::Latency,
     output::Outside,
+    per_cpu::CpuCounters,
     process::counts::growth,
 };
 
@@ -74,9 +75,8 @@ pub fn prepare_loader(loader: &mut EbpfLoader<'_>, few_processes: bool) -> Resul
 
 pub fn read(ebpf: &aya::Ebpf) -> Result<SyscallReport> {
     let map = |name: &str| ebpf.map(name).ok_or_else(|| anyhow!("map {name} missing"));
-    let counters: PerCpuArray<&MapData, u64> =
-        PerCpuArray::try_from(map(names::SYSCALL_COUNTERS)?)?;
-    let sum = |index: u32| -> u64 { counters.get(&index, 0).map(|v| v.iter().sum()).unwrap_or(0) };
+    let counters = CpuCounters::open(ebpf, names::SYSCALL_COUNTERS)?;
+    let sum = |index: u32| counters.sum(index).unwrap_or(0);
     // Before the map: a key inserted while it is read must not count as evicted.
     let inserts = sum(syscall_counter::INSERTS);
     let stats: HashMap<&MapData, SyscallKey, SyscallStats> =
