@@ -35,6 +35,7 @@ pub mod map_batch;
 pub mod metrics;
 pub mod object;
 pub mod output;
+pub mod per_cpu;
 pub mod probe;
 pub mod process;
 pub mod procfs;

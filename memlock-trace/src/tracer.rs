@@ -7,15 +7,9 @@ use std::collections::BTreeMap;
 use anyhow::{Context as _, Result, anyhow};
 use aya::{
     Ebpf,
-    maps::{HashMap, MapData, PerCpuArray, RingBuf},
+    maps::{HashMap, MapData, RingBuf},
 };
-use memlock_trace_common::{
-    Config, counter, filter,
-    mapping::{MAPPING_CONFIG, MappingConfig},
-    names,
-    process::{ProcessKey, names::PROCESS_CONFIG},
-    vma::{VMA_CONFIG, VmaConfig},
-};
+use memlock_trace_common::{counter, names, process::ProcessKey};
 
 use aya_log::EbpfLogger;
 
@@ -23,11 +17,16 @@ use crate::{
     faults::{self, FaultHooks, FaultOptions, FaultReport, HookChoice, counting::FaultCounters},
     kernel_log::{self, KernelLog},
     object::{self, AttachContext, HookFamily, HookLine},
+    per_cpu::CpuCounters,
     probe::{self, KernelBtf},
     process::{Filters, ProcessHealth, ProcessHooks, Targets, filters, identity::Identity},
     syscalls::{self, SyscallHooks},
-    vma::{self, VmaHooks},
+    vma::VmaHooks,
 };
+
+mod globals;
+
+use globals::{Globals, Reach};
 
 /// The tracer's own health, summed over CPUs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
@@ -94,39 +93,6 @@ pub struct Tracer {
     kernel_log: Option<EbpfLogger<KernelLog>>,
 }
 
-/// Who the kernel traces, decided once from the targets and options: the maps' sizes, the
-/// hooks' choice and the single-process fast path all read it.
-#[derive(Clone, Copy, Debug)]
-struct Reach {
-    /// Specific processes (`-p`, a command), not the whole system.
-    specific: bool,
-    /// `--follow-children`: children join the targets in the kernel.
-    follows_children: bool,
-    /// `--per-thread`: statistics per thread, not per process.
-    per_thread: bool,
-    /// `--comm` or `--cgroup`: a process may match only after an exec or a move.
-    filtered: bool,
-}
-
-impl Reach {
-    /// Per-thread perf events (counting, start, completion) reach a target's new threads by
-    /// inheritance, but not the children `--follow-children` adds in the kernel: with it, the
-    /// fault family hooks every process and the target set filters, as system-wide.
-    fn per_process_events(self) -> bool {
-        self.specific && !self.follows_children
-    }
-
-    /// Few keys in the statistics maps: one per traced process.
-    fn few_processes(self) -> bool {
-        self.per_process_events() && !self.per_thread
-    }
-
-    /// Nothing can make a second process a target, nor filter the one there is.
-    fn sole_target_allowed(self) -> bool {
-        self.few_processes() && !self.filtered
-    }
-}
-
 /// Whether the fault hooks may use their single-process fast path, and for whom.
 #[derive(Clone, Copy, Debug)]
 struct SoleTarget {
@@ -154,70 +120,25 @@ impl Tracer {
         // reads the offsets.
         let loader = object::NewLoader::start();
         let btf = KernelBtf::load()?;
-        let mut config = Config {
-            filter: if targets.specific() {
-                filter::TGIDS
-            } else {
-                filter::ALL
-            },
-            leave_out_tgid: if options.leave_out_self {
-                std::process::id()
-            } else {
-                0
-            },
-            offsets: btf.offsets()?,
-        };
-        if options.unreadable_mm {
-            // A count of faults is no kernel address: every read through it fails.
-            config.offsets.task_mm = config.offsets.task_min_flt;
-        }
-        // Without the fields it reads, the VMA family stays unattached (or fails if required).
-        let vma_config = vma::config::config(&btf, options.all_vma_stores);
-        if let (Err(error), true) = (&vma_config, options.require_vma) {
-            return Err(anyhow!(
-                "VMA tracing is not possible on this kernel: {error:#}"
-            ));
-        }
-        let vma_global = vma_config.as_ref().copied().unwrap_or(VmaConfig::ZERO);
-        // Without them the in-kernel VMA lookups find nothing: faults fall back to pages
-        // named from smaps, and a failed mlock's range goes unchecked (and says so).
-        let mapping_config = btf.mapping_config().unwrap_or(MappingConfig::ZERO);
-        let filters = &options.filters;
-        let process_config = filters.process_config(&btf)?;
-        let fault_options = &options.faults;
-        let fault_config = faults::sizing::config(&btf, fault_options)?;
-        let stack_config =
-            crate::unwind::config(&btf, fault_options.stacks, fault_options.stack_sample)?;
-        let rss_config = syscalls::rss::config(&btf);
-        let reach = Reach {
-            specific: targets.specific(),
-            follows_children: filters.follow_children,
-            per_thread: fault_options.per_thread,
-            filtered: filters.comm.is_some() || filters.cgroup.is_some(),
-        };
+        let globals = Globals::read(&btf, targets, options)?;
         let loader = loader.finish();
         // aya's parse of the kernel BTF, which tp_btf and fentry programs load against (the
         // loader's own is out of reach): on a second thread, while this one creates the maps.
         let aya_btf = std::thread::spawn(aya::Btf::from_sys_fs);
-        let mut ebpf = object::load(loader, &config, |loader| {
-            loader
-                .override_global(VMA_CONFIG, &vma_global, true)
-                .override_global(MAPPING_CONFIG, &mapping_config, true)
-                .override_global(PROCESS_CONFIG, &process_config, true);
-            if let Some(max) = filters.max_targets {
-                loader.map_max_entries(names::TARGET_TGIDS, max);
-            }
-            syscalls::stacks::prepare_loader(loader, fault_options.stacks);
-            syscalls::rss::prepare_loader(loader, &rss_config);
-            syscalls::read::prepare_loader(loader, reach.few_processes())?;
-            if let Some(bytes) = options.ring_bytes {
-                loader.map_max_entries(names::EVENTS, bytes);
-            }
-            crate::unwind::prepare_loader(loader, &stack_config, fault_options.stacks);
-            kernel_log::prepare_loader(loader, options.kernel_log);
-            faults::sizing::prepare_loader(loader, &fault_config, reach.few_processes())
+        let ebpf = object::load(loader, &globals.config, |loader| {
+            globals.prepare(loader, options)
         })?;
+        let mut tracer = Self::new(ebpf, options, globals.reach)?;
+        // An error is the families' to report, when they parse it again and need it.
+        let aya_btf = aya_btf.join().ok().and_then(Result::ok);
+        let aya_btf = tracer.attach_targets(&btf, aya_btf, targets, &options.filters)?;
+        tracer.attach_families(&btf, aya_btf, options, globals)?;
+        tracer.start_fault_counters(targets)?;
+        Ok(tracer)
+    }
 
+    /// The tracer over the loaded object, before anything is attached.
+    fn new(mut ebpf: Ebpf, options: &Options, reach: Reach) -> Result<Self> {
         // Before any program is attached, so that nothing they log is missed.
         let kernel_log = match options.kernel_log {
             0 => None,
@@ -226,7 +147,8 @@ impl Tracer {
         let targets_map = ebpf
             .take_map(names::TARGET_TGIDS)
             .ok_or_else(|| anyhow!("map {} missing from the eBPF object", names::TARGET_TGIDS))?;
-        let mut tracer = Self {
+        let fault_options = &options.faults;
+        Ok(Self {
             targets: HashMap::try_from(targets_map)?,
             ebpf,
             hooks: BTreeMap::new(),
@@ -243,46 +165,64 @@ impl Tracer {
                 tgid: None,
             },
             kernel_log,
-        };
-        // An error is the families' to report, when they parse it again and need it.
-        let mut aya_btf = aya_btf.join().ok().and_then(Result::ok);
-        // Process identity (exec, exit) everywhere; targets first, so that nothing they do
-        // after the hooks attach is missed.
-        let mut cx = AttachContext::new(&mut tracer.ebpf, &btf, true).with_aya_btf(aya_btf);
+        })
+    }
+
+    /// Process identity (exec, exit) everywhere; targets first, so that nothing they do
+    /// after the hooks attach is missed. Gives `aya_btf` back for the families.
+    fn attach_targets(
+        &mut self,
+        btf: &KernelBtf,
+        aya_btf: Option<aya::Btf>,
+        targets: &Targets,
+        filters: &Filters,
+    ) -> Result<Option<aya::Btf>> {
+        let mut cx = AttachContext::new(&mut self.ebpf, btf, true).with_aya_btf(aya_btf);
         let hooks = ProcessHooks::attach(&mut cx, filters)?;
-        aya_btf = cx.into_aya_btf();
-        tracer.hooks.insert(ProcessHooks::NAME, hooks.hook_line());
+        let aya_btf = cx.into_aya_btf();
+        self.hooks.insert(ProcessHooks::NAME, hooks.hook_line());
         if let Targets::Tgids(tgids) = targets {
             for &tgid in tgids {
-                tracer.add_target(tgid)?;
+                self.add_target(tgid)?;
             }
         }
-        let mut cx = AttachContext::new(&mut tracer.ebpf, &btf, reach.per_process_events())
+        Ok(aya_btf)
+    }
+
+    /// The hook families. A family the kernel cannot serve is reported as not traced, with
+    /// its reason, and the others carry on: one family never stops the tracer (unless the
+    /// user required it).
+    fn attach_families(
+        &mut self,
+        btf: &KernelBtf,
+        aya_btf: Option<aya::Btf>,
+        options: &Options,
+        globals: Globals,
+    ) -> Result<()> {
+        let fault_options = &options.faults;
+        let mut cx = AttachContext::new(&mut self.ebpf, btf, globals.reach.per_process_events())
             .with_aya_btf(aya_btf);
-        // A family the kernel cannot serve is reported as not traced, with its reason, and
-        // the others carry on: one family never stops the tracer (unless the user required it).
-        let syscalls = match SyscallHooks::attach(&mut cx, &rss_config) {
+        let syscalls = match SyscallHooks::attach(&mut cx, &globals.rss) {
             Ok(hooks) => hooks.hook_line(),
             Err(error) => HookLine::not_traced(&error),
         };
-        tracer.hooks.insert(SyscallHooks::NAME, syscalls);
-        match vma_config.and_then(|_| VmaHooks::attach(&mut cx, &())) {
+        self.hooks.insert(SyscallHooks::NAME, syscalls);
+        match globals.vma.and_then(|_| VmaHooks::attach(&mut cx, &())) {
             Ok(hooks) => {
-                tracer.hooks.insert(VmaHooks::NAME, hooks.hook_line());
-                tracer.vma = Some(hooks);
+                self.hooks.insert(VmaHooks::NAME, hooks.hook_line());
+                self.vma = Some(hooks);
             }
             Err(error) if options.require_vma => return Err(error),
             Err(error) => {
-                tracer
-                    .hooks
+                self.hooks
                     .insert(VmaHooks::NAME, HookLine::not_traced(&error));
             }
         }
         if fault_options.hooks != HookChoice::Off {
             match FaultHooks::attach(&mut cx, fault_options) {
                 Ok(hooks) => {
-                    tracer.hooks.insert(FaultHooks::NAME, hooks.hook_line());
-                    tracer.fault_hooks = Some(hooks);
+                    self.hooks.insert(FaultHooks::NAME, hooks.hook_line());
+                    self.fault_hooks = Some(hooks);
                 }
                 // A hook set the user forced is theirs to give up on.
                 // So is sampled latency: counts without it would not be what was asked.
@@ -293,8 +233,7 @@ impl Tracer {
                     return Err(error);
                 }
                 Err(error) => {
-                    tracer
-                        .hooks
+                    self.hooks
                         .insert(FaultHooks::NAME, HookLine::not_traced(&error));
                 }
             }
@@ -302,30 +241,37 @@ impl Tracer {
         if fault_options.stacks {
             crate::unwind::attach(&mut cx)?;
         }
-        if let Some(hooks) = tracer
+        Ok(())
+    }
+
+    /// Count-only on the tracepoint set (and sampled completion): the targets' perf
+    /// counters, opened once the fault hooks are attached.
+    fn start_fault_counters(&mut self, targets: &Targets) -> Result<()> {
+        let Some(hooks) = self
             .fault_hooks
             .as_ref()
             .filter(|h| h.plan.per_target_events())
-        {
-            let mut counters = match hooks.completion_programs {
-                Some(names) => FaultCounters::with_completion(faults::counting::Completion {
-                    programs: faults::attach::completion_fds(&tracer.ebpf, names)?,
-                    period: u64::from(hooks.latency_sample),
-                    start: hooks
-                        .start_program
-                        .map(|name| faults::attach::program_fd(&tracer.ebpf, name))
-                        .transpose()?,
-                }),
-                None => FaultCounters::default(),
-            };
-            if let Targets::Tgids(tgids) = targets {
-                for &tgid in tgids {
-                    counters.add(tgid)?;
-                }
+        else {
+            return Ok(());
+        };
+        let mut counters = match hooks.completion_programs {
+            Some(names) => FaultCounters::with_completion(faults::counting::Completion {
+                programs: faults::attach::completion_fds(&self.ebpf, names)?,
+                period: u64::from(hooks.latency_sample),
+                start: hooks
+                    .start_program
+                    .map(|name| faults::attach::program_fd(&self.ebpf, name))
+                    .transpose()?,
+            }),
+            None => FaultCounters::default(),
+        };
+        if let Targets::Tgids(tgids) = targets {
+            for &tgid in tgids {
+                counters.add(tgid)?;
             }
-            tracer.fault_counters = Some(counters);
         }
-        Ok(tracer)
+        self.fault_counters = Some(counters);
+        Ok(())
     }
 
     /// Starts tracing thread group `tgid` (all its threads, present and future).
@@ -389,10 +335,15 @@ impl Tracer {
 
     /// The ring buffer all events arrive on. Can be taken once.
     pub fn take_events(&mut self) -> Result<RingBuf<MapData>> {
+        self.take_ring(names::EVENTS, "event")
+    }
+
+    /// The ring buffer `name` (the `what` ring buffer, to the user), out of the object.
+    fn take_ring(&mut self, name: &str, what: &str) -> Result<RingBuf<MapData>> {
         let map = self
             .ebpf
-            .take_map(names::EVENTS)
-            .ok_or_else(|| anyhow!("the event ring buffer was already taken"))?;
+            .take_map(name)
+            .ok_or_else(|| anyhow!("the {what} ring buffer was already taken"))?;
         Ok(RingBuf::try_from(map)?)
     }
 
@@ -402,11 +353,8 @@ impl Tracer {
         if self.fault_hooks.is_none() {
             return Ok(None);
         }
-        let map = self
-            .ebpf
-            .take_map(memlock_trace_common::faults::names::FAULT_EVENTS)
-            .ok_or_else(|| anyhow!("the fault event ring buffer was already taken"))?;
-        Ok(Some(RingBuf::try_from(map)?))
+        let name = memlock_trace_common::faults::names::FAULT_EVENTS;
+        self.take_ring(name, "fault event").map(Some)
     }
 
     /// The kernel's fault aggregation so far (None when faults are not traced).
@@ -446,11 +394,8 @@ impl Tracer {
         if !self.fault_options.stacks {
             return Ok(None);
         }
-        let map = self
-            .ebpf
-            .take_map(memlock_trace_common::stacks::names::STACK_SAMPLES)
-            .ok_or_else(|| anyhow!("the stack ring buffer was already taken"))?;
-        Ok(Some(RingBuf::try_from(map)?))
+        let name = memlock_trace_common::stacks::names::STACK_SAMPLES;
+        self.take_ring(name, "stack").map(Some)
     }
 
     /// `--stacks`: (calls, faults) whose stacks the kernel could not keep (ring buffer
@@ -479,12 +424,8 @@ impl Tracer {
     }
 
     pub fn health(&self) -> Result<Health> {
-        let map = self
-            .ebpf
-            .map(names::COUNTERS)
-            .ok_or_else(|| anyhow!("map {} missing", names::COUNTERS))?;
-        let counters: PerCpuArray<&MapData, u64> = PerCpuArray::try_from(map)?;
-        let sum = |index: u32| -> Result<u64> { Ok(counters.get(&index, 0)?.iter().sum()) };
+        let counters = CpuCounters::open(&self.ebpf, names::COUNTERS)?;
+        let sum = |index: u32| counters.sum(index);
         Ok(Health {
             dropped_events: sum(counter::RINGBUF_DROPPED)?,
             untracked_calls: sum(counter::INFLIGHT_FULL)?,

@@ -8,11 +8,13 @@
 use std::collections::{BTreeMap, HashMap as StdHashMap};
 
 use memlock_trace_common::{
-    faults::{RegionKey, RegionValue, VM_HELD_SP, populate, region_kind},
-    mapping::{MappingInfo, kind},
+    faults::{RegionKey, RegionValue, VM_HELD_SP, region_kind},
+    mapping::MappingInfo,
     vma::{VM_LOCKED, VM_LOCKONFAULT},
 };
 use serde::Serialize;
+
+mod place;
 
 use super::{sizing::REGION_SHIFT, stacks::StackFaults};
 use crate::{
@@ -20,6 +22,7 @@ use crate::{
     procfs::{Mapping, MapsFile, ThpMode},
     unwind::Stack,
 };
+use place::{Placer, row};
 
 /// A mapping's share of a process's faults.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -122,71 +125,6 @@ pub struct FileIdentity {
     pub offset: u64,
 }
 
-/// The name `/proc/PID/maps` gives a VMA the kernel identified; the full path from `maps`
-/// when a mapping there starts at the same address with a path ending in the same name.
-fn kernel_name(info: &MappingInfo, maps: Option<&[Mapping]>) -> Outside {
-    let end = info
-        .name
-        .iter()
-        .position(|&b| b == 0)
-        .unwrap_or(info.name.len());
-    let name = &info.name[..end];
-    // `/proc/PID/maps` shows a newline in a path as `\012` (seq_file_path's escape).
-    let in_maps: Vec<u8> = name.iter().fold(Vec::new(), |mut out, &b| {
-        if b == b'\n' {
-            out.extend_from_slice(b"\\012");
-        } else {
-            out.push(b);
-        }
-        out
-    });
-    match info.kind {
-        kind::HEAP => "[heap]".into(),
-        kind::STACK => "[stack]".into(),
-        kind::SPECIAL => name.into(),
-        kind::FILE => maps
-            .into_iter()
-            .flatten()
-            .find(|m| {
-                let path = m.name.as_bytes();
-                let path = path.strip_suffix(b" (deleted)").unwrap_or(path);
-                m.start == info.start
-                    && !name.is_empty()
-                    && (path.rsplit(|&b| b == b'/').next() == Some(in_maps.as_slice())
-                        || path == internal(&in_maps).as_slice())
-            })
-            .map_or_else(|| internal_or(&in_maps), |m| m.name.clone()),
-        _ => "anonymous".into(),
-    }
-}
-
-/// The files of the kernel's internal mounts that back shared anonymous memory
-/// (`dev/zero`), System V segments (`SYSV...`) and memfds (`memfd:...`), as
-/// `/proc/PID/maps` prints them: never on a path a user could open.
-fn internal(name: &[u8]) -> Vec<u8> {
-    [b"/", name].concat()
-}
-
-fn internal_or(name: &[u8]) -> Outside {
-    if name == b"dev/zero" || name.starts_with(b"SYSV") || name.starts_with(b"memfd:") {
-        [internal(name).as_slice(), b" (deleted)"].concat().into()
-    } else {
-        name.into()
-    }
-}
-
-/// The kernel's `dev_t` (`major << 20 | minor`) as `/proc/PID/maps` prints it.
-fn dev_name(dev: u32) -> String {
-    format!("{:02x}:{:02x}", dev >> 20, dev & 0xf_ffff)
-}
-
-/// Below the stack's top, where mmap places nothing: the stack grows there.
-const STACK_GAP: u64 = 128 << 20;
-
-/// The row a region's faults go to: its key (the range [`by_mapping`] merges rows by), the
-/// row as this region names it, and the VMA the hooks identified for it.
-type Placed<'a> = ((u64, u64), MappingFaults, Option<&'a MappingInfo>);
-
 /// The sampled faults of one region per stack (`--stacks`).
 pub type RegionSites<'a> = (&'a RegionKey, &'a BTreeMap<Stack, u64>);
 
@@ -206,143 +144,49 @@ pub fn by_mapping(
     top: usize,
 ) -> Vec<MappingFaults> {
     let maps = read.map(|(maps, _)| maps);
-    let file = read.map_or(MapsFile::Smaps, |(_, file)| file);
-    let mut per_mapping: StdHashMap<(u64, u64), MappingFaults> = StdHashMap::new();
-    let mut extents: StdHashMap<(u64, u64), (u64, u64)> = StdHashMap::new();
-    // Runs no mapping holds, merged below into spans of neighbouring runs.
-    let mut outside: Vec<(u64, u64)> = Vec::new();
-    let unattributed = if maps.is_none() || exited.is_some() {
-        "unknown"
-    } else {
-        "unmapped"
-    };
-    let row = |mapping: Outside, start: String, end: String, named_by| MappingFaults {
-        mapping,
-        start,
-        end,
-        faults: 0,
-        locked: None,
-        lockonfault: None,
-        locked_source: "unknown",
-        stack: false,
-        named_by,
-        file: None,
-        sampled: BTreeMap::new(),
-        stacks: None,
-        pages: None,
-    };
-    // None: outside every known mapping (page-keyed runs only).
-    let place = |key: &RegionKey| -> Option<Placed<'_>> {
-        if key.exact == region_kind::CALL {
-            let call = populate::NAMES
-                .get(key.start as usize)
-                .copied()
-                .unwrap_or("a call");
-            let name = format!("populated by {call} (VMAs not told apart)");
-            return Some((
-                (u64::MAX, key.start),
-                row(name.into(), String::new(), String::new(), "call"),
-                None,
-            ));
-        }
-        let exact = key.exact == region_kind::VMA;
-        let holds = |m: &&Mapping| m.start <= key.start && key.start < m.end;
-        let identified = if exact {
-            kernel.get(&key.start)
+    let placer = Placer {
+        kernel,
+        maps,
+        file: read.map_or(MapsFile::Smaps, |(_, file)| file),
+        exited,
+        unattributed: if maps.is_none() || exited.is_some() {
+            "unknown"
         } else {
-            // A page no VMA was found for at the fault, inside one found at another.
-            kernel
-                .range(..=key.start)
-                .next_back()
-                .map(|(_, info)| info)
-                .filter(|info| key.start < info.end)
-                // Or below the stack with nothing found between, where the stack grew (a
-                // lookup at the fault's start, before the kernel grew it, finds no VMA):
-                // mmap places nothing within 128 MiB of the stack's top (mm/util.c, MIN_GAP).
-                .or_else(|| {
-                    kernel
-                        .range(key.start..)
-                        .next()
-                        .map(|(_, info)| info)
-                        .filter(|info| {
-                            info.kind == kind::STACK && info.end - key.start <= STACK_GAP
-                        })
-                })
-        };
-        let alive = if exited.is_none() { maps } else { None };
-        if let Some(info) =
-            identified.filter(|_| exact || alive.is_none_or(|maps| !maps.iter().any(|m| holds(&m))))
-        {
-            // The stack grows down and the heap up: one row each, whatever their extent
-            // when each fault was counted.
-            // Not anonymous VMAs by their end: an mlock of a region's top half splits off
-            // a VMA with the same end, and it is a row of its own.
-            let range = match info.kind {
-                kind::STACK => (0, info.end),
-                kind::HEAP => (info.start, 0),
-                _ => (info.start, info.end),
-            };
-            let mut entry = row(
-                kernel_name(info, maps),
-                format!("{:#x}", info.start),
-                format!("{:#x}", info.end),
-                "fault",
-            );
-            entry.locked = Some(info.flags & VM_LOCKED != 0);
-            entry.lockonfault = Some(info.flags & VM_LOCKONFAULT != 0);
-            entry.locked_source = "vma";
-            // Also for pages whose own lookup failed, looked up again later.
-            entry.stack = info.flags & VM_HELD_SP != 0;
-            if info.kind == kind::FILE {
-                entry.file = Some(FileIdentity {
-                    dev: dev_name(info.dev),
-                    inode: info.ino,
-                    offset: info.pgoff << memlock_trace_common::PAGE_SHIFT,
-                });
-            }
-            return Some((range, entry, identified));
-        }
-        let found = maps
-            .and_then(|maps| {
-                let m = maps.iter().find(holds)?;
-                Some((m, file.name(), file.has_flags()))
-            })
-            .or_else(|| {
-                let noted = exited?.iter().rev().find(holds)?;
-                Some((noted, "call", true))
-            });
-        match found {
-            Some((m, source, has_flags)) => {
-                let mut entry = row(
-                    m.name.clone(),
-                    format!("{:#x}", m.start),
-                    format!("{:#x}", m.end),
-                    source,
-                );
-                if has_flags {
-                    entry.locked = Some(m.locked);
-                    entry.lockonfault = m.lockonfault;
-                    entry.locked_source = source;
-                }
-                Some(((m.start, m.end), entry, identified))
-            }
-            None if !exact => None,
-            None => Some((
-                (key.start, key.start),
-                row(
-                    unattributed.into(),
-                    format!("{:#x}", key.start),
-                    String::new(),
-                    "none",
-                ),
-                identified,
-            )),
-        }
+            "unmapped"
+        },
     };
+    let mut rows = Rows::default();
     for (key, value) in regions {
-        let Some((range, mut entry, identified)) = place(key) else {
-            outside.push((key.start, value.faults));
-            continue;
+        rows.count(&placer, key, value);
+    }
+    let sampled_outside = rows.add_sites(&placer, sites);
+    let mut list: Vec<MappingFaults> = rows.per_mapping.into_values().collect();
+    list.extend(
+        spans(rows.outside)
+            .into_iter()
+            .map(|span| outside_row(span, placer.unattributed, &sampled_outside)),
+    );
+    list.sort_by(|a, b| b.faults.cmp(&a.faults).then_with(|| a.start.cmp(&b.start)));
+    list.truncate(top);
+    list
+}
+
+/// The rows being added up, by the range they merge by.
+#[derive(Default)]
+struct Rows {
+    per_mapping: StdHashMap<(u64, u64), MappingFaults>,
+    /// The widest extent of each row the kernel named.
+    extents: StdHashMap<(u64, u64), (u64, u64)>,
+    /// Runs no mapping holds (first page, faults), merged later into spans of neighbours.
+    outside: Vec<(u64, u64)>,
+}
+
+impl Rows {
+    /// Adds one region's faults to its row.
+    fn count(&mut self, placer: &Placer<'_>, key: &RegionKey, value: &RegionValue) {
+        let Some((range, mut entry, identified)) = placer.place(key) else {
+            self.outside.push((key.start, value.faults));
+            return;
         };
         let exact = key.exact == region_kind::VMA;
         if exact {
@@ -354,12 +198,15 @@ pub fn by_mapping(
         }
         if let Some(info) = identified.filter(|_| entry.named_by == "fault") {
             // A row that grew shows its widest extent.
-            let extent = extents.entry(range).or_insert((info.start, info.end));
+            let extent = self.extents.entry(range).or_insert((info.start, info.end));
             *extent = (extent.0.min(info.start), extent.1.max(info.end));
             entry.start = format!("{:#x}", extent.0);
             entry.end = format!("{:#x}", extent.1);
         }
-        let slot = per_mapping.entry(range).or_insert_with(|| entry.clone());
+        let slot = self
+            .per_mapping
+            .entry(range)
+            .or_insert_with(|| entry.clone());
         slot.start.clone_from(&entry.start);
         slot.end.clone_from(&entry.end);
         slot.faults += value.faults;
@@ -370,38 +217,49 @@ pub fn by_mapping(
         }
         slot.stack |= entry.stack;
     }
-    let mut sampled_outside: Vec<(u64, &BTreeMap<Stack, u64>)> = Vec::new();
-    for &(key, stacks) in sites {
-        let Some((range, ..)) = place(key) else {
-            sampled_outside.push((key.start, stacks));
-            continue;
-        };
-        let slot = per_mapping.get_mut(&range);
-        // A region none of whose faults were counted (the sample outlived its count).
-        if let Some(slot) = slot {
-            add_sampled(&mut slot.sampled, stacks);
+
+    /// Adds each region's sampled stacks to its row; returns those of runs outside every
+    /// mapping, by page, for the spans.
+    fn add_sites<'s>(
+        &mut self,
+        placer: &Placer<'_>,
+        sites: &[RegionSites<'s>],
+    ) -> Vec<(u64, &'s BTreeMap<Stack, u64>)> {
+        let mut sampled_outside = Vec::new();
+        for &(key, stacks) in sites {
+            let Some((range, ..)) = placer.place(key) else {
+                sampled_outside.push((key.start, stacks));
+                continue;
+            };
+            // A region none of whose faults were counted (the sample outlived its count).
+            if let Some(slot) = self.per_mapping.get_mut(&range) {
+                add_sampled(&mut slot.sampled, stacks);
+            }
         }
+        sampled_outside
     }
-    let mut list: Vec<MappingFaults> = per_mapping.into_values().collect();
-    list.extend(spans(outside).into_iter().map(|(start, end, faults)| {
-        let mut entry = row(
-            unattributed.into(),
-            format!("{start:#x}"),
-            format!("{end:#x}"),
-            "none",
-        );
-        entry.faults = faults;
-        for (_, stacks) in sampled_outside
-            .iter()
-            .filter(|(page, _)| (start..end).contains(page))
-        {
-            add_sampled(&mut entry.sampled, stacks);
-        }
-        entry
-    }));
-    list.sort_by(|a, b| b.faults.cmp(&a.faults).then_with(|| a.start.cmp(&b.start)));
-    list.truncate(top);
-    list
+}
+
+/// The row of a span of runs outside every mapping, with the stacks sampled in it.
+fn outside_row(
+    (start, end, faults): (u64, u64, u64),
+    unattributed: &'static str,
+    sampled_outside: &[(u64, &BTreeMap<Stack, u64>)],
+) -> MappingFaults {
+    let mut entry = row(
+        unattributed.into(),
+        format!("{start:#x}"),
+        format!("{end:#x}"),
+        "none",
+    );
+    entry.faults = faults;
+    for (_, stacks) in sampled_outside
+        .iter()
+        .filter(|(page, _)| (start..end).contains(page))
+    {
+        add_sampled(&mut entry.sampled, stacks);
+    }
+    entry
 }
 
 /// Says what pages back each row, from the mappings last read (`maps`), or, for a row none

@@ -9,7 +9,7 @@ use std::{
 use anyhow::{Context as _, Result, anyhow};
 use aya::{
     Ebpf,
-    maps::{HashMap, IterableMap as _, MapData, PerCpuArray},
+    maps::{HashMap, IterableMap as _, Map, MapData, PerCpuArray},
 };
 use memlock_trace_common::mapping::MappingInfo;
 use memlock_trace_common::{
@@ -23,7 +23,7 @@ use serde::Serialize;
 
 use super::stacks::StackReport;
 use crate::buckets::Buckets;
-use crate::{map_batch, output::Outside};
+use crate::{map_batch, output::Outside, per_cpu::CpuCounters};
 
 /// Everything the kernel aggregated, summed over CPUs.
 #[derive(Clone, Debug, Default)]
@@ -120,10 +120,8 @@ pub fn set_sole_target(ebpf: &mut Ebpf, tgid: u32) -> Result<()> {
 
 /// The processes that have fault statistics.
 pub fn pids(ebpf: &Ebpf) -> Result<BTreeSet<u32>> {
-    let map = ebpf
-        .map(names::FAULT_STATS)
-        .ok_or_else(|| anyhow!("map {} missing", names::FAULT_STATS))?;
-    let stats: HashMap<&MapData, FaultKey, FaultStats> = HashMap::try_from(map)?;
+    let stats: HashMap<&MapData, FaultKey, FaultStats> =
+        HashMap::try_from(map(ebpf, names::FAULT_STATS)?)?;
     Ok(stats
         .keys()
         .filter_map(Result::ok)
@@ -135,10 +133,9 @@ pub fn pids(ebpf: &Ebpf) -> Result<BTreeSet<u32>> {
 /// still pending in threads that no longer exist are counted as failed.
 /// `sole`: the process the single-process fast path counted for, if it was used.
 pub fn read(ebpf: &Ebpf, per_thread: bool, sole: Option<ProcessKey>) -> Result<FaultReport> {
-    let map = |name: &str| ebpf.map(name).ok_or_else(|| anyhow!("map {name} missing"));
     let mut report = FaultReport::default();
-    let counters: PerCpuArray<&MapData, u64> = PerCpuArray::try_from(map(names::FAULT_COUNTERS)?)?;
-    let sum = |index: u32| -> u64 { counters.get(&index, 0).map(|v| v.iter().sum()).unwrap_or(0) };
+    let counters = CpuCounters::open(ebpf, names::FAULT_COUNTERS)?;
+    let sum = |index: u32| counters.sum(index).unwrap_or(0);
     // The insert counters before the maps: a live session reads the maps while faults go on,
     // and a key inserted meanwhile must not count as evicted (inserts minus keys seen).
     let inserts = [
@@ -147,67 +144,12 @@ pub fn read(ebpf: &Ebpf, per_thread: bool, sole: Option<ProcessKey>) -> Result<F
         fault_counter::REGION_INSERTS,
     ]
     .map(sum);
-
-    let stats: HashMap<&MapData, FaultKey, FaultStats> =
-        HashMap::try_from(map(names::FAULT_STATS)?)?;
-    let mut add = |key: FaultKey, values: &[FaultStats]| {
-        let entry = report.stats.entry(key).or_default();
-        for v in values {
-            for (sum, x) in entry.counts.iter_mut().zip(v.counts) {
-                *sum += x;
-            }
-            for (sum, x) in entry.populated_by.iter_mut().zip(v.populated_by) {
-                *sum += x;
-            }
-            for (max, x) in entry.max_ns.iter_mut().zip(v.max_ns) {
-                *max = (*max).max(x);
-            }
-            if entry.name.is_empty() {
-                entry.name = crate::event::comm_of(&v.comm);
-            }
-        }
+    let stats_hashed = read_stats(ebpf, &mut report)?;
+    let sole_minor = match sole {
+        Some(sole) => read_sole(ebpf, sole, &mut report)?,
+        None => None,
     };
-    let mut hashed = 0u64;
-    for (key, value) in map_batch::entries::<FaultKey, FaultStats>(stats.map())? {
-        add(key, &[value]);
-        hashed += 1;
-    }
-    let mut sole_minor = None;
-    if let Some(ProcessKey { tgid, start_ns, .. }) = sole {
-        // The single-process fast path's statistics: the same process's, by another road.
-        let fast: PerCpuArray<&MapData, FaultStats> =
-            PerCpuArray::try_from(map(names::FAULT_SOLE_STATS)?)?;
-        let values = fast.get(&0, 0)?;
-        if values.iter().any(|v| v.comm[0] != 0) {
-            let key = FaultKey {
-                tgid,
-                tid: 0,
-                start_ns,
-            };
-            add(key, &values);
-            let hist: PerCpuArray<&MapData, Hist> =
-                PerCpuArray::try_from(map(names::FAULT_SOLE_HIST)?)?;
-            let mut buckets = [0; HIST_BUCKETS];
-            for v in hist.get(&0, 0)?.iter() {
-                for (s, &c) in buckets.iter_mut().zip(v.counts.iter()) {
-                    *s += u64::from(c);
-                }
-            }
-            let buckets = Buckets::from_dense(&buckets);
-            if !buckets.is_empty() {
-                sole_minor = Some((key, buckets));
-            }
-        }
-    }
-
-    let hists: HashMap<&MapData, HistKey, Hist> = HashMap::try_from(map(names::FAULT_HIST)?)?;
-    // One kernel histogram at a time: the whole map decoded at once was 8 MiB more.
-    map_batch::for_each::<HistKey, Hist>(hists.map(), |key, value| {
-        let buckets = Buckets::from_dense(&value.counts);
-        report.hists.entry(key).or_default().add(&buckets);
-    })?;
-    let hists_hashed = report.hists.len() as u64;
-
+    let hists_hashed = read_hists(ebpf, &mut report)?;
     if let Some((key, buckets)) = sole_minor {
         let slot = report
             .hists
@@ -219,24 +161,118 @@ pub fn read(ebpf: &Ebpf, per_thread: bool, sole: Option<ProcessKey>) -> Result<F
             .or_default();
         slot.add(&buckets);
     }
+    let regions_hashed = read_regions(ebpf, &mut report)?;
+    read_mappings(ebpf, &mut report)?;
+    count_failed_pending(ebpf, &mut report, per_thread)?;
+    report.health = FaultHealth {
+        stats_evicted: inserts[0].saturating_sub(stats_hashed),
+        histograms_evicted: inserts[1].saturating_sub(hists_hashed),
+        regions_evicted: inserts[2].saturating_sub(regions_hashed),
+        update_failed: sum(fault_counter::UPDATE_FAILED),
+        events_dropped: sum(fault_counter::EVENTS_DROPPED),
+        // Set by the tracer with --stacks.
+        stacks_dropped: None,
+        stacks_evicted: None,
+        stacks_sample_every: None,
+        stack_unwinding: None,
+    };
+    Ok(report)
+}
 
+fn map<'a>(ebpf: &'a Ebpf, name: &str) -> Result<&'a Map> {
+    ebpf.map(name).ok_or_else(|| anyhow!("map {name} missing"))
+}
+
+impl KeyStats {
+    /// Adds one CPU's (or the shared map's) counters of the key.
+    fn add(&mut self, v: &FaultStats) {
+        for (sum, x) in self.counts.iter_mut().zip(v.counts) {
+            *sum += x;
+        }
+        for (sum, x) in self.populated_by.iter_mut().zip(v.populated_by) {
+            *sum += x;
+        }
+        for (max, x) in self.max_ns.iter_mut().zip(v.max_ns) {
+            *max = (*max).max(x);
+        }
+        if self.name.is_empty() {
+            self.name = crate::event::comm_of(&v.comm);
+        }
+    }
+}
+
+/// The statistics map; returns the keys it held.
+fn read_stats(ebpf: &Ebpf, report: &mut FaultReport) -> Result<u64> {
+    let stats: HashMap<&MapData, FaultKey, FaultStats> =
+        HashMap::try_from(map(ebpf, names::FAULT_STATS)?)?;
+    let mut hashed = 0u64;
+    for (key, value) in map_batch::entries::<FaultKey, FaultStats>(stats.map())? {
+        report.stats.entry(key).or_default().add(&value);
+        hashed += 1;
+    }
+    Ok(hashed)
+}
+
+/// The single-process fast path's statistics: the same process's, by another road. Returns
+/// its minor-fault histogram, for the histograms read next.
+fn read_sole(
+    ebpf: &Ebpf,
+    ProcessKey { tgid, start_ns, .. }: ProcessKey,
+    report: &mut FaultReport,
+) -> Result<Option<(FaultKey, Buckets)>> {
+    let fast: PerCpuArray<&MapData, FaultStats> =
+        PerCpuArray::try_from(map(ebpf, names::FAULT_SOLE_STATS)?)?;
+    let values = fast.get(&0, 0)?;
+    if !values.iter().any(|v| v.comm[0] != 0) {
+        return Ok(None);
+    }
+    let key = FaultKey {
+        tgid,
+        tid: 0,
+        start_ns,
+    };
+    let entry = report.stats.entry(key).or_default();
+    for v in values.iter() {
+        entry.add(v);
+    }
+    let hist: PerCpuArray<&MapData, Hist> =
+        PerCpuArray::try_from(map(ebpf, names::FAULT_SOLE_HIST)?)?;
+    let mut buckets = [0; HIST_BUCKETS];
+    for v in hist.get(&0, 0)?.iter() {
+        for (s, &c) in buckets.iter_mut().zip(v.counts.iter()) {
+            *s += u64::from(c);
+        }
+    }
+    let buckets = Buckets::from_dense(&buckets);
+    Ok((!buckets.is_empty()).then_some((key, buckets)))
+}
+
+/// The latency histograms; returns the keys the map held.
+fn read_hists(ebpf: &Ebpf, report: &mut FaultReport) -> Result<u64> {
+    let hists: HashMap<&MapData, HistKey, Hist> = HashMap::try_from(map(ebpf, names::FAULT_HIST)?)?;
+    // One kernel histogram at a time: the whole map decoded at once was 8 MiB more.
+    map_batch::for_each::<HistKey, Hist>(hists.map(), |key, value| {
+        let buckets = Buckets::from_dense(&value.counts);
+        report.hists.entry(key).or_default().add(&buckets);
+    })?;
+    Ok(report.hists.len() as u64)
+}
+
+/// The faults per region: the hash map's, and what the per-CPU runs and region tables hold
+/// and have not moved to it yet. Returns the keys the hash map held.
+fn read_regions(ebpf: &Ebpf, report: &mut FaultReport) -> Result<u64> {
     let regions: HashMap<&MapData, RegionKey, RegionValue> =
-        HashMap::try_from(map(names::FAULT_REGIONS)?)?;
+        HashMap::try_from(map(ebpf, names::FAULT_REGIONS)?)?;
     let mut region_sums: BTreeMap<RegionKey, RegionValue> = BTreeMap::new();
     for (key, value) in map_batch::entries::<RegionKey, RegionValue>(regions.map())? {
-        let sum = region_sums.entry(key).or_default();
-        sum.faults += value.faults;
-        sum.vm_flags |= value.vm_flags;
+        add_region(&mut region_sums, key, &value);
     }
-    let regions_hashed = region_sums.len() as u64;
-    // What the per-CPU runs and region tables hold and have not moved to the hash map yet.
+    let hashed = region_sums.len() as u64;
     for name in [names::FAULT_REGION_RUN, names::FAULT_REGION_SLOTS] {
-        let slots: PerCpuArray<&MapData, RegionSlot> = PerCpuArray::try_from(map(name)?)?;
+        let slots: PerCpuArray<&MapData, RegionSlot> = PerCpuArray::try_from(map(ebpf, name)?)?;
         map_batch::for_each_per_cpu(slots.map(), |_: u32, values: &[RegionSlot]| {
             for slot in values.iter().filter(|s| s.value.faults > 0) {
-                let sum = region_sums.entry(slot.key).or_default();
-                sum.faults += slot.value.faults;
-                sum.vm_flags |= slot.value.vm_flags;
+                add_region(&mut region_sums, slot.key, &slot.value);
             }
         })?;
     }
@@ -247,9 +283,19 @@ pub fn read(ebpf: &Ebpf, per_thread: bool, sole: Option<ProcessKey>) -> Result<F
             .or_default()
             .push((key, value));
     }
+    Ok(hashed)
+}
 
+fn add_region(sums: &mut BTreeMap<RegionKey, RegionValue>, key: RegionKey, value: &RegionValue) {
+    let sum = sums.entry(key).or_default();
+    sum.faults += value.faults;
+    sum.vm_flags |= value.vm_flags;
+}
+
+/// The VMAs the fault hooks identified, per process.
+fn read_mappings(ebpf: &Ebpf, report: &mut FaultReport) -> Result<()> {
     let identified: HashMap<&MapData, RegionKey, MappingInfo> =
-        HashMap::try_from(map(names::FAULT_MAPPINGS)?)?;
+        HashMap::try_from(map(ebpf, names::FAULT_MAPPINGS)?)?;
     for (key, info) in map_batch::entries::<RegionKey, MappingInfo>(identified.map())? {
         report
             .mappings
@@ -257,10 +303,14 @@ pub fn read(ebpf: &Ebpf, per_thread: bool, sole: Option<ProcessKey>) -> Result<F
             .or_default()
             .insert(key.start, info);
     }
+    Ok(())
+}
 
-    // A fault still pending in a thread that is gone never completed: it failed (the
-    // process died of it, typically).
-    let entries: HashMap<&MapData, u32, FaultEntry> = HashMap::try_from(map(names::FAULT_ENTRY)?)?;
+/// A fault still pending in a thread that is gone never completed: it failed (the process
+/// died of it, typically).
+fn count_failed_pending(ebpf: &Ebpf, report: &mut FaultReport, per_thread: bool) -> Result<()> {
+    let entries: HashMap<&MapData, u32, FaultEntry> =
+        HashMap::try_from(map(ebpf, names::FAULT_ENTRY)?)?;
     for (tid, entry) in map_batch::entries::<u32, FaultEntry>(entries.map())? {
         if entry.pending != 0 && !Path::new(&format!("/proc/{}/task/{tid}", entry.tgid)).exists() {
             let tid = if per_thread { tid } else { 0 };
@@ -275,18 +325,5 @@ pub fn read(ebpf: &Ebpf, per_thread: bool, sole: Option<ProcessKey>) -> Result<F
             }
         }
     }
-
-    report.health = FaultHealth {
-        stats_evicted: inserts[0].saturating_sub(hashed),
-        histograms_evicted: inserts[1].saturating_sub(hists_hashed),
-        regions_evicted: inserts[2].saturating_sub(regions_hashed),
-        update_failed: sum(fault_counter::UPDATE_FAILED),
-        events_dropped: sum(fault_counter::EVENTS_DROPPED),
-        // Set by the tracer with --stacks.
-        stacks_dropped: None,
-        stacks_evicted: None,
-        stacks_sample_every: None,
-        stack_unwinding: None,
-    };
-    Ok(report)
+    Ok(())
 }

@@ -8,12 +8,14 @@ use serde_json::json;
 
 use super::{
     FaultHooks,
+    mappings::MappingFaults,
     stacks::StackFaults,
     summary::{ClassLatency, FaultSummary},
 };
 use crate::{
     event::FaultRecord,
     output::{JSON_SCHEMA, TextStyle, Unit, hist::Log2Hist, or_na, stack_line},
+    symbolize::TEXT_FRAMES,
 };
 
 /// One line per sampled fault for `--events`.
@@ -107,7 +109,6 @@ pub fn fault_hooks_detail(hooks: &FaultHooks) -> String {
 
 /// The faults block of one process (or thread), indented.
 pub fn faults_text(out: &mut String, f: &FaultSummary, indent: &str, style: TextStyle) {
-    let unit = style.unit;
     let mut populated_by: Vec<String> = f
         .populated_by
         .iter()
@@ -141,121 +142,132 @@ pub fn faults_text(out: &mut String, f: &FaultSummary, indent: &str, style: Text
         );
     }
     if !f.latency_ns.is_empty() {
+        latency_text(out, f, indent, style);
+    }
+    if !f.by_mapping.is_empty() {
+        mappings_text(out, f, indent);
+    }
+}
+
+/// The latency table of a faults block: a row per class, then why some faults have none.
+fn latency_text(out: &mut String, f: &FaultSummary, indent: &str, style: TextStyle) {
+    let unit = style.unit;
+    let _ = writeln!(
+        out,
+        "{indent}  {:<10} {:>9}  {:>9} {:>9} {:>9} {:>9} {:>9}",
+        "latency", "faults", "p50", "p90", "p99", "p99.9", "max"
+    );
+    let lat = f.latency_ns.values();
+    let column = |pick: fn(&ClassLatency) -> u64| unit.fit(lat.clone().map(pick));
+    let units = [
+        column(|l| l.p50),
+        column(|l| l.p90),
+        column(|l| l.p99),
+        column(|l| l.p99_9),
+        column(|l| l.max),
+    ];
+    for (class, l) in f.latency_ns.iter().filter(|(c, _)| shown_class(f, c)) {
         let _ = writeln!(
             out,
             "{indent}  {:<10} {:>9}  {:>9} {:>9} {:>9} {:>9} {:>9}",
-            "latency", "faults", "p50", "p90", "p99", "p99.9", "max"
+            class,
+            l.count,
+            units[0].format(l.p50),
+            units[1].format(l.p90),
+            units[2].format(l.p99),
+            units[3].format(l.p99_9),
+            units[4].format(l.max)
         );
-        let lat = f.latency_ns.values();
-        let column = |pick: fn(&ClassLatency) -> u64| unit.fit(lat.clone().map(pick));
-        let units = [
-            column(|l| l.p50),
-            column(|l| l.p90),
-            column(|l| l.p99),
-            column(|l| l.p99_9),
-            column(|l| l.max),
-        ];
-        for (class, l) in f.latency_ns.iter().filter(|(c, _)| shown_class(f, c)) {
-            let _ = writeln!(
-                out,
-                "{indent}  {:<10} {:>9}  {:>9} {:>9} {:>9} {:>9} {:>9}",
-                class,
-                l.count,
-                units[0].format(l.p50),
-                units[1].format(l.p90),
-                units[2].format(l.p99),
-                units[3].format(l.p99_9),
-                units[4].format(l.max)
-            );
-        }
-        if let Some(note) = untimed_note(f) {
-            let _ = writeln!(out, "{indent}  ({note})");
-        }
-        if f.latency_unmatched > 0 {
-            let _ = writeln!(
-                out,
-                "{indent}  ({} {} counted without a latency: start not seen)",
-                f.latency_unmatched,
-                if f.latency_unmatched == 1 {
-                    "fault"
-                } else {
-                    "faults"
-                }
-            );
-        }
-        if style.hist {
-            hists_text(out, f, indent, unit);
-        }
     }
-    if !f.by_mapping.is_empty() {
-        let rows: Vec<(String, String, String)> = f
-            .by_mapping
-            .iter()
-            .map(|m| {
-                let locked = match (m.locked, m.lockonfault) {
-                    (Some(true), Some(true)) => "LOCKONFAULT",
-                    (Some(true), _) => "VM_LOCKED",
-                    (Some(false), _) => "no",
-                    (None, _) => "?",
-                };
-                let locked = match m.locked_source {
-                    "unknown" => locked.to_string(),
-                    source => format!("{locked} ({source})"),
-                };
-                let range = if m.end.is_empty() {
-                    m.start.clone()
-                } else {
-                    format!("{}-{}", m.start, m.end)
-                };
-                let pages = m.pages.as_ref().map_or_else(String::new, page_tag);
-                (
-                    m.faults.to_string(),
-                    locked,
-                    format!("{} {range}{pages}", m.mapping),
-                )
-            })
-            .collect();
-        // Each column as wide as its widest cell (`VM_LOCKED (smaps)` included).
-        let width = |cell: fn(&(String, String, String)) -> &String, title: &str| {
-            rows.iter()
-                .map(|r| cell(r).len())
-                .chain([title.len()])
-                .max()
-        };
-        let faults_w = width(|r| &r.0, "faults").unwrap_or(6).max(9);
-        let locked_w = width(|r| &r.1, "locked").unwrap_or(6);
+    if let Some(note) = untimed_note(f) {
+        let _ = writeln!(out, "{indent}  ({note})");
+    }
+    if f.latency_unmatched > 0 {
         let _ = writeln!(
             out,
-            "{indent}  {:>faults_w$}  {:<locked_w$}  mapping",
-            "faults", "locked"
-        );
-        for ((faults, locked, mapping), m) in rows.iter().zip(&f.by_mapping) {
-            let _ = writeln!(
-                out,
-                "{indent}  {faults:>faults_w$}  {locked:<locked_w$}  {mapping}"
-            );
-            for stack in m.stacks.iter().flatten() {
-                let _ = writeln!(
-                    out,
-                    "{indent}  {:>faults_w$}  {:<locked_w$}    {} sampled at {}",
-                    "",
-                    "",
-                    stack.faults,
-                    stack_line(&stack.frames.iter().map(|f| &f.symbol).collect::<Vec<_>>())
-                );
+            "{indent}  ({} {} counted without a latency: start not seen)",
+            f.latency_unmatched,
+            if f.latency_unmatched == 1 {
+                "fault"
+            } else {
+                "faults"
             }
-        }
-        if f.by_mapping
-            .iter()
-            .any(|m| m.pages.is_some_and(|p| p.huge()))
-        {
+        );
+    }
+    if style.hist {
+        hists_text(out, f, indent, unit);
+    }
+}
+
+/// A mapping row's cells: its faults, its lock flags (and who told), its name and range
+/// (and what pages back it).
+fn mapping_cells(m: &MappingFaults) -> (String, String, String) {
+    let locked = match (m.locked, m.lockonfault) {
+        (Some(true), Some(true)) => "LOCKONFAULT",
+        (Some(true), _) => "VM_LOCKED",
+        (Some(false), _) => "no",
+        (None, _) => "?",
+    };
+    let locked = match m.locked_source {
+        "unknown" => locked.to_string(),
+        source => format!("{locked} ({source})"),
+    };
+    let range = if m.end.is_empty() {
+        m.start.clone()
+    } else {
+        format!("{}-{}", m.start, m.end)
+    };
+    let pages = m.pages.as_ref().map_or_else(String::new, page_tag);
+    (
+        m.faults.to_string(),
+        locked,
+        format!("{} {range}{pages}", m.mapping),
+    )
+}
+
+/// The faults per mapping of a faults block, with each row's sampled stacks.
+fn mappings_text(out: &mut String, f: &FaultSummary, indent: &str) {
+    let rows: Vec<(String, String, String)> = f.by_mapping.iter().map(mapping_cells).collect();
+    // Each column as wide as its widest cell (`VM_LOCKED (smaps)` included).
+    let width = |cell: fn(&(String, String, String)) -> &String, title: &str| {
+        rows.iter()
+            .map(|r| cell(r).len())
+            .chain([title.len()])
+            .max()
+    };
+    let faults_w = width(|r| &r.0, "faults").unwrap_or(6).max(9);
+    let locked_w = width(|r| &r.1, "locked").unwrap_or(6);
+    let _ = writeln!(
+        out,
+        "{indent}  {:>faults_w$}  {:<locked_w$}  mapping",
+        "faults", "locked"
+    );
+    for ((faults, locked, mapping), m) in rows.iter().zip(&f.by_mapping) {
+        let _ = writeln!(
+            out,
+            "{indent}  {faults:>faults_w$}  {locked:<locked_w$}  {mapping}"
+        );
+        for stack in m.stacks.iter().flatten() {
             let _ = writeln!(
                 out,
-                "{indent}  (huge pages: one fault there maps a whole huge page, 512 base pages \
-                 or more, which the kernel zeroes and may first compact memory for: such faults \
-                 are fewer, and each far slower than a 4 KiB one)"
+                "{indent}  {:>faults_w$}  {:<locked_w$}    {} sampled at {}",
+                "",
+                "",
+                stack.faults,
+                stack_line(&stack.frames.iter().map(|f| &f.symbol).collect::<Vec<_>>())
             );
         }
+    }
+    if f.by_mapping
+        .iter()
+        .any(|m| m.pages.is_some_and(|p| p.huge()))
+    {
+        let _ = writeln!(
+            out,
+            "{indent}  (huge pages: one fault there maps a whole huge page, 512 base pages \
+             or more, which the kernel zeroes and may first compact memory for: such faults \
+             are fewer, and each far slower than a 4 KiB one)"
+        );
     }
 }
 
@@ -317,9 +329,6 @@ fn hists_text(out: &mut String, f: &FaultSummary, indent: &str, unit: Unit) {
     }
 }
 
-/// Frames of a stack shown in the text summary (the JSON has them all).
-const TEXT_FRAMES: usize = 16;
-
 /// `--stacks`: a process's top stacks, innermost frame first.
 pub fn stacks_text(out: &mut String, stacks: &[StackFaults], indent: &str) {
     let _ = writeln!(
@@ -333,17 +342,7 @@ pub fn stacks_text(out: &mut String, stacks: &[StackFaults], indent: &str) {
     for stack in stacks {
         let mut count = stack.faults.to_string();
         for frame in stack.frames.iter().take(TEXT_FRAMES) {
-            let place = match (&frame.file, frame.line) {
-                (Some(file), Some(line)) => format!("  {file}:{line}"),
-                (Some(file), None) => format!("  {file}"),
-                _ => String::new(),
-            };
-            let inlined = if frame.inlined { " (inlined)" } else { "" };
-            let _ = writeln!(
-                out,
-                "{indent}  {count:>9}  {}{inlined}{place}",
-                frame.symbol
-            );
+            let _ = writeln!(out, "{indent}  {count:>9}  {}", frame.text());
             count.clear();
         }
         if stack.frames.len() > TEXT_FRAMES {

@@ -130,41 +130,22 @@ fn page_size() -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use memlock_trace_common::{
-        process::ProcessKey,
-        syscalls::{LATENCY_SLOTS, SyscallKey, latency_slot},
-    };
+    use memlock_trace_common::{process::ProcessKey, syscalls::SyscallKey};
 
     use super::*;
     use crate::{
         event::Syscall,
-        syscalls::read::{KeyCounts, SyscallReport},
+        syscalls::read::{KeyCounts, SyscallReport, fixtures},
         tracer::Health,
     };
 
     fn key(tgid: u32, syscall: Syscall, errno: u32) -> SyscallKey {
-        SyscallKey {
-            tgid,
-            nr: syscall.nr(),
-            start_ns: 1,
-            errno,
-            _pad: 0,
-        }
+        fixtures::key(tgid, 1, syscall, errno)
     }
 
     fn counts(calls: u64, ns: u64) -> KeyCounts {
-        let mut latency = [0; LATENCY_SLOTS];
-        latency[latency_slot(ns)] = calls;
-        KeyCounts {
-            calls,
-            pages_populated: 4 * calls,
-            // Huge pages: one fault for the call's four pages.
-            faults_populated: calls,
-            pages_locked: 4 * calls,
-            pages_unlocked: 0,
-            max_ns: ns,
-            latency,
-        }
+        // Huge pages: one fault for the call's four pages.
+        fixtures::counts(calls, ns, 1)
     }
 
     fn db(_: &ProcessKey) -> (String, String) {

@@ -12,7 +12,7 @@ use std::{
 use anyhow::{Context as _, Result, anyhow};
 use aya::{
     Ebpf,
-    maps::{HashMap, IterableMap as _, MapData, PerCpuArray},
+    maps::{HashMap, IterableMap as _, MapData},
     programs::BtfTracePoint,
 };
 use memlock_trace_common::{
@@ -388,11 +388,8 @@ pub fn exit_comms(ebpf: &Ebpf) -> Result<BTreeMap<ProcessKey, Outside>> {
 }
 
 pub fn health(ebpf: &Ebpf) -> Result<ProcessHealth> {
-    let map = ebpf
-        .map(names::PROCESS_COUNTERS)
-        .ok_or_else(|| anyhow!("map {} missing", names::PROCESS_COUNTERS))?;
-    let counters: PerCpuArray<&MapData, u64> = PerCpuArray::try_from(map)?;
-    let sum = |index: u32| -> Result<u64> { Ok(counters.get(&index, 0)?.iter().sum()) };
+    let counters = crate::per_cpu::CpuCounters::open(ebpf, names::PROCESS_COUNTERS)?;
+    let sum = |index: u32| counters.sum(index);
     Ok(ProcessHealth {
         children_followed: sum(counter::CHILDREN_FOLLOWED)?,
         children_not_followed: sum(counter::CHILDREN_NOT_FOLLOWED)?,

@@ -129,15 +129,7 @@ pub fn text(out: &mut String, groups: &[CgroupSummary], unit: Unit) {
             );
         }
         for (name, s) in &g.syscalls {
-            let errors = if s.errors.is_empty() {
-                "-".to_string()
-            } else {
-                s.errors
-                    .iter()
-                    .map(|(e, n)| format!("{e} x{n}"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            };
+            let errors = crate::syscalls::render::errors_cell(&s.errors);
             let _ = writeln!(
                 out,
                 "  {name:<11} {:>9}  {:>16} {:>+13}  {:>11}  {errors}",

@@ -41,20 +41,31 @@ pub struct ProcessSummary {
     pub call_sites: Option<Vec<CallSite>>,
 }
 
+impl ProcessSummary {
+    /// A process with nothing counted yet: each hook family adds its part.
+    pub fn new(pid: u32, start_ns: u64, comm: Outside) -> Self {
+        Self {
+            pid,
+            start_ns,
+            comm,
+            cgroup: None,
+            syscalls: BTreeMap::new(),
+            faults: None,
+            kernel_faults: None,
+            faults_missing: None,
+            thread_latencies: BTreeMap::new(),
+            call_sites: None,
+        }
+    }
+}
+
 impl From<ProcessSyscalls> for ProcessSummary {
     /// A process as the syscall family counted it; the other families add theirs.
     fn from(p: ProcessSyscalls) -> Self {
         Self {
-            pid: p.pid,
-            start_ns: p.start_ns,
-            comm: p.comm,
-            cgroup: None,
             syscalls: p.syscalls,
-            faults: None,
-            kernel_faults: None,
-            faults_missing: None,
             thread_latencies: p.threads,
-            call_sites: None,
+            ..Self::new(p.pid, p.start_ns, p.comm)
         }
     }
 }

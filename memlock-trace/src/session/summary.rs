@@ -107,16 +107,8 @@ impl Summary {
             match self.processes.iter_mut().find(|p| same(p)) {
                 Some(p) => p.faults = Some(summary),
                 None => self.processes.push(ProcessSummary {
-                    pid: key.tgid,
-                    start_ns: key.start_ns,
-                    comm,
-                    cgroup: None,
-                    syscalls: BTreeMap::new(),
                     faults: Some(summary),
-                    kernel_faults: None,
-                    faults_missing: None,
-                    thread_latencies: BTreeMap::new(),
-                    call_sites: None,
+                    ..ProcessSummary::new(key.tgid, key.start_ns, comm)
                 }),
             }
         }
@@ -145,57 +137,70 @@ pub fn summary_text(summary: &Summary, style: TextStyle) -> String {
         .into_iter()
         .filter(|_| summary.cgroups.is_none())
     {
-        // A reused pid: the start time tells the processes apart.
-        let started = if summary.processes.iter().filter(|q| q.pid == p.pid).count() > 1 {
-            format!(", started {:.3}s after boot", p.start_ns as f64 / 1e9)
-        } else {
-            String::new()
-        };
-        let cgroup = match &p.cgroup {
-            // The root cgroup says nothing.
-            Some(c) if c.path.as_deref() != Some("/") => {
-                format!(" cgroup {}", Outside::from(c.label()))
-            }
-            _ => String::new(),
-        };
-        let _ = writeln!(out, "pid {} ({}){started}{cgroup}", p.pid, p.comm);
-        if let (Some(missing @ 1..), Some(kernel)) = (p.faults_missing, p.kernel_faults) {
-            let _ = writeln!(
-                out,
-                "  page faults missing: {missing} of the {kernel} the kernel counted (the \
-                 fault maps evicted them: too many processes at once)"
-            );
-        }
-        if let Some(f) = &p.faults {
-            faults::render::faults_text(&mut out, f, "  ", style);
-            if let Some(stacks) = &f.stacks {
-                faults::render::stacks_text(&mut out, stacks, "  ");
-            }
-            for t in &f.threads {
-                let _ = writeln!(out, "  thread {} ({})", t.tid, t.comm);
-                faults::render::faults_text(&mut out, &t.faults, "    ", style);
-            }
-        }
-        syscalls::render::table(&mut out, &p.syscalls, unit);
-        if style.hist {
-            let calls = p
-                .syscalls
-                .iter()
-                .map(|(name, s)| (*name, s.latency_values.clone()))
-                .collect();
-            syscalls::render::hists(&mut out, &calls, unit, "  ");
-            for (tid, calls) in &p.thread_latencies {
-                let _ = writeln!(out, "  thread {tid}");
-                syscalls::render::hists(&mut out, calls, unit, "    ");
-            }
-        }
-        if let Some(sites) = &p.call_sites {
-            syscalls::render::call_sites_text(&mut out, sites, "  ");
-        }
+        process_text(&mut out, p, summary, style);
     }
     if let Some(folded) = &summary.folded {
         out.push_str(&super::fold::folded_text(folded));
     }
+    health_text(&mut out, summary);
+    out
+}
+
+/// One process's block: who it is, its faults (and its threads'), its calls and their
+/// call sites.
+fn process_text(out: &mut String, p: &ProcessSummary, summary: &Summary, style: TextStyle) {
+    let unit = style.unit;
+    // A reused pid: the start time tells the processes apart.
+    let started = if summary.processes.iter().filter(|q| q.pid == p.pid).count() > 1 {
+        format!(", started {:.3}s after boot", p.start_ns as f64 / 1e9)
+    } else {
+        String::new()
+    };
+    let cgroup = match &p.cgroup {
+        // The root cgroup says nothing.
+        Some(c) if c.path.as_deref() != Some("/") => {
+            format!(" cgroup {}", Outside::from(c.label()))
+        }
+        _ => String::new(),
+    };
+    let _ = writeln!(out, "pid {} ({}){started}{cgroup}", p.pid, p.comm);
+    if let (Some(missing @ 1..), Some(kernel)) = (p.faults_missing, p.kernel_faults) {
+        let _ = writeln!(
+            out,
+            "  page faults missing: {missing} of the {kernel} the kernel counted (the \
+             fault maps evicted them: too many processes at once)"
+        );
+    }
+    if let Some(f) = &p.faults {
+        faults::render::faults_text(out, f, "  ", style);
+        if let Some(stacks) = &f.stacks {
+            faults::render::stacks_text(out, stacks, "  ");
+        }
+        for t in &f.threads {
+            let _ = writeln!(out, "  thread {} ({})", t.tid, t.comm);
+            faults::render::faults_text(out, &t.faults, "    ", style);
+        }
+    }
+    syscalls::render::table(out, &p.syscalls, unit);
+    if style.hist {
+        let calls = p
+            .syscalls
+            .iter()
+            .map(|(name, s)| (*name, s.latency_values.clone()))
+            .collect();
+        syscalls::render::hists(out, &calls, unit, "  ");
+        for (tid, calls) in &p.thread_latencies {
+            let _ = writeln!(out, "  thread {tid}");
+            syscalls::render::hists(out, calls, unit, "    ");
+        }
+    }
+    if let Some(sites) = &p.call_sites {
+        syscalls::render::call_sites_text(out, sites, "  ");
+    }
+}
+
+/// What the tracer lost or could not do, under the blocks.
+fn health_text(out: &mut String, summary: &Summary) {
     let h = &summary.health;
     // Each interval shows its health lines only when something was lost, as bcc's tools
     // print "Possibly lost N samples" only then; the session's summary always ends with them.
@@ -259,6 +264,12 @@ pub fn summary_text(summary: &Summary, style: TextStyle) -> String {
             c.dropped, u.unwound, u.frame_pointer_walks, u.frames_dropped, u.no_module
         );
     }
+    fault_health_text(out, summary, every);
+}
+
+/// What the fault maps and the fault stacks lost: every time in the session's summary
+/// (`every`), in an interval's only when something was lost.
+fn fault_health_text(out: &mut String, summary: &Summary, every: bool) {
     if let Some(f) = summary.fault_health.as_ref().filter(|f| {
         every
             || f.stats_evicted
@@ -286,7 +297,6 @@ pub fn summary_text(summary: &Summary, style: TextStyle) -> String {
             );
         }
     }
-    out
 }
 
 /// A process's mlock-family calls and page faults.

@@ -45,7 +45,22 @@ pub struct Frame {
     pub line: Option<u32>,
 }
 
+/// Frames of a stack shown in the text summary (the JSON has them all).
+pub const TEXT_FRAMES: usize = 16;
+
 impl Frame {
+    /// The frame as a text summary line ends: its function, whether it was inlined, and
+    /// its source file and line where known.
+    pub fn text(&self) -> String {
+        let place = match (&self.file, self.line) {
+            (Some(file), Some(line)) => format!("  {file}:{line}"),
+            (Some(file), None) => format!("  {file}"),
+            _ => String::new(),
+        };
+        let inlined = if self.inlined { " (inlined)" } else { "" };
+        format!("{}{inlined}{place}", self.symbol)
+    }
+
     /// A frame at `addr` that no mapping held: its address stands in for the function.
     pub fn unmapped(addr: String) -> Frame {
         Frame {

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use anyhow::{Result, anyhow};
 use aya::{
     EbpfLoader,
-    maps::{HashMap, IterableMap as _, MapData, PerCpuArray},
+    maps::{HashMap, IterableMap as _, MapData},
 };
 use memlock_trace_common::{
     process::ProcessKey,
@@ -23,6 +23,7 @@ use crate::{
     event::{Syscall, errno_name},
     latency::Latency,
     output::Outside,
+    per_cpu::CpuCounters,
     process::counts::growth,
 };
 
@@ -74,9 +75,8 @@ pub fn prepare_loader(loader: &mut EbpfLoader<'_>, few_processes: bool) -> Resul
 
 pub fn read(ebpf: &aya::Ebpf) -> Result<SyscallReport> {
     let map = |name: &str| ebpf.map(name).ok_or_else(|| anyhow!("map {name} missing"));
-    let counters: PerCpuArray<&MapData, u64> =
-        PerCpuArray::try_from(map(names::SYSCALL_COUNTERS)?)?;
-    let sum = |index: u32| -> u64 { counters.get(&index, 0).map(|v| v.iter().sum()).unwrap_or(0) };
+    let counters = CpuCounters::open(ebpf, names::SYSCALL_COUNTERS)?;
+    let sum = |index: u32| counters.sum(index).unwrap_or(0);
     // Before the map: a key inserted while it is read must not count as evicted.
     let inserts = sum(syscall_counter::INSERTS);
     let stats: HashMap<&MapData, SyscallKey, SyscallStats> =
@@ -310,13 +310,15 @@ fn slots_latency(c: &KeyCounts) -> (Latency, Vec<(u64, u64)>) {
     (latency, values)
 }
 
+/// Kernel counts for the tests of what is built on them (here and the metrics).
 #[cfg(test)]
-mod tests {
-    use memlock_trace_common::syscalls::latency_slot;
+pub(crate) mod fixtures {
+    use memlock_trace_common::syscalls::{LATENCY_SLOTS, SyscallKey, latency_slot};
 
-    use super::*;
+    use super::KeyCounts;
+    use crate::event::Syscall;
 
-    fn key(tgid: u32, start_ns: u64, syscall: Syscall, errno: u32) -> SyscallKey {
+    pub(crate) fn key(tgid: u32, start_ns: u64, syscall: Syscall, errno: u32) -> SyscallKey {
         SyscallKey {
             tgid,
             nr: syscall.nr(),
@@ -326,33 +328,45 @@ mod tests {
         }
     }
 
-    fn counts(calls: u64, ns: u64) -> KeyCounts {
+    /// `calls` calls of 4 pages each, in `faults_per_call` faults, each taking `ns`.
+    pub(crate) fn counts(calls: u64, ns: u64, faults_per_call: u64) -> KeyCounts {
         let mut latency = [0; LATENCY_SLOTS];
         latency[latency_slot(ns)] = calls;
         KeyCounts {
             calls,
             pages_populated: 4 * calls,
-            faults_populated: 4 * calls,
+            faults_populated: faults_per_call * calls,
             pages_locked: 4 * calls,
             pages_unlocked: 0,
             max_ns: ns,
             latency,
         }
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{fixtures::key, *};
+
+    fn counts(calls: u64, ns: u64) -> KeyCounts {
+        super::fixtures::counts(calls, ns, 4)
+    }
+
+    fn report<const N: usize>(counts: [(SyscallKey, KeyCounts); N]) -> SyscallReport {
+        SyscallReport {
+            counts: counts.into(),
+            ..SyscallReport::default()
+        }
+    }
 
     #[test]
     fn kernel_counts_win_and_events_fill_in_names_and_failures() {
-        let mut kernel = SyscallReport::default();
-        kernel
-            .counts
-            .insert(key(7, 100, Syscall::Mlock, 0), counts(98, 3_000));
-        kernel
-            .counts
-            .insert(key(7, 100, Syscall::Mlock, 12), counts(2, 500));
-        // Same pid, a later process: apart.
-        kernel
-            .counts
-            .insert(key(7, 900, Syscall::Munlock, 0), counts(1, 1_000));
+        let kernel = report([
+            (key(7, 100, Syscall::Mlock, 0), counts(98, 3_000)),
+            (key(7, 100, Syscall::Mlock, 12), counts(2, 500)),
+            // Same pid, a later process: apart.
+            (key(7, 900, Syscall::Munlock, 0), counts(1, 1_000)),
+        ]);
         let merged = merge(Vec::new(), &kernel, &kernel, |k| {
             Some(if k.start_ns == 100 { "first" } else { "second" }.into())
         });
@@ -393,10 +407,7 @@ mod tests {
             )]),
             threads: Default::default(),
         };
-        let mut counted = SyscallReport::default();
-        counted
-            .counts
-            .insert(key(7, 1, Syscall::Mlock, 0), counts(1, 3_000));
+        let counted = report([(key(7, 1, Syscall::Mlock, 0), counts(1, 3_000))]);
         let this_interval = counted.since(&counted);
         let merged = merge(vec![late_record()], &this_interval, &counted, |_| None);
         assert!(merged.is_empty(), "{merged:?}");
@@ -412,15 +423,11 @@ mod tests {
 
     #[test]
     fn an_interval_is_the_growth() {
-        let mut before = SyscallReport::default();
-        before
-            .counts
-            .insert(key(7, 1, Syscall::Mlock, 0), counts(10, 3_000));
-        let mut now = SyscallReport::default();
-        now.counts
-            .insert(key(7, 1, Syscall::Mlock, 0), counts(25, 3_000));
-        now.counts
-            .insert(key(8, 1, Syscall::Mlock, 0), counts(1, 3_000));
+        let before = report([(key(7, 1, Syscall::Mlock, 0), counts(10, 3_000))]);
+        let now = report([
+            (key(7, 1, Syscall::Mlock, 0), counts(25, 3_000)),
+            (key(8, 1, Syscall::Mlock, 0), counts(1, 3_000)),
+        ]);
         let d = now.since(&before);
         assert_eq!(d.counts[&key(7, 1, Syscall::Mlock, 0)].calls, 15);
         assert_eq!(

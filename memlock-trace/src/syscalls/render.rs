@@ -8,6 +8,7 @@ use super::{stats::SyscallSummary, why::LockFigures};
 use crate::{
     event::{SyscallRecord, errno_name},
     output::{JSON_SCHEMA, Unit, hist::Log2Hist},
+    symbolize::TEXT_FRAMES,
 };
 
 /// The latency histogram of each call (`--hist`), under the table.
@@ -117,15 +118,7 @@ pub fn table(out: &mut String, syscalls: &BTreeMap<&'static str, SyscallSummary>
         "syscall", "calls", "p50", "p90", "p99", "max", "populated pages", "locked pages"
     );
     for (name, s) in syscalls {
-        let errors = if s.errors.is_empty() {
-            "-".to_string()
-        } else {
-            s.errors
-                .iter()
-                .map(|(e, n)| format!("{e} x{n}"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
+        let errors = errors_cell(&s.errors);
         let _ = writeln!(
             out,
             "  {:<11} {:>7}  {:>9} {:>9} {:>9} {:>9}  {:>16} {:>+13}  {}",
@@ -159,8 +152,17 @@ pub fn table(out: &mut String, syscalls: &BTreeMap<&'static str, SyscallSummary>
     }
 }
 
-/// Frames shown per call site in the text summary (the JSON has them all).
-const TEXT_FRAMES: usize = 16;
+/// A table's errors cell: each errno with its count (`ENOMEM x2, EPERM x1`), or `-`.
+pub fn errors_cell(errors: &BTreeMap<String, u64>) -> String {
+    if errors.is_empty() {
+        return "-".to_string();
+    }
+    errors
+        .iter()
+        .map(|(e, n)| format!("{e} x{n}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
 
 /// `--stacks`: a process's mlock-family call sites, each with its calls and pages, then its
 /// frames innermost first.
@@ -186,13 +188,7 @@ pub fn call_sites_text(out: &mut String, sites: &[super::stacks::CallSite], inde
         );
         let blank = " ".repeat(figures.len());
         for frame in site.frames.iter().take(TEXT_FRAMES) {
-            let place = match (&frame.file, frame.line) {
-                (Some(file), Some(line)) => format!("  {file}:{line}"),
-                (Some(file), None) => format!("  {file}"),
-                _ => String::new(),
-            };
-            let inlined = if frame.inlined { " (inlined)" } else { "" };
-            let _ = writeln!(out, "{indent}  {figures}  {}{inlined}{place}", frame.symbol);
+            let _ = writeln!(out, "{indent}  {figures}  {}", frame.text());
             figures.clone_from(&blank);
         }
         if site.frames.len() > TEXT_FRAMES {

@@ -16,10 +16,10 @@ use std::{
     sync::Arc,
 };
 
-use anyhow::{Result, anyhow};
+use anyhow::Result;
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{MapData, PerCpuArray, RingBuf},
+    maps::{MapData, RingBuf},
 };
 use framehop::Unwinder as _;
 use memlock_trace_common::{
@@ -397,9 +397,9 @@ pub fn prepare_loader<'a>(loader: &mut EbpfLoader<'a>, config: &'a StackConfig, 
 }
 
 fn counter_sum(ebpf: &Ebpf, map: &str, index: u32) -> Result<u64> {
-    let counters: PerCpuArray<&MapData, u64> =
-        PerCpuArray::try_from(ebpf.map(map).ok_or_else(|| anyhow!("map {map} missing"))?)?;
-    Ok(counters.get(&index, 0).map(|v| v.iter().sum()).unwrap_or(0))
+    Ok(crate::per_cpu::CpuCounters::open(ebpf, map)?
+        .sum(index)
+        .unwrap_or(0))
 }
 
 #[cfg(test)]

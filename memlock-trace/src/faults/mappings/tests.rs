@@ -1,4 +1,7 @@
-use memlock_trace_common::faults::{RegionKey, RegionValue};
+use memlock_trace_common::{
+    faults::{RegionKey, RegionValue, populate},
+    mapping::kind,
+};
 
 use super::*;
 
@@ -14,26 +17,57 @@ fn mapping(start: u64, end: u64, name: &str, locked: bool) -> Mapping {
     }
 }
 
+/// A region of `exact` kind (`region_kind`) with `faults` counted, no VMA flags.
+fn counted(exact: u32, start: u64, faults: u64) -> (RegionKey, RegionValue) {
+    let key = RegionKey {
+        tgid: 1,
+        exact,
+        start,
+    };
+    let value = RegionValue {
+        faults,
+        vm_flags: 0,
+    };
+    (key, value)
+}
+
+/// The mappings as read from `/proc/PID/smaps`.
+fn smaps(maps: &[Mapping]) -> Option<(&[Mapping], MapsFile)> {
+    Some((maps, MapsFile::Smaps))
+}
+
+/// [`by_mapping`] without sampled stacks, the top 10 rows.
+fn attribute(
+    regions: &[(RegionKey, RegionValue)],
+    kernel: &BTreeMap<u64, MappingInfo>,
+    read: Option<(&[Mapping], MapsFile)>,
+    exited: Option<&[Mapping]>,
+) -> Vec<MappingFaults> {
+    by_mapping(regions, &[], kernel, read, exited, 10)
+}
+
+/// Each row's name, faults, range and who named it.
+fn table(list: &[MappingFaults]) -> Vec<(&str, u64, &str, &str, &'static str)> {
+    list.iter()
+        .map(|m| {
+            (
+                m.mapping.to_str().unwrap(),
+                m.faults,
+                m.start.as_str(),
+                m.end.as_str(),
+                m.named_by,
+            )
+        })
+        .collect()
+}
+
 #[test]
 fn regions_attribute_to_mappings() {
     let maps = [
         mapping(0x10000, 0x40000, "[heap]", false),
         mapping(0x48000, 0x58000, "/lib/x.so", true),
     ];
-    let region = |start, faults| {
-        let key = RegionKey {
-            tgid: 1,
-            exact: 0,
-            start,
-        };
-        (
-            key,
-            RegionValue {
-                faults,
-                vm_flags: 0,
-            },
-        )
-    };
+    let region = |start, faults| counted(0, start, faults);
     let regions = [
         region(0x10000, 16),
         region(0x20000, 4),
@@ -41,14 +75,7 @@ fn regions_attribute_to_mappings() {
         region(0x49000, 3),
         region(0x90000, 1),
     ];
-    let list = by_mapping(
-        &regions,
-        &[],
-        &BTreeMap::new(),
-        Some((&maps[..], MapsFile::Smaps)),
-        None,
-        10,
-    );
+    let list = attribute(&regions, &BTreeMap::new(), smaps(&maps), None);
     assert_eq!(list.len(), 3, "{list:?}");
     assert_eq!(
         (list[0].mapping.to_str().unwrap(), list[0].faults),
@@ -79,13 +106,11 @@ fn regions_attribute_to_mappings() {
         1
     );
     // Read from /proc/PID/maps (system-wide): the same rows, named by maps, flags unknown.
-    let list = by_mapping(
+    let list = attribute(
         &regions,
-        &[],
         &BTreeMap::new(),
         Some((&maps[..], MapsFile::Maps)),
         None,
-        10,
     );
     assert_eq!(
         (
@@ -103,18 +128,7 @@ fn regions_attribute_to_mappings() {
 #[test]
 fn neighbouring_runs_outside_every_mapping_are_one_row_and_exited_is_not_unmapped() {
     let maps = [mapping(0x10000, 0x40000, "[heap]", false)];
-    let run = |start, faults| {
-        let key = RegionKey {
-            tgid: 1,
-            exact: 0,
-            start,
-        };
-        let value = RegionValue {
-            faults,
-            vm_flags: 0,
-        };
-        (key, value)
-    };
+    let run = |start, faults| counted(0, start, faults);
     // 8 MiB touched in order (runs of 16 pages, one per 64 KiB window, the first one
     // starting mid-window), then a lone run far away.
     let base = 0x7f00_0000_0000u64;
@@ -123,30 +137,12 @@ fn neighbouring_runs_outside_every_mapping_are_one_row_and_exited_is_not_unmappe
         .collect();
     regions.push(run(base + 0x1000_0000, 2));
     for (exited, label) in [(None, "unmapped"), (Some(&[][..]), "unknown")] {
-        let list = by_mapping(
-            &regions,
-            &[],
-            &BTreeMap::new(),
-            Some((&maps[..], MapsFile::Smaps)),
-            exited,
-            10,
-        );
-        let rows: Vec<_> = list
-            .iter()
-            .map(|m| {
-                (
-                    m.mapping.to_str().unwrap(),
-                    m.faults,
-                    m.start.as_str(),
-                    m.end.as_str(),
-                )
-            })
-            .collect();
+        let list = attribute(&regions, &BTreeMap::new(), smaps(&maps), exited);
         assert_eq!(
-            rows,
+            table(&list),
             [
-                (label, 2048, "0x7f0000003000", "0x7f0000800000"),
-                (label, 2, "0x7f0010000000", "0x7f0010010000"),
+                (label, 2048, "0x7f0000003000", "0x7f0000800000", "none"),
+                (label, 2, "0x7f0010000000", "0x7f0010010000", "none"),
             ]
         );
     }
@@ -155,32 +151,14 @@ fn neighbouring_runs_outside_every_mapping_are_one_row_and_exited_is_not_unmappe
 #[test]
 fn an_exited_process_region_known_from_an_mlock_call_is_named_by_it() {
     let maps = [mapping(0x10000, 0x40000, "[heap]", false)];
-    let run = |start| {
-        let key = RegionKey {
-            tgid: 1,
-            exact: 0,
-            start,
-        };
-        let value = RegionValue {
-            faults: 16,
-            vm_flags: 0,
-        };
-        (key, value)
-    };
+    let run = |start| counted(0, start, 16);
     let regions = [run(0x100000), run(0x110000), run(0x900000)];
     // Locked, then unlocked: the newest state counts.
     let noted = [
         mapping(0x100000, 0x200000, "VMA seen by mlock2", true),
         mapping(0x100000, 0x200000, "VMA seen by munlock", false),
     ];
-    let list = by_mapping(
-        &regions,
-        &[],
-        &BTreeMap::new(),
-        Some((&maps[..], MapsFile::Smaps)),
-        Some(&noted),
-        10,
-    );
+    let list = attribute(&regions, &BTreeMap::new(), smaps(&maps), Some(&noted));
     let rows: Vec<_> = list
         .iter()
         .map(|m| {
@@ -215,14 +193,7 @@ fn exact_regions_use_the_vma_flags() {
             vm_flags: VM_LOCKED | 0x3,
         },
     )];
-    let list = by_mapping(
-        &regions,
-        &[],
-        &BTreeMap::new(),
-        Some((&maps[..], MapsFile::Smaps)),
-        None,
-        10,
-    );
+    let list = attribute(&regions, &BTreeMap::new(), smaps(&maps), None);
     assert_eq!(list[0].locked, Some(true));
     assert_eq!(list[0].locked_source, "vma");
 }
@@ -242,23 +213,19 @@ fn info(start: u64, end: u64, kind: u32, name: &str) -> MappingInfo {
 }
 
 fn vma_region(start: u64, faults: u64) -> (RegionKey, RegionValue) {
-    let key = RegionKey {
-        tgid: 1,
-        exact: region_kind::VMA,
-        start,
-    };
-    (
-        key,
-        RegionValue {
-            faults,
-            vm_flags: 0x73,
-        },
-    )
+    let (key, value) = counted(region_kind::VMA, start, faults);
+    let vm_flags = 0x73;
+    (key, RegionValue { vm_flags, ..value })
+}
+
+/// The VMAs the fault hooks identified, by start.
+fn identified(vmas: impl IntoIterator<Item = MappingInfo>) -> BTreeMap<u64, MappingInfo> {
+    vmas.into_iter().map(|i| (i.start, i)).collect()
 }
 
 #[test]
 fn vmas_identified_at_the_fault_are_named_by_the_kernel_and_completed_from_smaps() {
-    let kernel: BTreeMap<u64, MappingInfo> = [
+    let kernel = identified([
         info(0x1000, 0x9000, kind::FILE, "libc.so.6"),
         // Unmapped before any smaps read.
         info(0x20000, 0x40000, kind::FILE, "gone.bin"),
@@ -267,10 +234,7 @@ fn vmas_identified_at_the_fault_are_named_by_the_kernel_and_completed_from_smaps
         info(0x7000_0000, 0x7000_8000, kind::STACK, ""),
         info(0x6fff_f000, 0x7000_8000, kind::STACK, ""),
         info(0x9000_0000, 0x9000_1000, kind::SPECIAL, "[vdso]"),
-    ]
-    .into_iter()
-    .map(|i| (i.start, i))
-    .collect();
+    ]);
     let maps = [mapping(0x1000, 0x9000, "/usr/lib/libc.so.6", false)];
     let mut regions = vec![
         vma_region(0x1000, 5),
@@ -280,39 +244,10 @@ fn vmas_identified_at_the_fault_are_named_by_the_kernel_and_completed_from_smaps
         vma_region(0x6fff_f000, 4),
         vma_region(0x9000_0000, 1),
     ];
-    regions.push((
-        RegionKey {
-            tgid: 1,
-            exact: region_kind::CALL,
-            start: populate::MLOCKALL as u64,
-        },
-        RegionValue {
-            faults: 100,
-            vm_flags: 0,
-        },
-    ));
-    let list = by_mapping(
-        &regions,
-        &[],
-        &kernel,
-        Some((&maps[..], MapsFile::Smaps)),
-        None,
-        10,
-    );
-    let rows: Vec<_> = list
-        .iter()
-        .map(|m| {
-            (
-                m.mapping.to_str().unwrap(),
-                m.faults,
-                m.start.as_str(),
-                m.end.as_str(),
-                m.named_by,
-            )
-        })
-        .collect();
+    regions.push(counted(region_kind::CALL, populate::MLOCKALL as u64, 100));
+    let list = attribute(&regions, &kernel, smaps(&maps), None);
     assert_eq!(
-        rows,
+        table(&list),
         [
             (
                 "populated by mlockall (VMAs not told apart)",
@@ -338,32 +273,17 @@ fn vmas_identified_at_the_fault_are_named_by_the_kernel_and_completed_from_smaps
 /// stack: a page just below the stack found no VMA, and is the stack's, even once exited.
 #[test]
 fn a_page_below_the_stack_with_nothing_between_is_where_it_grew() {
-    let kernel: BTreeMap<u64, MappingInfo> = [
+    let kernel = identified([
         info(0x1000, 0x9000, kind::FILE, "libc.so.6"),
         info(0x7000_0000, 0x7000_8000, kind::STACK, ""),
-    ]
-    .into_iter()
-    .map(|i| (i.start, i))
-    .collect();
-    let page = |start, faults| {
-        (
-            RegionKey {
-                tgid: 1,
-                exact: region_kind::PAGE,
-                start,
-            },
-            RegionValue {
-                faults,
-                vm_flags: 0,
-            },
-        )
-    };
+    ]);
+    let page = |start, faults| counted(region_kind::PAGE, start, faults);
     let regions = [
         page(0x6fff_e000, 3),
         page(0x6fff_f000, 2),
         page(0x2_0000, 1),
     ];
-    let list = by_mapping(&regions, &[], &kernel, None, Some(&[]), 10);
+    let list = attribute(&regions, &kernel, None, Some(&[]));
     let rows: Vec<_> = list
         .iter()
         .map(|m| (m.mapping.to_str().unwrap(), m.faults))
@@ -377,40 +297,20 @@ fn a_page_below_the_stack_with_nothing_between_is_where_it_grew() {
 /// adds nothing.
 #[test]
 fn sampled_stacks_go_to_the_row_of_their_region() {
-    let kernel: BTreeMap<u64, MappingInfo> = [
+    let kernel = identified([
         info(0x7000_0000, 0x7000_8000, kind::STACK, ""),
         info(0x6fff_f000, 0x7000_8000, kind::STACK, ""),
-    ]
-    .into_iter()
-    .map(|i| (i.start, i))
-    .collect();
+    ]);
     let maps = [mapping(0x10000, 0x40000, "[heap]", false)];
-    let page = |start| RegionKey {
-        tgid: 1,
-        exact: region_kind::PAGE,
-        start,
-    };
-    let call = RegionKey {
-        tgid: 1,
-        exact: region_kind::CALL,
-        start: populate::MLOCKALL as u64,
-    };
-    let counted = |key: RegionKey, faults| {
-        (
-            key,
-            RegionValue {
-                faults,
-                vm_flags: 0,
-            },
-        )
-    };
+    let page = |start| counted(region_kind::PAGE, start, 0).0;
+    let call = counted(region_kind::CALL, populate::MLOCKALL as u64, 0).0;
     let regions = vec![
         vma_region(0x7000_0000, 2),
         vma_region(0x6fff_f000, 4),
-        counted(page(0x10000), 16),
-        counted(page(0x90000), 8),
-        counted(page(0xa0000), 8),
-        counted(call, 100),
+        counted(region_kind::PAGE, 0x10000, 16),
+        counted(region_kind::PAGE, 0x90000, 8),
+        counted(region_kind::PAGE, 0xa0000, 8),
+        counted(region_kind::CALL, populate::MLOCKALL as u64, 100),
     ];
     let stack = |ips: &[u64]| -> Stack { ips.into() };
     let (grow, fill, scan, lock) = (
@@ -435,14 +335,7 @@ fn sampled_stacks_go_to_the_row_of_their_region() {
         (vma_region(0x5000_0000, 0).0, sampled(&[(&fill, 7)])),
     ];
     let sites: Vec<RegionSites<'_>> = sites.iter().map(|(k, s)| (k, s)).collect();
-    let list = by_mapping(
-        &regions,
-        &sites,
-        &kernel,
-        Some((&maps[..], MapsFile::Smaps)),
-        None,
-        10,
-    );
+    let list = by_mapping(&regions, &sites, &kernel, smaps(&maps), None, 10);
     let row = |name: &str| {
         let row = list
             .iter()
