@@ -9,37 +9,40 @@
 /// Name of the per-CPU `ReadFailures` array, one slot per [`program`].
 pub const READ_FAILURES: &str = "DIAG_READ_FAILURES";
 
-/// Slots of [`READ_FAILURES`]: the programs that read named kernel fields.
-pub mod program {
-    pub const SYS_ENTER_MLOCK: u32 = 0;
-    pub const SYS_ENTER_MLOCK2: u32 = 1;
-    pub const SYS_ENTER_MUNLOCK: u32 = 2;
-    pub const SYS_ENTER_MLOCKALL: u32 = 3;
-    pub const SYS_ENTER_MUNLOCKALL: u32 = 4;
-    pub const SYS_EXIT_MLOCK_FAMILY: u32 = 5;
-    pub const PROCESS_FORK: u32 = 6;
-    pub const PROCESS_EXIT: u32 = 7;
-    pub const COUNT: u32 = 8;
+indices! {
+    /// Slots of [`READ_FAILURES`]: the programs that read named kernel fields.
+    pub mod program: u32, COUNT: u32 {
+        SYS_ENTER_MLOCK,
+        SYS_ENTER_MLOCK2,
+        SYS_ENTER_MUNLOCK,
+        SYS_ENTER_MLOCKALL,
+        SYS_ENTER_MUNLOCKALL,
+        SYS_EXIT_MLOCK_FAMILY,
+        PROCESS_FORK,
+        PROCESS_EXIT,
+    }
 }
 
-/// Bits of [`ReadFailures::failed`] and [`ReadFailures::null_base`]: bit `i` is `FIELDS[i]`.
-pub mod field {
-    pub const TASK_MM: u32 = 0;
-    pub const TASK_MIN_FLT: u32 = 1;
-    pub const TASK_MAJ_FLT: u32 = 2;
-    pub const MM_LOCKED_VM: u32 = 3;
-    pub const MM_MAP_COUNT: u32 = 4;
-    pub const TASK_SIGNAL: u32 = 5;
-    pub const SIGNAL_RLIM_MEMLOCK: u32 = 6;
-    pub const TASK_CRED: u32 = 7;
-    pub const CRED_CAP_EFFECTIVE: u32 = 8;
-    pub const MM_TOTAL_VM: u32 = 9;
-    pub const TASK_TGID: u32 = 10;
-    pub const SIGNAL_LIVE: u32 = 11;
+indices! {
+    /// Bits of [`ReadFailures::failed`] and [`ReadFailures::null_base`]: bit `i` is `FIELDS[i]`.
+    pub mod field: u32, COUNT: usize {
+        TASK_MM,
+        TASK_MIN_FLT,
+        TASK_MAJ_FLT,
+        MM_LOCKED_VM,
+        MM_MAP_COUNT,
+        TASK_SIGNAL,
+        SIGNAL_RLIM_MEMLOCK,
+        TASK_CRED,
+        CRED_CAP_EFFECTIVE,
+        MM_TOTAL_VM,
+        TASK_TGID,
+        SIGNAL_LIVE,
+    }
 }
 
 /// The field each bit stands for, as the kernel's sources name it.
-pub const FIELDS: [&str; 12] = [
+pub const FIELDS: [&str; field::COUNT] = [
     "task_struct.mm",
     "task_struct.min_flt",
     "task_struct.maj_flt",

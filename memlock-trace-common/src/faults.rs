@@ -54,61 +54,64 @@ pub const MAX_FAULT_THREADS: u32 = 8192;
 /// call's exit; LRU so that an entry a lost exit left behind ages out).
 pub const MAX_POPULATE_CALLS: u32 = 4096;
 
-/// Indices of [`FaultStats::counts`].
-pub mod stat {
-    /// Completed faults taken through the page-fault exception (`regs != NULL`): the access
-    /// came from user mode, or from the kernel touching user memory (`copy_to_user`).
-    pub const USER_MINOR: usize = 0;
-    pub const USER_MAJOR: usize = 1;
-    /// Completed faults the kernel took on the task's behalf without an exception
-    /// (get_user_pages: mlock, `MAP_POPULATE`, `MADV_POPULATE_*`, exec argument pages).
-    pub const POPULATED_MINOR: usize = 2;
-    pub const POPULATED_MAJOR: usize = 3;
-    /// Faults that returned `VM_FAULT_RETRY` at least once before completing (counted once).
-    pub const RETRIED: usize = 4;
-    /// Faults the kernel could not resolve (`VM_FAULT_ERROR`, or an exception that never
-    /// reached the accounting: SIGSEGV, SIGBUS, EFAULT).
-    pub const FAILED: usize = 5;
-    /// Completions whose start was not seen (tracing began mid-fault, or the entry table
-    /// was full): counted, but without a latency.
-    pub const LATENCY_UNMATCHED: usize = 6;
-    /// Completed faults in a VMA with `VM_LOCKED` / `VM_LOCKONFAULT` (hooks with a VMA only).
-    pub const IN_LOCKED: usize = 7;
-    pub const IN_LOCKONFAULT: usize = 8;
-    pub const COUNT: usize = 9;
+indices! {
+    /// Indices of [`FaultStats::counts`].
+    pub mod stat: usize, COUNT: usize {
+        /// Completed faults taken through the page-fault exception (`regs != NULL`): the access
+        /// came from user mode, or from the kernel touching user memory (`copy_to_user`).
+        USER_MINOR,
+        USER_MAJOR,
+        /// Completed faults the kernel took on the task's behalf without an exception
+        /// (get_user_pages: mlock, `MAP_POPULATE`, `MADV_POPULATE_*`, exec argument pages).
+        POPULATED_MINOR,
+        POPULATED_MAJOR,
+        /// Faults that returned `VM_FAULT_RETRY` at least once before completing (counted once).
+        RETRIED,
+        /// Faults the kernel could not resolve (`VM_FAULT_ERROR`, or an exception that never
+        /// reached the accounting: SIGSEGV, SIGBUS, EFAULT).
+        FAILED,
+        /// Completions whose start was not seen (tracing began mid-fault, or the entry table
+        /// was full): counted, but without a latency.
+        LATENCY_UNMATCHED,
+        /// Completed faults in a VMA with `VM_LOCKED` / `VM_LOCKONFAULT` (hooks with a VMA only).
+        IN_LOCKED,
+        IN_LOCKONFAULT,
+    }
 }
 
-/// Latency histogram classes (second half of [`HistKey`]); the loader merges them into the
-/// reported classes (minor = user minor + populated minor, ...).
-pub mod class {
-    pub const USER_MINOR: u32 = 0;
-    pub const USER_MAJOR: u32 = 1;
-    pub const POPULATED_MINOR: u32 = 2;
-    pub const POPULATED_MAJOR: u32 = 3;
-    pub const FAILED: u32 = 4;
-    /// Retried faults, again: a retried fault is also in its final class.
-    pub const RETRIED: u32 = 5;
-    pub const COUNT: usize = 6;
+indices! {
+    /// Latency histogram classes (second half of [`HistKey`]); the loader merges them into the
+    /// reported classes (minor = user minor + populated minor, ...).
+    pub mod class: u32, COUNT: usize {
+        USER_MINOR,
+        USER_MAJOR,
+        POPULATED_MINOR,
+        POPULATED_MAJOR,
+        FAILED,
+        /// Retried faults, again: a retried fault is also in its final class.
+        RETRIED,
+    }
 }
 
-/// System calls whose page population the tracepoint hooks measure from the task's
-/// `min_flt`/`maj_flt` deltas (index into [`FaultStats::populated_by`]).
-pub mod populate {
-    pub const MLOCK: usize = 0;
-    pub const MLOCK2: usize = 1;
-    pub const MLOCKALL: usize = 2;
-    pub const MMAP: usize = 3;
-    pub const MREMAP: usize = 4;
-    pub const BRK: usize = 5;
-    pub const MADVISE: usize = 6;
-    pub const MPROTECT: usize = 7;
-    pub const PKEY_MPROTECT: usize = 8;
-    pub const REMAP_FILE_PAGES: usize = 9;
-    pub const EXECVE: usize = 10;
-    pub const EXECVEAT: usize = 11;
-    /// Populated outside the calls above (seen only by the fentry/kprobe hooks).
-    pub const OTHER: usize = 12;
-    pub const COUNT: usize = 13;
+indices! {
+    /// System calls whose page population the tracepoint hooks measure from the task's
+    /// `min_flt`/`maj_flt` deltas (index into [`FaultStats::populated_by`]).
+    pub mod populate: usize, COUNT: usize {
+        MLOCK,
+        MLOCK2,
+        MLOCKALL,
+        MMAP,
+        MREMAP,
+        BRK,
+        MADVISE,
+        MPROTECT,
+        PKEY_MPROTECT,
+        REMAP_FILE_PAGES,
+        EXECVE,
+        EXECVEAT,
+        /// Populated outside the calls above (seen only by the fentry/kprobe hooks).
+        OTHER,
+    }
     /// The hooked calls, in index order.
     pub const NAMES: [&str; COUNT] = [
         "mlock",
@@ -127,20 +130,21 @@ pub mod populate {
     ];
 }
 
-/// Indices of the per-CPU `FAULT_COUNTERS` (the fault hooks' own health).
-pub mod fault_counter {
-    /// New keys inserted into `FAULT_STATS`: minus the keys present, that is how many the
-    /// LRU evicted (processes whose counts were lost to the map's bound).
-    pub const STATS_INSERTS: u32 = 0;
-    pub const HIST_INSERTS: u32 = 1;
-    pub const REGION_INSERTS: u32 = 2;
-    /// A map update failed outright (not an eviction): that fault was not counted.
-    pub const UPDATE_FAILED: u32 = 3;
-    /// Sequence for `--sample N` (per CPU).
-    pub const SAMPLE_SEQ: u32 = 4;
-    /// Sampled fault events lost because the ring buffer was full.
-    pub const EVENTS_DROPPED: u32 = 5;
-    pub const COUNT: u32 = 6;
+indices! {
+    /// Indices of the per-CPU `FAULT_COUNTERS` (the fault hooks' own health).
+    pub mod fault_counter: u32, COUNT: u32 {
+        /// New keys inserted into `FAULT_STATS`: minus the keys present, that is how many the
+        /// LRU evicted (processes whose counts were lost to the map's bound).
+        STATS_INSERTS,
+        HIST_INSERTS,
+        REGION_INSERTS,
+        /// A map update failed outright (not an eviction): that fault was not counted.
+        UPDATE_FAILED,
+        /// Sequence for `--sample N` (per CPU).
+        SAMPLE_SEQ,
+        /// Sampled fault events lost because the ring buffer was full.
+        EVENTS_DROPPED,
+    }
 }
 
 /// Load-time configuration of the fault hooks (the `FAULT_CONFIG` global). No implicit

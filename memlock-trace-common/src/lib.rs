@@ -6,6 +6,9 @@
 //! see the same bytes.
 #![no_std]
 
+#[macro_use]
+mod macros;
+
 pub mod arch;
 pub mod diag;
 pub mod faults;
@@ -56,18 +59,19 @@ pub const MAX_TARGETS: u32 = 4096;
 /// died inside a call has its tid reused).
 pub const MAX_INFLIGHT: u32 = 8192;
 
-/// Indices of the per-CPU health counters (`COUNTERS`), summed by the loader.
-pub mod counter {
-    /// `bpf_ringbuf_reserve` failed: an event was dropped.
-    pub const RINGBUF_DROPPED: u32 = 0;
-    /// The in-flight syscall table was full at syscall entry: that call is not traced.
-    pub const INFLIGHT_FULL: u32 = 1;
-    /// A kernel read (`bpf_probe_read_kernel`) failed; the field was reported as 0.
-    pub const READ_FAILED: u32 = 2;
-    /// A VMA record (snapshot, store, function call) could not be reserved: dropped.
-    /// Counted apart from syscall events so each family's totals stay exact.
-    pub const VMA_DROPPED: u32 = 3;
-    pub const COUNT: u32 = 4;
+indices! {
+    /// Indices of the per-CPU health counters (`COUNTERS`), summed by the loader.
+    pub mod counter: u32, COUNT: u32 {
+        /// `bpf_ringbuf_reserve` failed: an event was dropped.
+        RINGBUF_DROPPED,
+        /// The in-flight syscall table was full at syscall entry: that call is not traced.
+        INFLIGHT_FULL,
+        /// A kernel read (`bpf_probe_read_kernel`) failed; the field was reported as 0.
+        READ_FAILED,
+        /// A VMA record (snapshot, store, function call) could not be reserved: dropped.
+        /// Counted apart from syscall events so each family's totals stay exact.
+        VMA_DROPPED,
+    }
 }
 
 /// How the programs decide whether a task is traced.
@@ -299,6 +303,153 @@ mod tests {
         assert_eq!(accepted, EventKind::ALL.len());
         assert_eq!(EventKind::from_u32(0), None);
         assert_eq!(EventKind::from_u32(u32::MAX), None);
+    }
+
+    #[test]
+    fn indices_keep_the_numbers_both_sides_agree_on() {
+        // The programs and the loader index the same maps and arrays with these: written
+        // out once here, so a reordering in an `indices!` list shows.
+        use crate::{diag, faults, process, stacks, syscalls};
+        assert_eq!([counter::RINGBUF_DROPPED, counter::INFLIGHT_FULL], [0, 1]);
+        assert_eq!(
+            [counter::READ_FAILED, counter::VMA_DROPPED, counter::COUNT],
+            [2, 3, 4]
+        );
+        use faults::stat;
+        assert_eq!(
+            [
+                stat::USER_MINOR,
+                stat::USER_MAJOR,
+                stat::POPULATED_MINOR,
+                stat::POPULATED_MAJOR,
+                stat::RETRIED,
+                stat::FAILED,
+                stat::LATENCY_UNMATCHED,
+                stat::IN_LOCKED,
+                stat::IN_LOCKONFAULT,
+                stat::COUNT,
+            ],
+            [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]
+        );
+        use faults::class;
+        assert_eq!(
+            [
+                class::USER_MINOR,
+                class::USER_MAJOR,
+                class::POPULATED_MINOR,
+                class::POPULATED_MAJOR,
+                class::FAILED,
+                class::RETRIED,
+            ],
+            [0, 1, 2, 3, 4, 5]
+        );
+        assert_eq!(class::COUNT, 6);
+        use faults::populate;
+        assert_eq!(
+            [
+                populate::MLOCK,
+                populate::MLOCK2,
+                populate::MLOCKALL,
+                populate::MMAP,
+                populate::MREMAP,
+                populate::BRK,
+                populate::MADVISE,
+                populate::MPROTECT,
+                populate::PKEY_MPROTECT,
+                populate::REMAP_FILE_PAGES,
+                populate::EXECVE,
+                populate::EXECVEAT,
+                populate::OTHER,
+                populate::COUNT,
+            ],
+            [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]
+        );
+        assert_eq!(
+            populate::NAMES[populate::REMAP_FILE_PAGES],
+            "remap_file_pages"
+        );
+        use faults::fault_counter as fc;
+        assert_eq!(
+            [
+                fc::STATS_INSERTS,
+                fc::HIST_INSERTS,
+                fc::REGION_INSERTS,
+                fc::UPDATE_FAILED,
+                fc::SAMPLE_SEQ,
+                fc::EVENTS_DROPPED,
+                fc::COUNT,
+            ],
+            [0, 1, 2, 3, 4, 5, 6]
+        );
+        use process::counter as pc;
+        assert_eq!(
+            [
+                pc::CHILDREN_NOT_FOLLOWED,
+                pc::CHILDREN_FOLLOWED,
+                pc::TARGETS_EXITED,
+                pc::EXECS,
+                pc::COUNT,
+            ],
+            [0, 1, 2, 3, 4]
+        );
+        use diag::program as dp;
+        assert_eq!(
+            [
+                dp::SYS_ENTER_MLOCK,
+                dp::SYS_ENTER_MLOCK2,
+                dp::SYS_ENTER_MUNLOCK,
+                dp::SYS_ENTER_MLOCKALL,
+                dp::SYS_ENTER_MUNLOCKALL,
+                dp::SYS_EXIT_MLOCK_FAMILY,
+                dp::PROCESS_FORK,
+                dp::PROCESS_EXIT,
+                dp::COUNT,
+            ],
+            [0, 1, 2, 3, 4, 5, 6, 7, 8]
+        );
+        use diag::field as df;
+        assert_eq!(
+            [
+                df::TASK_MM,
+                df::TASK_MIN_FLT,
+                df::TASK_MAJ_FLT,
+                df::MM_LOCKED_VM,
+                df::MM_MAP_COUNT,
+                df::TASK_SIGNAL,
+                df::SIGNAL_RLIM_MEMLOCK,
+                df::TASK_CRED,
+                df::CRED_CAP_EFFECTIVE,
+                df::MM_TOTAL_VM,
+                df::TASK_TGID,
+                df::SIGNAL_LIVE,
+            ],
+            [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
+        );
+        assert_eq!(diag::FIELDS[df::SIGNAL_LIVE as usize], "signal_struct.live");
+        use stacks::counter as sc;
+        assert_eq!(
+            [
+                sc::DROPPED,
+                sc::FRAME_POINTERS,
+                sc::SEEN,
+                sc::SAMPLES,
+                sc::COUNT
+            ],
+            [0, 1, 2, 3, 4]
+        );
+        use syscalls::syscall_counter as yc;
+        assert_eq!([yc::INSERTS, yc::UPDATE_FAILED, yc::COUNT], [0, 1, 2]);
+    }
+
+    #[test]
+    fn zero_configs_are_the_defaults() {
+        assert_eq!(vma::VmaConfig::ZERO, vma::VmaConfig::default());
+        assert_eq!(
+            mapping::MappingConfig::ZERO,
+            mapping::MappingConfig::default()
+        );
+        assert_eq!(rss::RssConfig::ZERO, rss::RssConfig::default());
+        assert_eq!(rss::RssConfig::ZERO.layout, rss::layout::NONE);
     }
 
     #[test]

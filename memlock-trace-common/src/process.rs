@@ -50,18 +50,19 @@ pub mod identity {
 /// exec), for the summary of a process /proc no longer shows. LRU: the oldest go first.
 pub const EXIT_COMMS_MAX: u32 = 4096;
 
-/// Indices of the per-CPU counters of fork/exit tracking (`PROCESS_COUNTERS`).
-pub mod counter {
-    /// `--follow-children`: a child of a target could not be added because `TARGET_TGIDS`
-    /// was full; that child is not traced.
-    pub const CHILDREN_NOT_FOLLOWED: u32 = 0;
-    /// Children of targets added to `TARGET_TGIDS`.
-    pub const CHILDREN_FOLLOWED: u32 = 1;
-    /// Targets removed from `TARGET_TGIDS` when their last thread exited.
-    pub const TARGETS_EXITED: u32 = 2;
-    /// Execs of traced processes seen (`sched_process_exec`).
-    pub const EXECS: u32 = 3;
-    pub const COUNT: u32 = 4;
+indices! {
+    /// Indices of the per-CPU counters of fork/exit tracking (`PROCESS_COUNTERS`).
+    pub mod counter: u32, COUNT: u32 {
+        /// `--follow-children`: a child of a target could not be added because `TARGET_TGIDS`
+        /// was full; that child is not traced.
+        CHILDREN_NOT_FOLLOWED,
+        /// Children of targets added to `TARGET_TGIDS`.
+        CHILDREN_FOLLOWED,
+        /// Targets removed from `TARGET_TGIDS` when their last thread exited.
+        TARGETS_EXITED,
+        /// Execs of traced processes seen (`sched_process_exec`).
+        EXECS,
+    }
 }
 
 /// Byte offsets of the kernel fields fork/exit tracking and the filters read, from the

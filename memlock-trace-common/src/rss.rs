@@ -66,18 +66,10 @@ pub struct RssConfig {
 }
 
 impl RssConfig {
-    pub const ZERO: Self = Self {
-        layout: layout::NONE,
-        nr_cpus: 0,
-        task_mm: 0,
-        mm_rss_stat: 0,
-        counter_size: 0,
-        counter_count: 0,
-        counter_counters: 0,
-        task_rss_count: 0,
-        mm_hugetlb_usage: 0,
-        bpf_array_pptrs: 0,
-    };
+    /// All zero ([`layout::NONE`]): what the programs see if the loader sets nothing.
+    // SAFETY: every field is an integer (or a struct of integers), for which all-zero
+    // bytes are a value (the crate's tests check it equals the derived `Default`).
+    pub const ZERO: Self = unsafe { core::mem::zeroed() };
 }
 
 #[cfg(feature = "user")]

@@ -192,17 +192,18 @@ impl SyscallStackValue {
     }
 }
 
-/// Indices of the per-CPU `SYSCALL_STACK_COUNTERS` (calls) and `STACK_COUNTERS` (faults).
-pub mod counter {
-    /// Calls (faults) whose stack could not be recorded: the ring buffer was full.
-    pub const DROPPED: u32 = 0;
-    /// Kept stacks whose user registers were not found: frame-pointer walk instead.
-    pub const FRAME_POINTERS: u32 = 1;
-    /// Faults seen, for the 1-in-N sampling (faults only).
-    pub const SEEN: u32 = 2;
-    /// Samples written (faults: one per `fault_every` faults).
-    pub const SAMPLES: u32 = 3;
-    pub const COUNT: u32 = 4;
+indices! {
+    /// Indices of the per-CPU `SYSCALL_STACK_COUNTERS` (calls) and `STACK_COUNTERS` (faults).
+    pub mod counter: u32, COUNT: u32 {
+        /// Calls (faults) whose stack could not be recorded: the ring buffer was full.
+        DROPPED,
+        /// Kept stacks whose user registers were not found: frame-pointer walk instead.
+        FRAME_POINTERS,
+        /// Faults seen, for the 1-in-N sampling (faults only).
+        SEEN,
+        /// Samples written (faults: one per `fault_every` faults).
+        SAMPLES,
+    }
 }
 
 #[cfg(feature = "user")]

@@ -70,13 +70,14 @@ impl Default for SyscallStats {
     }
 }
 
-/// Indices of the per-CPU `SYSCALL_COUNTERS`.
-pub mod syscall_counter {
-    /// New keys inserted into `SYSCALL_STATS`: minus the keys present, the LRU's evictions.
-    pub const INSERTS: u32 = 0;
-    /// A call that could not be counted (the map update failed outright).
-    pub const UPDATE_FAILED: u32 = 1;
-    pub const COUNT: u32 = 2;
+indices! {
+    /// Indices of the per-CPU `SYSCALL_COUNTERS`.
+    pub mod syscall_counter: u32, COUNT: u32 {
+        /// New keys inserted into `SYSCALL_STATS`: minus the keys present, the LRU's evictions.
+        INSERTS,
+        /// A call that could not be counted (the map update failed outright).
+        UPDATE_FAILED,
+    }
 }
 
 /// The latency slot of `ns` (no loop: the eBPF side uses it).

@@ -16,6 +16,7 @@
 //!
 //! This file is the accounting body and its maps; around it:
 //! - [`hooks`]: the programs each hook set attaches, thin;
+//! - [`events`]: the sampled fault records of `--events`;
 //! - [`inflight`]: a fault between its start and its completion, for each hook set;
 //! - [`regions`]: where faults are counted by region (the per-CPU region table);
 //! - [`mappings`]: the faulting VMA, looked up at the fault (tracepoint set) or handed to
@@ -27,23 +28,23 @@ use aya_ebpf::{
     bindings::BPF_NOEXIST,
     helpers::bpf_get_current_comm,
     macros::map,
-    maps::{Array, LruHashMap, PerCpuArray, RingBuf},
+    maps::{Array, LruHashMap, PerCpuArray},
 };
 use memlock_trace_common::{
-    EventKind, TASK_COMM_LEN,
+    TASK_COMM_LEN,
     faults::{
-        FAULT_EVENTS_BYTE_SIZE, FaultConfig, FaultEvent, FaultKey, FaultStats, HIST_BUCKETS, Hist,
-        HistKey, MAX_FAULT_HISTS, MAX_FAULT_KEYS, SLOTS, bucket_of, class, fault_counter,
-        fault_flags, stat,
+        FaultConfig, FaultKey, FaultStats, HIST_BUCKETS, Hist, HistKey, MAX_FAULT_HISTS,
+        MAX_FAULT_KEYS, SLOTS, bucket_of, class, fault_counter, fault_flags, stat,
     },
     vma::{VM_LOCKED, VM_LOCKONFAULT},
 };
 
-use self::regions::count_region;
+use self::{
+    events::{NO_LATENCY, emit},
+    regions::count_region,
+};
 use crate::{
-    shared::{
-        add, add_shared, add_shared_u32, current_process_start_ns, is_target, now_ns, this_cpu,
-    },
+    shared::{add, add_shared, add_shared_u32, current_process_start_ns, is_target},
     stacks,
 };
 
@@ -56,6 +57,7 @@ macro_rules! config {
     };
 }
 
+mod events;
 mod hooks;
 mod inflight;
 pub mod mappings;
@@ -147,11 +149,6 @@ fn traced(tgid: u32) -> bool {
 #[map]
 static FAULT_HIST: LruHashMap<HistKey, Hist> = LruHashMap::with_max_entries(MAX_FAULT_HISTS, 0);
 
-/// Sampled fault events (`--events`): their own ring, so faults never crowd out the
-/// syscall events in `EVENTS`.
-#[map]
-static FAULT_EVENTS: RingBuf = RingBuf::with_byte_size(FAULT_EVENTS_BYTE_SIZE, 0);
-
 #[map]
 static FAULT_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(fault_counter::COUNT, 0);
 
@@ -162,8 +159,6 @@ static HIST_ZERO: PerCpuArray<Hist> = PerCpuArray::with_max_entries(1, 0);
 #[map]
 static STATS_SCRATCH: PerCpuArray<FaultStats> = PerCpuArray::with_max_entries(1, 0);
 
-/// A fault event's `latency_ns` when the fault has none.
-const NO_LATENCY: u64 = u64::MAX;
 const NO_SYSCALL: u32 = u32::MAX;
 
 /// A fault's latency, as its completion knows it.
@@ -208,22 +203,6 @@ fn update_failed(map: &'static str) {
             target: "page-fault hooks",
             "map {} update failed (full?): a fault not fully counted ({} on this CPU)",
             map,
-            before + 1
-        );
-    }
-}
-
-/// A sampled fault event lost to a full ring buffer; with `-v`, said. Not inlined, as
-/// [`update_failed`].
-#[inline(never)]
-fn event_dropped(tid: u32) {
-    let before = bump(fault_counter::EVENTS_DROPPED);
-    if crate::diag::wanted(before) {
-        aya_log_ebpf::warn!(
-            &(),
-            target: "page-fault hooks",
-            "ring buffer FAULT_EVENTS full: a fault event of tid {} dropped ({} on this CPU)",
-            tid,
             before + 1
         );
     }
@@ -466,52 +445,4 @@ fn record_latency(
     // SAFETY: the shared histogram entry, valid (RCU) while the program runs; an aligned u32
     // added to atomically (the result unused: the add every kernel verifies).
     add_shared_u32(unsafe { &raw mut (*hist).counts[bucket] }, 1);
-}
-
-#[expect(clippy::too_many_arguments, reason = "the fields of one event")]
-#[inline(always)]
-fn emit(
-    tgid: u32,
-    tid: u32,
-    mut flags: u32,
-    address: u64,
-    latency: u64,
-    vm_flags: u64,
-    count: u64,
-    syscall: u32,
-) {
-    let every = u64::from(config!(sample_every));
-    if every > 1 && !bump(fault_counter::SAMPLE_SEQ).is_multiple_of(every) {
-        return;
-    }
-    if latency != NO_LATENCY {
-        flags |= fault_flags::HAS_LATENCY;
-    }
-    if vm_flags != 0 {
-        flags |= fault_flags::HAS_VMA;
-        if vm_flags & VM_LOCKED != 0 {
-            flags |= fault_flags::VM_LOCKED;
-        }
-        if vm_flags & VM_LOCKONFAULT != 0 {
-            flags |= fault_flags::VM_LOCKONFAULT;
-        }
-    }
-    let Some(mut slot) = FAULT_EVENTS.reserve::<FaultEvent>(0) else {
-        event_dropped(tid);
-        return;
-    };
-    slot.write(FaultEvent {
-        kind: EventKind::Fault as u32,
-        flags,
-        tgid,
-        tid,
-        address,
-        latency_ns: if latency == NO_LATENCY { 0 } else { latency },
-        time_ns: now_ns(),
-        count,
-        syscall,
-        cpu: this_cpu(),
-        comm: bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]),
-    });
-    slot.submit(0);
 }

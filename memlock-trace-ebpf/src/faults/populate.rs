@@ -19,7 +19,11 @@ use memlock_trace_common::{
 };
 
 use super::{
-    FAULT_CONFIG, NO_LATENCY, NO_SYSCALL, emit, record_stack, regions::flush_region, stats_for,
+    FAULT_CONFIG, NO_SYSCALL,
+    events::{NO_LATENCY, emit},
+    record_stack,
+    regions::flush_region,
+    stats_for,
 };
 use crate::shared::{
     current_ids, current_task, is_target, now_ns, offsets, read_kernel, task_faults,

@@ -2,6 +2,7 @@
 //! with the kernel's answer (`memlock-trace probe`).
 
 use anyhow::{Context as _, Result};
+use aya::programs::ProgramError;
 
 use super::{VMLINUX_BTF, check_privileges, ensure_tracefs};
 use crate::btf::KernelBtf;
@@ -54,9 +55,7 @@ pub fn unprivileged(missing: &str) -> Vec<Capability> {
 pub fn capabilities() -> Result<Vec<Capability>> {
     use aya::{
         Btf,
-        programs::{
-            BtfTracePoint, FEntry, KProbe, PerfEvent, ProgramError, TracePoint, perf_event,
-        },
+        programs::{BtfTracePoint, FEntry, KProbe, PerfEvent, TracePoint, perf_event},
     };
 
     check_privileges()?;
@@ -82,97 +81,91 @@ pub fn capabilities() -> Result<Vec<Capability>> {
     });
     let btf = Btf::from_sys_fs().context("reading the kernel BTF for aya")?;
 
-    fn outcome(result: std::result::Result<(), ProgramError>) -> (bool, String) {
-        match result {
-            Ok(()) => (true, "loaded and attached".into()),
-            // The errno once, and the verifier's last words only when it said any.
-            Err(e @ (ProgramError::LoadError { .. } | ProgramError::SyscallError(_))) => {
-                (false, object::refusal_reason(&e))
-            }
-            Err(e) => {
-                let mut reason = e.to_string();
-                let mut source = std::error::Error::source(&e);
-                while let Some(s) = source {
-                    reason = format!("{reason}: {s}");
-                    source = s.source();
-                }
-                (false, reason)
-            }
-        }
-    }
-
     let fentry: &mut FEntry = program(&mut ebpf, "can_fentry")?.try_into()?;
-    let (usable, detail) = outcome(
+    caps.push(tried(
+        "fentry",
+        "fentry/fexit on handle_mm_fault",
         fentry
             .load("handle_mm_fault", &btf)
             .and_then(|()| fentry.attach().map(drop)),
-    );
-    caps.push(Capability {
-        name: "fentry",
-        usable,
-        checked: true,
-        detail: with_target(usable, detail, "fentry/fexit on handle_mm_fault"),
-    });
+    ));
 
     let kprobe: &mut KProbe = program(&mut ebpf, "can_kprobe")?.try_into()?;
-    let (usable, detail) = outcome(
+    caps.push(tried(
+        "kprobe",
+        "kprobe on handle_mm_fault",
         kprobe
             .load()
             .and_then(|()| kprobe.attach("handle_mm_fault", 0).map(drop)),
-    );
-    caps.push(Capability {
-        name: "kprobe",
-        usable,
-        checked: true,
-        detail: with_target(usable, detail, "kprobe on handle_mm_fault"),
-    });
+    ));
 
     let tp_btf: &mut BtfTracePoint = program(&mut ebpf, "can_tp_btf")?.try_into()?;
-    let (usable, detail) = outcome(
+    caps.push(tried(
+        "tp_btf",
+        "tp_btf sched_process_exit",
         tp_btf
             .load("sched_process_exit", &btf)
             .and_then(|()| tp_btf.attach().map(drop)),
-    );
-    caps.push(Capability {
-        name: "tp_btf",
-        usable,
-        checked: true,
-        detail: with_target(usable, detail, "tp_btf sched_process_exit"),
-    });
+    ));
 
     // The fault tracepoint where the architecture has one (x86), else one every kernel has.
     let (category, event) =
         crate::arch::FAULT_TRACEPOINT.unwrap_or(("sched", "sched_process_exit"));
     let tracepoint: &mut TracePoint = program(&mut ebpf, "can_tracepoint")?.try_into()?;
-    let (usable, detail) = outcome(
+    caps.push(tried(
+        "tracepoint",
+        &format!("tracepoint {category}:{event}"),
         tracepoint
             .load()
             .and_then(|()| tracepoint.attach(category, event).map(drop)),
-    );
-    caps.push(Capability {
-        name: "tracepoint",
-        usable,
-        checked: true,
-        detail: with_target(usable, detail, &format!("tracepoint {category}:{event}")),
-    });
+    ));
 
     let perf: &mut PerfEvent = program(&mut ebpf, "can_perf_event")?.try_into()?;
-    let (usable, detail) = outcome(perf.load().and_then(|()| {
-        perf.attach(
-            perf_event::PerfEventConfig::Software(perf_event::SoftwareEvent::PageFaultsMin),
-            perf_event::PerfEventScope::AllProcessesOneCpu { cpu: 0 },
-            perf_event::SamplePolicy::Period(1),
-            false,
-        )
-        .map(drop)
-    }));
-    caps.push(Capability {
-        name: "perf_event",
+    caps.push(tried(
+        "perf_event",
+        "software event PAGE_FAULTS_MIN",
+        perf.load().and_then(|()| {
+            perf.attach(
+                perf_event::PerfEventConfig::Software(perf_event::SoftwareEvent::PageFaultsMin),
+                perf_event::PerfEventScope::AllProcessesOneCpu { cpu: 0 },
+                perf_event::SamplePolicy::Period(1),
+                false,
+            )
+            .map(drop)
+        }),
+    ));
+    Ok(caps)
+}
+
+/// The capability `name`, from what the kernel said to loading and attaching a program
+/// on `target`.
+fn tried(name: &'static str, target: &str, result: Result<(), ProgramError>) -> Capability {
+    let (usable, detail) = outcome(result);
+    Capability {
+        name,
         usable,
         checked: true,
-        detail: with_target(usable, detail, "software event PAGE_FAULTS_MIN"),
-    });
-    Ok(caps)
+        detail: with_target(usable, detail, target),
+    }
+}
+
+fn outcome(result: Result<(), ProgramError>) -> (bool, String) {
+    match result {
+        Ok(()) => (true, "loaded and attached".into()),
+        // The errno once, and the verifier's last words only when it said any.
+        Err(e @ (ProgramError::LoadError { .. } | ProgramError::SyscallError(_))) => {
+            (false, object::refusal_reason(&e))
+        }
+        Err(e) => {
+            let mut reason = e.to_string();
+            let mut source = std::error::Error::source(&e);
+            while let Some(s) = source {
+                reason = format!("{reason}: {s}");
+                source = s.source();
+            }
+            (false, reason)
+        }
+    }
 }
 
 fn with_target(usable: bool, detail: String, target: &str) -> String {

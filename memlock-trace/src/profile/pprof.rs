@@ -11,7 +11,8 @@ use anyhow::Result;
 use flate2::{Compression, write::GzEncoder};
 use prost::Message as _;
 
-use super::{Profile, Weight, folded::exact_name};
+use super::{Profile, ProfileStack, Weight, folded::exact_name};
+use crate::symbolize::Frame;
 
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct PprofProfile {
@@ -175,78 +176,53 @@ pub fn message(profile: &Profile, weight: Weight, time_ns: u64, duration_ns: u64
         );
         p.comment.push(strings.get(&note));
     }
-    let (pid_key, comm_key) = (strings.get("pid"), strings.get("comm"));
-    let mut mappings: HashMap<String, u64> = HashMap::new();
-    let mut functions: HashMap<(String, i64), u64> = HashMap::new();
-    let mut locations: HashMap<(u32, String), u64> = HashMap::new();
+    let mut samples = Samples {
+        pid_key: strings.get("pid"),
+        comm_key: strings.get("comm"),
+        strings,
+        p,
+        mappings: HashMap::new(),
+        functions: HashMap::new(),
+        locations: HashMap::new(),
+    };
     for stack in &profile.stacks {
+        samples.add(stack);
+    }
+    let mut p = samples.p;
+    p.string_table = samples.strings.table;
+    p
+}
+
+/// The profile being filled with samples, and its tables' ids so far (ids count from 1).
+struct Samples {
+    strings: Strings,
+    p: PprofProfile,
+    pid_key: i64,
+    comm_key: i64,
+    /// By module path.
+    mappings: HashMap<String, u64>,
+    /// By (name, file).
+    functions: HashMap<(String, i64), u64>,
+    /// By (process, address).
+    locations: HashMap<(u32, String), u64>,
+}
+
+impl Samples {
+    /// One sample: the stack's locations, its two values, its process's labels.
+    fn add(&mut self, stack: &ProfileStack) {
         let mut location_ids = Vec::new();
         // A location is an address: the functions inlined there, then the function they
         // were inlined into (consecutive frames of one address are recursion otherwise).
         let mut i = 0;
         while i < stack.frames.len() {
-            let addr = &stack.frames[i].addr;
             let end = stack.frames[i..]
                 .iter()
                 .position(|f| !f.inlined)
                 .map_or(stack.frames.len(), |j| i + j + 1);
-            let group = &stack.frames[i..end];
+            location_ids.push(self.location_id(stack.pid, &stack.frames[i..end]));
             i = end;
-            if let Some(&id) = locations.get(&(stack.pid, addr.clone())) {
-                location_ids.push(id);
-                continue;
-            }
-            let first = &group[0];
-            let mapping_id = match &first.module {
-                None => 0,
-                Some(module) => {
-                    let name = module.to_str_lossy().into_owned();
-                    let next = p.mapping.len() as u64 + 1;
-                    *mappings.entry(name.clone()).or_insert_with(|| {
-                        p.mapping.push(Mapping {
-                            id: next,
-                            filename: strings.get(&name),
-                            build_id: strings.get(first.build_id.as_deref().unwrap_or("")),
-                            has_functions: true,
-                        });
-                        next
-                    })
-                }
-            };
-            let mut lines = Vec::new();
-            for frame in group {
-                let name = exact_name(frame);
-                let file = frame
-                    .file
-                    .as_ref()
-                    .map_or(0, |f| strings.get(&f.to_str_lossy()));
-                let next = p.function.len() as u64 + 1;
-                let function_id = *functions.entry((name.clone(), file)).or_insert_with(|| {
-                    let name = strings.get(&name);
-                    p.function.push(Function {
-                        id: next,
-                        name,
-                        system_name: name,
-                        filename: file,
-                    });
-                    next
-                });
-                lines.push(Line {
-                    function_id,
-                    line: frame.line.map_or(0, i64::from),
-                });
-            }
-            let id = p.location.len() as u64 + 1;
-            p.location.push(Location {
-                id,
-                mapping_id,
-                address: u64::from_str_radix(addr.trim_start_matches("0x"), 16).unwrap_or(0),
-                line: lines,
-            });
-            locations.insert((stack.pid, addr.clone()), id);
-            location_ids.push(id);
         }
-        p.sample.push(Sample {
+        self.p.sample.push(Sample {
             location_id: location_ids,
             value: vec![
                 i64::try_from(stack.count).unwrap_or(i64::MAX),
@@ -254,20 +230,85 @@ pub fn message(profile: &Profile, weight: Weight, time_ns: u64, duration_ns: u64
             ],
             label: vec![
                 Label {
-                    key: pid_key,
+                    key: self.pid_key,
                     num: i64::from(stack.pid),
                     ..Label::default()
                 },
                 Label {
-                    key: comm_key,
-                    str: strings.get(&stack.comm),
+                    key: self.comm_key,
+                    str: self.strings.get(&stack.comm),
                     ..Label::default()
                 },
             ],
         });
     }
-    p.string_table = strings.table;
-    p
+
+    /// The location of one address of process `pid`: `group` is the frames there,
+    /// innermost first.
+    fn location_id(&mut self, pid: u32, group: &[Frame]) -> u64 {
+        let addr = &group[0].addr;
+        if let Some(&id) = self.locations.get(&(pid, addr.clone())) {
+            return id;
+        }
+        let mapping_id = self.mapping_id(&group[0]);
+        let line = group
+            .iter()
+            .map(|frame| Line {
+                function_id: self.function_id(frame),
+                line: frame.line.map_or(0, i64::from),
+            })
+            .collect();
+        let id = self.p.location.len() as u64 + 1;
+        self.p.location.push(Location {
+            id,
+            mapping_id,
+            address: u64::from_str_radix(addr.trim_start_matches("0x"), 16).unwrap_or(0),
+            line,
+        });
+        self.locations.insert((pid, addr.clone()), id);
+        id
+    }
+
+    /// The mapping of the module `frame` is in; 0 when it is unknown.
+    fn mapping_id(&mut self, frame: &Frame) -> u64 {
+        let Some(module) = &frame.module else {
+            return 0;
+        };
+        let name = module.to_str_lossy().into_owned();
+        let next = self.p.mapping.len() as u64 + 1;
+        *self.mappings.entry(name.clone()).or_insert_with(|| {
+            self.p.mapping.push(Mapping {
+                id: next,
+                filename: self.strings.get(&name),
+                build_id: self.strings.get(frame.build_id.as_deref().unwrap_or("")),
+                has_functions: true,
+            });
+            next
+        })
+    }
+
+    /// The function `frame` is in, by name and file.
+    fn function_id(&mut self, frame: &Frame) -> u64 {
+        let name = exact_name(frame);
+        let file = frame
+            .file
+            .as_ref()
+            .map_or(0, |f| self.strings.get(&f.to_str_lossy()));
+        let next = self.p.function.len() as u64 + 1;
+        *self
+            .functions
+            .entry((name.clone(), file))
+            .or_insert_with(|| {
+                let name = self.strings.get(&name);
+                self.p.function.push(Function {
+                    id: next,
+                    name,
+                    system_name: name,
+                    filename: file,
+                });
+                next
+            })
+    }
 }
 
 /// The gzipped encoding of [`message`], as `go tool pprof` reads it.

@@ -9,12 +9,16 @@ pub mod attach;
 mod calls;
 pub mod config;
 pub mod diff;
+mod functions;
+mod json;
 pub mod render;
 pub mod tracker;
 
-pub use attach::{HookedFunction, VmaHooks};
+pub use attach::VmaHooks;
 pub use diff::{Change, ChangeCounts, diff};
-pub use render::{activity_json, activity_lines, flags_str, summary_json, summary_line};
+pub use functions::HookedFunction;
+pub use json::{activity_json, summary_json};
+pub use render::{activity_lines, flags_str, summary_line};
 pub use tracker::{Activity, Tracker, VmaCall};
 
 /// VMA ranges in pages, for the family's unit tests.

@@ -1,12 +1,7 @@
-//! VMA activity as text lines and JSON: the event lines under `--events` and the per-process
-//! split/merge summary.
+//! VMA activity as text lines: the event lines under `--events` and the per-process
+//! split/merge summary (their JSON is [`super::json`]).
 
-use std::{collections::BTreeMap, fmt::Write as _};
-
-use memlock_trace_common::vma::{
-    FuncEvent, STORE_FN_LEN, StoreEvent, VM_LOCKED, VM_LOCKONFAULT, VmaRange, WholeTotals, phase,
-};
-use serde_json::json;
+use std::fmt::Write as _;
 
 use super::{
     attach::VmaHooks,
@@ -17,6 +12,9 @@ use super::{
 use crate::{
     event::{comm_of, comm_str, errno_name},
     procfs::PAGE_SIZE,
+};
+use memlock_trace_common::vma::{
+    FuncEvent, STORE_FN_LEN, StoreEvent, VM_LOCKED, VM_LOCKONFAULT, VmaRange, WholeTotals, phase,
 };
 
 pub fn flags_str(flags: u64) -> String {
@@ -256,69 +254,6 @@ pub fn activity_lines(a: &Activity, hooks: Option<&VmaHooks>) -> Vec<String> {
     }
 }
 
-fn range_json(v: &VmaRange) -> serde_json::Value {
-    json!({"start": v.start, "end": v.end, "flags": v.flags, "perms": flags_str(v.flags)})
-}
-
-/// One JSON line for `--events --json`.
-pub fn activity_json(a: &Activity, hooks: Option<&VmaHooks>) -> serde_json::Value {
-    match a {
-        Activity::Call(c) => {
-            let r = &c.syscall.raw;
-            json!({
-                "type": "vma_call",
-                "schema": crate::output::JSON_SCHEMA,
-                "pid": r.tgid,
-                "tid": r.tid,
-                "comm": c.syscall.name(),
-                "syscall": c.syscall.syscall.name(),
-                "args": c.syscall.syscall.describe(r.args),
-                "ret": r.ret,
-                "errno": errno_name(r.ret),
-                "map_count_before": r.map_count_before,
-                "map_count_after": r.map_count_after,
-                "before": c.before.iter().map(range_json).collect::<Vec<_>>(),
-                "after": c.after.iter().map(range_json).collect::<Vec<_>>(),
-                "incomplete": c.incomplete,
-                "changes": c.changes,
-                "whole": c.whole.as_ref().map(|[b, a]| json!({"before": whole_json(b), "after": whole_json(a)})),
-                "counts": c.counts(),
-                "stores": c.stores.iter().map(store_json).collect::<Vec<_>>(),
-                "functions": c.functions.iter().map(|f| function_str(f, hooks)).collect::<Vec<_>>(),
-            })
-        }
-        Activity::Store(s) => store_json(s),
-        Activity::Func(f) => json!({
-            "type": "vma_function",
-            "schema": crate::output::JSON_SCHEMA,
-            "pid": f.tgid,
-            "tid": f.tid,
-            "syscall": syscall_only(f.nr),
-            "call": function_str(f, hooks),
-        }),
-    }
-}
-
-fn whole_json(t: &WholeTotals) -> serde_json::Value {
-    json!({"vmas": t.vmas, "locked_vmas": t.locked_vmas, "locked_bytes": t.locked_bytes,
-        "onfault_bytes": t.onfault_bytes})
-}
-
-fn store_json(s: &StoreEvent) -> serde_json::Value {
-    json!({
-        "type": "vma_store",
-        "schema": crate::output::JSON_SCHEMA,
-        "pid": s.tgid,
-        "tid": s.tid,
-        "comm": comm_of(&s.comm),
-        "syscall": syscall_str(s.nr, s.args),
-        "start": s.index,
-        "end": s.last.wrapping_add(1),
-        "vma": if s.vma == 0 { serde_json::Value::Null } else { range_json(&s.range) },
-        "function": store_func(s),
-    })
-}
-
 /// The text summary's line for one process.
 pub fn summary_line(pid: u32, c: &ChangeCounts) -> String {
     let mut out = format!(
@@ -350,21 +285,6 @@ pub fn summary_line(pid: u32, c: &ChangeCounts) -> String {
         );
     }
     out
-}
-
-/// `{"type":"vma_summary","processes":[{"pid":..,"changes":{..}}]}`, printed before the summary.
-/// `evicted`: processes whose changes the bounded table dropped (`--max-processes`).
-pub fn summary_json(counts: &BTreeMap<u32, ChangeCounts>, evicted: u64) -> serde_json::Value {
-    let processes: Vec<_> = counts
-        .iter()
-        .map(|(pid, c)| json!({"pid": pid, "changes": c}))
-        .collect();
-    json!({
-        "type": "vma_summary",
-        "schema": crate::output::JSON_SCHEMA,
-        "processes": processes,
-        "processes_evicted": evicted,
-    })
 }
 
 #[cfg(test)]

@@ -1,0 +1,85 @@
+//! `--events`: the sampled fault records, one in `sample_every` of the faults the
+//! accounting body counts (and of the pages a populating call faulted in), written to their
+//! own ring buffer.
+
+use aya_ebpf::{helpers::bpf_get_current_comm, macros::map, maps::RingBuf};
+use memlock_trace_common::{
+    EventKind, TASK_COMM_LEN,
+    faults::{FAULT_EVENTS_BYTE_SIZE, FaultEvent, fault_counter, fault_flags},
+    vma::{VM_LOCKED, VM_LOCKONFAULT},
+};
+
+use super::bump;
+use crate::shared::{now_ns, this_cpu};
+
+/// Sampled fault events (`--events`): their own ring, so faults never crowd out the
+/// syscall events in `EVENTS`.
+#[map]
+static FAULT_EVENTS: RingBuf = RingBuf::with_byte_size(FAULT_EVENTS_BYTE_SIZE, 0);
+
+/// A fault event's `latency_ns` when the fault has none.
+pub(super) const NO_LATENCY: u64 = u64::MAX;
+
+#[expect(clippy::too_many_arguments, reason = "the fields of one event")]
+#[inline(always)]
+pub(super) fn emit(
+    tgid: u32,
+    tid: u32,
+    mut flags: u32,
+    address: u64,
+    latency: u64,
+    vm_flags: u64,
+    count: u64,
+    syscall: u32,
+) {
+    let every = u64::from(config!(sample_every));
+    if every > 1 && !bump(fault_counter::SAMPLE_SEQ).is_multiple_of(every) {
+        return;
+    }
+    if latency != NO_LATENCY {
+        flags |= fault_flags::HAS_LATENCY;
+    }
+    if vm_flags != 0 {
+        flags |= fault_flags::HAS_VMA;
+        if vm_flags & VM_LOCKED != 0 {
+            flags |= fault_flags::VM_LOCKED;
+        }
+        if vm_flags & VM_LOCKONFAULT != 0 {
+            flags |= fault_flags::VM_LOCKONFAULT;
+        }
+    }
+    let Some(mut slot) = FAULT_EVENTS.reserve::<FaultEvent>(0) else {
+        event_dropped(tid);
+        return;
+    };
+    slot.write(FaultEvent {
+        kind: EventKind::Fault as u32,
+        flags,
+        tgid,
+        tid,
+        address,
+        latency_ns: if latency == NO_LATENCY { 0 } else { latency },
+        time_ns: now_ns(),
+        count,
+        syscall,
+        cpu: this_cpu(),
+        comm: bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]),
+    });
+    slot.submit(0);
+}
+
+/// A sampled fault event lost to a full ring buffer; with `-v`, said. Not inlined, as
+/// [`update_failed`](super::update_failed).
+#[inline(never)]
+fn event_dropped(tid: u32) {
+    let before = bump(fault_counter::EVENTS_DROPPED);
+    if crate::diag::wanted(before) {
+        aya_log_ebpf::warn!(
+            &(),
+            target: "page-fault hooks",
+            "ring buffer FAULT_EVENTS full: a fault event of tid {} dropped ({} on this CPU)",
+            tid,
+            before + 1
+        );
+    }
+}
