@@ -9,10 +9,18 @@ fn main() -> anyhow::Result<()> {
     let manifest_dir = std::env::var("CARGO_MANIFEST_DIR").context("CARGO_MANIFEST_DIR")?;
     let ebpf_dir = format!("{manifest_dir}/../memlock-trace-ebpf");
     println!("cargo:rerun-if-changed={manifest_dir}/../memlock-trace-common/src");
+    // This package's `bench` feature builds the eBPF crate's floor programs too; cargo tells a
+    // build script its package's features in CARGO_FEATURE_*.
+    let features: &[&str] = if std::env::var_os("CARGO_FEATURE_BENCH").is_some() {
+        &["bench"]
+    } else {
+        &[]
+    };
     aya_build::build_ebpf(
         [Package {
             name: "memlock-trace-ebpf",
             root_dir: &ebpf_dir,
+            features,
             ..Default::default()
         }],
         Toolchain::Nightly,

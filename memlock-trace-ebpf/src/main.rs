@@ -9,6 +9,8 @@
 #![expect(internal_features, reason = "core::intrinsics::atomic_xadd, see above")]
 
 mod arch;
+// Only in the benchmark's build: the product carries no floor programs.
+#[cfg(feature = "bench")]
 mod bench;
 mod capabilities;
 mod diag;

@@ -2,6 +2,8 @@
 //! the subcommands in [`commands`], production options in [`production`]. The lab's
 //! subcommands exist only with the `lab` feature.
 
+#[cfg(feature = "bench")]
+mod bench;
 mod commands;
 pub mod man;
 mod production;
@@ -19,7 +21,7 @@ pub use production::{GroupBy, ProductionArgs};
 pub use profile::ProfileArgs;
 
 use crate::{
-    faults::{BenchFloor, FaultOptions, HookChoice},
+    faults::{FaultOptions, HookChoice},
     values::{self, int},
 };
 
@@ -165,19 +167,10 @@ pub struct TraceArgs {
     pub stacks_top: usize,
     #[command(flatten)]
     pub profile: ProfileArgs,
-    /// Benchmark only: attach the fault-start tracepoints the classic way even where tp_btf
-    /// works (as bpftrace does).
-    #[arg(long, hide = true)]
-    pub classic_tracepoints: bool,
-    /// Benchmark only: time faults from the system-wide start tracepoints even with -p or a
-    /// command, where the start is otherwise taken on the targets' threads only.
-    #[arg(long, hide = true)]
-    pub tracepoint_start: bool,
-    /// Benchmark only: the tracepoint set's per-fault hooks with programs that do nothing
-    /// (`empty`) or only read the clock (`clock`), or the per-thread events of `-p` with
-    /// programs that do nothing (`per-thread`); nothing is counted.
-    #[arg(long, hide = true, value_enum, value_name = "FLOOR")]
-    pub bench_floor: Option<BenchFloor>,
+    /// The benchmark's hidden flags, only in a build with the `bench` feature.
+    #[cfg(feature = "bench")]
+    #[command(flatten)]
+    pub bench: bench::BenchArgs,
     /// Tests only: the syscall programs read `task_struct.mm` at the offset of
     /// `task_struct.min_flt`, so every `mm_struct` read of theirs fails (-v's failed-read
     /// records, end to end); their locked_vm and map_count figures are then wrong.
@@ -261,7 +254,11 @@ impl TraceArgs {
     }
 
     pub fn fault_options(&self) -> FaultOptions {
-        FaultOptions {
+        #[cfg_attr(
+            not(feature = "bench"),
+            expect(unused_mut, reason = "only bench sets more")
+        )]
+        let mut options = FaultOptions {
             hooks: self.fault_hooks,
             latency: !self.count_only,
             // `-t TID` needs the thread's own figures, which the kernel keeps per thread.
@@ -273,10 +270,11 @@ impl TraceArgs {
             stacks: self.keeps_stacks(),
             stack_sample: self.stack_sample,
             top_stacks: self.stacks_top,
-            classic_tracepoints: self.classic_tracepoints,
-            tracepoint_start: self.tracepoint_start,
-            bench_floor: self.bench_floor,
-        }
+            ..FaultOptions::default()
+        };
+        #[cfg(feature = "bench")]
+        self.bench.apply(&mut options);
+        options
     }
 }
 

@@ -51,20 +51,14 @@ const PERF_MAJ: &str = "fault_perf_maj";
 const PERF_MIN_LOCAL: &str = "fault_perf_min_local";
 const PERF_MAJ_LOCAL: &str = "fault_perf_maj_local";
 const PERF_START: &str = "fault_perf_start";
-/// The same hooks with programs that return at once, or only read the clock: see
-/// [`BenchFloor`]. Entry user, entry kernel, perf min, perf maj.
-const EMPTY_PROGRAMS: [&str; 4] = [
-    "bench_empty_entry_user",
-    "bench_empty_entry_kernel",
-    "bench_empty_perf_min",
-    "bench_empty_perf_maj",
-];
-const CLOCK_PROGRAMS: [&str; 4] = [
-    "bench_clock_entry_user",
-    "bench_clock_entry_kernel",
-    "bench_clock_perf_min",
-    "bench_clock_perf_maj",
-];
+/// The benchmark's programs for the tracepoint set's per-fault hooks (see [`BenchFloor`]),
+/// in place of the fault family's own.
+struct FloorPrograms {
+    entry_user: &'static str,
+    entry_kernel: &'static str,
+    perf_min: &'static str,
+    perf_maj: &'static str,
+}
 const FAULT_SIGNAL: &str = "fault_signal";
 
 /// Tries the hook sets `options.hooks` allows, best first, and attaches the first the kernel
@@ -292,7 +286,7 @@ fn load_perf_event<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut PerfEve
 /// The completion programs (minor, major) for this kernel, or the floor's.
 fn completion_names(floor: Option<BenchFloor>, kernel: &KernelSupport) -> [&'static str; 2] {
     if let Some(p) = floor_programs(floor) {
-        [p[2], p[3]]
+        [p.perf_min, p.perf_maj]
     } else if kernel.percpu_lookup {
         [PERF_MIN, PERF_MAJ]
     } else {
@@ -302,7 +296,7 @@ fn completion_names(floor: Option<BenchFloor>, kernel: &KernelSupport) -> [&'sta
 
 /// The program the per-thread `PAGE_FAULTS` events run, or the floor's (an empty one).
 fn start_name(floor: Option<BenchFloor>) -> &'static str {
-    floor_programs(floor).map_or(PERF_START, |p| p[2])
+    floor_programs(floor).map_or(PERF_START, |p| p.perf_min)
 }
 
 /// A copy of a program's fd, for the events opened on target threads.
@@ -331,13 +325,30 @@ fn attach_signal(ebpf: &mut Ebpf, btf: &aya::Btf) -> Result<String> {
     Ok("tp_btf signal:signal_generate".into())
 }
 
-/// The benchmark's floor programs for the tracepoint set's per-fault hooks, in the order
-/// entry user, entry kernel, perf min, perf maj (see [`BenchFloor`]).
-fn floor_programs(floor: Option<BenchFloor>) -> Option<[&'static str; 4]> {
+/// The benchmark's floor programs, with the `bench` feature: programs that return at once,
+/// or only read the clock.
+#[cfg(feature = "bench")]
+fn floor_programs(floor: Option<BenchFloor>) -> Option<FloorPrograms> {
     match floor? {
-        BenchFloor::Empty | BenchFloor::PerThread => Some(EMPTY_PROGRAMS),
-        BenchFloor::Clock => Some(CLOCK_PROGRAMS),
+        BenchFloor::Empty | BenchFloor::PerThread => Some(FloorPrograms {
+            entry_user: "bench_empty_entry_user",
+            entry_kernel: "bench_empty_entry_kernel",
+            perf_min: "bench_empty_perf_min",
+            perf_maj: "bench_empty_perf_maj",
+        }),
+        BenchFloor::Clock => Some(FloorPrograms {
+            entry_user: "bench_clock_entry_user",
+            entry_kernel: "bench_clock_entry_kernel",
+            perf_min: "bench_clock_perf_min",
+            perf_maj: "bench_clock_perf_maj",
+        }),
     }
+}
+
+/// The product has no floor programs (nor the flag that asks for them).
+#[cfg(not(feature = "bench"))]
+fn floor_programs(_floor: Option<BenchFloor>) -> Option<FloorPrograms> {
+    None
 }
 
 /// The fault-start tracepoints: BTF-typed (tp_btf, cheaper) where the kernel allows it,
@@ -361,7 +372,9 @@ fn attach_fault_entry(
         }
         let mut hooks = Vec::new();
         let (user, kernel) = floor_programs(options.bench_floor)
-            .map_or((ENTRY_USER_BTF, ENTRY_KERNEL_BTF), |p| (p[0], p[1]));
+            .map_or((ENTRY_USER_BTF, ENTRY_KERNEL_BTF), |p| {
+                (p.entry_user, p.entry_kernel)
+            });
         for (name, tp) in [(user, "page_fault_user"), (kernel, "page_fault_kernel")] {
             let p: &mut BtfTracePoint = program(ebpf, name)?.try_into()?;
             p.load(tp, btf)

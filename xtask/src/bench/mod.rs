@@ -28,7 +28,7 @@ use std::{
 use anyhow::{Context as _, Result, anyhow, bail};
 
 use self::{
-    measure::{Sample, measure, with_bpf_stats},
+    measure::{ProgramCost, Sample, measure, with_bpf_stats},
     report::{Environment, FAULTS_SECTION, replace_section, report},
     workload::Placement,
 };
@@ -157,6 +157,23 @@ impl Mode {
         }
     }
 
+    /// The modes whose latency the report sets against the default (exact) mode's, in
+    /// [`Mode::ALL`]'s order: the default mode, the sampled ones and the tp_btf-start
+    /// variants.
+    fn latency_compared() -> impl Iterator<Item = Mode> {
+        Mode::ALL.into_iter().filter(|mode| {
+            matches!(
+                mode,
+                Mode::Default
+                    | Mode::Sampled8
+                    | Mode::Sampled32
+                    | Mode::Sampled128
+                    | Mode::DefaultTpStart
+                    | Mode::Sampled32TpStart
+            )
+        })
+    }
+
     /// The floor modes: hooks with programs that count nothing.
     fn is_floor(self) -> bool {
         matches!(
@@ -178,12 +195,7 @@ impl Args {
 
 pub fn run(args: &Args) -> Result<()> {
     if let Some(minutes) = args.soak {
-        run_cmd(Command::new("cargo").args(["build", "--release", "-p", "memlock-trace"]))?;
-        return soak::run(
-            &workspace_root().join("target/release/memlock-trace"),
-            minutes,
-            &args.out,
-        );
+        return soak::run(&build_tracer(TracerBuild::Product)?, minutes, &args.out);
     }
     if args.node_cost {
         if let Some(tracer) = &args.in_guest {
@@ -197,6 +209,12 @@ pub fn run(args: &Args) -> Result<()> {
     if args.stack_cost {
         return stack_cost::run(args.runs, &args.out);
     }
+    page_faults(args)
+}
+
+/// The page-fault benchmark: every mode round after round, the max-rate run and the profiled
+/// runs, then the section of BENCHMARKS.md; an error if a tracer lost or invented a fault.
+fn page_faults(args: &Args) -> Result<()> {
     if args.runs < 5 {
         bail!("--runs must be at least 5");
     }
@@ -204,154 +222,188 @@ pub fn run(args: &Args) -> Result<()> {
     // last step needs bpftool.
     crate::util::install_missing_packages(&["bpftrace", "bpftool"])
         .context("the benchmark compares with bpftrace and reads program costs with bpftool")?;
-    run_cmd(Command::new("cargo").args(["build", "--release", "-p", "memlock-trace"]))?;
-    let tracer = workspace_root().join("target/release/memlock-trace");
+    let tracer = build_tracer(TracerBuild::WithBenchFlags)?;
     let bpftrace = which("bpftrace").ok_or_else(|| {
         anyhow!("bpftrace is installed but not on PATH (the comparison needs it)")
     })?;
-    let pages = args.mib * 1024 * 1024 / PAGE;
     let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+    let bench = Schedule {
+        tracer: &tracer,
+        bpftrace: &bpftrace,
+        pages: args.mib * 1024 * 1024 / PAGE,
+        cpus,
+        pinned: Placement::workload_alone(cpus),
+    };
     let mut env = Environment {
-        kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
-            .unwrap_or_default()
-            .trim()
-            .into(),
+        kernel: kernel_release(),
         thp: std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
             .unwrap_or_else(|_| "unknown".into())
             .trim()
             .into(),
         cpus,
-        bpftrace_version: crate::util::output_of(Command::new(&bpftrace).arg("--version"))
-            .unwrap_or_default()
-            .trim()
-            .into(),
+        bpftrace_version: bpftrace_version(&bpftrace),
         load_before: load_average(),
         load_after: String::new(),
     };
-
-    let pinned = if cpus >= 2 {
-        Placement::Pinned {
-            workload_cpu: cpus - 1,
-        }
-    } else {
-        Placement::Anywhere
-    };
-    let mut samples: Vec<(Mode, Sample)> = Vec::new();
-    // The same modes while the tracer follows another process (a `sleep`) with `-p`: what a
-    // process that is not traced pays. (round, mode, sample).
-    let mut neighbours: Vec<(usize, Mode, Sample)> = Vec::new();
-    for round in 1..=args.runs {
-        for (mode, neighbour) in Mode::ALL
-            .iter()
-            .map(|&m| (m, false))
-            .chain(Mode::ALL[1..].iter().map(|&m| (m, true)))
-        {
-            let bystander = if neighbour {
-                Some(
-                    pinned
-                        .command(Path::new("sleep"), true)
-                        .arg("3600")
-                        .spawn()
-                        .context("starting the traced bystander (sleep)")?,
-                )
-            } else {
-                None
-            };
-            let sample = measure(
-                &tracer,
-                &bpftrace,
-                mode,
-                &format!("touch {pages}"),
-                pinned,
-                args.repeats,
-                None,
-                bystander.as_ref().map(std::process::Child::id),
-            );
-            if let Some(mut bystander) = bystander {
-                let _ = bystander.kill();
-                let _ = bystander.wait();
-            }
-            let sample = sample.with_context(|| {
-                format!(
-                    "round {round}, {}{}",
-                    mode.label(),
-                    if neighbour { ", non-target" } else { "" }
-                )
-            })?;
-            if neighbour {
-                eprintln!(
-                    "xtask bench: round {round}/{} non-target, {:<36} {:>7.0} ns/fault",
-                    args.runs,
-                    mode.label(),
-                    sample.ns_per_fault,
-                );
-                neighbours.push((round, mode, sample));
-                continue;
-            }
-            eprintln!(
-                "xtask bench: round {round}/{} {:<48} {:>7.0} ns/fault{}",
-                args.runs,
-                mode.label(),
-                sample.ns_per_fault,
-                sample
-                    .traced_faults
-                    .map(|t| format!(", traced {t} of {} faults", sample.kernel_faults))
-                    .unwrap_or_default()
-            );
-            samples.push((mode, sample));
-        }
-    }
-    // Every CPU faulting at once, as fast as it can: the tracer must still count each fault.
-    let mut max_rate = Vec::new();
-    for mode in [Mode::Untraced, Mode::Default, Mode::CountOnly] {
-        let sample = measure(
-            &tracer,
-            &bpftrace,
-            mode,
-            &format!("mtouch {pages} {cpus}"),
-            Placement::Anywhere,
-            1,
-            None,
-            None,
-        )
-        .with_context(|| format!("max-rate run, {}", mode.label()))?;
-        eprintln!(
-            "xtask bench: max rate, {cpus} threads, {:<36} {:>7.0} wall ns/fault",
-            mode.label(),
-            sample.wall_ns_per_fault
-        );
-        max_rate.push((mode, sample));
-    }
-
-    // Where the cost goes: one more run of each BPF mode with the kernel timing every program.
-    let mut costs = Vec::new();
-    with_bpf_stats(|| {
-        for mode in [Mode::Default, Mode::Bpftrace] {
-            measure(
-                &tracer,
-                &bpftrace,
-                mode,
-                &format!("touch {pages}"),
-                pinned,
-                1,
-                Some(&mut costs),
-                None,
-            )
-            .with_context(|| format!("profiled run, {}", mode.label()))?;
-        }
-        Ok(())
-    })?;
+    let (samples, neighbours) = bench.rounds(args.runs, args.repeats)?;
+    let max_rate = bench.max_rate()?;
+    let costs = bench.program_costs()?;
     env.load_after = load_average();
-    let report = report(args, pages, &env, &samples, &neighbours, &max_rate, &costs);
+    let report = report(
+        args,
+        bench.pages,
+        &env,
+        &samples,
+        &neighbours,
+        &max_rate,
+        &costs,
+    );
     let out = workspace_root().join(&args.out);
     let existing = std::fs::read_to_string(&out).unwrap_or_default();
     std::fs::write(&out, replace_section(&existing, FAULTS_SECTION, &report))
         .with_context(|| format!("writing {}", out.display()))?;
     println!("{report}");
     println!("xtask bench: wrote {}", out.display());
-    let lost: Vec<String> = samples
-        .iter()
-        .chain(&max_rate)
+    nothing_lost(samples.iter().chain(&max_rate))
+}
+
+/// The page-fault benchmark's runs: the tracers, the workload's size and where it runs.
+struct Schedule<'a> {
+    tracer: &'a Path,
+    bpftrace: &'a Path,
+    pages: usize,
+    cpus: usize,
+    /// Where the rounds run the workload (the max-rate run uses every CPU).
+    pinned: Placement,
+}
+
+/// One sample per mode per round, and per mode but untraced per round while the tracer
+/// follows another process: (round, mode, sample).
+type Rounds = (Vec<(Mode, Sample)>, Vec<(usize, Mode, Sample)>);
+
+impl Schedule<'_> {
+    /// `runs` rounds, each every mode in turn, then every traced mode while the tracer follows
+    /// a `sleep` (what a process that is not traced pays): drift hits them all alike.
+    fn rounds(&self, runs: usize, repeats: usize) -> Result<Rounds> {
+        let mut samples = Vec::new();
+        let mut neighbours = Vec::new();
+        for round in 1..=runs {
+            for mode in Mode::ALL {
+                let sample = self
+                    .touch(mode, repeats, None)
+                    .with_context(|| format!("round {round}, {}", mode.label()))?;
+                eprintln!(
+                    "xtask bench: round {round}/{runs} {:<48} {:>7.0} ns/fault{}",
+                    mode.label(),
+                    sample.ns_per_fault,
+                    sample
+                        .traced_faults
+                        .map(|t| format!(", traced {t} of {} faults", sample.kernel_faults))
+                        .unwrap_or_default()
+                );
+                samples.push((mode, sample));
+            }
+            for mode in Mode::ALL[1..].iter().copied() {
+                let sample = self
+                    .beside_a_target(mode, repeats)
+                    .with_context(|| format!("round {round}, {}, non-target", mode.label()))?;
+                eprintln!(
+                    "xtask bench: round {round}/{runs} non-target, {:<36} {:>7.0} ns/fault",
+                    mode.label(),
+                    sample.ns_per_fault,
+                );
+                neighbours.push((round, mode, sample));
+            }
+        }
+        Ok((samples, neighbours))
+    }
+
+    /// One run of the rounds' command, the tracer following `follow` instead of the workload
+    /// if given.
+    fn touch(&self, mode: Mode, repeats: usize, follow: Option<u32>) -> Result<Sample> {
+        let command = format!("touch {}", self.pages);
+        measure(
+            self.tracer,
+            self.bpftrace,
+            mode,
+            &command,
+            self.pinned,
+            repeats,
+            None,
+            follow,
+        )
+    }
+
+    /// One run of the workload, untraced itself, while the tracer follows a `sleep`.
+    fn beside_a_target(&self, mode: Mode, repeats: usize) -> Result<Sample> {
+        let mut bystander = self
+            .pinned
+            .command(Path::new("sleep"), true)
+            .arg("3600")
+            .spawn()
+            .context("starting the traced bystander (sleep)")?;
+        let sample = self.touch(mode, repeats, Some(bystander.id()));
+        let _ = bystander.kill();
+        let _ = bystander.wait();
+        sample
+    }
+
+    /// Every CPU faulting at once, as fast as it can: the tracer must still count each fault.
+    fn max_rate(&self) -> Result<Vec<(Mode, Sample)>> {
+        let (cpus, command) = (self.cpus, format!("mtouch {} {}", self.pages, self.cpus));
+        let mut max_rate = Vec::new();
+        for mode in [Mode::Untraced, Mode::Default, Mode::CountOnly] {
+            let anywhere = Placement::Anywhere;
+            let sample = measure(
+                self.tracer,
+                self.bpftrace,
+                mode,
+                &command,
+                anywhere,
+                1,
+                None,
+                None,
+            )
+            .with_context(|| format!("max-rate run, {}", mode.label()))?;
+            eprintln!(
+                "xtask bench: max rate, {cpus} threads, {:<36} {:>7.0} wall ns/fault",
+                mode.label(),
+                sample.wall_ns_per_fault
+            );
+            max_rate.push((mode, sample));
+        }
+        Ok(max_rate)
+    }
+
+    /// Where the cost goes: one more run of each BPF mode with the kernel timing every
+    /// program.
+    fn program_costs(&self) -> Result<Vec<ProgramCost>> {
+        let command = format!("touch {}", self.pages);
+        let mut costs = Vec::new();
+        with_bpf_stats(|| {
+            for mode in [Mode::Default, Mode::Bpftrace] {
+                let costs = Some(&mut costs);
+                measure(
+                    self.tracer,
+                    self.bpftrace,
+                    mode,
+                    &command,
+                    self.pinned,
+                    1,
+                    costs,
+                    None,
+                )
+                .with_context(|| format!("profiled run, {}", mode.label()))?;
+            }
+            Ok(())
+        })?;
+        Ok(costs)
+    }
+}
+
+/// An error naming every run whose tracer counted other than the kernel.
+fn nothing_lost<'a>(runs: impl Iterator<Item = &'a (Mode, Sample)>) -> Result<()> {
+    let lost: Vec<String> = runs
         .filter(|(_, s)| s.traced_faults.is_some_and(|t| t != s.kernel_faults))
         .map(|(m, s)| {
             format!(
@@ -368,12 +420,49 @@ pub fn run(args: &Args) -> Result<()> {
     Ok(())
 }
 
+/// Which tracer a benchmark measures.
+#[derive(Clone, Copy)]
+enum TracerBuild {
+    /// The product as users build it.
+    Product,
+    /// With the `bench` feature: the hidden `--bench-floor`, `--classic-tracepoints` and
+    /// `--tracepoint-start` flags and the floor programs, which the product leaves out.
+    WithBenchFlags,
+}
+
+/// Builds the release tracer as `build` says and returns its path.
+fn build_tracer(build: TracerBuild) -> Result<PathBuf> {
+    let mut cargo = Command::new("cargo");
+    cargo.args(["build", "--release", "-p", "memlock-trace"]);
+    if let TracerBuild::WithBenchFlags = build {
+        cargo.args(["--features", "bench"]);
+    }
+    run_cmd(&mut cargo)?;
+    Ok(workspace_root().join("target/release/memlock-trace"))
+}
+
 fn which(name: &str) -> Option<PathBuf> {
     std::env::var_os("PATH")?
         .to_str()?
         .split(':')
         .map(|dir| Path::new(dir).join(name))
         .find(|p| p.is_file())
+}
+
+/// The running kernel's release, as `uname -r` prints it.
+fn kernel_release() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .unwrap_or_default()
+        .trim()
+        .into()
+}
+
+/// What `bpftrace --version` prints, or nothing.
+fn bpftrace_version(bpftrace: &Path) -> String {
+    crate::util::output_of(Command::new(bpftrace).arg("--version"))
+        .unwrap_or_default()
+        .trim()
+        .into()
 }
 
 fn load_average() -> String {

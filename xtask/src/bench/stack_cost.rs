@@ -99,16 +99,9 @@ pub fn run(runs: usize, out: &Path) -> Result<()> {
     }
     crate::util::install_missing_packages(&["linux-perf"])
         .context("the comparison runs perf record")?;
-    run_cmd(Command::new("cargo").args(["build", "--release", "-p", "memlock-trace"]))?;
-    let tracer = workspace_root().join("target/release/memlock-trace");
+    let tracer = super::build_tracer(super::TracerBuild::Product)?;
     let cpus = std::thread::available_parallelism().map_or(1, usize::from);
-    let placement = if cpus >= 2 {
-        Placement::Pinned {
-            workload_cpu: cpus - 1,
-        }
-    } else {
-        Placement::Anywhere
-    };
+    let placement = Placement::workload_alone(cpus);
     let scratch = std::env::temp_dir().join(format!("xtask-stack-cost-{}", std::process::id()));
     fs::create_dir_all(&scratch)?;
     let mut all = Vec::new();

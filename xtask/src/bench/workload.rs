@@ -29,6 +29,17 @@ pub(super) enum Placement {
 }
 
 impl Placement {
+    /// The workload alone on the last of `cpus`, the tracer on CPU 0; anywhere on one CPU.
+    pub(super) fn workload_alone(cpus: usize) -> Self {
+        if cpus >= 2 {
+            Placement::Pinned {
+                workload_cpu: cpus - 1,
+            }
+        } else {
+            Placement::Anywhere
+        }
+    }
+
     pub(super) fn command(self, program: &Path, tracer_side: bool) -> Command {
         match self {
             Placement::Pinned { workload_cpu } => {

@@ -162,16 +162,23 @@ fn parse(source: &str) -> Result<Placement> {
     Ok(placement)
 }
 
-/// `host only: WHY`, or `host, VERSION, ..., arm64[: WHY]`, after `Runs on:`.
-fn parse_runs_on(declared: &str) -> Result<(Guests, bool)> {
-    let (places, why) = match declared.split_once(':') {
-        Some((places, why)) => (places, Some(why.trim())),
+/// A declaration's `LIST[: WHY]` after `label`: the list, and the reason if there is a colon
+/// (which must have one after it).
+fn list_and_why<'a>(label: &str, declared: &'a str) -> Result<(&'a str, Option<&'a str>)> {
+    let (list, why) = match declared.split_once(':') {
+        Some((list, why)) => (list, Some(why.trim())),
         None => (declared, None),
     };
     ensure!(
         why != Some(""),
-        "`{RUNS_ON} {declared}`: nothing after the colon: say why, or drop it; {SEE}"
+        "`{label} {declared}`: nothing after the colon: say why, or drop it; {SEE}"
     );
+    Ok((list, why))
+}
+
+/// `host only: WHY`, or `host, VERSION, ..., arm64[: WHY]`, after `Runs on:`.
+fn parse_runs_on(declared: &str) -> Result<(Guests, bool)> {
+    let (places, why) = list_and_why(RUNS_ON, declared)?;
     let places: Vec<&str> = places.split(',').map(str::trim).collect();
     if places == [HOST_ONLY] {
         let why = why.with_context(|| format!("`{RUNS_ON} {HOST_ONLY}` needs `: WHY`; {SEE}"))?;
@@ -252,14 +259,7 @@ fn x86_64_guests() -> impl Iterator<Item = vm::Kernel> {
 
 /// `PACKAGE, ...[: WHY]`, after `Packages:`.
 fn parse_packages(declared: &str) -> Result<Vec<String>> {
-    let (list, why) = match declared.split_once(':') {
-        Some((list, why)) => (list, Some(why.trim())),
-        None => (declared, None),
-    };
-    ensure!(
-        why != Some(""),
-        "`{PACKAGES} {declared}`: nothing after the colon: say why, or drop it; {SEE}"
-    );
+    let (list, _why) = list_and_why(PACKAGES, declared)?;
     let mut packages: Vec<String> = Vec::new();
     for package in list.split(',').map(str::trim) {
         // Debian policy's package names: lower case letters, digits, `+`, `-` and `.`.

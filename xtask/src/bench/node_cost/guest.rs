@@ -5,7 +5,7 @@
 //! own; the host reads them off the console and writes the section. bpftrace is not carried
 //! into the guest (its libraries are 200 MB): the comparison with it is the host's table.
 
-use std::{fmt::Write as _, path::Path, process::Command, time::Duration};
+use std::{fmt::Write as _, path::Path, time::Duration};
 
 use anyhow::{Context as _, Result, bail};
 
@@ -58,8 +58,7 @@ pub(in crate::bench) fn run(kernels: &[String], rounds: usize, out: &Path) -> Re
     if rounds < 3 {
         bail!("--runs must be at least 3 for --node-cost");
     }
-    crate::util::run(Command::new("cargo").args(["build", "--release", "-p", "memlock-trace"]))?;
-    let tracer = workspace_root().join("target/release/memlock-trace");
+    let tracer = crate::bench::build_tracer(crate::bench::TracerBuild::Product)?;
     let xtask = std::env::current_exe().context("finding xtask's own binary")?;
     let mut guests = Vec::new();
     for version in kernels {

@@ -112,26 +112,19 @@ pub(super) fn run(rounds: usize, out: &Path) -> Result<()> {
     }
     crate::util::install_missing_packages(&["bpftrace", "stress-ng"])
         .context("the node-cost benchmark compares with bpftrace and runs stress-ng --fork")?;
-    crate::util::run(Command::new("cargo").args(["build", "--release", "-p", "memlock-trace"]))?;
-    let tracer = workspace_root().join("target/release/memlock-trace");
+    let tracer = super::build_tracer(super::TracerBuild::WithBenchFlags)?;
     let bpftrace = super::which("bpftrace").ok_or_else(|| {
         anyhow!("bpftrace is installed but not on PATH (the comparison needs it)")
     })?;
     let load_before = super::load_average();
     let runs = measure_rounds(&tracer, Some(&bpftrace), rounds, &Setup::ALL, |_| {})?;
     let environment = report::Environment {
-        kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
-            .unwrap_or_default()
-            .trim()
-            .into(),
+        kernel: super::kernel_release(),
         cpus: std::thread::available_parallelism().map_or(1, usize::from),
         rounds,
         load_before,
         load_after: super::load_average(),
-        bpftrace_version: crate::util::output_of(Command::new(&bpftrace).arg("--version"))
-            .unwrap_or_default()
-            .trim()
-            .into(),
+        bpftrace_version: super::bpftrace_version(&bpftrace),
         hooks: syscall_hooks_line(&tracer),
     };
     let plot = workspace_root().join(report::PLOT);
