@@ -3,7 +3,7 @@
 //! between what the tracer saw and what the workload did (these must hold).
 //!
 //! `assess` turns each scenario's figures into verdicts (`thp_split` those of the huge-page
-//! experiment), `charts` draws them, and [`write`]
+//! experiment, `threads` those of the thread ones), `charts` draws them, and [`write`]
 //! puts it all in `report.md` and `report.json`.
 
 mod advice;
@@ -12,6 +12,7 @@ mod charts;
 mod pressure;
 mod shape;
 mod thp_split;
+mod threads;
 
 use std::{
     fmt::Write as _,
