@@ -220,14 +220,13 @@ pub(super) fn fault_latency_chart(dir: &Path, runs: &[ScenarioRun]) -> Result<Op
     if values.is_empty() {
         return Ok(None);
     }
-    let file = "fault-latency.svg".to_string();
-    bars(
-        &dir.join(&file),
+    bar_file(
+        dir,
+        "fault-latency.svg",
         "minor page fault latency (us)",
         "us",
         &values,
-    )?;
-    Ok(Some(file))
+    )
 }
 
 /// Latency distribution of every traced mlock-family call in the suite, in log2 buckets.
@@ -246,14 +245,25 @@ pub(super) fn latency_chart(dir: &Path, runs: &[ScenarioRun]) -> Result<Option<S
     let values: Vec<(String, f64)> = (lo..=hi)
         .map(|i| (crate::output::duration(1 << i), buckets[i] as f64))
         .collect();
-    let file = "syscall-latency.svg".to_string();
-    bars(
-        &dir.join(&file),
+    bar_file(
+        dir,
+        "syscall-latency.svg",
         "mlock-family call latency (calls per log2 bucket)",
         "calls",
         &values,
-    )?;
-    Ok(Some(file))
+    )
+}
+
+/// Draws `values` as bars into `file` in `dir`; returns the file's name, for the report.
+fn bar_file(
+    dir: &Path,
+    file: &str,
+    title: &str,
+    y_label: &str,
+    values: &[(String, f64)],
+) -> Result<Option<String>> {
+    bars(&dir.join(file), title, y_label, values)?;
+    Ok(Some(file.to_string()))
 }
 
 const SIZE: (u32, u32) = (720, 420);
