@@ -5,134 +5,198 @@ use std::path::Path;
 
 use anyhow::{Result, anyhow};
 use plotters::prelude::*;
-use serde_json::Value;
 
 use super::{ScenarioRun, f};
 use crate::lab::workload::scenario::Scenario;
 
+/// The scenario's own chart, `NAME.svg` in `dir`; `None` for a scenario without one.
 pub(super) fn scenario_chart(dir: &Path, run: &ScenarioRun) -> Result<Option<String>> {
     let file = format!("{}.svg", run.scenario.name());
     let path = dir.join(&file);
-    let bar = |name: &str, v: &Value| (name.to_string(), f(v));
-    match run.scenario {
-        Scenario::FirstTouch => {
-            let (l, m, p) = (
-                run.variant("lazy"),
-                run.variant("mlock"),
-                run.variant("populate"),
-            );
-            bars(
-                &path,
-                "first touch: ns per 4 KiB page",
-                "ns/page",
-                &[
-                    bar("lazy touch", &l["touch_ns_per_page"]),
-                    bar("mlock call", &m["call_ns_per_page"]),
-                    bar("touch, mlocked", &m["touch_ns_per_page"]),
-                    bar("populate mmap", &p["call_ns_per_page"]),
-                    bar("touch, populated", &p["touch_ns_per_page"]),
-                ],
-            )?;
-        }
-        Scenario::ThreadCreate => {
-            let results = run.own["results"].as_array().cloned().unwrap_or_default();
-            let series: Vec<(String, Vec<(f64, f64)>)> = crate::lab::workload::thread_create::MODES
-                .iter()
-                .map(|mode| {
-                    (
-                        format!("mlock={mode}"),
-                        results
-                            .iter()
-                            .filter(|r| r["mode"] == *mode)
-                            .map(|r| (f(&r["processes"]), f(&r["threads_per_sec"])))
-                            .collect(),
-                    )
-                })
-                .collect();
-            lines(
-                &path,
-                "thread creation rate (paper figure 3)",
-                "processes",
-                "threads/s",
-                &series,
-            )?;
-        }
-        Scenario::ThreadStack => {
-            bars(
-                &path,
-                "faults per thread",
-                "faults",
-                &[
-                    bar("no mlock", &run.variant("off")["faults_per_thread"]),
-                    bar("MCL_FUTURE", &run.variant("future")["faults_per_thread"]),
-                ],
-            )?;
-        }
-        Scenario::DynamicAlloc => {
-            bars(
-                &path,
-                "page faults of one large malloc (paper figure 4)",
-                "faults",
-                &[
-                    bar("mlock=off", &run.variant("off")["faults"]["minflt"]),
-                    bar("MCL_FUTURE", &run.variant("future")["faults"]["minflt"]),
-                ],
-            )?;
-        }
-        Scenario::MallocVsMmap => {
-            let (m, l) = (run.variant("malloc"), run.variant("mmap-locked"));
-            bars(
-                &path,
-                "1M random accesses to 28-byte records",
-                "us",
-                &[
-                    bar("malloc write", &m["write_us"]),
-                    bar("MAP_LOCKED write", &l["write_us"]),
-                    bar("malloc read", &m["read_us"]),
-                    bar("MAP_LOCKED read", &l["read_us"]),
-                ],
-            )?;
-        }
-        Scenario::VmMemory => {
-            bars(
-                &path,
-                "qemu resident memory (MiB)",
-                "MiB",
-                &[
-                    (
-                        "mem-lock=off".into(),
-                        f(&run.variant("mem-lock-off")["rss_max_kib"]) / 1024.0,
-                    ),
-                    (
-                        "mem-lock=on".into(),
-                        f(&run.variant("mem-lock-on")["rss_max_kib"]) / 1024.0,
-                    ),
-                ],
-            )?;
-        }
-        Scenario::MemoryPressure => {
-            let again = &run.own["touched_again"];
-            bars(
-                &path,
-                "touching each region again after the pressure (ms)",
-                "ms",
-                &[
-                    ("lazy".into(), f(&again["lazy"]["ns"]) / 1e6),
-                    ("MAP_POPULATE".into(), f(&again["populate"]["ns"]) / 1e6),
-                    ("mlock".into(), f(&again["mlock"]["ns"]) / 1e6),
-                    (
-                        "mlock, after munlock".into(),
-                        f(&run.own["munlock"]["touched_again"]["ns"]) / 1e6,
-                    ),
-                ],
-            )?;
-        }
-        Scenario::VmaSplit
-        | Scenario::ThpSplit
-        | Scenario::ForkInherit
-        | Scenario::MemlockLimit => return Ok(None),
+    if run.scenario == Scenario::ThreadCreate {
+        thread_create_lines(&path, run)?;
+    } else if let Some((title, y_label)) = bar_axes(run.scenario) {
+        bars(&path, title, y_label, &scenario_bars(run))?;
+    } else {
+        return Ok(None);
     }
     Ok(Some(file))
+}
+
+/// The creation rate at each process count, a line per mlock mode (the paper's figure 3).
+fn thread_create_lines(path: &Path, run: &ScenarioRun) -> Result<()> {
+    let results = run.own["results"].as_array().cloned().unwrap_or_default();
+    let series: Vec<(String, Vec<(f64, f64)>)> = crate::lab::workload::thread_create::MODES
+        .iter()
+        .map(|mode| {
+            (
+                format!("mlock={mode}"),
+                results
+                    .iter()
+                    .filter(|r| r["mode"] == *mode)
+                    .map(|r| (f(&r["processes"]), f(&r["threads_per_sec"])))
+                    .collect(),
+            )
+        })
+        .collect();
+    lines(
+        path,
+        "thread creation rate (paper figure 3)",
+        "processes",
+        "threads/s",
+        &series,
+    )
+}
+
+/// The bars of the scenarios drawn from their variants' figures: the scenario, the bar's
+/// label, the variant, the path to the figure in it, and what to divide the figure by.
+const VARIANT_BARS: &[(Scenario, &str, &str, &[&str], f64)] = &[
+    (
+        Scenario::FirstTouch,
+        "lazy touch",
+        "lazy",
+        &["touch_ns_per_page"],
+        1.0,
+    ),
+    (
+        Scenario::FirstTouch,
+        "mlock call",
+        "mlock",
+        &["call_ns_per_page"],
+        1.0,
+    ),
+    (
+        Scenario::FirstTouch,
+        "touch, mlocked",
+        "mlock",
+        &["touch_ns_per_page"],
+        1.0,
+    ),
+    (
+        Scenario::FirstTouch,
+        "populate mmap",
+        "populate",
+        &["call_ns_per_page"],
+        1.0,
+    ),
+    (
+        Scenario::FirstTouch,
+        "touch, populated",
+        "populate",
+        &["touch_ns_per_page"],
+        1.0,
+    ),
+    (
+        Scenario::ThreadStack,
+        "no mlock",
+        "off",
+        &["faults_per_thread"],
+        1.0,
+    ),
+    (
+        Scenario::ThreadStack,
+        "MCL_FUTURE",
+        "future",
+        &["faults_per_thread"],
+        1.0,
+    ),
+    (
+        Scenario::DynamicAlloc,
+        "mlock=off",
+        "off",
+        &["faults", "minflt"],
+        1.0,
+    ),
+    (
+        Scenario::DynamicAlloc,
+        "MCL_FUTURE",
+        "future",
+        &["faults", "minflt"],
+        1.0,
+    ),
+    (
+        Scenario::MallocVsMmap,
+        "malloc write",
+        "malloc",
+        &["write_us"],
+        1.0,
+    ),
+    (
+        Scenario::MallocVsMmap,
+        "MAP_LOCKED write",
+        "mmap-locked",
+        &["write_us"],
+        1.0,
+    ),
+    (
+        Scenario::MallocVsMmap,
+        "malloc read",
+        "malloc",
+        &["read_us"],
+        1.0,
+    ),
+    (
+        Scenario::MallocVsMmap,
+        "MAP_LOCKED read",
+        "mmap-locked",
+        &["read_us"],
+        1.0,
+    ),
+    (
+        Scenario::VmMemory,
+        "mem-lock=off",
+        "mem-lock-off",
+        &["rss_max_kib"],
+        1024.0,
+    ),
+    (
+        Scenario::VmMemory,
+        "mem-lock=on",
+        "mem-lock-on",
+        &["rss_max_kib"],
+        1024.0,
+    ),
+];
+
+/// The title and y axis of a scenario drawn as bars.
+fn bar_axes(scenario: Scenario) -> Option<(&'static str, &'static str)> {
+    Some(match scenario {
+        Scenario::FirstTouch => ("first touch: ns per 4 KiB page", "ns/page"),
+        Scenario::ThreadStack => ("faults per thread", "faults"),
+        Scenario::DynamicAlloc => ("page faults of one large malloc (paper figure 4)", "faults"),
+        Scenario::MallocVsMmap => ("1M random accesses to 28-byte records", "us"),
+        Scenario::VmMemory => ("qemu resident memory (MiB)", "MiB"),
+        Scenario::MemoryPressure => ("touching each region again after the pressure (ms)", "ms"),
+        Scenario::ThreadCreate
+        | Scenario::VmaSplit
+        | Scenario::ThpSplit
+        | Scenario::ForkInherit
+        | Scenario::MemlockLimit => return None,
+    })
+}
+
+/// The bars of a scenario drawn as a bar chart.
+fn scenario_bars(run: &ScenarioRun) -> Vec<(String, f64)> {
+    if run.scenario == Scenario::MemoryPressure {
+        let again = &run.own["touched_again"];
+        return vec![
+            ("lazy".into(), f(&again["lazy"]["ns"]) / 1e6),
+            ("MAP_POPULATE".into(), f(&again["populate"]["ns"]) / 1e6),
+            ("mlock".into(), f(&again["mlock"]["ns"]) / 1e6),
+            (
+                "mlock, after munlock".into(),
+                f(&run.own["munlock"]["touched_again"]["ns"]) / 1e6,
+            ),
+        ];
+    }
+    VARIANT_BARS
+        .iter()
+        .filter(|bar| bar.0 == run.scenario)
+        .map(|(_, label, variant, path, divisor)| {
+            let figure = path.iter().fold(run.variant(variant), |v, key| &v[*key]);
+            (label.to_string(), f(figure) / divisor)
+        })
+        .collect()
 }
 
 /// Minor-fault latency percentiles of the lazy first touch and the malloc run, as the fault
@@ -156,14 +220,13 @@ pub(super) fn fault_latency_chart(dir: &Path, runs: &[ScenarioRun]) -> Result<Op
     if values.is_empty() {
         return Ok(None);
     }
-    let file = "fault-latency.svg".to_string();
-    bars(
-        &dir.join(&file),
+    bar_file(
+        dir,
+        "fault-latency.svg",
         "minor page fault latency (us)",
         "us",
         &values,
-    )?;
-    Ok(Some(file))
+    )
 }
 
 /// Latency distribution of every traced mlock-family call in the suite, in log2 buckets.
@@ -182,14 +245,25 @@ pub(super) fn latency_chart(dir: &Path, runs: &[ScenarioRun]) -> Result<Option<S
     let values: Vec<(String, f64)> = (lo..=hi)
         .map(|i| (crate::output::duration(1 << i), buckets[i] as f64))
         .collect();
-    let file = "syscall-latency.svg".to_string();
-    bars(
-        &dir.join(&file),
+    bar_file(
+        dir,
+        "syscall-latency.svg",
         "mlock-family call latency (calls per log2 bucket)",
         "calls",
         &values,
-    )?;
-    Ok(Some(file))
+    )
+}
+
+/// Draws `values` as bars into `file` in `dir`; returns the file's name, for the report.
+fn bar_file(
+    dir: &Path,
+    file: &str,
+    title: &str,
+    y_label: &str,
+    values: &[(String, f64)],
+) -> Result<Option<String>> {
+    bars(&dir.join(file), title, y_label, values)?;
+    Ok(Some(file.to_string()))
 }
 
 const SIZE: (u32, u32) = (720, 420);

@@ -3,7 +3,7 @@
 //! between what the tracer saw and what the workload did (these must hold).
 //!
 //! `assess` turns each scenario's figures into verdicts (`thp_split` those of the huge-page
-//! experiment), `charts` draws them, and [`write`]
+//! experiment, `threads` those of the thread ones), `charts` draws them, and [`write`]
 //! puts it all in `report.md` and `report.json`.
 
 mod advice;
@@ -12,6 +12,7 @@ mod charts;
 mod pressure;
 mod shape;
 mod thp_split;
+mod threads;
 
 use std::{
     fmt::Write as _,
@@ -164,114 +165,11 @@ pub fn write(
     for run in runs {
         let v = assess::assess(run);
         inconsistent += v.iter().filter(|x| x.verdict == "INCONSISTENT").count();
-        let _ = writeln!(md, "## {} ({:.1} s)\n", run.scenario.name(), run.secs);
-        if let Some(chart) = charts::scenario_chart(dir, run)? {
-            let _ = writeln!(md, "![{}]({chart})\n", run.scenario.name());
-        }
-        let _ = writeln!(
-            md,
-            "| claim | published | this machine | verdict | why |\n|---|---|---|---|---|"
-        );
-        for x in &v {
-            let _ = writeln!(
-                md,
-                "| {} | {} | {} | **{}** | {} |",
-                x.claim, x.published, x.measured, x.verdict, x.why
-            );
-        }
-        let _ = writeln!(md, "\nTracer, per process of this scenario:\n");
-        let _ = writeln!(
-            md,
-            "| pid | comm | syscall | calls | errors | p50 | max | populated | locked |\n|---|---|---|---|---|---|---|---|---|"
-        );
-        for p in &run.traced {
-            let pid = &p["pid"];
-            for (name, s) in p["syscalls"].as_object().into_iter().flatten() {
-                let _ = writeln!(
-                    md,
-                    "| {pid} | {} | {name} | {} | {} | {} | {} | {} | {} |",
-                    p["comm"].as_str().unwrap_or(""),
-                    s["count"],
-                    errors(&s["errors"]),
-                    crate::output::duration(s["latency_ns"]["p50"].as_u64().unwrap_or(0)),
-                    crate::output::duration(s["latency_ns"]["max"].as_u64().unwrap_or(0)),
-                    s["pages_populated"],
-                    s["pages_locked"]
-                );
-            }
-        }
-        let faulted: Vec<&Value> = run
-            .traced
-            .iter()
-            .filter(|p| p["faults"].is_object())
-            .collect();
-        if !faulted.is_empty() {
-            let _ = writeln!(md, "\nPage faults, per process of this scenario:\n");
-            let _ = writeln!(
-                md,
-                "| pid | minor | major | user | populated | populated by | minor p50 | minor p99 |\n|---|---|---|---|---|---|---|---|"
-            );
-            for p in faulted {
-                let pid = &p["pid"];
-                let fl = &p["faults"];
-                let lat = |q: &str| {
-                    crate::output::duration(fl["latency_ns"]["minor"][q].as_u64().unwrap_or(0))
-                };
-                let _ = writeln!(
-                    md,
-                    "| {pid} | {} | {} | {} | {} | {} | {} | {} |",
-                    fl["minor"],
-                    fl["major"],
-                    fl["user"],
-                    fl["populated"],
-                    fl["populated_by"],
-                    lat("p50"),
-                    lat("p99")
-                );
-            }
-        }
-        let _ = writeln!(
-            md,
-            "\n<details><summary>the workload's own measurements</summary>\n\n```json\n{}\n```\n</details>\n",
-            serde_json::to_string_pretty(&run.own)?
-        );
+        scenario_section(&mut md, dir, run, &v)?;
         json_runs.push(json!({ "scenario": run.scenario.name(), "secs": run.secs, "workload": run.own, "tracer": run.traced, "events": run.events, "vma_calls": run.vma_calls, "verdicts": v }));
         verdicts.push((run.scenario.name().to_string(), v));
     }
-    let mut json_advice = Vec::new();
-    if !advised.is_empty() {
-        let _ = writeln!(
-            md,
-            "## Advice, checked against the references
-
-`memlock-trace advise --apply --json` on one variant of each scenario whose reference concludes something about locking: does the advice draw that conclusion, and does applying it move the workload's own figures the way the reference says? Each advise report is `advice-NAME.json` beside this file.
-"
-        );
-        for run in advised {
-            let v = advice::assess(run);
-            let name = run.case.scenario.name();
-            let _ = writeln!(
-                md,
-                "### {name} ({:.1} s)
-
-`memlock-trace advise --apply -- {}`
-
-| claim | published | this machine | verdict | why |
-|---|---|---|---|---|",
-                run.secs, run.command
-            );
-            for x in &v {
-                let _ = writeln!(
-                    md,
-                    "| {} | {} | {} | **{}** | {} |",
-                    x.claim, x.published, x.measured, x.verdict, x.why
-                );
-            }
-            let _ = writeln!(md);
-            json_advice.push(json!({ "scenario": name, "variant": run.case.variant, "secs": run.secs, "command": run.command, "workload": run.workload, "error": run.error, "verdicts": v }));
-            verdicts.push((format!("{name} advice"), v));
-        }
-    }
+    let json_advice = advice_section(&mut md, advised, &mut verdicts);
     if let Some(chart) = charts::fault_latency_chart(dir, runs)? {
         let _ = writeln!(md, "## Page fault latency\n\n![fault latency]({chart})\n");
     }
@@ -297,6 +195,134 @@ pub fn write(
         verdicts,
         inconsistent,
     })
+}
+
+/// One scenario's section: its chart, its verdicts, the tracer's tables of its processes and
+/// the workload's own measurements.
+fn scenario_section(md: &mut String, dir: &Path, run: &ScenarioRun, v: &[Verdict]) -> Result<()> {
+    let _ = writeln!(md, "## {} ({:.1} s)\n", run.scenario.name(), run.secs);
+    if let Some(chart) = charts::scenario_chart(dir, run)? {
+        let _ = writeln!(md, "![{}]({chart})\n", run.scenario.name());
+    }
+    verdict_table(md, v);
+    syscall_table(md, run);
+    fault_table(md, run);
+    let _ = writeln!(
+        md,
+        "\n<details><summary>the workload's own measurements</summary>\n\n```json\n{}\n```\n</details>\n",
+        serde_json::to_string_pretty(&run.own)?
+    );
+    Ok(())
+}
+
+fn verdict_table(md: &mut String, v: &[Verdict]) {
+    let _ = writeln!(
+        md,
+        "| claim | published | this machine | verdict | why |\n|---|---|---|---|---|"
+    );
+    for x in v {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | **{}** | {} |",
+            x.claim, x.published, x.measured, x.verdict, x.why
+        );
+    }
+}
+
+/// The tracer's figures for each mlock-family call of each of the scenario's processes.
+fn syscall_table(md: &mut String, run: &ScenarioRun) {
+    let _ = writeln!(md, "\nTracer, per process of this scenario:\n");
+    let _ = writeln!(
+        md,
+        "| pid | comm | syscall | calls | errors | p50 | max | populated | locked |\n|---|---|---|---|---|---|---|---|---|"
+    );
+    for p in &run.traced {
+        let pid = &p["pid"];
+        for (name, s) in p["syscalls"].as_object().into_iter().flatten() {
+            let _ = writeln!(
+                md,
+                "| {pid} | {} | {name} | {} | {} | {} | {} | {} | {} |",
+                p["comm"].as_str().unwrap_or(""),
+                s["count"],
+                errors(&s["errors"]),
+                crate::output::duration(s["latency_ns"]["p50"].as_u64().unwrap_or(0)),
+                crate::output::duration(s["latency_ns"]["max"].as_u64().unwrap_or(0)),
+                s["pages_populated"],
+                s["pages_locked"]
+            );
+        }
+    }
+}
+
+/// The page faults of each of the scenario's processes, where the tracer counted them.
+fn fault_table(md: &mut String, run: &ScenarioRun) {
+    let faulted: Vec<&Value> = run
+        .traced
+        .iter()
+        .filter(|p| p["faults"].is_object())
+        .collect();
+    if faulted.is_empty() {
+        return;
+    }
+    let _ = writeln!(md, "\nPage faults, per process of this scenario:\n");
+    let _ = writeln!(
+        md,
+        "| pid | minor | major | user | populated | populated by | minor p50 | minor p99 |\n|---|---|---|---|---|---|---|---|"
+    );
+    for p in faulted {
+        let pid = &p["pid"];
+        let fl = &p["faults"];
+        let lat =
+            |q: &str| crate::output::duration(fl["latency_ns"]["minor"][q].as_u64().unwrap_or(0));
+        let _ = writeln!(
+            md,
+            "| {pid} | {} | {} | {} | {} | {} | {} | {} |",
+            fl["minor"],
+            fl["major"],
+            fl["user"],
+            fl["populated"],
+            fl["populated_by"],
+            lat("p50"),
+            lat("p99")
+        );
+    }
+}
+
+/// The advice section: each advised seed's verdicts (added to `verdicts`); returns them for
+/// `report.json`.
+fn advice_section(
+    md: &mut String,
+    advised: &[AdviceRun],
+    verdicts: &mut Vec<(String, Vec<Verdict>)>,
+) -> Vec<Value> {
+    let mut json_advice = Vec::new();
+    if advised.is_empty() {
+        return json_advice;
+    }
+    let _ = writeln!(
+        md,
+        "## Advice, checked against the references
+
+`memlock-trace advise --apply --json` on one variant of each scenario whose reference concludes something about locking: does the advice draw that conclusion, and does applying it move the workload's own figures the way the reference says? Each advise report is `advice-NAME.json` beside this file.
+"
+    );
+    for run in advised {
+        let v = advice::assess(run);
+        let name = run.case.scenario.name();
+        let _ = writeln!(
+            md,
+            "### {name} ({:.1} s)
+
+`memlock-trace advise --apply -- {}`
+",
+            run.secs, run.command
+        );
+        verdict_table(md, &v);
+        let _ = writeln!(md);
+        json_advice.push(json!({ "scenario": name, "variant": run.case.variant, "secs": run.secs, "command": run.command, "workload": run.workload, "error": run.error, "verdicts": v }));
+        verdicts.push((format!("{name} advice"), v));
+    }
+    json_advice
 }
 
 #[cfg(test)]

@@ -10,11 +10,13 @@
 //! and reads /proc.
 //!
 //! Here: the report's types and [`run`]. `runner` forks each scenario and feeds the tracer's
-//! records to `checks`, which compares the three views; `table` puts them in words; `subject`
-//! is the child's side of the pipe and `scenarios` the steps it takes.
+//! records to `checks`, which compares the three views (`proc_view` reads the kernel's);
+//! `table` puts them in words; `subject` is the child's side of the pipe and `scenarios` the
+//! steps it takes.
 
 mod checks;
 mod pressure;
+mod proc_view;
 mod runner;
 mod scenarios;
 mod subject;

@@ -83,14 +83,13 @@ pub(super) fn scenario(s: &mut Subject) -> Result<()> {
         &[(pages, "rw-p", Y, N)],
         region_kb,
     );
-    cp.rss_kb = Some(region_kb);
-    cp.calls = Some(ExpectCalls {
+    cp.pressure = Some(expect((0, 0), unevictable));
+    let mlock_call = ExpectCalls {
         locked_pages: Some(pages as i64),
         populated: Some(pages),
         ..calls(1)
-    });
-    cp.pressure = Some(expect((0, 0), unevictable));
-    s.check(&locked, cp)?;
+    };
+    s.check(&locked, cp.with_rss(region_kb).with_calls(mlock_call))?;
 
     let mut cp = unlocked.checkpoint(
         "pressure-unlocked",
@@ -98,9 +97,8 @@ pub(super) fn scenario(s: &mut Subject) -> Result<()> {
         &[(pages, "rw-p", N, N)],
         0,
     );
-    cp.calls = Some(no_calls());
     cp.pressure = Some(expect(some, unevictable));
-    s.check(&unlocked, cp)?;
+    s.check(&unlocked, cp.with_calls(no_calls()))?;
     drop(pressure);
 
     super::scenarios::munlock(locked.start(), pages)?;
@@ -110,13 +108,12 @@ pub(super) fn scenario(s: &mut Subject) -> Result<()> {
         &[(pages, "rw-p", N, N)],
         0,
     );
-    cp.rss_kb = Some(region_kb);
-    cp.calls = Some(ExpectCalls {
+    cp.pressure = Some(expect((0, 0), (0, stat_lag_kb())));
+    let munlock_call = ExpectCalls {
         locked_pages: Some(-(pages as i64)),
         ..calls(1)
-    });
-    cp.pressure = Some(expect((0, 0), (0, stat_lag_kb())));
-    s.check(&locked, cp)?;
+    };
+    s.check(&locked, cp.with_rss(region_kb).with_calls(munlock_call))?;
 
     madvise_cold(&locked)?;
     let pressure = squeeze(PRESSURE_MIB)?;
@@ -126,9 +123,8 @@ pub(super) fn scenario(s: &mut Subject) -> Result<()> {
         &[(pages, "rw-p", N, N)],
         0,
     );
-    cp.calls = Some(no_calls());
     cp.pressure = Some(expect(some, (0, stat_lag_kb())));
-    s.check(&locked, cp)?;
+    s.check(&locked, cp.with_calls(no_calls()))?;
     drop(pressure);
     Ok(())
 }

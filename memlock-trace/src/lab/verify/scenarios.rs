@@ -69,6 +69,21 @@ pub(super) fn no_calls() -> ExpectCalls {
     }
 }
 
+/// One call that gains (`pages` > 0) or drops VM_LOCKED on `pages` pages, changing
+/// `locked_vm` as much; it splits and merges VMAs as given, each split adding one to
+/// `map_count` and each merge taking one away, and faults `populated` pages in.
+fn locking_call(pages: i64, splits: u32, merges: u32, populated: u64) -> ExpectCalls {
+    ExpectCalls {
+        splits: Some(splits),
+        merges: Some(merges),
+        locked_pages: Some(pages),
+        map_count: Some(i64::from(splits) - i64::from(merges)),
+        locked_vm: Some(pages),
+        populated: Some(populated),
+        ..calls(1)
+    }
+}
+
 /// Figure 2 of the reference paper, step by step: a lock inside one VMA splits it, a lock
 /// next to a locked VMA merges with it, unlocking everything merges back to one VMA.
 fn split_merge(s: &mut Subject) -> Result<()> {
@@ -79,61 +94,31 @@ fn split_merge(s: &mut Subject) -> Result<()> {
     // three VMAs on 6.1 and one on 6.18, for reasons that are not about VM_LOCKED.
     r.touch([0]);
     mlock(r.at(4), 8)?;
-    let mut cp = r.checkpoint(
+    let cp = r.checkpoint(
         "mlock-middle",
         "mlock pages 4-11 of an 16-page VMA (page 0 touched)",
         &[(4, "rw-p", N, N), (8, "rw-p", Y, N), (4, "rw-p", N, N)],
         32,
     );
-    cp.rss_kb = Some(36);
-    cp.calls = Some(ExpectCalls {
-        splits: Some(2),
-        merges: Some(0),
-        locked_pages: Some(8),
-        map_count: Some(2),
-        locked_vm: Some(8),
-        populated: Some(8),
-        ..calls(1)
-    });
-    s.check(&r, cp)?;
+    s.check(&r, cp.with_rss(36).with_calls(locking_call(8, 2, 0, 8)))?;
 
     mlock(r.at(12), 2)?;
-    let mut cp = r.checkpoint(
+    let cp = r.checkpoint(
         "mlock-adjacent",
         "mlock pages 12-13, next to the locked 4-11",
         &[(4, "rw-p", N, N), (10, "rw-p", Y, N), (2, "rw-p", N, N)],
         40,
     );
-    cp.rss_kb = Some(44);
-    cp.calls = Some(ExpectCalls {
-        splits: Some(1),
-        merges: Some(1),
-        locked_pages: Some(2),
-        map_count: Some(0),
-        locked_vm: Some(2),
-        populated: Some(2),
-        ..calls(1)
-    });
-    s.check(&r, cp)?;
+    s.check(&r, cp.with_rss(44).with_calls(locking_call(2, 1, 1, 2)))?;
 
     munlock(r.start(), 16)?;
-    let mut cp = r.checkpoint(
+    let cp = r.checkpoint(
         "munlock-all",
         "munlock all 16 pages",
         &[(16, "rw-p", N, N)],
         0,
     );
-    cp.rss_kb = Some(44);
-    cp.calls = Some(ExpectCalls {
-        splits: Some(0),
-        merges: Some(2),
-        locked_pages: Some(-10),
-        map_count: Some(-2),
-        locked_vm: Some(-10),
-        populated: Some(0),
-        ..calls(1)
-    });
-    s.check(&r, cp)
+    s.check(&r, cp.with_rss(44).with_calls(locking_call(-10, 0, 2, 0)))
 }
 
 /// The paper's PROT_EXEC neighbour: locked pages on both sides of a rw/r-x boundary stay two
@@ -152,7 +137,7 @@ fn exec_neighbour(s: &mut Subject) -> Result<()> {
         )
     })?;
     mlock(r.at(4), 8)?;
-    let mut cp = r.checkpoint(
+    let cp = r.checkpoint(
         "mlock-across-prot-exec",
         "mlock pages 4-11 across a PROT_EXEC boundary (rw- | r-x) at page 8",
         &[
@@ -163,17 +148,7 @@ fn exec_neighbour(s: &mut Subject) -> Result<()> {
         ],
         32,
     );
-    cp.rss_kb = Some(64);
-    cp.calls = Some(ExpectCalls {
-        splits: Some(2),
-        merges: Some(0),
-        locked_pages: Some(8),
-        map_count: Some(2),
-        locked_vm: Some(8),
-        populated: Some(0),
-        ..calls(1)
-    });
-    s.check(&r, cp)
+    s.check(&r, cp.with_rss(64).with_calls(locking_call(8, 2, 0, 0)))
 }
 
 /// MLOCK_ONFAULT: VM_LOCKED|VM_LOCKONFAULT, nothing populated until touched.
@@ -183,35 +158,26 @@ fn onfault(s: &mut Subject) -> Result<()> {
     let ret = unsafe { libc::syscall(libc::SYS_mlock2, r.at(4), 8 * PAGE_SIZE, MLOCK_ONFAULT) };
     syscall_ok("mlock2(MLOCK_ONFAULT)", ret)?;
     let lf = [(4, "rw-p", N, N), (8, "rw-p", Y, Y), (4, "rw-p", N, N)];
-    let mut cp = r.checkpoint(
+    let cp = r.checkpoint(
         "mlock2-onfault",
         "mlock2(MLOCK_ONFAULT) pages 4-11 of an untouched VMA",
         &lf,
         0,
     );
-    cp.rss_kb = Some(0);
-    cp.calls = Some(ExpectCalls {
-        splits: Some(2),
-        merges: Some(0),
-        locked_pages: Some(8),
+    let on_fault = ExpectCalls {
         onfault_pages: Some(8),
-        map_count: Some(2),
-        locked_vm: Some(8),
-        populated: Some(0),
-        ..calls(1)
-    });
-    s.check(&r, cp)?;
+        ..locking_call(8, 2, 0, 0)
+    };
+    s.check(&r, cp.with_rss(0).with_calls(on_fault))?;
 
     r.touch([4, 5, 11]);
-    let mut cp = r.checkpoint(
+    let cp = r.checkpoint(
         "onfault-touch",
         "write to 3 of the on-fault locked pages",
         &lf,
         12,
     );
-    cp.rss_kb = Some(12);
-    cp.calls = Some(no_calls());
-    s.check(&r, cp)
+    s.check(&r, cp.with_rss(12).with_calls(no_calls()))
 }
 
 /// mlockall(MCL_FUTURE): the next mmap is born locked; munlockall undoes it for the VMA and for
@@ -227,25 +193,23 @@ fn mlockall_future(s: &mut Subject) -> Result<()> {
         &[(16, "rw-p", Y, N)],
         64,
     );
-    cp.rss_kb = Some(64);
     cp.born_locked = Some(true);
-    cp.calls = Some(ExpectCalls {
+    let mlockall_call = ExpectCalls {
         splits: Some(0),
         merges: Some(0),
         locked_pages: Some(0),
         locked_vm: Some(0),
         ..calls(1)
-    });
-    s.check(&first, cp)?;
+    };
+    s.check(&first, cp.with_rss(64).with_calls(mlockall_call))?;
 
     nix_ok("munlockall", munlockall())?;
-    let mut cp = first.checkpoint("munlockall", "munlockall()", &[(16, "rw-p", N, N)], 0);
-    cp.rss_kb = Some(64);
-    cp.calls = Some(ExpectCalls {
+    let cp = first.checkpoint("munlockall", "munlockall()", &[(16, "rw-p", N, N)], 0);
+    let munlockall_call = ExpectCalls {
         locked_vm_after: Some(0),
         ..calls(1)
-    });
-    s.check(&first, cp)?;
+    };
+    s.check(&first, cp.with_rss(64).with_calls(munlockall_call))?;
 
     second.map(RW, 0)?;
     let mut cp = second.checkpoint(
@@ -254,33 +218,21 @@ fn mlockall_future(s: &mut Subject) -> Result<()> {
         &[(16, "rw-p", N, N)],
         0,
     );
-    cp.rss_kb = Some(0);
     cp.born_locked = Some(false);
-    cp.calls = Some(no_calls());
-    s.check(&second, cp)
+    s.check(&second, cp.with_rss(0).with_calls(no_calls()))
 }
 
 /// A forked child does not inherit VM_LOCKED (the paper, section 1).
 fn fork_child(s: &mut Subject) -> Result<()> {
     let r = Region::guarded(16, RW)?;
     mlock(r.start(), 16)?;
-    let mut cp = r.checkpoint(
+    let cp = r.checkpoint(
         "mlock-before-fork",
         "mlock all 16 pages",
         &[(16, "rw-p", Y, N)],
         64,
     );
-    cp.rss_kb = Some(64);
-    cp.calls = Some(ExpectCalls {
-        splits: Some(0),
-        merges: Some(0),
-        locked_pages: Some(16),
-        map_count: Some(0),
-        locked_vm: Some(16),
-        populated: Some(16),
-        ..calls(1)
-    });
-    s.check(&r, cp)?;
+    s.check(&r, cp.with_rss(64).with_calls(locking_call(16, 0, 0, 16)))?;
 
     // SAFETY: the subject is single-threaded, so the child may allocate and run ordinary
     // Rust code.
@@ -296,8 +248,7 @@ fn fork_child(s: &mut Subject) -> Result<()> {
                     0,
                 );
                 cp.locked_vm = Some(0);
-                cp.calls = Some(no_calls());
-                s.check(&r, cp)
+                s.check(&r, cp.with_calls(no_calls()))
             })();
             if let Err(error) = result {
                 let _ = s.send(&Message::Failed {
@@ -331,17 +282,12 @@ fn thread_shares(s: &mut Subject) -> Result<()> {
             &[(16, "rw-p", Y, N)],
             64,
         );
-        cp.rss_kb = Some(64);
         cp.locked_vm = Some(16);
-        cp.calls = Some(ExpectCalls {
-            splits: Some(0),
-            merges: Some(0),
-            locked_pages: Some(16),
-            locked_vm: Some(16),
-            populated: Some(16),
-            ..calls(1)
-        });
-        s.check(&r, cp)
+        let mlock_call = ExpectCalls {
+            map_count: None,
+            ..locking_call(16, 0, 0, 16)
+        };
+        s.check(&r, cp.with_rss(64).with_calls(mlock_call))
     });
     thread
         .join()
@@ -372,18 +318,9 @@ fn thp_split(s: &mut Subject) -> Result<()> {
         region_kb * 2 / 3,
     );
     // Every page stays resident; only the huge page inside stays one.
-    cp.rss_kb = Some(region_kb);
     cp.thp_kb = Some(region_kb / 3);
-    cp.calls = Some(ExpectCalls {
-        splits: Some(2),
-        merges: Some(0),
-        locked_pages: Some(2 * huge as i64),
-        map_count: Some(2),
-        locked_vm: Some(2 * huge as i64),
-        populated: Some(0),
-        ..calls(1)
-    });
-    s.check(&r, cp)?;
+    let mlock_call = locking_call(2 * huge as i64, 2, 0, 0);
+    s.check(&r, cp.with_rss(region_kb).with_calls(mlock_call))?;
 
     munlock(r.start(), 3 * huge)?;
     let mut cp = r.checkpoint(
@@ -392,16 +329,7 @@ fn thp_split(s: &mut Subject) -> Result<()> {
         &[(3 * huge, "rw-p", N, N)],
         0,
     );
-    cp.rss_kb = Some(region_kb);
     cp.thp_kb = Some(region_kb / 3);
-    cp.calls = Some(ExpectCalls {
-        splits: Some(0),
-        merges: Some(2),
-        locked_pages: Some(-2 * huge as i64),
-        map_count: Some(-2),
-        locked_vm: Some(-2 * huge as i64),
-        populated: Some(0),
-        ..calls(1)
-    });
-    s.check(&r, cp)
+    let munlock_call = locking_call(-2 * huge as i64, 0, 2, 0);
+    s.check(&r, cp.with_rss(region_kb).with_calls(munlock_call))
 }

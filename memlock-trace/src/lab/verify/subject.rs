@@ -9,7 +9,7 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use super::{Checkpoint, Message, PROBE_FLAG, Piece};
+use super::{Checkpoint, ExpectCalls, Message, PROBE_FLAG, Piece};
 use crate::{lab::workload::Region, procfs::PAGE_SIZE};
 
 pub(super) type Scenario = fn(&mut Subject) -> Result<()>;
@@ -144,5 +144,20 @@ impl Region {
             born_locked: None,
             pressure: None,
         }
+    }
+}
+
+/// The expectations a scenario adds to a checkpoint beyond its layout and `Locked:`.
+impl Checkpoint {
+    /// smaps `Rss:` over the region, in kB.
+    pub(super) fn with_rss(mut self, kb: u64) -> Self {
+        self.rss_kb = Some(kb);
+        self
+    }
+
+    /// What the calls since the last checkpoint should amount to.
+    pub(super) fn with_calls(mut self, calls: ExpectCalls) -> Self {
+        self.calls = Some(calls);
+        self
     }
 }

@@ -25,40 +25,21 @@
 //! - `site_mlock N`: `mlock N`, the system call made in [`mlock_site_gamma`];
 //! - `exit`.
 //!
-//! Everything uses raw syscalls and fixed buffers, so no allocation faults mid-step.
+//! Everything uses raw syscalls and fixed buffers, so no allocation faults mid-step. Here: the
+//! protocol and the call sites; `steps` runs the commands.
 
-use std::{
-    ffi::CString,
-    os::fd::AsRawFd as _,
-    ptr,
-    sync::atomic::{AtomicUsize, Ordering},
-};
+mod steps;
+
+use std::ptr;
 
 use anyhow::{Result, bail};
-use nix::{
-    fcntl::{OFlag, open},
-    sys::{
-        mman::{MlockAllFlags, mlockall, munlockall},
-        stat::Mode,
-    },
-};
 
-use super::{Faults, PAGE_SIZE, nix_ok, syscall_ok};
-use crate::event::MLOCK_ONFAULT;
+use self::steps::{on_segv, step};
+use super::{Faults, PAGE_SIZE, syscall_ok};
 
 /// Pages between two read pages in `file`: well beyond the 16-page fault-around window, so
 /// each read is its own fault.
 pub const FILE_STRIDE: usize = 64;
-
-/// The `PROT_NONE` page of the `segv` step, made readable by the handler.
-static SEGV_PAGE: AtomicUsize = AtomicUsize::new(0);
-
-extern "C" fn on_segv(_: libc::c_int) {
-    let page = SEGV_PAGE.load(Ordering::Relaxed);
-    // SAFETY: mprotect is async-signal-safe; the page is the `segv` step's own PROT_NONE
-    // page, which nothing refers to, and it only gains PROT_READ.
-    unsafe { libc::mprotect(page as *mut libc::c_void, PAGE_SIZE, libc::PROT_READ) };
-}
 
 /// CPU time of the whole process (all threads): unlike wall time, it leaves out the time
 /// other processes held the CPU, which on a shared machine is most of the noise.
@@ -70,51 +51,6 @@ fn process_cpu_ns() -> u64 {
     // SAFETY: a valid out-pointer to a local; this clock always exists on Linux.
     unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
-fn map(pages: usize, flags: i32) -> Result<*mut u8> {
-    // SAFETY: without MAP_FIXED the kernel picks an address no mapping uses, so no memory in
-    // use changes; the result is checked before it is used.
-    let addr = unsafe {
-        libc::mmap(
-            ptr::null_mut(),
-            pages * PAGE_SIZE,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | flags,
-            -1,
-            0,
-        )
-    };
-    if addr == libc::MAP_FAILED {
-        bail!("mmap: {}", std::io::Error::last_os_error());
-    }
-    Ok(addr.cast())
-}
-
-/// A fresh mapping that will take one 4 KiB fault per page: transparent huge pages off.
-fn map_small_pages(pages: usize) -> Result<*mut u8> {
-    let addr = map(pages, 0)?;
-    syscall_ok(
-        "madvise(MADV_NOHUGEPAGE)",
-        // SAFETY: MADV_NOHUGEPAGE only changes how the kernel backs the fresh mapping, not
-        // its contents.
-        unsafe { libc::madvise(addr.cast(), pages * PAGE_SIZE, libc::MADV_NOHUGEPAGE) },
-    )?;
-    Ok(addr)
-}
-
-fn unmap(addr: *mut u8, pages: usize) {
-    // SAFETY: a mapping this module created, which no reference points into (the module
-    // handles it by raw pointer only) and which is not used after this.
-    unsafe { libc::munmap(addr.cast(), pages * PAGE_SIZE) };
-}
-
-fn touch(addr: *mut u8, pages: usize) {
-    for i in 0..pages {
-        // SAFETY: inside the caller's writable mapping, which nothing else refers to; volatile
-        // so the writes happen.
-        unsafe { ptr::write_volatile(addr.add(i * PAGE_SIZE), 1) };
-    }
 }
 
 /// Writes one byte to each of `pages` pages from `addr`, the store itself in this function:
@@ -177,230 +113,6 @@ pub fn mlock_site_gamma(addr: *mut u8, len: usize) -> i64 {
     unsafe {
         i64::from(libc::mlock(addr.cast(), len))
     }
-}
-
-/// Runs one command; returns the address of the region used (0 when none).
-fn step(command: &str, kept: &mut Vec<(*mut u8, usize)>) -> Result<usize> {
-    let mut words = command.split_whitespace();
-    let name = words.next().unwrap_or("");
-    let pages: usize = words.next().map_or(Ok(0), str::parse)?;
-    let addr = match name {
-        "noop" => ptr::null_mut(),
-        "touch" => {
-            let addr = map_small_pages(pages)?;
-            touch(addr, pages);
-            unmap(addr, pages);
-            addr
-        }
-        "mtouch" => {
-            let threads: usize = words.next().map_or(Ok(1), str::parse)?;
-            let addr = map_small_pages(pages)?;
-            let share = pages.div_ceil(threads.max(1));
-            let base = addr as usize;
-            std::thread::scope(|scope| {
-                for t in 0..threads.max(1) {
-                    let first = (t * share).min(pages);
-                    let count = share.min(pages - first);
-                    scope.spawn(move || touch((base + first * PAGE_SIZE) as *mut u8, count));
-                }
-            });
-            unmap(addr, pages);
-            addr
-        }
-        "mlock" => {
-            let addr = map_small_pages(pages)?;
-            syscall_ok(
-                "mlock",
-                // SAFETY: mlock changes no memory contents, only residency.
-                unsafe { libc::mlock(addr.cast(), pages * PAGE_SIZE) },
-            )?;
-            unmap(addr, pages);
-            addr
-        }
-        "site_a" | "site_b" => {
-            let addr = if pages > 0 {
-                map_small_pages(pages)?
-            } else {
-                ptr::null_mut()
-            };
-            if name == "site_a" {
-                fault_site_alpha(addr, pages);
-            } else {
-                fault_site_beta(addr, pages);
-            }
-            if pages > 0 {
-                unmap(addr, pages);
-            }
-            addr
-        }
-        "site_mlock" => {
-            let addr = if pages > 0 {
-                map_small_pages(pages)?
-            } else {
-                ptr::null_mut()
-            };
-            let ret = mlock_site_gamma(addr, pages * PAGE_SIZE);
-            if ret != 0 {
-                bail!("mlock: {}", std::io::Error::from_raw_os_error(-ret as i32));
-            }
-            if pages > 0 {
-                unmap(addr, pages);
-            }
-            addr
-        }
-        "populate" => {
-            let addr = map(pages, libc::MAP_POPULATE)?;
-            unmap(addr, pages);
-            addr
-        }
-        // The calls that populate only in a locked mapping: a read-only one locked (its
-        // pages populated by mlock, as the zero page), made writable (populated again by
-        // mprotect, each copied); a locked one grown in place by mremap (its new pages).
-        "protect" => {
-            let addr = map(pages, 0)?;
-            // SAFETY: mprotect and mlock change this module's fresh mapping's access and
-            // residency, not its contents; nothing refers into it.
-            unsafe {
-                syscall_ok(
-                    "mprotect",
-                    libc::mprotect(addr.cast(), pages * PAGE_SIZE, libc::PROT_READ),
-                )?;
-                syscall_ok("mlock", libc::mlock(addr.cast(), pages * PAGE_SIZE))?;
-                syscall_ok(
-                    "mprotect",
-                    libc::mprotect(
-                        addr.cast(),
-                        pages * PAGE_SIZE,
-                        libc::PROT_READ | libc::PROT_WRITE,
-                    ),
-                )?;
-            }
-            unmap(addr, pages);
-            addr
-        }
-        "remap" => {
-            let addr = map(pages, libc::MAP_LOCKED)?;
-            // SAFETY: grows this module's mapping (moving it if it must), contents kept.
-            let grown = unsafe {
-                libc::mremap(
-                    addr.cast(),
-                    pages * PAGE_SIZE,
-                    2 * pages * PAGE_SIZE,
-                    libc::MREMAP_MAYMOVE,
-                )
-            };
-            if grown == libc::MAP_FAILED {
-                unmap(addr, pages);
-                bail!("mremap: {}", std::io::Error::last_os_error());
-            }
-            unmap(grown.cast(), 2 * pages);
-            grown.cast()
-        }
-        // MADV_POPULATE_WRITE: a madvise that populates (Linux 5.14; before, EINVAL and
-        // nothing populated, which the step answers with address 0, so one test serves every
-        // kernel).
-        "advise" => {
-            let addr = map_small_pages(pages)?;
-            // SAFETY: populating changes residency only, of this module's fresh mapping.
-            let ret =
-                unsafe { libc::madvise(addr.cast(), pages * PAGE_SIZE, libc::MADV_POPULATE_WRITE) };
-            let error = std::io::Error::last_os_error();
-            unmap(addr, pages);
-            match ret {
-                0 => addr,
-                _ if error.raw_os_error() == Some(libc::EINVAL) => ptr::null_mut(),
-                _ => bail!("madvise(MADV_POPULATE_WRITE): {error}"),
-            }
-        }
-        "onfault" => {
-            let addr = map_small_pages(pages)?;
-            // SAFETY: mlock2 changes no memory contents, only residency.
-            let ret =
-                unsafe { libc::syscall(libc::SYS_mlock2, addr, pages * PAGE_SIZE, MLOCK_ONFAULT) };
-            syscall_ok("mlock2", ret as libc::c_int)?;
-            touch(addr, pages);
-            // Kept mapped (and locked) so the test can see the mapping attributed.
-            kept.push((addr, pages));
-            addr
-        }
-        "file" => {
-            let path = CString::new(words.next().unwrap_or(""))?;
-            let fd = nix_ok(
-                "open",
-                open(path.as_c_str(), OFlag::O_RDONLY, Mode::empty()),
-            )?;
-            let len = pages * FILE_STRIDE * PAGE_SIZE;
-            // SAFETY: a private read-only mapping at an address the kernel picks, so no memory
-            // in use changes; the result is checked before it is used.
-            let addr = unsafe {
-                libc::mmap(
-                    ptr::null_mut(),
-                    len,
-                    libc::PROT_READ,
-                    libc::MAP_PRIVATE,
-                    fd.as_raw_fd(),
-                    0,
-                )
-            };
-            drop(fd);
-            if addr == libc::MAP_FAILED {
-                bail!("mmap of the file: {}", std::io::Error::last_os_error());
-            }
-            // No read-around: a page not cached costs one read of that page, one major fault.
-            syscall_ok(
-                "madvise",
-                // SAFETY: MADV_RANDOM only changes the kernel's read-ahead, not the contents.
-                unsafe { libc::madvise(addr, len, libc::MADV_RANDOM) },
-            )?;
-            let addr: *mut u8 = addr.cast();
-            for i in 0..pages {
-                // SAFETY: page `i * FILE_STRIDE` of the `len` bytes mapped readable above.
-                unsafe { ptr::read_volatile(addr.add(i * FILE_STRIDE * PAGE_SIZE)) };
-            }
-            // SAFETY: the mapping made above, which no reference points into and which is not
-            // used after this.
-            unsafe { libc::munmap(addr.cast(), len) };
-            addr
-        }
-        "segv" => {
-            // SAFETY: a fresh mapping at an address the kernel picks, so no memory in use
-            // changes; the result is checked before it is used.
-            let addr = unsafe {
-                libc::mmap(
-                    ptr::null_mut(),
-                    PAGE_SIZE,
-                    libc::PROT_NONE,
-                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                    -1,
-                    0,
-                )
-            };
-            if addr == libc::MAP_FAILED {
-                bail!("mmap: {}", std::io::Error::last_os_error());
-            }
-            SEGV_PAGE.store(addr as usize, Ordering::Relaxed);
-            // Faults (SIGSEGV: a failed fault), the handler allows reading, the read is
-            // restarted and faults again, successfully.
-            // SAFETY: the page mapped above, which the SIGSEGV handler makes readable before
-            // the read is restarted.
-            unsafe { ptr::read_volatile(addr.cast::<u8>()) };
-            unmap(addr.cast(), 1);
-            addr.cast()
-        }
-        "mlockall" => {
-            nix_ok(
-                "mlockall",
-                mlockall(MlockAllFlags::MCL_CURRENT | MlockAllFlags::MCL_FUTURE),
-            )?;
-            let addr = map(pages, 0);
-            nix_ok("munlockall", munlockall())?;
-            let addr = addr?;
-            unmap(addr, pages);
-            addr
-        }
-        other => bail!("unknown command `{other}`"),
-    };
-    Ok(addr as usize)
 }
 
 /// Serves commands on stdin until `exit` or end of input.
