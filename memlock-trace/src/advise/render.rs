@@ -5,9 +5,9 @@ use std::fmt::Write as _;
 
 use super::{
     apply::{Comparison, Side},
-    rules::{Advice, Verdict},
+    rules::{Advice, Kind, Verdict},
     sample::MemlockLimit,
-    table::{Phase, Table},
+    table::{Phase, StartupHow, Table},
     units::{count, ms},
 };
 use crate::{
@@ -74,15 +74,17 @@ pub fn text(t: &Table, advice: &[Advice]) -> String {
         )
     });
     line(match t.startup.how {
-        "detected" => format!(
+        StartupHow::Detected => format!(
             "start-up: the first {:.2} s (detected: until the last executable file was \
              mapped; --startup SECS sets it)",
             t.startup.secs
         ),
-        "flag" => format!("start-up: the first {:.2} s (--startup)", t.startup.secs),
-        _ => "start-up: not seen (a running process): every fault counts as steady state; \
+        StartupHow::Flag => format!("start-up: the first {:.2} s (--startup)", t.startup.secs),
+        StartupHow::None => {
+            "start-up: not seen (a running process): every fault counts as steady state; \
               --startup SECS sets a window"
-            .to_string(),
+                .to_string()
+        }
     });
     line(phase_line("during start-up", &t.during_startup));
     line(phase_line("after start-up", &t.after_startup));
@@ -209,7 +211,7 @@ fn advice_text(out: &mut String, t: &Table, advice: &[Advice]) {
     let ranked: Vec<&Advice> = advice.iter().filter(|a| a.verdict == Verdict::Do).collect();
     let refused = advice
         .iter()
-        .any(|a| matches!(a.kind, "over-cgroup" | "over-memory"));
+        .any(|a| matches!(a.kind, Kind::OverCgroup | Kind::OverMemory));
     if ranked.is_empty() && refused {
         push(
             "",

@@ -24,9 +24,19 @@ type MappingKey = (u64, u64, String);
 pub struct Startup {
     /// Seconds from the trace's start.
     pub secs: f64,
-    /// `detected` (the last executable file mapping), `flag` (--startup) or `none` (a
-    /// running process: all steady state).
-    pub how: &'static str,
+    pub how: StartupHow,
+}
+
+/// Where the start-up window's end came from (in JSON: `detected`, `flag`, `none`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StartupHow {
+    /// The last executable file mapping.
+    Detected,
+    /// --startup SECS.
+    Flag,
+    /// A running process: all steady state.
+    None,
 }
 
 /// One phase's faults: counts as the kernel classes them, and the time spent in them.
@@ -156,7 +166,10 @@ pub fn build(run: &Run, startup_flag: Option<f64>) -> Result<Table> {
             .map_or(run.session_window.start_ns, |i| i.window.start_ns)
     });
     let startup = match (startup_flag, run.launched, run.samples.last_exec_mapping_ns) {
-        (Some(secs), _, _) => Startup { secs, how: "flag" },
+        (Some(secs), _, _) => Startup {
+            secs,
+            how: StartupHow::Flag,
+        },
         (None, true, Some(last)) => {
             // Up to the end of the interval the last executable mapping appeared in.
             let end = run
@@ -167,12 +180,12 @@ pub fn build(run: &Run, startup_flag: Option<f64>) -> Result<Table> {
                 .unwrap_or(last);
             Startup {
                 secs: end.saturating_sub(t0) as f64 / 1e9,
-                how: "detected",
+                how: StartupHow::Detected,
             }
         }
         _ => Startup {
             secs: 0.0,
-            how: "none",
+            how: StartupHow::None,
         },
     };
     let boundary = t0 + (startup.secs * 1e9) as u64;

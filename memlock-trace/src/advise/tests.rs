@@ -2,9 +2,9 @@
 //! keeps it from being drawn.
 
 use super::{
-    rules::{ApplyStep, Verdict, advise},
+    rules::{ApplyStep, Kind, Verdict, advise},
     sample::MemlockLimit,
-    table::{MappingFigures, Phase, Startup, Table},
+    table::{MappingFigures, Phase, Startup, StartupHow, Table},
 };
 
 const MIB: u64 = 1 << 20;
@@ -41,7 +41,7 @@ fn table(mappings: Vec<MappingFigures>, limit: u64, cap: bool) -> Table {
         wall_ns: None,
         startup: Startup {
             secs: 0.2,
-            how: "detected",
+            how: StartupHow::Detected,
         },
         during_startup: Phase::default(),
         after_startup: Phase::default(),
@@ -75,7 +75,7 @@ fn a_table_faulting_after_start_up_is_locked_within_the_limit() {
         true,
     );
     let advice = advise(&t);
-    assert_eq!(advice[0].kind, "lock", "{advice:?}");
+    assert_eq!(advice[0].kind, Kind::Lock, "{advice:?}");
     assert_eq!(advice[0].pinned_bytes, 64 * MIB);
     assert_eq!(advice[0].faults_removed, 16384);
     assert_eq!(
@@ -92,8 +92,8 @@ fn over_the_limit_it_is_populated_and_the_limit_named() {
         false,
     );
     let advice = advise(&t);
-    assert_eq!(advice[0].kind, "populate", "{advice:?}");
-    let refused = advice.iter().find(|a| a.kind == "over-limit").unwrap();
+    assert_eq!(advice[0].kind, Kind::Populate, "{advice:?}");
+    let refused = advice.iter().find(|a| a.kind == Kind::OverLimit).unwrap();
     assert_eq!(refused.verdict, Verdict::DoNot);
     assert!(
         refused
@@ -111,7 +111,7 @@ fn memory_faulted_many_times_its_size_gets_the_allocator_setting_not_a_lock() {
     m.lifetimes = 5;
     let advice = advise(&table(vec![m.clone()], 8 * MIB, true));
     assert_eq!(advice.len(), 1, "{advice:?}");
-    assert_eq!(advice[0].kind, "allocator");
+    assert_eq!(advice[0].kind, Kind::Allocator);
     assert_eq!(
         advice[0].apply,
         Some(ApplyStep::Tunable(
@@ -138,7 +138,7 @@ fn start_up_only_memory_is_not_to_be_locked_and_few_faults_are_no_advice() {
     );
     let advice = advise(&t);
     assert_eq!(advice.len(), 1, "{advice:?}");
-    assert_eq!(advice[0].kind, "touched-once");
+    assert_eq!(advice[0].kind, Kind::TouchedOnce);
     assert_eq!(advice[0].verdict, Verdict::DoNot);
 }
 
@@ -147,14 +147,14 @@ fn the_heap_is_advised_but_not_applied_and_threads_get_the_stack_warning() {
     let mut t = table(vec![mapping("[heap]", 16 * MIB, 0, 4096)], 64 * MIB, false);
     t.threads_max = 8;
     let advice = advise(&t);
-    assert_eq!(advice[0].kind, "lock");
+    assert_eq!(advice[0].kind, Kind::Lock);
     assert_eq!(advice[0].apply, None);
     assert!(
         advice[0].how.contains("--apply cannot"),
         "{}",
         advice[0].how
     );
-    assert!(advice.iter().any(|a| a.kind == "thread-stacks"));
+    assert!(advice.iter().any(|a| a.kind == Kind::ThreadStacks));
 }
 
 #[test]
@@ -178,7 +178,10 @@ fn stacks_short_lived_threads_ran_on_are_never_locked_and_counted_in_the_warning
         advice.iter().all(|a| a.verdict != Verdict::Do),
         "{advice:?}"
     );
-    let warning = advice.iter().find(|a| a.kind == "thread-stacks").unwrap();
+    let warning = advice
+        .iter()
+        .find(|a| a.kind == Kind::ThreadStacks)
+        .unwrap();
     assert_eq!(
         warning.what,
         "8 thread stacks seen faulting (threads came and went between the samples, which saw \
@@ -197,7 +200,10 @@ fn mappings_over_the_limit_are_one_do_not_naming_the_limit_all_need() {
         false,
     );
     let advice = advise(&t);
-    let refused: Vec<_> = advice.iter().filter(|a| a.kind == "over-limit").collect();
+    let refused: Vec<_> = advice
+        .iter()
+        .filter(|a| a.kind == Kind::OverLimit)
+        .collect();
     assert_eq!(refused.len(), 1, "{advice:?}");
     assert!(
         refused[0].what.starts_with("2 mappings"),
@@ -331,7 +337,7 @@ fn a_mapping_malloc_made_is_applied_by_its_blocks_sizes_one_rule_each() {
     let done: Vec<_> = advice.iter().filter(|a| a.verdict == Verdict::Do).collect();
     assert_eq!(done.len(), 2, "{advice:?}");
     for a in &done {
-        assert_eq!(a.kind, "populate", "over 8 MiB: {a:?}");
+        assert_eq!(a.kind, Kind::Populate, "over 8 MiB: {a:?}");
         assert_eq!(
             a.apply,
             Some(ApplyStep::Preload("populate:alloc:1048576".into())),
@@ -388,7 +394,7 @@ fn past_the_memory_cgroup_s_room_nothing_is_locked_nor_populated() {
         !advice.iter().any(|a| a.verdict == Verdict::Do),
         "nothing ranked: {advice:?}"
     );
-    let refused = advice.iter().find(|a| a.kind == "over-cgroup").unwrap();
+    let refused = advice.iter().find(|a| a.kind == Kind::OverCgroup).unwrap();
     assert_eq!(refused.verdict, Verdict::DoNot);
     assert!(
         refused.how.contains(
@@ -401,8 +407,14 @@ fn past_the_memory_cgroup_s_room_nothing_is_locked_nor_populated() {
     // Without CAP_IPC_LOCK and over RLIMIT_MEMLOCK: populating charges as much, refused too.
     t.cap_ipc_lock = Some(false);
     let advice = advise(&t);
-    assert!(!advice.iter().any(|a| a.kind == "populate"), "{advice:?}");
-    assert!(advice.iter().any(|a| a.kind == "over-cgroup"), "{advice:?}");
+    assert!(
+        !advice.iter().any(|a| a.kind == Kind::Populate),
+        "{advice:?}"
+    );
+    assert!(
+        advice.iter().any(|a| a.kind == Kind::OverCgroup),
+        "{advice:?}"
+    );
 }
 
 #[test]
@@ -412,7 +424,7 @@ fn within_the_memory_cgroup_s_room_the_lock_says_what_it_charges() {
     let mut t = table(vec![m.clone()], 8 * MIB, true);
     in_cgroup(&mut t, 1024, 80);
     let advice = advise(&t);
-    assert_eq!(advice[0].kind, "lock", "{advice:?}");
+    assert_eq!(advice[0].kind, Kind::Lock, "{advice:?}");
     assert!(
         advice[0]
             .how
@@ -428,8 +440,8 @@ fn within_the_memory_cgroup_s_room_the_lock_says_what_it_charges() {
     let mut t = table(vec![t.mappings[0].clone(), second], 8 * MIB, true);
     in_cgroup(&mut t, 400, 80);
     let advice = advise(&t);
-    let kinds: Vec<&str> = advice.iter().map(|a| a.kind).collect();
-    assert_eq!(kinds, ["lock", "over-cgroup"], "{advice:?}");
+    let kinds: Vec<Kind> = advice.iter().map(|a| a.kind).collect();
+    assert_eq!(kinds, [Kind::Lock, Kind::OverCgroup], "{advice:?}");
 }
 
 /// Issue 44, item 4: a table whose pages went to swap and came back is advised locked as
@@ -465,7 +477,7 @@ fn a_swapped_table_is_locked_against_swap_ins_and_weighed_against_the_cgroup() {
         }],
     });
     let advice = advise(&t);
-    assert_eq!(advice[0].kind, "swap-ins", "{advice:?}");
+    assert_eq!(advice[0].kind, Kind::SwapIns, "{advice:?}");
     assert_eq!(advice[0].verdict, Verdict::Do);
     assert!(
         advice[0].what.contains("12,288 of them swap-ins"),
@@ -484,19 +496,19 @@ fn a_swapped_table_is_locked_against_swap_ins_and_weighed_against_the_cgroup() {
         advice[0].how
     );
     assert!(
-        !advice.iter().any(|a| a.kind == "major-faults"),
+        !advice.iter().any(|a| a.kind == Kind::MajorFaults),
         "{advice:?}"
     );
     // No swap to take the rest: locking would OOM-kill.
     t.swap_room_bytes = Some(MIB);
     let advice = advise(&t);
-    assert_eq!(advice[0].kind, "over-cgroup", "{advice:?}");
+    assert_eq!(advice[0].kind, Kind::OverCgroup, "{advice:?}");
     assert_eq!(advice[0].verdict, Verdict::DoNot);
     assert!(advice[0].how.contains("OOM-kills"), "{}", advice[0].how);
     // Never on swap: its majors are a file's reads, and locking cannot help.
     t.mappings[0].swap_bytes = Some(0);
     let advice = advise(&t);
-    let majors = advice.iter().find(|a| a.kind == "major-faults").unwrap();
+    let majors = advice.iter().find(|a| a.kind == Kind::MajorFaults).unwrap();
     assert!(
         majors.what.contains("pages read from a file"),
         "{}",
