@@ -34,6 +34,15 @@ fn tail(s: &str, n: usize) -> String {
     s.chars().skip(skip).collect()
 }
 
+/// `text` wrapped to the terminal's width after `first`, its other lines indented by
+/// `indent`, each line ended.
+fn push_wrapped(out: &mut String, first: &str, text: &str, indent: usize) {
+    for l in wrap(first, text, COLUMNS, indent) {
+        out.push_str(&l);
+        out.push('\n');
+    }
+}
+
 fn phase_line(label: &str, p: &Phase) -> String {
     format!(
         "faults {label}: {} ({} minor, {} major; {} taken by the program's code, {} populated \
@@ -50,12 +59,7 @@ fn phase_line(label: &str, p: &Phase) -> String {
 /// The report of one run and its advice.
 pub fn text(t: &Table, advice: &[Advice]) -> String {
     let mut out = String::new();
-    let mut line = |s: String| {
-        for l in wrap("", &s, COLUMNS, 4) {
-            out.push_str(&l);
-            out.push('\n');
-        }
-    };
+    let mut line = |s: String| push_wrapped(&mut out, "", &s, 4);
     line(if t.launched {
         format!(
             "advise: {} (pid {}, {}), traced {:.2} s, exit status {}",
@@ -202,12 +206,7 @@ fn mapping_table(out: &mut String, t: &Table) {
 }
 
 fn advice_text(out: &mut String, t: &Table, advice: &[Advice]) {
-    let mut push = |first: &str, text: &str| {
-        for l in wrap(first, text, COLUMNS, 6) {
-            out.push_str(&l);
-            out.push('\n');
-        }
-    };
+    let mut push = |first: &str, text: &str| push_wrapped(out, first, text, 6);
     let ranked: Vec<&Advice> = advice.iter().filter(|a| a.verdict == Verdict::Do).collect();
     let refused = advice
         .iter()
@@ -327,15 +326,12 @@ pub fn apply_text(t: &Table, advice: &[Advice], c: &Comparison) -> String {
         .iter()
         .map(|(k, v)| format!("{k}={}", shown(v)))
         .collect();
-    for l in wrap(
+    push_wrapped(
+        &mut out,
         "--apply: the command run again with",
         &env.join(" "),
-        COLUMNS,
         4,
-    ) {
-        out.push_str(&l);
-        out.push('\n');
-    }
+    );
     side_by_side(&mut out, &c.before, after);
     if !c.mappings.is_empty() {
         let _ = writeln!(out, "faults after start-up per mapping:");
@@ -357,24 +353,18 @@ pub fn apply_text(t: &Table, advice: &[Advice], c: &Comparison) -> String {
         }
     }
     if after.after_startup.populated > 0 && !after.populated_timed {
-        for l in wrap(
+        push_wrapped(
+            &mut out,
             "",
             "(this hook set counts the faults the kernel populated but does not time them: \
              their cost is in the call that populated them, mmap, mlock2 or madvise)",
-            COLUMNS,
             1,
-        ) {
-            out.push_str(&l);
-            out.push('\n');
-        }
+        );
     }
     for l in &c.preload_log {
         let _ = writeln!(out, "preload library: {}", shown(l));
     }
-    for l in wrap("verdict:", &c.verdict, COLUMNS, 4) {
-        out.push_str(&l);
-        out.push('\n');
-    }
+    push_wrapped(&mut out, "verdict:", &c.verdict, 4);
     out
 }
 
