@@ -230,6 +230,8 @@ fn per_fault(p: &Phase) -> String {
     crate::output::duration(p.user_fault_ns / p.user.max(1))
 }
 
+/// The two runs compared; `after` and `plan`: the second run and what it changed (None
+/// when no advice could be applied).
 pub fn compare(
     before: &Table,
     after: Option<&Table>,
@@ -237,23 +239,44 @@ pub fn compare(
     advice: &[Advice],
 ) -> Comparison {
     let (Some(after), Some(plan)) = (after, plan) else {
-        let reasons = advice.iter().filter(|a| a.verdict == Verdict::Do).count();
-        return Comparison {
-            environment: Vec::new(),
-            before: Side::of(before),
-            after: None,
-            mappings: Vec::new(),
-            preload_log: Vec::new(),
-            helped: None,
-            verdict: if reasons == 0 {
-                "nothing to apply: no advice to lock, populate or change the allocator".into()
-            } else {
-                "nothing to apply: none of the advice can be carried out from outside the \
-                 program (see each one's note)"
-                    .into()
-            },
-        };
+        return nothing_applied(before, advice);
     };
+    let (b, a) = (&before.after_startup, &after.after_startup);
+    let helped = (a.user as f64) < HELPED_BELOW * b.user as f64;
+    Comparison {
+        environment: plan.env.vars.clone(),
+        before: Side::of(before),
+        after: Some(Side::of(after)),
+        mappings: pair_mappings(before, after),
+        preload_log: after.preload_log.clone(),
+        helped: Some(helped),
+        verdict: verdict(before, after, plan, helped),
+    }
+}
+
+/// The comparison when there was no second run: why not.
+fn nothing_applied(before: &Table, advice: &[Advice]) -> Comparison {
+    let reasons = advice.iter().filter(|a| a.verdict == Verdict::Do).count();
+    Comparison {
+        environment: Vec::new(),
+        before: Side::of(before),
+        after: None,
+        mappings: Vec::new(),
+        preload_log: Vec::new(),
+        helped: None,
+        verdict: if reasons == 0 {
+            "nothing to apply: no advice to lock, populate or change the allocator".into()
+        } else {
+            "nothing to apply: none of the advice can be carried out from outside the \
+             program (see each one's note)"
+                .into()
+        },
+    }
+}
+
+/// The mappings either run listed first (by fault time after start-up), each with both runs'
+/// figures.
+fn pair_mappings(before: &Table, after: &Table) -> Vec<MappingPair> {
     let mut mappings: Vec<MappingPair> = Vec::new();
     for (t, is_before) in [(before, true), (after, false)] {
         for m in t.mappings.iter().take(MAPPING_ROWS) {
@@ -284,8 +307,13 @@ pub fn compare(
         p.before = p.before.or_else(|| find(before));
         p.after = p.after.or_else(|| find(after));
     }
+    mappings
+}
+
+/// The verdict in words: whether the advice helped (the faults the program's code took
+/// after start-up), and what else changed between the runs.
+fn verdict(before: &Table, after: &Table, plan: &Plan, helped: bool) -> String {
     let (b, a) = (&before.after_startup, &after.after_startup);
-    let helped = (a.user as f64) < HELPED_BELOW * b.user as f64;
     let change = |x: u64, y: u64| {
         if x == 0 {
             String::new()
@@ -347,13 +375,5 @@ pub fn compare(
              before the library loaded)",
         );
     }
-    Comparison {
-        environment: plan.env.vars.clone(),
-        before: Side::of(before),
-        after: Some(Side::of(after)),
-        mappings,
-        preload_log: after.preload_log.clone(),
-        helped: Some(helped),
-        verdict,
-    }
+    verdict
 }

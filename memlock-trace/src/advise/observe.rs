@@ -11,7 +11,7 @@ use std::{
     process::{Command, Stdio},
 };
 
-use anyhow::{Context as _, Result, anyhow, bail};
+use anyhow::{Context as _, Result, anyhow};
 use serde::{Deserialize, Serialize};
 
 use super::sample::{Pid, Sampler, Samples};
@@ -102,10 +102,18 @@ pub struct Window {
     pub end_ns: u64,
 }
 
+/// The tracer's lines advise reads (`"type"`).
+#[derive(Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum LineKind {
+    Interval,
+    Summary,
+}
+
 #[derive(Deserialize)]
 struct Line {
     #[serde(rename = "type")]
-    kind: String,
+    kind: LineKind,
     window: Window,
     processes: Vec<Process>,
     #[serde(default)]
@@ -178,49 +186,8 @@ fn shell_words<'a>(words: impl IntoIterator<Item = &'a [u8]> + Clone) -> Vec<u8>
 pub fn run(target: &Target, env: &Environment, latency_sample: u32, stacks: bool) -> Result<Run> {
     let exe = std::env::current_exe().context("finding memlock-trace's own binary")?;
     let lines = temp_path("lines")?;
-    let mut tracer = Command::new(&exe);
-    tracer.args([
-        "--json",
-        "-q",
-        "-i",
-        INTERVAL_SECS,
-        "--top-mappings",
-        ALL_MAPPINGS,
-    ]);
-    tracer.args(["--latency-sample", &latency_sample.to_string()]);
-    if stacks {
-        tracer.arg("--stacks");
-    }
-    tracer.arg("-o").arg(&lines);
-    let (described, traced) = match target {
-        Target::Pid { pid, secs } => {
-            tracer.args(["-p", &pid.to_string(), "-d", &secs.to_string()]);
-            let traced = format!("-p {pid} -d {secs}").into_bytes();
-            (Outside::from(format!("pid {pid}")), traced)
-        }
-        Target::Command(argv) => {
-            tracer.arg("--");
-            if !env.vars.is_empty() {
-                tracer.arg("env");
-                tracer.args(env.vars.iter().map(|(k, v)| format!("{k}={v}")));
-            }
-            tracer.args(argv);
-            let env_words: Vec<Vec<u8>> = (!env.vars.is_empty())
-                .then(|| b"env".to_vec())
-                .into_iter()
-                .chain(
-                    env.vars
-                        .iter()
-                        .map(|(k, v)| format!("{k}={v}").into_bytes()),
-                )
-                .collect();
-            let argv_words = argv.iter().map(|a| a.as_bytes());
-            let command = shell_words(argv_words.clone());
-            let quoted = [&b"`"[..], &command, b"`"].concat();
-            let traced = shell_words(env_words.iter().map(Vec::as_slice).chain(argv_words));
-            (Outside::from(quoted), [&b"-- "[..], &traced].concat())
-        }
-    };
+    let mut tracer = tracer_command(&exe, &lines, target, env, latency_sample, stacks);
+    let (described, traced) = describe(target, env);
     let flamegraph_command = stacks.then(|| {
         Outside::from(
             [
@@ -256,53 +223,15 @@ pub fn run(target: &Target, env: &Environment, latency_sample: u32, stacks: bool
     let text = std::fs::read(&lines);
     let _ = std::fs::remove_file(&lines);
     let code = status.code().unwrap_or(i32::from(exit::FAILURE));
-    let text = text.unwrap_or_default();
-    // Interval and summary lines; the VMA family's own lines are not read here.
-    let parsed: Vec<Line> = text
-        .as_slice()
-        .lines()
-        .map_while(Result::ok)
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| serde_json::from_str::<serde_json::Value>(&l))
-        .filter(|v| {
-            v.as_ref().map_or(true, |v| {
-                matches!(v["type"].as_str(), Some("interval" | "summary"))
-            })
-        })
-        .map(|v| v.and_then(serde_json::from_value))
-        .collect::<Result<_, _>>()
-        .context("reading the tracer's JSON lines")?;
-    let Some(summary) = parsed.iter().find(|l| l.kind == "summary") else {
-        // The command could not run: its exit code, as the tracer's (126, 127).
-        if let Ok(code) = u8::try_from(code)
-            && [exit::NOT_EXECUTABLE, exit::NOT_FOUND].contains(&code)
-        {
-            return Err(CommandError {
-                code,
-                message: "the command could not be run (see the error above)".into(),
-            }
-            .into());
-        }
-        bail!(
-            "the traced run ended without a summary (tracer exit status {code}): see its error \
-             above"
-        );
+    let parsed = parse_lines(&text.unwrap_or_default())?;
+    let Some(summary) = parsed.iter().find(|l| l.kind == LineKind::Summary) else {
+        return Err(no_summary(code));
     };
-    let pid = match (target, sampled_pid) {
-        (Target::Pid { pid, .. }, _) => *pid,
-        (Target::Command(_), Some(pid)) => pid,
-        // Exited before the first sample: the process with the most faults.
-        (Target::Command(_), None) => summary
-            .processes
-            .iter()
-            .max_by_key(|p| p.faults.as_ref().map_or(0, |f| f.minor + f.major))
-            .map(|p| p.pid)
-            .ok_or_else(|| anyhow!("the traced run saw no process fault"))?,
-    };
+    let pid = target_pid(target, sampled_pid, summary)?;
     let ours = summary.processes.iter().find(|p| p.pid == pid);
     let intervals = parsed
         .iter()
-        .filter(|l| l.kind == "interval")
+        .filter(|l| l.kind == LineKind::Interval)
         .map(|l| Interval {
             window: l.window,
             faults: l
@@ -313,32 +242,9 @@ pub fn run(target: &Target, env: &Environment, latency_sample: u32, stacks: bool
                 .unwrap_or_default(),
         })
         .collect();
-    let lost = summary.dropped_events
-        + summary.fault_health.as_ref().map_or(0, |h| {
-            ["stats_evicted", "regions_evicted", "update_failed"]
-                .iter()
-                .filter_map(|k| h[k].as_u64())
-                .sum()
-        });
-    let preload_log = match &env.preload_log {
-        Some(path) => {
-            let log = std::fs::read_to_string(path).unwrap_or_default();
-            let _ = std::fs::remove_file(path);
-            log.lines().map(str::to_string).collect()
-        }
-        None => Vec::new(),
-    };
+    let started_ns = started_ns(target, &samples);
     // The summary is made as soon as the command has exited: its end is the command's.
-    let ended_ns = summary.window.end_ns;
-    // The launched process's start in CLOCK_REALTIME: now minus its age.
-    let started_ns = match (target, samples.start_boot_ns) {
-        (Target::Command(_), Some(start)) => crate::procfs::boot_time_ns()
-            .ok()
-            .and_then(|now| now.checked_sub(start))
-            .and_then(|age| WallClock::now_ns().checked_sub(age)),
-        _ => None,
-    };
-    let wall_ns = started_ns.and_then(|started| ended_ns.checked_sub(started));
+    let wall_ns = started_ns.and_then(|started| summary.window.end_ns.checked_sub(started));
     Ok(Run {
         flamegraph_command,
         pid,
@@ -364,14 +270,164 @@ pub fn run(target: &Target, env: &Environment, latency_sample: u32, stacks: bool
                 (p.pid, p.comm.clone(), faults)
             })
             .collect(),
-        lost,
-        preload_log,
+        lost: lost(summary),
+        preload_log: preload_log(env),
         wall_ns,
         started_ns,
         locked_by_calls: ours.map_or(0, |p| {
             p.syscalls.values().map(|c| c.pages_locked).sum::<u64>() * crate::procfs::PAGE_SIZE
         }),
     })
+}
+
+/// This binary as the tracer of `target`, its JSON lines into `lines`; a command runs
+/// under `env(1)` with the variables of `env`.
+fn tracer_command(
+    exe: &std::path::Path,
+    lines: &std::path::Path,
+    target: &Target,
+    env: &Environment,
+    latency_sample: u32,
+    stacks: bool,
+) -> Command {
+    let mut tracer = Command::new(exe);
+    tracer.args([
+        "--json",
+        "-q",
+        "-i",
+        INTERVAL_SECS,
+        "--top-mappings",
+        ALL_MAPPINGS,
+    ]);
+    tracer.args(["--latency-sample", &latency_sample.to_string()]);
+    if stacks {
+        tracer.arg("--stacks");
+    }
+    tracer.arg("-o").arg(lines);
+    match target {
+        Target::Pid { pid, secs } => {
+            tracer.args(["-p", &pid.to_string(), "-d", &secs.to_string()]);
+        }
+        Target::Command(argv) => {
+            tracer.arg("--");
+            if !env.vars.is_empty() {
+                tracer.arg("env");
+                tracer.args(env.vars.iter().map(|(k, v)| format!("{k}={v}")));
+            }
+            tracer.args(argv);
+        }
+    }
+    tracer
+}
+
+/// The target in words for the report (`pid N`, or the command quoted), and the tracer's
+/// arguments that trace it again (for the flame graph's command).
+fn describe(target: &Target, env: &Environment) -> (Outside, Vec<u8>) {
+    match target {
+        Target::Pid { pid, secs } => {
+            let traced = format!("-p {pid} -d {secs}").into_bytes();
+            (Outside::from(format!("pid {pid}")), traced)
+        }
+        Target::Command(argv) => {
+            let env_words: Vec<Vec<u8>> = (!env.vars.is_empty())
+                .then(|| b"env".to_vec())
+                .into_iter()
+                .chain(
+                    env.vars
+                        .iter()
+                        .map(|(k, v)| format!("{k}={v}").into_bytes()),
+                )
+                .collect();
+            let argv_words = argv.iter().map(|a| a.as_bytes());
+            let command = shell_words(argv_words.clone());
+            let quoted = [&b"`"[..], &command, b"`"].concat();
+            let traced = shell_words(env_words.iter().map(Vec::as_slice).chain(argv_words));
+            (Outside::from(quoted), [&b"-- "[..], &traced].concat())
+        }
+    }
+}
+
+/// The tracer's interval and summary lines; the VMA family's own lines are not read here.
+fn parse_lines(text: &[u8]) -> Result<Vec<Line>> {
+    text.lines()
+        .map_while(Result::ok)
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str::<serde_json::Value>(&l))
+        .filter(|v| {
+            v.as_ref().map_or(true, |v| {
+                matches!(v["type"].as_str(), Some("interval" | "summary"))
+            })
+        })
+        .map(|v| v.and_then(serde_json::from_value))
+        .collect::<Result<_, _>>()
+        .context("reading the tracer's JSON lines")
+}
+
+/// The error of a traced run without a summary: the command could not run (its exit code,
+/// as the tracer's: 126, 127), or the tracer failed.
+fn no_summary(code: i32) -> anyhow::Error {
+    if let Ok(code) = u8::try_from(code)
+        && [exit::NOT_EXECUTABLE, exit::NOT_FOUND].contains(&code)
+    {
+        return CommandError {
+            code,
+            message: "the command could not be run (see the error above)".into(),
+        }
+        .into();
+    }
+    anyhow!(
+        "the traced run ended without a summary (tracer exit status {code}): see its error \
+         above"
+    )
+}
+
+/// The process advised on: the one given, or the launched command as the sampler found it.
+fn target_pid(target: &Target, sampled_pid: Option<u32>, summary: &Line) -> Result<u32> {
+    Ok(match (target, sampled_pid) {
+        (Target::Pid { pid, .. }, _) => *pid,
+        (Target::Command(_), Some(pid)) => pid,
+        // Exited before the first sample: the process with the most faults.
+        (Target::Command(_), None) => summary
+            .processes
+            .iter()
+            .max_by_key(|p| p.faults.as_ref().map_or(0, |f| f.minor + f.major))
+            .map(|p| p.pid)
+            .ok_or_else(|| anyhow!("the traced run saw no process fault"))?,
+    })
+}
+
+/// Fault records and maps the tracer lost.
+fn lost(summary: &Line) -> u64 {
+    summary.dropped_events
+        + summary.fault_health.as_ref().map_or(0, |h| {
+            ["stats_evicted", "regions_evicted", "update_failed"]
+                .iter()
+                .filter_map(|k| h[k].as_u64())
+                .sum()
+        })
+}
+
+/// The preload library's log lines (the log removed once read).
+fn preload_log(env: &Environment) -> Vec<String> {
+    match &env.preload_log {
+        Some(path) => {
+            let log = std::fs::read_to_string(path).unwrap_or_default();
+            let _ = std::fs::remove_file(path);
+            log.lines().map(str::to_string).collect()
+        }
+        None => Vec::new(),
+    }
+}
+
+/// The launched process's start in CLOCK_REALTIME: now minus its age.
+fn started_ns(target: &Target, samples: &Samples) -> Option<u64> {
+    match (target, samples.start_boot_ns) {
+        (Target::Command(_), Some(start)) => crate::procfs::boot_time_ns()
+            .ok()
+            .and_then(|now| now.checked_sub(start))
+            .and_then(|age| WallClock::now_ns().checked_sub(age)),
+        _ => None,
+    }
 }
 
 /// A file only we can read, in the temporary directory.

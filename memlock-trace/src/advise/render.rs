@@ -5,9 +5,9 @@ use std::fmt::Write as _;
 
 use super::{
     apply::{Comparison, Side},
-    rules::{Advice, Verdict},
+    rules::{Advice, Kind, Verdict},
     sample::MemlockLimit,
-    table::{Phase, Table},
+    table::{Phase, StartupHow, Table},
     units::{count, ms},
 };
 use crate::{
@@ -34,6 +34,15 @@ fn tail(s: &str, n: usize) -> String {
     s.chars().skip(skip).collect()
 }
 
+/// `text` wrapped to the terminal's width after `first`, its other lines indented by
+/// `indent`, each line ended.
+fn push_wrapped(out: &mut String, first: &str, text: &str, indent: usize) {
+    for l in wrap(first, text, COLUMNS, indent) {
+        out.push_str(&l);
+        out.push('\n');
+    }
+}
+
 fn phase_line(label: &str, p: &Phase) -> String {
     format!(
         "faults {label}: {} ({} minor, {} major; {} taken by the program's code, {} populated \
@@ -50,12 +59,7 @@ fn phase_line(label: &str, p: &Phase) -> String {
 /// The report of one run and its advice.
 pub fn text(t: &Table, advice: &[Advice]) -> String {
     let mut out = String::new();
-    let mut line = |s: String| {
-        for l in wrap("", &s, COLUMNS, 4) {
-            out.push_str(&l);
-            out.push('\n');
-        }
-    };
+    let mut line = |s: String| push_wrapped(&mut out, "", &s, 4);
     line(if t.launched {
         format!(
             "advise: {} (pid {}, {}), traced {:.2} s, exit status {}",
@@ -74,15 +78,17 @@ pub fn text(t: &Table, advice: &[Advice]) -> String {
         )
     });
     line(match t.startup.how {
-        "detected" => format!(
+        StartupHow::Detected => format!(
             "start-up: the first {:.2} s (detected: until the last executable file was \
              mapped; --startup SECS sets it)",
             t.startup.secs
         ),
-        "flag" => format!("start-up: the first {:.2} s (--startup)", t.startup.secs),
-        _ => "start-up: not seen (a running process): every fault counts as steady state; \
+        StartupHow::Flag => format!("start-up: the first {:.2} s (--startup)", t.startup.secs),
+        StartupHow::None => {
+            "start-up: not seen (a running process): every fault counts as steady state; \
               --startup SECS sets a window"
-            .to_string(),
+                .to_string()
+        }
     });
     line(phase_line("during start-up", &t.during_startup));
     line(phase_line("after start-up", &t.after_startup));
@@ -200,16 +206,11 @@ fn mapping_table(out: &mut String, t: &Table) {
 }
 
 fn advice_text(out: &mut String, t: &Table, advice: &[Advice]) {
-    let mut push = |first: &str, text: &str| {
-        for l in wrap(first, text, COLUMNS, 6) {
-            out.push_str(&l);
-            out.push('\n');
-        }
-    };
+    let mut push = |first: &str, text: &str| push_wrapped(out, first, text, 6);
     let ranked: Vec<&Advice> = advice.iter().filter(|a| a.verdict == Verdict::Do).collect();
     let refused = advice
         .iter()
-        .any(|a| matches!(a.kind, "over-cgroup" | "over-memory"));
+        .any(|a| matches!(a.kind, Kind::OverCgroup | Kind::OverMemory));
     if ranked.is_empty() && refused {
         push(
             "",
@@ -325,15 +326,12 @@ pub fn apply_text(t: &Table, advice: &[Advice], c: &Comparison) -> String {
         .iter()
         .map(|(k, v)| format!("{k}={}", shown(v)))
         .collect();
-    for l in wrap(
+    push_wrapped(
+        &mut out,
         "--apply: the command run again with",
         &env.join(" "),
-        COLUMNS,
         4,
-    ) {
-        out.push_str(&l);
-        out.push('\n');
-    }
+    );
     side_by_side(&mut out, &c.before, after);
     if !c.mappings.is_empty() {
         let _ = writeln!(out, "faults after start-up per mapping:");
@@ -355,24 +353,18 @@ pub fn apply_text(t: &Table, advice: &[Advice], c: &Comparison) -> String {
         }
     }
     if after.after_startup.populated > 0 && !after.populated_timed {
-        for l in wrap(
+        push_wrapped(
+            &mut out,
             "",
             "(this hook set counts the faults the kernel populated but does not time them: \
              their cost is in the call that populated them, mmap, mlock2 or madvise)",
-            COLUMNS,
             1,
-        ) {
-            out.push_str(&l);
-            out.push('\n');
-        }
+        );
     }
     for l in &c.preload_log {
         let _ = writeln!(out, "preload library: {}", shown(l));
     }
-    for l in wrap("verdict:", &c.verdict, COLUMNS, 4) {
-        out.push_str(&l);
-        out.push('\n');
-    }
+    push_wrapped(&mut out, "verdict:", &c.verdict, 4);
     out
 }
 

@@ -129,31 +129,13 @@ impl Sampler {
 fn sample_until(pid_source: Pid, stop: &AtomicBool, found: &AtomicU32) -> Samples {
     let lockonfault = procfs::smaps_shows_lockonfault(&probe::kernel_release());
     let mut samples = Samples::default();
-    let mut index: BTreeMap<(u64, u64, Outside), usize> = BTreeMap::new();
-    let mut present: BTreeSet<(u64, u64, Outside)> = BTreeSet::new();
-    // The launched command is forked from the tracer, this same binary: until it execs,
-    // its mappings are the tracer's. Its command line tells the two apart when the command
-    // is this binary too (the suite's advice on its own workloads).
-    let tracer = std::env::current_exe().ok();
-    let tracer_cmdline = match pid_source {
-        Pid::ChildOf(parent) => std::fs::read(format!("/proc/{parent}/cmdline")).ok(),
-        Pid::Known(_) => None,
-    };
+    let mut mappings = Mappings::default();
+    let launcher = Launcher::of(pid_source);
     while !stop.load(Ordering::Relaxed) {
         std::thread::sleep(EVERY);
-        let pid = match pid_source {
-            Pid::Known(p) => p,
-            Pid::ChildOf(parent) => match first_child(parent) {
-                Some(p) => p,
-                None => continue,
-            },
-        };
-        if matches!(pid_source, Pid::ChildOf(_))
-            && std::fs::read_link(format!("/proc/{pid}/exe")).ok() == tracer
-            && std::fs::read(format!("/proc/{pid}/cmdline")).ok() == tracer_cmdline
-        {
+        let Some(pid) = launcher.target(pid_source) else {
             continue;
-        }
+        };
         found.store(pid, Ordering::Relaxed);
         let Ok(entries) = procfs::read_smaps(&format!("/proc/{pid}/smaps"), lockonfault) else {
             continue;
@@ -168,46 +150,108 @@ fn sample_until(pid_source: Pid, stop: &AtomicBool, found: &AtomicU32) -> Sample
             samples.start_boot_ns = Some(start);
         }
         if let Some(status) = read(&format!("/proc/{pid}/status")) {
-            let field = |k: &str| {
-                status
-                    .lines()
-                    .find_map(|l| l.strip_prefix(k))
-                    .map(str::trim)
-            };
-            if let Some(t) = field("Threads:").and_then(|t| t.parse().ok()) {
-                samples.threads_max = samples.threads_max.max(t);
-            }
-            if let Some(caps) = field("CapEff:").and_then(|c| u64::from_str_radix(c, 16).ok()) {
-                samples.cap_ipc_lock = Some(caps & (1 << CAP_IPC_LOCK) != 0);
-            }
-            let kb = |k: &str| {
-                field(k)
-                    .and_then(|v| v.trim_end_matches("kB").trim().parse::<u64>().ok())
-                    .map(|kb| kb * 1024)
-            };
-            if let (Some(rss), Some(swap)) = (kb("VmRSS:"), kb("VmSwap:")) {
-                samples.swap_max_bytes = samples.swap_max_bytes.max(swap);
-                samples.footprint_max_bytes = samples.footprint_max_bytes.max(rss + swap);
-                if let Some(free) = meminfo_bytes("SwapFree:") {
-                    let room = free + swap;
-                    samples.swap_room_bytes =
-                        Some(samples.swap_room_bytes.map_or(room, |r| r.min(room)));
-                }
-            }
+            samples.note_status(&status);
         }
         if let Some(limit) = read(&format!("/proc/{pid}/limits")).and_then(|l| memlock_limit(&l)) {
             samples.memlock_limit = Some(limit);
         }
         if let Some(cgroup) = memory_cgroup::of_process(pid) {
-            let room = |c: &MemoryCgroup| c.binding().map_or(u64::MAX, |l| l.headroom());
-            if samples
-                .memory_cgroup
-                .as_ref()
-                .is_none_or(|seen| room(&cgroup) <= room(seen))
-            {
-                samples.memory_cgroup = Some(cgroup);
+            samples.note_cgroup(cgroup);
+        }
+        mappings.note(&mut samples, &entries, now);
+    }
+    samples
+}
+
+/// What tells the launched command from the tracer it is forked from, this same binary:
+/// until it execs, its mappings are the tracer's. Its command line tells the two apart
+/// when the command is this binary too (the suite's advice on its own workloads).
+struct Launcher {
+    exe: Option<std::path::PathBuf>,
+    cmdline: Option<Vec<u8>>,
+}
+
+impl Launcher {
+    fn of(pid_source: Pid) -> Self {
+        Self {
+            exe: std::env::current_exe().ok(),
+            cmdline: match pid_source {
+                Pid::ChildOf(parent) => std::fs::read(format!("/proc/{parent}/cmdline")).ok(),
+                Pid::Known(_) => None,
+            },
+        }
+    }
+
+    /// The pid to sample now: the one known, or the launched command once it has exec'd.
+    fn target(&self, pid_source: Pid) -> Option<u32> {
+        let parent = match pid_source {
+            Pid::Known(p) => return Some(p),
+            Pid::ChildOf(parent) => parent,
+        };
+        let pid = first_child(parent)?;
+        let not_yet = std::fs::read_link(format!("/proc/{pid}/exe")).ok() == self.exe
+            && std::fs::read(format!("/proc/{pid}/cmdline")).ok() == self.cmdline;
+        (!not_yet).then_some(pid)
+    }
+}
+
+impl Samples {
+    /// Threads, `CAP_IPC_LOCK` and swap from `/proc/PID/status`.
+    fn note_status(&mut self, status: &str) {
+        let field = |k: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(k))
+                .map(str::trim)
+        };
+        if let Some(t) = field("Threads:").and_then(|t| t.parse().ok()) {
+            self.threads_max = self.threads_max.max(t);
+        }
+        if let Some(caps) = field("CapEff:").and_then(|c| u64::from_str_radix(c, 16).ok()) {
+            self.cap_ipc_lock = Some(caps & (1 << CAP_IPC_LOCK) != 0);
+        }
+        let kb = |k: &str| {
+            field(k)
+                .and_then(|v| v.trim_end_matches("kB").trim().parse::<u64>().ok())
+                .map(|kb| kb * 1024)
+        };
+        if let (Some(rss), Some(swap)) = (kb("VmRSS:"), kb("VmSwap:")) {
+            self.swap_max_bytes = self.swap_max_bytes.max(swap);
+            self.footprint_max_bytes = self.footprint_max_bytes.max(rss + swap);
+            if let Some(free) = meminfo_bytes("SwapFree:") {
+                let room = free + swap;
+                self.swap_room_bytes = Some(self.swap_room_bytes.map_or(room, |r| r.min(room)));
             }
         }
+    }
+
+    /// Keeps the memory cgroup as the sample that found the least room saw it.
+    fn note_cgroup(&mut self, cgroup: MemoryCgroup) {
+        let room = |c: &MemoryCgroup| c.binding().map_or(u64::MAX, |l| l.headroom());
+        if self
+            .memory_cgroup
+            .as_ref()
+            .is_none_or(|seen| room(&cgroup) <= room(seen))
+        {
+            self.memory_cgroup = Some(cgroup);
+        }
+    }
+}
+
+/// A mapping as smaps names it: start, end, name.
+type MappingKey = (u64, u64, Outside);
+
+/// The mappings seen so far: where each is in [`Samples::seen`], and those the last sample
+/// held (one not held then and held again has come back).
+#[derive(Default)]
+struct Mappings {
+    index: BTreeMap<MappingKey, usize>,
+    present: BTreeSet<MappingKey>,
+}
+
+impl Mappings {
+    /// One sample's smaps `entries`, taken at `now`.
+    fn note(&mut self, samples: &mut Samples, entries: &[procfs::SmapsEntry], now: u64) {
         let mut now_present = BTreeSet::new();
         let mut locked = 0;
         for (i, e) in entries.iter().enumerate() {
@@ -220,7 +264,7 @@ fn sample_until(pid_source: Pid, stop: &AtomicBool, found: &AtomicU32) -> Sample
                     && below.mapping.end == m.start
                     && below.mapping.end - below.mapping.start == PAGE_SIZE
             };
-            let slot = *index.entry(key.clone()).or_insert_with(|| {
+            let slot = *self.index.entry(key.clone()).or_insert_with(|| {
                 samples.seen.push(Seen {
                     start: m.start,
                     end: m.end,
@@ -235,7 +279,7 @@ fn sample_until(pid_source: Pid, stop: &AtomicBool, found: &AtomicU32) -> Sample
                 samples.seen.len() - 1
             });
             let seen = &mut samples.seen[slot];
-            if !present.contains(&key) {
+            if !self.present.contains(&key) {
                 seen.lifetimes += 1;
             }
             seen.last_ns = now;
@@ -246,9 +290,8 @@ fn sample_until(pid_source: Pid, stop: &AtomicBool, found: &AtomicU32) -> Sample
             now_present.insert(key);
         }
         samples.locked_max_bytes = samples.locked_max_bytes.max(locked);
-        present = now_present;
+        self.present = now_present;
     }
-    samples
 }
 
 fn read(path: &str) -> Option<String> {

@@ -2,8 +2,10 @@
 //! from a file's pages read in, which it cannot.
 
 use super::{
-    Advice, ApplyStep, MAJOR_AT_STARTUP, MappingFigures, MemlockLimit, Table, Verdict, attributed,
-    blocks_in, count, limit_text, ms, preload_kind, range, room, size,
+    Advice, ApplyStep, Kind, MAJOR_AT_STARTUP, MappingFigures, Table, Verdict, attributed, count,
+    limit_text,
+    lock::{against_limit, blocks_in, lock_fits, preload_rule},
+    ms, range, room, size,
 };
 
 /// Of a swapped mapping's faults after start-up, those that read its pages back from swap:
@@ -56,53 +58,27 @@ pub(super) fn swap_ins(table: &Table, m: &MappingFigures, locking: &mut u64) -> 
     );
     let pinned = m.size_bytes;
     let need = *locking + pinned;
-    let exempt = table.cap_ipc_lock == Some(true);
-    let limit = table.memlock_limit;
-    let fits = exempt
-        || match limit {
-            Some(MemlockLimit::Unlimited) => true,
-            Some(MemlockLimit::Bytes(b)) => need <= b,
-            None => false,
-        };
-    if !fits {
+    if !lock_fits(table, need) {
         let how = format!(
             "do not mlock it under this limit (mlock fails with ENOMEM): keeping it out of \
              swap needs RLIMIT_MEMLOCK of at least {} ({} now, no CAP_IPC_LOCK), and \
              populating cannot (populated pages are reclaimed like any other); memlock-trace \
              never raises a limit",
             size(need),
-            limit_text(limit)
+            limit_text(table.memlock_limit)
         );
-        return vec![Advice::new(Verdict::DoNot, "over-limit", what, how).on(m)];
+        return vec![Advice::new(Verdict::DoNot, Kind::OverLimit, what, how).on(m)];
     }
     let weighed = match room::weigh_swapped(table, pinned, need) {
         Some(Err(reason)) => {
-            return vec![Advice::new(Verdict::DoNot, "over-cgroup", what, reason).on(m)];
+            return vec![Advice::new(Verdict::DoNot, Kind::OverCgroup, what, reason).on(m)];
         }
         Some(Ok(note)) => format!("; {note}"),
         None => String::new(),
     };
     *locking = need;
-    let against = if exempt {
-        format!(
-            "{}, not applied: the process has CAP_IPC_LOCK",
-            limit_text(limit)
-        )
-    } else {
-        format!("{} locked in all, within {}", size(need), limit_text(limit))
-    };
-    let blocks = blocks_in(table, m);
-    let rule = if blocks.is_empty() {
-        preload_kind(m).map(|k| format!("lock:{k}"))
-    } else {
-        Some(
-            blocks
-                .iter()
-                .map(|b| format!("lock:alloc:{}", b.len))
-                .collect::<Vec<_>>()
-                .join(";"),
-        )
-    };
+    let against = against_limit(table, need);
+    let rule = preload_rule(m, &blocks_in(table, m), "lock");
     let how = format!(
         "lock it: locked pages are never swapped out, so these swap-ins go (000: never \
          swapped; populating would not keep it, reclaim takes populated pages too): mlock2(addr, \
@@ -110,7 +86,7 @@ pub(super) fn swap_ins(table: &Table, m: &MappingFigures, locking: &mut u64) -> 
          ({against}){weighed}",
         size(pinned)
     );
-    let mut a = Advice::new(Verdict::Do, "swap-ins", what, how)
+    let mut a = Advice::new(Verdict::Do, Kind::SwapIns, what, how)
         .on(m)
         .saving(pinned, m.fault_ns_after, m.faults_after);
     a.apply = rule.map(ApplyStep::Preload);
@@ -165,5 +141,10 @@ pub(super) fn major_faults(table: &Table) -> Option<Advice> {
                are a memory-pressure problem: more memory, or MADV_WILLNEED / readahead to read \
                them earlier"
         .to_string();
-    Some(Advice::new(Verdict::CannotHelp, "major-faults", what, how))
+    Some(Advice::new(
+        Verdict::CannotHelp,
+        Kind::MajorFaults,
+        what,
+        how,
+    ))
 }

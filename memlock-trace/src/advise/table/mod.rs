@@ -1,0 +1,220 @@
+//! One run's figures per mapping, split at the start-up window: the tracer's per-interval
+//! fault counts per mapping, weighed by each interval's mean fault latency, joined with
+//! what the samples saw of each mapping (resident and locked bytes, permissions, lifetimes).
+
+use std::collections::BTreeMap;
+
+use anyhow::Result;
+use serde::Serialize;
+
+use super::{
+    observe::{Latency, Run, Site},
+    sample::{MemlockLimit, Seen, mem_available},
+};
+use crate::process::memory_cgroup::MemoryCgroup;
+
+mod mappings;
+mod phases;
+
+#[cfg(test)]
+pub(super) use self::mappings::{mark_stack_sized, merge_grown};
+
+/// How the start-up window was set.
+#[derive(Clone, Debug, Serialize)]
+pub struct Startup {
+    /// Seconds from the trace's start.
+    pub secs: f64,
+    pub how: StartupHow,
+}
+
+/// Where the start-up window's end came from (in JSON: `detected`, `flag`, `none`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StartupHow {
+    /// The last executable file mapping.
+    Detected,
+    /// --startup SECS.
+    Flag,
+    /// A running process: all steady state.
+    None,
+}
+
+/// One phase's faults: counts as the kernel classes them, and the time spent in them.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Phase {
+    pub minor: u64,
+    pub major: u64,
+    pub user: u64,
+    pub populated: u64,
+    /// Faults x the interval's mean latency, added up (user faults, and populated ones where
+    /// the hooks time them).
+    pub fault_ns: u64,
+    /// The same for faults taken through the exception (the program's own code stalls).
+    pub user_fault_ns: u64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct MappingFigures {
+    pub mapping: String,
+    pub start: u64,
+    pub end: u64,
+    pub size_bytes: u64,
+    pub perms: Option<String>,
+    /// Most bytes resident in any sample.
+    pub resident_bytes: Option<u64>,
+    /// Most bytes out on swap in any sample (smaps `Swap:`): its pages were resident,
+    /// evicted, and its faults since are swap-ins.
+    pub swap_bytes: Option<u64>,
+    pub faults_startup: u64,
+    pub faults_after: u64,
+    pub fault_ns_startup: u64,
+    pub fault_ns_after: u64,
+    pub locked: bool,
+    /// Times the samples saw it appear at this place (2 or more: unmapped and mapped again).
+    pub lifetimes: u32,
+    /// A stack: the kernel saw a faulting thread's stack pointer inside it, or a sample saw a
+    /// thread stack's shape (a one-page guard right below it), or it is anonymous and of the
+    /// size of one of those ([`mark_stack_sized`]).
+    pub stack: bool,
+    /// When it was first seen, seconds from the trace's start.
+    pub first_seen_secs: Option<f64>,
+    /// `--stacks`: the code that faulted most in it (the whole run's sampled faults).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub sites: Vec<Site>,
+}
+
+impl MappingFigures {
+    pub fn pages(&self) -> u64 {
+        self.size_bytes.div_ceil(crate::procfs::PAGE_SIZE).max(1)
+    }
+
+    pub fn faults(&self) -> u64 {
+        self.faults_startup + self.faults_after
+    }
+
+    /// Some of its pages were seen on swap.
+    pub fn swapped(&self) -> bool {
+        self.swap_bytes.is_some_and(|b| b > 0)
+    }
+
+    pub fn anonymous(&self) -> bool {
+        matches!(
+            self.mapping.as_str(),
+            "anonymous" | "[heap]" | "unmapped" | "unknown"
+        ) || self.shared_anonymous()
+    }
+
+    /// `MAP_SHARED | MAP_ANONYMOUS` memory shows as the deleted `/dev/zero` in smaps.
+    pub fn shared_anonymous(&self) -> bool {
+        self.mapping.starts_with("/dev/zero")
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Table {
+    pub pid: u32,
+    pub comm: String,
+    pub described: crate::output::Outside,
+    pub launched: bool,
+    pub exit_code: i32,
+    pub traced_secs: f64,
+    pub wall_ns: Option<u64>,
+    pub startup: Startup,
+    pub during_startup: Phase,
+    pub after_startup: Phase,
+    /// The whole run's fault latency by class (`minor`, `major`, `user`, ...).
+    pub latency_ns: BTreeMap<String, Latency>,
+    /// How fault time was measured: each fault timed, or scaled from a sample.
+    pub time_basis: String,
+    pub memlock_limit: Option<MemlockLimit>,
+    pub cap_ipc_lock: Option<bool>,
+    pub mem_available_bytes: Option<u64>,
+    /// The process's memory cgroup and its limits, at its fullest (`None`: no memory
+    /// controller, or the process was never sampled).
+    pub memory_cgroup: Option<MemoryCgroup>,
+    pub threads_max: u32,
+    pub locked_max_bytes: u64,
+    /// Most bytes the process had on swap (`VmSwap:`), and its largest footprint
+    /// (resident and swapped in one sample).
+    pub swap_max_bytes: u64,
+    pub footprint_max_bytes: u64,
+    /// Swap the process could have used at the least (free swap and its own).
+    pub swap_room_bytes: Option<u64>,
+    /// Bytes the kernel counted locked by the process's mlock-family calls (exact, where
+    /// the samples may miss a short-lived lock).
+    pub locked_by_calls_bytes: u64,
+    /// minflt + majflt the process itself counted while it was sampled (/proc/PID/stat).
+    pub own_faults: Option<u64>,
+    /// glibc's malloc is the allocator (libc.so.6 mapped, no other allocator library).
+    pub glibc_malloc: bool,
+    pub mappings: Vec<MappingFigures>,
+    pub others: Vec<(u32, String, u64)>,
+    pub lost: u64,
+    pub preload_log: Vec<String>,
+    /// `--stacks`: the command that draws the fault stacks as a flame graph.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub flamegraph_command: Option<crate::output::Outside>,
+}
+
+/// Builds the table of `run`; `startup_flag`: --startup SECS.
+pub fn build(run: &Run, startup_flag: Option<f64>) -> Result<Table> {
+    // Start-up counts from the launched process's start; a running process's trace from
+    // its first interval.
+    let t0 = run.started_ns.unwrap_or_else(|| {
+        run.intervals
+            .first()
+            .map_or(run.session_window.start_ns, |i| i.window.start_ns)
+    });
+    let startup = phases::startup(run, startup_flag, t0);
+    let (during, after, mappings) = mappings::count(run, t0, &startup);
+    let s = &run.samples;
+    Ok(Table {
+        pid: run.pid,
+        comm: run.comm.clone(),
+        described: run.described.clone(),
+        launched: run.launched,
+        exit_code: run.exit_code,
+        traced_secs: run
+            .session_window
+            .end_ns
+            .saturating_sub(run.session_window.start_ns) as f64
+            / 1e9,
+        wall_ns: run.wall_ns,
+        startup,
+        during_startup: during,
+        after_startup: after,
+        latency_ns: run.session.latency_ns.clone(),
+        time_basis: phases::time_basis(run),
+        memlock_limit: s.memlock_limit,
+        cap_ipc_lock: s.cap_ipc_lock,
+        mem_available_bytes: mem_available(),
+        memory_cgroup: s.memory_cgroup.clone(),
+        threads_max: s.threads_max,
+        locked_max_bytes: s.locked_max_bytes,
+        swap_max_bytes: s.swap_max_bytes,
+        footprint_max_bytes: s.footprint_max_bytes,
+        swap_room_bytes: s.swap_room_bytes,
+        locked_by_calls_bytes: run.locked_by_calls,
+        own_faults: s
+            .stat_first
+            .zip(s.stat_last)
+            .map(|(a, b)| (b.0 + b.1).saturating_sub(a.0 + a.1)),
+        glibc_malloc: glibc_malloc(&s.seen),
+        mappings,
+        others: run.others.clone(),
+        lost: run.lost,
+        preload_log: run.preload_log.clone(),
+        flamegraph_command: run.flamegraph_command.clone(),
+    })
+}
+
+/// glibc's malloc is the allocator: libc.so.6 mapped, and no other allocator's library.
+fn glibc_malloc(seen: &[Seen]) -> bool {
+    let names = || seen.iter().map(|m| m.name.to_str_lossy());
+    names().any(|n| n.ends_with("/libc.so.6"))
+        && !names().any(|n| {
+            ["jemalloc", "tcmalloc", "mimalloc"]
+                .iter()
+                .any(|a| n.contains(a))
+        })
+}
