@@ -115,31 +115,26 @@ mod tests {
     #[test]
     fn each_call_has_its_own_arguments() {
         let nr = |n: i64| u32::try_from(n).unwrap();
-        for (call, args, line) in [
-            (
-                libc::SYS_munmap,
-                [0x7f3c_df3b_e000, 16384, 0x4000],
-                "munmap(0x7f3cdf3be000, 16384)",
-            ),
-            (
-                libc::SYS_mprotect,
-                [0x1000, 4096, 3],
-                "mprotect(0x1000, 4096, PROT_READ|PROT_WRITE)",
-            ),
-            (
-                libc::SYS_madvise,
-                [0x1000, 4096, 4],
-                "madvise(0x1000, 4096, MADV_DONTNEED)",
-            ),
-            (
-                libc::SYS_mmap,
-                [0, 65536, 0],
-                "mmap(0x0, 65536, PROT_NONE, ...)",
-            ),
-            (libc::SYS_brk, [0x5000, 7, 9], "brk(0x5000)"),
-        ] {
-            assert_eq!(syscall_str(nr(call), args), line);
-        }
+        assert_eq!(
+            syscall_str(nr(libc::SYS_munmap), [0x7f3c_df3b_e000, 16384, 0x4000]),
+            "munmap(0x7f3cdf3be000, 16384)"
+        );
+        assert_eq!(
+            syscall_str(nr(libc::SYS_mprotect), [0x1000, 4096, 3]),
+            "mprotect(0x1000, 4096, PROT_READ|PROT_WRITE)"
+        );
+        assert_eq!(
+            syscall_str(nr(libc::SYS_madvise), [0x1000, 4096, 4]),
+            "madvise(0x1000, 4096, MADV_DONTNEED)"
+        );
+        assert_eq!(
+            syscall_str(nr(libc::SYS_mmap), [0, 65536, 0]),
+            "mmap(0x0, 65536, PROT_NONE, ...)"
+        );
+        assert_eq!(
+            syscall_str(nr(libc::SYS_brk), [0x5000, 7, 9]),
+            "brk(0x5000)"
+        );
         assert_eq!(syscall_only(nr(libc::SYS_munmap)), "munmap");
     }
 }
