@@ -306,15 +306,57 @@ mod tests {
     }
 
     #[test]
-    fn indices_keep_the_numbers_both_sides_agree_on() {
-        // The programs and the loader index the same maps and arrays with these: written
-        // out once here, so a reordering in an `indices!` list shows.
-        use crate::{diag, faults, process, stacks, syscalls};
+    fn counter_slots_keep_the_numbers_both_sides_agree_on() {
+        // The programs and the loader index the same maps and arrays with the `indices!`
+        // constants: written out once here, so a reordering in a list shows.
+        use crate::{faults, process, stacks, syscalls};
         assert_eq!([counter::RINGBUF_DROPPED, counter::INFLIGHT_FULL], [0, 1]);
         assert_eq!(
             [counter::READ_FAILED, counter::VMA_DROPPED, counter::COUNT],
             [2, 3, 4]
         );
+        use faults::fault_counter as fc;
+        assert_eq!(
+            [
+                fc::STATS_INSERTS,
+                fc::HIST_INSERTS,
+                fc::REGION_INSERTS,
+                fc::UPDATE_FAILED,
+                fc::SAMPLE_SEQ,
+                fc::EVENTS_DROPPED,
+                fc::COUNT,
+            ],
+            [0, 1, 2, 3, 4, 5, 6]
+        );
+        use process::counter as pc;
+        assert_eq!(
+            [
+                pc::CHILDREN_NOT_FOLLOWED,
+                pc::CHILDREN_FOLLOWED,
+                pc::TARGETS_EXITED,
+                pc::EXECS,
+                pc::COUNT,
+            ],
+            [0, 1, 2, 3, 4]
+        );
+        use stacks::counter as sc;
+        assert_eq!(
+            [
+                sc::DROPPED,
+                sc::FRAME_POINTERS,
+                sc::SEEN,
+                sc::SAMPLES,
+                sc::COUNT
+            ],
+            [0, 1, 2, 3, 4]
+        );
+        use syscalls::syscall_counter as yc;
+        assert_eq!([yc::INSERTS, yc::UPDATE_FAILED, yc::COUNT], [0, 1, 2]);
+    }
+
+    #[test]
+    fn fault_indices_keep_their_numbers() {
+        use crate::faults;
         use faults::stat;
         assert_eq!(
             [
@@ -368,30 +410,11 @@ mod tests {
             populate::NAMES[populate::REMAP_FILE_PAGES],
             "remap_file_pages"
         );
-        use faults::fault_counter as fc;
-        assert_eq!(
-            [
-                fc::STATS_INSERTS,
-                fc::HIST_INSERTS,
-                fc::REGION_INSERTS,
-                fc::UPDATE_FAILED,
-                fc::SAMPLE_SEQ,
-                fc::EVENTS_DROPPED,
-                fc::COUNT,
-            ],
-            [0, 1, 2, 3, 4, 5, 6]
-        );
-        use process::counter as pc;
-        assert_eq!(
-            [
-                pc::CHILDREN_NOT_FOLLOWED,
-                pc::CHILDREN_FOLLOWED,
-                pc::TARGETS_EXITED,
-                pc::EXECS,
-                pc::COUNT,
-            ],
-            [0, 1, 2, 3, 4]
-        );
+    }
+
+    #[test]
+    fn diag_indices_keep_their_numbers() {
+        use crate::diag;
         use diag::program as dp;
         assert_eq!(
             [
@@ -426,19 +449,6 @@ mod tests {
             [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
         );
         assert_eq!(diag::FIELDS[df::SIGNAL_LIVE as usize], "signal_struct.live");
-        use stacks::counter as sc;
-        assert_eq!(
-            [
-                sc::DROPPED,
-                sc::FRAME_POINTERS,
-                sc::SEEN,
-                sc::SAMPLES,
-                sc::COUNT
-            ],
-            [0, 1, 2, 3, 4]
-        );
-        use syscalls::syscall_counter as yc;
-        assert_eq!([yc::INSERTS, yc::UPDATE_FAILED, yc::COUNT], [0, 1, 2]);
     }
 
     #[test]

@@ -9,7 +9,7 @@ use memlock_trace_common::{
     vma::{VM_LOCKED, VM_LOCKONFAULT},
 };
 
-use super::bump;
+use super::{bump, event_dropped};
 use crate::shared::{now_ns, this_cpu};
 
 /// Sampled fault events (`--events`): their own ring, so faults never crowd out the
@@ -66,20 +66,4 @@ pub(super) fn emit(
         comm: bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]),
     });
     slot.submit(0);
-}
-
-/// A sampled fault event lost to a full ring buffer; with `-v`, said. Not inlined, as
-/// [`update_failed`](super::update_failed).
-#[inline(never)]
-fn event_dropped(tid: u32) {
-    let before = bump(fault_counter::EVENTS_DROPPED);
-    if crate::diag::wanted(before) {
-        aya_log_ebpf::warn!(
-            &(),
-            target: "page-fault hooks",
-            "ring buffer FAULT_EVENTS full: a fault event of tid {} dropped ({} on this CPU)",
-            tid,
-            before + 1
-        );
-    }
 }

@@ -208,6 +208,22 @@ fn update_failed(map: &'static str) {
     }
 }
 
+/// A sampled fault event lost to a full ring buffer; with `-v`, said. Not inlined, as
+/// [`update_failed`].
+#[inline(never)]
+fn event_dropped(tid: u32) {
+    let before = bump(fault_counter::EVENTS_DROPPED);
+    if crate::diag::wanted(before) {
+        aya_log_ebpf::warn!(
+            &(),
+            target: "page-fault hooks",
+            "ring buffer FAULT_EVENTS full: a fault event of tid {} dropped ({} on this CPU)",
+            tid,
+            before + 1
+        );
+    }
+}
+
 /// `--stacks`: the counted faults' user stack (see `stacks.rs`), with the region they were
 /// counted in (a `region_kind` and start).
 #[inline(always)]

@@ -12,27 +12,28 @@ use memlock_trace_common::{
 use super::KernelBtf;
 
 impl KernelBtf {
+    /// The fields the mlock-family programs read ([`KernelOffsets`]); an error names the
+    /// first required field this kernel lacks.
     pub fn offsets(&self) -> Result<KernelOffsets> {
+        let f = |name: &str, field: &str| self.field_offset(name, field);
         // Why a lock failed is extra: a kernel without one of these fields still traces,
         // with that figure unknown (offset 0; a pointer and the field behind it go together).
-        let optional = |name: &str, field: &str| self.field_offset(name, field).unwrap_or(0);
+        let optional = |name: &str, field: &str| f(name, field).unwrap_or(0);
         let both = |a: u32, b: u32| if a == 0 || b == 0 { (0, 0) } else { (a, b) };
-        let rlim = self
-            .field_offset("signal_struct", "rlim")
-            .map_or(0, |rlim| {
-                rlim + lock_context::RLIMIT_MEMLOCK * lock_context::RLIMIT_SIZE
-            });
+        let rlim = f("signal_struct", "rlim").map_or(0, |rlim| {
+            rlim + lock_context::RLIMIT_MEMLOCK * lock_context::RLIMIT_SIZE
+        });
         let (task_signal, signal_rlim_memlock) = both(optional("task_struct", "signal"), rlim);
         let (task_cred, cred_cap_effective) = both(
             optional("task_struct", "cred"),
             optional("cred", "cap_effective"),
         );
         Ok(KernelOffsets {
-            task_mm: self.field_offset("task_struct", "mm")?,
-            task_min_flt: self.field_offset("task_struct", "min_flt")?,
-            task_maj_flt: self.field_offset("task_struct", "maj_flt")?,
-            mm_locked_vm: self.field_offset("mm_struct", "locked_vm")?,
-            mm_map_count: self.field_offset("mm_struct", "map_count")?,
+            task_mm: f("task_struct", "mm")?,
+            task_min_flt: f("task_struct", "min_flt")?,
+            task_maj_flt: f("task_struct", "maj_flt")?,
+            mm_locked_vm: f("mm_struct", "locked_vm")?,
+            mm_map_count: f("mm_struct", "map_count")?,
             mm_def_flags: optional("mm_struct", "def_flags"),
             task_signal,
             signal_rlim_memlock,
@@ -42,8 +43,8 @@ impl KernelBtf {
             // x86 and arm64 keep `thread_info` in the task (first, offset 0); the compat
             // field (x86 `status`, arm64 `flags`) is read only when found.
             task_thread_status: match (
-                self.field_offset("task_struct", "thread_info"),
-                self.field_offset("thread_info", crate::arch::COMPAT_FIELD),
+                f("task_struct", "thread_info"),
+                f("thread_info", crate::arch::COMPAT_FIELD),
             ) {
                 (Ok(info), Ok(status)) => info + status,
                 _ => 0,

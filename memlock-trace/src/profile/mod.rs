@@ -99,6 +99,30 @@ fn depth(ips: &[u64]) -> &[u64] {
     &ips[..ips.iter().position(|&ip| ip == 0).unwrap_or(ips.len())]
 }
 
+/// Each (process, stack) of `per_stack` as a profile stack: its frames symbolized with the
+/// process's modules, its count and bytes as `figures` gives them.
+fn symbolized<V>(
+    per_stack: BTreeMap<(u32, &[u64]), V>,
+    modules: &ModuleRegistry,
+    symbolizer: &StackSymbolizer,
+    comm: &dyn Fn(u32) -> String,
+    figures: impl Fn(V) -> (u64, u64),
+) -> Vec<ProfileStack> {
+    per_stack
+        .into_iter()
+        .map(|((pid, ips), v)| {
+            let (count, bytes) = figures(v);
+            ProfileStack {
+                pid,
+                comm: comm(pid),
+                frames: symbolizer.stack(ips, modules.get(pid)),
+                count,
+                bytes,
+            }
+        })
+        .collect()
+}
+
 /// The sampled faults per (process, stack), threads folded into their process, each
 /// stack counted as `sample_every` faults per sampled fault.
 pub fn fault_profile(
@@ -114,16 +138,9 @@ pub fn fault_profile(
         *per_stack.entry((key.tgid, depth(&key.ips))).or_default() += n;
     }
     let every = u64::from(sample_every.max(1));
-    let stacks = per_stack
-        .into_iter()
-        .map(|((pid, ips), n)| ProfileStack {
-            pid,
-            comm: comm(pid),
-            frames: symbolizer.stack(ips, modules.get(pid)),
-            count: n * every,
-            bytes: n * every * PAGE_SIZE,
-        })
-        .collect();
+    let stacks = symbolized(per_stack, modules, symbolizer, comm, |n| {
+        (n * every, n * every * PAGE_SIZE)
+    });
     Profile {
         weight,
         sample_every: sample_every.max(1),
@@ -146,16 +163,9 @@ pub fn call_profile(
             .or_default()
             .add(v);
     }
-    let stacks = per_stack
-        .into_iter()
-        .map(|((pid, ips), v)| ProfileStack {
-            pid,
-            comm: comm(pid),
-            frames: symbolizer.stack(ips, modules.get(pid)),
-            count: v.calls,
-            bytes: v.locked * PAGE_SIZE,
-        })
-        .collect();
+    let stacks = symbolized(per_stack, modules, symbolizer, comm, |v| {
+        (v.calls, v.locked * PAGE_SIZE)
+    });
     Profile {
         weight,
         sample_every: 1,
