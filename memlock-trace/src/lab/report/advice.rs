@@ -125,6 +125,25 @@ fn moved(before: Option<&Value>, after: Option<&Value>, key: &str) -> (String, b
     }
 }
 
+/// The verdict on whether advise named the seed's region for locking or populating: `named`
+/// is the entry it gave (see [`lock_advice`]), `names` words it, `none` says none covers it.
+fn region_named(
+    claim: &str,
+    published: &str,
+    advise: &Value,
+    named: Option<&Value>,
+    names: impl FnOnce(&Value) -> String,
+    none: String,
+) -> Verdict {
+    verdict(
+        claim,
+        published,
+        listed(advise),
+        named.is_some(),
+        named.map_or(none, names),
+    )
+}
+
 fn first_touch(run: &AdviceRun, before: Option<&Value>, after: Option<&Value>) -> Vec<Verdict> {
     let a = &run.advise;
     let pages = before.map_or(0, |b| u(&b["pages"]));
@@ -133,20 +152,20 @@ fn first_touch(run: &AdviceRun, before: Option<&Value>, after: Option<&Value>) -
     let (figures, removed) = moved(before, after, "touch_faults_per_run");
     let call = |v: Option<&Value>| v.map_or(0, |v| u(&v["call_faults_per_run"]));
     vec![
-        verdict(
+        region_named(
             "advice: lock or populate the lazily touched region",
             "001: lazy first touch 68.6 ns/page in the timed loop; after mlock 8.3 ns/page, the faults paid in the call",
-            listed(a),
-            named.is_some(),
-            match named {
-                Some(n) => format!(
+            a,
+            named,
+            |n| {
+                format!(
                     "advise names the {} region ({} pages) and would remove {} faults after start-up",
                     n["kind"].as_str().unwrap_or(""),
                     pages,
                     u(&n["faults_removed"])
-                ),
-                None => format!("no lock/populate advice covers the {pages}-page region"),
+                )
             },
+            format!("no lock/populate advice covers the {pages}-page region"),
         ),
         verdict(
             "--apply moves the first-touch faults out of the timed loop",
@@ -168,19 +187,19 @@ fn malloc_vs_mmap(run: &AdviceRun, before: Option<&Value>, after: Option<&Value>
     let named = lock_advice(a, bytes);
     let (figures, removed) = moved(before, after, "write_faults");
     vec![
-        verdict(
+        region_named(
             "advice: lock or populate malloc's region up front",
             "002: malloc pays its faults in the timed writes (~942k us), MAP_LOCKED in mmap (~156k us)",
-            listed(a),
-            named.is_some(),
-            match named {
-                Some(n) => format!(
+            a,
+            named,
+            |n| {
+                format!(
                     "advise names the {} region ({} bytes asked of malloc)",
                     n["kind"].as_str().unwrap_or(""),
                     bytes
-                ),
-                None => format!("no lock/populate advice covers the {bytes}-byte block"),
+                )
             },
+            format!("no lock/populate advice covers the {bytes}-byte block"),
         ),
         verdict(
             "--apply moves the faults out of the timed writes",
