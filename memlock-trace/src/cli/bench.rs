@@ -5,7 +5,7 @@ use clap::Args;
 
 use crate::faults::{BenchFloor, FaultOptions};
 
-#[derive(Debug, Args)]
+#[derive(Debug, Args, Default, Clone)]
 pub struct BenchArgs {
     /// Benchmark only: attach the fault-start tracepoints the classic way even where tp_btf
     /// works (as bpftrace does).

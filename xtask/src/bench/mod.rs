@@ -29,7 +29,7 @@ use anyhow::{Context as _, Result, anyhow, bail};
 
 use self::{
     measure::{ProgramCost, Sample, measure, with_bpf_stats},
-    report::{Environment, FAULTS_SECTION, replace_section, report},
+    report::{Environment, FAULTS_SECTION, Machine, replace_section, report},
     workload::Placement,
 };
 use crate::{run::workspace_root, util::run as run_cmd};
@@ -226,7 +226,8 @@ fn page_faults(args: &Args) -> Result<()> {
     let bpftrace = which("bpftrace").ok_or_else(|| {
         anyhow!("bpftrace is installed but not on PATH (the comparison needs it)")
     })?;
-    let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+    let machine = Machine::before_the_runs(&bpftrace);
+    let cpus = machine.cpus;
     let bench = Schedule {
         tracer: &tracer,
         bpftrace: &bpftrace,
@@ -235,20 +236,16 @@ fn page_faults(args: &Args) -> Result<()> {
         pinned: Placement::workload_alone(cpus),
     };
     let mut env = Environment {
-        kernel: kernel_release(),
+        machine,
         thp: std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
             .unwrap_or_else(|_| "unknown".into())
             .trim()
             .into(),
-        cpus,
-        bpftrace_version: bpftrace_version(&bpftrace),
-        load_before: load_average(),
-        load_after: String::new(),
     };
     let (samples, neighbours) = bench.rounds(args.runs, args.repeats)?;
     let max_rate = bench.max_rate()?;
     let costs = bench.program_costs()?;
-    env.load_after = load_average();
+    env.machine.load_after = load_average();
     let report = report(
         args,
         bench.pages,
@@ -290,7 +287,7 @@ impl Schedule<'_> {
         for round in 1..=runs {
             for mode in Mode::ALL {
                 let sample = self
-                    .touch(mode, repeats, None)
+                    .touch(mode, repeats, None, None)
                     .with_context(|| format!("round {round}, {}", mode.label()))?;
                 eprintln!(
                     "xtask bench: round {round}/{runs} {:<48} {:>7.0} ns/fault{}",
@@ -318,18 +315,25 @@ impl Schedule<'_> {
         Ok((samples, neighbours))
     }
 
-    /// One run of the rounds' command, the tracer following `follow` instead of the workload
-    /// if given.
-    fn touch(&self, mode: Mode, repeats: usize, follow: Option<u32>) -> Result<Sample> {
+    /// One run of the rounds' command, pinned, the tracer following `follow` instead of the
+    /// workload if given; each BPF program's cost appended to `costs` if given.
+    fn touch(
+        &self,
+        mode: Mode,
+        repeats: usize,
+        costs: Option<&mut Vec<ProgramCost>>,
+        follow: Option<u32>,
+    ) -> Result<Sample> {
         let command = format!("touch {}", self.pages);
+        let placement = self.pinned;
         measure(
             self.tracer,
             self.bpftrace,
             mode,
             &command,
-            self.pinned,
+            placement,
             repeats,
-            None,
+            costs,
             follow,
         )
     }
@@ -342,7 +346,7 @@ impl Schedule<'_> {
             .arg("3600")
             .spawn()
             .context("starting the traced bystander (sleep)")?;
-        let sample = self.touch(mode, repeats, Some(bystander.id()));
+        let sample = self.touch(mode, repeats, None, Some(bystander.id()));
         let _ = bystander.kill();
         let _ = bystander.wait();
         sample
@@ -378,22 +382,11 @@ impl Schedule<'_> {
     /// Where the cost goes: one more run of each BPF mode with the kernel timing every
     /// program.
     fn program_costs(&self) -> Result<Vec<ProgramCost>> {
-        let command = format!("touch {}", self.pages);
         let mut costs = Vec::new();
         with_bpf_stats(|| {
             for mode in [Mode::Default, Mode::Bpftrace] {
-                let costs = Some(&mut costs);
-                measure(
-                    self.tracer,
-                    self.bpftrace,
-                    mode,
-                    &command,
-                    self.pinned,
-                    1,
-                    costs,
-                    None,
-                )
-                .with_context(|| format!("profiled run, {}", mode.label()))?;
+                self.touch(mode, 1, Some(&mut costs), None)
+                    .with_context(|| format!("profiled run, {}", mode.label()))?;
             }
             Ok(())
         })?;
@@ -449,22 +442,7 @@ fn which(name: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// The running kernel's release, as `uname -r` prints it.
-fn kernel_release() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/osrelease")
-        .unwrap_or_default()
-        .trim()
-        .into()
-}
-
-/// What `bpftrace --version` prints, or nothing.
-fn bpftrace_version(bpftrace: &Path) -> String {
-    crate::util::output_of(Command::new(bpftrace).arg("--version"))
-        .unwrap_or_default()
-        .trim()
-        .into()
-}
-
+/// /proc/loadavg's 1, 5 and 15 minute figures.
 fn load_average() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))

@@ -22,7 +22,7 @@ use anyhow::{Context as _, Result, anyhow, bail};
 
 use self::figures::Figures;
 use super::measure::{Attached, BPFTRACE_SCRIPT, attach, attach_bpftrace};
-use crate::run::workspace_root;
+use crate::{bench::report::Machine, run::workspace_root};
 
 /// What runs beside the measured work.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -116,15 +116,12 @@ pub(super) fn run(rounds: usize, out: &Path) -> Result<()> {
     let bpftrace = super::which("bpftrace").ok_or_else(|| {
         anyhow!("bpftrace is installed but not on PATH (the comparison needs it)")
     })?;
-    let load_before = super::load_average();
+    let mut machine = Machine::before_the_runs(&bpftrace);
     let runs = measure_rounds(&tracer, Some(&bpftrace), rounds, &Setup::ALL, |_| {})?;
+    machine.load_after = super::load_average();
     let environment = report::Environment {
-        kernel: super::kernel_release(),
-        cpus: std::thread::available_parallelism().map_or(1, usize::from),
+        machine,
         rounds,
-        load_before,
-        load_after: super::load_average(),
-        bpftrace_version: super::bpftrace_version(&bpftrace),
         hooks: syscall_hooks_line(&tracer),
     };
     let plot = workspace_root().join(report::PLOT);

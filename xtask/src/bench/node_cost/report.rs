@@ -7,7 +7,7 @@ use anyhow::Result;
 use plotters::prelude::*;
 
 use super::{Run, Setup, figures::Figures};
-use crate::bench::report::Markers;
+use crate::bench::report::{Machine, Markers};
 
 pub(super) const PLOT: &str = "docs/node-cost.svg";
 pub(super) const SECTION: Markers = (
@@ -28,12 +28,8 @@ pub(super) struct GuestRuns {
 }
 
 pub(super) struct Environment {
-    pub(super) kernel: String,
-    pub(super) cpus: usize,
+    pub(super) machine: Machine,
     pub(super) rounds: usize,
-    pub(super) load_before: String,
-    pub(super) load_after: String,
-    pub(super) bpftrace_version: String,
     /// `probe`'s line for the syscall family: which hooks the system calls pay for.
     pub(super) hooks: String,
 }
@@ -172,11 +168,11 @@ pub(super) fn section(env: &Environment, runs: &[Run]) -> String {
          Kernel {}, {} CPUs, shared with other builds: load \
          average {} before, {} after. {}. Syscall hooks: {}.\n",
         env.rounds,
-        env.kernel,
-        env.cpus,
-        env.load_before,
-        env.load_after,
-        env.bpftrace_version,
+        env.machine.kernel,
+        env.machine.cpus,
+        env.machine.load_before,
+        env.machine.load_after,
+        env.machine.bpftrace_version,
         if env.hooks.is_empty() {
             "(probe printed none)"
         } else {

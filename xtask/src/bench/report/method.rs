@@ -7,7 +7,8 @@ use super::{super::Args, Environment};
 
 /// The section's heading, the run's command line and machine, and the method.
 pub(super) fn heading_and_method(out: &mut String, args: &Args, pages: usize, env: &Environment) {
-    let cpus = env.cpus;
+    let machine = &env.machine;
+    let cpus = machine.cpus;
     let _ = writeln!(
         out,
         "## Page faults: the cost of tracing them (`cargo xtask bench`)\n"
@@ -17,7 +18,13 @@ pub(super) fn heading_and_method(out: &mut String, args: &Args, pages: usize, en
         "Produced by `cargo xtask bench --mib {} --runs {} --repeats {}` on kernel {}, {cpus} CPUs; \
          transparent huge pages `{}` (the region is `MADV_NOHUGEPAGE` besides). \
          Load average before / after: {} / {}.\n",
-        args.mib, args.runs, args.repeats, env.kernel, env.thp, env.load_before, env.load_after
+        args.mib,
+        args.runs,
+        args.repeats,
+        machine.kernel,
+        env.thp,
+        machine.load_before,
+        machine.load_after
     );
     let _ = writeln!(out, "### Method\n");
     let _ = writeln!(
@@ -82,7 +89,7 @@ pub(super) fn heading_and_method(out: &mut String, args: &Args, pages: usize, en
         mib = args.mib,
         runs = args.runs,
         repeats = args.repeats,
-        bpftrace = env.bpftrace_version,
+        bpftrace = machine.bpftrace_version,
     );
 }
 

@@ -7,19 +7,42 @@ mod method;
 mod tables;
 mod targets;
 
+use std::{path::Path, process::Command};
+
 use super::{
-    Args, Mode,
+    Args, Mode, load_average,
     measure::{Latency, ProgramCost, Sample},
 };
 
-/// What the report says about the machine.
-pub(super) struct Environment {
+/// The machine a benchmark ran on, as every report names it.
+pub(super) struct Machine {
+    /// The kernel's release (`uname -r`).
     pub(super) kernel: String,
-    pub(super) thp: String,
     pub(super) cpus: usize,
+    /// What `bpftrace --version` printed.
     pub(super) bpftrace_version: String,
+    /// The load averages (1, 5, 15 minutes) before the first run and after the last.
     pub(super) load_before: String,
     pub(super) load_after: String,
+}
+
+impl Machine {
+    /// This machine as the runs start; `load_after` is for the caller to fill in.
+    pub(super) fn before_the_runs(bpftrace: &Path) -> Self {
+        Self {
+            kernel: kernel_release(),
+            cpus: std::thread::available_parallelism().map_or(1, usize::from),
+            bpftrace_version: bpftrace_version(bpftrace),
+            load_before: load_average(),
+            load_after: String::new(),
+        }
+    }
+}
+
+/// What the page-fault report says about the machine.
+pub(super) struct Environment {
+    pub(super) machine: Machine,
+    pub(super) thp: String,
 }
 
 /// BENCHMARKS.md holds every benchmark's report: each owns the text between its two markers.
@@ -59,6 +82,22 @@ pub(super) fn median(mut values: Vec<f64>) -> f64 {
     }
 }
 
+/// The running kernel's release, as `uname -r` prints it.
+fn kernel_release() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .unwrap_or_default()
+        .trim()
+        .into()
+}
+
+/// What `bpftrace --version` prints, or nothing.
+fn bpftrace_version(bpftrace: &Path) -> String {
+    crate::util::output_of(Command::new(bpftrace).arg("--version"))
+        .unwrap_or_default()
+        .trim()
+        .into()
+}
+
 /// The page-fault benchmark's section, from the rounds' `samples`, the non-target runs
 /// (`neighbours`: round, mode, sample), the max-rate runs and the programs' costs.
 pub(super) fn report(
@@ -78,7 +117,7 @@ pub(super) fn report(
     tables::sampled_latency(&mut out, &figures);
     targets::against_the_targets(&mut out, &figures);
     targets::where_the_cost_goes(&mut out, &figures);
-    tables::max_rate(&mut out, pages, env.cpus, max_rate);
+    tables::max_rate(&mut out, pages, env.machine.cpus, max_rate);
     tables::program_costs(&mut out, pages, costs);
     out
 }
@@ -102,6 +141,11 @@ impl<'a> Figures<'a> {
         };
         figures.untraced = median(figures.cpu_ns(Mode::Untraced));
         figures
+    }
+
+    /// `ns` as a share of an untraced fault, in %.
+    fn percent_of_untraced(&self, ns: f64) -> f64 {
+        ns / self.untraced * 100.0
     }
 
     /// `mode`'s CPU ns per fault, one a round.

@@ -14,11 +14,11 @@ use super::{
 /// Every mode's CPU and wall time per fault, added cost and faults lost.
 pub(super) fn results(out: &mut String, runs: usize, figures: &Figures) {
     let _ = writeln!(out, "### Results: first touch, {runs} runs per mode\n");
-    let _ = writeln!(
+    table_header(
         out,
-        "| mode | CPU ns/fault | min | max | added | vs untraced | wall ns/fault | faults lost |"
+        "| mode | CPU ns/fault | min | max | added | vs untraced | wall ns/fault | faults lost |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     );
-    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|");
     for mode in Mode::ALL {
         let cpu = figures.cpu_ns(mode);
         let lost = figures.faults_lost(mode);
@@ -51,11 +51,11 @@ pub(super) fn non_target(out: &mut String, figures: &Figures) {
         out,
         "\n### A process that is not traced, while the tracer follows another with `-p`\n"
     );
-    let _ = writeln!(
+    table_header(
         out,
-        "| mode (following a `sleep`) | CPU ns/fault | added | vs untraced |"
+        "| mode (following a `sleep`) | CPU ns/fault | added | vs untraced |",
+        "|---|---:|---:|---:|",
     );
-    let _ = writeln!(out, "|---|---:|---:|---:|");
     for mode in &Mode::ALL[1..] {
         let add = figures.neighbour_added(*mode);
         let _ = writeln!(
@@ -74,11 +74,11 @@ pub(super) fn sampled_latency(out: &mut String, figures: &Figures) {
         out,
         "\n### Sampled latency against exact, same workload (medians over rounds)\n"
     );
-    let _ = writeln!(
+    table_header(
         out,
-        "| mode | faults timed | p50 ns | p90 ns | p99 ns | p50 / exact | p90 / exact | p99 / exact |"
+        "| mode | faults timed | p50 ns | p90 ns | p99 ns | p50 / exact | p90 / exact | p99 / exact |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     );
-    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|");
     for mode in Mode::latency_compared() {
         let p = figures.percentiles(mode);
         let r = figures.against_exact(mode);
@@ -103,11 +103,11 @@ pub(super) fn max_rate(out: &mut String, pages: usize, cpus: usize, runs: &[(Mod
         out,
         "\n### Maximum fault rate: {cpus} threads faulting at once (`mtouch {pages} {cpus}`)\n"
     );
-    let _ = writeln!(
+    table_header(
         out,
-        "| mode | wall ns/fault | CPU ns/fault | faults (kernel) | faults (tracer) | lost |"
+        "| mode | wall ns/fault | CPU ns/fault | faults (kernel) | faults (tracer) | lost |",
+        "|---|---:|---:|---:|---:|---:|",
     );
-    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|");
     for (mode, s) in runs {
         let _ = writeln!(
             out,
@@ -135,8 +135,11 @@ pub(super) fn program_costs(out: &mut String, pages: usize, costs: &[ProgramCost
          overflow path, tracepoint dispatch) and, for bpftrace, work deferred out of its \
          programs (map element allocation and freeing).\n"
     );
-    let _ = writeln!(out, "| tracer | program | runs | avg ns/run |");
-    let _ = writeln!(out, "|---|---|---:|---:|");
+    table_header(
+        out,
+        "| tracer | program | runs | avg ns/run |",
+        "|---|---|---:|---:|",
+    );
     for c in costs {
         let _ = writeln!(
             out,
@@ -147,4 +150,9 @@ pub(super) fn program_costs(out: &mut String, pages: usize, costs: &[ProgramCost
             c.avg_ns
         );
     }
+}
+
+/// A markdown table's column names and their alignment row.
+fn table_header(out: &mut String, columns: &str, alignment: &str) {
+    let _ = writeln!(out, "{columns}\n{alignment}");
 }

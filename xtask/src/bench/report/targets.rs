@@ -116,10 +116,8 @@ fn stacks_line(out: &mut String, figures: &Figures) {
 /// Where the added cost goes: the floors (the hooks with programs that do nothing, or only
 /// read the clock) against memlock-trace's and bpftrace's programs, and streaming.
 pub(super) fn where_the_cost_goes(out: &mut String, figures: &Figures) {
-    let untraced = figures.untraced;
     let ours = figures.added(Mode::Default);
     let bpf = figures.added(Mode::Bpftrace);
-    let sampled32 = figures.added(Mode::Sampled32);
     let per_thread_floor = figures.added(Mode::PerThreadFloor32);
     let _ = writeln!(
         out,
@@ -128,10 +126,10 @@ pub(super) fn where_the_cost_goes(out: &mut String, figures: &Figures) {
          of `--latency-sample 32` with `-p` on this kernel, one perf overflow and program run \
          per fault at the start; the sampled mode's programs add {:.0} ns on top. At period 1 \
          (the default mode's floor): {:.0} ns, {:.1}%.",
-        per_thread_floor / untraced * 100.0,
-        sampled32 - per_thread_floor,
+        figures.percent_of_untraced(per_thread_floor),
+        figures.added(Mode::Sampled32) - per_thread_floor,
         figures.added(Mode::PerThreadFloor),
-        figures.added(Mode::PerThreadFloor) / untraced * 100.0,
+        figures.percent_of_untraced(figures.added(Mode::PerThreadFloor)),
     );
     let floor = figures.added(Mode::EmptyPrograms);
     let clock_floor = figures.added(Mode::ClockPrograms);
