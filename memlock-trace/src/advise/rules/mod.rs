@@ -37,7 +37,7 @@ const MIB: f64 = 1_048_576.0;
 pub fn advise(table: &Table) -> Vec<Advice> {
     let mut advice = Vec::new();
     // Bytes the lock advice pins so far, against the limit.
-    let mut locking = table.locked_max_bytes;
+    let mut locking = table.limits.locked_max_bytes;
     // Bytes the lock and populate advice adds to the memory cgroup's charge so far.
     let mut charging = 0;
     for m in &table.mappings {
