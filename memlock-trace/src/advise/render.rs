@@ -294,26 +294,29 @@ fn sites_text(t: &Table, a: &Advice) -> Vec<String> {
 }
 
 pub fn json(t: &Table, advice: &[Advice]) -> String {
-    let v = serde_json::json!({
-        "type": "advise",
-        "schema": JSON_SCHEMA,
-        "time_ns": WallClock::now_ns(),
-        "process": t,
-        "advice": advice,
-    });
-    format!("{v}\n")
+    report_json(t, advice, None)
 }
 
 pub fn apply_json(t: &Table, advice: &[Advice], c: &Comparison) -> String {
-    let v = serde_json::json!({
+    report_json(t, advice, Some(c))
+}
+
+/// The report as one JSON line; `apply`: with `--apply`'s comparison.
+fn report_json(t: &Table, advice: &[Advice], apply: Option<&Comparison>) -> String {
+    let mut v = serde_json::json!({
         "type": "advise",
         "schema": JSON_SCHEMA,
         "time_ns": WallClock::now_ns(),
         "process": t,
         "advice": advice,
-        "apply": c,
     });
-    format!("{v}\n")
+    if let Some(c) = apply {
+        v["apply"] = serde_json::json!(c);
+    }
+    format!(
+        "{v}
+"
+    )
 }
 
 pub fn apply_text(t: &Table, advice: &[Advice], c: &Comparison) -> String {
