@@ -193,7 +193,7 @@ impl Side {
             user_p50_ns: user.map(|l| l.p50),
             user_p99_ns: user.map(|l| l.p99),
             wall_ns: t.wall_ns,
-            locked_max_bytes: t.locked_max_bytes,
+            locked_max_bytes: t.limits.locked_max_bytes,
             locked_by_calls_bytes: t.locked_by_calls_bytes,
             own_faults: t.own_faults,
             exit_code: t.exit_code,

@@ -28,10 +28,15 @@ fn sentence(text: &str) -> String {
     crate::output::escape_uncut(text.as_bytes())
 }
 
-/// The last `n` characters of `s` (a path's end tells it apart).
-fn tail(s: &str, n: usize) -> String {
-    let skip = s.chars().count().saturating_sub(n);
-    s.chars().skip(skip).collect()
+/// `name` in `width` characters at the most: cut at its start, where `…` stands, since a
+/// path's end tells it apart.
+fn fit(name: String, width: usize) -> String {
+    let len = name.chars().count();
+    if len <= width {
+        return name;
+    }
+    let skip = len - (width - 1);
+    format!("…{}", name.chars().skip(skip).collect::<String>())
 }
 
 /// `text` wrapped to the terminal's width after `first`, its other lines indented by
@@ -135,17 +140,17 @@ pub fn text(t: &Table, advice: &[Advice]) -> String {
 }
 
 fn limits(t: &Table) -> String {
-    let limit = match t.memlock_limit {
+    let limit = match t.limits.memlock_limit {
         Some(MemlockLimit::Bytes(b)) => size(b),
         Some(MemlockLimit::Unlimited) => "unlimited".into(),
         None => "unknown".into(),
     };
-    let cap = match t.cap_ipc_lock {
+    let cap = match t.limits.cap_ipc_lock {
         Some(true) => " (the process has CAP_IPC_LOCK: the limit does not apply)",
         Some(false) => " (no CAP_IPC_LOCK)",
         None => "",
     };
-    let cgroup = match &t.memory_cgroup {
+    let cgroup = match &t.limits.memory_cgroup {
         Some(c) => format!(
             "; memory cgroup {} (cgroup {}): {}",
             c.path,
@@ -155,11 +160,11 @@ fn limits(t: &Table) -> String {
         ),
         None => String::new(),
     };
-    let swap = if t.swap_max_bytes > 0 {
+    let swap = if t.limits.swap_max_bytes > 0 {
         format!(
             "; on swap at most {} (VmSwap; {} resident and swapped at the largest)",
-            size(t.swap_max_bytes),
-            size(t.footprint_max_bytes)
+            size(t.limits.swap_max_bytes),
+            size(t.limits.footprint_max_bytes)
         )
     } else {
         String::new()
@@ -168,9 +173,9 @@ fn limits(t: &Table) -> String {
         "limits: RLIMIT_MEMLOCK {limit}{cap}; MemAvailable {}{cgroup}; locked at most \
          {}{swap}; {} thread{}",
         t.mem_available_bytes.map_or("unknown".into(), size),
-        size(t.locked_max_bytes),
-        t.threads_max,
-        if t.threads_max == 1 { "" } else { "s" }
+        size(t.limits.locked_max_bytes),
+        t.limits.threads_max,
+        if t.limits.threads_max == 1 { "" } else { "s" }
     )
 }
 
@@ -181,10 +186,7 @@ fn mapping_table(out: &mut String, t: &Table) {
         "MAPPING", "SIZE", "RESIDENT", "START-UP", "AFTER", "TIME AFTER", "LOCKED"
     );
     for m in t.mappings.iter().take(TABLE_ROWS) {
-        let mut name = shown(&m.mapping);
-        if name.chars().count() > 34 {
-            name = format!("…{}", tail(&name, 33));
-        }
+        let name = fit(shown(&m.mapping), 34);
         let _ = writeln!(
             out,
             "{name:<34} {:>10} {:>10} {:>9} {:>9} {:>11} {:>6}",
@@ -292,26 +294,29 @@ fn sites_text(t: &Table, a: &Advice) -> Vec<String> {
 }
 
 pub fn json(t: &Table, advice: &[Advice]) -> String {
-    let v = serde_json::json!({
-        "type": "advise",
-        "schema": JSON_SCHEMA,
-        "time_ns": WallClock::now_ns(),
-        "process": t,
-        "advice": advice,
-    });
-    format!("{v}\n")
+    report_json(t, advice, None)
 }
 
 pub fn apply_json(t: &Table, advice: &[Advice], c: &Comparison) -> String {
-    let v = serde_json::json!({
+    report_json(t, advice, Some(c))
+}
+
+/// The report as one JSON line; `apply`: with `--apply`'s comparison.
+fn report_json(t: &Table, advice: &[Advice], apply: Option<&Comparison>) -> String {
+    let mut v = serde_json::json!({
         "type": "advise",
         "schema": JSON_SCHEMA,
         "time_ns": WallClock::now_ns(),
         "process": t,
         "advice": advice,
-        "apply": c,
     });
-    format!("{v}\n")
+    if let Some(c) = apply {
+        v["apply"] = serde_json::json!(c);
+    }
+    format!(
+        "{v}
+"
+    )
 }
 
 pub fn apply_text(t: &Table, advice: &[Advice], c: &Comparison) -> String {
@@ -340,10 +345,7 @@ pub fn apply_text(t: &Table, advice: &[Advice], c: &Comparison) -> String {
             let cell = |x: Option<(u64, u64)>| {
                 x.map_or("0".into(), |(n, ns)| format!("{} ({})", count(n), ms(ns)))
             };
-            let mut name = format!("{} {}", shown(&p.mapping), size(p.size_bytes));
-            if name.chars().count() > 44 {
-                name = format!("…{}", tail(&name, 43));
-            }
+            let name = fit(format!("{} {}", shown(&p.mapping), size(p.size_bytes)), 44);
             let _ = writeln!(
                 out,
                 "  {name:<44} {:>24} {:>24}",

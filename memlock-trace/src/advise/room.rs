@@ -18,7 +18,7 @@ pub fn new_charge(m: &MappingFigures) -> u64 {
 
 /// The limit that leaves the process the least room, if its memory cgroup has one.
 fn binding(table: &Table) -> Option<&MemoryLimit> {
-    table.memory_cgroup.as_ref()?.binding()
+    table.limits.memory_cgroup.as_ref()?.binding()
 }
 
 /// Why `charge` bytes (this advice's and the advice before it) cannot be pinned in the
@@ -58,7 +58,7 @@ pub fn cgroup_note(table: &Table, charge: u64) -> Option<String> {
 pub fn weigh_swapped(table: &Table, pinned: u64, locked: u64) -> Option<Result<String, String>> {
     let limit = binding(table)?;
     let left = limit.limit_bytes.saturating_sub(locked);
-    let rest = table.footprint_max_bytes.saturating_sub(pinned);
+    let rest = table.limits.footprint_max_bytes.saturating_sub(pinned);
     let limit_text = limit_text(table, limit);
     let cgroup = own_path(table);
     if left == 0 {
@@ -79,7 +79,7 @@ pub fn weigh_swapped(table: &Table, pinned: u64, locked: u64) -> Option<Result<S
         "the rest of the process's working set ({}: its largest footprint, {} resident and \
          swapped, less this mapping)",
         size(rest),
-        size(table.footprint_max_bytes)
+        size(table.limits.footprint_max_bytes)
     );
     if rest <= left {
         return Some(Ok(format!("{leaves}; {working_set} fits there")));
@@ -89,7 +89,7 @@ pub fn weigh_swapped(table: &Table, pinned: u64, locked: u64) -> Option<Result<S
         "{working_set} does not fit there: {} of it must live on swap",
         size(overflow)
     );
-    match table.swap_room_bytes {
+    match table.limits.swap_room_bytes {
         Some(room) if overflow <= room => Some(Ok(format!(
             "{leaves}; {rest_text}, and swap has {} for it (free swap and the process's own, \
              at the least): no OOM risk while that lasts, but the rest's own swap-ins take \
@@ -107,6 +107,7 @@ pub fn weigh_swapped(table: &Table, pinned: u64, locked: u64) -> Option<Result<S
 /// The process's own memory cgroup's path.
 fn own_path(table: &Table) -> String {
     table
+        .limits
         .memory_cgroup
         .as_ref()
         .map_or_else(String::new, |c| c.path.to_string())
@@ -115,7 +116,7 @@ fn own_path(table: &Table) -> String {
 /// `its memory.max 128 MiB (100 MiB used at the process's fullest, 28 MiB left)`, or
 /// `/parent's ...` for an ancestor's limit.
 pub fn limit_text(table: &Table, limit: &MemoryLimit) -> String {
-    let whose = match &table.memory_cgroup {
+    let whose = match &table.limits.memory_cgroup {
         Some(c) if c.path == limit.path => "its".to_string(),
         _ => format!("{}'s", limit.path),
     };

@@ -65,6 +65,20 @@ pub struct Samples {
     pub last_exec_mapping_ns: Option<u64>,
     pub first_ns: Option<u64>,
     pub last_ns: Option<u64>,
+    #[serde(flatten)]
+    pub limits: LimitsSeen,
+    /// `/proc/PID/stat` minflt and majflt at the first and the last sample.
+    pub stat_first: Option<(u64, u64)>,
+    pub stat_last: Option<(u64, u64)>,
+    /// Process start, ns after boot (`/proc/PID/stat` field 22).
+    pub start_boot_ns: Option<u64>,
+    pub samples: u32,
+}
+
+/// The limits the advice is weighed against and the process's largest figures, as the
+/// samples saw them (the table carries them as they are).
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct LimitsSeen {
     pub memlock_limit: Option<MemlockLimit>,
     pub cap_ipc_lock: Option<bool>,
     /// The memory cgroup as the sample that found the least room saw it (its usage at the
@@ -80,12 +94,6 @@ pub struct Samples {
     /// The least swap the process could have used in any sample: the machine's free swap
     /// (`SwapFree:`) and what the process itself held there (`None`: never read).
     pub swap_room_bytes: Option<u64>,
-    /// `/proc/PID/stat` minflt and majflt at the first and the last sample.
-    pub stat_first: Option<(u64, u64)>,
-    pub stat_last: Option<(u64, u64)>,
-    /// Process start, ns after boot (`/proc/PID/stat` field 22).
-    pub start_boot_ns: Option<u64>,
-    pub samples: u32,
 }
 
 /// Where the target's pid comes from.
@@ -150,13 +158,13 @@ fn sample_until(pid_source: Pid, stop: &AtomicBool, found: &AtomicU32) -> Sample
             samples.start_boot_ns = Some(start);
         }
         if let Some(status) = read(&format!("/proc/{pid}/status")) {
-            samples.note_status(&status);
+            samples.limits.note_status(&status);
         }
         if let Some(limit) = read(&format!("/proc/{pid}/limits")).and_then(|l| memlock_limit(&l)) {
-            samples.memlock_limit = Some(limit);
+            samples.limits.memlock_limit = Some(limit);
         }
         if let Some(cgroup) = memory_cgroup::of_process(pid) {
-            samples.note_cgroup(cgroup);
+            samples.limits.note_cgroup(cgroup);
         }
         mappings.note(&mut samples, &entries, now);
     }
@@ -195,7 +203,7 @@ impl Launcher {
     }
 }
 
-impl Samples {
+impl LimitsSeen {
     /// Threads, `CAP_IPC_LOCK` and swap from `/proc/PID/status`.
     fn note_status(&mut self, status: &str) {
         let field = |k: &str| {
@@ -289,7 +297,7 @@ impl Mappings {
             seen.guarded |= guarded;
             now_present.insert(key);
         }
-        samples.locked_max_bytes = samples.locked_max_bytes.max(locked);
+        samples.limits.locked_max_bytes = samples.limits.locked_max_bytes.max(locked);
         self.present = now_present;
     }
 }

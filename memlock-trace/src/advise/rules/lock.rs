@@ -105,8 +105,8 @@ fn room_for(table: &Table, m: &MappingFigures, charging: u64) -> Result<u64, (Ki
 /// Whether `need` bytes locked in all fit under the process's `RLIMIT_MEMLOCK` (or it has
 /// `CAP_IPC_LOCK`, which the limit does not bind).
 pub(super) fn lock_fits(table: &Table, need: u64) -> bool {
-    table.cap_ipc_lock == Some(true)
-        || match table.memlock_limit {
+    table.limits.cap_ipc_lock == Some(true)
+        || match table.limits.memlock_limit {
             Some(MemlockLimit::Unlimited) => true,
             Some(MemlockLimit::Bytes(b)) => need <= b,
             None => false,
@@ -115,8 +115,8 @@ pub(super) fn lock_fits(table: &Table, need: u64) -> bool {
 
 /// The lock advice's `need` bytes weighed against the limit, in words.
 pub(super) fn against_limit(table: &Table, need: u64) -> String {
-    let limit = limit_text(table.memlock_limit);
-    if table.cap_ipc_lock == Some(true) {
+    let limit = limit_text(table.limits.memlock_limit);
+    if table.limits.cap_ipc_lock == Some(true) {
         format!("{limit}, not applied: the process has CAP_IPC_LOCK")
     } else {
         format!("{} locked in all, within {limit}", size(need))
@@ -129,7 +129,7 @@ fn over_limit(table: &Table, m: &MappingFigures, what: String, need: u64) -> Adv
          EAGAIN): locking it needs RLIMIT_MEMLOCK of at least {} ({} now, no CAP_IPC_LOCK); \
          memlock-trace never raises a limit",
         size(need),
-        limit_text(table.memlock_limit)
+        limit_text(table.limits.memlock_limit)
     );
     Advice::new(Verdict::DoNot, Kind::OverLimit, what, how).on(m)
 }

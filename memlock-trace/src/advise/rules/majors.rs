@@ -65,7 +65,7 @@ pub(super) fn swap_ins(table: &Table, m: &MappingFigures, locking: &mut u64) -> 
              populating cannot (populated pages are reclaimed like any other); memlock-trace \
              never raises a limit",
             size(need),
-            limit_text(table.memlock_limit)
+            limit_text(table.limits.memlock_limit)
         );
         return vec![Advice::new(Verdict::DoNot, Kind::OverLimit, what, how).on(m)];
     }
@@ -120,11 +120,11 @@ pub(super) fn major_faults(table: &Table) -> Option<Advice> {
             count(during + other_after)
         )
     } else {
-        let swap = if table.swap_max_bytes > 0 {
+        let swap = if table.limits.swap_max_bytes > 0 {
             format!(
                 " (the process had up to {} on swap, in no mapping that faulted enough to \
                  advise on)",
-                size(table.swap_max_bytes)
+                size(table.limits.swap_max_bytes)
             )
         } else {
             String::new()

@@ -4,6 +4,8 @@
 //! `MCL_FUTURE`), and what not to do (over the limit, over the memory available or the
 //! memory cgroup's room, memory touched only at start-up).
 
+use serde::Serialize;
+
 use super::units::{count, ms};
 use super::{
     room::{self, memlock_text as limit_text},
@@ -12,13 +14,13 @@ use super::{
 };
 use crate::{procfs::PAGE_SIZE, syscalls::why::size};
 
-mod advice;
 mod allocator;
+mod kind;
 mod lock;
 mod majors;
 mod overall;
 
-pub use self::advice::{Advice, ApplyStep, Kind, Verdict};
+pub use self::kind::Kind;
 use self::{
     allocator::{allocator, refaulted},
     lock::lock_or_populate,
@@ -32,12 +34,92 @@ const MIN_STEADY_FAULTS: u64 = 64;
 const MAJOR_AT_STARTUP: u64 = 64;
 const MIB: f64 = 1_048_576.0;
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Verdict {
+    /// Worth doing: ranked.
+    Do,
+    /// Locking cannot help this.
+    CannotHelp,
+    /// Do not.
+    DoNot,
+}
+
+/// How `--apply` carries an advice out.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ApplyStep {
+    /// A rule of the preload library (`MEMLOCK_PRELOAD_RULES`).
+    Preload(String),
+    /// A glibc tunable (`GLIBC_TUNABLES`).
+    Tunable(String),
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Advice {
+    pub verdict: Verdict,
+    pub kind: Kind,
+    pub mapping: Option<String>,
+    pub start: Option<u64>,
+    pub end: Option<u64>,
+    /// Bytes the advice keeps resident (locked, populated or kept by the allocator).
+    pub pinned_bytes: u64,
+    /// Fault time it removes from the steady state, and the faults.
+    pub saved_ns: u64,
+    pub faults_removed: u64,
+    pub saved_ns_per_mib: f64,
+    /// What was seen, in a sentence.
+    pub what: String,
+    /// What to do (or why not).
+    pub how: String,
+    pub apply: Option<ApplyStep>,
+}
+
+impl Advice {
+    fn new(verdict: Verdict, kind: Kind, what: String, how: String) -> Self {
+        Self {
+            verdict,
+            kind,
+            mapping: None,
+            start: None,
+            end: None,
+            pinned_bytes: 0,
+            saved_ns: 0,
+            faults_removed: 0,
+            saved_ns_per_mib: 0.0,
+            what,
+            how,
+            apply: None,
+        }
+    }
+
+    fn on(mut self, m: &MappingFigures) -> Self {
+        self.mapping = Some(m.mapping.clone());
+        self.start = Some(m.start);
+        self.end = Some(m.end);
+        self
+    }
+
+    fn saving(mut self, pinned: u64, saved_ns: u64, faults: u64) -> Self {
+        self.pinned_bytes = pinned;
+        self.saved_ns = saved_ns;
+        self.faults_removed = faults;
+        self.saved_ns_per_mib = saved_ns as f64 / (pinned.max(PAGE_SIZE) as f64 / MIB);
+        self
+    }
+
+    /// The bytes of the mapping it is about (0 for advice on no mapping).
+    fn mapped_bytes(&self) -> u64 {
+        self.end.unwrap_or(0) - self.start.unwrap_or(0)
+    }
+}
+
 /// The advice for `table`: the ranked `Do` list first, then what locking cannot help, then
 /// what not to do.
 pub fn advise(table: &Table) -> Vec<Advice> {
     let mut advice = Vec::new();
     // Bytes the lock advice pins so far, against the limit.
-    let mut locking = table.locked_max_bytes;
+    let mut locking = table.limits.locked_max_bytes;
     // Bytes the lock and populate advice adds to the memory cgroup's charge so far.
     let mut charging = 0;
     for m in &table.mappings {

@@ -36,8 +36,8 @@ pub(super) fn coalesce_over_limit(table: &Table, advice: &mut Vec<Advice>) {
         "do not mlock them under this limit (mlock fails with ENOMEM, mlockall with ENOMEM or \
          EAGAIN): locking them all needs RLIMIT_MEMLOCK of at least {} ({} now, no \
          CAP_IPC_LOCK); memlock-trace never raises a limit",
-        size(table.locked_max_bytes + total),
-        limit_text(table.memlock_limit)
+        size(table.limits.locked_max_bytes + total),
+        limit_text(table.limits.memlock_limit)
     );
     advice.push(Advice::new(Verdict::DoNot, Kind::OverLimit, what, how));
 }
@@ -53,7 +53,7 @@ pub(super) fn thread_stacks(table: &Table) -> Option<Advice> {
     let stacks: Vec<&MappingFigures> = table.mappings.iter().filter(|m| thread_stack(m)).collect();
     // Short-lived threads may come and go between two samples of the thread count; their
     // stacks are still seen faulting.
-    if table.threads_max < 2 && stacks.len() < 2 {
+    if table.limits.threads_max < 2 && stacks.len() < 2 {
         return None;
     }
     let reserved: u64 = stacks.iter().map(|m| m.size_bytes).sum();
@@ -62,17 +62,17 @@ pub(super) fn thread_stacks(table: &Table) -> Option<Advice> {
         .filter_map(|m| m.resident_bytes)
         .reduce(|a, b| a + b)
         .map_or_else(String::new, |r| format!(", {} resident", size(r)));
-    let threads = if stacks.len() > table.threads_max as usize {
+    let threads = if stacks.len() > table.limits.threads_max as usize {
         format!(
             "{} thread stacks seen faulting (threads came and went between the samples, which \
              saw at most {} at once)",
             stacks.len(),
-            table.threads_max
+            table.limits.threads_max
         )
     } else {
         format!(
             "{} threads; thread stacks seen faulting: {}",
-            table.threads_max,
+            table.limits.threads_max,
             stacks.len()
         )
     };

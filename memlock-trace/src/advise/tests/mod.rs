@@ -2,7 +2,7 @@
 //! keeps it from being drawn; the table's own counting on hand-made runs.
 
 use super::{
-    sample::MemlockLimit,
+    sample::{LimitsSeen, MemlockLimit},
     table::{MappingFigures, Phase, Startup, StartupHow, Table},
 };
 
@@ -50,15 +50,13 @@ fn table(mappings: Vec<MappingFigures>, limit: u64, cap: bool) -> Table {
         after_startup: Phase::default(),
         latency_ns: Default::default(),
         time_basis: "each fault timed".into(),
-        memlock_limit: Some(MemlockLimit::Bytes(limit)),
-        cap_ipc_lock: Some(cap),
+        limits: LimitsSeen {
+            memlock_limit: Some(MemlockLimit::Bytes(limit)),
+            cap_ipc_lock: Some(cap),
+            threads_max: 1,
+            ..LimitsSeen::default()
+        },
         mem_available_bytes: Some(8 << 30),
-        memory_cgroup: None,
-        threads_max: 1,
-        locked_max_bytes: 0,
-        swap_max_bytes: 0,
-        footprint_max_bytes: 0,
-        swap_room_bytes: None,
         locked_by_calls_bytes: 0,
         own_faults: None,
         glibc_malloc: true,

@@ -10,7 +10,7 @@ use crate::advise::{
 /// A memory cgroup limited at `limit_mib` with `used_mib` charged, its parent unlimited.
 fn in_cgroup(t: &mut Table, limit_mib: u64, used_mib: u64) {
     use crate::process::memory_cgroup::{MemoryCgroup, MemoryLimit, Version};
-    t.memory_cgroup = Some(MemoryCgroup {
+    t.limits.memory_cgroup = Some(MemoryCgroup {
         version: Version::V2,
         path: "/app.slice/app.service".into(),
         limits: vec![MemoryLimit {
@@ -45,7 +45,7 @@ fn past_the_memory_cgroup_s_room_nothing_is_locked_nor_populated() {
         refused.how
     );
     // Without CAP_IPC_LOCK and over RLIMIT_MEMLOCK: populating charges as much, refused too.
-    t.cap_ipc_lock = Some(false);
+    t.limits.cap_ipc_lock = Some(false);
     let advice = advise(&t);
     assert!(
         !advice.iter().any(|a| a.kind == Kind::Populate),
@@ -103,10 +103,10 @@ fn a_swapped_table_is_locked_against_swap_ins_and_weighed_against_the_cgroup() {
             total: 3 * 4096 * 40_000,
         },
     );
-    t.swap_max_bytes = 40 * MIB;
-    t.footprint_max_bytes = 100 * MIB;
-    t.swap_room_bytes = Some(400 * MIB);
-    t.memory_cgroup = Some(MemoryCgroup {
+    t.limits.swap_max_bytes = 40 * MIB;
+    t.limits.footprint_max_bytes = 100 * MIB;
+    t.limits.swap_room_bytes = Some(400 * MIB);
+    t.limits.memory_cgroup = Some(MemoryCgroup {
         version: Version::V1,
         path: "/pressed".into(),
         limits: vec![MemoryLimit {
@@ -140,7 +140,7 @@ fn a_swapped_table_is_locked_against_swap_ins_and_weighed_against_the_cgroup() {
         "{advice:?}"
     );
     // No swap to take the rest: locking would OOM-kill.
-    t.swap_room_bytes = Some(MIB);
+    t.limits.swap_room_bytes = Some(MIB);
     let advice = advise(&t);
     assert_eq!(advice[0].kind, Kind::OverCgroup, "{advice:?}");
     assert_eq!(advice[0].verdict, Verdict::DoNot);

@@ -74,7 +74,7 @@ fn start_up_only_memory_is_not_to_be_locked_and_few_faults_are_no_advice() {
 #[test]
 fn the_heap_is_advised_but_not_applied_and_threads_get_the_stack_warning() {
     let mut t = table(vec![mapping("[heap]", 16 * MIB, 0, 4096)], 64 * MIB, false);
-    t.threads_max = 8;
+    t.limits.threads_max = 8;
     let advice = advise(&t);
     assert_eq!(advice[0].kind, Kind::Lock);
     assert_eq!(advice[0].apply, None);

@@ -9,9 +9,8 @@ use serde::Serialize;
 
 use super::{
     observe::{Latency, Run, Site},
-    sample::{MemlockLimit, Seen, mem_available},
+    sample::{LimitsSeen, Seen, mem_available},
 };
-use crate::process::memory_cgroup::MemoryCgroup;
 
 mod mappings;
 mod phases;
@@ -126,20 +125,10 @@ pub struct Table {
     pub latency_ns: BTreeMap<String, Latency>,
     /// How fault time was measured: each fault timed, or scaled from a sample.
     pub time_basis: String,
-    pub memlock_limit: Option<MemlockLimit>,
-    pub cap_ipc_lock: Option<bool>,
+    /// The limits and the process's largest figures, as the samples saw them.
+    #[serde(flatten)]
+    pub limits: LimitsSeen,
     pub mem_available_bytes: Option<u64>,
-    /// The process's memory cgroup and its limits, at its fullest (`None`: no memory
-    /// controller, or the process was never sampled).
-    pub memory_cgroup: Option<MemoryCgroup>,
-    pub threads_max: u32,
-    pub locked_max_bytes: u64,
-    /// Most bytes the process had on swap (`VmSwap:`), and its largest footprint
-    /// (resident and swapped in one sample).
-    pub swap_max_bytes: u64,
-    pub footprint_max_bytes: u64,
-    /// Swap the process could have used at the least (free swap and its own).
-    pub swap_room_bytes: Option<u64>,
     /// Bytes the kernel counted locked by the process's mlock-family calls (exact, where
     /// the samples may miss a short-lived lock).
     pub locked_by_calls_bytes: u64,
@@ -185,15 +174,8 @@ pub fn build(run: &Run, startup_flag: Option<f64>) -> Result<Table> {
         after_startup: after,
         latency_ns: run.session.latency_ns.clone(),
         time_basis: phases::time_basis(run),
-        memlock_limit: s.memlock_limit,
-        cap_ipc_lock: s.cap_ipc_lock,
+        limits: s.limits.clone(),
         mem_available_bytes: mem_available(),
-        memory_cgroup: s.memory_cgroup.clone(),
-        threads_max: s.threads_max,
-        locked_max_bytes: s.locked_max_bytes,
-        swap_max_bytes: s.swap_max_bytes,
-        footprint_max_bytes: s.footprint_max_bytes,
-        swap_room_bytes: s.swap_room_bytes,
         locked_by_calls_bytes: run.locked_by_calls,
         own_faults: s
             .stat_first
