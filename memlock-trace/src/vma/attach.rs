@@ -7,32 +7,12 @@ use std::fmt::Write as _;
 use anyhow::{Result, anyhow};
 use aya::programs::BtfTracePoint;
 use memlock_trace_common::syscall_hooks::hook;
-use serde::Serialize;
 
-use super::{
-    config::walks_rbtree,
-    functions::{HookedFunction, attach_functions},
-};
+use super::{config::walks_rbtree, functions::attach_functions, hooks::VmaHooks};
 use crate::{
     event::Syscall,
     object::{AttachContext, HookFamily, HookLine, Refused, SyscallEdge, hook_refused},
 };
-
-/// The hook set the VMA family uses on this kernel, and why.
-#[derive(Clone, Debug, Default, Serialize)]
-pub struct VmaHooks {
-    /// Functions hooked with fentry/fexit; the index is the event's `hook` number.
-    pub functions: Vec<HookedFunction>,
-    /// Why fentry/fexit is not used at all, when the kernel refused it.
-    pub fentry_refused: Option<Refused>,
-    /// Candidates this kernel's BTF does not have (renamed, removed or inlined).
-    pub missing: Vec<&'static str>,
-    /// Candidates the kernel refused one by one: (function, reason).
-    pub refused: Vec<(String, Refused)>,
-    /// Snapshots walk the VMA rbtree and list: a kernel before 6.1 (no maple tree, so no
-    /// `maple_tree:ma_write` stores either).
-    pub rb_walk: bool,
-}
 
 impl HookFamily for VmaHooks {
     const NAME: &'static str = "vma";
@@ -145,7 +125,7 @@ impl HookFamily for VmaHooks {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::vma::config::config;
+    use crate::vma::{config::config, hooks::HookedFunction};
     use crate::{
         btf::KernelBtf,
         process::Targets,

@@ -9,9 +9,8 @@ use aya::{
     programs::{FEntry, FExit, Program, ProgramError},
 };
 use memlock_trace_common::vma::{FN_SLOTS, HookSpec, MAX_FN_HOOKS, SlotSpec, VMA_HOOKS, slot};
-use serde::Serialize;
 
-use super::attach::VmaHooks;
+use super::hooks::{HookedFunction, VmaHooks};
 use crate::{
     btf::{KernelBtf, Signature, TypeShape},
     object::{Refused, is_permission_error},
@@ -32,16 +31,6 @@ pub const CANDIDATES: [&str; 9] = [
     "commit_merge",
     "vma_expand",
 ];
-
-/// One hooked kernel function and what its event slots hold.
-#[derive(Clone, Debug, Serialize)]
-pub struct HookedFunction {
-    pub name: String,
-    /// Parameter names, in order (the event's `args`).
-    pub params: Vec<String>,
-    /// Label of each used event slot, e.g. `vma`, `*prev`, `vmg->middle`, `ret`.
-    pub slots: Vec<String>,
-}
 
 /// Which event slots to fill for a function with this signature: its VMA arguments, the VMA
 /// behind a `struct vm_area_struct **`, the three VMAs of a `struct vma_merge_struct *`, and a

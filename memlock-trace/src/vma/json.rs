@@ -7,9 +7,9 @@ use memlock_trace_common::vma::{StoreEvent, VmaRange, WholeTotals};
 use serde_json::json;
 
 use super::{
-    attach::VmaHooks,
     calls::{syscall_only, syscall_str},
     diff::ChangeCounts,
+    hooks::VmaHooks,
     render::{flags_str, function_str, store_func},
     tracker::Activity,
 };

@@ -10,13 +10,14 @@ mod calls;
 pub mod config;
 pub mod diff;
 mod functions;
+mod hooks;
 mod json;
 pub mod render;
 pub mod tracker;
 
-pub use attach::VmaHooks;
 pub use diff::{Change, ChangeCounts, diff};
-pub use functions::HookedFunction;
+pub use hooks::HookedFunction;
+pub use hooks::VmaHooks;
 pub use json::{activity_json, summary_json};
 pub use render::{activity_lines, flags_str, summary_line};
 pub use tracker::{Activity, Tracker, VmaCall};

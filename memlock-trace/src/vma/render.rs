@@ -4,9 +4,9 @@
 use std::fmt::Write as _;
 
 use super::{
-    attach::VmaHooks,
     calls::{syscall_only, syscall_str},
     diff::{Change, ChangeCounts},
+    hooks::VmaHooks,
     tracker::{Activity, VmaCall},
 };
 use crate::{
