@@ -175,6 +175,12 @@ pub fn load_side_by_side(
     })
 }
 
+/// The named map of `ebpf`.
+pub fn map<'e>(ebpf: &'e Ebpf, name: &str) -> Result<&'e aya::maps::Map> {
+    ebpf.map(name)
+        .ok_or_else(|| anyhow!("map {name} missing from the eBPF object"))
+}
+
 /// The named program of `ebpf`.
 pub fn program<'e>(ebpf: &'e mut Ebpf, name: &str) -> Result<&'e mut Program> {
     ebpf.program_mut(name)

@@ -1,21 +1,20 @@
 //! The kernel's per-CPU counter arrays (`PerCpuArray` of `u64`), each counter summed over
 //! CPUs: the health counters of the tracer, the families and the process tracking.
 
-use anyhow::{Result, anyhow};
+use anyhow::Result;
 use aya::{
     Ebpf,
     maps::{MapData, PerCpuArray},
 };
+
+use crate::object;
 
 /// A per-CPU array of counters in the loaded object.
 pub struct CpuCounters<'a>(PerCpuArray<&'a MapData, u64>);
 
 impl<'a> CpuCounters<'a> {
     pub fn open(ebpf: &'a Ebpf, name: &str) -> Result<Self> {
-        let map = ebpf
-            .map(name)
-            .ok_or_else(|| anyhow!("map {name} missing"))?;
-        Ok(Self(PerCpuArray::try_from(map)?))
+        Ok(Self(PerCpuArray::try_from(object::map(ebpf, name)?)?))
     }
 
     /// Counter `index`, summed over CPUs.

@@ -9,7 +9,7 @@ use std::{
 use anyhow::{Context as _, Result, anyhow};
 use aya::{
     Ebpf,
-    maps::{HashMap, IterableMap as _, Map, MapData, PerCpuArray},
+    maps::{HashMap, IterableMap as _, MapData, PerCpuArray},
 };
 use memlock_trace_common::mapping::MappingInfo;
 use memlock_trace_common::{
@@ -23,7 +23,7 @@ use serde::Serialize;
 
 use super::stacks::StackReport;
 use crate::buckets::Buckets;
-use crate::{map_batch, output::Outside, per_cpu::CpuCounters};
+use crate::{map_batch, object::map, output::Outside, per_cpu::CpuCounters};
 
 /// Everything the kernel aggregated, summed over CPUs.
 #[derive(Clone, Debug, Default)]
@@ -177,10 +177,6 @@ pub fn read(ebpf: &Ebpf, per_thread: bool, sole: Option<ProcessKey>) -> Result<F
         stack_unwinding: None,
     };
     Ok(report)
-}
-
-fn map<'a>(ebpf: &'a Ebpf, name: &str) -> Result<&'a Map> {
-    ebpf.map(name).ok_or_else(|| anyhow!("map {name} missing"))
 }
 
 impl KeyStats {

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use anyhow::{Result, anyhow};
+use anyhow::Result;
 use aya::{
     EbpfLoader,
     maps::{HashMap, IterableMap as _, MapData},
@@ -74,7 +74,7 @@ pub fn prepare_loader(loader: &mut EbpfLoader<'_>, few_processes: bool) -> Resul
 }
 
 pub fn read(ebpf: &aya::Ebpf) -> Result<SyscallReport> {
-    let map = |name: &str| ebpf.map(name).ok_or_else(|| anyhow!("map {name} missing"));
+    let map = |name: &str| crate::object::map(ebpf, name);
     let counters = CpuCounters::open(ebpf, names::SYSCALL_COUNTERS)?;
     let sum = |index: u32| counters.sum(index).unwrap_or(0);
     // Before the map: a key inserted while it is read must not count as evicted.
