@@ -114,6 +114,15 @@ impl Pass {
             faults: Faults::thread().since(before),
         }
     }
+
+    /// A read of each page of `region` after the pressure. The counts are the thread's, and
+    /// the pressure may have pushed out the measuring code's own pages too (its text, read
+    /// back from the file, and its stack): a pass over a page of no region brings those back
+    /// first, so the count is the region's own.
+    fn after_pressure(region: &Region) -> Result<Self> {
+        Self::over(&Region::guarded(1, RW)?, false);
+        Ok(Self::over(region, false))
+    }
 }
 
 /// The two keys, in a locked page of their own: the locked region's and the others'.
@@ -244,13 +253,9 @@ fn measure(args: &ScenarioArgs) -> Result<Value> {
     let stat = cgroup_stat()?;
     let [unlocked_found, locked_found] = found(&[keys.unlocked(), keys.locked()])?;
     drop(pressure);
-    // The counts are the thread's, and the pressure may have pushed out the pages of the
-    // measuring code itself (its text, read back from the file) and of its stack: one pass
-    // over a page of no region brings those back first, so a region's count is its own.
-    Pass::over(&Region::guarded(1, RW)?, false);
     let mut touched_again = serde_json::Map::new();
     for (name, region) in [("mlock", &locked), ("populate", &populate), ("lazy", &lazy)] {
-        touched_again.insert(name.into(), json!(Pass::over(region, false)));
+        touched_again.insert(name.into(), json!(Pass::after_pressure(region)?));
     }
 
     // 000: munlock does not push pages out, it puts them back where reclaim can take them.
@@ -263,7 +268,7 @@ fn measure(args: &ScenarioArgs) -> Result<Value> {
     let stat_after_munlock = cgroup_stat()?;
     let [formerly_locked_found] = found(&[keys.locked()])?;
     drop(pressure);
-    let formerly_locked_touched = Pass::over(&locked, false);
+    let formerly_locked_touched = Pass::after_pressure(&locked)?;
 
     Ok(json!({
         "region_pages": pages,
