@@ -8,6 +8,8 @@
 //! `VM_FAULT_MAJOR` or it was a retry (`FAULT_FLAG_TRIED`).
 //! <https://git.kernel.org/pub/scm/linux/kernel/git/torvalds/linux.git/tree/mm/memory.c?h=v6.1#n5084>
 
+use bytemuck::Zeroable;
+
 /// Names of the maps and globals of the fault hooks.
 pub mod names {
     pub const FAULT_CONFIG: &str = "FAULT_CONFIG";
@@ -224,7 +226,7 @@ const _: () = assert!(populate::COUNT <= SLOTS && class::COUNT <= SLOTS);
 /// Value of `FAULT_STATS`, shared by the CPUs (and this CPU's of `FAULT_SOLE_STATS`, which
 /// the loader sums).
 #[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Zeroable, PartialEq, Eq)]
 pub struct FaultStats {
     /// See [`stat`].
     pub counts: [u64; stat::COUNT],
@@ -235,16 +237,7 @@ pub struct FaultStats {
     pub comm: [u8; crate::TASK_COMM_LEN],
 }
 
-impl Default for FaultStats {
-    fn default() -> Self {
-        Self {
-            counts: [0; stat::COUNT],
-            populated_by: [0; SLOTS],
-            max_ns: [0; SLOTS],
-            comm: [0; crate::TASK_COMM_LEN],
-        }
-    }
-}
+zeroed_default!(FaultStats);
 
 /// Key of `FAULT_HIST`: one latency class of one process (or thread).
 #[repr(C)]
@@ -265,18 +258,12 @@ const LINEAR_LIMIT: u64 = 64;
 
 /// Value of `FAULT_HIST` (shared by the CPUs) and of `FAULT_SOLE_HIST` (per CPU).
 #[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Zeroable, PartialEq, Eq)]
 pub struct Hist {
     pub counts: [u32; HIST_BUCKETS],
 }
 
-impl Default for Hist {
-    fn default() -> Self {
-        Self {
-            counts: [0; HIST_BUCKETS],
-        }
-    }
-}
+zeroed_default!(Hist);
 
 /// The bucket of a latency in ns. Written without loops so the eBPF side can use it.
 #[inline(always)]
@@ -370,7 +357,7 @@ pub const STACK_DEPTH: usize = 127;
 /// the kept stacks (`--stacks`). For pages the kernel populated inside a system call, the
 /// stack is the call's user call site.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, Zeroable, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct StackKey {
     pub tgid: u32,
     /// 0 unless statistics are per thread.
@@ -379,15 +366,7 @@ pub struct StackKey {
     pub ips: [u64; STACK_DEPTH],
 }
 
-impl Default for StackKey {
-    fn default() -> Self {
-        Self {
-            tgid: 0,
-            tid: 0,
-            ips: [0; STACK_DEPTH],
-        }
-    }
-}
+zeroed_default!(StackKey);
 
 /// Per-thread state in `FAULT_ENTRY`: the fault in progress, so its completion can be
 /// timed and a fault that never completes can be counted as failed.

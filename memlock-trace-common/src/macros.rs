@@ -44,3 +44,18 @@ macro_rules! indices {
         }
     };
 }
+
+/// `Default` as all-zero bytes, for `#[repr(C)]` types that derive bytemuck's `Zeroable`
+/// (which checks at compile time that every field may be zero): arrays longer than 32
+/// elements (stacks, histograms, names) have no derived `Default`.
+macro_rules! zeroed_default {
+    ($($ty:ty),+ $(,)?) => {
+        $(
+            impl Default for $ty {
+                fn default() -> Self {
+                    bytemuck::Zeroable::zeroed()
+                }
+            }
+        )+
+    };
+}

@@ -9,6 +9,8 @@
 //! kernel lacks does not load, so each program that looks VMAs up comes in both kinds and
 //! the loader picks one.
 
+use bytemuck::Zeroable;
+
 /// Name of the [`MappingConfig`] global the loader sets before load.
 pub const MAPPING_CONFIG: &str = "MAPPING_CONFIG";
 
@@ -95,7 +97,7 @@ pub mod kind {
 
 /// One VMA as a lookup read it.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Zeroable, PartialEq, Eq)]
 pub struct MappingInfo {
     pub start: u64,
     pub end: u64,
@@ -112,17 +114,4 @@ pub struct MappingInfo {
     pub name: [u8; NAME_LEN],
 }
 
-impl Default for MappingInfo {
-    fn default() -> Self {
-        Self {
-            start: 0,
-            end: 0,
-            flags: 0,
-            pgoff: 0,
-            ino: 0,
-            dev: 0,
-            kind: 0,
-            name: [0; NAME_LEN],
-        }
-    }
-}
+zeroed_default!(MappingInfo);

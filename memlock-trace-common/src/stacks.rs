@@ -3,6 +3,7 @@
 //! user space sums them into. Faults per stack are keyed by [`crate::faults::StackKey`].
 
 use crate::faults::{RegionKey, STACK_DEPTH};
+use bytemuck::Zeroable;
 
 /// Bytes of the user stack copied per kept stack, from the stack pointer up (perf's
 /// `--call-graph dwarf` default is 8 KiB too). Copied in [`STACK_CHUNK`]-byte pieces aligned
@@ -144,7 +145,7 @@ pub struct StackSample {
 
 /// One call site of one process (calls unwound in user space are summed per key).
 #[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, Zeroable, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SyscallStackKey {
     pub tgid: u32,
     /// The system call's number (`__syscall_nr`).
@@ -154,15 +155,7 @@ pub struct SyscallStackKey {
     pub ips: [u64; STACK_DEPTH],
 }
 
-impl Default for SyscallStackKey {
-    fn default() -> Self {
-        Self {
-            tgid: 0,
-            nr: 0,
-            ips: [0; STACK_DEPTH],
-        }
-    }
-}
+zeroed_default!(SyscallStackKey);
 
 /// The figures of a call, or of the calls of one call site.
 #[repr(C)]

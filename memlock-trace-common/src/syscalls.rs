@@ -39,7 +39,7 @@ pub struct SyscallKey {
 
 /// Per-CPU value of `SYSCALL_STATS`; the loader sums the CPUs.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SyscallStats {
     pub calls: u64,
     /// Base pages the calls populated (see [`crate::rss`]; where this kernel's counters
@@ -54,20 +54,6 @@ pub struct SyscallStats {
     pub max_ns: u64,
     /// See [`LATENCY_SLOTS`].
     pub latency: [u32; LATENCY_SLOTS],
-}
-
-impl Default for SyscallStats {
-    fn default() -> Self {
-        Self {
-            calls: 0,
-            pages_populated: 0,
-            faults_populated: 0,
-            pages_locked: 0,
-            pages_unlocked: 0,
-            max_ns: 0,
-            latency: [0; LATENCY_SLOTS],
-        }
-    }
 }
 
 indices! {
