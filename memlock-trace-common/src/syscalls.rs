@@ -37,10 +37,14 @@ pub struct SyscallKey {
     pub _pad: u32,
 }
 
-/// Per-CPU value of `SYSCALL_STATS`; the loader sums the CPUs.
+/// Per-CPU value of `SYSCALL_STATS`.
+pub type SyscallStats = SyscallFigures<u32>;
+
+/// The figures of one (process, call, outcome): per CPU with `u32` latency buckets in the
+/// map, summed over the CPUs by the loader into `u64` buckets that cannot wrap.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct SyscallStats {
+pub struct SyscallFigures<Bucket> {
     pub calls: u64,
     /// Base pages the calls populated (see [`crate::rss`]; where this kernel's counters
     /// are unknown, the faults stand in).
@@ -53,7 +57,7 @@ pub struct SyscallStats {
     pub pages_unlocked: u64,
     pub max_ns: u64,
     /// See [`LATENCY_SLOTS`].
-    pub latency: [u32; LATENCY_SLOTS],
+    pub latency: [Bucket; LATENCY_SLOTS],
 }
 
 indices! {

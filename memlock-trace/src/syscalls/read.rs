@@ -12,7 +12,7 @@ use aya::{
 use memlock_trace_common::{
     process::ProcessKey,
     syscalls::{
-        LATENCY_SLOTS, MAX_SYSCALL_KEYS, SyscallKey, SyscallStats, latency_slot_range, names,
+        MAX_SYSCALL_KEYS, SyscallFigures, SyscallKey, SyscallStats, latency_slot_range, names,
         syscall_counter,
     },
 };
@@ -28,16 +28,7 @@ use crate::{
 };
 
 /// One key's figures, summed over CPUs.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct KeyCounts {
-    pub calls: u64,
-    pub pages_populated: u64,
-    pub faults_populated: u64,
-    pub pages_locked: u64,
-    pub pages_unlocked: u64,
-    pub max_ns: u64,
-    pub latency: [u64; LATENCY_SLOTS],
-}
+pub type KeyCounts = SyscallFigures<u64>;
 
 /// Everything `SYSCALL_STATS` holds.
 #[derive(Clone, Debug, Default)]
