@@ -48,25 +48,28 @@ pub fn diff(before: &[VmaRange], after: &[VmaRange]) -> Vec<Change> {
             .collect()
     };
     let (old, new) = (edges(before), edges(after));
-    let mut changes = Vec::new();
-    for &at in new.difference(&old) {
-        if let Some(v) = containing(before, at).filter(|v| v.start < at) {
-            changes.push(Change::Split {
-                start: v.start,
-                end: v.end,
-                at,
-            });
-        }
-    }
-    for &at in old.difference(&new) {
-        if let Some(v) = containing(after, at).filter(|v| v.start < at) {
-            changes.push(Change::Merge {
-                start: v.start,
-                end: v.end,
-                at,
-            });
-        }
-    }
+    // An edge only one side has, inside a VMA of the other side: that VMA was cut there
+    // (split) or is what the two became (merge).
+    let changed_at = |edges: &BTreeSet<u64>,
+                      but_not: &BTreeSet<u64>,
+                      vmas: &[VmaRange],
+                      change: fn(u64, u64, u64) -> Change| {
+        edges
+            .difference(but_not)
+            .filter_map(|&at| {
+                let v = containing(vmas, at).filter(|v| v.start < at)?;
+                Some(change(v.start, v.end, at))
+            })
+            .collect::<Vec<_>>()
+    };
+    let mut changes = changed_at(&new, &old, before, |start, end, at| Change::Split {
+        start,
+        end,
+        at,
+    });
+    changes.extend(changed_at(&old, &new, after, |start, end, at| {
+        Change::Merge { start, end, at }
+    }));
     // Flag changes over the pieces between all edges, coalesced.
     let cuts: Vec<u64> = std::iter::once(lo)
         .chain(old.union(&new).copied())
