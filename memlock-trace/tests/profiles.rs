@@ -32,7 +32,7 @@ use std::{
 
 use common::require_privileges;
 use serde_json::Value;
-use support::{BIN, json_lines, scratch, succeeded};
+use support::{BIN, compile_c, json_lines, scratch, succeeded};
 use tools::{from_frame, go_pprof, parse_folded, perf_collapsed, pprof_traces, svg_titles};
 
 const TOUCH_TWO: &str = include_str!("profiles/touch_two.c");
@@ -42,19 +42,12 @@ const NODE: &str = "/usr/bin/node";
 /// `touch_two.c` compiled with frame pointers (and -O0, so that leaf functions keep theirs:
 /// Debian's gcc leaves them out of leaves at -O2).
 fn build_touch_two(dir: &Path) -> PathBuf {
-    let source = dir.join("touch_two.c");
-    std::fs::write(&source, TOUCH_TWO).unwrap();
-    let bin = dir.join("touch_two");
-    let out = Command::new("gcc")
-        .args(["-O0", "-g", "-fno-omit-frame-pointer", "-o"])
-        .arg(&bin)
-        .arg(&source)
-        .output()
-        .unwrap_or_else(|e| {
-            panic!("gcc: {e} (`cargo xtask test` installs Debian's gcc; or: apt-get install gcc)")
-        });
-    succeeded("gcc", &out);
-    bin
+    compile_c(
+        dir,
+        "touch_two",
+        TOUCH_TWO,
+        &["-O0", "-g", "-fno-omit-frame-pointer"],
+    )
 }
 
 /// The profile files of one traced run, with its summary, stdout and stderr.

@@ -1,7 +1,7 @@
 //! memlock-trace run to completion (plain, `suite`, `advise`): it must succeed, and what it
 //! printed or wrote is returned; what the advise tests need installed.
 
-use std::process::Command;
+use std::{path::PathBuf, process::Command};
 
 use serde_json::Value;
 
@@ -18,6 +18,24 @@ pub fn succeeded(what: &str, out: &std::process::Output) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     stdout
+}
+
+/// `source` written to `dir/NAME.c` and compiled by gcc with `flags` into `dir/NAME`.
+pub fn compile_c(dir: &std::path::Path, name: &str, source: &str, flags: &[&str]) -> PathBuf {
+    let c = dir.join(format!("{name}.c"));
+    std::fs::write(&c, source).unwrap();
+    let bin = dir.join(name);
+    let out = Command::new("gcc")
+        .args(flags)
+        .arg("-o")
+        .arg(&bin)
+        .arg(&c)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("gcc: {e} (`cargo xtask test` installs Debian's gcc; or: apt-get install gcc)")
+        });
+    succeeded(&format!("gcc {name}.c"), &out);
+    bin
 }
 
 /// Runs `memlock-trace ARGS` to completion; it must succeed (its stderr is in the message).

@@ -23,8 +23,8 @@ mod workloads;
 pub use {
     bpf::{BpfIds, bpf_ids, fdinfo_field, fdinfos, map_memory, still_loaded, wait_all_unloaded},
     commands::{
-        PYTHON, advise_apply, advise_json, require_preload, require_python, run, succeeded,
-        suite_report,
+        PYTHON, advise_apply, advise_json, compile_c, require_preload, require_python, run,
+        succeeded, suite_report,
     },
     deadline::poll_within,
     host::{cgroup2_mount, os_result, scratch, scratch_dir, settled, status_kb},

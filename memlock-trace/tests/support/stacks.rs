@@ -11,7 +11,7 @@ use std::{
 use serde_json::Value;
 
 pub use super::scratch;
-use super::{BIN, json_lines};
+use super::{BIN, compile_c, json_lines};
 
 const LOCK_CHAIN: &str = include_str!("../stacks/lock_chain.c");
 /// Names a prebuilt `lock_chain` (`cargo xtask test` cross-compiles it for the arm64 guest).
@@ -26,22 +26,12 @@ pub fn build_lock_chain(dir: &Path) -> PathBuf {
             .unwrap_or_else(|e| panic!("{PREBUILT_LOCK_CHAIN}={prebuilt:?}: {e}"));
         return bin;
     }
-    let source = dir.join("lock_chain.c");
-    std::fs::write(&source, LOCK_CHAIN).unwrap();
-    let out = Command::new("gcc")
-        .args(["-O2", "-fomit-frame-pointer", "-g", "-o"])
-        .arg(&bin)
-        .arg(&source)
-        .output()
-        .unwrap_or_else(|e| {
-            panic!("gcc: {e} (`cargo xtask test` installs Debian's gcc; or: apt-get install gcc)")
-        });
-    assert!(
-        out.status.success(),
-        "gcc: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    bin
+    compile_c(
+        dir,
+        "lock_chain",
+        LOCK_CHAIN,
+        &["-O2", "-fomit-frame-pointer", "-g"],
+    )
 }
 
 /// The summary of `memlock-trace --json --stacks [extra] -- command`, which exits 0.
