@@ -12,7 +12,7 @@ mod wrap;
 
 pub use escape::{MAX_SHOWN, Outside, escape, escape_uncut};
 pub use sink::{Sink, WriteError, create_private, write_private};
-pub use time::{WallClock, hms};
+pub use time::{WallClock, hms, process_cpu_ns, thread_cpu_ns};
 pub use wrap::{COLUMNS, wrap};
 
 /// Version of the JSON lines (`"schema"` in every line). Adding a field keeps it; renaming,

@@ -11,9 +11,20 @@ pub struct WallClock {
 }
 
 fn read(clock: ClockId) -> i128 {
-    // Both clocks always exist on Linux.
+    // The standard clocks (realtime, monotonic, this process's and thread's CPU time)
+    // always exist on Linux.
     let t = clock_gettime(clock).expect("clock_gettime of a standard clock");
     i128::from(t.tv_sec()) * 1_000_000_000 + i128::from(t.tv_nsec())
+}
+
+/// CPU time this process (all its threads) has used, in ns.
+pub fn process_cpu_ns() -> u64 {
+    u64::try_from(read(ClockId::CLOCK_PROCESS_CPUTIME_ID)).unwrap_or(0)
+}
+
+/// CPU time the calling thread has used, in ns.
+pub fn thread_cpu_ns() -> u64 {
+    u64::try_from(read(ClockId::CLOCK_THREAD_CPUTIME_ID)).unwrap_or(0)
 }
 
 impl WallClock {

@@ -11,18 +11,9 @@ use std::{
 use super::{Mapping, is_alive, read_comm, read_smaps, smaps_shows_lockonfault};
 use crate::output::Outside;
 
-/// CPU time the calling thread has used (`CLOCK_THREAD_CPUTIME_ID`).
+/// CPU time the calling thread has used.
 fn thread_cpu_time() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes one timespec, which lives for the call.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &raw mut ts) };
-    Duration::new(
-        u64::try_from(ts.tv_sec).unwrap_or(0),
-        u32::try_from(ts.tv_nsec).unwrap_or(0),
-    )
+    Duration::from_nanos(crate::output::thread_cpu_ns())
 }
 
 /// Last known mappings and comm per process.

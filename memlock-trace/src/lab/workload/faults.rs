@@ -36,22 +36,11 @@ use anyhow::{Result, bail};
 
 use self::steps::{on_segv, step};
 use super::{Faults, PAGE_SIZE, syscall_ok};
+use crate::output::process_cpu_ns;
 
 /// Pages between two read pages in `file`: well beyond the 16-page fault-around window, so
 /// each read is its own fault.
 pub const FILE_STRIDE: usize = 64;
-
-/// CPU time of the whole process (all threads): unlike wall time, it leaves out the time
-/// other processes held the CPU, which on a shared machine is most of the noise.
-fn process_cpu_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid out-pointer to a local; this clock always exists on Linux.
-    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
 
 /// Writes one byte to each of `pages` pages from `addr`, the store itself in this function:
 /// a user fault's stack starts at the faulting instruction, and without frame pointers
@@ -164,6 +153,8 @@ pub fn serve() -> Result<()> {
                 continue;
             }
             let start = std::time::Instant::now();
+            // CPU time of the whole process: unlike wall time, it leaves out the time other
+            // processes held the CPU, which on a shared machine is most of the noise.
             let cpu_start = process_cpu_ns();
             let result = step(line, &mut kept);
             let ns = start.elapsed().as_nanos();
