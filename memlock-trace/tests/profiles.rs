@@ -32,7 +32,7 @@ use std::{
 
 use common::require_privileges;
 use serde_json::Value;
-use support::{BIN, compile_c, json_lines, scratch, succeeded};
+use support::{BIN, compile_c, json_lines, scratch, stacks::perf_record_faults, succeeded};
 use tools::{from_frame, go_pprof, parse_folded, perf_collapsed, pprof_traces, svg_titles};
 
 const TOUCH_TWO: &str = include_str!("profiles/touch_two.c");
@@ -109,22 +109,7 @@ fn c_program_folded_lines_equal_perfs_collapsed_stacks() {
     let run = traced(
         &dir,
         &["--stacks-top", "1000000", "--follow-children"],
-        &[
-            "perf",
-            "record",
-            "-q",
-            "-e",
-            "page-faults",
-            "-c",
-            "1",
-            "-g",
-            "-m",
-            "128M",
-            "-o",
-            data.to_str().unwrap(),
-            "--",
-            bin.to_str().unwrap(),
-        ],
+        &perf_record_faults(&["-g"], data.to_str().unwrap(), &[bin.to_str().unwrap()]),
     );
     // The program's own count of each function's faults.
     assert!(

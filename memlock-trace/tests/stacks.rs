@@ -25,8 +25,8 @@ use std::{
 use common::require_privileges;
 use serde_json::Value;
 use support::stacks::{
-    build_lock_chain, call_site, frames, lock_chain_call_site, mlock_call_site, scratch, traced,
-    traced_exiting,
+    build_lock_chain, call_site, frames, lock_chain_call_site, mlock_call_site, perf_record_faults,
+    scratch, traced, traced_exiting,
 };
 
 const PYTHON: &str = "/usr/bin/python3";
@@ -380,27 +380,11 @@ fn python_fault_stacks_equal_perfs_dwarf_stacks_sample_for_sample() {
             "1000000",
             "--follow-children",
         ],
-        &[
-            "perf",
-            "record",
-            "-q",
-            "-e",
-            "page-faults",
-            "-c",
-            "1",
-            "--call-graph",
-            "dwarf",
-            // perf's default buffer lost samples on a slow CI machine (it kept 948 of the
-            // script's 1,024 touches): a buffer that holds every sample of the run (~10,400
-            // of ~12 KiB here) loses none, however late perf writes them out.
-            "-m",
-            "128M",
-            "-o",
+        &perf_record_faults(
+            &["--call-graph", "dwarf"],
             &data_arg,
-            "--",
-            PYTHON,
-            &script_arg,
-        ],
+            &[PYTHON, &script_arg],
+        ),
     );
     let health = &summary["fault_health"];
     assert_eq!(health["stacks_dropped"], 0, "{health}");

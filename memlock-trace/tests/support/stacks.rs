@@ -34,6 +34,23 @@ pub fn build_lock_chain(dir: &Path) -> PathBuf {
     )
 }
 
+/// `perf record` of every page fault (`-c 1`) of `command` into `data`, its stacks by
+/// `call_graph` (`-g`, or `--call-graph dwarf`): the command line the tests compare with.
+pub fn perf_record_faults<'a>(
+    call_graph: &[&'a str],
+    data: &'a str,
+    command: &[&'a str],
+) -> Vec<&'a str> {
+    let mut args = vec!["perf", "record", "-q", "-e", "page-faults", "-c", "1"];
+    args.extend(call_graph);
+    // perf's default buffer lost samples on a slow CI machine (it kept 948 of a script's
+    // 1,024 touches): a buffer that holds every sample of the run (~10,400 of ~12 KiB with
+    // DWARF stacks) loses none, however late perf writes them out.
+    args.extend(["-m", "128M", "-o", data, "--"]);
+    args.extend(command);
+    args
+}
+
 /// The summary of `memlock-trace --json --stacks [extra] -- command`, which exits 0.
 pub fn traced(extra: &[&str], command: &[&str]) -> Value {
     traced_exiting(extra, command, 0)
