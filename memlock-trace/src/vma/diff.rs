@@ -22,6 +22,17 @@ pub enum Change {
     },
 }
 
+impl Change {
+    /// The VMA split or merged, or the range whose flags changed: `[start, end)`.
+    pub fn span(&self) -> (u64, u64) {
+        match *self {
+            Change::Split { start, end, .. }
+            | Change::Merge { start, end, .. }
+            | Change::Flags { start, end, .. } => (start, end),
+        }
+    }
+}
+
 /// The changes that turn `before` into `after` (both sorted VMA lists of the same stretch of
 /// address space): a boundary that appears inside an old VMA is a split, one that disappears
 /// inside a new VMA is a merge, and every piece whose flags differ is a flag change.
@@ -138,12 +149,8 @@ impl ChangeCounts {
         match *change {
             Change::Split { .. } => self.splits += 1,
             Change::Merge { .. } => self.merges += 1,
-            Change::Flags {
-                start,
-                end,
-                set,
-                cleared,
-            } => {
+            Change::Flags { set, cleared, .. } => {
+                let (start, end) = change.span();
                 let len = end - start;
                 let bit = |flags: u64, b: u64| if flags & b != 0 { len } else { 0 };
                 self.locked_bytes += bit(set, VM_LOCKED);

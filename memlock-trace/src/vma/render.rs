@@ -68,12 +68,8 @@ impl Change {
         match *self {
             Change::Split { start, end, at } => format!("split {start:x}-{end:x} at {at:x}"),
             Change::Merge { start, end, at } => format!("merge at {at:x} into {start:x}-{end:x}"),
-            Change::Flags {
-                start,
-                end,
-                set,
-                cleared,
-            } => {
+            Change::Flags { set, cleared, .. } => {
+                let (start, end) = self.span();
                 let mut s = format!("{start:x}-{end:x} ({} pages)", (end - start) / PAGE_SIZE);
                 if set != 0 {
                     let _ = write!(s, " +{}", lock_flags_str(set));
