@@ -2,8 +2,6 @@
 //! the subcommands in [`commands`], production options in [`production`]. The lab's
 //! subcommands exist only with the `lab` feature.
 
-#[cfg(feature = "bench")]
-mod bench;
 mod commands;
 pub mod man;
 mod production;
@@ -167,10 +165,11 @@ pub struct TraceArgs {
     pub stacks_top: usize,
     #[command(flatten)]
     pub profile: ProfileArgs,
-    /// The benchmark's hidden flags, only in a build with the `bench` feature.
-    #[cfg(feature = "bench")]
-    #[command(flatten)]
-    pub bench: bench::BenchArgs,
+    /// The benchmark's hidden flags, only in a build with the `bench` feature; the product's
+    /// defaults otherwise.
+    #[cfg_attr(feature = "bench", command(flatten))]
+    #[cfg_attr(not(feature = "bench"), arg(skip))]
+    pub bench: crate::faults::BenchVariant,
     /// Tests only: the syscall programs read `task_struct.mm` at the offset of
     /// `task_struct.min_flt`, so every `mm_struct` read of theirs fails (-v's failed-read
     /// records, end to end); their locked_vm and map_count figures are then wrong.
@@ -254,11 +253,7 @@ impl TraceArgs {
     }
 
     pub fn fault_options(&self) -> FaultOptions {
-        #[cfg_attr(
-            not(feature = "bench"),
-            expect(unused_mut, reason = "only bench sets more")
-        )]
-        let mut options = FaultOptions {
+        FaultOptions {
             hooks: self.fault_hooks,
             latency: !self.count_only,
             // `-t TID` needs the thread's own figures, which the kernel keeps per thread.
@@ -270,11 +265,8 @@ impl TraceArgs {
             stacks: self.keeps_stacks(),
             stack_sample: self.stack_sample,
             top_stacks: self.stacks_top,
-            ..FaultOptions::default()
-        };
-        #[cfg(feature = "bench")]
-        self.bench.apply(&mut options);
-        options
+            bench: self.bench,
+        }
     }
 }
 

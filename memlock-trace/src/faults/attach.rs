@@ -111,10 +111,10 @@ pub fn attach(cx: &mut AttachContext<'_>, options: &FaultOptions) -> Result<Faul
                     latency_sample: options.latency_period(),
                     completion_programs: plan
                         .per_target_completion()
-                        .then(|| completion_names(options.bench_floor, &kernel)),
+                        .then(|| completion_names(options.bench.floor, &kernel)),
                     start_program: plan
                         .start_on_target_threads()
-                        .then(|| start_name(options.bench_floor)),
+                        .then(|| start_name(options.bench.floor)),
                     hook_set: set,
                     hooks,
                     refused,
@@ -204,7 +204,7 @@ fn attach_tracepoints(
     };
     match start {
         FaultStart::TargetThreads => {
-            load_perf_event(ebpf, start_name(options.bench_floor))?;
+            load_perf_event(ebpf, start_name(options.bench.floor))?;
             // Opened on each target thread as targets are added (`FaultCounters`).
             hooks.push(
                 "perf_event/software:PAGE_FAULTS on each target thread (start, period 1)".into(),
@@ -217,8 +217,8 @@ fn attach_tracepoints(
         hooks.push(COUNT_ONLY_BY_BPF.into());
     }
     let cpus = aya::util::online_cpus().map_err(|(what, e)| anyhow!("{what}: {e}"))?;
-    let [min, maj] = completion_names(options.bench_floor, kernel);
-    if !kernel.percpu_lookup && options.bench_floor.is_none() {
+    let [min, maj] = completion_names(options.bench.floor, kernel);
+    if !kernel.percpu_lookup && options.bench.floor.is_none() {
         hooks.push(
             "fault starts matched on the completing CPU only (no bpf_map_lookup_percpu_elem, \
              5.19)"
@@ -367,11 +367,11 @@ fn attach_fault_entry(
         );
     }
     let btf_attempt = (|| -> Result<Vec<String>> {
-        if options.classic_tracepoints {
+        if options.bench.classic_tracepoints {
             bail!("--classic-tracepoints");
         }
         let mut hooks = Vec::new();
-        let (user, kernel) = floor_programs(options.bench_floor)
+        let (user, kernel) = floor_programs(options.bench.floor)
             .map_or((ENTRY_USER_BTF, ENTRY_KERNEL_BTF), |p| {
                 (p.entry_user, p.entry_kernel)
             });

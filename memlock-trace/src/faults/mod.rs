@@ -9,6 +9,7 @@
 //! stacks, and [`render`] prints them.
 
 pub mod attach;
+mod bench_variant;
 pub mod counting;
 pub mod mappings;
 pub mod plan;
@@ -22,6 +23,7 @@ mod window;
 use anyhow::Result;
 use serde::Serialize;
 
+pub use bench_variant::{BenchFloor, BenchVariant};
 pub use read::{FaultHealth, FaultReport};
 pub use summary::{FaultSummary, summarize};
 
@@ -84,34 +86,8 @@ pub struct FaultOptions {
     pub stack_sample: u32,
     /// Stacks listed per process.
     pub top_stacks: usize,
-    /// Attach the fault-start tracepoints the classic way even where tp_btf works: how
-    /// bpftrace 0.17 attaches them, for a like-for-like benchmark (hidden
-    /// `--classic-tracepoints`).
-    pub classic_tracepoints: bool,
-    /// Time faults from the system-wide start tracepoints even where the start could be
-    /// taken from per-thread perf events on the targets (hidden `--tracepoint-start`, to
-    /// compare the two in `cargo xtask bench`).
-    pub tracepoint_start: bool,
-    /// The benchmark's floor programs in place of the tracepoint set's per-fault hooks
-    /// (hidden `--bench-floor`).
-    pub bench_floor: Option<BenchFloor>,
-}
-
-/// Programs that attach to the tracepoint set's per-fault hooks and do nothing or only read
-/// the clock at each end: what the hooks alone cost, and what timing a fault on them cannot
-/// go below, the floors under any tool doing this job, for `cargo xtask bench`. Nothing is
-/// counted.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum BenchFloor {
-    /// The system-wide hooks (tp_btf start, perf completion on every CPU), programs that
-    /// return at once.
-    Empty,
-    /// The same hooks, programs that only read the clock.
-    Clock,
-    /// The hooks used with `-p`: `PAGE_FAULTS` (start) and `PAGE_FAULTS_MIN/MAJ`
-    /// (completion, at the `--latency-sample` period) on each target thread, programs that
-    /// return at once.
-    PerThread,
+    /// `cargo xtask bench`'s variants (the `bench` feature's hidden flags).
+    pub bench: BenchVariant,
 }
 
 /// One fault in this many keeps its stack by default (`--stack-sample`). A kept stack costs
@@ -135,9 +111,7 @@ impl Default for FaultOptions {
             stacks: false,
             stack_sample: DEFAULT_STACK_SAMPLE,
             top_stacks: 10,
-            classic_tracepoints: false,
-            tracepoint_start: false,
-            bench_floor: None,
+            bench: BenchVariant::default(),
         }
     }
 }

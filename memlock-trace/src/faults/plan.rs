@@ -103,7 +103,7 @@ impl FaultPlan {
         // The system-wide floors keep the per-CPU events they measure.
         let on = match specific_targets
             && kernel.inherit_thread
-            && matches!(options.bench_floor, None | Some(BenchFloor::PerThread))
+            && matches!(options.bench.floor, None | Some(BenchFloor::PerThread))
         {
             true => EventScope::TargetThreads,
             false => EventScope::EveryCpu,
@@ -112,8 +112,8 @@ impl FaultPlan {
         let start = if !options.latency {
             FaultStart::Untimed
         } else if on == EventScope::TargetThreads
-            && !options.classic_tracepoints
-            && !options.tracepoint_start
+            && !options.bench.classic_tracepoints
+            && !options.bench.tracepoint_start
         {
             FaultStart::TargetThreads
         } else {
