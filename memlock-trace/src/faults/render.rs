@@ -250,7 +250,7 @@ fn mappings_text(out: &mut String, f: &FaultSummary, indent: &str) {
         for stack in m.stacks.iter().flatten() {
             let _ = writeln!(
                 out,
-                "{indent}  {:>faults_w$}  {:<locked_w$}    {} sampled at {}",
+                "{indent}  {:>faults_w$}  {:<locked_w$}    {} faults at {}",
                 "",
                 "",
                 stack.faults,
@@ -333,7 +333,8 @@ fn hists_text(out: &mut String, f: &FaultSummary, indent: &str, unit: Unit) {
 pub fn stacks_text(out: &mut String, stacks: &[StackFaults], indent: &str) {
     let _ = writeln!(
         out,
-        "{indent}  {:>9}  user call stack (innermost first; sampled: --stack-sample)",
+        "{indent}  {:>9}  user call stack (innermost first; faults sampled 1 in --stack-sample, \
+         each counted as that many)",
         "faults"
     );
     if stacks.is_empty() {
