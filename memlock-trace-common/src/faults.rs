@@ -437,6 +437,9 @@ pub struct FaultEvent {
     pub tgid: u32,
     pub tid: u32,
     pub address: u64,
+    /// The user instruction pointer: the faulting instruction, or where a populating call
+    /// was made (its return address); 0 when it could not be read.
+    pub ip: u64,
     pub latency_ns: u64,
     /// `bpf_ktime_get_ns()` at completion.
     pub time_ns: u64,

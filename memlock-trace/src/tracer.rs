@@ -158,7 +158,7 @@ impl Tracer {
             fault_options: fault_options.clone(),
             stacks: fault_options
                 .stacks
-                .then(crate::unwind::StackCollector::new),
+                .then(|| crate::unwind::StackCollector::new(fault_options.stack_sample)),
             sole: SoleTarget {
                 allowed: reach.sole_target_allowed(),
                 targets: 0,

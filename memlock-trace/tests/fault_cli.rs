@@ -7,6 +7,8 @@
 //! `--stacks` in `fault_cli/stacks.rs`.
 
 mod common;
+#[path = "fault_cli/events.rs"]
+mod events;
 #[path = "fault_cli/stacks.rs"]
 mod stacks;
 mod support;

@@ -82,13 +82,13 @@ fn interval_count_positionals_print_exactly_count_blocks() {
 
 /// Health lines all zero are not repeated under every interval, as bcc's tools print
 /// "Possibly lost N samples" only when some were: the session summary still ends with them
-/// (issue 47 point 13).
+/// (issue 47 point 13). With `--stacks` too, whose line stood under every interval.
 #[test]
 fn zero_health_lines_are_printed_once_at_the_end() {
     require_privileges();
     let mut sleeper = Command::new("sleep").arg("3600").spawn().unwrap();
     let pid = sleeper.id().to_string();
-    let out = run(&["0.3", "3", "-p", &pid]);
+    let out = run(&["0.3", "3", "-p", &pid, "--stacks"]);
     sleeper.kill().unwrap();
     sleeper.wait().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
@@ -96,7 +96,11 @@ fn zero_health_lines_are_printed_once_at_the_end() {
     assert_eq!(blocks.len(), 4, "{text}");
     for block in &blocks[..3] {
         assert!(block.contains(" interval ("), "{block}");
-        for health in ["dropped events: 0", "fault maps: 0 processes evicted"] {
+        for health in [
+            "dropped events: 0",
+            "fault maps: 0 processes evicted",
+            "stacks: 0 mlock-family calls' stacks lost",
+        ] {
             assert!(
                 !block.contains(health),
                 "{health:?} in an interval:\n{text}"
@@ -107,6 +111,7 @@ fn zero_health_lines_are_printed_once_at_the_end() {
     assert!(session.contains("session summary"), "{text}");
     assert!(session.contains("dropped events: 0"), "{text}");
     assert!(session.contains("fault maps: "), "{text}");
+    assert!(session.contains("stacks: 0 mlock-family"), "{text}");
 }
 
 /// The faults workload, started by the test (not by the tracer), answering on a pipe.

@@ -51,7 +51,7 @@ fn populated_by(calls: &[Value], syscall: &str) -> u64 {
         .sum()
 }
 
-/// The fault family's pages populated by `syscall`, summed over `comm`: only the launched
+/// The fault family's faults populating pages in `syscall`, summed over `comm`: only the launched
 /// process is traced, and in a slow guest the first refresh can come after it exited, when
 /// the name read for it is the pre-exec one (`sh`), a known limit of the fault series' naming.
 fn faults_by(s: &[Sample], syscall: &str) -> f64 {
@@ -109,7 +109,7 @@ fn assert_fault_family(samples: &[Sample], populated: &[f64; 3]) {
         value(
             samples,
             "memlock_trace_fault_health_total",
-            &[("counter", "update_failed")]
+            &[("kind", "update_failed")]
         ),
         Some(0.0)
     );

@@ -25,8 +25,9 @@ use std::{
 use common::require_privileges;
 use serde_json::Value;
 use support::stacks::{
-    build_lock_chain, call_site, frames, lock_chain_call_site, mlock_call_site, perf_record_faults,
-    scratch, traced, traced_exiting,
+    build_lock_chain, build_touch_pages, call_site, figure, frames, lock_chain_call_site,
+    mlock_call_site, perf_record_faults, scratch, stack_tables, traced, traced_exiting,
+    traced_text_and_folded,
 };
 
 const PYTHON: &str = "/usr/bin/python3";
@@ -113,6 +114,45 @@ fn c_program_without_frame_pointers_unwinds_to_main_as_perf() {
     let perf = perf_dwarf_chain(&dir, &[bin]);
     std::fs::remove_dir_all(&dir).ok();
     assert_eq!(names, perf, "ours and perf --call-graph dwarf");
+}
+
+/// Issue 47 point 8: a C program, on one CPU, touching 40,960 pages from one function and
+/// mlocking 1,000 from another, one fault in 32 keeping its stack (the default): the stack
+/// table, the folded file and the mapping row each count 40,960 and 1,000 faults there.
+/// The table said 1,280 (its samples) and 1,000; the folded file 40,960 and 32,000 (the
+/// mlock's one sample of 1,000 pages scaled by 32 again).
+#[test]
+fn stack_table_counts_faults_as_the_folded_file_and_the_mapping_row() {
+    require_privileges();
+    let dir = scratch("stacks-table");
+    let bin = build_touch_pages(&dir);
+    let (text, folded, stdout) = traced_text_and_folded(&dir, &[bin.to_str().unwrap()]);
+    std::fs::remove_dir_all(&dir).ok();
+    let table = stack_tables(&text);
+    let mut seen = Vec::new();
+    // The ranges it printed, each mapping's row `FAULTS LOCKED anonymous 0xSTART-0xEND`.
+    for (range, function) in stdout.lines().zip(["touch_pages", "lock_pages"]) {
+        let range = range.replace('-', "-0x");
+        let row = text.lines().find(|l| l.contains(&format!(" 0x{range}")));
+        let row = row.and_then(|l| figure(l.split_whitespace().next()?));
+        let named = |frames: &[String]| frames.iter().take(2).any(|f| f == function);
+        let in_table: u64 = table.iter().filter(|s| named(&s.1)).map(|s| s.0).sum();
+        let in_folded: u64 = folded
+            .lines()
+            .filter_map(|l| l.rsplit_once(' '))
+            .filter(|(stack, _)| stack.contains(&format!(";{function}")))
+            .filter_map(|(_, n)| figure(n))
+            .sum();
+        seen.push((function, in_table, in_folded, row));
+    }
+    assert_eq!(
+        seen,
+        [
+            ("touch_pages", 40_960, 40_960, Some(40_960)),
+            ("lock_pages", 1_000, 1_000, Some(1_000))
+        ],
+        "(function, table, folded, mapping row)\n{text}\n{folded}"
+    );
 }
 
 /// A program that deletes its own file before it locks, and exits at once: its call site

@@ -2,7 +2,14 @@
 //! accounting body counts (and of the pages a populating call faulted in), written to their
 //! own ring buffer.
 
-use aya_ebpf::{helpers::bpf_get_current_comm, macros::map, maps::RingBuf};
+use core::ffi::c_void;
+
+use aya_ebpf::{
+    bindings::BPF_F_USER_STACK,
+    helpers::{bpf_get_current_comm, bpf_get_stack},
+    macros::map,
+    maps::RingBuf,
+};
 use memlock_trace_common::{
     EventKind, TASK_COMM_LEN,
     faults::{FAULT_EVENTS_BYTE_SIZE, FaultEvent, fault_counter, fault_flags},
@@ -20,9 +27,28 @@ static FAULT_EVENTS: RingBuf = RingBuf::with_byte_size(FAULT_EVENTS_BYTE_SIZE, 0
 /// A fault event's `latency_ns` when the fault has none.
 pub(super) const NO_LATENCY: u64 = u64::MAX;
 
+/// The current task's user instruction pointer: the first frame of its user stack, which
+/// `bpf_get_stack` takes from the task's user registers (the fault's, or those of the call
+/// being made). 0 without a program context (`ctx` null) or when it cannot be read.
+#[inline(always)]
+fn user_ip(ctx: *mut c_void) -> u64 {
+    if ctx.is_null() {
+        return 0;
+    }
+    let mut ip = 0u64;
+    // SAFETY: `ctx` is the running program's context; the helper writes at most 8 bytes to
+    // `ip`, a local that outlives the call.
+    let copied =
+        unsafe { bpf_get_stack(ctx, (&raw mut ip).cast(), 8, u64::from(BPF_F_USER_STACK)) };
+    if copied == 8 { ip } else { 0 }
+}
+
+/// One sampled fault event. `ctx`: the program's context, for the user instruction pointer
+/// (null where the fault is accounted away from its own program: see [`user_ip`]).
 #[expect(clippy::too_many_arguments, reason = "the fields of one event")]
 #[inline(always)]
 pub(super) fn emit(
+    ctx: *mut c_void,
     tgid: u32,
     tid: u32,
     mut flags: u32,
@@ -36,6 +62,7 @@ pub(super) fn emit(
     if every > 1 && !bump(fault_counter::SAMPLE_SEQ).is_multiple_of(every) {
         return;
     }
+    let ip = user_ip(ctx);
     if latency != NO_LATENCY {
         flags |= fault_flags::HAS_LATENCY;
     }
@@ -58,6 +85,7 @@ pub(super) fn emit(
         tgid,
         tid,
         address,
+        ip,
         latency_ns: if latency == NO_LATENCY { 0 } else { latency },
         time_ns: now_ns(),
         count,

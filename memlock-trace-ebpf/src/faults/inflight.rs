@@ -215,7 +215,7 @@ pub(super) fn perf_completion<const ACROSS_CPUS: bool>(ctx: &PerfEventContext, m
         None
     };
     let (region, vm_flags) = vma.unwrap_or((address & PAGE_MASK, 0));
-    let counted = account(Fault {
+    let fault = Fault {
         tgid,
         tid,
         cls,
@@ -227,7 +227,8 @@ pub(super) fn perf_completion<const ACROSS_CPUS: bool>(ctx: &PerfEventContext, m
         syscall: NO_SYSCALL,
         retried: false,
         known_target: latency.is_some(),
-    });
+    };
+    let counted = account(ctx.as_ptr(), fault);
     if config!(stacks) != 0 && counted {
         record_stack(ctx, tgid, tid, 1, (region_kind_of(vm_flags), region));
     }
@@ -329,7 +330,7 @@ pub(super) fn hook_end<C: EbpfContext>(ctx: &C, ret: u32) {
         (cls, CountedBy::Here, NO_SYSCALL)
     };
     let (region, vm_flags) = (e.vm_start, e.vm_flags);
-    let counted = account(Fault {
+    let fault = Fault {
         tgid,
         tid,
         cls,
@@ -341,7 +342,8 @@ pub(super) fn hook_end<C: EbpfContext>(ctx: &C, ret: u32) {
         syscall,
         retried,
         known_target: true,
-    });
+    };
+    let counted = account(ctx.as_ptr(), fault);
     if config!(stacks) != 0 && counted && !failed {
         record_stack(ctx, tgid, tid, 1, (region_kind_of(vm_flags), region));
     }
@@ -384,7 +386,7 @@ fn start(tgid: u32, tid: u32, vma: u64, address: u64, flags: u32, regs: u64) {
                 prev_addr & PAGE_MASK
             };
             e.pending = 0;
-            account(Fault {
+            let fault = Fault {
                 tgid,
                 tid,
                 cls: class::FAILED,
@@ -396,7 +398,9 @@ fn start(tgid: u32, tid: u32, vma: u64, address: u64, flags: u32, regs: u64) {
                 syscall: NO_SYSCALL,
                 retried: false,
                 known_target: true,
-            });
+            };
+            // Found at the next fault's start: not this program's fault, no instruction pointer.
+            account(core::ptr::null_mut(), fault);
         }
         // A retry keeps its first attempt's start, so the latency covers every attempt.
         if !(e.pending != 0 && retry_of_same) {

@@ -308,9 +308,11 @@ struct Fault {
     known_target: bool,
 }
 
-/// Counts one completed (or failed) fault; false when the task is not traced.
+/// Counts one completed (or failed) fault; false when the task is not traced. `ctx`: the
+/// running program's context, for the sampled event's user instruction pointer (null when
+/// the fault is not the program's own).
 #[inline(always)]
-fn account(f: Fault) -> bool {
+fn account(ctx: *mut core::ffi::c_void, f: Fault) -> bool {
     let Fault {
         tgid,
         tid,
@@ -384,7 +386,9 @@ fn account(f: Fault) -> bool {
             Latency::Timed(ns) => ns,
             Latency::Untimed | Latency::Unmatched => NO_LATENCY,
         };
-        emit(tgid, tid, flags, address, latency, vm_flags, 1, syscall);
+        emit(
+            ctx, tgid, tid, flags, address, latency, vm_flags, 1, syscall,
+        );
     }
     true
 }

@@ -4,6 +4,7 @@
 //! they end in (every hook set).
 
 use aya_ebpf::{
+    EbpfContext,
     bindings::BPF_ANY,
     macros::{btf_tracepoint, map},
     maps::LruHashMap,
@@ -79,6 +80,7 @@ pub fn fault_signal(ctx: BtfTracePointContext) -> i32 {
     }
     if config!(events) != 0 && is_target(tgid) {
         emit(
+            ctx.as_ptr(),
             tgid,
             tid,
             fault_flags::FAILED,
@@ -239,6 +241,7 @@ pub fn on_exit_counted<const HOW: u8>(ctx: &SyscallContext) {
     if config!(events) != 0 {
         let flags = fault_flags::POPULATED | if minor == 0 { fault_flags::MAJOR } else { 0 };
         emit(
+            ctx.as_ptr(),
             tgid,
             tid,
             flags,

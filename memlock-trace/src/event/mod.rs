@@ -177,6 +177,7 @@ mod tests {
             tgid: 5,
             tid: 6,
             address: 0x7f00_0000_1000,
+            ip: 0x5555_0000_1234,
             latency_ns: 1234,
             time_ns: 99,
             count: 1,

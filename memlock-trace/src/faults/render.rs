@@ -1,7 +1,7 @@
 //! Page faults as text and JSON: sampled fault events (`--events`), the hook-set line, and
 //! each process's (or thread's) faults block with its mappings and stacks.
 
-use std::fmt::Write as _;
+use std::{fmt::Write as _, time::Duration};
 
 use memlock_trace_common::faults::fault_flags;
 use serde_json::json;
@@ -14,12 +14,60 @@ use super::{
 };
 use crate::{
     event::FaultRecord,
-    output::{JSON_SCHEMA, TextStyle, Unit, hist::Log2Hist, or_na, stack_line},
+    output::{JSON_SCHEMA, Outside, TextStyle, Unit, hist::Log2Hist, or_na, stack_line},
+    procfs::{Mapping, MappingCache},
     symbolize::TEXT_FRAMES,
 };
 
-/// One line per sampled fault for `--events`.
-pub fn fault_line(rec: &FaultRecord, unit: Unit) -> String {
+/// Where a sampled fault was, as the process's last mappings read say: the mapping its
+/// address is in, and the module (and offset in it) of its instruction pointer, as perf
+/// script prints `ip sym+off (dso)`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FaultPlace {
+    /// The name of the mapping holding the address: a path, `[heap]`, `anonymous`...
+    pub mapping: Option<Outside>,
+    /// The mapping holding the instruction pointer, and the ip's offset in its file.
+    pub code: Option<(Outside, u64)>,
+}
+
+/// How old a process's mappings may be to place an event with; an event whose address or
+/// instruction pointer they do not hold has them read again if they were read before it
+/// (what it hit may have been mapped since), at most once per event (`/proc/PID/maps`,
+/// read for this, walks no page table).
+const EVENT_MAPS_AGE: Duration = Duration::from_secs(1);
+
+/// `rec`'s mapping and code, from `mappings` (read again when older than they may be, or
+/// when read before the event and missing what it hit).
+pub fn place(rec: &FaultRecord, mappings: &mut MappingCache) -> FaultPlace {
+    let (pid, address, ip) = (rec.raw.tgid, rec.raw.address, rec.raw.ip);
+    let holding = |mappings: &MappingCache, at: u64| -> Option<Mapping> {
+        let found = mappings
+            .get(pid)?
+            .iter()
+            .find(|m| (m.start..m.end).contains(&at));
+        found.cloned()
+    };
+    mappings.refresh(pid, EVENT_MAPS_AGE);
+    let missed = (address != 0 && holding(mappings, address).is_none())
+        || (ip != 0 && holding(mappings, ip).is_none());
+    if missed && mappings.read_before(pid, rec.raw.time_ns) {
+        mappings.refresh(pid, Duration::ZERO);
+    }
+    FaultPlace {
+        mapping: (address != 0)
+            .then(|| holding(mappings, address))
+            .flatten()
+            .map(|m| m.name),
+        code: (ip != 0)
+            .then(|| holding(mappings, ip))
+            .flatten()
+            .map(|m| (m.name, ip - m.start + m.offset)),
+    }
+}
+
+/// One line per sampled fault for `--events`: its address and the mapping it hit, the
+/// instruction pointer and its module, as far as `place` knows them.
+pub fn fault_line(rec: &FaultRecord, place: &FaultPlace, unit: Unit) -> String {
     let r = &rec.raw;
     let mut line = format!(
         "{pid:>7}/{tid:<7} {comm:<16} fault {kind} {addr:#x}",
@@ -29,6 +77,15 @@ pub fn fault_line(rec: &FaultRecord, unit: Unit) -> String {
         kind = rec.kind(),
         addr = r.address,
     );
+    if let Some(mapping) = &place.mapping {
+        let _ = write!(line, " in {mapping}");
+    }
+    if r.ip != 0 {
+        let _ = write!(line, "  ip {:#x}", r.ip);
+        if let Some((module, offset)) = &place.code {
+            let _ = write!(line, " ({module}+{offset:#x})");
+        }
+    }
     if let Some(call) = rec.syscall() {
         let _ = write!(line, " populated by {call}");
         if r.count != 1 {
@@ -51,7 +108,7 @@ pub fn fault_line(rec: &FaultRecord, unit: Unit) -> String {
 }
 
 /// One JSON line per sampled fault for `--events --json`.
-pub fn fault_json(rec: &FaultRecord) -> serde_json::Value {
+pub fn fault_json(rec: &FaultRecord, place: &FaultPlace) -> serde_json::Value {
     let r = &rec.raw;
     json!({
         "type": "fault",
@@ -61,6 +118,10 @@ pub fn fault_json(rec: &FaultRecord) -> serde_json::Value {
         "comm": rec.name(),
         "kind": rec.kind(),
         "address": format!("{:#x}", r.address),
+        "mapping": place.mapping,
+        "ip": (r.ip != 0).then(|| format!("{:#x}", r.ip)),
+        "ip_module": place.code.as_ref().map(|(module, _)| module),
+        "ip_offset": place.code.as_ref().map(|(_, offset)| format!("{offset:#x}")),
         "populated": rec.has(fault_flags::POPULATED),
         "syscall": rec.syscall(),
         "pages": r.count,
@@ -250,7 +311,7 @@ fn mappings_text(out: &mut String, f: &FaultSummary, indent: &str) {
         for stack in m.stacks.iter().flatten() {
             let _ = writeln!(
                 out,
-                "{indent}  {:>faults_w$}  {:<locked_w$}    {} sampled at {}",
+                "{indent}  {:>faults_w$}  {:<locked_w$}    {} faults at {}",
                 "",
                 "",
                 stack.faults,
@@ -333,7 +394,8 @@ fn hists_text(out: &mut String, f: &FaultSummary, indent: &str, unit: Unit) {
 pub fn stacks_text(out: &mut String, stacks: &[StackFaults], indent: &str) {
     let _ = writeln!(
         out,
-        "{indent}  {:>9}  user call stack (innermost first; sampled: --stack-sample)",
+        "{indent}  {:>9}  user call stack (innermost first; faults sampled 1 in --stack-sample, \
+         each counted as that many)",
         "faults"
     );
     if stacks.is_empty() {

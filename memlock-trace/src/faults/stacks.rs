@@ -1,6 +1,7 @@
-//! `--stacks`, faults: the sampled faults per user call stack (one fault in N keeps its
-//! stack, unwound by [`crate::unwind`]), and each process's top stacks symbolized through
-//! its kept modules ([`crate::symbolize`]).
+//! `--stacks`, faults: the faults per user call stack (one fault in N keeps its stack,
+//! unwound by [`crate::unwind`], and counts as the N faults it stands for, as in the folded
+//! file), and each process's top stacks symbolized through its kept modules
+//! ([`crate::symbolize`]).
 
 use std::collections::BTreeMap;
 
@@ -11,10 +12,11 @@ use super::FaultSummary;
 pub use crate::symbolize::{Frame, StackSymbolizer};
 use crate::unwind::{ModuleRegistry, ProcessModules, SitesByRegion, Stack};
 
-/// The sampled faults per stack.
+/// The faults per stack, as the kept stacks stand for them.
 #[derive(Clone, Debug, Default)]
 pub struct StackReport {
-    /// Sampled faults per (process or thread, stack).
+    /// Faults per (process or thread, stack), each kept stack counted as the faults it
+    /// stands for (one in `sample_every` kept).
     pub counts: BTreeMap<StackKey, u64>,
     /// The same per region they were counted in: each mapping row's top stacks.
     pub sites: SitesByRegion,

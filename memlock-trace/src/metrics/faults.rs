@@ -97,7 +97,9 @@ impl FaultMetrics {
         );
         registry.register(
             "page_faults_populated",
-            "Pages the kernel faulted in inside a system call, by that call",
+            "Faults the kernel took populating pages inside a system call, by that call (the \
+             populated origin of page_faults; one per huge page where huge pages back them: \
+             the pages are syscall_populated_bytes)",
             m.populated_by.clone(),
         );
         registry.register(
@@ -124,7 +126,7 @@ impl FaultMetrics {
         );
         registry.register(
             "fault_health",
-            "What the fault hooks could not keep, by counter (see fault_health in the JSON \
+            "What the fault hooks could not keep, by kind (the fault_health fields of the JSON \
              summary)",
             m.health.clone(),
         );
@@ -190,7 +192,7 @@ impl FaultMetrics {
             ("stacks_dropped", health.stacks_dropped.unwrap_or(0)),
             ("stacks_evicted", health.stacks_evicted.unwrap_or(0)),
         ] {
-            super::health::raise(&self.health.get_or_create(&vec![("counter", name)]), total);
+            super::health::raise(&self.health.get_or_create(&vec![("kind", name)]), total);
         }
     }
 
@@ -405,6 +407,8 @@ mod tests {
             "memlock_trace_page_faults_total{comm=\"db\",class=\"minor\",origin=\"populated\"} 4\n",
         );
         has("memlock_trace_page_faults_populated_total{comm=\"db\",syscall=\"mlock\"} 4\n");
+        // Faults, as getrusage counts them (a transparent huge page is one), not pages.
+        has("# HELP memlock_trace_page_faults_populated Faults the kernel took populating");
         // Not observable with these hooks: no series. Observed and zero: none yet either.
         assert!(!text.contains("page_faults_retried_total{"), "{text}");
         assert!(!text.contains("page_faults_failed_total{"), "{text}");
@@ -421,7 +425,7 @@ mod tests {
         has(
             "memlock_trace_page_fault_latency_seconds_bucket{le=\"+Inf\",comm=\"db\",class=\"minor\",origin=\"user\"} 33\n",
         );
-        has("memlock_trace_fault_health_total{counter=\"stats_evicted\"} 0\n");
+        has("memlock_trace_fault_health_total{kind=\"stats_evicted\"} 0\n");
     }
 
     #[test]
@@ -442,7 +446,7 @@ mod tests {
             "{text}"
         );
         assert!(
-            text.contains("memlock_trace_fault_health_total{counter=\"events_dropped\"} 6\n"),
+            text.contains("memlock_trace_fault_health_total{kind=\"events_dropped\"} 6\n"),
             "{text}"
         );
     }

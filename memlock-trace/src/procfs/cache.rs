@@ -61,6 +61,9 @@ impl MapsFile {
 
 struct Snapshot {
     taken: Instant,
+    /// When its read began, as CLOCK_MONOTONIC ns (the clock of the kernel's event stamps):
+    /// a read can take long enough for the process to map and fault meanwhile.
+    taken_ns: u64,
     /// How long reading it took: periodic re-reads of a large process are spaced out so that
     /// they cost it at most a twentieth of a CPU. CPU time, not wall time: a read that
     /// waited for the process's mmap lock (held by a long mlock populating huge pages)
@@ -121,6 +124,7 @@ impl MappingCache {
             return;
         }
         let started = thread_cpu_time();
+        let started_ns = crate::output::WallClock::monotonic_ns();
         let shows_lockonfault = smaps_shows_lockonfault(&crate::probe::kernel_release());
         // Unreadable or unparsable: keep what we had. Gone is the normal end of a process;
         // anything else is said, once per process, and counted.
@@ -159,6 +163,7 @@ impl MappingCache {
             pid,
             Snapshot {
                 taken: Instant::now(),
+                taken_ns: started_ns,
                 cost: thread_cpu_time().saturating_sub(started),
                 comm,
                 mappings,
@@ -206,6 +211,12 @@ impl MappingCache {
     /// Whether `pid`'s mappings are the last ones seen before it exited.
     pub fn exited(&self, pid: u32) -> bool {
         self.entries.get(&pid).is_some_and(|s| s.exited)
+    }
+
+    /// Whether `pid`'s mappings were read before `ns` (CLOCK_MONOTONIC), or not at all: an
+    /// event stamped `ns` may be in a mapping they do not have yet.
+    pub fn read_before(&self, pid: u32, ns: u64) -> bool {
+        self.entries.get(&pid).is_none_or(|s| s.taken_ns < ns)
     }
 
     pub fn get(&self, pid: u32) -> Option<&[Mapping]> {
@@ -256,10 +267,24 @@ fn still_unmapped(old: Snapshot, now: &[Mapping]) -> Vec<Mapping> {
 mod tests {
     use super::*;
 
+    /// An event stamped after a read began may be in a mapping that read has not: the
+    /// tracer's own mappings, read now, were read before an event of a moment from now.
+    #[test]
+    fn read_before_compares_the_start_of_the_read_with_the_event() {
+        let pid = std::process::id();
+        let mut cache = MappingCache::reading(MapsFile::Maps);
+        assert!(cache.read_before(pid, 0), "never read: before anything");
+        let before = crate::output::WallClock::monotonic_ns();
+        cache.refresh(pid, Duration::ZERO);
+        assert!(!cache.read_before(pid, before), "read after {before}");
+        assert!(cache.read_before(pid, crate::output::WallClock::monotonic_ns() + 1));
+    }
+
     #[test]
     fn a_snapshot_a_call_changed_is_reread_sooner_than_its_cost_allows() {
         let snapshot = |age_ms, cost_ms, changed| Snapshot {
             taken: Instant::now() - Duration::from_millis(age_ms),
+            taken_ns: 0,
             cost: Duration::from_millis(cost_ms),
             comm: None,
             mappings: Vec::new(),
@@ -294,6 +319,7 @@ mod tests {
         };
         let read = |mappings, unmapped| Snapshot {
             taken: Instant::now(),
+            taken_ns: 0,
             cost: Duration::ZERO,
             comm: None,
             mappings,

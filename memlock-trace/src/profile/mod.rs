@@ -28,7 +28,7 @@ use crate::{
 /// What a profile's stacks are weighed by (`--profile-weight`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
 pub enum Weight {
-    /// Page faults, i.e. pages faulted in (sampled faults times --stack-sample).
+    /// Page faults, i.e. pages faulted in (each sampled fault counted as --stack-sample).
     #[default]
     Faults,
     /// Bytes faulted in: faults times the 4 KiB page.
@@ -123,8 +123,9 @@ fn symbolized<V>(
         .collect()
 }
 
-/// The sampled faults per (process, stack), threads folded into their process, each
-/// stack counted as `sample_every` faults per sampled fault.
+/// The faults per (process, stack), threads folded into their process, as the collector
+/// counted them (each sample as the faults it stands for, already scaled by
+/// `sample_every`: [`crate::unwind::StackCollector`]).
 pub fn fault_profile(
     faults: &BTreeMap<StackKey, u64>,
     modules: &ModuleRegistry,
@@ -137,10 +138,7 @@ pub fn fault_profile(
     for (key, n) in faults {
         *per_stack.entry((key.tgid, depth(&key.ips))).or_default() += n;
     }
-    let every = u64::from(sample_every.max(1));
-    let stacks = symbolized(per_stack, modules, symbolizer, comm, |n| {
-        (n * every, n * every * PAGE_SIZE)
-    });
+    let stacks = symbolized(per_stack, modules, symbolizer, comm, |n| (n, n * PAGE_SIZE));
     Profile {
         weight,
         sample_every: sample_every.max(1),

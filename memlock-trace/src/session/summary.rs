@@ -254,7 +254,10 @@ fn health_text(out: &mut String, summary: &Summary) {
             s.evicted, s.update_failed
         );
     }
-    if let Some(c) = &summary.call_site_health {
+    if let Some(c) = summary.call_site_health.as_ref().filter(|c| {
+        let u = &c.unwinding;
+        every || c.dropped + u.frame_pointer_walks + u.frames_dropped + u.no_module > 0
+    }) {
         let u = &c.unwinding;
         let _ = writeln!(
             out,

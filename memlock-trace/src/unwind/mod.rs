@@ -62,8 +62,9 @@ pub struct StackHealth {
 /// by every region it faulted in).
 pub type Stack = Arc<[u64]>;
 
-/// Sampled faults per region they were counted in (as the kernel keys `FAULT_REGIONS`) and
-/// stack, threads folded: which code faulted in each mapping.
+/// Faults per region they were counted in (as the kernel keys `FAULT_REGIONS`) and stack,
+/// threads folded, as the samples stand for them ([`StackCollector::fault_every`]): which
+/// code faulted in each mapping.
 pub type SitesByRegion = BTreeMap<RegionKey, BTreeMap<Stack, u64>>;
 
 /// The kept stacks, unwound and summed.
@@ -72,7 +73,8 @@ pub struct StackCollector {
     pub modules: ModuleRegistry,
     /// Mlock-family calls per (process, call, call site).
     pub calls: BTreeMap<SyscallStackKey, SyscallStackValue>,
-    /// Sampled faults per (process or thread, stack).
+    /// Faults per (process or thread, stack), each sample counted as the faults it stands
+    /// for ([`Self::fault_every`]).
     pub faults: BTreeMap<StackKey, u64>,
     /// The same faults per region and stack. Its size is bounded by the samples (a region
     /// keyed by page, no VMA found at the fault, is one per sample at worst), as the
@@ -81,13 +83,23 @@ pub struct StackCollector {
     /// The distinct stacks of `fault_sites`.
     stacks: HashSet<Stack>,
     pub health: StackHealth,
+    /// One fault in this many keeps its stack (`--stack-sample`): a sample of fewer faults
+    /// than that (one user fault) stands for this many, the chance of keeping it being one
+    /// in this many; a sample of more (the pages one mlock populated, always kept) for its
+    /// own. So every figure built from the stacks (the stack table, the mapping rows'
+    /// stacks, the profile files) counts faults, not samples.
+    fault_every: u64,
 }
 
 impl StackCollector {
     /// A collector that already knows the files the tracer itself maps (see
-    /// [`ModuleRegistry::know_own_files`]).
-    pub fn new() -> Self {
-        let mut collector = Self::default();
+    /// [`ModuleRegistry::know_own_files`]), for faults of which one in `fault_every` keeps
+    /// its stack.
+    pub fn new(fault_every: u32) -> Self {
+        let mut collector = Self {
+            fault_every: u64::from(fault_every.max(1)),
+            ..Self::default()
+        };
         collector.modules.know_own_files();
         collector
     }
@@ -154,7 +166,8 @@ impl StackCollector {
                     tid: s.tid,
                     ips: frames,
                 };
-                *self.faults.entry(key).or_default() += s.faults;
+                let faults = s.faults.max(self.fault_every);
+                *self.faults.entry(key).or_default() += faults;
                 let stack = match self.stacks.get(ips.as_slice()) {
                     Some(stack) => Arc::clone(stack),
                     None => {
@@ -164,7 +177,7 @@ impl StackCollector {
                     }
                 };
                 let sites = self.fault_sites.entry(s.region).or_default();
-                *sites.entry(stack).or_default() += s.faults;
+                *sites.entry(stack).or_default() += faults;
             }
             _ => self.health.undecodable += 1,
         }

@@ -154,7 +154,10 @@ fn text_summary_lists_the_stacks() {
     );
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
-        text.contains("user call stack (innermost first; sampled: --stack-sample)"),
+        text.contains(
+            "user call stack (innermost first; faults sampled 1 in --stack-sample, each \
+             counted as that many)"
+        ),
         "{text}"
     );
     assert!(
@@ -164,7 +167,7 @@ fn text_summary_lists_the_stacks() {
     // Under its mapping's row, on one line.
     assert!(
         text.lines()
-            .any(|l| l.contains(" sampled at ") && l.contains("::fault_site_alpha")),
+            .any(|l| l.contains(" faults at ") && l.contains("::fault_site_alpha")),
         "{text}"
     );
     assert!(

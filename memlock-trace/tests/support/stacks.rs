@@ -14,6 +14,7 @@ pub use super::scratch;
 use super::{BIN, compile_c, json_lines};
 
 const LOCK_CHAIN: &str = include_str!("../stacks/lock_chain.c");
+const TOUCH_PAGES: &str = include_str!("../stacks/touch_pages.c");
 /// Names a prebuilt `lock_chain` (`cargo xtask test` cross-compiles it for the arm64 guest).
 pub const PREBUILT_LOCK_CHAIN: &str = "MEMLOCK_TRACE_LOCK_CHAIN";
 
@@ -26,12 +27,15 @@ pub fn build_lock_chain(dir: &Path) -> PathBuf {
             .unwrap_or_else(|e| panic!("{PREBUILT_LOCK_CHAIN}={prebuilt:?}: {e}"));
         return bin;
     }
-    compile_c(
-        dir,
-        "lock_chain",
-        LOCK_CHAIN,
-        &["-O2", "-fomit-frame-pointer", "-g"],
-    )
+    compile_c(dir, "lock_chain", LOCK_CHAIN, LOCK_CHAIN_FLAGS)
+}
+
+/// How `lock_chain.c` is compiled: as distributions build, with DWARF for file:line.
+const LOCK_CHAIN_FLAGS: &[&str] = &["-O2", "-fomit-frame-pointer", "-g"];
+
+/// `touch_pages.c` compiled as [`build_lock_chain`] compiles, in `dir`.
+pub fn build_touch_pages(dir: &Path) -> PathBuf {
+    compile_c(dir, "touch_pages", TOUCH_PAGES, LOCK_CHAIN_FLAGS)
 }
 
 /// `perf record` of every page fault (`-c 1`) of `command` into `data`, its stacks by
@@ -49,6 +53,65 @@ pub fn perf_record_faults<'a>(
     args.extend(["-m", "128M", "-o", data, "--"]);
     args.extend(command);
     args
+}
+
+/// The text summary, the folded file and the command's stdout of `memlock-trace --stacks
+/// --folded FILE -- command` (its summary to a file in `dir`), which exits 0.
+pub fn traced_text_and_folded(dir: &Path, command: &[&str]) -> (String, String, String) {
+    let (summary, folded) = (dir.join("summary.txt"), dir.join("stacks.folded"));
+    let out = Command::new(BIN)
+        .args(["--stacks", "-o"])
+        .arg(&summary)
+        .arg("--folded")
+        .arg(&folded)
+        .arg("--")
+        .args(command)
+        .output()
+        .expect("memlock-trace");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let read = |path: &Path| {
+        std::fs::read_to_string(path)
+            .unwrap_or_else(|e| panic!("{}: {e}\n{stderr}", path.display()))
+    };
+    (
+        read(&summary),
+        read(&folded),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+/// A figure as the text summary writes it (`40960`, or `40,960`).
+pub fn figure(word: &str) -> Option<u64> {
+    word.replace(',', "").parse().ok()
+}
+
+/// The stack tables of a text summary: each stack's figure (on its innermost frame's line)
+/// and its frames' names, innermost first.
+pub fn stack_tables(text: &str) -> Vec<(u64, Vec<String>)> {
+    let mut stacks: Vec<(u64, Vec<String>)> = Vec::new();
+    let mut in_table = false;
+    for line in text.lines() {
+        if line.contains("user call stack (innermost first") {
+            in_table = true;
+            continue;
+        }
+        // The table's lines are indented past the process's (`  `) own lines.
+        in_table &= line.starts_with("    ");
+        let mut words = line.split_whitespace();
+        match (in_table, words.next(), words.next()) {
+            (true, Some(first), Some(frame)) if figure(first).is_some() => {
+                stacks.extend(figure(first).map(|n| (n, vec![frame.to_string()])));
+            }
+            (true, Some(frame), _) => {
+                if let Some((_, frames)) = stacks.last_mut() {
+                    frames.push(frame.to_string());
+                }
+            }
+            _ => {}
+        }
+    }
+    stacks
 }
 
 /// The summary of `memlock-trace --json --stacks [extra] -- command`, which exits 0.

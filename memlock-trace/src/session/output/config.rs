@@ -107,6 +107,7 @@ impl Output {
                 ..VmaOutput::default()
             },
             mappings: MappingCache::reading(start.maps),
+            event_maps: MappingCache::reading(MapsFile::Maps),
             symbolizer: StackSymbolizer::default(),
             stacks: start.stacks,
             order: Default::default(),

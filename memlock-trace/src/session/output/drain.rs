@@ -126,13 +126,12 @@ impl Output {
                 }
                 Ok(Event::Fault(rec)) => {
                     if self.config.fault_events && self.wanted(rec.raw.tid) {
+                        let place = fault_render::place(&rec, &mut self.event_maps);
                         let (json, lines) = if self.config.json {
-                            (Some(fault_render::fault_json(&rec)), vec![])
+                            (Some(fault_render::fault_json(&rec, &place)), vec![])
                         } else {
-                            (
-                                None,
-                                vec![fault_render::fault_line(&rec, self.config.style.unit)],
-                            )
+                            let unit = self.config.style.unit;
+                            (None, vec![fault_render::fault_line(&rec, &place, unit)])
                         };
                         self.emit(Some(rec.raw.time_ns), json, &lines);
                     }

@@ -41,6 +41,9 @@ pub(super) struct Output {
     pub(super) metrics: Option<Arc<Metrics>>,
     pub(super) vma: VmaOutput,
     pub(super) mappings: MappingCache,
+    /// `--events`: each process's mappings as `/proc/PID/maps` lists them (no page-table
+    /// walk, so read again as soon as an event falls outside them), to place fault events.
+    pub(super) event_maps: MappingCache,
     /// Keeps the files it parsed from one summary to the next.
     pub(super) symbolizer: StackSymbolizer,
     /// `--stacks`: the kept stacks, unwound, and the modules of every process.
