@@ -178,7 +178,7 @@ pub struct Side {
     pub locked_by_calls_bytes: u64,
     /// minflt + majflt the process counted itself (/proc/PID/stat) while it was sampled.
     pub own_faults: Option<u64>,
-    pub exit_code: i32,
+    pub exit_code: Option<i32>,
     /// Whether the hook set timed the faults the kernel populated (fentry/kprobe do; the
     /// tracepoint set counts them only: their time is in the call that populated them).
     pub populated_timed: bool,

@@ -65,23 +65,7 @@ fn phase_line(label: &str, p: &Phase) -> String {
 pub fn text(t: &Table, advice: &[Advice]) -> String {
     let mut out = String::new();
     let mut line = |s: String| push_wrapped(&mut out, "", &s, 4);
-    line(if t.launched {
-        format!(
-            "advise: {} (pid {}, {}), traced {:.2} s, exit status {}",
-            t.described,
-            t.pid,
-            shown(&t.comm),
-            t.traced_secs,
-            t.exit_code
-        )
-    } else {
-        format!(
-            "advise: {} ({}), traced {:.2} s",
-            t.described,
-            shown(&t.comm),
-            t.traced_secs
-        )
-    });
+    line(header(t));
     line(match t.startup.how {
         StartupHow::Detected => format!(
             "start-up: the first {:.2} s (detected: until the last executable file was \
@@ -112,11 +96,8 @@ pub fn text(t: &Table, advice: &[Advice]) -> String {
          counted per process only",
         t.time_basis
     ));
-    if let Some(own) = t.own_faults {
-        line(format!(
-            "the process itself counted {} faults (/proc/PID/stat) while it was sampled",
-            count(own)
-        ));
+    if let Some(own) = own_faults(t) {
+        line(own);
     }
     line(limits(t));
     if t.lost > 0 {
@@ -137,6 +118,66 @@ pub fn text(t: &Table, advice: &[Advice]) -> String {
     out.push('\n');
     advice_text(&mut out, t, advice);
     out
+}
+
+/// The report's first line: what was traced, for how long, and how it ended.
+fn header(t: &Table) -> String {
+    match t.exit_code {
+        Some(code) => format!(
+            "advise: {} (pid {}, {}), traced {:.2} s, exit status {code}",
+            t.described,
+            t.pid,
+            shown(&t.comm),
+            t.traced_secs
+        ),
+        None => format!(
+            "advise: {} ({}), traced {:.2} s from the tracer's attach; {}",
+            t.described,
+            shown(&t.comm),
+            t.traced_secs,
+            if t.running_at_end {
+                "left running"
+            } else {
+                "it exited during the trace (its exit status is its parent's)"
+            }
+        ),
+    }
+}
+
+/// What the process counted itself (/proc/PID/stat) beside what was traced: for a running
+/// process, the share of its faults while the tracer was attached that the advice saw, and
+/// the faults before, which it did not.
+fn own_faults(t: &Table) -> Option<String> {
+    let own = t.own_faults?;
+    let Some(before) = t.own_faults_before_attach else {
+        return Some(format!(
+            "the process itself counted {} faults (/proc/PID/stat) while it was sampled",
+            count(own)
+        ));
+    };
+    let p = [&t.during_startup, &t.after_startup];
+    let traced: u64 = p.iter().map(|p| p.minor + p.major).sum();
+    let seen = if traced <= own {
+        format!(
+            "traced {} of the {} faults the process made while the tracer was attached \
+             ({:.0}%, /proc/PID/stat minflt + majflt)",
+            count(traced),
+            count(own),
+            traced as f64 * 100.0 / own.max(1) as f64
+        )
+    } else {
+        format!(
+            "traced {} faults; the process counted {} while the tracer was attached \
+             (/proc/PID/stat minflt + majflt, read every 10 ms around the attach and the end)",
+            count(traced),
+            count(own)
+        )
+    };
+    Some(format!(
+        "{seen}; the {} it made before the attach were not seen: the advice rests on the \
+         faults traced",
+        count(before)
+    ))
 }
 
 fn limits(t: &Table) -> String {
@@ -429,9 +470,6 @@ fn side_by_side(out: &mut String, b: &Side, a: &Side) {
         own(b.own_faults),
         own(a.own_faults),
     );
-    row(
-        "exit status",
-        b.exit_code.to_string(),
-        a.exit_code.to_string(),
-    );
+    let status = |v: Option<i32>| v.map_or("-".into(), |c| c.to_string());
+    row("exit status", status(b.exit_code), status(a.exit_code));
 }
