@@ -147,6 +147,44 @@ fn a_lazily_touched_table_is_locked_and_its_timed_faults_go() {
     );
 }
 
+/// advise's tables hold the command's mappings, one name per file (issue 47 point 12):
+/// `--apply` launched both its runs through `env(1)`, whose own mappings (`env`, its libc,
+/// its locale files) were counted as the command's, and a file whose mapping had gone by the
+/// summary (env's libc, replaced by the exec) was named `libc.so.6` beside the program's
+/// `/usr/lib/x86_64-linux-gnu/libc.so.6`.
+#[test]
+fn the_tables_hold_the_command_alone_with_one_name_per_file() {
+    require_privileges();
+    let (_dir, [script, report_path, size]) = lazy_table("names");
+    let report = advise_apply(&[PYTHON, &script, &report_path, &size]);
+    let names = |rows: &Value| -> Vec<String> {
+        rows.as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["mapping"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let tables = [
+        names(&report["process"]["mappings"]),
+        names(&report["apply"]["mappings"]),
+    ];
+    for table in &tables {
+        for name in table {
+            assert!(
+                name != "env" && !name.ends_with("/env"),
+                "env(1)'s mapping {name}: {table:?}"
+            );
+            let as_path = format!("/{name}");
+            assert!(
+                name.contains('/') || !table.iter().any(|n| n.ends_with(&as_path)),
+                "{name} and its path: {table:?}"
+            );
+        }
+    }
+    let libc = "/usr/lib/x86_64-linux-gnu/libc.so.6";
+    assert!(tables[0].iter().any(|n| n == libc), "{:?}", tables[0]);
+}
+
 /// `advise --stacks`: the mapping advised on carries the code that faulted in it (the
 /// script's `table[offset] = 1`, in CPython's mmap module), its sampled faults one in the
 /// tracer's default `--stack-sample` of the table's pages; the text shows it under the

@@ -34,9 +34,9 @@ pub enum Target {
     Command(Vec<OsString>),
 }
 
-/// What the second run of `--apply` changes: variables set for the command alone (through
-/// `env(1)`, so that the tracer itself does not load the preload library), and the log the
-/// preload library writes.
+/// What the second run of `--apply` changes: variables set for the command alone (so that
+/// the tracer itself does not load the preload library), and the log the preload library
+/// writes.
 #[derive(Clone, Debug, Default)]
 pub struct Environment {
     pub vars: Vec<(String, String)>,
@@ -297,8 +297,9 @@ pub fn run(target: &Target, env: &Environment, latency_sample: u32, stacks: bool
     })
 }
 
-/// This binary as the tracer of `target`, its JSON lines into `lines`; a command runs
-/// under `env(1)` with the variables of `env`.
+/// This binary as the tracer of `target`, its JSON lines into `lines`; a command runs with
+/// the variables of `env` set in its environment alone (`--command-env`: not through
+/// `env(1)`, whose own faults and mappings would be counted as the command's).
 fn tracer_command(
     exe: &std::path::Path,
     lines: &std::path::Path,
@@ -326,12 +327,10 @@ fn tracer_command(
             tracer.args(["-p", &pid.to_string(), "-d", &secs.to_string()]);
         }
         Target::Command(argv) => {
-            tracer.arg("--");
-            if !env.vars.is_empty() {
-                tracer.arg("env");
-                tracer.args(env.vars.iter().map(|(k, v)| format!("{k}={v}")));
+            for (k, v) in &env.vars {
+                tracer.arg(format!("--command-env={k}={v}"));
             }
-            tracer.args(argv);
+            tracer.arg("--").args(argv);
         }
     }
     tracer

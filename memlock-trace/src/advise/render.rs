@@ -31,15 +31,24 @@ fn sentence(text: &str) -> String {
     crate::output::escape_uncut(text.as_bytes())
 }
 
-/// `name` in `width` characters at the most: cut at its start, where `…` stands, since a
-/// path's end tells it apart.
-fn fit(name: String, width: usize) -> String {
+/// Width of the mapping column, in the mapping table and in `--apply`'s comparison alike.
+const NAME_WIDTH: usize = 34;
+
+/// A mapping's name as every table shows it: escaped, and when longer than the column cut at
+/// its start, where `…` stands (a path's end tells it apart), from a `/` when the cut leaves
+/// one early enough: the same file reads the same in every row of every table.
+fn name_cell(name: &str) -> String {
+    let name = shown(name);
     let len = name.chars().count();
-    if len <= width {
+    if len <= NAME_WIDTH {
         return name;
     }
-    let skip = len - (width - 1);
-    format!("…{}", name.chars().skip(skip).collect::<String>())
+    let tail: String = name.chars().skip(len - (NAME_WIDTH - 1)).collect();
+    let tail = match tail.find('/') {
+        Some(i) if i > 0 && i <= NAME_WIDTH / 2 => tail[i..].to_string(),
+        _ => tail,
+    };
+    format!("…{tail}")
 }
 
 /// `text` wrapped to the terminal's width after `first`, its other lines indented by
@@ -226,14 +235,14 @@ fn limits(t: &Table) -> String {
 fn mapping_table(out: &mut String, t: &Table) {
     let _ = writeln!(
         out,
-        "{:<34} {:>10} {:>10} {:>9} {:>9} {:>11} {:>6}",
+        "{:<NAME_WIDTH$} {:>10} {:>10} {:>9} {:>9} {:>11} {:>6}",
         "MAPPING", "SIZE", "RESIDENT", "START-UP", "AFTER", "TIME AFTER", "LOCKED"
     );
     for m in t.mappings.iter().take(TABLE_ROWS) {
-        let name = fit(shown(&m.mapping), 34);
         let _ = writeln!(
             out,
-            "{name:<34} {:>10} {:>10} {:>9} {:>9} {:>11} {:>6}",
+            "{:<NAME_WIDTH$} {:>10} {:>10} {:>9} {:>9} {:>11} {:>6}",
+            name_cell(&m.mapping),
             size(m.size_bytes),
             m.resident_bytes.map_or("?".into(), size),
             count(m.faults_startup),

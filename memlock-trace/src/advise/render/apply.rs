@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use super::{fit, push_wrapped, shown, text};
+use super::{NAME_WIDTH, name_cell, push_wrapped, shown, text};
 use crate::{
     advise::{
         apply::{Comparison, Side},
@@ -34,16 +34,21 @@ pub fn apply_text(t: &Table, advice: &[Advice], c: &Comparison) -> String {
     );
     side_by_side(&mut out, &c.before, after);
     if !c.mappings.is_empty() {
-        let _ = writeln!(out, "faults after start-up per mapping:");
+        let _ = writeln!(
+            out,
+            "{:<NAME_WIDTH$} {:>10} {:>22} {:>22}",
+            "FAULTS AFTER START-UP PER MAPPING", "SIZE", "BEFORE", "AFTER"
+        );
         for p in &c.mappings {
             // A run without the row had no fault there (or no such mapping).
             let cell = |x: Option<(u64, u64)>| {
                 x.map_or("0".into(), |(n, ns)| format!("{} ({})", count(n), ms(ns)))
             };
-            let name = fit(format!("{} {}", shown(&p.mapping), size(p.size_bytes)), 44);
             let _ = writeln!(
                 out,
-                "  {name:<44} {:>24} {:>24}",
+                "{:<NAME_WIDTH$} {:>10} {:>22} {:>22}",
+                name_cell(&p.mapping),
+                size(p.size_bytes),
                 cell(p.before),
                 cell(p.after)
             );

@@ -6,6 +6,7 @@ use super::{
     table::{MappingFigures, Phase, Startup, StartupHow, Table},
 };
 
+mod render;
 mod room;
 mod rules;
 mod table;
