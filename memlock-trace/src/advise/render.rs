@@ -163,7 +163,8 @@ fn own_faults(t: &Table) -> Option<String> {
     let own = t.own_faults?;
     let Some(before) = t.own_faults_before_attach else {
         return Some(format!(
-            "the process itself counted {} faults (/proc/PID/stat) while it was sampled",
+            "the process itself counted {} faults from its fork to its exit (/proc/PID/stat \
+             minflt + majflt, pages populated inside calls included)",
             count(own)
         ));
     };
@@ -277,18 +278,16 @@ fn advice_text(out: &mut String, t: &Table, advice: &[Advice]) {
             "advice: nothing worth locking or populating: no mapping took 64 or more faults after start-up that locking or an allocator setting would remove",
         );
     } else {
-        push("", "advice, ranked by fault time saved per MiB pinned:");
+        push(
+            "",
+            "advice, ranked by the fault time each takes out of the steady state per MiB it \
+             keeps resident:",
+        );
     }
     for (i, a) in ranked.iter().enumerate() {
         push(&format!("  {}. {}:", i + 1, a.kind), &sentence(&a.what));
         push("     ", &sentence(&a.how));
-        let mut saving = format!(
-            "saves {} and {} faults after start-up; keeps {} resident ({} per MiB)",
-            ms(a.saved_ns),
-            count(a.faults_removed),
-            size(a.pinned_bytes),
-            ms(a.saved_ns_per_mib as u64)
-        );
+        let mut saving = saving(a);
         if let Some(step) = &a.apply {
             let step = match step {
                 super::rules::ApplyStep::Preload(r) => format!("preload rule {r}"),
@@ -323,6 +322,33 @@ fn advice_text(out: &mut String, t: &Table, advice: &[Advice]) {
         // Not wrapped: a command to copy.
         let _ = writeln!(out, "  {command}");
     }
+}
+
+/// What an advice does to the steady state's faults, in words that hold: locking or
+/// populating a mapping does not make its faults go, it moves them (and their time) into
+/// the call that populates the pages; keeping an allocator's block, or keeping pages from
+/// swap, removes the faults after the first.
+fn saving(a: &Advice) -> String {
+    let (verb, to) = match a.kind {
+        Kind::Lock => (
+            "moves",
+            " into the mlock or mmap call that populates its pages",
+        ),
+        Kind::Populate => (
+            "moves",
+            " into the mmap or madvise call that populates its pages",
+        ),
+        _ => ("removes", ""),
+    };
+    format!(
+        "{verb} {} faults after start-up and their {} of fault time{to}; keeps {} resident \
+         ({} of fault time {} per MiB kept resident)",
+        count(a.faults_removed),
+        ms(a.saved_ns),
+        size(a.pinned_bytes),
+        ms(a.saved_ns_per_mib as u64),
+        if verb == "moves" { "moved" } else { "removed" }
+    )
 }
 
 /// `--stacks`: the code that faulted most in the mapping `a` is about, a line each.

@@ -137,8 +137,8 @@ pub struct Table {
     /// Bytes the kernel counted locked by the process's mlock-family calls (exact, where
     /// the samples may miss a short-lived lock).
     pub locked_by_calls_bytes: u64,
-    /// minflt + majflt the process itself counted (/proc/PID/stat): while it was sampled
-    /// (a command), from the tracer's attach to the trace's end (`-p`).
+    /// minflt + majflt the process itself counted (/proc/PID/stat): in its whole life, from
+    /// its fork (a command), from the tracer's attach to the trace's end (`-p`).
     pub own_faults: Option<u64>,
     /// `-p`: minflt + majflt the process had counted before the tracer attached, which the
     /// trace did not see.
@@ -201,13 +201,13 @@ pub fn build(run: &Run, startup_flag: Option<f64>) -> Result<Table> {
 }
 
 /// The faults the process counted itself while traced, and (`-p`) before: for a command,
-/// between the first and the last reading; for a running process, from the tracer's
+/// its whole life (from its fork: the last reading, at most 10 ms before its exit; the pages
+/// a call populated count too); for a running process, from the tracer's
 /// attach (`attached_ns`, the first interval's start) to the trace's end, and before it.
 fn own_faults(run: &Run, attached_ns: u64) -> (Option<u64>, Option<u64>) {
     let s = &run.samples;
     if run.launched {
-        let whole = s.stat.first().zip(s.stat.last());
-        return (whole.map(|(a, b)| b.1.saturating_sub(a.1)), None);
+        return (s.stat.last().map(|&(_, faults)| faults), None);
     }
     let before = s.faults_at(attached_ns);
     let end = s.faults_at(run.session_window.end_ns);
