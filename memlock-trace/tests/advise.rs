@@ -14,6 +14,8 @@
 //! `cargo xtask test` installs Debian's python3 when missing and builds the preload library
 //! (`memlock-preload`) next to the tracer.
 
+#[path = "support/advice.rs"]
+mod advice;
 mod common;
 mod support;
 
@@ -270,12 +272,7 @@ fn under_a_memlock_limit_the_table_is_populated_and_the_limit_named() {
     assert_eq!(report["process"]["cap_ipc_lock"], false);
     let first = first_advice(&report);
     assert_eq!(first["kind"], "populate", "{first}");
-    let refused = report["advice"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|a| a["kind"] == "over-limit")
-        .unwrap_or_else(|| panic!("no over-limit advice: {report}"));
+    let refused = advice::of_kind(&report, "over-limit");
     assert!(
         refused["how"]
             .as_str()

@@ -22,6 +22,7 @@ use std::{
 };
 
 use common::require_privileges;
+use memlock_trace::advise::units::count;
 use serde_json::Value;
 use support::{BIN, PYTHON, require_python, scratch_dir, settled, succeeded};
 
@@ -147,11 +148,6 @@ fn advise_on_a_running_process_says_which_of_its_faults_it_saw() {
     let before = workload.quiet_faults();
     let text = advise_while_it_touches(&mut workload, &dir, &[]);
     let during = workload.quiet_faults() - before;
-    let count = |n: u64| {
-        let digits = n.to_string();
-        let (head, tail) = digits.split_at(digits.len() - 3);
-        format!("{head},{tail}")
-    };
     let first = text.lines().next().unwrap();
     assert!(
         first.starts_with(&format!("advise: pid {} (python3), traced ", workload.pid))

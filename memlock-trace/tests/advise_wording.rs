@@ -14,12 +14,15 @@
 //! - Memory that faulted only during start-up was called "touched once": a page faults when
 //!   first touched, not each time it is used; the advice says it faulted once.
 
+#[path = "support/advice.rs"]
+mod advice;
 mod common;
 mod support;
 
 use std::process::Command;
 
 use common::require_privileges;
+use memlock_trace::advise::units::count;
 use serde_json::Value;
 use support::{BIN, PYTHON, advise_json, require_preload, require_python, scratch_dir, succeeded};
 
@@ -41,24 +44,14 @@ fn lazy_table(name: &str) -> [String; 3] {
     ]
 }
 
-/// `16,384`.
-fn count(n: u64) -> String {
-    let digits = n.to_string();
-    let mut out = String::new();
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
-
 /// The figures of a side-by-side row of --apply's text: before and after.
 fn row(text: &str, label: &str) -> (u64, u64) {
     let line = text
         .lines()
-        .find(|l| l.strip_prefix(label).is_some_and(|rest| rest.starts_with("  ")))
+        .find(|l| {
+            l.strip_prefix(label)
+                .is_some_and(|rest| rest.starts_with("  "))
+        })
         .unwrap_or_else(|| panic!("no row {label:?} in:\n{text}"));
     let n: Vec<u64> = line[label.len()..]
         .split_whitespace()
@@ -140,12 +133,7 @@ fn memory_that_faulted_only_at_start_up_is_said_to_have_faulted_not_touched_once
         .unwrap_or_else(|| panic!("no table in: {report}"));
     assert_eq!(table["faults_startup"], PAGES, "{table}");
     assert_eq!(table["faults_after"], 0, "{table}");
-    let once = report["advice"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|a| a["kind"] == "faulted-once")
-        .unwrap_or_else(|| panic!("no faulted-once advice: {report}"));
+    let once = advice::of_kind(&report, "faulted-once");
     let what = once["what"].as_str().unwrap();
     assert!(
         what.contains("/dev/zero (deleted)") && what.ends_with(" faulted only during start-up"),

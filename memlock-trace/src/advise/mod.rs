@@ -17,7 +17,8 @@ mod sample;
 mod table;
 #[cfg(test)]
 mod tests;
-mod units;
+/// How advise writes its figures (public: the tests compare its text with them).
+pub mod units;
 
 use std::path::PathBuf;
 

@@ -168,10 +168,14 @@ pub struct AtExec {
     resumed: bool,
 }
 
-/// Forks `argv` (as `run_as`, when given; with the `NAME=VALUE` entries of `env` set in its
-/// environment alone); call only while the process is single-threaded (before the tokio
-/// runtime).
-pub fn spawn<S: AsRef<OsStr>>(
+/// Forks `argv` (as `run_as`, when given); call only while the process is single-threaded
+/// (before the tokio runtime).
+pub fn spawn<S: AsRef<OsStr>>(argv: &[S], run_as: Option<&RunAs>) -> Result<Launched> {
+    spawn_with_env(argv, &[], run_as)
+}
+
+/// [`spawn`], with the `NAME=VALUE` entries of `env` set in the command's environment alone.
+pub fn spawn_with_env<S: AsRef<OsStr>>(
     argv: &[S],
     env: &[OsString],
     run_as: Option<&RunAs>,
