@@ -138,7 +138,7 @@ fn advise_on_a_running_process_says_which_of_its_faults_it_saw() {
         .sum();
     assert_eq!(
         traced, during,
-        "every fault made while attached traced: {p}"
+        "every fault made while attached traced ({before} before): {p}"
     );
     assert!(
         p["traced_secs"].as_f64().unwrap() < 3.5,
