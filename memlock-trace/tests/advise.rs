@@ -14,6 +14,8 @@
 //! `cargo xtask test` installs Debian's python3 when missing and builds the preload library
 //! (`memlock-preload`) next to the tracer.
 
+#[path = "support/advice.rs"]
+mod advice;
 mod common;
 mod support;
 
@@ -147,6 +149,44 @@ fn a_lazily_touched_table_is_locked_and_its_timed_faults_go() {
     );
 }
 
+/// advise's tables hold the command's mappings, one name per file (issue 47 point 12):
+/// `--apply` launched both its runs through `env(1)`, whose own mappings (`env`, its libc,
+/// its locale files) were counted as the command's, and a file whose mapping had gone by the
+/// summary (env's libc, replaced by the exec) was named `libc.so.6` beside the program's
+/// `/usr/lib/x86_64-linux-gnu/libc.so.6`.
+#[test]
+fn the_tables_hold_the_command_alone_with_one_name_per_file() {
+    require_privileges();
+    let (_dir, [script, report_path, size]) = lazy_table("names");
+    let report = advise_apply(&[PYTHON, &script, &report_path, &size]);
+    let names = |rows: &Value| -> Vec<String> {
+        rows.as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["mapping"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let tables = [
+        names(&report["process"]["mappings"]),
+        names(&report["apply"]["mappings"]),
+    ];
+    for table in &tables {
+        for name in table {
+            assert!(
+                name != "env" && !name.ends_with("/env"),
+                "env(1)'s mapping {name}: {table:?}"
+            );
+            let as_path = format!("/{name}");
+            assert!(
+                name.contains('/') || !table.iter().any(|n| n.ends_with(&as_path)),
+                "{name} and its path: {table:?}"
+            );
+        }
+    }
+    let libc = "/usr/lib/x86_64-linux-gnu/libc.so.6";
+    assert!(tables[0].iter().any(|n| n == libc), "{:?}", tables[0]);
+}
+
 /// `advise --stacks`: the mapping advised on carries the code that faulted in it (the
 /// script's `table[offset] = 1`, in CPython's mmap module), its faults about the table's
 /// pages (one in the tracer's default `--stack-sample` kept, each counted as that many, as
@@ -233,12 +273,7 @@ fn under_a_memlock_limit_the_table_is_populated_and_the_limit_named() {
     assert_eq!(report["process"]["cap_ipc_lock"], false);
     let first = first_advice(&report);
     assert_eq!(first["kind"], "populate", "{first}");
-    let refused = report["advice"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|a| a["kind"] == "over-limit")
-        .unwrap_or_else(|| panic!("no over-limit advice: {report}"));
+    let refused = advice::of_kind(&report, "over-limit");
     assert!(
         refused["how"]
             .as_str()

@@ -176,9 +176,9 @@ pub struct Side {
     pub wall_ns: Option<u64>,
     pub locked_max_bytes: u64,
     pub locked_by_calls_bytes: u64,
-    /// minflt + majflt the process counted itself (/proc/PID/stat) while it was sampled.
+    /// minflt + majflt the process counted itself (/proc/PID/stat) in its whole life.
     pub own_faults: Option<u64>,
-    pub exit_code: i32,
+    pub exit_code: Option<i32>,
     /// Whether the hook set timed the faults the kernel populated (fentry/kprobe do; the
     /// tracepoint set counts them only: their time is in the call that populated them).
     pub populated_timed: bool,
@@ -349,13 +349,7 @@ fn verdict(before: &Table, after: &Table, plan: &Plan, helped: bool) -> String {
             per_fault(b)
         ));
     }
-    if a.populated > b.populated {
-        verdict.push_str(&format!(
-            "; {} faults were taken up front instead (inside mmap, mlock2 or madvise: one \
-             per page, or per huge page)",
-            count(a.populated - b.populated)
-        ));
-    }
+    verdict.push_str(&moved(before, after));
     if let (Some(x), Some(y)) = (before.wall_ns, after.wall_ns) {
         verdict.push_str(&format!(
             "; the command's wall time {:.2} s -> {:.2} s (both runs traced)",
@@ -376,4 +370,34 @@ fn verdict(before: &Table, after: &Table, plan: &Plan, helped: bool) -> String {
         );
     }
     verdict
+}
+
+/// The faults the advice moved into the calls that populate pages (locking and populating
+/// take the faults up front, they do not make them go), and where they went: start-up, or
+/// after it. Empty when the kernel populated no more pages than before.
+fn moved(before: &Table, after: &Table) -> String {
+    let populated = |t: &Table| t.during_startup.populated + t.after_startup.populated;
+    let Some(more) = populated(after)
+        .checked_sub(populated(before))
+        .filter(|&n| n > 0)
+    else {
+        return String::new();
+    };
+    let all = |p: &Phase| p.minor + p.major;
+    format!(
+        "; {} more faults were taken up front, inside mmap, mlock2 or madvise (one per page, \
+         or per huge page), {} of them during start-up: the cost moved there, it did not go \
+         (faults during start-up {} -> {}; faults after start-up {} -> {})",
+        count(more),
+        count(
+            after
+                .during_startup
+                .populated
+                .saturating_sub(before.during_startup.populated)
+        ),
+        count(all(&before.during_startup)),
+        count(all(&after.during_startup)),
+        count(all(&before.after_startup)),
+        count(all(&after.after_startup)),
+    )
 }

@@ -34,9 +34,9 @@ pub enum Target {
     Command(Vec<OsString>),
 }
 
-/// What the second run of `--apply` changes: variables set for the command alone (through
-/// `env(1)`, so that the tracer itself does not load the preload library), and the log the
-/// preload library writes.
+/// What the second run of `--apply` changes: variables set for the command alone (so that
+/// the tracer itself does not load the preload library), and the log the preload library
+/// writes.
 #[derive(Clone, Debug, Default)]
 pub struct Environment {
     pub vars: Vec<(String, String)>,
@@ -155,7 +155,10 @@ pub struct Run {
     /// The target in words: `pid N`, or the command quoted (its bytes, escaped when shown).
     pub described: Outside,
     pub launched: bool,
-    pub exit_code: i32,
+    /// The launched command's exit status (None for `-p`: not ours, and it did not exit).
+    pub exit_code: Option<i32>,
+    /// `-p`: the process still ran when the trace ended.
+    pub running_at_end: bool,
     pub intervals: Vec<Interval>,
     /// The whole session's figures for the target.
     pub session: Faults,
@@ -185,6 +188,11 @@ fn shell_words<'a>(words: impl IntoIterator<Item = &'a [u8]> + Clone) -> Vec<u8>
 /// Runs the tracer on `target` and reads back its lines; `stacks`: with fault stacks.
 pub fn run(target: &Target, env: &Environment, latency_sample: u32, stacks: bool) -> Result<Run> {
     let exe = std::env::current_exe().context("finding memlock-trace's own binary")?;
+    // A running process's name before the trace: it may exit during it.
+    let comm_before = match target {
+        Target::Pid { pid, .. } => crate::procfs::read_comm(*pid),
+        Target::Command(_) => None,
+    };
     let lines = temp_path("lines")?;
     let mut tracer = tracer_command(&exe, &lines, target, env, latency_sample, stacks);
     let (described, traced) = describe(target, env);
@@ -243,20 +251,29 @@ pub fn run(target: &Target, env: &Environment, latency_sample: u32, stacks: bool
         })
         .collect();
     let started_ns = started_ns(target, &samples);
+    let running_at_end = matches!(target, Target::Pid { .. })
+        && samples
+            .start_boot_ns
+            .is_some_and(|start| super::sample::still_running(pid, start));
     // The summary is made as soon as the command has exited: its end is the command's.
     let wall_ns = started_ns.and_then(|started| summary.window.end_ns.checked_sub(started));
     Ok(Run {
         flamegraph_command,
         pid,
         // A process that neither faulted nor called while traced is in no summary line: its
-        // name from /proc, while it lives.
+        // name from /proc, while it lives, or as it was before the trace.
         comm: ours.map_or_else(
-            || crate::procfs::read_comm(pid).map_or_else(String::new, |c| c.to_string()),
+            || {
+                crate::procfs::read_comm(pid)
+                    .or(comm_before)
+                    .map_or_else(String::new, |c| c.to_string())
+            },
             |p| p.comm.clone(),
         ),
         described,
         launched: matches!(target, Target::Command(_)),
-        exit_code: code,
+        exit_code: matches!(target, Target::Command(_)).then_some(code),
+        running_at_end,
         intervals,
         session: ours.and_then(|p| p.faults.clone()).unwrap_or_default(),
         session_window: summary.window,
@@ -280,8 +297,9 @@ pub fn run(target: &Target, env: &Environment, latency_sample: u32, stacks: bool
     })
 }
 
-/// This binary as the tracer of `target`, its JSON lines into `lines`; a command runs
-/// under `env(1)` with the variables of `env`.
+/// This binary as the tracer of `target`, its JSON lines into `lines`; a command runs with
+/// the variables of `env` set in its environment alone (`--command-env`: not through
+/// `env(1)`, whose own faults and mappings would be counted as the command's).
 fn tracer_command(
     exe: &std::path::Path,
     lines: &std::path::Path,
@@ -309,12 +327,10 @@ fn tracer_command(
             tracer.args(["-p", &pid.to_string(), "-d", &secs.to_string()]);
         }
         Target::Command(argv) => {
-            tracer.arg("--");
-            if !env.vars.is_empty() {
-                tracer.arg("env");
-                tracer.args(env.vars.iter().map(|(k, v)| format!("{k}={v}")));
+            for (k, v) in &env.vars {
+                tracer.arg(format!("--command-env={k}={v}"));
             }
-            tracer.args(argv);
+            tracer.arg("--").args(argv);
         }
     }
     tracer

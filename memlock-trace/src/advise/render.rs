@@ -3,8 +3,11 @@
 
 use std::fmt::Write as _;
 
+mod apply;
+
+pub use self::apply::apply_text;
 use super::{
-    apply::{Comparison, Side},
+    apply::Comparison,
     rules::{Advice, Kind, Verdict},
     sample::MemlockLimit,
     table::{Phase, StartupHow, Table},
@@ -28,15 +31,24 @@ fn sentence(text: &str) -> String {
     crate::output::escape_uncut(text.as_bytes())
 }
 
-/// `name` in `width` characters at the most: cut at its start, where `…` stands, since a
-/// path's end tells it apart.
-fn fit(name: String, width: usize) -> String {
+/// Width of the mapping column, in the mapping table and in `--apply`'s comparison alike.
+const NAME_WIDTH: usize = 34;
+
+/// A mapping's name as every table shows it: escaped, and when longer than the column cut at
+/// its start, where `…` stands (a path's end tells it apart), from a `/` when the cut leaves
+/// one early enough: the same file reads the same in every row of every table.
+fn name_cell(name: &str) -> String {
+    let name = shown(name);
     let len = name.chars().count();
-    if len <= width {
+    if len <= NAME_WIDTH {
         return name;
     }
-    let skip = len - (width - 1);
-    format!("…{}", name.chars().skip(skip).collect::<String>())
+    let tail: String = name.chars().skip(len - (NAME_WIDTH - 1)).collect();
+    let tail = match tail.find('/') {
+        Some(i) if i > 0 && i <= NAME_WIDTH / 2 => tail[i..].to_string(),
+        _ => tail,
+    };
+    format!("…{tail}")
 }
 
 /// `text` wrapped to the terminal's width after `first`, its other lines indented by
@@ -65,23 +77,7 @@ fn phase_line(label: &str, p: &Phase) -> String {
 pub fn text(t: &Table, advice: &[Advice]) -> String {
     let mut out = String::new();
     let mut line = |s: String| push_wrapped(&mut out, "", &s, 4);
-    line(if t.launched {
-        format!(
-            "advise: {} (pid {}, {}), traced {:.2} s, exit status {}",
-            t.described,
-            t.pid,
-            shown(&t.comm),
-            t.traced_secs,
-            t.exit_code
-        )
-    } else {
-        format!(
-            "advise: {} ({}), traced {:.2} s",
-            t.described,
-            shown(&t.comm),
-            t.traced_secs
-        )
-    });
+    line(header(t));
     line(match t.startup.how {
         StartupHow::Detected => format!(
             "start-up: the first {:.2} s (detected: until the last executable file was \
@@ -112,11 +108,8 @@ pub fn text(t: &Table, advice: &[Advice]) -> String {
          counted per process only",
         t.time_basis
     ));
-    if let Some(own) = t.own_faults {
-        line(format!(
-            "the process itself counted {} faults (/proc/PID/stat) while it was sampled",
-            count(own)
-        ));
+    if let Some(own) = own_faults(t) {
+        line(own);
     }
     line(limits(t));
     if t.lost > 0 {
@@ -137,6 +130,67 @@ pub fn text(t: &Table, advice: &[Advice]) -> String {
     out.push('\n');
     advice_text(&mut out, t, advice);
     out
+}
+
+/// The report's first line: what was traced, for how long, and how it ended.
+fn header(t: &Table) -> String {
+    match t.exit_code {
+        Some(code) => format!(
+            "advise: {} (pid {}, {}), traced {:.2} s, exit status {code}",
+            t.described,
+            t.pid,
+            shown(&t.comm),
+            t.traced_secs
+        ),
+        None => format!(
+            "advise: {} ({}), traced {:.2} s from the tracer's attach; {}",
+            t.described,
+            shown(&t.comm),
+            t.traced_secs,
+            if t.running_at_end {
+                "left running"
+            } else {
+                "it exited during the trace (its exit status is its parent's)"
+            }
+        ),
+    }
+}
+
+/// What the process counted itself (/proc/PID/stat) beside what was traced: for a running
+/// process, the share of its faults while the tracer was attached that the advice saw, and
+/// the faults before, which it did not.
+fn own_faults(t: &Table) -> Option<String> {
+    let own = t.own_faults?;
+    let Some(before) = t.own_faults_before_attach else {
+        return Some(format!(
+            "the process itself counted {} faults from its fork to its exit (/proc/PID/stat \
+             minflt + majflt, pages populated inside calls included)",
+            count(own)
+        ));
+    };
+    let p = [&t.during_startup, &t.after_startup];
+    let traced: u64 = p.iter().map(|p| p.minor + p.major).sum();
+    let seen = if traced <= own {
+        format!(
+            "traced {} of the {} faults the process made while the tracer was attached \
+             ({:.0}%, /proc/PID/stat minflt + majflt)",
+            count(traced),
+            count(own),
+            traced as f64 * 100.0 / own.max(1) as f64
+        )
+    } else {
+        format!(
+            "traced {} faults; the process counted {} while the tracer was attached \
+             (/proc/PID/stat minflt + majflt, read every 10 ms around the attach and the end)",
+            count(traced),
+            count(own)
+        )
+    };
+    Some(format!(
+        "{seen}; the {} it made before the attach were not seen: the advice rests on the \
+         faults traced",
+        count(before)
+    ))
 }
 
 fn limits(t: &Table) -> String {
@@ -182,14 +236,14 @@ fn limits(t: &Table) -> String {
 fn mapping_table(out: &mut String, t: &Table) {
     let _ = writeln!(
         out,
-        "{:<34} {:>10} {:>10} {:>9} {:>9} {:>11} {:>6}",
+        "{:<NAME_WIDTH$} {:>10} {:>10} {:>9} {:>9} {:>11} {:>6}",
         "MAPPING", "SIZE", "RESIDENT", "START-UP", "AFTER", "TIME AFTER", "LOCKED"
     );
     for m in t.mappings.iter().take(TABLE_ROWS) {
-        let name = fit(shown(&m.mapping), 34);
         let _ = writeln!(
             out,
-            "{name:<34} {:>10} {:>10} {:>9} {:>9} {:>11} {:>6}",
+            "{:<NAME_WIDTH$} {:>10} {:>10} {:>9} {:>9} {:>11} {:>6}",
+            name_cell(&m.mapping),
             size(m.size_bytes),
             m.resident_bytes.map_or("?".into(), size),
             count(m.faults_startup),
@@ -224,18 +278,16 @@ fn advice_text(out: &mut String, t: &Table, advice: &[Advice]) {
             "advice: nothing worth locking or populating: no mapping took 64 or more faults after start-up that locking or an allocator setting would remove",
         );
     } else {
-        push("", "advice, ranked by fault time saved per MiB pinned:");
+        push(
+            "",
+            "advice, ranked by the fault time each takes out of the steady state per MiB it \
+             keeps resident:",
+        );
     }
     for (i, a) in ranked.iter().enumerate() {
         push(&format!("  {}. {}:", i + 1, a.kind), &sentence(&a.what));
         push("     ", &sentence(&a.how));
-        let mut saving = format!(
-            "saves {} and {} faults after start-up; keeps {} resident ({} per MiB)",
-            ms(a.saved_ns),
-            count(a.faults_removed),
-            size(a.pinned_bytes),
-            ms(a.saved_ns_per_mib as u64)
-        );
+        let mut saving = saving(a);
         if let Some(step) = &a.apply {
             let step = match step {
                 super::rules::ApplyStep::Preload(r) => format!("preload rule {r}"),
@@ -270,6 +322,33 @@ fn advice_text(out: &mut String, t: &Table, advice: &[Advice]) {
         // Not wrapped: a command to copy.
         let _ = writeln!(out, "  {command}");
     }
+}
+
+/// What an advice does to the steady state's faults, in words that hold: locking or
+/// populating a mapping does not make its faults go, it moves them (and their time) into
+/// the call that populates the pages; keeping an allocator's block, or keeping pages from
+/// swap, removes the faults after the first.
+fn saving(a: &Advice) -> String {
+    let (verb, to) = match a.kind {
+        Kind::Lock => (
+            "moves",
+            " into the mlock or mmap call that populates its pages",
+        ),
+        Kind::Populate => (
+            "moves",
+            " into the mmap or madvise call that populates its pages",
+        ),
+        _ => ("removes", ""),
+    };
+    format!(
+        "{verb} {} faults after start-up and their {} of fault time{to}; keeps {} resident \
+         ({} of fault time {} per MiB kept resident)",
+        count(a.faults_removed),
+        ms(a.saved_ns),
+        size(a.pinned_bytes),
+        ms(a.saved_ns_per_mib as u64),
+        if verb == "moves" { "moved" } else { "removed" }
+    )
 }
 
 /// `--stacks`: the code that faulted most in the mapping `a` is about, a line each.
@@ -317,121 +396,4 @@ fn report_json(t: &Table, advice: &[Advice], apply: Option<&Comparison>) -> Stri
         "{v}
 "
     )
-}
-
-pub fn apply_text(t: &Table, advice: &[Advice], c: &Comparison) -> String {
-    let mut out = text(t, advice);
-    out.push('\n');
-    let Some(after) = &c.after else {
-        out.push_str(&format!("--apply: {}\n", c.verdict));
-        return out;
-    };
-    let env: Vec<String> = c
-        .environment
-        .iter()
-        .map(|(k, v)| format!("{k}={}", shown(v)))
-        .collect();
-    push_wrapped(
-        &mut out,
-        "--apply: the command run again with",
-        &env.join(" "),
-        4,
-    );
-    side_by_side(&mut out, &c.before, after);
-    if !c.mappings.is_empty() {
-        let _ = writeln!(out, "faults after start-up per mapping:");
-        for p in &c.mappings {
-            // A run without the row had no fault there (or no such mapping).
-            let cell = |x: Option<(u64, u64)>| {
-                x.map_or("0".into(), |(n, ns)| format!("{} ({})", count(n), ms(ns)))
-            };
-            let name = fit(format!("{} {}", shown(&p.mapping), size(p.size_bytes)), 44);
-            let _ = writeln!(
-                out,
-                "  {name:<44} {:>24} {:>24}",
-                cell(p.before),
-                cell(p.after)
-            );
-        }
-    }
-    if after.after_startup.populated > 0 && !after.populated_timed {
-        push_wrapped(
-            &mut out,
-            "",
-            "(this hook set counts the faults the kernel populated but does not time them: \
-             their cost is in the call that populated them, mmap, mlock2 or madvise)",
-            1,
-        );
-    }
-    for l in &c.preload_log {
-        let _ = writeln!(out, "preload library: {}", shown(l));
-    }
-    push_wrapped(&mut out, "verdict:", &c.verdict, 4);
-    out
-}
-
-fn side_by_side(out: &mut String, b: &Side, a: &Side) {
-    let _ = writeln!(out, "{:<44} {:>16} {:>16}", "", "BEFORE", "AFTER");
-    let mut row = |label: &str, x: String, y: String| {
-        let _ = writeln!(out, "{label:<44} {x:>16} {y:>16}");
-    };
-    let n = |p: &Phase| count(p.minor + p.major);
-    row(
-        "faults during start-up",
-        n(&b.during_startup),
-        n(&a.during_startup),
-    );
-    row(
-        "faults after start-up",
-        n(&b.after_startup),
-        n(&a.after_startup),
-    );
-    for (label, f) in [
-        ("  minor", (|p: &Phase| p.minor) as fn(&Phase) -> u64),
-        ("  major", |p: &Phase| p.major),
-        ("  taken by the program's code", |p: &Phase| p.user),
-        ("  populated by the kernel", |p: &Phase| p.populated),
-    ] {
-        row(
-            label,
-            count(f(&b.after_startup)),
-            count(f(&a.after_startup)),
-        );
-    }
-    row(
-        "time in faults after start-up",
-        ms(b.after_startup.fault_ns),
-        ms(a.after_startup.fault_ns),
-    );
-    row(
-        "  in the program's code",
-        ms(b.after_startup.user_fault_ns),
-        ms(a.after_startup.user_fault_ns),
-    );
-    let lat = |v: Option<u64>| v.map_or("-".into(), crate::output::duration);
-    row("fault latency p50", lat(b.user_p50_ns), lat(a.user_p50_ns));
-    row("fault latency p99", lat(b.user_p99_ns), lat(a.user_p99_ns));
-    let secs = |v: Option<u64>| v.map_or("-".into(), |ns| format!("{:.2} s", ns as f64 / 1e9));
-    row("the command's wall time", secs(b.wall_ns), secs(a.wall_ns));
-    row(
-        "locked by mlock-family calls (kernel's count)",
-        size(b.locked_by_calls_bytes),
-        size(a.locked_by_calls_bytes),
-    );
-    row(
-        "locked at most (smaps, sampled)",
-        size(b.locked_max_bytes),
-        size(a.locked_max_bytes),
-    );
-    let own = |v: Option<u64>| v.map_or("-".into(), count);
-    row(
-        "faults the process counted (/proc/PID/stat)",
-        own(b.own_faults),
-        own(a.own_faults),
-    );
-    row(
-        "exit status",
-        b.exit_code.to_string(),
-        a.exit_code.to_string(),
-    );
 }

@@ -26,6 +26,9 @@ use crate::{
 /// How often the target's smaps is read: fine enough to see a library mapped at start-up
 /// and a block that lives a few rounds; its cost (a page-table walk) stays small.
 const EVERY: Duration = Duration::from_millis(50);
+/// How often its fault counters (`/proc/PID/stat`, one small read) are read between two
+/// smaps: the readings the counts at the tracer's attach and end are taken from.
+const STAT_EVERY: Duration = Duration::from_millis(10);
 
 /// `CAP_IPC_LOCK` in `CapEff:` (include/uapi/linux/capability.h).
 const CAP_IPC_LOCK: u32 = 14;
@@ -67,9 +70,9 @@ pub struct Samples {
     pub last_ns: Option<u64>,
     #[serde(flatten)]
     pub limits: LimitsSeen,
-    /// `/proc/PID/stat` minflt and majflt at the first and the last sample.
-    pub stat_first: Option<(u64, u64)>,
-    pub stat_last: Option<(u64, u64)>,
+    /// `/proc/PID/stat` minflt + majflt, every [`STAT_EVERY`]: when (CLOCK_REALTIME ns) and
+    /// how many.
+    pub stat: Vec<(u64, u64)>,
     /// Process start, ns after boot (`/proc/PID/stat` field 22).
     pub start_boot_ns: Option<u64>,
     pub samples: u32,
@@ -139,12 +142,26 @@ fn sample_until(pid_source: Pid, stop: &AtomicBool, found: &AtomicU32) -> Sample
     let mut samples = Samples::default();
     let mut mappings = Mappings::default();
     let launcher = Launcher::of(pid_source);
+    let mut known = match pid_source {
+        Pid::Known(pid) => Some(pid),
+        Pid::ChildOf(_) => None,
+    };
     while !stop.load(Ordering::Relaxed) {
-        std::thread::sleep(EVERY);
+        // The counters between two smaps, of the process the last one found.
+        for _ in 0..EVERY.as_millis() / STAT_EVERY.as_millis() {
+            std::thread::sleep(STAT_EVERY);
+            if stop.load(Ordering::Relaxed) {
+                break;
+            }
+            if let Some(pid) = known {
+                samples.note_stat(pid);
+            }
+        }
         let Some(pid) = launcher.target(pid_source) else {
             continue;
         };
         found.store(pid, Ordering::Relaxed);
+        known = Some(pid);
         let Ok(entries) = procfs::read_smaps(&format!("/proc/{pid}/smaps"), lockonfault) else {
             continue;
         };
@@ -152,11 +169,7 @@ fn sample_until(pid_source: Pid, stop: &AtomicBool, found: &AtomicU32) -> Sample
         samples.samples += 1;
         samples.first_ns.get_or_insert(now);
         samples.last_ns = Some(now);
-        if let Some((minflt, majflt, start)) = stat(pid) {
-            samples.stat_first.get_or_insert((minflt, majflt));
-            samples.stat_last = Some((minflt, majflt));
-            samples.start_boot_ns = Some(start);
-        }
+        samples.note_stat(pid);
         if let Some(status) = read(&format!("/proc/{pid}/status")) {
             samples.limits.note_status(&status);
         }
@@ -315,8 +328,8 @@ fn first_child(parent: u32) -> Option<u32> {
         .ok()
 }
 
-/// minflt (field 10), majflt (12) and the start time (22, in ns after boot).
-fn stat(pid: u32) -> Option<(u64, u64, u64)> {
+/// minflt + majflt (fields 10 and 12) and the start time (22, in ns after boot).
+fn stat(pid: u32) -> Option<(u64, u64)> {
     let text = read(&format!("/proc/{pid}/stat"))?;
     // The comm (field 2) may hold spaces and parentheses: fields are counted after its end.
     let fields: Vec<&str> = text.get(text.rfind(')')? + 2..)?.split(' ').collect();
@@ -324,10 +337,38 @@ fn stat(pid: u32) -> Option<(u64, u64, u64)> {
     // SAFETY: sysconf reads a constant.
     let hz = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).ok()?;
     Some((
-        field(10)?,
-        field(12)?,
+        field(10)? + field(12)?,
         field(22)? * 1_000_000_000 / hz.max(1),
     ))
+}
+
+/// Whether `pid` is still the process that started at `start_boot_ns` (not gone, nor its
+/// pid taken by another).
+pub fn still_running(pid: u32, start_boot_ns: u64) -> bool {
+    stat(pid).is_some_and(|(_, start)| start == start_boot_ns)
+}
+
+impl Samples {
+    /// One reading of `pid`'s fault counters, now.
+    fn note_stat(&mut self, pid: u32) {
+        if let Some((faults, start)) = stat(pid) {
+            self.stat.push((WallClock::now_ns(), faults));
+            self.start_boot_ns = Some(start);
+        }
+    }
+
+    /// The faults the process had counted at `ns` (CLOCK_REALTIME): between the two
+    /// readings around it, in proportion; after the last one, the last (the process ended);
+    /// None before the first.
+    pub fn faults_at(&self, ns: u64) -> Option<u64> {
+        let after = self.stat.partition_point(|&(t, _)| t <= ns);
+        let (t0, f0) = *self.stat.get(after.checked_sub(1)?)?;
+        let Some(&(t1, f1)) = self.stat.get(after) else {
+            return Some(f0);
+        };
+        let share = (ns - t0) as f64 / (t1 - t0).max(1) as f64;
+        Some(f0 + (f1.saturating_sub(f0) as f64 * share).round() as u64)
+    }
 }
 
 /// The soft `Max locked memory` of `/proc/PID/limits`.
@@ -381,8 +422,23 @@ mod tests {
     #[test]
     fn our_own_stat_and_smaps_are_read() {
         let pid = std::process::id();
-        let (minflt, _, start) = stat(pid).expect("own stat");
-        assert!(minflt > 0 && start > 0);
+        let (faults, start) = stat(pid).expect("own stat");
+        assert!(faults > 0 && start > 0);
+        assert!(still_running(pid, start) && !still_running(pid, start + 1));
         assert!(mem_available().is_some_and(|b| b > 0));
+    }
+
+    #[test]
+    fn the_faults_at_an_instant_are_read_between_the_readings_around_it() {
+        let samples = Samples {
+            stat: vec![(100, 1_000), (110, 1_000), (120, 1_400), (130, 1_500)],
+            ..Samples::default()
+        };
+        assert_eq!(samples.faults_at(99), None);
+        assert_eq!(samples.faults_at(105), Some(1_000));
+        assert_eq!(samples.faults_at(110), Some(1_000));
+        assert_eq!(samples.faults_at(115), Some(1_200));
+        assert_eq!(samples.faults_at(130), Some(1_500));
+        assert_eq!(samples.faults_at(500), Some(1_500));
     }
 }

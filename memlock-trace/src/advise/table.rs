@@ -115,7 +115,12 @@ pub struct Table {
     pub comm: String,
     pub described: crate::output::Outside,
     pub launched: bool,
-    pub exit_code: i32,
+    /// The launched command's exit status; null for a running process (`-p`), which advise
+    /// did not launch and which did not exit because of it.
+    pub exit_code: Option<i32>,
+    /// `-p`: the process was still running when the trace ended (it was left running).
+    pub running_at_end: bool,
+    /// From the tracer's attach (or the launched command's start) to the trace's end.
     pub traced_secs: f64,
     pub wall_ns: Option<u64>,
     pub startup: Startup,
@@ -132,8 +137,12 @@ pub struct Table {
     /// Bytes the kernel counted locked by the process's mlock-family calls (exact, where
     /// the samples may miss a short-lived lock).
     pub locked_by_calls_bytes: u64,
-    /// minflt + majflt the process itself counted while it was sampled (/proc/PID/stat).
+    /// minflt + majflt the process itself counted (/proc/PID/stat): in its whole life, from
+    /// its fork (a command), from the tracer's attach to the trace's end (`-p`).
     pub own_faults: Option<u64>,
+    /// `-p`: minflt + majflt the process had counted before the tracer attached, which the
+    /// trace did not see.
+    pub own_faults_before_attach: Option<u64>,
     /// glibc's malloc is the allocator (libc.so.6 mapped, no other allocator library).
     pub glibc_malloc: bool,
     pub mappings: Vec<MappingFigures>,
@@ -157,16 +166,19 @@ pub fn build(run: &Run, startup_flag: Option<f64>) -> Result<Table> {
     let startup = phases::startup(run, startup_flag, t0);
     let (during, after, mappings) = mappings::count(run, t0, &startup);
     let s = &run.samples;
+    let (own_faults, own_faults_before_attach) = own_faults(run, t0);
     Ok(Table {
         pid: run.pid,
         comm: run.comm.clone(),
         described: run.described.clone(),
         launched: run.launched,
         exit_code: run.exit_code,
+        running_at_end: run.running_at_end,
+        // Not the tracer's loading before: nothing was traced then.
         traced_secs: run
             .session_window
             .end_ns
-            .saturating_sub(run.session_window.start_ns) as f64
+            .saturating_sub(run.session_window.start_ns.max(t0)) as f64
             / 1e9,
         wall_ns: run.wall_ns,
         startup,
@@ -177,10 +189,8 @@ pub fn build(run: &Run, startup_flag: Option<f64>) -> Result<Table> {
         limits: s.limits.clone(),
         mem_available_bytes: mem_available(),
         locked_by_calls_bytes: run.locked_by_calls,
-        own_faults: s
-            .stat_first
-            .zip(s.stat_last)
-            .map(|(a, b)| (b.0 + b.1).saturating_sub(a.0 + a.1)),
+        own_faults,
+        own_faults_before_attach,
         glibc_malloc: glibc_malloc(&s.seen),
         mappings,
         others: run.others.clone(),
@@ -188,6 +198,20 @@ pub fn build(run: &Run, startup_flag: Option<f64>) -> Result<Table> {
         preload_log: run.preload_log.clone(),
         flamegraph_command: run.flamegraph_command.clone(),
     })
+}
+
+/// The faults the process counted itself while traced, and (`-p`) before: for a command,
+/// its whole life (from its fork: the last reading, at most 10 ms before its exit; the pages
+/// a call populated count too); for a running process, from the tracer's
+/// attach (`attached_ns`, the first interval's start) to the trace's end, and before it.
+fn own_faults(run: &Run, attached_ns: u64) -> (Option<u64>, Option<u64>) {
+    let s = &run.samples;
+    if run.launched {
+        return (s.stat.last().map(|&(_, faults)| faults), None);
+    }
+    let before = s.faults_at(attached_ns);
+    let end = s.faults_at(run.session_window.end_ns);
+    (before.zip(end).map(|(b, e)| e.saturating_sub(b)), before)
 }
 
 /// glibc's malloc is the allocator: libc.so.6 mapped, and no other allocator's library.

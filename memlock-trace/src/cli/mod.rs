@@ -179,6 +179,11 @@ pub struct TraceArgs {
     /// capabilities, as `strace -u` does; the tracer keeps its own. (`-u` is --microseconds.)
     #[arg(long, value_name = "USER", requires = "command", value_parser = clap::value_parser!(OsString))]
     pub user: Option<OsString>,
+    /// `advise --apply` only: set NAME=VALUE in the launched command's environment, not the
+    /// tracer's (the preload library must not load into the tracer), instead of launching
+    /// it through env(1), whose own faults and mappings would count as the command's.
+    #[arg(long, hide = true, value_name = "NAME=VALUE", requires = "command", value_parser = clap::value_parser!(OsString))]
+    pub command_env: Vec<OsString>,
     /// Tests only: the event ring buffer's size in bytes (a power of two multiple of the
     /// page size), small enough to drop records on purpose.
     #[arg(long, hide = true, value_name = "BYTES")]

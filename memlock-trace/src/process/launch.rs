@@ -23,7 +23,7 @@ use nix::{
         signal::{Signal, kill},
         wait::{WaitStatus, waitpid},
     },
-    unistd::{ForkResult, Gid, Pid, Uid, User, execvp, fork, getgrouplist, pipe2},
+    unistd::{ForkResult, Gid, Pid, Uid, User, execvp, execvpe, fork, getgrouplist, pipe2},
 };
 
 use crate::{CommandError, UsageError, exit};
@@ -171,6 +171,15 @@ pub struct AtExec {
 /// Forks `argv` (as `run_as`, when given); call only while the process is single-threaded
 /// (before the tokio runtime).
 pub fn spawn<S: AsRef<OsStr>>(argv: &[S], run_as: Option<&RunAs>) -> Result<Launched> {
+    spawn_with_env(argv, &[], run_as)
+}
+
+/// [`spawn`], with the `NAME=VALUE` entries of `env` set in the command's environment alone.
+pub fn spawn_with_env<S: AsRef<OsStr>>(
+    argv: &[S],
+    env: &[OsString],
+    run_as: Option<&RunAs>,
+) -> Result<Launched> {
     if argv.is_empty() {
         bail!("no command given after `--`");
     }
@@ -179,13 +188,14 @@ pub fn spawn<S: AsRef<OsStr>>(argv: &[S], run_as: Option<&RunAs>) -> Result<Laun
         .map(|a| CString::new(a.as_ref().as_bytes()))
         .collect::<Result<_, _>>()
         .context("command arguments must not contain NUL bytes")?;
+    let envp = command_env(env)?;
     let (err_r, err_w) = pipe2(OFlag::O_CLOEXEC).context("pipe")?;
     // SAFETY: the child only calls async-signal-safe functions (ptrace, prctl, setgroups,
     // setres[ug]id, capset, execvp, write, _exit) on memory prepared before the fork.
     match unsafe { fork() }.context("fork")? {
         ForkResult::Child => {
             drop(err_r);
-            child_exec(err_w, &cargs, run_as);
+            child_exec(err_w, &cargs, envp.as_deref(), run_as);
         }
         ForkResult::Parent { child } => {
             drop(err_w);
@@ -197,7 +207,36 @@ pub fn spawn<S: AsRef<OsStr>>(argv: &[S], run_as: Option<&RunAs>) -> Result<Laun
     }
 }
 
-fn child_exec(err: OwnedFd, argv: &[CString], run_as: Option<&RunAs>) -> ! {
+/// Our environment with the `NAME=VALUE` entries of `env` set (None: ours as it is), made
+/// before the fork.
+fn command_env(env: &[OsString]) -> Result<Option<Vec<CString>>> {
+    if env.is_empty() {
+        return Ok(None);
+    }
+    let name = |entry: &[u8]| {
+        entry
+            .split(|&b| b == b'=')
+            .next()
+            .unwrap_or_default()
+            .to_vec()
+    };
+    let set: Vec<Vec<u8>> = env.iter().map(|e| name(e.as_bytes())).collect();
+    std::env::vars_os()
+        .map(|(k, v)| [k.as_bytes(), b"=", v.as_bytes()].concat())
+        .filter(|entry| !set.contains(&name(entry)))
+        .chain(env.iter().map(|e| e.as_bytes().to_vec()))
+        .map(CString::new)
+        .collect::<Result<Vec<_>, _>>()
+        .map(Some)
+        .context("environment entries must not contain NUL bytes")
+}
+
+fn child_exec(
+    err: OwnedFd,
+    argv: &[CString],
+    envp: Option<&[CString]>,
+    run_as: Option<&RunAs>,
+) -> ! {
     // A successful exec then stops us with SIGTRAP until the parent has added our pid.
     if ptrace::traceme().is_err() {
         // SAFETY: _exit ends this forked child at once, without running the parent's atexit
@@ -232,7 +271,11 @@ fn child_exec(err: OwnedFd, argv: &[CString], run_as: Option<&RunAs>) -> ! {
     {
         failed(step, errno);
     }
-    match execvp(&argv[0], argv) {
+    let exec = match envp {
+        Some(envp) => execvpe(&argv[0], argv, envp),
+        None => execvp(&argv[0], argv),
+    };
+    match exec {
         Err(e) => failed(Step::Exec, e as i32),
         Ok(never) => match never {},
     }

@@ -137,7 +137,9 @@ pub fn run(mut args: TraceArgs) -> Result<i32> {
     let launched = match args.command.first() {
         Some(program) => {
             // A command that cannot run is a `CommandError` (exit 126 or 127).
-            let at_exec = launch::spawn(&args.command, run_as.as_ref())?.wait_exec(program)?;
+            let at_exec =
+                launch::spawn_with_env(&args.command, &args.command_env, run_as.as_ref())?
+                    .wait_exec(program)?;
             tracer.add_target(at_exec.pid)?;
             // --stacks: the program and its loader, read before it runs a single
             // instruction (it may exit before any of its stacks is read).

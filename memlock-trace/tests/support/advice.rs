@@ -2,6 +2,8 @@
 //! anonymous mappings (`/dev/zero`): included by `#[path]` in the advise binaries that
 //! read it, beside `support`.
 
+#![allow(dead_code, reason = "each test binary uses a different subset")]
+
 use serde_json::Value;
 
 /// The report's advice on `/dev/zero` mappings, in its order.
@@ -11,4 +13,14 @@ pub fn on_dev_zero(report: &Value) -> impl Iterator<Item = &Value> {
             .as_str()
             .is_some_and(|m| m.starts_with("/dev/zero"))
     })
+}
+
+/// The report's first advice of `kind` (`over-limit`, `faulted-once`, ...), which there must be.
+pub fn of_kind<'a>(report: &'a Value, kind: &str) -> &'a Value {
+    report["advice"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["kind"] == kind)
+        .unwrap_or_else(|| panic!("no {kind} advice: {report}"))
 }

@@ -21,7 +21,8 @@ pub enum Kind {
     OverLimit,
     OverMemory,
     OverCgroup,
-    TouchedOnce,
+    /// Memory that faulted only during start-up (each page when first touched).
+    FaultedOnce,
 }
 
 impl Kind {
@@ -37,7 +38,7 @@ impl Kind {
             Kind::OverLimit => "over-limit",
             Kind::OverMemory => "over-memory",
             Kind::OverCgroup => "over-cgroup",
-            Kind::TouchedOnce => "touched-once",
+            Kind::FaultedOnce => "faulted-once",
         }
     }
 }

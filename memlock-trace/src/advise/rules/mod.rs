@@ -2,7 +2,7 @@
 //! removes from the steady state per MiB it pins), what locking cannot help (memory handed
 //! back to the kernel and faulted in again, major faults, thread stacks under
 //! `MCL_FUTURE`), and what not to do (over the limit, over the memory available or the
-//! memory cgroup's room, memory touched only at start-up).
+//! memory cgroup's room, memory that faulted only during start-up).
 
 use serde::Serialize;
 
@@ -25,7 +25,7 @@ use self::{
     allocator::{allocator, refaulted},
     lock::lock_or_populate,
     majors::{major_faults, swap_ins},
-    overall::{coalesce_over_limit, thread_stack, thread_stacks, touched_once},
+    overall::{coalesce_over_limit, faulted_once, thread_stack, thread_stacks},
 };
 
 /// Faults after start-up below which a mapping is not worth advice.
@@ -139,7 +139,7 @@ pub fn advise(table: &Table) -> Vec<Advice> {
     coalesce_over_limit(table, &mut advice);
     advice.extend(major_faults(table));
     advice.extend(thread_stacks(table));
-    advice.extend(touched_once(table));
+    advice.extend(faulted_once(table));
     let rank = |a: &Advice| match a.verdict {
         Verdict::Do => 0,
         Verdict::CannotHelp => 1,

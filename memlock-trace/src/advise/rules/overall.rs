@@ -1,6 +1,6 @@
 //! Advice on the process as a whole rather than one mapping: the mappings the limit refuses
-//! to lock, named in one advice; thread stacks under `mlockall(MCL_FUTURE)`; memory touched
-//! only at start-up.
+//! to lock, named in one advice; thread stacks under `mlockall(MCL_FUTURE)`; memory that
+//! faulted only during start-up.
 
 use super::{
     Advice, Kind, MappingFigures, PAGE_SIZE, StartupHow, Table, Verdict, limit_text, listed, size,
@@ -91,7 +91,7 @@ pub(super) fn thread_stacks(table: &Table) -> Option<Advice> {
     ))
 }
 
-pub(super) fn touched_once(table: &Table) -> Option<Advice> {
+pub(super) fn faulted_once(table: &Table) -> Option<Advice> {
     let once: Vec<&MappingFigures> = table
         .mappings
         .iter()
@@ -103,13 +103,16 @@ pub(super) fn touched_once(table: &Table) -> Option<Advice> {
     let bytes: u64 = once.iter().map(|m| m.size_bytes).sum();
     let names = once.iter().map(|m| m.mapping.clone());
     let what = format!(
-        "{} mappings ({}: {}) faulted only during start-up",
+        "{} mapping{} ({}: {}) faulted only during start-up",
         once.len(),
+        if once.len() == 1 { "" } else { "s" },
         size(bytes),
         listed(names, once.len(), 3)
     );
-    let how = "do not lock them: their pages were touched once, at start-up, and never faulted \
-               again; locking would pin them for no steady-state gain"
+    let how = "do not lock them: their pages faulted in during start-up and never faulted \
+               again (a page faults when it is first touched, not each time it is used: they \
+               may be used often since, from memory already resident); locking would pin them \
+               for no steady-state gain"
         .to_string();
-    Some(Advice::new(Verdict::DoNot, Kind::TouchedOnce, what, how))
+    Some(Advice::new(Verdict::DoNot, Kind::FaultedOnce, what, how))
 }

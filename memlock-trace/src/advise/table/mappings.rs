@@ -185,7 +185,8 @@ fn attribute(row: &MappingRow, interval: &Interval, seen: &[Seen]) -> MappingKey
     let start = hex(&row.start).unwrap_or(0);
     let end = hex(&row.end).unwrap_or(start);
     if !UNATTRIBUTED.contains(&row.mapping.as_str()) {
-        return (start, end, row.mapping.clone());
+        let name = path_of(&row.mapping, start, seen).unwrap_or_else(|| row.mapping.clone());
+        return (start, end, name);
     }
     let slack = 200_000_000;
     let w = interval.window;
@@ -199,6 +200,33 @@ fn attribute(row: &MappingRow, interval: &Interval, seen: &[Seen]) -> MappingKey
         .map_or((start, end, row.mapping.clone()), |m| {
             (m.start, m.end, m.name.to_str_lossy().into_owned())
         })
+}
+
+/// The path of a file the tracer named by its name alone (its mapping was gone when the
+/// summary was made: an image an exec replaced, a library unloaded), as the samples saw it:
+/// the mapping at `start` of that name, else the one path of that name. So a file has one
+/// name in the table (before, `libc.so.6` beside `/usr/lib/x86_64-linux-gnu/libc.so.6`).
+fn path_of(name: &str, start: u64, seen: &[Seen]) -> Option<String> {
+    if name.contains('/') {
+        return None;
+    }
+    let ends = [format!("/{name}"), format!("/{name} (deleted)")];
+    let of_name = |m: &&Seen| {
+        let path = m.name.to_str_lossy();
+        ends.iter().any(|e| path.ends_with(e.as_str()))
+    };
+    let path = |m: &Seen| m.name.to_str_lossy().into_owned();
+    if let Some(here) = seen
+        .iter()
+        .filter(of_name)
+        .find(|m| m.start <= start && start < m.end)
+    {
+        return Some(path(here));
+    }
+    let paths: std::collections::BTreeSet<String> = seen.iter().filter(of_name).map(path).collect();
+    (paths.len() == 1)
+        .then(|| paths.into_iter().next())
+        .flatten()
 }
 
 fn figures_of(key: &MappingKey, seen: &[Seen], t0: u64) -> MappingFigures {

@@ -6,6 +6,7 @@ use super::{
     table::{MappingFigures, Phase, Startup, StartupHow, Table},
 };
 
+mod render;
 mod room;
 mod rules;
 mod table;
@@ -39,7 +40,8 @@ fn table(mappings: Vec<MappingFigures>, limit: u64, cap: bool) -> Table {
         comm: "prog".into(),
         described: "`prog`".into(),
         launched: true,
-        exit_code: 0,
+        exit_code: Some(0),
+        running_at_end: false,
         traced_secs: 2.0,
         wall_ns: None,
         startup: Startup {
@@ -59,6 +61,7 @@ fn table(mappings: Vec<MappingFigures>, limit: u64, cap: bool) -> Table {
         mem_available_bytes: Some(8 << 30),
         locked_by_calls_bytes: 0,
         own_faults: None,
+        own_faults_before_attach: None,
         glibc_malloc: true,
         mappings,
         others: Vec::new(),

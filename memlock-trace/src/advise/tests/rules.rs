@@ -67,7 +67,7 @@ fn start_up_only_memory_is_not_to_be_locked_and_few_faults_are_no_advice() {
     );
     let advice = advise(&t);
     assert_eq!(advice.len(), 1, "{advice:?}");
-    assert_eq!(advice[0].kind, Kind::TouchedOnce);
+    assert_eq!(advice[0].kind, Kind::FaultedOnce);
     assert_eq!(advice[0].verdict, Verdict::DoNot);
 }
 

@@ -61,7 +61,8 @@ fn a_mapping_known_by_two_extents_has_its_faults_counted_once() {
         comm: "python3".into(),
         described: "`python3`".into(),
         launched: true,
-        exit_code: 0,
+        exit_code: Some(0),
+        running_at_end: false,
         intervals: vec![
             interval(1_000_000_000, row(7454, 7454)),
             interval(1_100_000_000, row(16384, 8930)),
