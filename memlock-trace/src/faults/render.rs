@@ -208,8 +208,13 @@ fn mapping_cells(m: &MappingFaults) -> (String, String, String) {
         (Some(false), _) => "no",
         (None, _) => "?",
     };
+    let locked = if m.partly_locked && m.locked == Some(true) {
+        format!("partly {locked}")
+    } else {
+        locked.to_string()
+    };
     let locked = match m.locked_source {
-        "unknown" => locked.to_string(),
+        "unknown" => locked,
         source => format!("{locked} ({source})"),
     };
     let range = if m.end.is_empty() {

@@ -5,7 +5,7 @@ use memlock_trace_common::{
 
 use super::*;
 
-fn mapping(start: u64, end: u64, name: &str, locked: bool) -> Mapping {
+pub(super) fn mapping(start: u64, end: u64, name: &str, locked: bool) -> Mapping {
     Mapping {
         start,
         end,
@@ -18,7 +18,7 @@ fn mapping(start: u64, end: u64, name: &str, locked: bool) -> Mapping {
 }
 
 /// A region of `exact` kind (`region_kind`) with `faults` counted, no VMA flags.
-fn counted(exact: u32, start: u64, faults: u64) -> (RegionKey, RegionValue) {
+pub(super) fn counted(exact: u32, start: u64, faults: u64) -> (RegionKey, RegionValue) {
     let key = RegionKey {
         tgid: 1,
         exact,
@@ -32,12 +32,12 @@ fn counted(exact: u32, start: u64, faults: u64) -> (RegionKey, RegionValue) {
 }
 
 /// The mappings as read from `/proc/PID/smaps`.
-fn smaps(maps: &[Mapping]) -> Option<(&[Mapping], MapsFile)> {
+pub(super) fn smaps(maps: &[Mapping]) -> Option<(&[Mapping], MapsFile)> {
     Some((maps, MapsFile::Smaps))
 }
 
 /// [`by_mapping`] without sampled stacks, the top 10 rows.
-fn attribute(
+pub(super) fn attribute(
     regions: &[(RegionKey, RegionValue)],
     kernel: &BTreeMap<u64, MappingInfo>,
     read: Option<(&[Mapping], MapsFile)>,
@@ -47,7 +47,7 @@ fn attribute(
 }
 
 /// Each row's name, faults, range and who named it.
-fn table(list: &[MappingFaults]) -> Vec<(&str, u64, &str, &str, &'static str)> {
+pub(super) fn table(list: &[MappingFaults]) -> Vec<(&str, u64, &str, &str, &'static str)> {
     list.iter()
         .map(|m| {
             (
@@ -94,15 +94,7 @@ fn regions_attribute_to_mappings() {
         ("unmapped", 1)
     );
     assert_eq!(
-        by_mapping(
-            &regions,
-            &[],
-            &BTreeMap::new(),
-            Some((&maps[..], MapsFile::Smaps)),
-            None,
-            1
-        )
-        .len(),
+        by_mapping(&regions, &[], &BTreeMap::new(), smaps(&maps), None, 1).len(),
         1
     );
     // Read from /proc/PID/maps (system-wide): the same rows, named by maps, flags unknown.
@@ -198,7 +190,7 @@ fn exact_regions_use_the_vma_flags() {
     assert_eq!(list[0].locked_source, "vma");
 }
 
-fn info(start: u64, end: u64, kind: u32, name: &str) -> MappingInfo {
+pub(super) fn info(start: u64, end: u64, kind: u32, name: &str) -> MappingInfo {
     let mut info = MappingInfo {
         start,
         end,
@@ -212,14 +204,16 @@ fn info(start: u64, end: u64, kind: u32, name: &str) -> MappingInfo {
     info
 }
 
-fn vma_region(start: u64, faults: u64) -> (RegionKey, RegionValue) {
+pub(super) fn vma_region(start: u64, faults: u64) -> (RegionKey, RegionValue) {
     let (key, value) = counted(region_kind::VMA, start, faults);
     let vm_flags = 0x73;
     (key, RegionValue { vm_flags, ..value })
 }
 
 /// The VMAs the fault hooks identified, by start.
-fn identified(vmas: impl IntoIterator<Item = MappingInfo>) -> BTreeMap<u64, MappingInfo> {
+pub(super) fn identified(
+    vmas: impl IntoIterator<Item = MappingInfo>,
+) -> BTreeMap<u64, MappingInfo> {
     vmas.into_iter().map(|i| (i.start, i)).collect()
 }
 
@@ -377,6 +371,7 @@ fn a_row_unmapped_before_the_last_read_has_the_pages_an_earlier_read_saw() {
         locked: None,
         lockonfault: None,
         locked_source: "vma",
+        partly_locked: false,
         stack: false,
         named_by: "fault",
         file: None,

@@ -1,0 +1,117 @@
+use memlock_trace_common::{
+    faults::{RegionKey, RegionValue},
+    mapping::kind,
+    vma::VM_LOCKED,
+};
+
+use super::super::tests::{attribute, identified, info, table, vma_region};
+
+const MIB: u64 = 1 << 20;
+
+/// An exact region counted in a VMA the hook saw locked.
+fn locked_region(start: u64, faults: u64) -> (RegionKey, RegionValue) {
+    let (key, value) = vma_region(start, faults);
+    let vm_flags = value.vm_flags | VM_LOCKED;
+    (key, RegionValue { vm_flags, ..value })
+}
+
+/// memcached's slab VMA: each 1 MiB slab mapped just below the VMA, which the kernel
+/// extends down to it; the hooks met it at each start, the identities share an end.
+#[test]
+fn a_vma_grown_downwards_is_one_row_at_its_widest() {
+    let end = 0x7f7b_977f_f000;
+    let starts: Vec<u64> = (1..=10).map(|i| end - i * MIB).collect();
+    let kernel = identified(starts.iter().map(|&s| info(s, end, kind::ANONYMOUS, "")));
+    let regions: Vec<_> = starts.iter().map(|&s| vma_region(s, 256)).collect();
+    let list = attribute(&regions, &kernel, None, Some(&[]));
+    assert_eq!(
+        table(&list),
+        [(
+            "anonymous",
+            2560,
+            "0x7f7b96dff000",
+            "0x7f7b977ff000",
+            "fault"
+        )]
+    );
+    assert_eq!(
+        (list[0].locked, list[0].partly_locked),
+        (Some(false), false)
+    );
+}
+
+/// Touched, then its top half mlocked: the VMA met before the mlock (the whole region) and
+/// the locked half after it are one row, partly locked; the lower half, met again after the
+/// split, only touches the locked half, and is a row of its own.
+#[test]
+fn a_region_locked_after_its_first_faults_is_one_row_partly_locked() {
+    let (start, half, end) = (0x10_0000, 0x11_0000, 0x12_0000);
+    let kernel = identified([info(start, end, kind::ANONYMOUS, ""), {
+        let mut locked = info(half, end, kind::ANONYMOUS, "");
+        locked.flags |= VM_LOCKED;
+        locked
+    }]);
+    let regions = [vma_region(start, 24), locked_region(half, 8)];
+    let list = attribute(&regions, &kernel, None, Some(&[]));
+    assert_eq!(
+        table(&list),
+        [("anonymous", 32, "0x100000", "0x120000", "fault")]
+    );
+    assert_eq!((list[0].locked, list[0].partly_locked), (Some(true), true));
+    assert_eq!(list[0].locked_source, "vma");
+
+    // The lower half faulted after the split: its identity is the half's now.
+    let kernel = identified([info(start, half, kind::ANONYMOUS, ""), {
+        let mut locked = info(half, end, kind::ANONYMOUS, "");
+        locked.flags |= VM_LOCKED;
+        locked
+    }]);
+    let list = attribute(&regions, &kernel, None, Some(&[]));
+    assert_eq!(
+        table(&list),
+        [
+            ("anonymous", 24, "0x100000", "0x110000", "fault"),
+            ("anonymous", 8, "0x110000", "0x120000", "fault"),
+        ]
+    );
+    assert!(list.iter().all(|m| !m.partly_locked));
+}
+
+/// Only rows of the same kind that overlap are one: not a file's beside anonymous memory
+/// over the same range (a file mapped where anonymous memory was), not one file mapped at
+/// two places, not two VMAs side by side.
+#[test]
+fn rows_of_other_kinds_or_that_only_touch_stay_apart() {
+    let file = |start, end, offset_pages| {
+        let mut info = info(start, end, kind::FILE, "data.bin");
+        info.pgoff = offset_pages;
+        info
+    };
+    let kernel = identified([
+        info(0x10_0000, 0x20_0000, kind::ANONYMOUS, ""),
+        info(0x20_0000, 0x30_0000, kind::ANONYMOUS, ""),
+        file(0x18_0000, 0x28_0000, 0),
+        // The same file, a page further in, mapped a page further on: where it was.
+        file(0x18_1000, 0x29_0000, 1),
+        // The same file from its start again, overlapping: another mapping of it.
+        file(0x19_0000, 0x1a_0000, 0),
+    ]);
+    let regions = [
+        vma_region(0x10_0000, 5),
+        vma_region(0x20_0000, 4),
+        vma_region(0x18_0000, 3),
+        vma_region(0x18_1000, 2),
+        vma_region(0x19_0000, 1),
+    ];
+    let list = attribute(&regions, &kernel, None, Some(&[]));
+    assert_eq!(
+        table(&list),
+        [
+            ("anonymous", 5, "0x100000", "0x200000", "fault"),
+            ("data.bin", 5, "0x180000", "0x290000", "fault"),
+            ("anonymous", 4, "0x200000", "0x300000", "fault"),
+            ("data.bin", 1, "0x190000", "0x1a0000", "fault"),
+        ]
+    );
+    assert_eq!(list[1].file.as_ref().map(|f| f.offset), Some(0));
+}
