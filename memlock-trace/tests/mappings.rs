@@ -49,7 +49,7 @@ fn traced(program: &str, args: &[&str]) -> (Vec<Value>, String) {
     traced_with(&[], program, args)
 }
 
-/// [`traced`] with more of the tracer's options.
+/// [`traced`] with more of the tracer's options (theirs `--top-mappings`, if they have one).
 fn traced_with(options: &[&str], program: &str, args: &[&str]) -> (Vec<Value>, String) {
     assert!(
         Path::new(program).is_file(),
@@ -67,9 +67,12 @@ fn traced_with(options: &[&str], program: &str, args: &[&str]) -> (Vec<Value>, S
     std::fs::create_dir_all(&dir).unwrap();
     let trace = dir.join("trace.json");
     let mut command = Command::new(BIN);
+    command.args(options);
+    if !options.contains(&"--top-mappings") {
+        command.args(["--top-mappings", TOP]);
+    }
     command
-        .args(options)
-        .args(["--json", "--events=syscalls", "--top-mappings", TOP, "-o"])
+        .args(["--json", "--events=syscalls", "-o"])
         .arg(&trace)
         .arg("--")
         .arg(program);
@@ -399,4 +402,58 @@ fn a_vma_met_under_several_starts_is_one_row_at_its_widest() {
             "{region}: {row}"
         );
     }
+}
+
+/// `--top-mappings N` says what it left out: in JSON the count of rows and faults, in text a
+/// line under the table; the rows shown and those left out hold every fault.
+#[test]
+fn the_rows_top_mappings_left_out_are_counted() {
+    require_privileges();
+    let (lines, _) = traced_with(&["--top-mappings", "2"], TRUE, &[]);
+    let f = faults_of(&lines);
+    let rows = f["by_mapping"].as_array().unwrap();
+    let left_out = &f["by_mapping_left_out"];
+    assert_eq!(rows.len(), 2, "{f:#}");
+    assert!(left_out["mappings"].as_u64().unwrap() > 0, "{f:#}");
+    let shown: u64 = rows.iter().map(|r| r["faults"].as_u64().unwrap()).sum();
+    assert_eq!(
+        shown + left_out["faults"].as_u64().unwrap(),
+        f["minor"].as_u64().unwrap() + f["major"].as_u64().unwrap(),
+        "{f:#}"
+    );
+
+    let out = Command::new(BIN)
+        .args(["-q", "--top-mappings", "2", "--", TRUE])
+        .output()
+        .expect("memlock-trace");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    let number = |word: &str| word.trim_end_matches(',').parse::<u64>().ok();
+    // `page faults: 70 minor, 0 major = ...`
+    let header: Vec<&str> = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("page faults: "))
+        .unwrap_or_else(|| panic!("no page faults line: {text}"))
+        .split_whitespace()
+        .collect();
+    let total = number(header[0]).unwrap() + number(header[2]).unwrap();
+    // The rows under `faults  locked  mapping`, then `... 5 more mappings, 31 faults (...)`.
+    let table: Vec<&str> = text
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with("faults  locked"))
+        .skip(1)
+        .collect();
+    let shown: u64 = table
+        .iter()
+        .take(2)
+        .map(|l| number(l.split_whitespace().next().unwrap()).unwrap())
+        .sum();
+    let more: Vec<&str> = table[2]
+        .trim()
+        .strip_prefix("... ")
+        .unwrap_or_else(|| panic!("no left-out line: {text}"))
+        .split_whitespace()
+        .collect();
+    assert!(number(more[0]).unwrap() > 0, "{text}");
+    assert_eq!(shown + number(more[3]).unwrap(), total, "{text}");
 }

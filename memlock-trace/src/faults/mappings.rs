@@ -23,6 +23,7 @@ use crate::{
     procfs::{Mapping, MapsFile, ThpMode},
     unwind::Stack,
 };
+pub use merge::LeftOut;
 use merge::range_of;
 use place::{Placer, row};
 
@@ -134,7 +135,8 @@ pub struct FileIdentity {
 pub type RegionSites<'a> = (&'a RegionKey, &'a BTreeMap<Stack, u64>);
 
 /// Attributes region counts to the process's mappings, one row per mapping region (rows
-/// that are one region over time made one: [`merge`]), and returns the top `top` by faults.
+/// that are one region over time made one: [`merge`]), and returns the top `top` by faults
+/// and what the rest held.
 /// `kernel`: the VMAs the fault hooks identified, by start. `read`: the process's mappings
 /// and the file they were read from (without flags from `maps`). `exited`: those are the
 /// last seen before the process exited, so an address outside them is unknown (mapped after
@@ -148,7 +150,7 @@ pub fn by_mapping(
     read: Option<(&[Mapping], MapsFile)>,
     exited: Option<&[Mapping]>,
     top: usize,
-) -> Vec<MappingFaults> {
+) -> (Vec<MappingFaults>, LeftOut) {
     let maps = read.map(|(maps, _)| maps);
     let placer = Placer {
         kernel,
@@ -172,10 +174,7 @@ pub fn by_mapping(
             .into_iter()
             .map(|span| outside_row(span, placer.unattributed, &sampled_outside)),
     );
-    let mut list = merge::regions(list);
-    list.sort_by(|a, b| b.faults.cmp(&a.faults).then_with(|| a.start.cmp(&b.start)));
-    list.truncate(top);
-    list
+    merge::top(merge::regions(list), top)
 }
 
 /// The rows being added up, by the range they merge by.

@@ -1,4 +1,4 @@
-//! One row per mapping region.
+//! One row per mapping region, and what a top-N table leaves out.
 //!
 //! The fault hooks key a VMA's faults, and record its identity, by the VMA's start at the
 //! fault, so a VMA whose start moves comes back under several keys, each identity at the
@@ -19,7 +19,16 @@
 //! its faults, two mappings next to each other). A row is `locked` when any part of it was,
 //! and `partly_locked` when its parts disagree (the mlock after the first faults).
 
+use serde::Serialize;
+
 use super::{MappingFaults, add_sampled};
+
+/// Rows a top-N table left out, and their faults: `... 14 more mappings, 3201 faults`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct LeftOut {
+    pub mappings: u64,
+    pub faults: u64,
+}
 
 /// A row's range, when it has one (not `populated by ...`, not a lone address).
 pub(super) fn range_of(row: &MappingFaults) -> Option<(u64, u64)> {
@@ -89,6 +98,17 @@ fn join(region: &mut MappingFaults, row: MappingFaults) {
 /// Set where either part says so; unknown where neither knows.
 fn either(a: Option<bool>, b: Option<bool>) -> Option<bool> {
     (a.is_some() || b.is_some()).then_some(a == Some(true) || b == Some(true))
+}
+
+/// The top `top` rows by faults (most first, then by address), and what the rest held.
+pub fn top(mut rows: Vec<MappingFaults>, top: usize) -> (Vec<MappingFaults>, LeftOut) {
+    rows.sort_by(|a, b| b.faults.cmp(&a.faults).then_with(|| a.start.cmp(&b.start)));
+    let rest = rows.split_off(top.min(rows.len()));
+    let left_out = LeftOut {
+        mappings: rest.len() as u64,
+        faults: rest.iter().map(|r| r.faults).sum(),
+    };
+    (rows, left_out)
 }
 
 #[cfg(test)]

@@ -43,7 +43,7 @@ pub(super) fn attribute(
     read: Option<(&[Mapping], MapsFile)>,
     exited: Option<&[Mapping]>,
 ) -> Vec<MappingFaults> {
-    by_mapping(regions, &[], kernel, read, exited, 10)
+    by_mapping(regions, &[], kernel, read, exited, 10).0
 }
 
 /// Each row's name, faults, range and who named it.
@@ -93,9 +93,15 @@ fn regions_attribute_to_mappings() {
         (list[2].mapping.to_str().unwrap(), list[2].faults),
         ("unmapped", 1)
     );
+    // The top row only: the other two, 4 faults, left out.
+    let (top, left_out) = by_mapping(&regions, &[], &BTreeMap::new(), smaps(&maps), None, 1);
+    assert_eq!(top.len(), 1);
     assert_eq!(
-        by_mapping(&regions, &[], &BTreeMap::new(), smaps(&maps), None, 1).len(),
-        1
+        left_out,
+        LeftOut {
+            mappings: 2,
+            faults: 4
+        }
     );
     // Read from /proc/PID/maps (system-wide): the same rows, named by maps, flags unknown.
     let list = attribute(
@@ -329,7 +335,7 @@ fn sampled_stacks_go_to_the_row_of_their_region() {
         (vma_region(0x5000_0000, 0).0, sampled(&[(&fill, 7)])),
     ];
     let sites: Vec<RegionSites<'_>> = sites.iter().map(|(k, s)| (k, s)).collect();
-    let list = by_mapping(&regions, &sites, &kernel, smaps(&maps), None, 10);
+    let (list, _) = by_mapping(&regions, &sites, &kernel, smaps(&maps), None, 10);
     let row = |name: &str| {
         let row = list
             .iter()

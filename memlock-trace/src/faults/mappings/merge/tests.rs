@@ -1,12 +1,19 @@
+use std::collections::BTreeMap;
+
 use memlock_trace_common::{
     faults::{RegionKey, RegionValue},
     mapping::kind,
     vma::VM_LOCKED,
 };
 
-use super::super::tests::{attribute, identified, info, table, vma_region};
+use super::super::{
+    by_mapping,
+    tests::{attribute, identified, info, table, vma_region},
+};
+use super::*;
 
 const MIB: u64 = 1 << 20;
+const PAGE: u64 = 4096;
 
 /// An exact region counted in a VMA the hook saw locked.
 fn locked_region(start: u64, faults: u64) -> (RegionKey, RegionValue) {
@@ -114,4 +121,51 @@ fn rows_of_other_kinds_or_that_only_touch_stay_apart() {
         ]
     );
     assert_eq!(list[1].file.as_ref().map(|f| f.offset), Some(0));
+}
+
+/// The top rows, and what the rest held: after merging, so a grown VMA is one of the rows
+/// left out, not ten.
+#[test]
+fn top_counts_the_rows_left_out_after_merging() {
+    let end = 0x7000_0000;
+    let mut vmas: Vec<_> = (1..=10)
+        .map(|i| info(end - i * MIB, end, kind::ANONYMOUS, ""))
+        .collect();
+    vmas.push(info(
+        0x1000_0000,
+        0x1000_0000 + 64 * PAGE,
+        kind::ANONYMOUS,
+        "",
+    ));
+    vmas.push(info(
+        0x2000_0000,
+        0x2000_0000 + 64 * PAGE,
+        kind::ANONYMOUS,
+        "",
+    ));
+    let kernel = identified(vmas);
+    let mut regions: Vec<_> = (1..=10).map(|i| vma_region(end - i * MIB, 1)).collect();
+    regions.push(vma_region(0x1000_0000, 64));
+    regions.push(vma_region(0x2000_0000, 7));
+    let (top, left_out) = by_mapping(&regions, &[], &kernel, None, Some(&[]), 1);
+    assert_eq!(
+        table(&top),
+        [("anonymous", 64, "0x10000000", "0x10040000", "fault")]
+    );
+    assert_eq!(
+        left_out,
+        LeftOut {
+            mappings: 2,
+            faults: 17
+        }
+    );
+    let empty: BTreeMap<u64, _> = BTreeMap::new();
+    assert_eq!(
+        by_mapping(&regions, &[], &empty, None, Some(&[]), 0).1,
+        LeftOut {
+            mappings: 12,
+            faults: 81
+        },
+        "without identities every exact region is an unknown row of its own"
+    );
 }
