@@ -174,7 +174,12 @@ pub fn by_mapping(
             .into_iter()
             .map(|span| outside_row(span, placer.unattributed, &sampled_outside)),
     );
-    merge::top(merge::regions(list), top)
+    // Current only while the process lives: an exited one's last read may predate its
+    // last faults.
+    let live = read
+        .filter(|_| exited.is_none())
+        .map(|(maps, file)| (maps, file.has_flags()));
+    merge::top(merge::regions(list, live), top)
 }
 
 /// The rows being added up, by the range they merge by.

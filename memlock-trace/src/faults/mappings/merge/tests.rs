@@ -8,7 +8,7 @@ use memlock_trace_common::{
 
 use super::super::{
     by_mapping,
-    tests::{attribute, identified, info, table, vma_region},
+    tests::{attribute, identified, info, mapping, smaps, table, vma_region},
 };
 use super::*;
 
@@ -84,11 +84,12 @@ fn a_region_locked_after_its_first_faults_is_one_row_partly_locked() {
     assert!(list.iter().all(|m| !m.partly_locked));
 }
 
-/// Only rows of the same kind that overlap are one: not a file's beside anonymous memory
-/// over the same range (a file mapped where anonymous memory was), not one file mapped at
-/// two places, not two VMAs side by side.
+/// Only rows of the same kind that share an edge are one: not a file's beside anonymous
+/// memory over the same range (a file mapped where anonymous memory was), not one file
+/// mapped at two places, not a region mapped over part of an unmapped one (overlapping, no
+/// edge shared), not two VMAs side by side.
 #[test]
-fn rows_of_other_kinds_or_that_only_touch_stay_apart() {
+fn rows_of_other_kinds_or_that_share_no_edge_stay_apart() {
     let file = |start, end, offset_pages| {
         let mut info = info(start, end, kind::FILE, "data.bin");
         info.pgoff = offset_pages;
@@ -97,15 +98,19 @@ fn rows_of_other_kinds_or_that_only_touch_stay_apart() {
     let kernel = identified([
         info(0x10_0000, 0x20_0000, kind::ANONYMOUS, ""),
         info(0x20_0000, 0x30_0000, kind::ANONYMOUS, ""),
+        // Mapped inside the first one's addresses after it was unmapped.
+        info(0x14_0000, 0x18_0000, kind::ANONYMOUS, ""),
         file(0x18_0000, 0x28_0000, 0),
-        // The same file, a page further in, mapped a page further on: where it was.
-        file(0x18_1000, 0x29_0000, 1),
+        // The same file, a page further in, a page further on, to the same end: its VMA
+        // after an mprotect split its first page off.
+        file(0x18_1000, 0x28_0000, 1),
         // The same file from its start again, overlapping: another mapping of it.
         file(0x19_0000, 0x1a_0000, 0),
     ]);
     let regions = [
-        vma_region(0x10_0000, 5),
+        vma_region(0x10_0000, 6),
         vma_region(0x20_0000, 4),
+        vma_region(0x14_0000, 5),
         vma_region(0x18_0000, 3),
         vma_region(0x18_1000, 2),
         vma_region(0x19_0000, 1),
@@ -114,13 +119,14 @@ fn rows_of_other_kinds_or_that_only_touch_stay_apart() {
     assert_eq!(
         table(&list),
         [
-            ("anonymous", 5, "0x100000", "0x200000", "fault"),
-            ("data.bin", 5, "0x180000", "0x290000", "fault"),
+            ("anonymous", 6, "0x100000", "0x200000", "fault"),
+            ("anonymous", 5, "0x140000", "0x180000", "fault"),
+            ("data.bin", 5, "0x180000", "0x280000", "fault"),
             ("anonymous", 4, "0x200000", "0x300000", "fault"),
             ("data.bin", 1, "0x190000", "0x1a0000", "fault"),
         ]
     );
-    assert_eq!(list[1].file.as_ref().map(|f| f.offset), Some(0));
+    assert_eq!(list[2].file.as_ref().map(|f| f.offset), Some(0));
 }
 
 /// The top rows, and what the rest held: after merging, so a grown VMA is one of the rows
@@ -168,4 +174,57 @@ fn top_counts_the_rows_left_out_after_merging() {
         },
         "without identities every exact region is an unknown row of its own"
     );
+}
+
+/// A live process's mappings, read for the summary, tell a region that came apart from one
+/// that grew or was split: rows sharing an edge are one only where the mappings cover them
+/// without a gap, each with the lock state of the mapping at its start. A fresh 64-page
+/// mapping placed at the top of the gap an unmapped 1000-page one left (the fault accuracy
+/// test's `onfault` after its `touch 1000`), or over an older one's addresses, stays its own
+/// row; a grown VMA and a VMA split by an mlock after its first faults are one.
+#[test]
+fn a_live_process_mappings_keep_a_region_mapped_over_an_unmapped_one_apart() {
+    let (old, fresh, end) = (
+        0x7000_0000,
+        0x7000_0000 + 936 * PAGE,
+        0x7000_0000 + 1000 * PAGE,
+    );
+    let kernel = identified([
+        info(old, end, kind::ANONYMOUS, ""),
+        info(fresh, end, kind::ANONYMOUS, ""),
+    ]);
+    let locked = [vma_region(old, 1000), locked_region(fresh, 64)];
+    let apart = [
+        ("anonymous", 1000, "0x70000000", "0x703e8000", "fault"),
+        ("anonymous", 64, "0x703a8000", "0x703e8000", "fault"),
+    ];
+    let maps = [mapping(fresh, end, "anonymous", true)];
+    assert_eq!(
+        table(&attribute(&locked, &kernel, smaps(&maps), None)),
+        apart
+    );
+    // The fresh mapping the larger, over a smaller older one's addresses: not locked alike.
+    let maps = [mapping(old, end, "anonymous", true)];
+    let older = [vma_region(fresh, 64), locked_region(old, 1000)];
+    let list = attribute(&older, &kernel, smaps(&maps), None);
+    assert_eq!(list.len(), 2, "{list:?}");
+    // Exited: nothing to tell them apart by.
+    assert_eq!(
+        attribute(&locked, &kernel, smaps(&maps), Some(&[])).len(),
+        1
+    );
+    // Grown down to `old`, or split at `fresh` by an mlock: covered, locked alike.
+    let unlocked = [vma_region(old, 1000), vma_region(fresh, 64)];
+    let grown = [mapping(old, end, "anonymous", false)];
+    let split = [
+        mapping(old, fresh, "anonymous", false),
+        mapping(fresh, end, "anonymous", true),
+    ];
+    for (regions, maps) in [(&unlocked, &grown[..]), (&locked, &split[..])] {
+        let list = attribute(regions, &kernel, smaps(maps), None);
+        assert_eq!(
+            table(&list),
+            [("anonymous", 1064, "0x70000000", "0x703e8000", "fault")]
+        );
+    }
 }
