@@ -262,8 +262,9 @@ fn mappings_text(out: &mut String, f: &FaultSummary, indent: &str) {
     if left_out.mappings > 0 {
         let _ = writeln!(
             out,
-            "{indent}  ... {} more, {} (--top-mappings N lists more)",
-            counted(left_out.mappings, "mapping"),
+            "{indent}  ... {} more {}, {} (--top-mappings N lists more)",
+            left_out.mappings,
+            plural(left_out.mappings, "mapping"),
             counted(left_out.faults, "fault")
         );
     }
@@ -282,7 +283,12 @@ fn mappings_text(out: &mut String, f: &FaultSummary, indent: &str) {
 
 /// `1 fault`, `2 faults`.
 fn counted(n: u64, thing: &str) -> String {
-    format!("{n} {thing}{}", if n == 1 { "" } else { "s" })
+    format!("{n} {}", plural(n, thing))
+}
+
+/// `fault` for 1, `faults` for 2.
+fn plural(n: u64, thing: &str) -> String {
+    format!("{thing}{}", if n == 1 { "" } else { "s" })
 }
 
 /// Whether a latency class gets a row (and a histogram): `user` only when some populated
