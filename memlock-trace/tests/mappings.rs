@@ -26,7 +26,20 @@ use support::{BIN, json_lines};
 
 const PYTHON: &str = "/usr/bin/python3";
 const TRUE: &str = "/bin/true";
-const SCRIPT: &str = include_str!("third_party/mmap_touch.py");
+/// The scripts an argument names, written where the run's files go: (argument, file, text).
+const SCRIPTS: [(&str, &str, &str); 2] = [
+    (
+        "SCRIPT",
+        "mmap_touch.py",
+        include_str!("third_party/mmap_touch.py"),
+    ),
+    (
+        "GROW_SCRIPT",
+        "grow_vma.py",
+        include_str!("third_party/grow_vma.py"),
+    ),
+];
+
 /// Rows asked for: more than any of these programs has, so the rows are every fault.
 const TOP: &str = "500";
 
@@ -36,7 +49,7 @@ fn traced(program: &str, args: &[&str]) -> (Vec<Value>, String) {
     traced_with(&[], program, args)
 }
 
-/// [`traced`] with more of the tracer's options.
+/// [`traced`] with more of the tracer's options (theirs `--top-mappings`, if they have one).
 fn traced_with(options: &[&str], program: &str, args: &[&str]) -> (Vec<Value>, String) {
     assert!(
         Path::new(program).is_file(),
@@ -54,16 +67,19 @@ fn traced_with(options: &[&str], program: &str, args: &[&str]) -> (Vec<Value>, S
     std::fs::create_dir_all(&dir).unwrap();
     let trace = dir.join("trace.json");
     let mut command = Command::new(BIN);
+    command.args(options);
+    if !options.contains(&"--top-mappings") {
+        command.args(["--top-mappings", TOP]);
+    }
     command
-        .args(options)
-        .args(["--json", "--events=syscalls", "--top-mappings", TOP, "-o"])
+        .args(["--json", "--events=syscalls", "-o"])
         .arg(&trace)
         .arg("--")
         .arg(program);
     for arg in args {
-        if *arg == "SCRIPT" {
-            let script = dir.join("mmap_touch.py");
-            std::fs::write(&script, SCRIPT).unwrap();
+        if let Some((_, name, text)) = SCRIPTS.iter().find(|(named, ..)| named == arg) {
+            let script = dir.join(name);
+            std::fs::write(&script, text).unwrap();
             command.arg(script);
         } else {
             command.arg(arg);
@@ -79,6 +95,16 @@ fn traced_with(options: &[&str], program: &str, args: &[&str]) -> (Vec<Value>, S
     let lines = json_lines(&std::fs::read_to_string(&trace).unwrap());
     std::fs::remove_dir_all(&dir).ok();
     (lines, String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Runs python3 on one of [`SCRIPTS`] under [`traced`]: the JSON lines, the account the
+/// script printed, and its faults ([`faults_of`]).
+fn traced_script(script: &str) -> (Vec<Value>, Value, Value) {
+    let (lines, stdout) = traced(PYTHON, &[script]);
+    let own = serde_json::from_str(stdout.trim())
+        .unwrap_or_else(|e| panic!("python's account: {e}: {stdout:?}"));
+    let f = faults_of(&lines);
+    (lines, own, f)
 }
 
 /// The faults object of the one process of the summary (the program itself).
@@ -151,10 +177,7 @@ fn row_holding(rows: &[Value], addr: u64) -> &Value {
 #[test]
 fn short_lived_python_mappings_are_named_and_populated_pages_charged_to_theirs() {
     require_privileges();
-    let (lines, stdout) = traced(PYTHON, &["SCRIPT"]);
-    let own: Value = serde_json::from_str(stdout.trim())
-        .unwrap_or_else(|e| panic!("python's account: {e}: {stdout:?}"));
-    let f = faults_of(&lines);
+    let (lines, own, f) = traced_script("SCRIPT");
     let rows = assert_every_fault_named(&f);
 
     // Each region was mapped, touched and unmapped in well under 40 ms: named from the
@@ -328,4 +351,114 @@ fn threads_created_at_once_have_every_stack_named() {
             "{options:?}: a thread's stack not told as one: {stacks:#?}"
         );
     }
+}
+
+/// Issue 47 point 1: the hooks key a VMA by its start at the fault, so one VMA grown
+/// downwards in ten 1 MiB steps (each mapped just below it and merged into it, as
+/// memcached's slab VMA grows) was ten rows sharing an end, and a region touched and then
+/// mlocked in part was two overlapping rows (one before the mlock, one after). Each is one
+/// row, exactly the range `/proc/PID/maps` showed for it, with exactly the faults the
+/// script made there (pages touched, and pages mlock populated); the mlocked one partly
+/// locked.
+#[test]
+fn a_vma_met_under_several_starts_is_one_row_at_its_widest() {
+    require_privileges();
+    let (_, own, f) = traced_script("GROW_SCRIPT");
+    let rows = assert_every_fault_named(&f);
+    for (region, vmas) in [("grown", 1), ("locked", 2)] {
+        let (start, end) = (
+            own[region][0].as_u64().unwrap(),
+            own[region][1].as_u64().unwrap(),
+        );
+        // What /proc/self/maps showed at the end: the region, in `vmas` VMAs.
+        let seen = own[format!("{region}_vmas")].as_array().unwrap();
+        assert_eq!(seen.len(), vmas, "{region}: {own}");
+        assert_eq!(
+            (seen[0][0].as_u64(), seen[vmas - 1][1].as_u64()),
+            (Some(start), Some(end)),
+            "{region}: {own}"
+        );
+        let overlapping: Vec<&Value> = rows
+            .iter()
+            .filter(|r| r["end"] != "" && hex(&r["start"]) < end && start < hex(&r["end"]))
+            .collect();
+        assert_eq!(overlapping.len(), 1, "{region}: {overlapping:#?}");
+        let row = overlapping[0];
+        assert_eq!(
+            (hex(&row["start"]), hex(&row["end"])),
+            (start, end),
+            "{region}: {row}"
+        );
+        assert_eq!(
+            row["faults"],
+            own[format!("{region}_faults")],
+            "{region}: {row}"
+        );
+        assert_eq!(row["mapping"], "anonymous", "{region}: {row}");
+        let partly = region == "locked";
+        assert_eq!(
+            (&row["locked"], &row["partly_locked"]),
+            (&Value::Bool(partly), &Value::Bool(partly)),
+            "{region}: {row}"
+        );
+    }
+}
+
+/// `--top-mappings N` says what it left out: in JSON the count of rows and faults, in text a
+/// line under the table; the rows shown and those left out hold every fault.
+#[test]
+fn the_rows_top_mappings_left_out_are_counted() {
+    require_privileges();
+    let (lines, _) = traced_with(&["--top-mappings", "2"], TRUE, &[]);
+    let f = faults_of(&lines);
+    let rows = f["by_mapping"].as_array().unwrap();
+    let left_out = &f["by_mapping_left_out"];
+    assert_eq!(rows.len(), 2, "{f:#}");
+    assert!(left_out["mappings"].as_u64().unwrap() > 0, "{f:#}");
+    let shown: u64 = rows.iter().map(|r| r["faults"].as_u64().unwrap()).sum();
+    assert_eq!(
+        shown + left_out["faults"].as_u64().unwrap(),
+        f["minor"].as_u64().unwrap() + f["major"].as_u64().unwrap(),
+        "{f:#}"
+    );
+
+    let out = Command::new(BIN)
+        .args(["-q", "--top-mappings", "2", "--", TRUE])
+        .output()
+        .expect("memlock-trace");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    let number = |word: &str| word.trim_end_matches(',').parse::<u64>().ok();
+    // `page faults: 70 minor, 0 major = ...`
+    let header: Vec<&str> = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("page faults: "))
+        .unwrap_or_else(|| panic!("no page faults line: {text}"))
+        .split_whitespace()
+        .collect();
+    let total = number(header[0]).unwrap() + number(header[2]).unwrap();
+    // The rows under `faults  locked  mapping`, then `... 5 more mappings, 31 faults (...)`.
+    let table: Vec<&str> = text
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with("faults  locked"))
+        .skip(1)
+        .collect();
+    let shown: u64 = table
+        .iter()
+        .take(2)
+        .map(|l| number(l.split_whitespace().next().unwrap()).unwrap())
+        .sum();
+    let more: Vec<&str> = table[2]
+        .trim()
+        .strip_prefix("... ")
+        .unwrap_or_else(|| panic!("no left-out line: {text}"))
+        .split_whitespace()
+        .collect();
+    assert!(number(more[0]).unwrap() > 0, "{text}");
+    assert_eq!(
+        (more[1], more[2], more[4], more[5]),
+        ("more", "mappings,", "faults", "(--top-mappings"),
+        "{text}"
+    );
+    assert_eq!(shown + number(more[3]).unwrap(), total, "{text}");
 }

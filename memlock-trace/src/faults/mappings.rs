@@ -14,6 +14,7 @@ use memlock_trace_common::{
 };
 use serde::Serialize;
 
+mod merge;
 mod place;
 
 use super::{sizing::REGION_SHIFT, stacks::StackFaults};
@@ -22,6 +23,8 @@ use crate::{
     procfs::{Mapping, MapsFile, ThpMode},
     unwind::Stack,
 };
+pub use merge::LeftOut;
+use merge::range_of;
 use place::{Placer, row};
 
 /// A mapping's share of a process's faults.
@@ -43,6 +46,9 @@ pub struct MappingFaults {
     pub locked: Option<bool>,
     pub lockonfault: Option<bool>,
     pub locked_source: &'static str,
+    /// `locked` for some of the row and not for the rest: a region whose VMAs, or whose VMA
+    /// over time, were locked in part (an mlock after its first faults); see [`merge`].
+    pub partly_locked: bool,
     /// A faulting thread's user stack pointer was inside this VMA at one of its faults (the
     /// hooks with a VMA only): a stack, a thread's or the main one. A thread's stack is an
     /// ordinary anonymous mapping to `/proc/PID/maps`.
@@ -128,7 +134,9 @@ pub struct FileIdentity {
 /// The sampled faults of one region per stack (`--stacks`).
 pub type RegionSites<'a> = (&'a RegionKey, &'a BTreeMap<Stack, u64>);
 
-/// Attributes region counts to the process's mappings and returns the top `top` by faults.
+/// Attributes region counts to the process's mappings, one row per mapping region (rows
+/// that are one region over time made one: [`merge`]), and returns the top `top` by faults
+/// and what the rest held.
 /// `kernel`: the VMAs the fault hooks identified, by start. `read`: the process's mappings
 /// and the file they were read from (without flags from `maps`). `exited`: those are the
 /// last seen before the process exited, so an address outside them is unknown (mapped after
@@ -142,7 +150,7 @@ pub fn by_mapping(
     read: Option<(&[Mapping], MapsFile)>,
     exited: Option<&[Mapping]>,
     top: usize,
-) -> Vec<MappingFaults> {
+) -> (Vec<MappingFaults>, LeftOut) {
     let maps = read.map(|(maps, _)| maps);
     let placer = Placer {
         kernel,
@@ -166,9 +174,12 @@ pub fn by_mapping(
             .into_iter()
             .map(|span| outside_row(span, placer.unattributed, &sampled_outside)),
     );
-    list.sort_by(|a, b| b.faults.cmp(&a.faults).then_with(|| a.start.cmp(&b.start)));
-    list.truncate(top);
-    list
+    // Current only while the process lives: an exited one's last read may predate its
+    // last faults.
+    let live = read
+        .filter(|_| exited.is_none())
+        .map(|(maps, file)| (maps, file.has_flags()));
+    merge::top(merge::regions(list, live), top)
 }
 
 /// The rows being added up, by the range they merge by.
@@ -211,7 +222,10 @@ impl Rows {
         slot.end.clone_from(&entry.end);
         slot.faults += value.faults;
         if exact {
-            slot.locked = Some(slot.locked == Some(true) || value.vm_flags & VM_LOCKED != 0);
+            let locked = value.vm_flags & VM_LOCKED != 0;
+            // The stack's and the heap's VMAs over time share a row: locked at some faults only.
+            slot.partly_locked |= slot.locked.is_some_and(|was| was != locked);
+            slot.locked = Some(slot.locked == Some(true) || locked);
             slot.lockonfault =
                 Some(slot.lockonfault == Some(true) || value.vm_flags & VM_LOCKONFAULT != 0);
         }
@@ -272,11 +286,10 @@ pub fn add_pages(
     unmapped: &[Mapping],
     mode: ThpMode,
 ) {
-    let hex = |s: &str| u64::from_str_radix(s.strip_prefix("0x")?, 16).ok();
     for row in rows {
-        if let (Some(start), Some(end)) = (hex(&row.start), hex(&row.end)) {
-            row.pages = RowPages::of(maps, (start, end), mode)
-                .or_else(|| RowPages::of(unmapped, (start, end), mode));
+        if let Some(range) = range_of(row) {
+            row.pages =
+                RowPages::of(maps, range, mode).or_else(|| RowPages::of(unmapped, range, mode));
         }
     }
 }

@@ -205,7 +205,7 @@ pub fn faults_text(out: &mut String, f: &FaultSummary, indent: &str, style: Text
     if !f.latency_ns.is_empty() {
         latency_text(out, f, indent, style);
     }
-    if !f.by_mapping.is_empty() {
+    if !f.by_mapping.is_empty() || f.by_mapping_left_out.mappings > 0 {
         mappings_text(out, f, indent);
     }
 }
@@ -246,13 +246,8 @@ fn latency_text(out: &mut String, f: &FaultSummary, indent: &str, style: TextSty
     if f.latency_unmatched > 0 {
         let _ = writeln!(
             out,
-            "{indent}  ({} {} counted without a latency: start not seen)",
-            f.latency_unmatched,
-            if f.latency_unmatched == 1 {
-                "fault"
-            } else {
-                "faults"
-            }
+            "{indent}  ({} counted without a latency: start not seen)",
+            counted(f.latency_unmatched, "fault")
         );
     }
     if style.hist {
@@ -269,8 +264,13 @@ fn mapping_cells(m: &MappingFaults) -> (String, String, String) {
         (Some(false), _) => "no",
         (None, _) => "?",
     };
+    let locked = if m.partly_locked && m.locked == Some(true) {
+        format!("partly {locked}")
+    } else {
+        locked.to_string()
+    };
     let locked = match m.locked_source {
-        "unknown" => locked.to_string(),
+        "unknown" => locked,
         source => format!("{locked} ({source})"),
     };
     let range = if m.end.is_empty() {
@@ -319,6 +319,16 @@ fn mappings_text(out: &mut String, f: &FaultSummary, indent: &str) {
             );
         }
     }
+    let left_out = f.by_mapping_left_out;
+    if left_out.mappings > 0 {
+        let _ = writeln!(
+            out,
+            "{indent}  ... {} more {}, {} (--top-mappings N lists more)",
+            left_out.mappings,
+            plural(left_out.mappings, "mapping"),
+            counted(left_out.faults, "fault")
+        );
+    }
     if f.by_mapping
         .iter()
         .any(|m| m.pages.is_some_and(|p| p.huge()))
@@ -330,6 +340,16 @@ fn mappings_text(out: &mut String, f: &FaultSummary, indent: &str) {
              are fewer, and each far slower than a 4 KiB one)"
         );
     }
+}
+
+/// `1 fault`, `2 faults`.
+fn counted(n: u64, thing: &str) -> String {
+    format!("{n} {}", plural(n, thing))
+}
+
+/// `fault` for 1, `faults` for 2.
+fn plural(n: u64, thing: &str) -> String {
+    format!("{thing}{}", if n == 1 { "" } else { "s" })
 }
 
 /// Whether a latency class gets a row (and a histogram): `user` only when some populated

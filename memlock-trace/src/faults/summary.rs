@@ -10,7 +10,7 @@ use memlock_trace_common::{
 };
 use serde::Serialize;
 
-use super::mappings::{MappingFaults, RegionSites, add_pages, by_mapping};
+use super::mappings::{LeftOut, MappingFaults, RegionSites, add_pages, by_mapping};
 use super::{
     FaultHooks, Unobservable,
     read::{FaultReport, KeyStats},
@@ -119,6 +119,8 @@ pub struct FaultSummary {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub latency_sample: Option<LatencySample>,
     pub by_mapping: Vec<MappingFaults>,
+    /// The mappings `--top-mappings` left out of `by_mapping`, and their faults.
+    pub by_mapping_left_out: LeftOut,
     /// `--stacks`: the top user call stacks by faults.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stacks: Option<Vec<crate::faults::stacks::StackFaults>>,
@@ -211,6 +213,7 @@ fn summarize_key(
         latency_unmatched: c[stat::LATENCY_UNMATCHED],
         latency_sample,
         by_mapping: Vec::new(),
+        by_mapping_left_out: LeftOut::default(),
         stacks: None,
         threads: Vec::new(),
     }
@@ -301,7 +304,7 @@ pub fn summarize(
                 .take_while(|(key, _)| key.tgid == tgid)
                 .collect()
         });
-        summary.by_mapping = by_mapping(
+        (summary.by_mapping, summary.by_mapping_left_out) = by_mapping(
             report.regions.get(&tgid).map_or(&[][..], Vec::as_slice),
             &sites,
             report.mappings.get(&tgid).unwrap_or(&BTreeMap::new()),

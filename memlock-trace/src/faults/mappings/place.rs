@@ -39,6 +39,7 @@ pub(super) fn row(
         locked: None,
         lockonfault: None,
         locked_source: "unknown",
+        partly_locked: false,
         stack: false,
         named_by,
         file: None,

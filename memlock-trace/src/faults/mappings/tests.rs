@@ -5,7 +5,7 @@ use memlock_trace_common::{
 
 use super::*;
 
-fn mapping(start: u64, end: u64, name: &str, locked: bool) -> Mapping {
+pub(super) fn mapping(start: u64, end: u64, name: &str, locked: bool) -> Mapping {
     Mapping {
         start,
         end,
@@ -18,7 +18,7 @@ fn mapping(start: u64, end: u64, name: &str, locked: bool) -> Mapping {
 }
 
 /// A region of `exact` kind (`region_kind`) with `faults` counted, no VMA flags.
-fn counted(exact: u32, start: u64, faults: u64) -> (RegionKey, RegionValue) {
+pub(super) fn counted(exact: u32, start: u64, faults: u64) -> (RegionKey, RegionValue) {
     let key = RegionKey {
         tgid: 1,
         exact,
@@ -32,22 +32,22 @@ fn counted(exact: u32, start: u64, faults: u64) -> (RegionKey, RegionValue) {
 }
 
 /// The mappings as read from `/proc/PID/smaps`.
-fn smaps(maps: &[Mapping]) -> Option<(&[Mapping], MapsFile)> {
+pub(super) fn smaps(maps: &[Mapping]) -> Option<(&[Mapping], MapsFile)> {
     Some((maps, MapsFile::Smaps))
 }
 
 /// [`by_mapping`] without sampled stacks, the top 10 rows.
-fn attribute(
+pub(super) fn attribute(
     regions: &[(RegionKey, RegionValue)],
     kernel: &BTreeMap<u64, MappingInfo>,
     read: Option<(&[Mapping], MapsFile)>,
     exited: Option<&[Mapping]>,
 ) -> Vec<MappingFaults> {
-    by_mapping(regions, &[], kernel, read, exited, 10)
+    by_mapping(regions, &[], kernel, read, exited, 10).0
 }
 
 /// Each row's name, faults, range and who named it.
-fn table(list: &[MappingFaults]) -> Vec<(&str, u64, &str, &str, &'static str)> {
+pub(super) fn table(list: &[MappingFaults]) -> Vec<(&str, u64, &str, &str, &'static str)> {
     list.iter()
         .map(|m| {
             (
@@ -93,17 +93,15 @@ fn regions_attribute_to_mappings() {
         (list[2].mapping.to_str().unwrap(), list[2].faults),
         ("unmapped", 1)
     );
+    // The top row only: the other two, 4 faults, left out.
+    let (top, left_out) = by_mapping(&regions, &[], &BTreeMap::new(), smaps(&maps), None, 1);
+    assert_eq!(top.len(), 1);
     assert_eq!(
-        by_mapping(
-            &regions,
-            &[],
-            &BTreeMap::new(),
-            Some((&maps[..], MapsFile::Smaps)),
-            None,
-            1
-        )
-        .len(),
-        1
+        left_out,
+        LeftOut {
+            mappings: 2,
+            faults: 4
+        }
     );
     // Read from /proc/PID/maps (system-wide): the same rows, named by maps, flags unknown.
     let list = attribute(
@@ -198,7 +196,7 @@ fn exact_regions_use_the_vma_flags() {
     assert_eq!(list[0].locked_source, "vma");
 }
 
-fn info(start: u64, end: u64, kind: u32, name: &str) -> MappingInfo {
+pub(super) fn info(start: u64, end: u64, kind: u32, name: &str) -> MappingInfo {
     let mut info = MappingInfo {
         start,
         end,
@@ -212,14 +210,16 @@ fn info(start: u64, end: u64, kind: u32, name: &str) -> MappingInfo {
     info
 }
 
-fn vma_region(start: u64, faults: u64) -> (RegionKey, RegionValue) {
+pub(super) fn vma_region(start: u64, faults: u64) -> (RegionKey, RegionValue) {
     let (key, value) = counted(region_kind::VMA, start, faults);
     let vm_flags = 0x73;
     (key, RegionValue { vm_flags, ..value })
 }
 
 /// The VMAs the fault hooks identified, by start.
-fn identified(vmas: impl IntoIterator<Item = MappingInfo>) -> BTreeMap<u64, MappingInfo> {
+pub(super) fn identified(
+    vmas: impl IntoIterator<Item = MappingInfo>,
+) -> BTreeMap<u64, MappingInfo> {
     vmas.into_iter().map(|i| (i.start, i)).collect()
 }
 
@@ -335,7 +335,7 @@ fn sampled_stacks_go_to_the_row_of_their_region() {
         (vma_region(0x5000_0000, 0).0, sampled(&[(&fill, 7)])),
     ];
     let sites: Vec<RegionSites<'_>> = sites.iter().map(|(k, s)| (k, s)).collect();
-    let list = by_mapping(&regions, &sites, &kernel, smaps(&maps), None, 10);
+    let (list, _) = by_mapping(&regions, &sites, &kernel, smaps(&maps), None, 10);
     let row = |name: &str| {
         let row = list
             .iter()
@@ -377,6 +377,7 @@ fn a_row_unmapped_before_the_last_read_has_the_pages_an_earlier_read_saw() {
         locked: None,
         lockonfault: None,
         locked_source: "vma",
+        partly_locked: false,
         stack: false,
         named_by: "fault",
         file: None,

@@ -64,9 +64,11 @@ pub(super) fn only_thread(
         };
         *comm = thread.comm;
         let mappings = std::mem::take(&mut f.by_mapping);
+        let left_out = f.by_mapping_left_out;
         *f = thread.faults;
         // Mappings are counted per process only.
         f.by_mapping = mappings;
+        f.by_mapping_left_out = left_out;
     }
 }
 
