@@ -2,7 +2,7 @@
 //! so `--interval` blocks show what happened in their window (as libbpf-tools clearing its
 //! maps would) while the maps keep counting for the whole session's summary.
 
-use memlock_trace_common::faults::{HIST_BUCKETS, HistKey, SLOTS, bucket_range};
+use memlock_trace_common::faults::{FaultKey, HIST_BUCKETS, HistKey, SLOTS, bucket_range};
 
 use super::read::FaultReport;
 use crate::{
@@ -19,13 +19,18 @@ impl FaultReport {
     pub fn since(&self, earlier: &FaultReport) -> FaultReport {
         let mut window = self.clone();
         for (key, hist) in &mut window.hists {
-            if let Some(old) = earlier.hists.get(key) {
+            let unstarted = HistKey {
+                key: not_yet_started(key.key),
+                ..*key
+            };
+            if let Some(old) = earlier.hists.get(key).or(earlier.hists.get(&unstarted)) {
                 *hist = Buckets::from_dense(&bucket_growth::<HIST_BUCKETS>(hist, Some(old)));
             }
         }
         window.hists.retain(|_, h| !h.is_empty());
         for (key, stats) in &mut window.stats {
-            let Some(old) = earlier.stats.get(key) else {
+            let old = earlier.stats.get(key);
+            let Some(old) = old.or(earlier.stats.get(&not_yet_started(*key))) else {
                 continue;
             };
             for (n, o) in stats.counts.iter_mut().zip(old.counts) {
@@ -84,6 +89,14 @@ impl FaultReport {
         }
         window
     }
+}
+
+/// `key` as a reading made before the process's start was known has it: the fast path's
+/// and the perf counters' figures are keyed by pid and take the start the kernel recorded,
+/// which for a `-p` target can come after the first interval. Without it, the second
+/// interval took the process's whole count as new (988 + 2,048 for 2,048 faults).
+fn not_yet_started(key: FaultKey) -> FaultKey {
+    FaultKey { start_ns: 0, ..key }
 }
 
 #[cfg(test)]
@@ -147,6 +160,30 @@ mod tests {
         let first = reading(9, &[1_000, 1_000, 1_000]);
         let second = reading(2, &[1_000, 50_000]);
         assert_eq!(counted(&second.since(&first)), (2, 2));
+    }
+
+    /// The first reading of a `-p` target came before its start was known (start 0): the
+    /// next window holds only the faults made since, not the whole count again.
+    #[test]
+    fn a_start_learned_between_readings_is_the_same_process() {
+        let mut first = reading(988, &[1_000]);
+        let unstarted = FaultKey { start_ns: 0, ..KEY };
+        let stats = first.stats.remove(&KEY).unwrap();
+        first.stats.insert(unstarted, stats);
+        first.hists = std::mem::take(&mut first.hists)
+            .into_iter()
+            .map(|(k, h)| {
+                (
+                    HistKey {
+                        key: unstarted,
+                        ..k
+                    },
+                    h,
+                )
+            })
+            .collect();
+        let second = reading(2_048, &[1_000, 2_000]);
+        assert_eq!(counted(&second.since(&first)), (1_060, 1));
     }
 
     /// A region read low once (its slot moved to the hash map between the reads) adds
