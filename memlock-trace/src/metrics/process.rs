@@ -4,7 +4,7 @@
 
 use prometheus_client::{
     collector::Collector,
-    encoding::{DescriptorEncoder, EncodeMetric as _},
+    encoding::{DescriptorEncoder, EncodeMetric},
     metrics::{counter::ConstCounter, gauge::ConstGauge},
     registry::Unit,
 };
@@ -80,13 +80,10 @@ impl Collector for ProcessCollector {
         let Some(s) = Sample::read() else {
             return Ok(());
         };
+        let seconds = Some(&Unit::Seconds);
         let cpu = ConstCounter::new(s.cpu_seconds);
-        cpu.encode(encoder.encode_descriptor(
-            "process_cpu",
-            "Total user and system CPU time spent in seconds",
-            Some(&Unit::Seconds),
-            cpu.metric_type(),
-        )?)?;
+        let cpu_help = "Total user and system CPU time spent in seconds";
+        describe(&mut encoder, "process_cpu", cpu_help, seconds, &cpu)?;
         for (name, help, unit, value) in [
             (
                 "process_resident_memory",
@@ -114,18 +111,29 @@ impl Collector for ProcessCollector {
             ),
             ("process_threads", "Number of OS threads", None, s.threads),
         ] {
-            let gauge = ConstGauge::new(value);
-            gauge.encode(encoder.encode_descriptor(name, help, unit, gauge.metric_type())?)?;
+            describe(&mut encoder, name, help, unit, &ConstGauge::new(value))?;
         }
         let start = ConstGauge::new(s.start_time_seconds);
-        start.encode(encoder.encode_descriptor(
+        let start_help = "Start time of the process since unix epoch in seconds";
+        describe(
+            &mut encoder,
             "process_start_time",
-            "Start time of the process since unix epoch in seconds",
-            Some(&Unit::Seconds),
-            start.metric_type(),
-        )?)?;
-        Ok(())
+            start_help,
+            seconds,
+            &start,
+        )
     }
+}
+
+/// One metric with its descriptor (name, help, unit and type).
+fn describe(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    unit: Option<&Unit>,
+    metric: &impl EncodeMetric,
+) -> Result<(), std::fmt::Error> {
+    metric.encode(encoder.encode_descriptor(name, help, unit, metric.metric_type())?)
 }
 
 #[cfg(test)]
