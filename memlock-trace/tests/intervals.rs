@@ -31,12 +31,32 @@ fn wait_tracing(tracer: &support::Tracer) {
     }
 }
 
+/// A `-p` target that outlives any run of these tests, so only COUNT ends a run; killed
+/// when dropped.
+struct Sleeper(std::process::Child);
+
+impl Sleeper {
+    fn start() -> Self {
+        Self(Command::new("sleep").arg("3600").spawn().unwrap())
+    }
+
+    fn pid(&self) -> String {
+        self.0.id().to_string()
+    }
+}
+
+impl Drop for Sleeper {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 #[test]
 fn interval_count_positionals_print_exactly_count_blocks() {
     require_privileges();
-    // A target that outlives both runs: only COUNT can end them.
-    let mut sleeper = Command::new("sleep").arg("3600").spawn().unwrap();
-    let pid = sleeper.id().to_string();
+    let mut sleeper = Sleeper::start();
+    let pid = sleeper.pid();
     let out = run(&["0.3", "2", "-p", &pid, "--json"]);
     let lines = json_lines(&String::from_utf8_lossy(&out.stdout));
     let kinds: Vec<&str> = lines.iter().map(|l| l["type"].as_str().unwrap()).collect();
@@ -73,11 +93,9 @@ fn interval_count_positionals_print_exactly_count_blocks() {
         assert!(secs.parse::<f64>().unwrap() > 0.0, "{header}");
     }
     assert!(
-        sleeper.try_wait().unwrap().is_none(),
+        sleeper.0.try_wait().unwrap().is_none(),
         "the target still runs: COUNT ended both runs"
     );
-    sleeper.kill().unwrap();
-    sleeper.wait().unwrap();
 }
 
 /// Health lines all zero are not repeated under every interval, as bcc's tools print
@@ -86,11 +104,9 @@ fn interval_count_positionals_print_exactly_count_blocks() {
 #[test]
 fn zero_health_lines_are_printed_once_at_the_end() {
     require_privileges();
-    let mut sleeper = Command::new("sleep").arg("3600").spawn().unwrap();
-    let pid = sleeper.id().to_string();
-    let out = run(&["0.3", "3", "-p", &pid, "--stacks"]);
-    sleeper.kill().unwrap();
-    sleeper.wait().unwrap();
+    let sleeper = Sleeper::start();
+    let out = run(&["0.3", "3", "-p", &sleeper.pid(), "--stacks"]);
+    drop(sleeper);
     let text = String::from_utf8_lossy(&out.stdout);
     let blocks: Vec<&str> = text.split("--- ").filter(|b| !b.is_empty()).collect();
     assert_eq!(blocks.len(), 4, "{text}");
