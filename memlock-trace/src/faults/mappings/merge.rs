@@ -81,8 +81,14 @@ pub fn regions(rows: Vec<MappingFaults>, live: Option<(&[Mapping], bool)>) -> Ve
             },
             None => None,
         };
+        // Only rows alike in VM_LOCKONFAULT join: the fault hooks read it from the VMA itself,
+        // where smaps shows it only from 6.2, and a lock-on-fault mapping placed over a locked
+        // one's addresses shares its edge (6.1 arm64: the fault accuracy test's `onfault`
+        // region took the 110 faults of the locked steps before it).
+        let lock_on_fault = row.lockonfault;
         for edge in [(false, range.0), (true, range.1)] {
-            let first = *edges.entry((kind_of(row, range.0), run, edge)).or_insert(i);
+            let key = (kind_of(row, range.0), lock_on_fault, run, edge);
+            let first = *edges.entry(key).or_insert(i);
             let (a, b) = (root(&mut parent, i), root(&mut parent, first));
             parent[a] = b;
         }

@@ -228,3 +228,29 @@ fn a_live_process_mappings_keep_a_region_mapped_over_an_unmapped_one_apart() {
         );
     }
 }
+
+/// A lock-on-fault region mapped where a locked one was unmapped shares its end, as a grown
+/// VMA would, but is another region: rows apart in VM_LOCKONFAULT stay apart (smaps shows
+/// the flag only from 6.2, so the live check cannot tell them apart there).
+#[test]
+fn a_lock_on_fault_region_over_a_locked_ones_addresses_is_its_own_row() {
+    use memlock_trace_common::vma::VM_LOCKONFAULT;
+    let end = 0x20_0000;
+    let (old, new) = (end - 0x8_0000, end - 0x4_0000);
+    let onfault = |mut i: memlock_trace_common::mapping::MappingInfo| {
+        i.flags |= VM_LOCKED | VM_LOCKONFAULT;
+        i
+    };
+    let mut locked_info = info(old, end, kind::ANONYMOUS, "");
+    locked_info.flags |= VM_LOCKED;
+    let kernel = identified([locked_info, onfault(info(new, end, kind::ANONYMOUS, ""))]);
+    let (key, value) = vma_region(new, 64);
+    let vm_flags = value.vm_flags | VM_LOCKED | VM_LOCKONFAULT;
+    let regions = [
+        locked_region(old, 110),
+        (key, RegionValue { vm_flags, ..value }),
+    ];
+    let list = attribute(&regions, &kernel, None, Some(&[]));
+    let rows: Vec<(u64, Option<bool>)> = list.iter().map(|r| (r.faults, r.lockonfault)).collect();
+    assert_eq!(rows, [(110, Some(false)), (64, Some(true))], "{list:#?}");
+}
