@@ -233,7 +233,8 @@ fn with_stacks_the_advice_names_the_code_that_faulted_in_the_mapping() {
         .unwrap_or_else(|| panic!("a lock advice: {text}"));
     let advice = advice.split("locking cannot help:").next().unwrap();
     assert!(
-        advice.contains("faulted there: ") && advice.contains(" sampled faults at"),
+        advice.contains("faulted there: ")
+            && advice.contains(" faults (counted from sampled stacks) at"),
         "{text}"
     );
     // The command on a line of its own, whole, to copy.

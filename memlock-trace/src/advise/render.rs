@@ -364,7 +364,7 @@ fn sites_text(t: &Table, a: &Advice) -> Vec<String> {
         .map(|site| {
             let names: Vec<String> = site.frames.iter().map(|f| shown(&f.symbol)).collect();
             format!(
-                "faulted there: {} sampled faults at {}",
+                "faulted there: {} faults (counted from sampled stacks) at {}",
                 count(site.faults),
                 crate::output::stack_line(&names)
             )
