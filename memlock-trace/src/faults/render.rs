@@ -40,28 +40,26 @@ const EVENT_MAPS_AGE: Duration = Duration::from_secs(1);
 /// when read before the event and missing what it hit).
 pub fn place(rec: &FaultRecord, mappings: &mut MappingCache) -> FaultPlace {
     let (pid, address, ip) = (rec.raw.tgid, rec.raw.address, rec.raw.ip);
-    let holding = |mappings: &MappingCache, at: u64| -> Option<Mapping> {
-        let found = mappings
-            .get(pid)?
-            .iter()
-            .find(|m| (m.start..m.end).contains(&at));
-        found.cloned()
+    // The mappings holding the address and the ip (0: not known, nothing to look for).
+    let holding = |mappings: &MappingCache| {
+        let at = |addr: u64| -> Option<Mapping> {
+            let maps = mappings.get(pid).filter(|_| addr != 0)?;
+            maps.iter()
+                .find(|m| (m.start..m.end).contains(&addr))
+                .cloned()
+        };
+        (at(address), at(ip))
     };
     mappings.refresh(pid, EVENT_MAPS_AGE);
-    let missed = (address != 0 && holding(mappings, address).is_none())
-        || (ip != 0 && holding(mappings, ip).is_none());
+    let mut found = holding(mappings);
+    let missed = (address != 0 && found.0.is_none()) || (ip != 0 && found.1.is_none());
     if missed && mappings.read_before(pid, rec.raw.time_ns) {
         mappings.refresh(pid, Duration::ZERO);
+        found = holding(mappings);
     }
     FaultPlace {
-        mapping: (address != 0)
-            .then(|| holding(mappings, address))
-            .flatten()
-            .map(|m| m.name),
-        code: (ip != 0)
-            .then(|| holding(mappings, ip))
-            .flatten()
-            .map(|m| (m.name, ip - m.start + m.offset)),
+        mapping: found.0.map(|m| m.name),
+        code: found.1.map(|m| (m.name, ip - m.start + m.offset)),
     }
 }
 
