@@ -5,7 +5,8 @@ grown: one anonymous VMA grown downwards in 1 MiB steps (a new step mapped just 
 which the kernel merges into it, then touched), as memcached's slab VMA grows: its faults
 are keyed by each start it had. locked: a region touched in part, then its top half
 mlocked (the mlock splits the VMA and populates the rest): a start before the mlock, one
-after. Each is mapped inside a PROT_NONE reservation, so that no neighbour merges into it."""
+after. Each is mapped inside a PROT_NONE reservation, so that no neighbour merges into it,
+at addresses no earlier mapping had."""
 import ctypes
 import json
 import mmap
@@ -24,6 +25,9 @@ PRIVATE_ANON = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
 MAP_FIXED = 0x10
 MAP_NORESERVE = 0x4000
 PR_SET_THP_DISABLE = 41
+# Far below the binaries, the heap and the mmap area, within even a 39-bit address space.
+GROWN_AT = 0x40_0000_0000
+LOCKED_AT = 0x48_0000_0000
 STEP_PAGES = 256
 STEPS = 10
 LOCKED_PAGES = 32
@@ -37,8 +41,13 @@ def mapped(at, length, prot, flags):
     return addr
 
 
-def reserve(pages):
-    return mapped(None, pages * PAGE, 0, PRIVATE_ANON | MAP_NORESERVE)
+def reserve(at, pages):
+    """PROT_NONE pages at `at`, addresses this process has never used: a mapping unmapped
+    before (python's own, at start-up) would have rows of its own over the region's."""
+    addr = mapped(at, pages * PAGE, 0, PRIVATE_ANON | MAP_NORESERVE)
+    if addr != at:
+        raise OSError(f"reservation placed at {addr:#x}, not at the free {at:#x} asked for")
+    return addr
 
 
 def touch(start, pages):
@@ -62,14 +71,14 @@ if libc.prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0) != 0:
     raise OSError(ctypes.get_errno(), "prctl")
 
 step = STEP_PAGES * PAGE
-top = reserve((STEPS + 2) * STEP_PAGES) + (STEPS + 1) * step
+top = reserve(GROWN_AT, (STEPS + 2) * STEP_PAGES) + (STEPS + 1) * step
 for i in range(1, STEPS + 1):
     at = top - i * step
     mapped(at, step, PROT_RW, PRIVATE_ANON | MAP_FIXED)
     touch(at, STEP_PAGES)
 grown = [top - STEPS * step, top]
 
-locked = reserve(LOCKED_PAGES + 2) + PAGE
+locked = reserve(LOCKED_AT, LOCKED_PAGES + 2) + PAGE
 mapped(locked, LOCKED_PAGES * PAGE, PROT_RW, PRIVATE_ANON | MAP_FIXED)
 touch(locked, LOCKED_TOUCHED)
 half = LOCKED_PAGES // 2 * PAGE
