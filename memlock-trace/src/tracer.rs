@@ -362,30 +362,26 @@ impl Tracer {
         if self.fault_hooks.is_none() {
             return Ok(None);
         }
+        let mut report =
+            faults::read::read(&self.ebpf, self.fault_options.per_thread, self.sole.tgid)?;
+        let counted_by_perf = self
+            .fault_hooks
+            .as_ref()
+            .is_some_and(|h| h.plan.counted_by_perf());
+        if let Some(counters) = self.fault_counters.as_ref().filter(|_| counted_by_perf) {
+            report.add_counted(counters.read());
+        }
         // The fast path and the perf counters count by pid: the start time is the latest
-        // the kernel recorded for it.
+        // the kernel recorded for it, read after the counts (see `learn_starts`).
         let identities = self.identities()?;
-        let start_of = |tgid: u32| {
+        report.learn_starts(|tgid| {
             identities
                 .keys()
                 .filter(|k| k.tgid == tgid)
                 .map(|k| k.start_ns)
                 .max()
                 .unwrap_or(0)
-        };
-        let sole = self.sole.tgid.map(|tgid| ProcessKey {
-            tgid,
-            _pad: 0,
-            start_ns: start_of(tgid),
         });
-        let mut report = faults::read::read(&self.ebpf, self.fault_options.per_thread, sole)?;
-        let counted_by_perf = self
-            .fault_hooks
-            .as_ref()
-            .is_some_and(|h| h.plan.counted_by_perf());
-        if let Some(counters) = self.fault_counters.as_ref().filter(|_| counted_by_perf) {
-            report.add_counted(counters.read(), start_of);
-        }
         Ok(Some(report))
     }
 

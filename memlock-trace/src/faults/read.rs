@@ -11,14 +11,11 @@ use aya::{
     Ebpf,
     maps::{HashMap, IterableMap as _, MapData, PerCpuArray},
 };
-use memlock_trace_common::mapping::MappingInfo;
-use memlock_trace_common::{
-    faults::{
-        FaultEntry, FaultKey, FaultStats, HIST_BUCKETS, Hist, HistKey, RegionKey, RegionSlot,
-        RegionValue, SLOTS, class, fault_counter, names, stat,
-    },
-    process::ProcessKey,
+use memlock_trace_common::faults::{
+    FaultEntry, FaultKey, FaultStats, HIST_BUCKETS, Hist, HistKey, RegionKey, RegionSlot,
+    RegionValue, SLOTS, class, fault_counter, names, stat,
 };
+use memlock_trace_common::mapping::MappingInfo;
 use serde::Serialize;
 
 use super::stacks::StackReport;
@@ -52,23 +49,63 @@ impl FaultReport {
         ]
     }
 
-    /// Adds the faults counting perf events counted per process (count-only mode);
-    /// `start_of` gives each target's start time.
-    pub fn add_counted(
-        &mut self,
-        counted: BTreeMap<u32, (u64, u64)>,
-        start_of: impl Fn(u32) -> u64,
-    ) {
+    /// Adds the faults counting perf events counted per process (count-only mode), keyed
+    /// by pid alone until [`Self::learn_starts`].
+    pub fn add_counted(&mut self, counted: BTreeMap<u32, (u64, u64)>) {
         for (tgid, (minor, major)) in counted {
-            let key = FaultKey {
-                tgid,
-                tid: 0,
-                start_ns: start_of(tgid),
-            };
-            let s = self.stats.entry(key).or_default();
+            let s = self.stats.entry(unstarted(tgid)).or_default();
             s.counts[stat::USER_MINOR] += minor;
             s.counts[stat::USER_MAJOR] += major;
         }
+    }
+
+    /// Gives the figures counted by pid alone (the fast path's, the perf counters') the
+    /// start `start_of` knows for the pid. Called after every count is read: the programs
+    /// record a process's start before they count its first fault, so a start read after
+    /// the counts covers each of them; one still unknown (a `-p` target whose faults only
+    /// perf counted, before any hook met it) stays at 0 until one does.
+    pub fn learn_starts(&mut self, start_of: impl Fn(u32) -> u64) {
+        let known = |key: &FaultKey| {
+            (key.start_ns == 0)
+                .then(|| start_of(key.tgid))
+                .filter(|&start| start != 0)
+                .map(|start_ns| FaultKey { start_ns, ..*key })
+        };
+        let moved: Vec<(FaultKey, FaultKey)> = self
+            .stats
+            .keys()
+            .filter_map(|key| Some((*key, known(key)?)))
+            .collect();
+        for (from, to) in moved {
+            let stats = self.stats.remove(&from).unwrap_or_default();
+            self.stats.entry(to).or_default().merge(&stats);
+        }
+        let moved: Vec<(HistKey, HistKey)> = self
+            .hists
+            .keys()
+            .filter_map(|h| {
+                Some((
+                    *h,
+                    HistKey {
+                        key: known(&h.key)?,
+                        ..*h
+                    },
+                ))
+            })
+            .collect();
+        for (from, to) in moved {
+            let hist = self.hists.remove(&from).unwrap_or_default();
+            self.hists.entry(to).or_default().add(&hist);
+        }
+    }
+}
+
+/// The key of figures counted by pid, before the process's start is known.
+fn unstarted(tgid: u32) -> FaultKey {
+    FaultKey {
+        tgid,
+        tid: 0,
+        start_ns: 0,
     }
 }
 
@@ -131,8 +168,9 @@ pub fn pids(ebpf: &Ebpf) -> Result<BTreeSet<u32>> {
 
 /// Reads every fault map. Pending region caches are folded into their regions, and faults
 /// still pending in threads that no longer exist are counted as failed.
-/// `sole`: the process the single-process fast path counted for, if it was used.
-pub fn read(ebpf: &Ebpf, per_thread: bool, sole: Option<ProcessKey>) -> Result<FaultReport> {
+/// `sole`: the process the single-process fast path counted for, if it was used (its
+/// figures keyed by pid alone until [`FaultReport::learn_starts`]).
+pub fn read(ebpf: &Ebpf, per_thread: bool, sole: Option<u32>) -> Result<FaultReport> {
     let mut report = FaultReport::default();
     let counters = CpuCounters::open(ebpf, names::FAULT_COUNTERS)?;
     let sum = |index: u32| counters.sum(index).unwrap_or(0);
@@ -195,6 +233,22 @@ impl KeyStats {
             self.name = crate::event::comm_of(&v.comm);
         }
     }
+
+    /// Adds another key's counters (its name only where this has none).
+    pub fn merge(&mut self, from: &KeyStats) {
+        for (a, b) in self.counts.iter_mut().zip(from.counts) {
+            *a += b;
+        }
+        for (a, b) in self.populated_by.iter_mut().zip(from.populated_by) {
+            *a += b;
+        }
+        for (a, b) in self.max_ns.iter_mut().zip(from.max_ns) {
+            *a = (*a).max(b);
+        }
+        if self.name.is_empty() {
+            self.name = from.name.clone();
+        }
+    }
 }
 
 /// The statistics map; returns the keys it held.
@@ -213,7 +267,7 @@ fn read_stats(ebpf: &Ebpf, report: &mut FaultReport) -> Result<u64> {
 /// its minor-fault histogram, for the histograms read next.
 fn read_sole(
     ebpf: &Ebpf,
-    ProcessKey { tgid, start_ns, .. }: ProcessKey,
+    tgid: u32,
     report: &mut FaultReport,
 ) -> Result<Option<(FaultKey, Buckets)>> {
     let fast: PerCpuArray<&MapData, FaultStats> =
@@ -222,11 +276,7 @@ fn read_sole(
     if !values.iter().any(|v| v.comm[0] != 0) {
         return Ok(None);
     }
-    let key = FaultKey {
-        tgid,
-        tid: 0,
-        start_ns,
-    };
+    let key = unstarted(tgid);
     let entry = report.stats.entry(key).or_default();
     for v in values.iter() {
         entry.add(v);

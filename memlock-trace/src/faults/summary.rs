@@ -219,18 +219,6 @@ fn summarize_key(
     }
 }
 
-fn add_counts(into: &mut KeyStats, from: &KeyStats) {
-    for (a, b) in into.counts.iter_mut().zip(from.counts) {
-        *a += b;
-    }
-    for (a, b) in into.populated_by.iter_mut().zip(from.populated_by) {
-        *a += b;
-    }
-    for (a, b) in into.max_ns.iter_mut().zip(from.max_ns) {
-        *a = (*a).max(b);
-    }
-}
-
 /// A process: its pid and start time, which a reused pid does not share.
 fn process_of(key: &FaultKey) -> ProcessKey {
     ProcessKey {
@@ -254,8 +242,8 @@ pub fn summarize(
     let mut merged = report.hists.clone();
     for (key, s) in &report.stats {
         let p = processes.entry(process_of(key)).or_default();
-        add_counts(p, s);
-        if p.name.is_empty() || key.tid == key.tgid {
+        p.merge(s);
+        if key.tid == key.tgid {
             p.name.clone_from(&s.name);
         }
         if key.tid != 0 {
@@ -369,8 +357,8 @@ pub fn by_process(
             }
             Entry::Occupied(slot) => slot.into_mut(),
         };
-        add_counts(&mut p.stats, &s);
-        if p.stats.name.is_empty() || key.tid == key.tgid {
+        p.stats.merge(&s);
+        if key.tid == key.tgid {
             p.stats.name = s.name;
         }
     }

@@ -91,10 +91,10 @@ impl FaultReport {
     }
 }
 
-/// `key` as a reading made before the process's start was known has it: the fast path's
-/// and the perf counters' figures are keyed by pid and take the start the kernel recorded,
-/// which for a `-p` target can come after the first interval. Without it, the second
-/// interval took the process's whole count as new (988 + 2,048 for 2,048 faults).
+/// `key` as a reading made before the process's start was known has it: figures counted
+/// by pid alone keep start 0 until a hook meets the process ([`FaultReport::learn_starts`]:
+/// a `-p` target whose faults only perf counted). Without it, the window after the start
+/// was learned took the process's whole count as new (988 + 2,048 for 2,048 faults).
 fn not_yet_started(key: FaultKey) -> FaultKey {
     FaultKey { start_ns: 0, ..key }
 }

@@ -146,6 +146,7 @@ impl FaultMetrics {
         self.latency_sample_every
             .set(i64::from(hooks.latency_sample));
         let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        learned_starts(&mut last, &processes);
         // Processes the kernel no longer holds: a later entry for the pid starts from zero.
         last.retain(|key, _| processes.contains_key(key));
         for (key, p) in processes {
@@ -328,6 +329,32 @@ impl EncodeMetric for LatencyFamily {
     }
 }
 
+/// A process counted by pid before its start was known (start 0: a `-p` target only perf
+/// counted, [`crate::faults::read::FaultReport::learn_starts`]) keeps its running totals
+/// under its start once a hook met it, so its faults so far are not added twice.
+fn learned_starts(
+    last: &mut HashMap<ProcessKey, Seen>,
+    processes: &BTreeMap<ProcessKey, ProcessFaults>,
+) {
+    let unstarted: Vec<ProcessKey> = last
+        .keys()
+        .filter(|k| k.start_ns == 0 && !processes.contains_key(k))
+        .copied()
+        .collect();
+    for old in unstarted {
+        let started = ProcessKey { start_ns: 1, ..old }..=ProcessKey {
+            start_ns: u64::MAX,
+            ..old
+        };
+        if let Some((&key, _)) = processes.range(started).next()
+            && !last.contains_key(&key)
+            && let Some(seen) = last.remove(&old)
+        {
+            last.insert(key, seen);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use memlock_trace_common::faults::bucket_of;
@@ -426,6 +453,30 @@ mod tests {
             "memlock_trace_page_fault_latency_seconds_bucket{le=\"+Inf\",comm=\"db\",class=\"minor\",origin=\"user\"} 33\n",
         );
         has("memlock_trace_fault_health_total{kind=\"stats_evicted\"} 0\n");
+    }
+
+    /// Counted as pid 7 with start 0, then under the start a hook learned: 25 faults, not
+    /// 10 + 25.
+    #[test]
+    fn a_start_learned_between_refreshes_is_the_same_process() {
+        let m = Metrics::new(false, crate::metrics::DEFAULT_MAX_NAMES);
+        let health = FaultHealth::default();
+        let comm = |_: &ProcessKey| (Some("db".to_string()), String::new());
+        let unstarted = ProcessKey {
+            start_ns: 0,
+            ..key(7)
+        };
+        for (key, faults) in [(unstarted, 10), (key(7), 25)] {
+            let processes = BTreeMap::from([(key, process(faults, 0))]);
+            m.faults.update(processes, &hooks(), &health, comm);
+        }
+        let text = m.encode();
+        assert!(
+            text.contains(
+                "memlock_trace_page_faults_total{comm=\"db\",class=\"minor\",origin=\"user\"} 25\n"
+            ),
+            "{text}"
+        );
     }
 
     #[test]
