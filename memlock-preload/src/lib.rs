@@ -14,8 +14,9 @@
 //!   rounded up to pages (glibc makes large blocks with its internal `mmap`, which the `mmap`
 //!   hook never sees);
 //! - `MEMLOCK_PRELOAD_WATCH`: a size in bytes: every block `malloc`/`calloc` return of at
-//!   least that size is logged as `alloc ADDR LEN` (the first run of `--apply`, which learns
-//!   which mappings the allocator made);
+//!   least that size is logged as `alloc ADDR LEN`, every anonymous `mmap` call of at least
+//!   that size as `mmap ADDR LEN` (the first run of `--apply`, which learns which calls made
+//!   each mapping, the kernel having merged some);
 //! - `MEMLOCK_PRELOAD_MLOCKALL`: `mlockall` flags, a number (`MCL_CURRENT` 1, `MCL_FUTURE` 2,
 //!   `MCL_ONFAULT` 4);
 //! - `MEMLOCK_PRELOAD_LOG`: the file the actions are appended to.

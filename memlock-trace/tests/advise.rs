@@ -23,10 +23,13 @@ use std::{os::unix::fs::PermissionsExt as _, path::PathBuf, process::Command};
 
 use common::require_privileges;
 use serde_json::Value;
-use support::{BIN, PYTHON, advise_apply, require_preload, require_python, scratch_dir};
+use support::{
+    BIN, PYTHON, advise_apply, advise_json, require_preload, require_python, scratch_dir,
+};
 
 const LAZY_TABLE: &str = include_str!("third_party/lazy_table.py");
 const CHURN: &str = include_str!("third_party/churn.py");
+const MERGED_TABLE: &str = include_str!("third_party/merged_table.py");
 const TABLE_BYTES: u64 = 64 << 20;
 const PAGE: u64 = 4096;
 /// `nobody`, for the run under a memlock limit.
@@ -197,7 +200,7 @@ fn with_stacks_the_advice_names_the_code_that_faulted_in_the_mapping() {
     require_privileges();
     let (_dir, [script, report_path, size]) = lazy_table("sites");
     let command = [PYTHON, &script, &report_path, &size];
-    let report = support::advise_json(&["--stacks"], &command);
+    let report = advise_json(&["--stacks"], &command);
     let first = first_advice(&report);
     assert_eq!(first["kind"], "lock", "{first}");
     let mappings = report["process"]["mappings"].as_array().unwrap();
@@ -315,6 +318,56 @@ fn under_a_memlock_limit_the_table_is_populated_and_the_limit_named() {
         locked < 8 << 20,
         "{locked} bytes locked under an 8 MiB limit: {apply}"
     );
+}
+
+/// Issue 47 point 2: a 96 MiB table touched lazily, merged by the kernel with a hot 4 MiB
+/// malloc block into one mapping. Plain `advise` and `--apply` advise locking the same
+/// mapping, and `--apply` locks both calls that made it (the table's `mmap`, the block), not
+/// the block alone (which left every fault: 23,326 -> 23,368).
+#[test]
+fn a_table_merged_with_a_malloc_block_is_locked_by_both_calls() {
+    require_privileges();
+    let dir = Scratch::new("merged");
+    let script = dir.file("merged_table.py", MERGED_TABLE);
+    let report_path = dir.file("report.json", "");
+    let plain = advise_json(&[], &[PYTHON, &script, &report_path]);
+    let applied = advise_apply(&[PYTHON, &script, &report_path]);
+    let own = dir.report();
+    assert_eq!(own.len(), 3, "one report per run: {own:?}");
+    // Merged in the runs before any lock.
+    let merged = own[0]["merged_bytes"].as_u64().unwrap();
+    assert_eq!(merged, (100 << 20) + 4096, "{own:?}");
+    assert_eq!(own[1]["merged_bytes"], merged, "{own:?}");
+    for report in [&plain, &applied] {
+        let first = first_advice(report);
+        assert_eq!(first["kind"], "lock", "{first}");
+        assert_eq!(first["pinned_bytes"], merged, "the merged mapping: {first}");
+    }
+    let first = first_advice(&applied);
+    assert_eq!(
+        first["apply"]["preload"],
+        format!("lock:anon:{}", 96 << 20) + ";lock:alloc:4194304",
+        "{first}"
+    );
+    assert!(
+        first["how"]
+            .as_str()
+            .unwrap()
+            .contains("1 mmap call of 96 MiB, 1 malloc block of 4 MiB"),
+        "{first}"
+    );
+    let pages = own[0]["pages"].as_u64().unwrap();
+    let (before, after) = (
+        own[1]["timed_minflt"].as_u64().unwrap(),
+        own[2]["timed_minflt"].as_u64().unwrap(),
+    );
+    assert!(before >= pages, "before: {before} faults for {pages} pages");
+    assert!(
+        after * 100 <= pages,
+        "after: {after} faults in the timed phase, more than 1% of {pages}: {own:?}"
+    );
+    let apply = &applied["apply"];
+    assert_eq!(apply["helped"], true, "{apply}");
 }
 
 #[test]

@@ -222,7 +222,10 @@ fn memcached_slabs_malloc_made_are_populated_as_malloc_returns_them() {
         "{slabs}"
     );
     assert!(
-        slabs["how"].as_str().unwrap().contains("malloc made it"),
+        slabs["how"]
+            .as_str()
+            .unwrap()
+            .contains("malloc blocks of 1 MiB"),
         "{slabs}"
     );
     let apply = &report["apply"];

@@ -242,7 +242,9 @@ pub fn compare(
         return nothing_applied(before, advice);
     };
     let (b, a) = (&before.after_startup, &after.after_startup);
-    let helped = (a.user as f64) < HELPED_BELOW * b.user as f64;
+    // A run that ended otherwise (the advice broke the program) did not take the same path.
+    let helped =
+        (a.user as f64) < HELPED_BELOW * b.user as f64 && before.exit_code == after.exit_code;
     Comparison {
         environment: plan.env.vars.clone(),
         before: Side::of(before),
@@ -355,6 +357,14 @@ fn verdict(before: &Table, after: &Table, plan: &Plan, helped: bool) -> String {
             "; the command's wall time {:.2} s -> {:.2} s (both runs traced)",
             x as f64 / 1e9,
             y as f64 / 1e9
+        ));
+    }
+    if let (Some(x), Some(y)) = (before.exit_code, after.exit_code)
+        && x != y
+    {
+        verdict.push_str(&format!(
+            "; the command exited with status {y} this run, {x} before: a run that ended \
+             otherwise is no measure of the advice (the advice may have broken it)"
         ));
     }
     if !failed.is_empty() {

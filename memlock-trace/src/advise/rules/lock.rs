@@ -46,9 +46,9 @@ pub(super) fn lock_or_populate(
         );
         (Kind::Populate, "populate", how)
     };
-    let blocks = blocks_in(table, m);
-    let step = preload_rule(m, &blocks, action);
-    let how = with_apply_note(how, m, &blocks, kind, step.is_some());
+    let makers = makers_in(table, m);
+    let step = preload_rule(m, &makers, action);
+    let how = with_apply_note(how, m, &makers, kind, step.is_some());
     let mut a = Advice::new(Verdict::Do, kind, what, how).on(m).saving(
         pinned,
         m.fault_ns_after,
@@ -134,23 +134,27 @@ fn over_limit(table: &Table, m: &MappingFigures, what: String, need: u64) -> Adv
     Advice::new(Verdict::DoNot, Kind::OverLimit, what, how).on(m)
 }
 
-/// `how`, with what `--apply` does about the mapping: the blocks malloc made in it, or why
-/// it cannot act (`applied`: a preload rule carries it out).
+/// `how`, with what `--apply` does about the mapping: the calls that made it, or why it
+/// cannot act (`applied`: a preload rule carries it out).
 fn with_apply_note(
     how: String,
     m: &MappingFigures,
-    blocks: &[Blocks],
+    makers: &[Makers],
     kind: Kind,
     applied: bool,
 ) -> String {
-    if !blocks.is_empty() {
-        let made: Vec<String> = blocks
+    if !makers.is_empty() {
+        let made: Vec<String> = makers
             .iter()
-            .map(|b| format!("{} x {}", count(b.count), size(b.len)))
+            .map(|b| {
+                let plural = if b.count == 1 { "" } else { "s" };
+                let what = b.call.what();
+                format!("{} {what}{plural} of {}", count(b.count), size(b.len))
+            })
             .collect();
         format!(
-            "{how}. malloc made it ({} blocks; in the run that learned this, the first of \
-             --apply): --apply {}s each block of these sizes as malloc or calloc returns it",
+            "{how}. The program made it with {} (seen in the first run of --apply): --apply \
+             {}s each of these sizes as the call returns it",
             made.join(", "),
             kind
         )
@@ -164,40 +168,73 @@ fn with_apply_note(
     }
 }
 
-/// The preload library's rules (`ACTION:alloc:LEN` for each size of block malloc made in
-/// `m`, else `ACTION:KIND:LENGTH[:PATH]` for the mapping), or None when it cannot see `m`
-/// being made.
-pub(super) fn preload_rule(m: &MappingFigures, blocks: &[Blocks], action: &str) -> Option<String> {
-    if blocks.is_empty() {
+/// The preload library's rules (`ACTION:alloc:LEN` or `ACTION:anon:LEN` for each size of
+/// call that made `m`, else `ACTION:KIND:LENGTH[:PATH]` for the mapping), or None when it
+/// cannot see `m` being made.
+pub(super) fn preload_rule(m: &MappingFigures, makers: &[Makers], action: &str) -> Option<String> {
+    if makers.is_empty() {
         return preload_kind(m).map(|k| format!("{action}:{k}"));
     }
     Some(
-        blocks
+        makers
             .iter()
-            .map(|b| format!("{action}:alloc:{}", b.len))
+            .map(|b| format!("{action}:{}:{}", b.call.rule_kind(), b.len))
             .collect::<Vec<_>>()
             .join(";"),
     )
 }
 
-/// Blocks of one size (rounded up to pages) that `malloc`/`calloc` returned inside a mapping.
-pub(super) struct Blocks {
+/// A call of the program's that makes memory, as the preload library logs it.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) enum Call {
+    /// A block `malloc`/`calloc` returned (`alloc ADDR LEN`).
+    Alloc,
+    /// An anonymous `mmap` (`mmap ADDR LEN`).
+    Mmap,
+}
+
+impl Call {
+    fn what(self) -> &'static str {
+        match self {
+            Self::Alloc => "malloc block",
+            Self::Mmap => "mmap call",
+        }
+    }
+
+    fn rule_kind(self) -> &'static str {
+        match self {
+            Self::Alloc => "alloc",
+            Self::Mmap => "anon",
+        }
+    }
+}
+
+/// Calls of one kind and size (rounded up to pages) that made memory inside a mapping.
+pub(super) struct Makers {
+    call: Call,
     len: u64,
     count: u64,
 }
 
-/// Most sizes of blocks named for one mapping (the preload library takes 16 rules in all).
-const BLOCK_SIZES: usize = 4;
+/// Most sizes of calls named for one mapping (the preload library takes 16 rules in all).
+const MAKER_SIZES: usize = 4;
 
-/// The large blocks the allocator returned inside `m`, by size, most bytes first: the preload
-/// library's `alloc ADDR LEN` lines of the first run of `--apply`. glibc maps such blocks
-/// with its internal `mmap`, which the library's `mmap` hook never sees.
-pub(super) fn blocks_in(table: &Table, m: &MappingFigures) -> Vec<Blocks> {
-    let mut sizes: BTreeMap<u64, u64> = BTreeMap::new();
+/// The calls that made `m`, by kind and size, most bytes first: the preload library's
+/// `alloc ADDR LEN` and `mmap ADDR LEN` lines of the first run of `--apply`. All of them: the
+/// kernel merges a mapping with its neighbours of the same flags, so a 96 MiB table mapped
+/// beside a 4 MiB malloc block is one 100 MiB mapping, whose faults rules for the block
+/// alone would miss (glibc maps large blocks with its internal `mmap`, which the library's
+/// `mmap` hook never sees: no call is logged twice).
+pub(super) fn makers_in(table: &Table, m: &MappingFigures) -> Vec<Makers> {
+    let mut sizes: BTreeMap<(Call, u64), u64> = BTreeMap::new();
     for line in &table.preload_log {
         let mut words = line.split(' ');
-        let (Some("alloc"), Some(addr), Some(len)) = (words.next(), words.next(), words.next())
-        else {
+        let call = match words.next() {
+            Some("alloc") => Call::Alloc,
+            Some("mmap") => Call::Mmap,
+            _ => continue,
+        };
+        let (Some(addr), Some(len)) = (words.next(), words.next()) else {
             continue;
         };
         let addr = addr
@@ -207,17 +244,17 @@ pub(super) fn blocks_in(table: &Table, m: &MappingFigures) -> Vec<Blocks> {
             && (m.start..m.end).contains(&addr)
         {
             *sizes
-                .entry(len.div_ceil(PAGE_SIZE) * PAGE_SIZE)
+                .entry((call, len.div_ceil(PAGE_SIZE) * PAGE_SIZE))
                 .or_default() += 1;
         }
     }
-    let mut blocks: Vec<Blocks> = sizes
+    let mut makers: Vec<Makers> = sizes
         .into_iter()
-        .map(|(len, count)| Blocks { len, count })
+        .map(|((call, len), count)| Makers { call, len, count })
         .collect();
-    blocks.sort_by_key(|b| std::cmp::Reverse(b.len * b.count));
-    blocks.truncate(BLOCK_SIZES);
-    blocks
+    makers.sort_by_key(|b| std::cmp::Reverse(b.len * b.count));
+    makers.truncate(MAKER_SIZES);
+    makers
 }
 
 /// The preload library's `KIND:LENGTH[:PATH]` for a mapping it can see being made.

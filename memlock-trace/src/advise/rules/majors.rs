@@ -4,7 +4,7 @@
 use super::{
     Advice, ApplyStep, Kind, MAJOR_AT_STARTUP, MappingFigures, Table, Verdict, attributed, count,
     limit_text,
-    lock::{against_limit, blocks_in, lock_fits, preload_rule},
+    lock::{against_limit, lock_fits, makers_in, preload_rule},
     ms, range, room, size,
 };
 
@@ -78,7 +78,7 @@ pub(super) fn swap_ins(table: &Table, m: &MappingFigures, locking: &mut u64) -> 
     };
     *locking = need;
     let against = against_limit(table, need);
-    let rule = preload_rule(m, &blocks_in(table, m), "lock");
+    let rule = preload_rule(m, &makers_in(table, m), "lock");
     let how = format!(
         "lock it: locked pages are never swapped out, so these swap-ins go (000: never \
          swapped; populating would not keep it, reclaim takes populated pages too): mlock2(addr, \

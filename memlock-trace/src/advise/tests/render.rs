@@ -28,3 +28,25 @@ fn a_long_path_is_cut_the_same_way_in_both_tables() {
         );
     }
 }
+
+/// Fewer faults from a run the advice broke (merged_table.py failed once its table was
+/// locked apart from its malloc block, and the verdict said "helped"): not help.
+#[test]
+fn a_run_that_exits_otherwise_is_not_counted_as_help() {
+    let before = table(vec![mapping("anonymous", 1 << 20, 0, 256)], 8 << 20, true);
+    let mut after = table(vec![mapping("anonymous", 1 << 20, 0, 0)], 8 << 20, true);
+    after.exit_code = Some(1);
+    let plan = Plan {
+        env: Environment::default(),
+    };
+    let c = compare(&before, Some(&after), Some(&plan), &[]);
+    assert_eq!(c.helped, Some(false), "{}", c.verdict);
+    assert!(
+        c.verdict
+            .contains("the command exited with status 1 this run, 0 before"),
+        "{}",
+        c.verdict
+    );
+    let same = compare(&before, Some(&before), Some(&plan), &[]);
+    assert!(!same.verdict.contains("exited with"), "{}", same.verdict);
+}

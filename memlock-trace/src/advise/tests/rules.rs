@@ -181,7 +181,9 @@ fn a_mapping_malloc_made_is_applied_by_its_blocks_sizes_one_rule_each() {
         );
     }
     assert!(
-        done[0].how.contains("malloc made it (48 x 1 MiB blocks"),
+        done[0]
+            .how
+            .contains("made it with 48 malloc blocks of 1 MiB (seen"),
         "{}",
         done[0].how
     );
