@@ -9,7 +9,6 @@ use std::{
 
 use crate::{
     CONFIG, PAGE, carry_out,
-    line::LineBuf,
     rules::{Kind, round_up},
 };
 
@@ -93,15 +92,7 @@ fn allocated(addr: usize, len: usize) {
     let Some(config) = CONFIG.get() else {
         return;
     };
-    if config.watch.is_some_and(|w| len >= w) {
-        let mut line = LineBuf::new();
-        line.push(b"alloc ");
-        line.push_hex(addr as u64);
-        line.push(b" ");
-        line.push_num(len as u64);
-        line.push(b"\n");
-        line.write(config.log);
-    }
+    config.watched(b"alloc ", addr, len);
     let rounded = round_up(len);
     if let Some(rule) = config
         .rules

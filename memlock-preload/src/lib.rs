@@ -104,6 +104,22 @@ extern "C" fn init() {
     }
 }
 
+impl Config {
+    /// Logs `WHAT ADDR LEN` for a call at least the watched size made (the first run of
+    /// `--apply`, learning which calls made each mapping).
+    fn watched(&self, what: &[u8], addr: usize, len: usize) {
+        if self.watch.is_some_and(|from| len >= from) {
+            let mut line = LineBuf::new();
+            line.push(what);
+            line.push_hex(addr as u64);
+            line.push(b" ");
+            line.push_num(len as u64);
+            line.push(b"\n");
+            line.write(self.log);
+        }
+    }
+}
+
 /// Locks or populates `len` bytes at `addr` for a rule, and logs it.
 fn carry_out(config: &Config, action: Action, what: &[u8], addr: usize, len: usize, write: bool) {
     let ok = match action {

@@ -68,16 +68,10 @@ fn apply(addr: *mut c_void, len: usize, prot: c_int, flags: c_int, fd: c_int) {
         return;
     };
     let anonymous = flags & libc::MAP_ANONYMOUS != 0;
-    if anonymous && config.watch.is_some_and(|from| len >= from) {
+    if anonymous {
         // The kernel may merge it with a neighbour (a malloc block, another call's
-        // mapping): `advise` needs the calls that made a mapping to name them in rules.
-        let mut line = LineBuf::new();
-        line.push(b"mmap ");
-        line.push_hex(addr as u64);
-        line.push(b" ");
-        line.push_num(len as u64);
-        line.push(b"\n");
-        line.write(config.log);
+        // mapping): `advise` names the calls that made a mapping in its rules.
+        config.watched(b"mmap ", addr as usize, len);
     }
     let mut path = [0u8; MAX_PATH];
     let mut path_len = None;
