@@ -234,6 +234,12 @@ pub struct FaultStats {
     pub populated_by: [u64; SLOTS],
     /// Largest latency per [`class`], exact (the histogram has bucket resolution).
     pub max_ns: [u64; SLOTS],
+    /// The timed faults' time in each [`cause`](crate::causes::cause).
+    pub cause_ns: [u64; crate::causes::cause::COUNT],
+    /// The slowest timed fault with a cause (of any class): its latency, and its time in each
+    /// cause.
+    pub slowest_ns: u64,
+    pub slowest_cause_ns: [u64; crate::causes::cause::COUNT],
     pub comm: [u8; crate::TASK_COMM_LEN],
 }
 
@@ -448,6 +454,8 @@ pub struct FaultEvent {
     /// Index in [`populate`] of the call that populated, `u32::MAX` when none.
     pub syscall: u32,
     pub cpu: u32,
+    /// The fault's time in each [`cause`](crate::causes::cause).
+    pub cause_ns: [u64; crate::causes::cause::COUNT],
     pub comm: [u8; crate::TASK_COMM_LEN],
 }
 

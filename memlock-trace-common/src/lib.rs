@@ -10,6 +10,7 @@
 mod macros;
 
 pub mod arch;
+pub mod causes;
 pub mod diag;
 pub mod faults;
 pub mod mapping;

@@ -12,6 +12,7 @@ use aya_ebpf::{
 };
 use memlock_trace_common::{
     EventKind, TASK_COMM_LEN,
+    causes::cause,
     faults::{FAULT_EVENTS_BYTE_SIZE, FaultEvent, fault_counter, fault_flags},
     vma::{VM_LOCKED, VM_LOCKONFAULT},
 };
@@ -57,6 +58,7 @@ pub(super) fn emit(
     vm_flags: u64,
     count: u64,
     syscall: u32,
+    cause_ns: [u64; cause::COUNT],
 ) {
     let every = u64::from(config!(sample_every));
     if every > 1 && !bump(fault_counter::SAMPLE_SEQ).is_multiple_of(every) {
@@ -91,6 +93,7 @@ pub(super) fn emit(
         count,
         syscall,
         cpu: this_cpu(),
+        cause_ns,
         comm: bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]),
     });
     slot.submit(0);

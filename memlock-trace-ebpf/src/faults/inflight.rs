@@ -107,7 +107,7 @@ static FAULT_SLOTS: PerCpuArray<StartRing> = PerCpuArray::with_max_entries(1, 0)
 /// `ACROSS_CPUS`: search the other CPUs' rings too (`bpf_map_lookup_percpu_elem`, 5.19; a
 /// program calling a helper the kernel lacks does not load).
 #[inline(always)]
-fn slot_latency<const ACROSS_CPUS: bool>(tid: u32, address: u64) -> Option<u64> {
+fn slot_latency<const ACROSS_CPUS: bool>(tid: u32, address: u64) -> Option<Latency> {
     let ring = FAULT_SLOTS.get_ptr_mut(0)?;
     // SAFETY: as in `record_start`: this CPU's ring, used by nothing else meanwhile.
     if let Some(ns) = take_start(unsafe { &mut *ring }, tid, address) {
@@ -151,11 +151,15 @@ fn slot_latency<const ACROSS_CPUS: bool>(tid: u32, address: u64) -> Option<u64> 
 const MAX_CPUS: u32 = 256;
 
 #[inline(always)]
-fn take_start(ring: &mut StartRing, tid: u32, address: u64) -> Option<u64> {
+fn take_start(ring: &mut StartRing, tid: u32, address: u64) -> Option<Latency> {
     for slot in &mut ring.slots {
         if slot.tid == tid && slot.address == address {
             slot.tid = 0;
-            return Some(now_ns().wrapping_sub(slot.start_ns));
+            let end_ns = now_ns();
+            return Some(Latency::Timed {
+                ns: end_ns.wrapping_sub(slot.start_ns),
+                end_ns,
+            });
         }
     }
     None
@@ -220,7 +224,7 @@ pub(super) fn perf_completion<const ACROSS_CPUS: bool>(ctx: &PerfEventContext, m
         tid,
         cls,
         counted_by,
-        latency: latency.map_or(Latency::Unmatched, Latency::Timed),
+        latency: latency.unwrap_or(Latency::Unmatched),
         address,
         region,
         vm_flags,
@@ -291,7 +295,11 @@ pub(super) fn hook_end<C: EbpfContext>(ctx: &C, ret: u32) {
     let latency = if config!(latency) == 0 || e.start_ns == UNTIMED {
         Latency::Untimed
     } else {
-        Latency::Timed(now_ns().wrapping_sub(e.start_ns))
+        let end_ns = now_ns();
+        Latency::Timed {
+            ns: end_ns.wrapping_sub(e.start_ns),
+            end_ns,
+        }
     };
     let retried = e.retried != 0;
     e.retried = 0;

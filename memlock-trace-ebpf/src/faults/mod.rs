@@ -32,6 +32,7 @@ use aya_ebpf::{
 };
 use memlock_trace_common::{
     TASK_COMM_LEN,
+    causes::cause,
     faults::{
         FaultConfig, FaultKey, FaultStats, HIST_BUCKETS, Hist, HistKey, MAX_FAULT_HISTS,
         MAX_FAULT_KEYS, SLOTS, bucket_of, class, fault_counter, fault_flags, stat,
@@ -57,6 +58,7 @@ macro_rules! config {
     };
 }
 
+mod causes;
 mod events;
 mod hooks;
 mod inflight;
@@ -164,8 +166,8 @@ const NO_SYSCALL: u32 = u32::MAX;
 /// A fault's latency, as its completion knows it.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Latency {
-    /// From its start to its completion, ns.
-    Timed(u64),
+    /// From its start to its completion (`ns`), which was at `end_ns`.
+    Timed { ns: u64, end_ns: u64 },
     /// Not timed: `--latency-sample` skipped it, or no latency was asked.
     Untimed,
     /// Its start was not seen: counted in `LATENCY_UNMATCHED` when latency is asked.
@@ -356,8 +358,20 @@ fn account(ctx: *mut core::ffi::c_void, f: Fault) -> bool {
             add_shared(&raw mut s.counts[stat::IN_LOCKONFAULT], 1);
         }
     }
+    let mut caused = [0u64; cause::COUNT];
     match latency {
-        Latency::Timed(ns) => {
+        Latency::Timed { ns, end_ns } => {
+            if let Some(c) = causes::split(tid, end_ns.wrapping_sub(ns), end_ns) {
+                for (sum, part) in s.cause_ns.iter_mut().zip(c) {
+                    add_shared(sum, part);
+                }
+                // Not atomic, as `max_ns`.
+                if ns > s.slowest_ns {
+                    s.slowest_ns = ns;
+                    s.slowest_cause_ns = c;
+                }
+                caused = c;
+            }
             record_latency(s, start_ns, tgid, tid, cls, ns);
             if retried {
                 record_latency(s, start_ns, tgid, tid, class::RETRIED, ns);
@@ -383,11 +397,11 @@ fn account(ctx: *mut core::ffi::c_void, f: Fault) -> bool {
             flags |= fault_flags::RETRIED;
         }
         let latency = match latency {
-            Latency::Timed(ns) => ns,
+            Latency::Timed { ns, .. } => ns,
             Latency::Untimed | Latency::Unmatched => NO_LATENCY,
         };
         emit(
-            ctx, tgid, tid, flags, address, latency, vm_flags, 1, syscall,
+            ctx, tgid, tid, flags, address, latency, vm_flags, 1, syscall, caused,
         );
     }
     true

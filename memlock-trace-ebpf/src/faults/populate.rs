@@ -12,6 +12,7 @@ use aya_ebpf::{
 };
 use memlock_trace_common::{
     PAGE_MASK,
+    causes::cause,
     faults::{
         MAX_POPULATE_CALLS, PopulateCall, SLOTS, VM_HELD_SP, fault_flags, populate, region_kind,
         stat,
@@ -89,6 +90,7 @@ pub fn fault_signal(ctx: BtfTracePointContext) -> i32 {
             0,
             1,
             NO_SYSCALL,
+            [0; cause::COUNT],
         );
     }
     0
@@ -250,6 +252,7 @@ pub fn on_exit_counted<const HOW: u8>(ctx: &SyscallContext) {
             0,
             minor + major,
             index,
+            [0; cause::COUNT],
         );
     }
 }

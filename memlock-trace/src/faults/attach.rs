@@ -2,7 +2,10 @@
 //! kprobe/kretprobe, then tracepoints with software perf events) and attaches it, with the
 //! populating calls' tracepoints and the signal tracepoint every set shares.
 
+mod causes;
 mod syscall_hooks;
+
+pub use causes::CauseHooks;
 
 use std::os::fd::{AsFd as _, OwnedFd};
 
@@ -100,6 +103,12 @@ pub fn attach(cx: &mut AttachContext<'_>, options: &FaultOptions) -> Result<Faul
                     retry,
                 )?);
                 hooks.push(attach_signal(ebpf, aya_btf)?);
+                // Only timed faults are split into causes.
+                let causes = options.latency.then(|| {
+                    let (line, causes) = causes::attach_causes(ebpf);
+                    hooks.push(line);
+                    causes
+                });
                 let mut unobserved = Vec::new();
                 if set == HookSet::Tracepoint {
                     // page_fault_user + perf events see neither the VM_FAULT_RETRY results
@@ -120,6 +129,7 @@ pub fn attach(cx: &mut AttachContext<'_>, options: &FaultOptions) -> Result<Faul
                     refused,
                     latency: options.latency,
                     unobserved,
+                    causes,
                 });
             }
             Err(error) => {

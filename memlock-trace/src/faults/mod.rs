@@ -10,6 +10,7 @@
 
 pub mod attach;
 mod bench_variant;
+pub mod causes;
 pub mod counting;
 pub mod mappings;
 pub mod plan;
@@ -167,6 +168,9 @@ pub struct FaultHooks {
     /// faults run no program at all.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub start_program: Option<&'static str>,
+    /// The causes of fault time measured (None: faults are not timed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub causes: Option<attach::CauseHooks>,
 }
 
 /// What a fault hook set may not see, named as the summary's fields: `page_fault_user` and

@@ -11,6 +11,7 @@ use aya::{
     Ebpf,
     maps::{HashMap, IterableMap as _, MapData, PerCpuArray},
 };
+use memlock_trace_common::causes::cause;
 use memlock_trace_common::faults::{
     FaultEntry, FaultKey, FaultStats, HIST_BUCKETS, Hist, HistKey, RegionKey, RegionSlot,
     RegionValue, SLOTS, class, fault_counter, names, stat,
@@ -115,6 +116,11 @@ pub struct KeyStats {
     pub counts: [u64; stat::COUNT],
     pub populated_by: [u64; SLOTS],
     pub max_ns: [u64; SLOTS],
+    /// The timed faults' time in each cause, and the slowest one's parts (see
+    /// `FaultStats`).
+    pub cause_ns: [u64; cause::COUNT],
+    pub slowest_ns: u64,
+    pub slowest_cause_ns: [u64; cause::COUNT],
     /// The comm of the first fault, exact (Prometheus labels take it lossy, when needed).
     pub name: Outside,
 }
@@ -229,6 +235,7 @@ impl KeyStats {
         for (max, x) in self.max_ns.iter_mut().zip(v.max_ns) {
             *max = (*max).max(x);
         }
+        self.add_causes(&v.cause_ns, v.slowest_ns, &v.slowest_cause_ns);
         if self.name.is_empty() {
             self.name = crate::event::comm_of(&v.comm);
         }
@@ -245,8 +252,24 @@ impl KeyStats {
         for (a, b) in self.max_ns.iter_mut().zip(from.max_ns) {
             *a = (*a).max(b);
         }
+        self.add_causes(&from.cause_ns, from.slowest_ns, &from.slowest_cause_ns);
         if self.name.is_empty() {
             self.name = from.name.clone();
+        }
+    }
+
+    fn add_causes(
+        &mut self,
+        cause_ns: &[u64; cause::COUNT],
+        slowest: u64,
+        parts: &[u64; cause::COUNT],
+    ) {
+        for (sum, x) in self.cause_ns.iter_mut().zip(cause_ns) {
+            *sum += x;
+        }
+        if slowest > self.slowest_ns {
+            self.slowest_ns = slowest;
+            self.slowest_cause_ns = *parts;
         }
     }
 }

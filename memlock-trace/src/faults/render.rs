@@ -92,6 +92,9 @@ pub fn fault_line(rec: &FaultRecord, place: &FaultPlace, unit: Unit) -> String {
     }
     if let Some(ns) = rec.latency_ns() {
         let _ = write!(line, "  {}", unit.fit([ns]).format(ns));
+        if let Some(caused) = rec.causes() {
+            let _ = write!(line, " ({})", caused.parts());
+        }
     }
     if rec.has(fault_flags::RETRIED) {
         line.push_str("  retried");
@@ -125,6 +128,7 @@ pub fn fault_json(rec: &FaultRecord, place: &FaultPlace) -> serde_json::Value {
         "pages": r.count,
         "retried": rec.has(fault_flags::RETRIED),
         "latency_ns": rec.latency_ns(),
+        "causes_ns": rec.causes().map(|c| c.causes_ns),
         "vm_locked": rec.locked().map(|(l, _)| l),
         "vm_lockonfault": rec.locked().map(|(_, f)| f),
         "cpu": r.cpu,
@@ -202,6 +206,9 @@ pub fn faults_text(out: &mut String, f: &FaultSummary, indent: &str, style: Text
     }
     if !f.latency_ns.is_empty() {
         latency_text(out, f, indent, style);
+    }
+    if let Some(t) = &f.time_by_cause {
+        super::causes::cause_text(out, t, indent);
     }
     if !f.by_mapping.is_empty() || f.by_mapping_left_out.mappings > 0 {
         mappings_text(out, f, indent);

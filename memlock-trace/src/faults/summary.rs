@@ -118,6 +118,9 @@ pub struct FaultSummary {
     /// `--latency-sample N`: one fault in N was timed (absent: every one).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub latency_sample: Option<LatencySample>,
+    /// The timed faults' time by cause (absent when faults are not timed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub time_by_cause: Option<super::causes::TimeByCause>,
     pub by_mapping: Vec<MappingFaults>,
     /// The mappings `--top-mappings` left out of `by_mapping`, and their faults.
     pub by_mapping_left_out: LeftOut,
@@ -212,6 +215,7 @@ fn summarize_key(
         latency_values,
         latency_unmatched: c[stat::LATENCY_UNMATCHED],
         latency_sample,
+        time_by_cause: super::causes::time_by_cause(s, hooks),
         by_mapping: Vec::new(),
         by_mapping_left_out: LeftOut::default(),
         stacks: None,

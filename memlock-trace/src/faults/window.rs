@@ -39,6 +39,13 @@ impl FaultReport {
             for (n, o) in stats.populated_by.iter_mut().zip(old.populated_by) {
                 *n = growth(*n, o);
             }
+            for (n, o) in stats.cause_ns.iter_mut().zip(old.cause_ns) {
+                *n = growth(*n, o);
+            }
+            if stats.slowest_ns == old.slowest_ns {
+                // Not this window's: its slowest fault with a cause is not known.
+                stats.slowest_ns = 0;
+            }
             for class in 0..SLOTS {
                 if stats.max_ns[class] != old.max_ns[class] {
                     continue; // raised in this window: exact

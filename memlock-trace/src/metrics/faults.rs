@@ -7,10 +7,11 @@
 
 use std::{
     collections::{BTreeMap, HashMap},
-    sync::{Arc, Mutex},
+    sync::{Arc, Mutex, atomic::AtomicU64},
 };
 
 use memlock_trace_common::{
+    causes::cause,
     faults::{HIST_BUCKETS, bucket_range, class, populate, stat},
     process::ProcessKey,
 };
@@ -56,6 +57,8 @@ pub struct FaultMetrics {
     retried: Family<Labels, Counter>,
     failed: Family<Labels, Counter>,
     latency: LatencyFamily,
+    /// Seconds of timed faults spent in each cause.
+    causes: Family<Labels, Counter<f64, AtomicU64>>,
     /// One fault in this many is timed (`--latency-sample`; 1: every one).
     latency_sample_every: Gauge,
     health: Family<Vec<(&'static str, &'static str)>, Counter>,
@@ -74,6 +77,7 @@ struct Seen {
     /// (kernel class, buckets): a vector, not a map, for the one or two classes a process
     /// has (a B-tree's leaf has room for 11, ~300 bytes for each of 12,288 processes).
     hists: Vec<(u32, Buckets)>,
+    cause_ns: [u64; cause::COUNT],
 }
 
 impl FaultMetrics {
@@ -85,6 +89,7 @@ impl FaultMetrics {
             retried: Family::default(),
             failed: Family::default(),
             latency: LatencyFamily::default(),
+            causes: Family::default(),
             latency_sample_every: Gauge::default(),
             health: Family::default(),
             last: Mutex::default(),
@@ -117,6 +122,14 @@ impl FaultMetrics {
             "Time to resolve a page fault (handle_mm_fault), by class and origin",
             Unit::Seconds,
             m.latency.clone(),
+        );
+        registry.register_with_unit(
+            "page_fault_cause",
+            "Time timed page faults spent in a cause: direct_reclaim, memcg_reclaim, \
+             compaction, throttled (reclaim throttling); a cause the kernel's hooks cannot \
+             time has no series (memlock-trace -v names it)",
+            Unit::Seconds,
+            m.causes.clone(),
         );
         registry.register(
             "page_fault_latency_sample_every",
@@ -182,6 +195,7 @@ impl FaultMetrics {
                 counts: p.stats.counts,
                 populated_by: Buckets::from_dense(&p.stats.populated_by),
                 hists: p.hists.into_iter().collect(),
+                cause_ns: p.stats.cause_ns,
             };
         }
         for (name, total) in [
@@ -229,6 +243,18 @@ impl FaultMetrics {
                 self.populated_by
                     .get_or_create(&with(&[("syscall", name)]))
                     .inc_by(n);
+            }
+        }
+        for ((key, now), old) in cause::KEYS
+            .iter()
+            .zip(p.stats.cause_ns)
+            .zip(before.cause_ns)
+        {
+            let ns = growth(now, old);
+            if ns > 0 {
+                self.causes
+                    .get_or_create(&with(&[("cause", key)]))
+                    .inc_by(ns as f64 / 1e9);
             }
         }
         for (observed, index, family) in [
@@ -377,6 +403,7 @@ mod tests {
             latency_sample: 1,
             completion_programs: None,
             start_program: None,
+            causes: None,
         }
     }
 

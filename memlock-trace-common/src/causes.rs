@@ -1,0 +1,58 @@
+//! Why a fault took its time: the kernel's work inside it that its tracepoints time (reclaim,
+//! compaction, reclaim throttling), as the fault hooks split each timed fault's latency.
+
+/// The causes a fault's time is split into (the rest is "other").
+pub mod cause {
+    /// Global direct reclaim (`vmscan:mm_vmscan_direct_reclaim_begin/end`).
+    pub const DIRECT_RECLAIM: usize = 0;
+    /// A memory cgroup's reclaim at its limit (`vmscan:mm_vmscan_memcg_reclaim_begin/end`).
+    pub const MEMCG_RECLAIM: usize = 1;
+    /// Compaction (`compaction:mm_compaction_begin/end`), for a huge page or a high-order
+    /// allocation.
+    pub const COMPACTION: usize = 2;
+    /// Reclaim waiting for others' progress (`vmscan:mm_vmscan_throttled`, 5.16): inside a
+    /// reclaim, whose time it is taken from.
+    pub const THROTTLED: usize = 3;
+    pub const COUNT: usize = 4;
+    /// Each cause's key in JSON and Prometheus.
+    pub const KEYS: [&str; COUNT] = ["direct_reclaim", "memcg_reclaim", "compaction", "throttled"];
+    /// Each cause in words.
+    pub const NAMES: [&str; COUNT] = [
+        "direct reclaim",
+        "memcg reclaim",
+        "compaction",
+        "reclaim throttling",
+    ];
+}
+
+/// Phases a thread keeps: the most one fault meets (reclaim passes, compaction per zone).
+pub const PHASES: usize = 8;
+
+/// One timed piece of a cause in a thread.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Phase {
+    pub begin_ns: u64,
+    pub end_ns: u64,
+    /// A [`cause`].
+    pub cause: u64,
+}
+
+/// A thread's open and last phases (`FAULT_PHASES`, keyed by tid): created only when a
+/// traced thread begins one.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ThreadPhases {
+    /// The begin time of each cause's phase in progress, 0 when none.
+    pub open: [u64; cause::COUNT],
+    /// A ring of the last phases ended.
+    pub ended: [Phase; PHASES],
+    pub next: u64,
+}
+
+pub mod names {
+    pub const FAULT_PHASES: &str = "FAULT_PHASES";
+    /// When any traced thread's phase last ended: a completion looks for phases only when it
+    /// is after the fault's start.
+    pub const PHASE_LAST_END: &str = "PHASE_LAST_END";
+}

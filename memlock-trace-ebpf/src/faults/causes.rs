@@ -1,0 +1,167 @@
+//! Why a fault took its time. The vmscan and compaction tracepoints time each phase of
+//! reclaim, compaction and throttling a traced thread goes through; a timed fault's
+//! completion takes the phases that began and ended within it ([`split`]). They fire only
+//! under memory pressure, and a thread not traced leaves at once; a completion looks for
+//! phases only when one ended after its fault began, an array read otherwise.
+
+use aya_ebpf::{
+    bindings::BPF_NOEXIST,
+    macros::{map, tracepoint},
+    maps::{Array, LruHashMap},
+    programs::TracePointContext,
+};
+use memlock_trace_common::{
+    causes::{PHASES, Phase, ThreadPhases, cause},
+    faults::MAX_FAULT_THREADS,
+};
+
+use super::traced;
+use crate::shared::{current_ids, now_ns, tp_field};
+
+#[map]
+static FAULT_PHASES: LruHashMap<u32, ThreadPhases> =
+    LruHashMap::with_max_entries(MAX_FAULT_THREADS, 0);
+
+#[map]
+static PHASE_LAST_END: Array<u64> = Array::with_max_entries(1, 0);
+
+/// A traced thread begins a phase of `cause`.
+#[inline(always)]
+fn begin(cause: usize) {
+    let (tgid, tid) = current_ids();
+    if !traced(tgid) {
+        return;
+    }
+    if FAULT_PHASES.get_ptr(tid).is_none() {
+        let _ = FAULT_PHASES.insert(tid, ThreadPhases::default(), u64::from(BPF_NOEXIST));
+    }
+    if let Some(t) = FAULT_PHASES.get_ptr_mut(tid) {
+        // SAFETY: this thread's own entry (keyed by tid), which only its programs touch,
+        // one at a time.
+        unsafe { (*t).open[cause & (cause::COUNT - 1)] = now_ns() };
+    }
+}
+
+/// The thread's phase of `cause` ends (a thread that began none has no entry).
+#[inline(always)]
+fn end(cause: usize) {
+    let (_, tid) = current_ids();
+    let Some(t) = FAULT_PHASES.get_ptr_mut(tid) else {
+        return;
+    };
+    // SAFETY: as in `begin`.
+    let t = unsafe { &mut *t };
+    let begin_ns = t.open[cause & (cause::COUNT - 1)];
+    if begin_ns == 0 {
+        return;
+    }
+    t.open[cause & (cause::COUNT - 1)] = 0;
+    push(t, begin_ns, now_ns(), cause);
+}
+
+#[inline(always)]
+fn push(t: &mut ThreadPhases, begin_ns: u64, end_ns: u64, cause: usize) {
+    t.ended[t.next as usize & (PHASES - 1)] = Phase {
+        begin_ns,
+        end_ns,
+        cause: cause as u64,
+    };
+    t.next = t.next.wrapping_add(1);
+    if let Some(last) = PHASE_LAST_END.get_ptr_mut(0) {
+        // SAFETY: the array's one value; a plain store (a racing one is as recent).
+        unsafe { *last = end_ns };
+    }
+}
+
+/// The time in each cause of the fault of thread `tid` that began at `start_ns` and ended at
+/// `end_ns`; None when no phase ended within it. Throttling happens inside a reclaim: its
+/// time is taken from the reclaim's.
+#[inline(always)]
+pub(super) fn split(tid: u32, start_ns: u64, end_ns: u64) -> Option<[u64; cause::COUNT]> {
+    let last = PHASE_LAST_END.get(0).copied().unwrap_or(0);
+    if last < start_ns {
+        return None;
+    }
+    let t = FAULT_PHASES.get_ptr(tid)?;
+    let mut out = [0u64; cause::COUNT];
+    let mut any = false;
+    for i in 0..PHASES {
+        // SAFETY: as in `begin`; read only.
+        let p = unsafe { (*t).ended[i] };
+        if p.begin_ns >= start_ns && p.end_ns <= end_ns && p.end_ns >= p.begin_ns {
+            out[p.cause as usize & (cause::COUNT - 1)] += p.end_ns - p.begin_ns;
+            any = true;
+        }
+    }
+    if !any {
+        return None;
+    }
+    let mut throttled = out[cause::THROTTLED];
+    for reclaim in [cause::DIRECT_RECLAIM, cause::MEMCG_RECLAIM] {
+        let taken = throttled.min(out[reclaim]);
+        out[reclaim] -= taken;
+        throttled -= taken;
+    }
+    Some(out)
+}
+
+#[tracepoint]
+pub fn cause_direct_reclaim_begin(_ctx: TracePointContext) -> u32 {
+    begin(cause::DIRECT_RECLAIM);
+    0
+}
+
+#[tracepoint]
+pub fn cause_direct_reclaim_end(_ctx: TracePointContext) -> u32 {
+    end(cause::DIRECT_RECLAIM);
+    0
+}
+
+#[tracepoint]
+pub fn cause_memcg_reclaim_begin(_ctx: TracePointContext) -> u32 {
+    begin(cause::MEMCG_RECLAIM);
+    0
+}
+
+#[tracepoint]
+pub fn cause_memcg_reclaim_end(_ctx: TracePointContext) -> u32 {
+    end(cause::MEMCG_RECLAIM);
+    0
+}
+
+#[tracepoint]
+pub fn cause_compaction_begin(_ctx: TracePointContext) -> u32 {
+    begin(cause::COMPACTION);
+    0
+}
+
+#[tracepoint]
+pub fn cause_compaction_end(_ctx: TracePointContext) -> u32 {
+    end(cause::COMPACTION);
+    0
+}
+
+/// `vmscan:mm_vmscan_throttled` (5.16), after the sleep, after the 8 bytes of common fields:
+///
+/// ```text
+/// field:int nid;          offset:8;  size:4
+/// field:int usec_timeout; offset:12; size:4
+/// field:int usec_delayed; offset:16; size:4
+/// ```
+#[tracepoint]
+pub fn cause_throttled(ctx: TracePointContext) -> u32 {
+    let (_, tid) = current_ids();
+    let Some(t) = FAULT_PHASES.get_ptr_mut(tid) else {
+        return 0;
+    };
+    let delayed_ns = u64::from(tp_field::<u32>(&ctx, 16).unwrap_or(0)) * 1000;
+    let now = now_ns();
+    // SAFETY: as in `begin`.
+    push(
+        unsafe { &mut *t },
+        now.saturating_sub(delayed_ns),
+        now,
+        cause::THROTTLED,
+    );
+    0
+}
