@@ -107,3 +107,41 @@ pub fn cause_text(out: &mut String, t: &TimeByCause, indent: &str) {
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a reader meets: the causes met, those not met, those the kernel cannot time, and
+    /// the slowest fault's parts adding up to its latency.
+    #[test]
+    fn the_causes_read_as_measured() {
+        let t = TimeByCause {
+            causes_ns: BTreeMap::from([
+                ("direct_reclaim", Some(0)),
+                ("memcg_reclaim", Some(2_100_000)),
+                ("compaction", Some(0)),
+                ("throttled", None),
+            ]),
+            slowest: Some(CausedFault::of(2_410_000, &[0, 2_100_000, 0, 0])),
+        };
+        let mut out = String::new();
+        cause_text(&mut out, &t, "");
+        assert_eq!(
+            out,
+            "  fault time by cause: memcg reclaim 2100.0us; none in direct reclaim, \
+             compaction; not measured: reclaim throttling\n  slowest fault that met one: \
+             2410.0us: memcg reclaim 2100.0us, other 310.0us\n"
+        );
+        let slowest = t.slowest.unwrap();
+        assert_eq!(slowest.other_ns + 2_100_000, slowest.latency_ns);
+        // No fault met a cause: no lines.
+        let mut quiet = String::new();
+        let none = TimeByCause {
+            causes_ns: BTreeMap::from([("memcg_reclaim", Some(0)), ("throttled", None)]),
+            slowest: None,
+        };
+        cause_text(&mut quiet, &none, "");
+        assert_eq!(quiet, "");
+    }
+}
