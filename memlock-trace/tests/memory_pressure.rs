@@ -177,29 +177,25 @@ fn assert_time_by_cause(faults: &Value) {
         .iter()
         .filter_map(|class| faults["latency_ns"][class]["total"].as_u64())
         .sum();
-    let in_causes: u64 = t["causes_ns"]
-        .as_object()
-        .unwrap()
-        .values()
-        .filter_map(Value::as_u64)
-        .sum();
+    let in_causes = sum_of(&t["causes_ns"]);
     assert!(
         in_causes <= timed_ns + timed_ns / 8,
         "{in_causes} ns in causes, {timed_ns} ns in timed faults: {faults}"
     );
     let slowest = &t["slowest"];
-    let parts: u64 = slowest["causes_ns"]
-        .as_object()
-        .unwrap()
-        .values()
-        .filter_map(Value::as_u64)
-        .sum();
+    let parts = sum_of(&slowest["causes_ns"]);
     assert!(parts > 0, "{slowest}");
     assert_eq!(
         parts + slowest["other_ns"].as_u64().unwrap(),
         slowest["latency_ns"].as_u64().unwrap(),
         "{slowest}"
     );
+}
+
+/// The numbers of a JSON object's values added up (null ones left out).
+fn sum_of(object: &Value) -> u64 {
+    let values = object.as_object().unwrap_or_else(|| panic!("{object}"));
+    values.values().filter_map(Value::as_u64).sum()
 }
 
 /// Waits until the experiment has made its cgroup (and so its swap).

@@ -105,40 +105,24 @@ pub(super) fn split(tid: u32, start_ns: u64, end_ns: u64) -> Option<[u64; cause:
     Some(out)
 }
 
-#[tracepoint]
-pub fn cause_direct_reclaim_begin(_ctx: TracePointContext) -> u32 {
-    begin(cause::DIRECT_RECLAIM);
-    0
+/// A program that begins or ends a cause's phase at its tracepoint (named by the loader).
+macro_rules! phase_edge {
+    ($($name:ident => $edge:ident($cause:ident);)*) => {$(
+        #[tracepoint]
+        pub fn $name(_ctx: TracePointContext) -> u32 {
+            $edge(cause::$cause);
+            0
+        }
+    )*};
 }
 
-#[tracepoint]
-pub fn cause_direct_reclaim_end(_ctx: TracePointContext) -> u32 {
-    end(cause::DIRECT_RECLAIM);
-    0
-}
-
-#[tracepoint]
-pub fn cause_memcg_reclaim_begin(_ctx: TracePointContext) -> u32 {
-    begin(cause::MEMCG_RECLAIM);
-    0
-}
-
-#[tracepoint]
-pub fn cause_memcg_reclaim_end(_ctx: TracePointContext) -> u32 {
-    end(cause::MEMCG_RECLAIM);
-    0
-}
-
-#[tracepoint]
-pub fn cause_compaction_begin(_ctx: TracePointContext) -> u32 {
-    begin(cause::COMPACTION);
-    0
-}
-
-#[tracepoint]
-pub fn cause_compaction_end(_ctx: TracePointContext) -> u32 {
-    end(cause::COMPACTION);
-    0
+phase_edge! {
+    cause_direct_reclaim_begin => begin(DIRECT_RECLAIM);
+    cause_direct_reclaim_end => end(DIRECT_RECLAIM);
+    cause_memcg_reclaim_begin => begin(MEMCG_RECLAIM);
+    cause_memcg_reclaim_end => end(MEMCG_RECLAIM);
+    cause_compaction_begin => begin(COMPACTION);
+    cause_compaction_end => end(COMPACTION);
 }
 
 /// `vmscan:mm_vmscan_throttled` (5.16), after the sleep, after the 8 bytes of common fields:

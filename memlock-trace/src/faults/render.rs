@@ -167,6 +167,9 @@ pub fn fault_hooks_detail(hooks: &FaultHooks) -> String {
                 .join(", ")
         );
     }
+    for reason in hooks.causes.iter().flat_map(|c| &c.not_measured) {
+        let _ = writeln!(out, "  fault time by cause, not measured: {reason}");
+    }
     out
 }
 
