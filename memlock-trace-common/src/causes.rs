@@ -25,8 +25,13 @@ pub mod cause {
     ];
 }
 
-/// Phases a thread keeps: the most one fault meets (reclaim passes, compaction per zone).
-pub const PHASES: usize = 8;
+/// Phases a thread keeps: the most one fault meets (a memory cgroup's charge retries its
+/// reclaim up to 16 times, `MAX_RECLAIM_RETRIES`); a fault that met more has its oldest
+/// left out.
+pub const PHASES: usize = 16;
+/// Threads with phases at once (`FAULT_PHASES`, LRU): the threads in reclaim or compaction
+/// at a time, not every traced one; 1,024 entries of 424 bytes.
+pub const MAX_PHASE_THREADS: u32 = 1024;
 
 /// One timed piece of a cause in a thread.
 #[repr(C)]

@@ -7,20 +7,21 @@
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
     macros::{map, tracepoint},
-    maps::{Array, LruHashMap},
+    maps::{Array, LruHashMap, PerCpuArray},
     programs::TracePointContext,
 };
-use memlock_trace_common::{
-    causes::{PHASES, Phase, ThreadPhases, cause},
-    faults::MAX_FAULT_THREADS,
-};
+use memlock_trace_common::causes::{MAX_PHASE_THREADS, PHASES, Phase, ThreadPhases, cause};
 
 use super::traced;
 use crate::shared::{current_ids, now_ns, tp_field};
 
 #[map]
 static FAULT_PHASES: LruHashMap<u32, ThreadPhases> =
-    LruHashMap::with_max_entries(MAX_FAULT_THREADS, 0);
+    LruHashMap::with_max_entries(MAX_PHASE_THREADS, 0);
+
+/// A new thread's entry, never written: 424 bytes, too many for the BPF stack.
+#[map]
+static PHASES_ZERO: PerCpuArray<ThreadPhases> = PerCpuArray::with_max_entries(1, 0);
 
 #[map]
 static PHASE_LAST_END: Array<u64> = Array::with_max_entries(1, 0);
@@ -33,7 +34,15 @@ fn begin(cause: usize) {
         return;
     }
     if FAULT_PHASES.get_ptr(tid).is_none() {
-        let _ = FAULT_PHASES.insert(tid, ThreadPhases::default(), u64::from(BPF_NOEXIST));
+        let Some(zero) = PHASES_ZERO.get_ptr(0) else {
+            return;
+        };
+        #[expect(
+            clippy::needless_borrows_for_generic_args,
+            reason = "by value, the entry would be copied onto the 512-byte BPF stack"
+        )]
+        // SAFETY: this CPU's value of PHASES_ZERO, which nothing writes.
+        let _ = FAULT_PHASES.insert(tid, unsafe { &*zero }, u64::from(BPF_NOEXIST));
     }
     if let Some(t) = FAULT_PHASES.get_ptr_mut(tid) {
         // SAFETY: this thread's own entry (keyed by tid), which only its programs touch,
