@@ -37,16 +37,6 @@ impl FaultRecord {
             .then_some(self.raw.latency_ns)
     }
 
-    /// The fault's latency split into the causes it met, when it met one.
-    pub fn causes(&self) -> Option<crate::faults::causes::CausedFault> {
-        let ns = self.latency_ns()?;
-        let parts = &self.raw.cause_ns;
-        parts
-            .iter()
-            .any(|&p| p > 0)
-            .then(|| crate::faults::causes::CausedFault::of(ns, parts))
-    }
-
     /// The call that populated the page, for populated faults.
     pub fn syscall(&self) -> Option<&'static str> {
         populate::NAMES.get(self.raw.syscall as usize).copied()

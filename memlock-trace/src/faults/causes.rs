@@ -7,7 +7,7 @@ use memlock_trace_common::causes::cause;
 use serde::Serialize;
 
 use super::{FaultHooks, read::KeyStats};
-use crate::output::duration;
+use crate::{event::FaultRecord, output::duration};
 
 /// A process's timed faults' time in each cause, and its slowest fault that met one.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -63,6 +63,16 @@ impl CausedFault {
         let _ = write!(out, "other {}", duration(self.other_ns));
         out
     }
+}
+
+/// A sampled fault's latency split into the causes it met, when it met one.
+pub fn of_event(rec: &FaultRecord) -> Option<CausedFault> {
+    let ns = rec.latency_ns()?;
+    let parts = &rec.raw.cause_ns;
+    parts
+        .iter()
+        .any(|&p| p > 0)
+        .then(|| CausedFault::of(ns, parts))
 }
 
 /// `s`'s time by cause, where the hooks time any cause; None without (faults untimed).
@@ -143,5 +153,20 @@ mod tests {
         };
         cause_text(&mut quiet, &none, "");
         assert_eq!(quiet, "");
+    }
+
+    /// A sampled fault of 1,234 ns, 1,000 of them in memcg reclaim; and one that met none.
+    #[test]
+    fn an_event_says_its_parts() {
+        let mut raw = memlock_trace_common::faults::FaultEvent {
+            flags: memlock_trace_common::faults::fault_flags::HAS_LATENCY,
+            latency_ns: 1234,
+            cause_ns: [0, 1000, 0, 0],
+            ..Default::default()
+        };
+        let caused = of_event(&FaultRecord { raw }).unwrap();
+        assert_eq!(caused.parts(), "memcg reclaim 1.0us, other 0.2us");
+        raw.cause_ns = [0; cause::COUNT];
+        assert_eq!(of_event(&FaultRecord { raw }), None);
     }
 }

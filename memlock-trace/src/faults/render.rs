@@ -92,7 +92,7 @@ pub fn fault_line(rec: &FaultRecord, place: &FaultPlace, unit: Unit) -> String {
     }
     if let Some(ns) = rec.latency_ns() {
         let _ = write!(line, "  {}", unit.fit([ns]).format(ns));
-        if let Some(caused) = rec.causes() {
+        if let Some(caused) = super::causes::of_event(rec) {
             let _ = write!(line, " ({})", caused.parts());
         }
     }
@@ -128,7 +128,7 @@ pub fn fault_json(rec: &FaultRecord, place: &FaultPlace) -> serde_json::Value {
         "pages": r.count,
         "retried": rec.has(fault_flags::RETRIED),
         "latency_ns": rec.latency_ns(),
-        "causes_ns": rec.causes().map(|c| c.causes_ns),
+        "causes_ns": super::causes::of_event(rec).map(|c| c.causes_ns),
         "vm_locked": rec.locked().map(|(l, _)| l),
         "vm_lockonfault": rec.locked().map(|(_, f)| f),
         "cpu": r.cpu,
