@@ -1,18 +1,24 @@
 //! Why a fault took its time: the kernel's work inside it that its tracepoints time (reclaim,
 //! compaction, reclaim throttling), as the fault hooks split each timed fault's latency.
 
-/// The causes a fault's time is split into (the rest is "other").
+/// The causes a fault's time is split into (the rest is "other"), and their names.
 pub mod cause {
-    /// Global direct reclaim (`vmscan:mm_vmscan_direct_reclaim_begin/end`).
-    pub const DIRECT_RECLAIM: usize = 0;
-    /// A memory cgroup's reclaim at its limit (`vmscan:mm_vmscan_memcg_reclaim_begin/end`).
-    pub const MEMCG_RECLAIM: usize = 1;
-    /// Compaction (`compaction:mm_compaction_begin/end`), for a huge page or a high-order
-    /// allocation.
-    pub const COMPACTION: usize = 2;
-    /// Reclaim waiting for others' progress (`vmscan:mm_vmscan_throttled`, 5.16): inside a
-    /// reclaim, whose time it is taken from.
-    pub const THROTTLED: usize = 3;
+    /// A cause, as an index of the per-cause arrays.
+    #[repr(usize)]
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum Cause {
+        /// Global direct reclaim (`vmscan:mm_vmscan_direct_reclaim_begin/end`).
+        DirectReclaim,
+        /// A memory cgroup's reclaim at its limit (`vmscan:mm_vmscan_memcg_reclaim_*`).
+        MemcgReclaim,
+        /// Compaction (`compaction:mm_compaction_begin/end`), for a huge page or another
+        /// allocation of several pages.
+        Compaction,
+        /// Reclaim waiting for others' progress (`vmscan:mm_vmscan_throttled`, 5.16):
+        /// inside a reclaim, whose time it is taken from.
+        Throttled,
+    }
+
     pub const COUNT: usize = 4;
     /// Each cause's key in JSON and Prometheus.
     pub const KEYS: [&str; COUNT] = ["direct_reclaim", "memcg_reclaim", "compaction", "throttled"];

@@ -10,7 +10,10 @@ use aya_ebpf::{
     maps::{Array, LruHashMap, PerCpuArray},
     programs::TracePointContext,
 };
-use memlock_trace_common::causes::{MAX_PHASE_THREADS, PHASES, Phase, ThreadPhases, cause};
+use memlock_trace_common::causes::{
+    MAX_PHASE_THREADS, PHASES, Phase, ThreadPhases,
+    cause::{self, Cause},
+};
 
 use super::traced;
 use crate::shared::{current_ids, now_ns, tp_field};
@@ -28,7 +31,7 @@ static PHASE_LAST_END: Array<u64> = Array::with_max_entries(1, 0);
 
 /// A traced thread begins a phase of `cause`.
 #[inline(always)]
-fn begin(cause: usize) {
+fn begin(cause: Cause) {
     let (tgid, tid) = current_ids();
     if !traced(tgid) {
         return;
@@ -47,29 +50,29 @@ fn begin(cause: usize) {
     if let Some(t) = FAULT_PHASES.get_ptr_mut(tid) {
         // SAFETY: this thread's own entry (keyed by tid), which only its programs touch,
         // one at a time.
-        unsafe { (*t).open[cause & (cause::COUNT - 1)] = now_ns() };
+        unsafe { (*t).open[cause as usize] = now_ns() };
     }
 }
 
 /// The thread's phase of `cause` ends (a thread that began none has no entry).
 #[inline(always)]
-fn end(cause: usize) {
+fn end(cause: Cause) {
     let (_, tid) = current_ids();
     let Some(t) = FAULT_PHASES.get_ptr_mut(tid) else {
         return;
     };
     // SAFETY: as in `begin`.
     let t = unsafe { &mut *t };
-    let begin_ns = t.open[cause & (cause::COUNT - 1)];
+    let begin_ns = t.open[cause as usize];
     if begin_ns == 0 {
         return;
     }
-    t.open[cause & (cause::COUNT - 1)] = 0;
+    t.open[cause as usize] = 0;
     push(t, begin_ns, now_ns(), cause);
 }
 
 #[inline(always)]
-fn push(t: &mut ThreadPhases, begin_ns: u64, end_ns: u64, cause: usize) {
+fn push(t: &mut ThreadPhases, begin_ns: u64, end_ns: u64, cause: Cause) {
     t.ended[t.next as usize & (PHASES - 1)] = Phase {
         begin_ns,
         end_ns,
@@ -105,8 +108,8 @@ pub(super) fn split(tid: u32, start_ns: u64, end_ns: u64) -> Option<[u64; cause:
     if !any {
         return None;
     }
-    let mut throttled = out[cause::THROTTLED];
-    for reclaim in [cause::DIRECT_RECLAIM, cause::MEMCG_RECLAIM] {
+    let mut throttled = out[Cause::Throttled as usize];
+    for reclaim in [Cause::DirectReclaim as usize, Cause::MemcgReclaim as usize] {
         let taken = throttled.min(out[reclaim]);
         out[reclaim] -= taken;
         throttled -= taken;
@@ -119,19 +122,19 @@ macro_rules! phase_edge {
     ($($name:ident => $edge:ident($cause:ident);)*) => {$(
         #[tracepoint]
         pub fn $name(_ctx: TracePointContext) -> u32 {
-            $edge(cause::$cause);
+            $edge(Cause::$cause);
             0
         }
     )*};
 }
 
 phase_edge! {
-    cause_direct_reclaim_begin => begin(DIRECT_RECLAIM);
-    cause_direct_reclaim_end => end(DIRECT_RECLAIM);
-    cause_memcg_reclaim_begin => begin(MEMCG_RECLAIM);
-    cause_memcg_reclaim_end => end(MEMCG_RECLAIM);
-    cause_compaction_begin => begin(COMPACTION);
-    cause_compaction_end => end(COMPACTION);
+    cause_direct_reclaim_begin => begin(DirectReclaim);
+    cause_direct_reclaim_end => end(DirectReclaim);
+    cause_memcg_reclaim_begin => begin(MemcgReclaim);
+    cause_memcg_reclaim_end => end(MemcgReclaim);
+    cause_compaction_begin => begin(Compaction);
+    cause_compaction_end => end(Compaction);
 }
 
 /// `vmscan:mm_vmscan_throttled` (5.16), after the sleep, after the 8 bytes of common fields:
@@ -154,7 +157,7 @@ pub fn cause_throttled(ctx: TracePointContext) -> u32 {
         unsafe { &mut *t },
         now.saturating_sub(delayed_ns),
         now,
-        cause::THROTTLED,
+        Cause::Throttled,
     );
     0
 }
