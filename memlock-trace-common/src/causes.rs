@@ -36,8 +36,9 @@ pub mod cause {
 /// left out.
 pub const PHASES: usize = 16;
 /// Threads with phases at once (`FAULT_PHASES`, LRU): the threads in reclaim or compaction
-/// at a time, not every traced one; 1,024 entries of 424 bytes.
-pub const MAX_PHASE_THREADS: u32 = 1024;
+/// at a time, not every traced one; 256 entries of 424 bytes (1,024 took a system-wide
+/// session past its 32 MiB of map memory on a 96-CPU machine).
+pub const MAX_PHASE_THREADS: u32 = 256;
 
 /// One timed piece of a cause in a thread.
 #[repr(C)]

@@ -237,9 +237,10 @@ pub struct FaultStats {
     /// The timed faults' time in each [`cause`](crate::causes::cause).
     pub cause_ns: [u64; crate::causes::cause::COUNT],
     /// The slowest timed fault with a cause (of any class): its latency, and its time in each
-    /// cause.
-    pub slowest_ns: u64,
-    pub slowest_cause_ns: [u64; crate::causes::cause::COUNT],
+    /// cause (u32, saturated at 4.29 s: 16 bytes less in each of `MAX_FAULT_KEYS` entries
+    /// kept a system-wide session within its 32 MiB of map memory).
+    pub slowest_cause_ns: [u32; crate::causes::cause::COUNT],
+    pub slowest_ns: u32,
     pub comm: [u8; crate::TASK_COMM_LEN],
 }
 

@@ -366,9 +366,9 @@ fn account(ctx: *mut core::ffi::c_void, f: Fault) -> bool {
                     add_shared(sum, part);
                 }
                 // Not atomic, as `max_ns`.
-                if ns > s.slowest_ns {
-                    s.slowest_ns = ns;
-                    s.slowest_cause_ns = c;
+                if ns > u64::from(s.slowest_ns) {
+                    s.slowest_ns = saturated(ns);
+                    s.slowest_cause_ns = c.map(saturated);
                 }
                 caused = c;
             }
@@ -405,6 +405,12 @@ fn account(ctx: *mut core::ffi::c_void, f: Fault) -> bool {
         );
     }
     true
+}
+
+/// `ns` in a u32, 4.29 s at most.
+#[inline(always)]
+fn saturated(ns: u64) -> u32 {
+    ns.min(u64::from(u32::MAX)) as u32
 }
 
 /// Why per-CPU log-linear slots in the kernel rather than streaming every fault to an

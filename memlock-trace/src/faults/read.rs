@@ -235,7 +235,8 @@ impl KeyStats {
         for (max, x) in self.max_ns.iter_mut().zip(v.max_ns) {
             *max = (*max).max(x);
         }
-        self.add_causes(&v.cause_ns, v.slowest_ns, &v.slowest_cause_ns);
+        let slowest = v.slowest_cause_ns.map(u64::from);
+        self.add_causes(&v.cause_ns, u64::from(v.slowest_ns), &slowest);
         if self.name.is_empty() {
             self.name = crate::event::comm_of(&v.comm);
         }
