@@ -72,31 +72,30 @@ impl FaultReport {
                 .filter(|&start| start != 0)
                 .map(|start_ns| FaultKey { start_ns, ..*key })
         };
-        let moved: Vec<(FaultKey, FaultKey)> = self
-            .stats
-            .keys()
-            .filter_map(|key| Some((*key, known(key)?)))
-            .collect();
-        for (from, to) in moved {
-            let stats = self.stats.remove(&from).unwrap_or_default();
-            self.stats.entry(to).or_default().merge(&stats);
-        }
-        let moved: Vec<(HistKey, HistKey)> = self
-            .hists
-            .keys()
-            .filter_map(|h| {
-                Some((
-                    *h,
-                    HistKey {
-                        key: known(&h.key)?,
-                        ..*h
-                    },
-                ))
-            })
-            .collect();
-        for (from, to) in moved {
-            let hist = self.hists.remove(&from).unwrap_or_default();
-            self.hists.entry(to).or_default().add(&hist);
+        rekey(&mut self.stats, known, |into, s| into.merge(&s));
+        rekey(
+            &mut self.hists,
+            |h| {
+                Some(HistKey {
+                    key: known(&h.key)?,
+                    ..*h
+                })
+            },
+            |into, h| into.add(&h),
+        );
+    }
+}
+
+/// Moves each entry `new_key` gives a new key to under it, `merge`d with one already there.
+fn rekey<K: Ord + Copy, V: Default>(
+    map: &mut BTreeMap<K, V>,
+    new_key: impl Fn(&K) -> Option<K>,
+    merge: impl Fn(&mut V, V),
+) {
+    let moved: Vec<(K, K)> = map.keys().filter_map(|k| Some((*k, new_key(k)?))).collect();
+    for (from, to) in moved {
+        if let Some(value) = map.remove(&from) {
+            merge(map.entry(to).or_default(), value);
         }
     }
 }
@@ -396,4 +395,54 @@ fn count_failed_pending(ebpf: &Ebpf, report: &mut FaultReport, per_thread: bool)
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Pid 7's fast-path figures, read under start 0, join the entry its threads' hooks keyed
+    /// under its start 500; pid 8, whose start no hook recorded, keeps 0.
+    #[test]
+    fn figures_counted_by_pid_take_the_start_read_after_them() {
+        let mut report = FaultReport::default();
+        for (key, minor) in [
+            (unstarted(7), 3),
+            (
+                FaultKey {
+                    start_ns: 500,
+                    ..unstarted(7)
+                },
+                4,
+            ),
+            (unstarted(8), 5),
+        ] {
+            report.stats.entry(key).or_default().counts[stat::USER_MINOR] = minor;
+            let hist = HistKey {
+                key,
+                class: class::USER_MINOR,
+                _pad: 0,
+            };
+            let mut dense = [0u64; HIST_BUCKETS];
+            dense[1] = minor;
+            report.hists.insert(hist, Buckets::from_dense(&dense));
+        }
+        report.learn_starts(|tgid| if tgid == 7 { 500 } else { 0 });
+        let minors: Vec<(u32, u64, u64)> = report
+            .stats
+            .iter()
+            .map(|(k, s)| (k.tgid, k.start_ns, s.counts[stat::USER_MINOR]))
+            .collect();
+        assert_eq!(minors, [(7, 500, 7), (8, 0, 5)]);
+        let timed: Vec<(u32, u64, u64)> = report
+            .hists
+            .iter()
+            .map(|(h, b)| {
+                let mut dense = [0u64; HIST_BUCKETS];
+                b.add_to(&mut dense);
+                (h.key.tgid, h.key.start_ns, dense.iter().sum())
+            })
+            .collect();
+        assert_eq!(timed, [(7, 500, 7), (8, 0, 5)]);
+    }
 }
