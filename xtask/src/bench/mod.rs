@@ -15,6 +15,7 @@
 
 mod measure;
 mod node_cost;
+mod pressure;
 mod report;
 mod soak;
 mod stack_cost;
@@ -70,6 +71,11 @@ pub struct Args {
     /// beside `perf record --call-graph dwarf` + `perf script` collapsed; --runs rounds.
     #[arg(long, conflicts_with_all = ["soak", "node_cost"])]
     stack_cost: bool,
+    /// Instead: what tracing costs a process under memory pressure (the memory-pressure
+    /// scenario: swap on zram, a memory cgroup below its working set), untraced, default
+    /// mode and --count-only alternating; --runs rounds.
+    #[arg(long, conflicts_with_all = ["soak", "node_cost", "stack_cost"])]
+    pressure: bool,
 }
 
 const PAGE: usize = 4096;
@@ -208,6 +214,9 @@ pub fn run(args: &Args) -> Result<()> {
     }
     if args.stack_cost {
         return stack_cost::run(args.runs, &args.out);
+    }
+    if args.pressure {
+        return pressure::run(args.runs, &args.out);
     }
     page_faults(args)
 }

@@ -86,10 +86,12 @@ impl Seen {
     }
 }
 
-/// A pass over memory: how long it took and the faults the thread took in it.
+/// A pass over memory: how long it took, the thread's CPU time in it (what a tracer adds,
+/// without the waits for a CPU on a shared machine), and the faults the thread took in it.
 #[derive(Clone, Copy, Debug, Serialize)]
 pub(crate) struct Pass {
     ns: u64,
+    cpu_ns: u64,
     faults: Faults,
 }
 
@@ -97,6 +99,7 @@ impl Pass {
     /// One access per page of `region`: a write, or a read.
     fn over(region: &Region, write: bool) -> Self {
         let before = Faults::thread();
+        let cpu_before = crate::output::thread_cpu_ns();
         let t = Instant::now();
         for page in 0..region.len / PAGE_SIZE {
             let at = region.page(page);
@@ -111,6 +114,7 @@ impl Pass {
         }
         Self {
             ns: t.elapsed().as_nanos() as u64,
+            cpu_ns: crate::output::thread_cpu_ns() - cpu_before,
             faults: Faults::thread().since(before),
         }
     }
