@@ -99,74 +99,74 @@ fn depth(ips: &[u64]) -> &[u64] {
     &ips[..ips.iter().position(|&ip| ip == 0).unwrap_or(ips.len())]
 }
 
-/// Each (process, stack) of `per_stack` as a profile stack: its frames symbolized with the
-/// process's modules, its count and bytes as `figures` gives them.
-fn symbolized<V>(
-    per_stack: BTreeMap<(u32, &[u64]), V>,
-    modules: &ModuleRegistry,
-    symbolizer: &StackSymbolizer,
-    comm: &dyn Fn(u32) -> String,
-    figures: impl Fn(V) -> (u64, u64),
-) -> Vec<ProfileStack> {
-    per_stack
-        .into_iter()
-        .map(|((pid, ips), v)| {
-            let (count, bytes) = figures(v);
-            ProfileStack {
-                pid,
-                comm: comm(pid),
-                frames: symbolizer.stack(ips, modules.get(pid)),
-                count,
-                bytes,
-            }
-        })
-        .collect()
+/// What a profile's stacks are named with: each process's kept modules, the symbolizer,
+/// and each process's name by pid.
+pub struct Symbols<'a> {
+    pub modules: &'a ModuleRegistry,
+    pub symbolizer: &'a StackSymbolizer,
+    pub comm: &'a dyn Fn(u32) -> String,
 }
 
-/// The faults per (process, stack), threads folded into their process, as the collector
-/// counted them (each sample as the faults it stands for, already scaled by
-/// `sample_every`: [`crate::unwind::StackCollector`]).
-pub fn fault_profile(
-    faults: &BTreeMap<StackKey, u64>,
-    modules: &ModuleRegistry,
-    symbolizer: &StackSymbolizer,
-    comm: &dyn Fn(u32) -> String,
-    sample_every: u32,
-    weight: Weight,
-) -> Profile {
-    let mut per_stack: BTreeMap<(u32, &[u64]), u64> = BTreeMap::new();
-    for (key, n) in faults {
-        *per_stack.entry((key.tgid, depth(&key.ips))).or_default() += n;
-    }
-    let stacks = symbolized(per_stack, modules, symbolizer, comm, |n| (n, n * PAGE_SIZE));
-    Profile {
-        weight,
-        sample_every: sample_every.max(1),
-        stacks,
-    }
-}
-
-/// The mlock-family calls per (process, call site), every call of a site together.
-pub fn call_profile(
-    calls: &BTreeMap<SyscallStackKey, SyscallStackValue>,
-    modules: &ModuleRegistry,
-    symbolizer: &StackSymbolizer,
-    comm: &dyn Fn(u32) -> String,
-    weight: Weight,
-) -> Profile {
-    let mut per_stack: BTreeMap<(u32, &[u64]), SyscallStackValue> = BTreeMap::new();
-    for (key, v) in calls {
+impl Symbols<'_> {
+    /// Each (process, stack) of `per_stack` as a profile stack: its frames symbolized with
+    /// the process's modules, its count and bytes as `figures` gives them.
+    fn symbolized<V>(
+        &self,
+        per_stack: BTreeMap<(u32, &[u64]), V>,
+        figures: impl Fn(V) -> (u64, u64),
+    ) -> Vec<ProfileStack> {
         per_stack
-            .entry((key.tgid, depth(&key.ips)))
-            .or_default()
-            .add(v);
+            .into_iter()
+            .map(|((pid, ips), v)| {
+                let (count, bytes) = figures(v);
+                ProfileStack {
+                    pid,
+                    comm: (self.comm)(pid),
+                    frames: self.symbolizer.stack(ips, self.modules.get(pid)),
+                    count,
+                    bytes,
+                }
+            })
+            .collect()
     }
-    let stacks = symbolized(per_stack, modules, symbolizer, comm, |v| {
-        (v.calls, v.locked * PAGE_SIZE)
-    });
-    Profile {
-        weight,
-        sample_every: 1,
-        stacks,
+
+    /// The faults per (process, stack), threads folded into their process, as the collector
+    /// counted them (each sample as the faults it stands for, already scaled by
+    /// `sample_every`: [`crate::unwind::StackCollector`]).
+    pub fn fault_profile(
+        &self,
+        faults: &BTreeMap<StackKey, u64>,
+        sample_every: u32,
+        weight: Weight,
+    ) -> Profile {
+        let mut per_stack: BTreeMap<(u32, &[u64]), u64> = BTreeMap::new();
+        for (key, n) in faults {
+            *per_stack.entry((key.tgid, depth(&key.ips))).or_default() += n;
+        }
+        Profile {
+            weight,
+            sample_every: sample_every.max(1),
+            stacks: self.symbolized(per_stack, |n| (n, n * PAGE_SIZE)),
+        }
+    }
+
+    /// The mlock-family calls per (process, call site), every call of a site together.
+    pub fn call_profile(
+        &self,
+        calls: &BTreeMap<SyscallStackKey, SyscallStackValue>,
+        weight: Weight,
+    ) -> Profile {
+        let mut per_stack: BTreeMap<(u32, &[u64]), SyscallStackValue> = BTreeMap::new();
+        for (key, v) in calls {
+            per_stack
+                .entry((key.tgid, depth(&key.ips)))
+                .or_default()
+                .add(v);
+        }
+        Profile {
+            weight,
+            sample_every: 1,
+            stacks: self.symbolized(per_stack, |v| (v.calls, v.locked * PAGE_SIZE)),
+        }
     }
 }

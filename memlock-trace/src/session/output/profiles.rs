@@ -57,23 +57,15 @@ impl Output {
             return Ok(());
         }
         let weight = self.profiles.weight;
+        let symbols = profile::Symbols {
+            modules: &stacks.modules,
+            symbolizer: &self.symbolizer,
+            comm: &comm,
+        };
         let built = if weight.of_faults() {
-            profile::fault_profile(
-                &stacks.faults,
-                &stacks.modules,
-                &self.symbolizer,
-                &comm,
-                self.config.stack_sample,
-                weight,
-            )
+            symbols.fault_profile(&stacks.faults, self.config.stack_sample, weight)
         } else {
-            profile::call_profile(
-                &stacks.calls,
-                &stacks.modules,
-                &self.symbolizer,
-                &comm,
-                weight,
-            )
+            symbols.call_profile(&stacks.calls, weight)
         };
         let now = WallClock::now_ns();
         let notes =
