@@ -19,8 +19,7 @@ use std::{
 };
 
 use common::require_privileges;
-use serde_json::Value;
-use support::{BIN, summary};
+use support::{BIN, process_of, summary};
 
 /// The program's name: `s` and the byte 0xff, never UTF-8.
 const NAME: &[u8] = b"s\xff";
@@ -62,15 +61,6 @@ fn text(out: &Output) -> (String, String) {
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
-}
-
-fn process(summary: &Value, pid: u32) -> &Value {
-    summary["processes"]
-        .as_array()
-        .expect("processes")
-        .iter()
-        .find(|p| p["pid"] == pid)
-        .unwrap_or_else(|| panic!("pid {pid} not traced: {summary}"))
 }
 
 #[test]
@@ -138,7 +128,7 @@ fn an_argument_that_is_not_utf8_reaches_the_program_byte_for_byte() {
         "{note}"
     );
     let s = summary(&stdout);
-    let traced = process(&s, pid);
+    let traced = process_of(&s, pid);
     // JSON keeps the value the way it does for every comm that is not UTF-8.
     assert_eq!(traced["comm"], NAME_JSON, "{traced}");
     let faults = &traced["faults"];

@@ -16,7 +16,7 @@ use std::{
 };
 
 use common::require_privileges;
-use support::{BIN, Tracer, calls_of, flood_args, summary};
+use support::{BIN, Tracer, calls_of, flood_args, process_of, summary};
 
 const THREADS: u64 = 4;
 const CALLS: u64 = 25_000;
@@ -140,12 +140,7 @@ fn a_starved_tracer_still_counts_every_call() {
     assert!(dropped > 0, "the ring never overflowed");
     assert_eq!(calls_of(&s, pid, "mlock"), n, "{s}");
     assert_eq!(calls_of(&s, pid, "munlock"), n, "{s}");
-    let p = s["processes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["pid"] == pid)
-        .unwrap();
+    let p = process_of(&s, pid);
     assert_eq!(p["syscalls"]["mlock"]["errors"]["ENOMEM"], n);
     assert_eq!(p["syscalls"]["munlock"]["errors"]["ENOMEM"], n);
     assert!(

@@ -21,7 +21,7 @@ use std::{
 
 use common::require_privileges;
 use serde_json::Value;
-use support::faults_workload;
+use support::{faults_workload, process_of};
 
 const BIN: &str = env!("CARGO_BIN_EXE_memlock-trace");
 
@@ -321,12 +321,7 @@ fn traced_pid_that_exits_is_summarised_up_to_its_exit() {
     assert!(out.status.success(), "{:?}", out.status);
     let lines = json_lines(&out.stdout);
     let summary = lines.last().unwrap();
-    let process = summary["processes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["pid"] == pid)
-        .unwrap_or_else(|| panic!("pid {pid} missing after its exit: {summary}"));
+    let process = process_of(summary, pid);
     assert!(
         process["faults"]["user"].as_u64().unwrap() >= 700,
         "{process}"

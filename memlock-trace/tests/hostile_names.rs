@@ -23,7 +23,7 @@ use std::{
 
 use common::require_privileges;
 use serde_json::Value;
-use support::{BIN, summary};
+use support::{BIN, process_of, summary};
 
 const COMM: &str = "e\x1b]0;X\x07\nFAKE";
 const COMM_SHOWN: &str = "e\\x1b]0;X\\x07\\nFAKE";
@@ -258,12 +258,7 @@ fn json_keeps_every_name_exactly() {
     let run = trace(&[&["--json"][..], &EVERY_NAME].concat(), false);
     assert_clean("stderr", &run.stderr);
     let s = summary(&run.stdout);
-    let process = s["processes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["pid"] == run.pid)
-        .unwrap_or_else(|| panic!("pid {} not in {s}", run.pid));
+    let process = process_of(&s, run.pid);
     assert_eq!(process["comm"], COMM);
     // Traced exactly, whatever the names.
     assert_eq!(process["syscalls"]["mlock"]["count"], CALLS);

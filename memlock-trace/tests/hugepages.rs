@@ -13,7 +13,7 @@ use std::{path::PathBuf, process::Command};
 use common::require_privileges;
 use memlock_trace::lab::workload::huge_pages::make_room_for_huge_pages;
 use serde_json::Value;
-use support::{BIN, json_lines, succeeded};
+use support::{BIN, json_lines, process_of, succeeded};
 
 const KIB: u64 = 1024;
 const PAGE_KB: u64 = 4;
@@ -89,12 +89,7 @@ fn summary_of<'a>(lines: &'a [Value], event: &Value) -> (&'a Value, &'a [Value])
         .rev()
         .find(|l| l["type"] == "summary")
         .expect("a summary");
-    let process = summary["processes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["pid"] == event["pid"])
-        .unwrap_or_else(|| panic!("pid {} not in the summary", event["pid"]));
+    let process = process_of(summary, event["pid"].as_u64().unwrap());
     let rows = process["faults"]["by_mapping"]
         .as_array()
         .map_or(&[][..], Vec::as_slice);

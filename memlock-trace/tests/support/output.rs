@@ -18,6 +18,20 @@ pub fn summary(stdout: &str) -> Value {
         .unwrap_or_else(|| panic!("no summary line in:\n{stdout}"))
 }
 
+/// The summary's entry of process `pid` (the first, where it has several).
+pub fn process_of<P>(summary: &Value, pid: P) -> &Value
+where
+    Value: PartialEq<P>,
+    P: std::fmt::Display,
+{
+    summary["processes"]
+        .as_array()
+        .expect("processes")
+        .iter()
+        .find(|p| p["pid"] == pid)
+        .unwrap_or_else(|| panic!("pid {pid} not traced: {summary}"))
+}
+
 /// How many mlock-family calls of `syscall` the summary counts for `pid` (all its entries).
 pub fn calls_of(summary: &Value, pid: u32, syscall: &str) -> u64 {
     summary["processes"]
