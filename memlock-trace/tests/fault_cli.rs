@@ -38,7 +38,9 @@ fn json_lines(stdout: &[u8]) -> Vec<Value> {
 /// one at a time: each is sent once the previous one was answered (the workload answers on
 /// the stdout it shares with the tracer), so none runs before the tracer is ready, however
 /// slow the machine. `sleep` is not a workload command: it keeps the workload alive 300 ms.
+/// The tracer loads its programs: the test needs the privileges to.
 fn traced_workload(args: &[&str], commands: &str) -> std::process::Output {
+    require_privileges();
     let mut child = faults_workload::spawn_traced(Command::new(BIN).args(args));
     let stdout = child.stdout.take().unwrap();
     let (lines_tx, lines_rx) = std::sync::mpsc::channel::<String>();
@@ -96,7 +98,6 @@ fn traced_workload(args: &[&str], commands: &str) -> std::process::Output {
 
 #[test]
 fn json_summary_has_faults_and_sampled_events() {
-    require_privileges();
     let out = traced_workload(
         &["--json", "--events", "--sample", "10"],
         // The workload lives on after onfault (sleep), so its mappings are read meanwhile.
@@ -175,7 +176,6 @@ fn json_summary_has_faults_and_sampled_events() {
 
 #[test]
 fn text_summary_names_the_hooks_and_the_faults() {
-    require_privileges();
     let out = traced_workload(&["--per-thread"], "touch 500\nexit");
     let text = String::from_utf8_lossy(&out.stdout);
     // The hook set is named once, on stderr at start, not in every summary.
@@ -194,7 +194,6 @@ fn text_summary_names_the_hooks_and_the_faults() {
 /// to the faults the class's latency row counts (the same kernel buckets).
 #[test]
 fn fault_hist_counts_each_class() {
-    require_privileges();
     let out = traced_workload(
         &["--hist", "--per-thread", "--fault-hooks", "tracepoint"],
         "touch 500\nmlock 64\nexit",
@@ -258,7 +257,6 @@ fn fault_hist_counts_each_class() {
 /// histogram (issue 47 point 7).
 #[test]
 fn latency_rows_say_what_they_count_and_user_is_not_repeated() {
-    require_privileges();
     let out = traced_workload(
         &["--hist", "--fault-hooks", "tracepoint"],
         "touch 500\nmlock 64\nexit",

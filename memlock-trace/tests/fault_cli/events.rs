@@ -4,7 +4,7 @@
 
 use serde_json::Value;
 
-use super::{BIN, common::require_privileges, json_lines, traced_workload};
+use super::{BIN, json_lines, traced_workload};
 
 /// Every fault of `onfault 100` (an `MLOCK_ONFAULT` anonymous mapping, kept mapped, touched
 /// by the workload's own code) is streamed (`--sample 1`): each of the 100 names the
@@ -12,7 +12,6 @@ use super::{BIN, common::require_privileges, json_lines, traced_workload};
 /// The lines said `fault minor 0x7f14695cdb70 2.0us cpu 0`, nothing more.
 #[test]
 fn fault_events_name_the_mapping_and_the_instruction_pointer() {
-    require_privileges();
     let commands = "touch 1\nonfault 100\nsleep\nsleep\nexit";
     let out = traced_workload(&["--events", "--sample", "1"], commands);
     let text = String::from_utf8_lossy(&out.stdout);

@@ -3,7 +3,7 @@
 
 use serde_json::Value;
 
-use super::{BIN, common::require_privileges, json_lines, traced_workload};
+use super::{BIN, json_lines, traced_workload};
 
 /// The workload's own `getrusage` minflt after each command, from its `ok MINFLT ...`
 /// answers (they share the tracer's stdout), in command order.
@@ -35,7 +35,6 @@ fn stacks_naming<'a>(stacks: &'a [Value], function: &str) -> Vec<&'a Value> {
 /// and named by function, symbolized after the workload exited.
 #[test]
 fn stacks_name_each_call_site_with_its_exact_count() {
-    require_privileges();
     // Each site runs once with 0 pages first, so its code is faulted in before the measured
     // run, and `touch 1` maps, touches and unmaps a page first, so the measured commands
     // fault in nothing else (without it, 6 runs in 20 of the workload alone had a 1,001st
@@ -147,7 +146,6 @@ fn stacks_name_each_call_site_with_its_exact_count() {
 
 #[test]
 fn text_summary_lists_the_stacks() {
-    require_privileges();
     let out = traced_workload(
         &["--stacks", "--stacks-top", "3"],
         "site_a 0\nsite_a 200\nsleep\nexit",
@@ -185,7 +183,6 @@ fn text_summary_lists_the_stacks() {
 /// and the summary's syscall table), and the call site named by function.
 #[test]
 fn stacks_name_the_call_sites_of_mlock_with_their_calls_and_pages() {
-    require_privileges();
     // mlock_site_gamma makes the system call itself (no libc wrapper without a frame): 4
     // calls, the first of 0 bytes, then 100, 50 and 30 fresh pages; libc's mlock once.
     let commands = "noop\nsite_mlock 0\nnoop\nsite_mlock 100\nsite_mlock 50\nsite_mlock 30\n\
@@ -261,7 +258,6 @@ fn stacks_name_the_call_sites_of_mlock_with_their_calls_and_pages() {
 
 #[test]
 fn text_summary_lists_the_call_sites() {
-    require_privileges();
     let out = traced_workload(&["--stacks"], "site_mlock 0\nsite_mlock 20\nsleep\nexit");
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("user call site (innermost first)"), "{text}");
