@@ -86,12 +86,19 @@ fn first_advice(report: &Value) -> &Value {
         .unwrap_or_else(|| panic!("no advice: {report}"))
 }
 
+/// The python program `source` as `file` in a scratch directory of its own: the directory,
+/// and the program's arguments after python (the script, its report file).
+fn program(name: &str, file: &str, source: &str) -> (Scratch, [String; 2]) {
+    let dir = Scratch::new(name);
+    let script = dir.file(file, source);
+    let report_path = dir.file("report.json", "");
+    (dir, [script, report_path])
+}
+
 /// `lazy_table.py` in a scratch directory of its own: the directory, and the program's
 /// arguments after python (the script, its report file, the table's size).
 fn lazy_table(name: &str) -> (Scratch, [String; 3]) {
-    let dir = Scratch::new(name);
-    let script = dir.file("lazy_table.py", LAZY_TABLE);
-    let report_path = dir.file("report.json", "");
+    let (dir, [script, report_path]) = program(name, "lazy_table.py", LAZY_TABLE);
     (dir, [script, report_path, TABLE_BYTES.to_string()])
 }
 
@@ -327,9 +334,7 @@ fn under_a_memlock_limit_the_table_is_populated_and_the_limit_named() {
 #[test]
 fn a_table_merged_with_a_malloc_block_is_locked_by_both_calls() {
     require_privileges();
-    let dir = Scratch::new("merged");
-    let script = dir.file("merged_table.py", MERGED_TABLE);
-    let report_path = dir.file("report.json", "");
+    let (dir, [script, report_path]) = program("merged", "merged_table.py", MERGED_TABLE);
     let plain = advise_json(&[], &[PYTHON, &script, &report_path]);
     let applied = advise_apply(&[PYTHON, &script, &report_path]);
     let own = dir.report();
@@ -373,9 +378,7 @@ fn a_table_merged_with_a_malloc_block_is_locked_by_both_calls() {
 #[test]
 fn an_allocator_giving_a_block_back_is_told_its_tunable_not_a_lock() {
     require_privileges();
-    let dir = Scratch::new("churn");
-    let script = dir.file("churn.py", CHURN);
-    let report_path = dir.file("report.json", "");
+    let (dir, [script, report_path]) = program("churn", "churn.py", CHURN);
     let rounds = 10u64;
     let report = advise_apply(&[PYTHON, &script, &report_path, &rounds.to_string(), "64"]);
     let first = first_advice(&report);
