@@ -24,7 +24,8 @@ use std::{os::unix::fs::PermissionsExt as _, path::PathBuf, process::Command};
 use common::require_privileges;
 use serde_json::Value;
 use support::{
-    BIN, PYTHON, advise_apply, advise_json, require_preload, require_python, scratch_dir,
+    BIN, PYTHON, advise_apply, advise_json, assert_contains, require_preload, require_python,
+    scratch_dir,
 };
 
 const LAZY_TABLE: &str = include_str!("third_party/lazy_table.py");
@@ -285,12 +286,10 @@ fn under_a_memlock_limit_the_table_is_populated_and_the_limit_named() {
     let first = first_advice(&report);
     assert_eq!(first["kind"], "populate", "{first}");
     let refused = advice::of_kind(&report, "over-limit");
-    assert!(
-        refused["how"]
-            .as_str()
-            .unwrap()
-            .contains("RLIMIT_MEMLOCK of at least 64 MiB (RLIMIT_MEMLOCK 8 MiB now"),
-        "{refused}"
+    assert_contains(
+        &refused["how"],
+        "RLIMIT_MEMLOCK of at least 64 MiB (RLIMIT_MEMLOCK 8 MiB now",
+        refused,
     );
     let own = dir.report();
     assert_eq!(own.len(), 2, "{own:?}");
@@ -354,12 +353,10 @@ fn a_table_merged_with_a_malloc_block_is_locked_by_both_calls() {
         format!("lock:anon:{}", 96 << 20) + ";lock:alloc:4194304",
         "{first}"
     );
-    assert!(
-        first["how"]
-            .as_str()
-            .unwrap()
-            .contains("1 mmap call of 96 MiB, 1 malloc block of 4 MiB"),
-        "{first}"
+    assert_contains(
+        &first["how"],
+        "1 mmap call of 96 MiB, 1 malloc block of 4 MiB",
+        first,
     );
     let pages = own[0]["pages"].as_u64().unwrap();
     let (before, after) = (
@@ -384,13 +381,7 @@ fn an_allocator_giving_a_block_back_is_told_its_tunable_not_a_lock() {
     let first = first_advice(&report);
     assert_eq!(first["kind"], "allocator", "{first}");
     assert_eq!(first["mapping"], "anonymous", "{first}");
-    assert!(
-        first["what"]
-            .as_str()
-            .unwrap()
-            .contains("Locking cannot help"),
-        "{first}"
-    );
+    assert_contains(&first["what"], "Locking cannot help", first);
     // 64 MiB and malloc's header page: the threshold above it.
     assert_eq!(
         first["apply"]["tunable"],

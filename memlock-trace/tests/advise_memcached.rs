@@ -31,7 +31,7 @@ use std::{
 };
 
 use common::require_privileges;
-use support::{advise_apply, prometheus::free_port};
+use support::{advise_apply, assert_contains, prometheus::free_port};
 
 const MEMCACHED: &str = "/usr/bin/memcached";
 const PERF: &str = "/usr/bin/perf";
@@ -221,13 +221,7 @@ fn memcached_slabs_malloc_made_are_populated_as_malloc_returns_them() {
         matches!(slabs["kind"].as_str(), Some("lock" | "populate")),
         "{slabs}"
     );
-    assert!(
-        slabs["how"]
-            .as_str()
-            .unwrap()
-            .contains("malloc blocks of 1 MiB"),
-        "{slabs}"
-    );
+    assert_contains(&slabs["how"], "malloc blocks of 1 MiB", slabs);
     let apply = &report["apply"];
     let populated = apply["preload_log"]
         .as_array()

@@ -23,7 +23,7 @@ use common::require_privileges;
 use rcgen::{BasicConstraints, CertificateParams, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair};
 use serde_json::Value;
 use support::{
-    BIN, Tracer,
+    BIN, Tracer, assert_contains,
     prometheus::{PROMTOOL, Prometheus, require},
 };
 
@@ -223,12 +223,10 @@ fn prometheus_scrapes_over_https_with_basic_auth() {
     for job in ["wrong", "anonymous"] {
         let t = target(&targets, job);
         assert_eq!(t["health"], "down", "{job}: {t}");
-        assert!(
-            t["lastError"]
-                .as_str()
-                .unwrap()
-                .contains("401 Unauthorized"),
-            "{job}: {t}"
+        assert_contains(
+            &t["lastError"],
+            "401 Unauthorized",
+            format_args!("{job}: {t}"),
         );
     }
     for job in ["plain", "stranger_cert"] {
@@ -236,12 +234,10 @@ fn prometheus_scrapes_over_https_with_basic_auth() {
         assert_eq!(t["health"], "down", "{job}: {t}");
         assert!(!t["lastError"].as_str().unwrap().is_empty(), "{job}: {t}");
     }
-    assert!(
-        target(&targets, "stranger_cert")["lastError"]
-            .as_str()
-            .unwrap()
-            .contains("tls"),
-        "{targets:?}"
+    assert_contains(
+        &target(&targets, "stranger_cert")["lastError"],
+        "tls",
+        format_args!("{targets:?}"),
     );
     for job in ["wrong", "anonymous", "plain", "stranger_cert"] {
         assert_eq!(series_of(&prometheus, job), 0, "{job}: no sample");

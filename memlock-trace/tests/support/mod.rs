@@ -28,7 +28,10 @@ pub use {
     },
     deadline::poll_within,
     host::{cgroup2_mount, os_result, scratch, scratch_dir, settled, status_kb},
-    output::{calls_of, json_lines, process_of, summary, syscall_table_header, with_syscalls},
+    output::{
+        assert_contains, calls_of, json_lines, process_of, summary, syscall_table_header,
+        with_syscalls,
+    },
     tracer::{Finished, Tracer},
     unit::{UNIT, unit_values},
     workloads::{flood_args, threads_of, waiting_flood, workload, workload_children},

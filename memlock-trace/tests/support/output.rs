@@ -32,6 +32,15 @@ where
         .unwrap_or_else(|| panic!("pid {pid} not traced: {summary}"))
 }
 
+/// Panics unless the JSON string `text` holds `part`, showing `context` (what holds `text`).
+#[track_caller]
+pub fn assert_contains(text: &Value, part: &str, context: impl std::fmt::Display) {
+    let s = text
+        .as_str()
+        .unwrap_or_else(|| panic!("not a string: {text}: {context}"));
+    assert!(s.contains(part), "{part:?} not in {text}: {context}");
+}
+
 /// How many mlock-family calls of `syscall` the summary counts for `pid` (all its entries).
 pub fn calls_of(summary: &Value, pid: u32, syscall: &str) -> u64 {
     summary["processes"]
