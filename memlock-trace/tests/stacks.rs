@@ -26,8 +26,8 @@ use common::require_privileges;
 use serde_json::Value;
 use support::stacks::{
     build_lock_chain, build_touch_pages, call_site, figure, frames, lock_chain_call_site,
-    mlock_call_site, perf_record_faults, scratch, stack_tables, traced, traced_exiting,
-    traced_text_and_folded,
+    mlock_call_site, perf_record_faults, perf_script, run_perf, scratch, stack_tables, traced,
+    traced_exiting, traced_text_and_folded,
 };
 
 const PYTHON: &str = "/usr/bin/python3";
@@ -60,37 +60,22 @@ fn python_script(dir: &str, name: &str, source: &str) -> (PathBuf, PathBuf) {
 fn perf_dwarf_chain(dir: &Path, command: &[&str]) -> Vec<String> {
     let data = dir.join("perf.data");
     let filter = format!("id == {}", libc::SYS_mlock);
-    let out = Command::new("perf")
-        .args([
-            "record",
-            "-q",
-            "-e",
-            "raw_syscalls:sys_enter",
-            "--filter",
-            &filter,
-        ])
-        .args(["--call-graph", "dwarf", "-o"])
-        .arg(&data)
-        .args(command)
-        .output()
-        .unwrap_or_else(|e| panic!("perf: {e} (`cargo xtask test` installs Debian's linux-perf)"));
-    assert!(
-        out.status.success(),
-        "perf record: {}",
-        String::from_utf8_lossy(&out.stderr)
+    run_perf(
+        "perf record",
+        Command::new("perf")
+            .args([
+                "record",
+                "-q",
+                "-e",
+                "raw_syscalls:sys_enter",
+                "--filter",
+                &filter,
+            ])
+            .args(["--call-graph", "dwarf", "-o"])
+            .arg(&data)
+            .args(command),
     );
-    let out = Command::new("perf")
-        .arg("script")
-        .arg("-i")
-        .arg(&data)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "perf script: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout)
+    perf_script(&[], &data)
         .lines()
         .filter(|l| l.starts_with(char::is_whitespace) && !l.trim().is_empty())
         .filter(|l| !l.ends_with("([kernel.kallsyms])"))
@@ -444,17 +429,8 @@ fn python_fault_stacks_equal_perfs_dwarf_stacks_sample_for_sample() {
             (frames, s["faults"].as_u64().unwrap())
         })
         .collect();
-    let out = Command::new("perf")
-        .args(["script", "-F", "comm,tid,ip,sym,dso", "-i"])
-        .arg(&data)
-        .output()
-        .unwrap_or_else(|e| panic!("perf: {e} (`cargo xtask test` installs Debian's linux-perf)"));
-    assert!(
-        out.status.success(),
-        "perf script: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let perf = perf_user_stacks(&String::from_utf8_lossy(&out.stdout), "python3");
+    let script = perf_script(&["-F", "comm,tid,ip,sym,dso"], &data);
+    let perf = perf_user_stacks(&script, "python3");
     // Each of perf's samples takes one fault of an equal stack of ours.
     let matched = perf
         .iter()

@@ -9,7 +9,7 @@ use inferno::collapse::{
     perf::{Folder, Options},
 };
 
-use super::support::succeeded;
+use super::support::{stacks::perf_script, succeeded};
 
 /// Folded lines as a map from stack to count.
 pub(super) fn parse_folded(text: &str) -> BTreeMap<String, u64> {
@@ -24,12 +24,7 @@ pub(super) fn parse_folded(text: &str) -> BTreeMap<String, u64> {
 /// perf's samples in `data`, collapsed by inferno-collapse-perf (stackcollapse-perf.pl's
 /// port) with its defaults.
 pub(super) fn perf_collapsed(data: &Path) -> BTreeMap<String, u64> {
-    let out = Command::new("perf")
-        .args(["script", "-i"])
-        .arg(data)
-        .output()
-        .unwrap_or_else(|e| panic!("perf: {e} (`cargo xtask test` installs Debian's linux-perf)"));
-    let script = succeeded("perf script", &out);
+    let script = perf_script(&[], data);
     let mut folded = Vec::new();
     Folder::from(Options::default())
         .collapse(script.as_bytes(), &mut folded)

@@ -11,7 +11,7 @@ use std::{
 use serde_json::Value;
 
 pub use super::scratch;
-use super::{BIN, compile_c, json_lines};
+use super::{BIN, compile_c, json_lines, succeeded};
 
 const LOCK_CHAIN: &str = include_str!("../stacks/lock_chain.c");
 const TOUCH_PAGES: &str = include_str!("../stacks/touch_pages.c");
@@ -53,6 +53,23 @@ pub fn perf_record_faults<'a>(
     args.extend(["-m", "128M", "-o", data, "--"]);
     args.extend(command);
     args
+}
+
+/// The stdout of a `perf` command, which must run and succeed (`what` names it otherwise).
+pub fn run_perf(what: &str, perf: &mut Command) -> String {
+    let out = perf
+        .output()
+        .unwrap_or_else(|e| panic!("perf: {e} (`cargo xtask test` installs Debian's linux-perf)"));
+    succeeded(what, &out)
+}
+
+/// The output of `perf script ARGS -i DATA`: the samples `perf record` wrote to `data`.
+pub fn perf_script(args: &[&str], data: &Path) -> String {
+    let mut perf = Command::new("perf");
+    run_perf(
+        "perf script",
+        perf.arg("script").args(args).arg("-i").arg(data),
+    )
 }
 
 /// The text summary, the folded file and the command's stdout of `memlock-trace --stacks
