@@ -298,6 +298,19 @@ fn as_gdb_frames(site: &Value) -> Vec<GdbFrame> {
         .collect()
 }
 
+/// The summary's call site of `syscall` equals gdb's backtrace at that syscall in `command`
+/// frame for frame, and its caller is the code of the (stripped) program `command` runs.
+fn assert_call_site_is_gdbs(summary: &Value, syscall: &str, command: &[&str]) {
+    let ours = as_gdb_frames(call_site(summary, syscall));
+    let gdb = gdb_backtrace(command, syscall);
+    assert_eq!(ours, gdb, "ours and gdb's backtrace");
+    let program = command[0];
+    assert!(
+        matches!(&ours[1], GdbFrame::Offset(module, _) if module == program),
+        "{syscall}'s caller is {program}'s main: {ours:#?}"
+    );
+}
+
 /// Debian's memcached (no frame pointers, stripped) locks its memory with one mlockall
 /// from main (`-k`): the call site equals gdb's backtrace at that syscall frame for frame
 /// down to `_start`, the stripped binary's frames by their offset in it (gdb prints `??`).
@@ -314,13 +327,7 @@ fn memcached_mlockall_call_site_equals_gdbs_backtrace() {
     command.extend(server);
     // timeout's own status: memcached was stopped by it.
     let summary = traced_exiting(&["--follow-children"], &command, 124);
-    let ours = as_gdb_frames(call_site(&summary, "mlockall"));
-    let gdb = gdb_backtrace(&server, "mlockall");
-    assert_eq!(ours, gdb, "ours and gdb's backtrace");
-    assert!(
-        matches!(&ours[1], GdbFrame::Offset(module, _) if module == MEMCACHED),
-        "mlockall's caller is memcached's main: {ours:#?}"
-    );
+    assert_call_site_is_gdbs(&summary, "mlockall", &server);
 }
 
 /// Debian's memtester (stripped, no frame pointers) locks its test buffer with one mlock
@@ -333,13 +340,7 @@ fn memtester_mlock_call_site_equals_gdbs_backtrace() {
     require_program(MEMTESTER, "memtester");
     let command = [MEMTESTER, "64K", "1"];
     let summary = traced(&[], &command);
-    let ours = as_gdb_frames(call_site(&summary, "mlock"));
-    let gdb = gdb_backtrace(&command, "mlock");
-    assert_eq!(ours, gdb, "ours and gdb's backtrace");
-    assert!(
-        matches!(&ours[1], GdbFrame::Offset(module, _) if module == MEMTESTER),
-        "mlock's caller is memtester's main: {ours:#?}"
-    );
+    assert_call_site_is_gdbs(&summary, "mlock", &command);
 }
 
 /// A fault stack as names, innermost first; an unsymbolized frame is `None`.
