@@ -163,10 +163,9 @@ fn a_table_the_cgroup_has_no_room_for_is_not_locked_and_the_lowest_limit_is_name
         !advice.iter().any(|a| a["verdict"] == "do"),
         "the table must not be ranked: {advice:?}"
     );
-    let refused = advice
-        .iter()
-        .find(|a| a["kind"] == "over-cgroup")
-        .unwrap_or_else(|| panic!("no over-cgroup advice: {}", report["advice"]));
+    let refused = advice::find(&advice, &report, "over-cgroup", |a| {
+        a["kind"] == "over-cgroup"
+    });
     assert_eq!(refused["verdict"], "do-not");
     let how = refused["how"].as_str().unwrap();
     assert!(
@@ -180,10 +179,7 @@ fn a_table_the_cgroup_has_no_room_for_is_not_locked_and_the_lowest_limit_is_name
     cgroup.limit(&cgroup.outer, 4 << 30);
     let (report, _) = advise_in(&cgroup, &dir);
     let advice = table_advice(&report);
-    let lock = advice
-        .iter()
-        .find(|a| a["verdict"] == "do")
-        .unwrap_or_else(|| panic!("no advice on the table: {}", report["advice"]));
+    let lock = advice::find(&advice, &report, "ranked", |a| a["verdict"] == "do");
     assert_eq!(lock["kind"], "lock", "{lock}");
     let how = lock["how"].as_str().unwrap();
     assert!(

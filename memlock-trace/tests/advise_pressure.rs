@@ -89,10 +89,7 @@ fn a_table_swapped_out_under_pressure_is_advised_locked_and_weighed_against_the_
         "VmSwap never seen: {process}"
     );
     let advice = on_the_table(&report);
-    let lock = advice
-        .iter()
-        .find(|a| a["kind"] == "swap-ins")
-        .unwrap_or_else(|| panic!("no swap-in advice on the table: {}", report["advice"]));
+    let lock = advice::find(&advice, &report, "swap-in", |a| a["kind"] == "swap-ins");
     assert_eq!(lock["verdict"], "do", "{lock}");
     assert_eq!(lock["pinned_bytes"], HOT, "{lock}");
     let what = lock["what"].as_str().unwrap();

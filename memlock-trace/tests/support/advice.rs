@@ -15,6 +15,21 @@ pub fn on_dev_zero(report: &Value) -> impl Iterator<Item = &Value> {
     })
 }
 
+/// The first of `advice` (the report's on one table) that `matches`, which there must be:
+/// `what` names it in the failure, beside all of `report`'s advice.
+pub fn find<'a>(
+    advice: &[&'a Value],
+    report: &Value,
+    what: &str,
+    matches: impl Fn(&Value) -> bool,
+) -> &'a Value {
+    advice
+        .iter()
+        .copied()
+        .find(|a| matches(a))
+        .unwrap_or_else(|| panic!("no {what} advice on the table: {}", report["advice"]))
+}
+
 /// The report's first advice of `kind` (`over-limit`, `faulted-once`, ...), which there must be.
 pub fn of_kind<'a>(report: &'a Value, kind: &str) -> &'a Value {
     report["advice"]
