@@ -16,7 +16,7 @@ use std::{
 };
 
 use common::require_privileges;
-use support::{BIN, Tracer, calls_of, flood_args, process_of, summary};
+use support::{BIN, Tracer, calls_of, flood_args, line_after, process_of, summary};
 
 const THREADS: u64 = 4;
 const CALLS: u64 = 25_000;
@@ -176,10 +176,7 @@ fn a_tiny_ring_buffer_loses_event_lines_only() {
         (10_000, 10_000),
         "{text}"
     );
-    let dropped = text
-        .lines()
-        .find_map(|l| l.strip_prefix("dropped events: "))
-        .unwrap_or_else(|| panic!("no dropped line:\n{text}"));
+    let dropped = line_after(&text, "dropped events: ");
     assert!(
         dropped.contains("event lines and last-failure detail only"),
         "{text}"

@@ -13,7 +13,7 @@ use std::{path::PathBuf, process::Command};
 use common::require_privileges;
 use memlock_trace::lab::workload::huge_pages::make_room_for_huge_pages;
 use serde_json::Value;
-use support::{BIN, json_lines, process_of, succeeded};
+use support::{BIN, json_lines, line_with, process_of, succeeded};
 
 const KIB: u64 = 1024;
 const PAGE_KB: u64 = 4;
@@ -194,11 +194,7 @@ fn a_thp_mlock_event_line_says_pages_bytes_and_faults() {
     assert!(thp_kb > 0, "no huge page for the MADV_HUGEPAGE region: {w}");
     let faults = u(&w["faults"]["minflt"]) + u(&w["faults"]["majflt"]);
     let addr = format!("mlock({:#x}, {})", u(&w["addr"]), u(&w["len"]));
-    let line = run
-        .trace
-        .lines()
-        .find(|l| l.contains(&addr))
-        .unwrap_or_else(|| panic!("no {addr} line:\n{}", run.trace));
+    let line = line_with(&run.trace, &addr);
     // 64 MiB: 16384 pages, in 32 faults where every huge page was found.
     let want = format!(
         "populated {} pages ({} MiB) in {faults} faults, locked_vm +{} pages",

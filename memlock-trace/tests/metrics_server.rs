@@ -22,7 +22,7 @@ use std::{
 
 use common::require_privileges;
 use formats::{assert_families, assert_linters_pass};
-use support::{Tracer, map_memory, settled, status_kb};
+use support::{Tracer, line_after, map_memory, settled, status_kb};
 
 /// The server's timeout for a request head (memlock-trace's `metrics::server::TIMEOUT`).
 const TIMEOUT: Duration = Duration::from_secs(10);
@@ -270,11 +270,10 @@ fn scrape_as(addr: SocketAddr, accept: Option<&str>) -> (String, String) {
     s.read_to_string(&mut response).unwrap();
     let (head, body) = response.split_once("\r\n\r\n").expect("a response");
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-    let content_type = head
-        .lines()
-        .find_map(|l| l.strip_prefix("content-type: "))
-        .unwrap_or_else(|| panic!("no content-type: {head}"));
-    (content_type.to_string(), body.to_string())
+    (
+        line_after(head, "content-type: ").to_string(),
+        body.to_string(),
+    )
 }
 
 /// A tracer serving /metrics for a workload that makes mlock calls, so the call families have

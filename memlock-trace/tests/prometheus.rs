@@ -17,7 +17,7 @@ use serde_json::Value;
 use support::{
     BIN, Tracer, cgroup2_mount,
     exposition::{Sample, value},
-    summary,
+    line_after, summary,
 };
 
 fn page_size() -> u64 {
@@ -328,10 +328,7 @@ fn pid_label_only_when_asked() {
     let pid_str = pid.as_str();
     // The workload runs in this test's cgroup v2: `0::PATH` in /proc/self/cgroup.
     let own = std::fs::read_to_string("/proc/self/cgroup").unwrap();
-    let cgroup = own
-        .lines()
-        .find_map(|l| l.strip_prefix("0::"))
-        .expect("a cgroup v2 line");
+    let cgroup = line_after(&own, "0::");
     assert_eq!(
         value(
             &samples,

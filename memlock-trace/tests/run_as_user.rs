@@ -23,7 +23,7 @@ use std::{
 use common::require_privileges;
 use nix::unistd::{User, getgrouplist};
 use serde_json::Value;
-use support::{BIN, json_lines, os_result, workload};
+use support::{BIN, json_lines, line_after, os_result, workload};
 
 #[test]
 fn a_command_run_as_nobody_has_nobodys_ids_no_capabilities_and_is_traced_exactly() {
@@ -76,10 +76,7 @@ fn a_command_run_as_nobody_has_nobodys_ids_no_capabilities_and_is_traced_exactly
     assert!(stdout.contains("cat exit 1\n"), "{stdout}\n{stderr}");
     assert!(!stdout.contains("root only"), "{stdout}");
     let field = |name: &str| -> Vec<&str> {
-        stdout
-            .lines()
-            .find_map(|l| l.strip_prefix(&format!("{name}:")))
-            .unwrap_or_else(|| panic!("no {name} in {stdout}"))
+        line_after(&stdout, &format!("{name}:"))
             .split_whitespace()
             .collect()
     };

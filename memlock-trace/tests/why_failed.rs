@@ -12,7 +12,7 @@ mod support;
 
 use common::require_privileges;
 use serde_json::Value;
-use support::{BIN, json_lines, run, workload};
+use support::{BIN, json_lines, line_with, run, workload};
 
 /// The memlock-limit scenario under a 64 KiB limit, as uid nobody (no capabilities): it
 /// locks 32 KiB, then asks for 128 KiB, ..., then mlocks with the limit at 0.
@@ -98,10 +98,7 @@ fn the_text_line_and_summary_say_why() {
         "summary:\n{out}"
     );
     // A successful call's line stays short.
-    let ok = out
-        .lines()
-        .find(|l| l.contains(", 32768) = 0 "))
-        .unwrap_or_else(|| panic!("{out}"));
+    let ok = line_with(&out, ", 32768) = 0 ");
     assert!(!ok.contains("RLIMIT_MEMLOCK"), "{ok}");
 }
 
@@ -205,10 +202,7 @@ fn a_failed_mlock_past_a_hole_says_what_it_left_locked() {
         "{text}"
     );
     // The VMA summary, short of the 24 pages the snapshots could not all hold, says why.
-    let vma = text
-        .lines()
-        .find(|l| l.contains("VMA changes by mlock-family calls"))
-        .unwrap_or_else(|| panic!("{text}"));
+    let vma = line_with(&text, "VMA changes by mlock-family calls");
     assert!(
         vma.contains("spanned more VMAs than a snapshot holds")
             && vma.contains("the syscall table's locked pages (locked_vm) count them"),

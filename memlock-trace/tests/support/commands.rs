@@ -5,7 +5,7 @@ use std::{path::PathBuf, process::Command};
 
 use serde_json::Value;
 
-use super::BIN;
+use super::{BIN, line_with};
 
 /// Asserts that the finished command `what` succeeded, its status, stdout and stderr in the
 /// message; returns its stdout.
@@ -71,11 +71,7 @@ pub fn advise_json(options: &[&str], command: &[&str]) -> Value {
         .output()
         .unwrap();
     let stdout = succeeded("advise", &out);
-    let line = stdout
-        .lines()
-        .find(|l| l.contains("\"type\":\"advise\""))
-        .unwrap_or_else(|| panic!("no advise line in: {stdout}"));
-    serde_json::from_str(line).unwrap()
+    serde_json::from_str(line_with(&stdout, "\"type\":\"advise\"")).unwrap()
 }
 
 /// Debian's python3, which the advise tests run: missing, the test fails saying how to get it.

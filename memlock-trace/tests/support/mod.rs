@@ -29,8 +29,8 @@ pub use {
     deadline::poll_within,
     host::{cgroup2_mount, os_result, scratch, scratch_dir, settled, status_kb},
     output::{
-        assert_contains, calls_of, json_lines, process_of, summary, syscall_table_header,
-        with_syscalls,
+        assert_contains, calls_of, json_lines, line_after, line_with, process_of, summary,
+        syscall_table_header, with_syscalls,
     },
     tracer::{Finished, Tracer},
     unit::{UNIT, unit_values},

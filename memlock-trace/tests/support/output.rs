@@ -41,6 +41,22 @@ pub fn assert_contains(text: &Value, part: &str, context: impl std::fmt::Display
     assert!(s.contains(part), "{part:?} not in {text}: {context}");
 }
 
+/// The rest of `text`'s first line that starts with `prefix`, which there must be.
+#[track_caller]
+pub fn line_after<'a>(text: &'a str, prefix: &str) -> &'a str {
+    text.lines()
+        .find_map(|l| l.strip_prefix(prefix))
+        .unwrap_or_else(|| panic!("no line starting {prefix:?} in:\n{text}"))
+}
+
+/// `text`'s first line that holds `part`, which there must be.
+#[track_caller]
+pub fn line_with<'a>(text: &'a str, part: &str) -> &'a str {
+    text.lines()
+        .find(|l| l.contains(part))
+        .unwrap_or_else(|| panic!("no line with {part:?} in:\n{text}"))
+}
+
 /// How many mlock-family calls of `syscall` the summary counts for `pid` (all its entries).
 pub fn calls_of(summary: &Value, pid: u32, syscall: &str) -> u64 {
     summary["processes"]
