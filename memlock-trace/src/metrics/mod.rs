@@ -135,7 +135,7 @@ mod tests {
     use super::*;
     use crate::{
         event::Syscall,
-        syscalls::read::{KeyCounts, SyscallReport, fixtures},
+        syscalls::read::{KeyCounts, fixtures},
         tracer::Health,
     };
 
@@ -155,13 +155,10 @@ mod tests {
     #[test]
     fn syscalls_and_health_encode_as_openmetrics() {
         let m = Metrics::new(false, DEFAULT_MAX_NAMES);
-        let mut report = SyscallReport::default();
-        report
-            .counts
-            .insert(key(7, Syscall::Mlock, 0), counts(1, 3_000));
-        report
-            .counts
-            .insert(key(8, Syscall::Mlock, 12), counts(1, 1_500));
+        let mut report = fixtures::report([
+            (key(7, Syscall::Mlock, 0), counts(1, 3_000)),
+            (key(8, Syscall::Mlock, 12), counts(1, 1_500)),
+        ]);
         m.syscalls.update(&report, db);
         // The kernel's running totals: a second refresh adds only the growth.
         report
@@ -206,10 +203,7 @@ mod tests {
     #[test]
     fn text_format_names_counters_with_total_and_has_build_info() {
         let m = Metrics::new(false, DEFAULT_MAX_NAMES);
-        let mut report = SyscallReport::default();
-        report
-            .counts
-            .insert(key(7, Syscall::Mlock, 0), counts(1, 3_000));
+        let report = fixtures::report([(key(7, Syscall::Mlock, 0), counts(1, 3_000))]);
         m.syscalls.update(&report, db);
         m.set_build_info([("faults", "tracepoint"), ("syscalls", "tracepoint")]);
         let text = m.encode_as(Format::Text004);
@@ -244,10 +238,7 @@ mod tests {
     fn names_past_the_cap_are_counted_under_other_and_sums_stay_exact() {
         let m = Metrics::new(false, 1);
         let named = |k: &ProcessKey| (format!("p{}", k.tgid), "/a.slice".to_string());
-        let mut report = SyscallReport::default();
-        report
-            .counts
-            .insert(key(7, Syscall::Mlock, 0), counts(2, 1_000));
+        let mut report = fixtures::report([(key(7, Syscall::Mlock, 0), counts(2, 1_000))]);
         m.syscalls.update(&report, named);
         for tgid in [8, 9] {
             report
@@ -274,10 +265,7 @@ mod tests {
     #[test]
     fn pid_and_cgroup_labels() {
         let m = Metrics::new(true, DEFAULT_MAX_NAMES);
-        let mut report = SyscallReport::default();
-        report
-            .counts
-            .insert(key(42, Syscall::Munlock, 0), counts(1, 1_000));
+        let report = fixtures::report([(key(42, Syscall::Munlock, 0), counts(1, 1_000))]);
         m.syscalls.update(&report, |_| {
             ("db".into(), "/system.slice/db.service".into())
         });

@@ -306,7 +306,7 @@ fn slots_latency(c: &KeyCounts) -> (Latency, Vec<(u64, u64)>) {
 pub(crate) mod fixtures {
     use memlock_trace_common::syscalls::{LATENCY_SLOTS, SyscallKey, latency_slot};
 
-    use super::KeyCounts;
+    use super::{KeyCounts, SyscallReport};
     use crate::event::Syscall;
 
     pub(crate) fn key(tgid: u32, start_ns: u64, syscall: Syscall, errno: u32) -> SyscallKey {
@@ -333,21 +333,25 @@ pub(crate) mod fixtures {
             latency,
         }
     }
-}
 
-#[cfg(test)]
-mod tests {
-    use super::{fixtures::key, *};
-
-    fn counts(calls: u64, ns: u64) -> KeyCounts {
-        super::fixtures::counts(calls, ns, 4)
-    }
-
-    fn report<const N: usize>(counts: [(SyscallKey, KeyCounts); N]) -> SyscallReport {
+    /// A report of these kernel counts, as one refresh reads them.
+    pub(crate) fn report<const N: usize>(counts: [(SyscallKey, KeyCounts); N]) -> SyscallReport {
         SyscallReport {
             counts: counts.into(),
             ..SyscallReport::default()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{
+        fixtures::{key, report},
+        *,
+    };
+
+    fn counts(calls: u64, ns: u64) -> KeyCounts {
+        super::fixtures::counts(calls, ns, 4)
     }
 
     #[test]
