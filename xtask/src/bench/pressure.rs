@@ -287,3 +287,23 @@ fn report(all: &[Run], runs: usize, load_before: &str) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::phase;
+
+    #[test]
+    fn a_phase_is_its_pass_or_both_read_backs_in_cpu_time() {
+        let pass = |cpu_ns: u64, majflt: u64, minflt: u64| json!({"ns": cpu_ns * 3, "cpu_ns": cpu_ns, "faults": {"majflt": majflt, "minflt": minflt}});
+        let result = json!({
+            "pressure": [pass(100, 1, 9), pass(200, 20, 0)],
+            "touched_again": {"lazy": pass(30, 3, 0), "populate": pass(40, 4, 0), "mlock": pass(1, 0, 0)},
+        });
+        assert_eq!(phase(&result, "pressure/0").unwrap(), (100, 10));
+        assert_eq!(phase(&result, "pressure/1").unwrap(), (200, 20));
+        assert_eq!(phase(&result, "touched_again").unwrap(), (70, 7));
+        assert!(phase(&json!({}), "pressure/0").is_err());
+    }
+}
