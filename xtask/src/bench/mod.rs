@@ -9,9 +9,11 @@
 //! (`/proc/PID/stat`): a cheap tracer that loses faults would not be a result. A last run
 //! faults from every CPU at once and must lose nothing either. Results go to BENCHMARKS.md.
 //!
-//! [`workload`] drives the workload process, [`measure`] runs one measured run with a tracer
-//! attached (and reads back what the tracer and the kernel counted), [`report`] writes the
-//! markdown section; this file holds the options, the modes and the schedule of runs.
+//! [`workload`] drives the workload process, [`tracer`] starts a tracer, waits until it is
+//! attached and stops it, [`measure`] runs one measured run with a tracer attached (and reads
+//! back what the tracer and the kernel counted), [`report`] writes the markdown section; this
+//! file holds the options, the modes and the schedule of runs. The other benches (`--soak`,
+//! `--node-cost`, `--stack-cost`, `--pressure`) have a module each.
 
 mod measure;
 mod node_cost;
@@ -19,6 +21,7 @@ mod pressure;
 mod report;
 mod soak;
 mod stack_cost;
+mod tracer;
 mod workload;
 
 use std::{

@@ -28,8 +28,8 @@ use inferno::collapse::{
 };
 
 use super::{
-    measure::{Attached, attach, cpu_ns},
     report::{Markers, median, replace_section},
+    tracer::{Attached, attach, cpu_ns},
     workload::{Placement, Workload},
 };
 use crate::{run::workspace_root, util::run as run_cmd};

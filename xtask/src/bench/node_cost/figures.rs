@@ -6,7 +6,7 @@ use std::{fmt, path::Path, process::Command};
 use anyhow::{Context as _, Result, bail};
 
 use super::super::{
-    measure::cpu_ns,
+    tracer::cpu_ns,
     workload::{Placement, Workload},
 };
 

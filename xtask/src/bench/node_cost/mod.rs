@@ -21,7 +21,10 @@ use std::{
 use anyhow::{Context as _, Result, anyhow, bail};
 
 use self::figures::Figures;
-use super::measure::{Attached, BPFTRACE_SCRIPT, attach, attach_bpftrace};
+use super::{
+    measure::{BPFTRACE_SCRIPT, attach_bpftrace},
+    tracer::{Attached, attach},
+};
 use crate::{bench::report::Machine, run::workspace_root};
 
 /// What runs beside the measured work.
