@@ -92,6 +92,12 @@ indices! {
         FAILED,
         /// Retried faults, again: a retried fault is also in its final class.
         RETRIED,
+        /// Timed major faults again, by what they waited for (see [`VM_BACKING`]): a page
+        /// of anonymous memory read back from swap (a private file mapping's written pages
+        /// among them), a shmem page read back from swap, a file's page read in.
+        MAJOR_ANON_SWAP_IN,
+        MAJOR_SHMEM_SWAP_IN,
+        MAJOR_FILE_READ,
     }
 }
 
@@ -347,6 +353,18 @@ pub struct RegionSlot {
 /// The hooks clear the bit from the kernel's own flags first, so it means only this.
 pub const VM_HELD_SP: u64 = 1 << 62;
 
+/// Or'ed into the same `vm_flags` when the VMA maps a file ([`VM_FILE_BACKED`]), and when
+/// that file is shmem's ([`VM_SHMEM_BACKED`]: tmpfs, memfd, SysV shm, a shared anonymous
+/// mapping): read once per VMA with its identity, what a major fault's kind is told by.
+/// Cleared from the kernel's own flags first, as [`VM_HELD_SP`];
+/// [`VM_BACKING_KNOWN`]: the two were read (a VMA whose identity was not has none).
+pub const VM_BACKING_KNOWN: u64 = 1 << 59;
+pub const VM_FILE_BACKED: u64 = 1 << 60;
+pub const VM_SHMEM_BACKED: u64 = 1 << 61;
+pub const VM_BACKING: u64 = VM_BACKING_KNOWN | VM_FILE_BACKED | VM_SHMEM_BACKED;
+/// Every bit the hooks add to the kernel's `vm_flags`.
+pub const VM_OURS: u64 = VM_HELD_SP | VM_BACKING;
+
 /// Per-CPU value of `FAULT_REGIONS`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -429,6 +447,10 @@ pub mod fault_flags {
     pub const VM_LOCKONFAULT: u32 = 1 << 6;
     /// The hook saw the VMA, so the two bits above are known.
     pub const HAS_VMA: u32 = 1 << 7;
+    /// A timed major fault's kind (see `class::MAJOR_*`), when told.
+    pub const ANON_SWAP_IN: u32 = 1 << 8;
+    pub const SHMEM_SWAP_IN: u32 = 1 << 9;
+    pub const FILE_READ: u32 = 1 << 10;
 }
 
 /// One fault (or, for tracepoint hooks, the pages one call populated), sampled with

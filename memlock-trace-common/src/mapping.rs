@@ -71,7 +71,9 @@ pub struct MappingConfig {
     pub maple_leaf_64: u32,
     pub maple_range_64: u32,
     pub maple_arange_64: u32,
-    pub _pad: u32,
+    /// `super_block.s_magic`: whether a file is shmem's (tmpfs, memfd, SysV shm, a shared
+    /// anonymous mapping's `/dev/zero`), whose pages swap like anonymous memory.
+    pub sb_magic: u32,
 }
 
 impl MappingConfig {
@@ -80,6 +82,9 @@ impl MappingConfig {
     // bytes are a value (the crate's tests check it equals the derived `Default`).
     pub const ZERO: Self = unsafe { core::mem::zeroed() };
 }
+
+/// `TMPFS_MAGIC`, shmem's `super_block.s_magic` (include/uapi/linux/magic.h).
+pub const TMPFS_MAGIC: u64 = 0x0102_1994;
 
 /// [`MappingInfo::kind`]: what the kernel's `/proc/PID/maps` would call the mapping.
 pub mod kind {

@@ -28,9 +28,12 @@ pub const STORE_FN_LEN: usize = 24;
 pub const NR_UNKNOWN: u32 = u32::MAX;
 
 /// `vm_flags` bits, from include/linux/mm.h (unchanged since VM_LOCKONFAULT was added in 4.4):
-/// `#define VM_LOCKED 0x00002000`, `#define VM_LOCKONFAULT 0x00080000`.
+/// `#define VM_LOCKED 0x00002000`, `#define VM_LOCKONFAULT 0x00080000`,
+/// `#define VM_MAYSHARE 0x00000080`.
 pub const VM_LOCKED: u64 = 0x0000_2000;
 pub const VM_LOCKONFAULT: u64 = 0x0008_0000;
+/// `MAP_SHARED` (set even where the mapping cannot be written, unlike `VM_SHARED`).
+pub const VM_MAYSHARE: u64 = 0x0000_0080;
 
 /// [`SnapshotEvent::phase`] and [`FuncEvent::phase`].
 pub mod phase {

@@ -18,7 +18,10 @@ use aya_ebpf::{
     macros::map,
     maps::PerCpuArray,
 };
-use memlock_trace_common::mapping::{MappingConfig, MappingInfo, kind};
+use memlock_trace_common::{
+    faults::{VM_BACKING, VM_BACKING_KNOWN, VM_FILE_BACKED, VM_SHMEM_BACKED},
+    mapping::{MappingConfig, MappingInfo, TMPFS_MAGIC, kind},
+};
 
 use crate::{
     kernel_walk::{
@@ -281,7 +284,7 @@ fn read_identity(vma: u64, found: &Found, c: &MappingConfig) {
     let info = unsafe { &mut *info };
     info.start = found.start;
     info.end = found.end;
-    info.flags = found.flags;
+    info.flags = found.flags & !VM_BACKING | VM_BACKING_KNOWN;
     info.pgoff = peek(vma, c.vma_pgoff);
     info.ino = 0;
     info.dev = 0;
@@ -296,6 +299,8 @@ fn read_identity(vma: u64, found: &Found, c: &MappingConfig) {
         info.ino = peek(inode, c.inode_ino);
         let sb: u64 = peek(inode, c.inode_sb);
         info.dev = peek(sb, c.sb_dev);
+        let shmem = peek::<u64>(sb, c.sb_magic) == TMPFS_MAGIC;
+        info.flags |= VM_FILE_BACKED | if shmem { VM_SHMEM_BACKED } else { 0 };
         return;
     }
     // include/linux/mm.h `vma_is_initial_heap()` and `vma_is_initial_stack()`.

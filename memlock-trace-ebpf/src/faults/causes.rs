@@ -3,6 +3,10 @@
 //! completion takes the phases that began and ended within it ([`split`]). They fire only
 //! under memory pressure, and a thread not traced leaves at once; a completion looks for
 //! phases only when one ended after its fault began, an array read otherwise.
+//!
+//! And what a major fault waited for ([`major_kind`]): told by its VMA's backing, and for a
+//! private file mapping, whose written pages swap like anonymous memory, by whether the
+//! fault read a page into the page cache (`filemap:mm_filemap_add_to_page_cache`).
 
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
@@ -10,9 +14,13 @@ use aya_ebpf::{
     maps::{Array, LruHashMap, PerCpuArray},
     programs::TracePointContext,
 };
-use memlock_trace_common::causes::{
-    MAX_PHASE_THREADS, PHASES, Phase, ThreadPhases,
-    cause::{self, Cause},
+use memlock_trace_common::{
+    causes::{
+        MAX_PHASE_THREADS, PHASES, Phase, ThreadPhases,
+        cause::{self, Cause},
+    },
+    faults::{VM_BACKING_KNOWN, VM_FILE_BACKED, VM_SHMEM_BACKED, class},
+    vma::VM_MAYSHARE,
 };
 
 use super::traced;
@@ -160,4 +168,57 @@ pub fn cause_throttled(ctx: TracePointContext) -> u32 {
         Cause::Throttled,
     );
     0
+}
+
+/// When each traced thread last read a page into the page cache.
+#[map]
+static FAULT_PAGE_READS: LruHashMap<u32, u64> = LruHashMap::with_max_entries(MAX_PHASE_THREADS, 0);
+
+/// `filemap:mm_filemap_add_to_page_cache`: a traced thread reads a page in (a fault's, or its
+/// readahead's, or a `read` call's: only a fault's window makes it one).
+#[tracepoint]
+pub fn cause_page_read(_ctx: TracePointContext) -> u32 {
+    let (tgid, tid) = current_ids();
+    if !traced(tgid) {
+        return 0;
+    }
+    let now = now_ns();
+    match FAULT_PAGE_READS.get_ptr_mut(tid) {
+        // SAFETY: this thread's own entry, which only its programs touch, one at a time.
+        Some(at) => unsafe { *at = now },
+        None => {
+            let _ = FAULT_PAGE_READS.insert(tid, now, 0);
+        }
+    }
+    0
+}
+
+/// The class a timed major fault of thread `tid` between `start_ns` and `end_ns`, in a VMA
+/// with `vm_flags`, is also counted in; None when its VMA's backing is not known. No file:
+/// anonymous memory, swapped. A shmem file: shmem, swapped (a private mapping's written
+/// pages counted there too). A shared mapping of another file: its page read in. A private
+/// one: read in if the fault read a page into the page cache, else a written page's swap-in
+/// (or a wait for a read another fault began: counted as a swap-in).
+#[inline(always)]
+pub(super) fn major_kind(tid: u32, vm_flags: u64, start_ns: u64, end_ns: u64) -> Option<u32> {
+    if vm_flags & VM_BACKING_KNOWN == 0 {
+        return None;
+    }
+    if vm_flags & VM_FILE_BACKED == 0 {
+        return Some(class::MAJOR_ANON_SWAP_IN);
+    }
+    if vm_flags & VM_SHMEM_BACKED != 0 {
+        return Some(class::MAJOR_SHMEM_SWAP_IN);
+    }
+    let read_in = || {
+        FAULT_PAGE_READS
+            .get_ptr(tid)
+            // SAFETY: as in `cause_page_read`; read only.
+            .is_some_and(|at| (start_ns..=end_ns).contains(unsafe { &*at }))
+    };
+    if vm_flags & VM_MAYSHARE != 0 || read_in() {
+        Some(class::MAJOR_FILE_READ)
+    } else {
+        Some(class::MAJOR_ANON_SWAP_IN)
+    }
 }

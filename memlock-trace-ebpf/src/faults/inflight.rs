@@ -12,7 +12,7 @@ use aya_ebpf::{
 };
 use memlock_trace_common::{
     PAGE_MASK, PAGE_SHIFT,
-    faults::{FaultEntry, MAX_FAULT_THREADS, VM_HELD_SP, class, populate},
+    faults::{FaultEntry, MAX_FAULT_THREADS, VM_OURS, class, populate},
 };
 
 use super::{
@@ -259,14 +259,18 @@ pub(super) fn hook_start(vma: u64, address: u64, flags: u32, regs: u64) {
     start(tgid, tid, vma, address, flags, regs);
 }
 
-/// The VMA's flags as the fault is counted with (see [`with_sp`]); the user stack pointer is
-/// read only for a fault of a traced thread that has registers (not one populated).
+/// The VMA's flags as the fault is counted with (see [`with_sp`]) and its backing; the user
+/// stack pointer is read only for a fault of a traced thread that has registers (not one
+/// populated).
 #[inline(always)]
 fn counted_flags(tgid: u32, vma: u64, vm_start: u64, regs: u64) -> u64 {
-    let flags = read_kernel::<u64>(vma, config!(vma_vm_flags)) & !VM_HELD_SP;
+    let flags = read_kernel::<u64>(vma, config!(vma_vm_flags)) & !VM_OURS;
     match note_vma(tgid, vma, vm_start, flags) {
-        Some(end) if regs != 0 => with_sp(flags, vm_start, end, read_kernel(regs, PT_REGS_SP)),
-        _ => flags,
+        Some((end, backing)) if regs != 0 => {
+            with_sp(flags, vm_start, end, read_kernel(regs, PT_REGS_SP)) | backing
+        }
+        Some((_, backing)) => flags | backing,
+        None => flags,
     }
 }
 

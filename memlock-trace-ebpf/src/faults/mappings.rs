@@ -25,7 +25,9 @@ use aya_ebpf::{
     macros::map,
     maps::{Array, LruHashMap, PerCpuArray},
 };
-use memlock_trace_common::faults::{MAX_FAULT_MAPPINGS, RegionKey, VM_HELD_SP, region_kind};
+use memlock_trace_common::faults::{
+    MAX_FAULT_MAPPINGS, RegionKey, VM_BACKING, VM_HELD_SP, VM_OURS, region_kind,
+};
 
 use crate::{
     mapping::{self, Identified, Lookup},
@@ -162,7 +164,7 @@ pub(super) fn resolve<const HOW: u8>(tgid: u32, address: u64, sp: u64) -> Option
         }
     };
     let flags = with_sp(found.flags, found.start, found.end, sp);
-    remember(
+    let backing = remember(
         cache,
         tgid,
         generation,
@@ -172,7 +174,7 @@ pub(super) fn resolve<const HOW: u8>(tgid: u32, address: u64, sp: u64) -> Option
         0,
         flags & VM_HELD_SP != 0,
     );
-    Some((found.start, flags))
+    Some((found.start, flags & !VM_BACKING | backing))
 }
 
 /// Pages of one process whose lookup failed, by [`PENDING_SHIFT`] block, with the faulting
@@ -412,9 +414,9 @@ pub(super) fn with_sp(flags: u64, start: u64, end: u64, sp: u64) -> u64 {
 }
 
 /// fentry/kprobe: the hook was handed the VMA; records its identity the first time this CPU
-/// meets it. Its end, when known.
+/// meets it. Its end and [`VM_BACKING`] bits, when known.
 #[inline(always)]
-pub(super) fn note_vma(tgid: u32, vma: u64, start: u64, flags: u64) -> Option<u64> {
+pub(super) fn note_vma(tgid: u32, vma: u64, start: u64, flags: u64) -> Option<(u64, u64)> {
     let cache = FAULT_VMA_CACHE.get_ptr_mut(0)?;
     // SAFETY: as in `resolve`.
     let cache = unsafe { &mut *cache };
@@ -424,20 +426,19 @@ pub(super) fn note_vma(tgid: u32, vma: u64, start: u64, flags: u64) -> Option<u6
             && way.generation == generation
             && way.vma == vma
             && way.start == start
-            && way.flags & !VM_HELD_SP == flags
+            && way.flags & !VM_OURS == flags
         {
-            return Some(way.end);
+            return Some((way.end, way.flags & VM_BACKING));
         }
     }
-    let info = mapping::identify_vma(vma)?;
-    let end = info.end;
-    remember(cache, tgid, generation, start, end, flags, vma, false);
-    Some(end)
+    let end = mapping::identify_vma(vma)?.end;
+    let backing = remember(cache, tgid, generation, start, end, flags, vma, false);
+    Some((end, backing))
 }
 
-/// Caches a VMA and records the identity the lookup left in the scratch. `held_sp`: a
-/// faulting thread's stack pointer was in it, which its identity then keeps for good (for
-/// the pages keyed by page inside it).
+/// Caches a VMA and records the identity the lookup left in the scratch; returns its
+/// [`VM_BACKING`] bits. `held_sp`: a faulting thread's stack pointer was in it, which its
+/// identity then keeps for good (for the pages keyed by page inside it).
 #[allow(clippy::too_many_arguments, clippy::needless_borrows_for_generic_args)]
 #[inline(always)]
 fn remember(
@@ -449,12 +450,13 @@ fn remember(
     flags: u64,
     vma: u64,
     held_sp: bool,
-) {
+) -> u64 {
     let way = cache.next as usize & (CACHE_WAYS - 1);
     cache.next = cache.next.wrapping_add(1);
     let Some(info) = mapping::scratch() else {
-        return;
+        return 0;
     };
+    let backing = info.flags & VM_BACKING;
     cache.key = RegionKey {
         tgid,
         exact: region_kind::VMA,
@@ -475,7 +477,7 @@ fn remember(
         generation,
         start,
         end,
-        flags: flags & !VM_HELD_SP | held,
+        flags: flags & !VM_OURS | held | backing,
         vma,
     };
     info.flags = info.flags & !VM_HELD_SP | held;
@@ -489,7 +491,7 @@ fn remember(
             && old.dev == info.dev
             && old.kind == info.kind
     }) {
-        return;
+        return backing;
     }
     if FAULT_MAPPINGS
         .insert(&cache.key, info, u64::from(BPF_ANY))
@@ -497,4 +499,5 @@ fn remember(
     {
         super::update_failed("FAULT_MAPPINGS");
     }
+    backing
 }

@@ -112,6 +112,7 @@ impl KernelBtf {
             inode_ino: f("inode", "i_ino")?,
             inode_sb: f("inode", "i_sb")?,
             sb_dev: f("super_block", "s_dev")?,
+            sb_magic: f("super_block", "s_magic")?,
             mm_start_brk: mm("start_brk")?,
             mm_brk: mm("brk")?,
             mm_start_stack: mm("start_stack")?,

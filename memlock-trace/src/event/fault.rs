@@ -32,6 +32,17 @@ impl FaultRecord {
         }
     }
 
+    /// A timed major fault's kind, when told: `anon_swap_in`, `shmem_swap_in`, `file_read`.
+    pub fn major_kind(&self) -> Option<&'static str> {
+        [
+            (fault_flags::ANON_SWAP_IN, "anon_swap_in"),
+            (fault_flags::SHMEM_SWAP_IN, "shmem_swap_in"),
+            (fault_flags::FILE_READ, "file_read"),
+        ]
+        .into_iter()
+        .find_map(|(flag, name)| self.has(flag).then_some(name))
+    }
+
     pub fn latency_ns(&self) -> Option<u64> {
         self.has(fault_flags::HAS_LATENCY)
             .then_some(self.raw.latency_ns)

@@ -75,6 +75,9 @@ pub fn fault_line(rec: &FaultRecord, place: &FaultPlace, unit: Unit) -> String {
         kind = rec.kind(),
         addr = r.address,
     );
+    if let Some(kind) = rec.major_kind() {
+        let _ = write!(line, " ({})", kind.replace('_', " "));
+    }
     if let Some(mapping) = &place.mapping {
         let _ = write!(line, " in {mapping}");
     }
@@ -127,6 +130,7 @@ pub fn fault_json(rec: &FaultRecord, place: &FaultPlace) -> serde_json::Value {
         "syscall": rec.syscall(),
         "pages": r.count,
         "retried": rec.has(fault_flags::RETRIED),
+        "major_kind": rec.major_kind(),
         "latency_ns": rec.latency_ns(),
         "causes_ns": super::causes::of_event(rec).map(|c| c.causes_ns),
         "vm_locked": rec.locked().map(|(l, _)| l),
@@ -221,9 +225,17 @@ pub fn faults_text(out: &mut String, f: &FaultSummary, indent: &str, style: Text
 /// The latency table of a faults block: a row per class, then why some faults have none.
 fn latency_text(out: &mut String, f: &FaultSummary, indent: &str, style: TextStyle) {
     let unit = style.unit;
+    // Wide enough for the longest class shown (`major_shmem_swap_in`).
+    let w = f
+        .latency_ns
+        .keys()
+        .map(|c| c.len())
+        .max()
+        .unwrap_or(0)
+        .max(10);
     let _ = writeln!(
         out,
-        "{indent}  {:<10} {:>9}  {:>9} {:>9} {:>9} {:>9} {:>9}",
+        "{indent}  {:<w$} {:>9}  {:>9} {:>9} {:>9} {:>9} {:>9}",
         "latency", "faults", "p50", "p90", "p99", "p99.9", "max"
     );
     let lat = f.latency_ns.values();
@@ -238,7 +250,7 @@ fn latency_text(out: &mut String, f: &FaultSummary, indent: &str, style: TextSty
     for (class, l) in f.latency_ns.iter().filter(|(c, _)| shown_class(f, c)) {
         let _ = writeln!(
             out,
-            "{indent}  {:<10} {:>9}  {:>9} {:>9} {:>9} {:>9} {:>9}",
+            "{indent}  {:<w$} {:>9}  {:>9} {:>9} {:>9} {:>9} {:>9}",
             class,
             l.count,
             units[0].format(l.p50),
@@ -250,6 +262,13 @@ fn latency_text(out: &mut String, f: &FaultSummary, indent: &str, style: TextSty
     }
     if let Some(note) = untimed_note(f) {
         let _ = writeln!(out, "{indent}  ({note})");
+    }
+    if let Some(untold) = kinds_untold(f) {
+        let _ = writeln!(
+            out,
+            "{indent}  ({} of no kind told: the backing of its VMA was not read)",
+            counted(untold, "timed major fault")
+        );
     }
     if f.latency_unmatched > 0 {
         let _ = writeln!(
@@ -364,6 +383,17 @@ fn plural(n: u64, thing: &str) -> String {
 /// faults were timed too; without them it is minor and major together, row for row.
 fn shown_class(f: &FaultSummary, class: &str) -> bool {
     class != "user" || f.latency_ns.contains_key("populated")
+}
+
+/// Timed major faults in none of the kind rows, when the rows are there.
+fn kinds_untold(f: &FaultSummary) -> Option<u64> {
+    let major = f.latency_ns.get("major")?.count;
+    let told: u64 = super::summary::MAJOR_KINDS
+        .iter()
+        .filter_map(|k| f.latency_ns.get(k))
+        .map(|l| l.count)
+        .sum();
+    (told > 0 && told < major).then(|| major - told)
 }
 
 /// Why the latency rows count fewer faults than the header: the rows hold timed faults only,

@@ -147,7 +147,7 @@ pub struct ThreadFaults {
 }
 
 /// Reported classes and the kernel classes they merge.
-const LATENCY_CLASSES: [(&str, &[u32]); 6] = [
+const LATENCY_CLASSES: [(&str, &[u32]); 9] = [
     ("minor", &[class::USER_MINOR, class::POPULATED_MINOR]),
     ("major", &[class::USER_MAJOR, class::POPULATED_MAJOR]),
     ("user", &[class::USER_MINOR, class::USER_MAJOR]),
@@ -157,6 +157,17 @@ const LATENCY_CLASSES: [(&str, &[u32]); 6] = [
     ),
     ("retried", &[class::RETRIED]),
     ("failed", &[class::FAILED]),
+    (MAJOR_KINDS[0], &[class::MAJOR_ANON_SWAP_IN]),
+    (MAJOR_KINDS[1], &[class::MAJOR_SHMEM_SWAP_IN]),
+    (MAJOR_KINDS[2], &[class::MAJOR_FILE_READ]),
+];
+
+/// The timed major faults again, by kind: the classes a session without the kind hooks
+/// leaves out.
+pub const MAJOR_KINDS: [&str; 3] = [
+    "major_anon_swap_in",
+    "major_shmem_swap_in",
+    "major_file_read",
 ];
 
 fn summarize_key(
@@ -169,7 +180,11 @@ fn summarize_key(
     let sees_vma = hooks.observes(Unobservable::InLockedVma);
     let mut latency_ns = BTreeMap::new();
     let mut latency_values = BTreeMap::new();
+    let kinds = hooks.causes.as_ref().is_some_and(|c| c.major_kinds);
     for (name, classes) in LATENCY_CLASSES {
+        if !kinds && MAJOR_KINDS.contains(&name) {
+            continue;
+        }
         let mut merged = [0u64; HIST_BUCKETS];
         let mut max = 0;
         for &cls in classes {

@@ -50,6 +50,13 @@ const CLASSES: [(u32, usize, &str, &str); 4] = [
     ),
 ];
 
+/// (kernel class, `kind` label) of the timed major faults' kinds.
+const MAJOR_KINDS: [(u32, &str); 3] = [
+    (class::MAJOR_ANON_SWAP_IN, "anon_swap_in"),
+    (class::MAJOR_SHMEM_SWAP_IN, "shmem_swap_in"),
+    (class::MAJOR_FILE_READ, "file_read"),
+];
+
 pub struct FaultMetrics {
     names: Arc<NameCap>,
     faults: Family<Labels, Counter>,
@@ -57,6 +64,8 @@ pub struct FaultMetrics {
     retried: Family<Labels, Counter>,
     failed: Family<Labels, Counter>,
     latency: LatencyFamily,
+    /// The timed major faults' latency again, by kind.
+    major_kinds: LatencyFamily,
     /// Seconds of timed faults spent in each cause.
     causes: Family<Labels, Counter<f64, AtomicU64>>,
     /// One fault in this many is timed (`--latency-sample`; 1: every one).
@@ -89,6 +98,7 @@ impl FaultMetrics {
             retried: Family::default(),
             failed: Family::default(),
             latency: LatencyFamily::default(),
+            major_kinds: LatencyFamily::default(),
             causes: Family::default(),
             latency_sample_every: Gauge::default(),
             health: Family::default(),
@@ -122,6 +132,14 @@ impl FaultMetrics {
             "Time to resolve a page fault (handle_mm_fault), by class and origin",
             Unit::Seconds,
             m.latency.clone(),
+        );
+        registry.register_with_unit(
+            "page_fault_major_kind_latency",
+            "Time to resolve a timed major page fault, by kind: anon_swap_in (anonymous memory, \
+             a private file mapping's written pages included, read back from swap), \
+             shmem_swap_in, file_read (a file's page read in)",
+            Unit::Seconds,
+            m.major_kinds.clone(),
         );
         registry.register_with_unit(
             "page_fault_cause",
@@ -220,21 +238,28 @@ impl FaultMetrics {
             labels.extend(extra.iter().map(|&(k, v)| (k, v.to_string())));
             labels
         };
+        // What the histogram of `kernel_class` grew by, if the process has one.
+        let hist_growth = |kernel_class: u32| {
+            let buckets = p.hists.get(&kernel_class)?;
+            let old = before
+                .hists
+                .iter()
+                .find_map(|(class, b)| (*class == kernel_class).then_some(b));
+            Some(bucket_growth::<HIST_BUCKETS>(buckets, old))
+        };
         for (kernel_class, index, class_label, origin) in CLASSES {
+            let labels = with(&[("class", class_label), ("origin", origin)]);
             let n = growth(c[index], before.counts[index]);
             if n > 0 {
-                self.faults
-                    .get_or_create(&with(&[("class", class_label), ("origin", origin)]))
-                    .inc_by(n);
+                self.faults.get_or_create(&labels).inc_by(n);
             }
-            if let Some(buckets) = p.hists.get(&kernel_class) {
-                let old = before
-                    .hists
-                    .iter()
-                    .find_map(|(class, b)| (*class == kernel_class).then_some(b));
-                let added: [u64; HIST_BUCKETS] = bucket_growth(buckets, old);
-                self.latency
-                    .add(with(&[("class", class_label), ("origin", origin)]), &added);
+            if let Some(added) = hist_growth(kernel_class) {
+                self.latency.add(labels, &added);
+            }
+        }
+        for (kernel_class, kind) in MAJOR_KINDS {
+            if let Some(added) = hist_growth(kernel_class) {
+                self.major_kinds.add(with(&[("kind", kind)]), &added);
             }
         }
         for (slot, (name, now)) in populate::NAMES.iter().zip(p.stats.populated_by).enumerate() {

@@ -1,6 +1,7 @@
 //! The tracepoints that time the causes of a fault's time (reclaim, compaction, throttling):
 //! attached with timed faults, each cause on its own, so that a kernel without one (5.10 has
-//! no `mm_vmscan_throttled`) measures the others and names the one it cannot.
+//! no `mm_vmscan_throttled`) measures the others and names the one it cannot; and the one
+//! that tells a major fault's kind.
 
 use aya::{Ebpf, programs::TracePoint};
 use memlock_trace_common::causes::cause;
@@ -15,7 +16,14 @@ pub struct CauseHooks {
     pub measured: [bool; cause::COUNT],
     /// `cause: reason` for each not measured.
     pub not_measured: Vec<String>,
+    /// Whether timed major faults are told by kind (swap-in, file read): the page-cache
+    /// tracepoint that tells a private file mapping's reads from its swap-ins attached.
+    pub major_kinds: bool,
 }
+
+/// The program that notes a traced thread's reads into the page cache, and its tracepoint.
+const PAGE_READ: (&str, &str, &str) =
+    ("cause_page_read", "filemap", "mm_filemap_add_to_page_cache");
 
 /// Each cause's programs and their tracepoints (category, name).
 const CAUSE_TRACEPOINTS: [&[(&str, &str, &str)]; cause::COUNT] = [
@@ -69,7 +77,19 @@ pub(in crate::faults) fn attach_causes(ebpf: &mut Ebpf) -> (String, CauseHooks) 
                 .push(format!("{}: {reason}", cause::NAMES[index])),
         }
     }
-    let line = format!("fault time by cause: tracepoint {}", attached.join(", "));
+    match attach_all(ebpf, &[PAGE_READ]) {
+        Ok(()) => {
+            hooks.major_kinds = true;
+            attached.push(format!("{}:{}", PAGE_READ.1, PAGE_READ.2));
+        }
+        Err(reason) => hooks
+            .not_measured
+            .push(format!("major faults by kind: {reason}")),
+    }
+    let line = format!(
+        "fault time by cause and major faults by kind: tracepoint {}",
+        attached.join(", ")
+    );
     (line, hooks)
 }
 

@@ -143,3 +143,46 @@ fn kernel_comm_when_the_process_is_gone() {
         "{text}"
     );
 }
+
+/// Issue 43: a timed major fault's kind is a series of its own, beside the major class; it
+/// grows by the kind's new faults only.
+#[test]
+fn major_faults_by_kind_are_histograms_by_kind() {
+    let m = Metrics::new(false, crate::metrics::DEFAULT_MAX_NAMES);
+    let comm = |_: &ProcessKey| (Some("db".to_string()), String::new());
+    let with_majors = |anon: u64, file: u64| {
+        let mut p = process(1, 0);
+        p.stats.counts[stat::USER_MAJOR] = anon + file;
+        for (class, n, ns) in [
+            (class::USER_MAJOR, anon + file, 40_000),
+            (class::MAJOR_ANON_SWAP_IN, anon, 40_000),
+            (class::MAJOR_FILE_READ, file, 40_000),
+        ] {
+            let mut hist = [0u64; HIST_BUCKETS];
+            hist[bucket_of(ns)] = n;
+            p.hists.insert(class, Buckets::from_dense(&hist));
+        }
+        p
+    };
+    let health = FaultHealth::default();
+    for (anon, file) in [(6, 1), (10, 1)] {
+        m.faults.update(
+            BTreeMap::from([(key(7), with_majors(anon, file))]),
+            &hooks(),
+            &health,
+            comm,
+        );
+    }
+    let text = m.encode();
+    let has = |line: &str| assert!(text.contains(line), "{line}\n{text}");
+    has(
+        "memlock_trace_page_fault_major_kind_latency_seconds_count{comm=\"db\",kind=\"anon_swap_in\"} 10\n",
+    );
+    has(
+        "memlock_trace_page_fault_major_kind_latency_seconds_count{comm=\"db\",kind=\"file_read\"} 1\n",
+    );
+    has(
+        "memlock_trace_page_fault_latency_seconds_count{comm=\"db\",class=\"major\",origin=\"user\"} 11\n",
+    );
+    assert!(!text.contains("kind=\"shmem_swap_in\""), "{text}");
+}
