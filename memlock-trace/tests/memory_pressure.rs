@@ -157,6 +157,18 @@ fn locked_pages_never_reach_swap_and_the_tracer_counts_what_did() {
     assert_eq!(traced["faults"]["major"], w["faults_at_exit"]["majflt"]);
     assert_eq!(traced["faults"]["minor"], w["faults_at_exit"]["minflt"]);
     assert_time_by_cause(&traced["faults"]);
+    // Issue 43: every timed major fault has a kind; the regions read back from swap are
+    // anonymous memory (shmem and files: test:major_kinds).
+    let latency = &traced["faults"]["latency_ns"];
+    let count = |class: &str| latency[class]["count"].as_u64().unwrap_or(0);
+    let kinds =
+        ["anon_swap_in", "shmem_swap_in", "file_read"].map(|k| count(&format!("major_{k}")));
+    assert_eq!(kinds.iter().sum::<u64>(), count("major"), "{latency}");
+    let read_back: u64 = ["lazy", "populate"]
+        .iter()
+        .map(|r| w["touched_again"][r]["faults"]["majflt"].as_u64().unwrap())
+        .sum();
+    assert!(kinds[0] >= read_back, "{read_back} read back: {latency}");
     std::fs::remove_dir_all(&out_dir).ok();
 }
 

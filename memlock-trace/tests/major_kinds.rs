@@ -1,0 +1,101 @@
+//! Runs on: host, 6.1, 6.12: the kinds are told from the VMA's identity and the page-cache
+//! tracepoint, read alike on every kernel; 5.10's rbtree walk tells them in
+//! test:memory_pressure
+//!
+//! Packages: python3
+//!
+//! Issue 43, item 1: major faults by kind. python3 (tests/third_party/major_kinds.py), in an
+//! 8 MiB-per-region experiment inside a 32 MiB memory cgroup with swap
+//! (`memlock_trace::lab::pressure`), reads a file out of the page cache through a shared and a
+//! private mapping, writes a copy of every page of the private one, a shared anonymous
+//! (shmem) region and a private anonymous one, pushes the three out to swap and reads them
+//! back. The tracer must tell every timed major fault's kind: the file's reads (the private
+//! mapping's too, told by the page it read into the page cache) as file reads, the copied
+//! pages of the private file mapping with the anonymous ones as anonymous swap-ins, the
+//! shared region's as shmem swap-ins.
+//!
+//! Only the program is in the cgroup (it moves itself in): the tracer's BPF maps would be
+//! charged to the cgroup of the process that made them.
+#![cfg(feature = "lab")]
+
+mod common;
+mod support;
+
+use std::process::Command;
+
+use common::require_privileges;
+use memlock_trace::lab::pressure::Pressure;
+use serde_json::Value;
+use support::{PYTHON, process_of, require_python, scratch_dir};
+
+const BIN: &str = env!("CARGO_BIN_EXE_memlock-trace");
+const PROGRAM: &str = include_str!("third_party/major_kinds.py");
+const MIB: u64 = 1 << 20;
+const REGION_MIB: u64 = 8;
+
+#[test]
+fn each_major_fault_is_told_a_swap_in_of_anonymous_memory_or_shmem_or_a_file_read() {
+    require_privileges();
+    require_python();
+    let dir = scratch_dir("major-kinds", 0o755);
+    let script = dir.join("major_kinds.py");
+    std::fs::write(&script, PROGRAM).unwrap();
+    let trace = dir.join("trace.json");
+    let pressure = Pressure::set_up(4 * REGION_MIB * MIB, 256 * MIB).expect("swap and a cgroup");
+    let out = Command::new(BIN)
+        .args(["--json", "-o"])
+        .arg(&trace)
+        .args(["--", PYTHON])
+        .arg(&script)
+        .arg(pressure.cgroup.procs_file())
+        .arg(&dir)
+        .arg(REGION_MIB.to_string())
+        .output()
+        .unwrap();
+    let zram = pressure.swap.describe().starts_with("/dev/zram");
+    drop(pressure);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{}: {stderr}", out.status);
+    let own: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)));
+    let summary: Value = std::fs::read_to_string(&trace)
+        .unwrap()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|v| v["type"] == "summary")
+        .expect("a summary");
+    let faults = &process_of(&summary, own["pid"].as_u64().unwrap())["faults"];
+    let latency = &faults["latency_ns"];
+    let count = |class: &str| latency[class]["count"].as_u64().unwrap_or(0);
+    let (anon, shmem, file) = (
+        count("major_anon_swap_in"),
+        count("major_shmem_swap_in"),
+        count("major_file_read"),
+    );
+    let context = format!("program: {own}\ntracer: {faults}");
+    // The experiment did what it is for: each kind happened.
+    let n = |key: &str| own[key].as_u64().unwrap();
+    for key in [
+        "file_shared",
+        "file_private",
+        "shmem_swapped",
+        "anon_swapped",
+    ] {
+        assert!(n(key) > 0, "{key}: {context}");
+    }
+    assert!(n("copied_swapped") > 0, "{context}");
+    // Every timed major fault has its kind, and none is counted twice.
+    assert_eq!(anon + shmem + file, count("major"), "{context}");
+    // The file's reads are file reads, the private mapping's among them (told by the page
+    // read into the page cache: anonymous swap-ins share its VMA).
+    assert!(file >= n("file_shared") + n("file_private"), "{context}");
+    // Shmem's: only the shared region's read took them (and maybe the program's own
+    // pages swapped meanwhile, as anonymous ones).
+    assert!((1..=n("shmem")).contains(&shmem), "{context}");
+    // The copied pages of the private file mapping swap as anonymous memory. From zram
+    // (synchronous, no readahead) every page swapped is read back by a fault of its own.
+    if zram {
+        assert!(anon >= n("anon_swapped") + n("copied_swapped"), "{context}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
