@@ -23,30 +23,25 @@ use aya_ebpf::{
     bindings::BPF_ANY,
     helpers::generated::bpf_loop,
     macros::map,
-    maps::{Array, LruHashMap, PerCpuArray},
+    maps::{LruHashMap, PerCpuArray},
 };
 use memlock_trace_common::faults::{
     MAX_FAULT_MAPPINGS, RegionKey, VM_BACKING, VM_HELD_SP, VM_OURS, region_kind,
 };
 
+pub(super) use self::generation::changed;
+use self::generation::generation;
 use crate::{
     mapping::{self, Identified, Lookup},
     shared::{current_ids, is_target},
 };
 
+mod generation;
+
 /// The identity of each VMA faults were counted in, keyed like its region.
 #[map]
 static FAULT_MAPPINGS: LruHashMap<RegionKey, memlock_trace_common::mapping::MappingInfo> =
     LruHashMap::with_max_entries(MAX_FAULT_MAPPINGS, 0);
-
-/// Per process (a slot per tgid, by its low bits), bumped when it may have changed its
-/// mappings: only its own cached VMAs are dropped. One generation for all dropped every
-/// CPU's cache at every mapping call on the machine (system-wide, ld.so's `mmap`s in each
-/// new process walked the tree again for every other process's faults).
-#[map]
-static FAULT_VMA_GEN: Array<u64> = Array::with_max_entries(GEN_SLOTS, 0);
-
-const GEN_SLOTS: u32 = 4096;
 
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -76,25 +71,6 @@ struct VmaCache {
 
 #[map]
 static FAULT_VMA_CACHE: PerCpuArray<VmaCache> = PerCpuArray::with_max_entries(1, 0);
-
-#[inline(always)]
-fn generation(tgid: u32) -> u64 {
-    FAULT_VMA_GEN
-        .get(tgid & (GEN_SLOTS - 1))
-        .copied()
-        .unwrap_or(0)
-}
-
-/// The mappings of traced process `tgid` may have changed: drop its VMAs from every CPU's
-/// cache (and those of the processes sharing its slot).
-#[inline(always)]
-pub(super) fn changed(tgid: u32) {
-    if let Some(generation) = FAULT_VMA_GEN.get_ptr_mut(tgid & (GEN_SLOTS - 1)) {
-        // Atomic, so that the value only grows: a lost increment could bring back a value
-        // a CPU cached a VMA at.
-        super::add_shared(generation, 1);
-    }
-}
 
 /// At the exit of `munmap`, `munlock`, `munlockall` (`hook::MAPPINGS_CHANGED`): calls that
 /// change mappings without populating anything (the populating calls bump it from their

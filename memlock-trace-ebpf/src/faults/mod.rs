@@ -10,13 +10,15 @@
 //!    growth across the populating system calls (`populate_*`).
 //!
 //! Hot-path discipline: nothing per fault goes to the ring buffer unless `--events` asks;
-//! counts and latency histograms are aggregated in the kernel (see [`record_latency`] for why
-//! slots rather than streaming), in maps the CPUs share, with atomic adds (see
+//! counts and latency histograms are aggregated in the kernel (see [`hist::record_latency`] for
+//! why slots rather than streaming), in maps the CPUs share, with atomic adds (see
 //! [`FAULT_STATS`] for why not per CPU).
 //!
 //! This file is the accounting body and its maps; around it:
 //! - [`hooks`]: the programs each hook set attaches, thin;
 //! - [`events`]: the sampled fault records of `--events`;
+//! - [`hist`]: the latency histograms, by class (a major fault's kind among them);
+//! - [`causes`]: what a timed fault's time went to, and what a major fault waited for;
 //! - [`inflight`]: a fault between its start and its completion, for each hook set;
 //! - [`regions`]: where faults are counted by region (the per-CPU region table);
 //! - [`mappings`]: the faulting VMA, looked up at the fault (tracepoint set) or handed to
@@ -34,18 +36,19 @@ use memlock_trace_common::{
     TASK_COMM_LEN,
     causes::cause,
     faults::{
-        FaultConfig, FaultKey, FaultStats, HIST_BUCKETS, Hist, HistKey, MAX_FAULT_HISTS,
-        MAX_FAULT_KEYS, SLOTS, bucket_of, class, fault_counter, fault_flags, stat,
+        FaultConfig, FaultKey, FaultStats, MAX_FAULT_KEYS, SLOTS, class, fault_counter,
+        fault_flags, stat,
     },
     vma::{VM_LOCKED, VM_LOCKONFAULT},
 };
 
 use self::{
     events::{NO_LATENCY, emit},
+    hist::{record_kind_latency, record_latency},
     regions::count_region,
 };
 use crate::{
-    shared::{add, add_shared, add_shared_u32, current_process_start_ns, is_target},
+    shared::{add, add_shared, current_process_start_ns, is_target},
     stacks,
 };
 
@@ -60,6 +63,7 @@ macro_rules! config {
 
 mod causes;
 mod events;
+mod hist;
 mod hooks;
 mod inflight;
 pub mod mappings;
@@ -117,11 +121,6 @@ static FAULT_SOLE_TGID: Array<u32> = Array::with_max_entries(1, 0);
 #[map]
 static FAULT_SOLE_STATS: PerCpuArray<FaultStats> = PerCpuArray::with_max_entries(1, 0);
 
-/// The sole target's minor-fault latency histogram, per CPU like its statistics: one value,
-/// and an inlined array lookup on the commonest fault, where `FAULT_HIST` is a hash lookup.
-#[map]
-static FAULT_SOLE_HIST: PerCpuArray<Hist> = PerCpuArray::with_max_entries(1, 0);
-
 #[inline(always)]
 fn sole_tgid() -> u32 {
     FAULT_SOLE_TGID.get(0).copied().unwrap_or(0)
@@ -146,18 +145,10 @@ fn traced(tgid: u32) -> bool {
     }
 }
 
-/// Latency histograms per process (or thread) and class, shared by the CPUs like
-/// [`FAULT_STATS`].
-#[map]
-static FAULT_HIST: LruHashMap<HistKey, Hist> = LruHashMap::with_max_entries(MAX_FAULT_HISTS, 0);
-
 #[map]
 static FAULT_COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(fault_counter::COUNT, 0);
 
-/// Zeroed values to insert from: a 1 KiB histogram does not fit the 512-byte BPF stack.
-/// Nothing but `comm` of the stats scratch is ever written.
-#[map]
-static HIST_ZERO: PerCpuArray<Hist> = PerCpuArray::with_max_entries(1, 0);
+/// A new entry's zeroes, and its `comm`: nothing else of it is ever written.
 #[map]
 static STATS_SCRATCH: PerCpuArray<FaultStats> = PerCpuArray::with_max_entries(1, 0);
 
@@ -380,12 +371,7 @@ fn account(ctx: *mut core::ffi::c_void, f: Fault) -> bool {
             if cls == class::USER_MAJOR || cls == class::POPULATED_MAJOR {
                 kind = causes::major_kind(tid, vm_flags, end_ns.wrapping_sub(ns), end_ns);
                 if let Some(kind) = kind {
-                    let max = &mut s.max_ns[kind as usize & (SLOTS - 1)];
-                    if ns > *max {
-                        *max = ns;
-                    }
-                    let key = hist_key(start_ns, tgid, tid, kind);
-                    record_kind(&key, bucket_of(ns) as u32);
+                    record_kind_latency(s, start_ns, tgid, tid, kind, ns);
                 }
             }
         }
@@ -429,101 +415,4 @@ fn account(ctx: *mut core::ffi::c_void, f: Fault) -> bool {
 #[inline(always)]
 fn saturated(ns: u64) -> u32 {
     ns.min(u64::from(u32::MAX)) as u32
-}
-
-/// Why per-CPU log-linear slots in the kernel rather than streaming every fault to an
-/// HdrHistogram in user space, measured (BENCHMARKS.md, `cargo xtask bench`, first touch of
-/// 256 MiB, ~1.8 us per untraced fault): streaming every fault (`--events`, the same
-/// aggregation plus a ring buffer record per fault) added 501 ns per fault to the faulting
-/// task against 399 ns for the slots, and its user space decodes 65536 records per 256 MiB
-/// on a CPU the workload could use (the first measurement, unpinned, doubled the wall time
-/// per fault). The slots cost resolution (a bucket is 1/8 of its value wide, the max is kept
-/// exact), far below how much fault latency varies; so slots by default, streaming
-/// (`--events --sample N`) on request. `start_ns`: the start time of `s`'s key, as
-/// [`stats_for`] gives it; `None`, `s` is the sole target's, whose minor faults go to
-/// [`FAULT_SOLE_HIST`].
-#[inline(always)]
-fn record_latency(
-    s: &mut FaultStats,
-    start_ns: Option<u64>,
-    tgid: u32,
-    tid: u32,
-    cls: u32,
-    ns: u64,
-) {
-    // Not atomic (no atomic max before 5.12): two CPUs timing one process's faults at once
-    // may keep the smaller of their two maxima.
-    let max = &mut s.max_ns[cls as usize & (SLOTS - 1)];
-    if ns > *max {
-        *max = ns;
-    }
-    let bucket = bucket_of(ns) & (HIST_BUCKETS - 1);
-    if cls == class::USER_MINOR && start_ns.is_none() {
-        if let Some(hist) = FAULT_SOLE_HIST.get_ptr_mut(0) {
-            // SAFETY: this CPU's value of a per-CPU map, used by nothing else meanwhile.
-            unsafe { (*hist).counts[bucket] += 1 };
-        }
-        return;
-    }
-    let key = hist_key(start_ns, tgid, tid, cls);
-    add_to_hist(&key, bucket);
-}
-
-/// The histogram key of a task's class; `start_ns` as [`record_latency`] takes it.
-#[inline(always)]
-fn hist_key(start_ns: Option<u64>, tgid: u32, tid: u32, cls: u32) -> HistKey {
-    HistKey {
-        key: FaultKey {
-            tgid,
-            tid: if config!(per_thread) != 0 { tid } else { 0 },
-            start_ns: start_ns.unwrap_or_else(current_process_start_ns),
-        },
-        class: cls,
-        _pad: 0,
-    }
-}
-
-/// One more fault in `bucket` of the histogram of `key`, created if new.
-#[inline(always)]
-fn add_to_hist(key: &HistKey, bucket: usize) {
-    let hist = match FAULT_HIST.get_ptr_mut(key) {
-        Some(hist) => hist,
-        None => {
-            let Some(zero) = HIST_ZERO.get_ptr(0) else {
-                return;
-            };
-            #[expect(
-                clippy::needless_borrows_for_generic_args,
-                reason = "by value, the 1 KiB histogram would be copied onto the 512-byte BPF stack"
-            )]
-            if FAULT_HIST
-                // SAFETY: this CPU's value of HIST_ZERO, which nothing writes.
-                .insert(key, unsafe { &*zero }, u64::from(BPF_NOEXIST))
-                .is_ok()
-            {
-                bump(fault_counter::HIST_INSERTS);
-            }
-            match FAULT_HIST.get_ptr_mut(key) {
-                Some(hist) => hist,
-                None => {
-                    update_failed("FAULT_HIST");
-                    return;
-                }
-            }
-        }
-    };
-    // SAFETY: the shared histogram entry, valid (RCU) while the program runs; an aligned u32
-    // added to atomically (the result unused: the add every kernel verifies).
-    add_shared_u32(
-        unsafe { &raw mut (*hist).counts[bucket & (HIST_BUCKETS - 1)] },
-        1,
-    );
-}
-
-/// A timed major fault's kind (`class::MAJOR_*`) in its histogram. Not inlined: a third
-/// inlined histogram update in every completion left the verifier reading a register never
-/// written (`R9 !read_ok`, 6.18).
-#[inline(never)]
-fn record_kind(key: &HistKey, bucket: u32) {
-    add_to_hist(key, bucket as usize);
 }
