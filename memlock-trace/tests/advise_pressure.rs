@@ -27,7 +27,7 @@ mod support;
 use common::require_privileges;
 use memlock_trace::lab::pressure::Pressure;
 use serde_json::Value;
-use support::{PYTHON, advise_apply, require_preload, require_python, scratch_dir};
+use support::{PYTHON, advise_apply, require_preload, require_python, scratch_program};
 
 const PROGRAM: &str = include_str!("third_party/pressure_table.py");
 const MIB: u64 = 1 << 20;
@@ -48,9 +48,7 @@ fn a_table_swapped_out_under_pressure_is_advised_locked_and_weighed_against_the_
     require_privileges();
     require_python();
     require_preload();
-    let dir = scratch_dir("advise-pressure", 0o755);
-    let script = dir.join("pressure_table.py");
-    std::fs::write(&script, PROGRAM).unwrap();
+    let (dir, script) = scratch_program("advise-pressure", "pressure_table.py", PROGRAM);
     let own = dir.join("report.json");
     let pressure = Pressure::set_up(LIMIT, 512 * MIB).expect("swap and a memory cgroup");
     let shell = format!(

@@ -26,7 +26,7 @@ use std::process::Command;
 use common::require_privileges;
 use memlock_trace::lab::pressure::Pressure;
 use serde_json::Value;
-use support::{PYTHON, process_of, require_python, scratch_dir};
+use support::{PYTHON, process_of, require_python, scratch_program};
 
 const BIN: &str = env!("CARGO_BIN_EXE_memlock-trace");
 const PROGRAM: &str = include_str!("third_party/major_kinds.py");
@@ -37,9 +37,7 @@ const REGION_MIB: u64 = 8;
 fn each_major_fault_is_told_a_swap_in_of_anonymous_memory_or_shmem_or_a_file_read() {
     require_privileges();
     require_python();
-    let dir = scratch_dir("major-kinds", 0o755);
-    let script = dir.join("major_kinds.py");
-    std::fs::write(&script, PROGRAM).unwrap();
+    let (dir, script) = scratch_program("major-kinds", "major_kinds.py", PROGRAM);
     let trace = dir.join("trace.json");
     let pressure = Pressure::set_up(4 * REGION_MIB * MIB, 256 * MIB).expect("swap and a cgroup");
     let out = Command::new(BIN)

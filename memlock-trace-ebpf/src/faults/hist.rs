@@ -48,12 +48,7 @@ pub(super) fn record_latency(
     cls: u32,
     ns: u64,
 ) {
-    // Not atomic (no atomic max before 5.12): two CPUs timing one process's faults at once
-    // may keep the smaller of their two maxima.
-    let max = &mut s.max_ns[cls as usize & (SLOTS - 1)];
-    if ns > *max {
-        *max = ns;
-    }
+    note_max(s, cls, ns);
     let bucket = bucket_of(ns) & (HIST_BUCKETS - 1);
     if cls == class::USER_MINOR && start_ns.is_none() {
         if let Some(hist) = FAULT_SOLE_HIST.get_ptr_mut(0) {
@@ -117,6 +112,16 @@ fn add_to_hist(key: &HistKey, bucket: usize) {
     );
 }
 
+/// The longest latency of `cls` so far. Not atomic (no atomic max before 5.12): two CPUs
+/// timing one process's faults at once may keep the smaller of their two maxima.
+#[inline(always)]
+fn note_max(s: &mut FaultStats, cls: u32, ns: u64) {
+    let max = &mut s.max_ns[cls as usize & (SLOTS - 1)];
+    if ns > *max {
+        *max = ns;
+    }
+}
+
 /// A timed major fault's latency again under its kind (`class::MAJOR_*`), as
 /// [`record_latency`] (never the sole target's fast path: not a minor fault).
 #[inline(always)]
@@ -128,10 +133,7 @@ pub(super) fn record_kind_latency(
     kind: u32,
     ns: u64,
 ) {
-    let max = &mut s.max_ns[kind as usize & (SLOTS - 1)];
-    if ns > *max {
-        *max = ns;
-    }
+    note_max(s, kind, ns);
     record_kind(&hist_key(start_ns, tgid, tid, kind), bucket_of(ns) as u32);
 }
 

@@ -70,3 +70,17 @@ pub fn scratch_dir(name: &str, mode: u32) -> std::path::PathBuf {
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(mode)).unwrap();
     dir
 }
+
+/// A scratch directory of `name` (mode 0755) holding a program's `file` with `source`: the
+/// directory and the file.
+#[allow(dead_code, reason = "not every test binary runs a program of its own")]
+pub fn scratch_program(
+    name: &str,
+    file: &str,
+    source: &str,
+) -> (std::path::PathBuf, std::path::PathBuf) {
+    let dir = scratch_dir(name, 0o755);
+    let script = dir.join(file);
+    std::fs::write(&script, source).unwrap();
+    (dir, script)
+}

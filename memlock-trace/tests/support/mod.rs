@@ -27,7 +27,7 @@ pub use {
         succeeded, suite_report,
     },
     deadline::poll_within,
-    host::{cgroup2_mount, os_result, scratch, scratch_dir, settled, status_kb},
+    host::{cgroup2_mount, os_result, scratch, scratch_dir, scratch_program, settled, status_kb},
     output::{
         assert_contains, calls_of, json_lines, line_after, line_with, process_of, summary,
         syscall_table_header, with_syscalls,
