@@ -1,5 +1,5 @@
-//! Runs on: host, 6.1, 6.12: the kinds are told from the VMA's identity and the page-cache
-//! tracepoint, read alike on every kernel; 5.10's rbtree walk tells them in
+//! Runs on: host only: a guest's one file system is its initramfs, whose files are never read
+//! in (and a private mapping of one reads as shmem); the kinds each guest's walk tells:
 //! test:memory_pressure
 //!
 //! Packages: python3
@@ -46,7 +46,8 @@ fn each_major_fault_is_told_a_swap_in_of_anonymous_memory_or_shmem_or_a_file_rea
         .args(["--", PYTHON])
         .arg(&script)
         .arg(pressure.cgroup.procs_file())
-        .arg(&dir)
+        // A disk's file system, where /tmp may be a tmpfs.
+        .arg("/var/tmp")
         .arg(REGION_MIB.to_string())
         .output()
         .unwrap();

@@ -1,9 +1,9 @@
 """Major faults of every kind, for a tracer to tell apart. It moves itself into the memory
 cgroup whose process list is PROCS, then, with MIB-MiB regions:
 
-- reads a file it wrote to DIR and dropped from the page cache, through a shared mapping,
-  then (dropped again) through a private one, without readahead: file pages read in, each
-  by a fault of its own;
+- reads a file it wrote to DIR (a disk's file system: a tmpfs file is shmem) and dropped
+  from the page cache, through a shared mapping, then (dropped again) through a private
+  one, without readahead: file pages read in, each by a fault of its own;
 - writes every page of that private mapping (copies: anonymous pages in a file mapping), of
   a shared anonymous mapping (shmem) and of a private anonymous one;
 - writes 8 times MIB MiB more, which pushes the three out to swap in a cgroup below that;
@@ -61,12 +61,13 @@ def swapped_pages(region):
     raise RuntimeError("no smaps entry at %#x" % start)
 
 
-path = os.path.join(workdir, "major_kinds.bin")
+path = os.path.join(workdir, "major_kinds.%d.bin" % os.getpid())
 with open(path, "wb") as f:
     f.write(os.urandom(size))
     f.flush()
     os.fsync(f.fileno())
 fd = os.open(path, os.O_RDONLY)
+os.unlink(path)
 out = {}
 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
 shared_file = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ)
