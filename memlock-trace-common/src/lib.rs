@@ -383,10 +383,13 @@ mod tests {
                 class::POPULATED_MAJOR,
                 class::FAILED,
                 class::RETRIED,
+                class::MAJOR_ANON_SWAP_IN,
+                class::MAJOR_SHMEM_SWAP_IN,
+                class::MAJOR_FILE_READ,
             ],
-            [0, 1, 2, 3, 4, 5]
+            [0, 1, 2, 3, 4, 5, 6, 7, 8]
         );
-        assert_eq!(class::COUNT, 6);
+        assert_eq!(class::COUNT, 9);
         use faults::populate;
         assert_eq!(
             [
