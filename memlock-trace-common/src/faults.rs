@@ -302,6 +302,29 @@ pub struct RegionSlot {
     pub value: RegionValue,
 }
 
+/// The kinds a timed major fault is told as, in one table for every output: its class, its
+/// `--events` flag, its key (JSON `major_kind`, Prometheus `kind`) and its latency row.
+pub mod major_kind {
+    use super::{class, fault_flags};
+
+    pub const CLASSES: [u32; 3] = [
+        class::MAJOR_ANON_SWAP_IN,
+        class::MAJOR_SHMEM_SWAP_IN,
+        class::MAJOR_FILE_READ,
+    ];
+    pub const FLAGS: [u32; 3] = [
+        fault_flags::ANON_SWAP_IN,
+        fault_flags::SHMEM_SWAP_IN,
+        fault_flags::FILE_READ,
+    ];
+    pub const KEYS: [&str; 3] = ["anon_swap_in", "shmem_swap_in", "file_read"];
+    pub const ROWS: [&str; 3] = [
+        "major_anon_swap_in",
+        "major_shmem_swap_in",
+        "major_file_read",
+    ];
+}
+
 /// Or'ed into the `vm_flags` the fault hooks count a region with when the faulting thread's
 /// user stack pointer was inside that VMA: the VMA is a stack, a thread's or the main one.
 /// A thread's stack is an ordinary anonymous mapping to `/proc/PID/maps`, and a thread

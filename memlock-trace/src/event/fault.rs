@@ -1,6 +1,6 @@
 //! Page-fault records: a sampled fault (`--events`), or the pages one call populated.
 
-use memlock_trace_common::faults::{FaultEvent, fault_flags, populate};
+use memlock_trace_common::faults::{FaultEvent, fault_flags, major_kind, populate};
 
 use super::comm_of;
 use crate::output::Outside;
@@ -34,13 +34,10 @@ impl FaultRecord {
 
     /// A timed major fault's kind, when told: `anon_swap_in`, `shmem_swap_in`, `file_read`.
     pub fn major_kind(&self) -> Option<&'static str> {
-        [
-            (fault_flags::ANON_SWAP_IN, "anon_swap_in"),
-            (fault_flags::SHMEM_SWAP_IN, "shmem_swap_in"),
-            (fault_flags::FILE_READ, "file_read"),
-        ]
-        .into_iter()
-        .find_map(|(flag, name)| self.has(flag).then_some(name))
+        major_kind::FLAGS
+            .into_iter()
+            .zip(major_kind::KEYS)
+            .find_map(|(flag, key)| self.has(flag).then_some(key))
     }
 
     pub fn latency_ns(&self) -> Option<u64> {

@@ -388,7 +388,7 @@ fn shown_class(f: &FaultSummary, class: &str) -> bool {
 /// Timed major faults in none of the kind rows, when the rows are there.
 fn kinds_untold(f: &FaultSummary) -> Option<u64> {
     let major = f.latency_ns.get("major")?.count;
-    let told: u64 = super::summary::MAJOR_KINDS
+    let told: u64 = memlock_trace_common::faults::major_kind::ROWS
         .iter()
         .filter_map(|k| f.latency_ns.get(k))
         .map(|l| l.count)

@@ -5,7 +5,9 @@
 use std::collections::{BTreeMap, btree_map::Entry};
 
 use memlock_trace_common::{
-    faults::{FaultKey, HIST_BUCKETS, HistKey, RegionKey, bucket_range, class, populate, stat},
+    faults::{
+        FaultKey, HIST_BUCKETS, HistKey, RegionKey, bucket_range, class, major_kind, populate, stat,
+    },
     process::ProcessKey,
 };
 use serde::Serialize;
@@ -157,17 +159,9 @@ const LATENCY_CLASSES: [(&str, &[u32]); 9] = [
     ),
     ("retried", &[class::RETRIED]),
     ("failed", &[class::FAILED]),
-    (MAJOR_KINDS[0], &[class::MAJOR_ANON_SWAP_IN]),
-    (MAJOR_KINDS[1], &[class::MAJOR_SHMEM_SWAP_IN]),
-    (MAJOR_KINDS[2], &[class::MAJOR_FILE_READ]),
-];
-
-/// The timed major faults again, by kind: the classes a session without the kind hooks
-/// leaves out.
-pub const MAJOR_KINDS: [&str; 3] = [
-    "major_anon_swap_in",
-    "major_shmem_swap_in",
-    "major_file_read",
+    (major_kind::ROWS[0], &[major_kind::CLASSES[0]]),
+    (major_kind::ROWS[1], &[major_kind::CLASSES[1]]),
+    (major_kind::ROWS[2], &[major_kind::CLASSES[2]]),
 ];
 
 fn summarize_key(
@@ -182,7 +176,7 @@ fn summarize_key(
     let mut latency_values = BTreeMap::new();
     let kinds = hooks.causes.as_ref().is_some_and(|c| c.major_kinds);
     for (name, classes) in LATENCY_CLASSES {
-        if !kinds && MAJOR_KINDS.contains(&name) {
+        if !kinds && major_kind::ROWS.contains(&name) {
             continue;
         }
         let mut merged = [0u64; HIST_BUCKETS];

@@ -12,7 +12,7 @@ use std::{
 
 use memlock_trace_common::{
     causes::cause,
-    faults::{HIST_BUCKETS, bucket_range, class, populate, stat},
+    faults::{HIST_BUCKETS, bucket_range, class, major_kind, populate, stat},
     process::ProcessKey,
 };
 use prometheus_client::{
@@ -48,13 +48,6 @@ const CLASSES: [(u32, usize, &str, &str); 4] = [
         "major",
         "populated",
     ),
-];
-
-/// (kernel class, `kind` label) of the timed major faults' kinds.
-const MAJOR_KINDS: [(u32, &str); 3] = [
-    (class::MAJOR_ANON_SWAP_IN, "anon_swap_in"),
-    (class::MAJOR_SHMEM_SWAP_IN, "shmem_swap_in"),
-    (class::MAJOR_FILE_READ, "file_read"),
 ];
 
 pub struct FaultMetrics {
@@ -257,7 +250,7 @@ impl FaultMetrics {
                 self.latency.add(labels, &added);
             }
         }
-        for (kernel_class, kind) in MAJOR_KINDS {
+        for (kernel_class, kind) in major_kind::CLASSES.into_iter().zip(major_kind::KEYS) {
             if let Some(added) = hist_growth(kernel_class) {
                 self.major_kinds.add(with(&[("kind", kind)]), &added);
             }

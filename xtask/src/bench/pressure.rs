@@ -23,7 +23,7 @@ use serde_json::Value;
 
 use super::{
     load_average,
-    report::{Markers, median, replace_section},
+    report::{Markers, kernel_release, median, replace_section},
 };
 use crate::run::workspace_root;
 
@@ -224,7 +224,7 @@ fn report(all: &[Run], runs: usize, load_before: &str) -> String {
     let mut out = String::from(
         "## Page faults under memory pressure: traced against untraced (`cargo xtask bench --pressure`)\n\n",
     );
-    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let kernel = kernel_release();
     let cpus = std::thread::available_parallelism().map_or(1, usize::from);
     let _ = writeln!(
         out,
@@ -239,7 +239,7 @@ fn report(all: &[Run], runs: usize, load_before: &str) -> String {
          kernel's at its exit (checked, or the bench fails). Kernel {}, {cpus} CPUs, shared \
          with other builds: load average {load_before} before, {} after.\n",
         SIZES.join(" "),
-        kernel.trim(),
+        kernel,
         load_average()
     );
     out.push_str("| phase (faults per run) |");

@@ -83,7 +83,7 @@ pub(super) fn median(mut values: Vec<f64>) -> f64 {
 }
 
 /// The running kernel's release, as `uname -r` prints it.
-fn kernel_release() -> String {
+pub(super) fn kernel_release() -> String {
     std::fs::read_to_string("/proc/sys/kernel/osrelease")
         .unwrap_or_default()
         .trim()
