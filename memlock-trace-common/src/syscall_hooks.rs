@@ -1,18 +1,20 @@
 //! Which system calls each family's handlers run at: on fentry/fexit of each hooked call's
-//! own kernel function where the kernel allows trampolines ([`calls`]), else on the raw
-//! `sys_enter`/`sys_exit` tracepoints.
+//! own kernel function where the kernel allows trampolines ([`calls`]); else on each hooked
+//! call's own `syscalls:sys_{enter,exit}_*` events; else (before 5.15, or without
+//! `bpf_find_vma`) on the raw `sys_enter`/`sys_exit` tracepoints.
 //!
 //! fentry/fexit on `__x64_sys_mlock` & co (the arch's wrapper names, in user space's `arch`)
 //! cost the calls nobody hooks nothing at all: only the hooked calls go through a
-//! trampoline. Where the kernel refuses trampolines, the syscall handlers of every family run from two tp_btf programs, one on
-//! `raw_syscalls:sys_enter(regs, id)` and one on `raw_syscalls:sys_exit(regs, ret)`, rather
-//! than from one `syscalls:sys_{enter,exit}_*` event per call: a perf-attached event costs a
-//! kernel grace period (~35 ms) when it is released, one after another under a global mutex,
-//! so a session on 31 of them took over a second to end, where a raw tracepoint link is
-//! released at once. The two programs run at every system call of the machine, and each run
-//! costs ~75 ns here whatever it does (BENCHMARKS.md): hence one program per tracepoint, which
-//! returns unless the call has a handler's bit in the `SYSCALL_HOOKS` map, filled by the
-//! loader as the families attach.
+//! trampoline. The calls' events cost every other call of the machine the kernel's syscall
+//! tracing path and a test of one bit per edge (1.35 of an untraced `getppid` here, as
+//! bpftrace's script on the same events), and run one program, on every hooked call's
+//! event alike, only at the hooked calls. The raw tracepoints' two programs run at every
+//! system call of the machine, ~75 ns each here whatever they do (1.7 of `getppid`). The
+//! events' price is paid at the end: closing a perf-attached event waits for a kernel grace
+//! period (~35 ms) under a global mutex, one after another, 1.5 s for a session's ~40; the
+//! session hands that wait to a child that outlives it (`memlock-trace`'s `detach`), off
+//! the user's path. The programs return unless the call has a handler's bit in the
+//! `SYSCALL_HOOKS` map, filled by the loader as the families attach.
 
 /// Entries of `SYSCALL_HOOKS`, indexed by system call number (x86-64's and arm64's stop
 /// below 470); a larger number is no call any program handles.
@@ -56,6 +58,20 @@ pub mod hook {
     pub const STACKS_MMAP_ENTER: u32 = 1 << 16;
     /// Its exit.
     pub const STACKS_MMAP_EXIT: u32 = 1 << 17;
+
+    /// The handlers that run at a call's entry; the others run at its exit. Where the
+    /// handlers run from the calls' own events, a call's event at an edge is attached when
+    /// it gets its first handler there.
+    pub const AT_ENTER: u32 = SYSCALLS_ENTER
+        | RANGE_CHECK
+        | RANGE_CHECK_RB
+        | VMA_ENTER
+        | VMA_ENTER_RB
+        | POPULATE_ENTER
+        | POPULATE_ENTER_RETRY
+        | MAPPINGS_GOING
+        | MAPPINGS_GOING_RETRY
+        | STACKS_MMAP_ENTER;
 
     /// The handlers that need `bpf_find_vma` or `bpf_loop` (5.17): a kernel without them
     /// cannot load a program that calls them, so it gets the dispatchers without them.

@@ -84,7 +84,7 @@ static EXEC_MMAPS: HashMap<u32, ExecMmap> = HashMap::with_max_entries(1024, 0);
 /// At the entry of `mmap` (`hook::STACKS_MMAP_ENTER`, `--stacks` only): a traced thread
 /// mapping code.
 #[inline(never)]
-pub fn on_mmap_enter(ctx: &SyscallContext) {
+pub fn on_mmap_enter(ctx: &impl SyscallContext) {
     const PROT_EXEC: u64 = 4;
     let (tgid, tid) = current_ids();
     // mmap(addr, len, prot, flags, fd, off)
@@ -102,7 +102,7 @@ pub fn on_mmap_enter(ctx: &SyscallContext) {
 /// where the code was mapped and from which file, and to read the process's modules now
 /// (see `ModulesChanged`).
 #[inline(never)]
-pub fn on_mmap_exit(ctx: &SyscallContext) {
+pub fn on_mmap_exit(ctx: &impl SyscallContext) {
     let (tgid, tid) = current_ids();
     let Some(call) = EXEC_MMAPS.get_ptr(tid) else {
         return;

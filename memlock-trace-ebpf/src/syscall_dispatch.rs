@@ -1,6 +1,9 @@
 //! The programs every family's system-call handlers run from: one fentry and one fexit
 //! program per hooked call, on the call's own kernel function, where the kernel allows
-//! trampolines; else one program on the raw `sys_enter` tracepoint and one on `sys_exit`.
+//! trampolines; else one program on each of the call's `syscalls:sys_{enter,exit}_*`
+//! events; else (before 5.15) one program on the raw `sys_enter` tracepoint and one on
+//! `sys_exit`. The events' programs are one per edge, like the raw tracepoints', attached
+//! to each hooked call's event.
 //! Each runs the handlers whose bits the call has in `SYSCALL_HOOKS` (see
 //! [`memlock_trace_common::syscall_hooks`]). Above the families: it calls them, they never
 //! call it.
@@ -13,19 +16,21 @@
 //!
 //! Two builds of each: `_find_vma` with every handler, for kernels with `bpf_find_vma` and
 //! `bpf_loop` (5.17), and one without the handlers that call them (`hook::NEED_FIND_VMA`),
-//! which older kernels refuse to load even on a path never taken.
+//! which older kernels refuse to load even on a path never taken. The events' programs
+//! have the first build only: a kernel without trampolines or `bpf_find_vma` (arm64's
+//! 5.15 and 5.16) uses the raw tracepoints.
 
 use aya_ebpf::{
     EbpfContext as _,
-    macros::{btf_tracepoint, fentry, fexit},
-    programs::{FEntryContext, FExitContext},
+    macros::{btf_tracepoint, fentry, fexit, tracepoint},
+    programs::{BtfTracePointContext, FEntryContext, FExitContext, TracePointContext},
 };
 use memlock_trace_common::syscall_hooks::{calls, hook};
 
 use crate::{
     faults::{mappings, populate},
     mapping, stacks,
-    syscall_hooks::{SyscallContext, calling, entering, exiting},
+    syscall_hooks::{SyscallContext, SyscallTracepointContext, calling, entering, exiting},
     syscalls::{self, range},
     vma,
 };
@@ -34,7 +39,7 @@ use crate::{
 const ANY: u32 = u32::MAX;
 
 #[btf_tracepoint(function = "sys_enter")]
-pub fn syscall_enter(ctx: SyscallContext) -> i32 {
+pub fn syscall_enter(ctx: BtfTracePointContext) -> i32 {
     if let Some((nr, hooks)) = entering(&ctx) {
         enter::<false, ANY>(&ctx, nr, hooks);
     }
@@ -42,7 +47,7 @@ pub fn syscall_enter(ctx: SyscallContext) -> i32 {
 }
 
 #[btf_tracepoint(function = "sys_enter")]
-pub fn syscall_enter_find_vma(ctx: SyscallContext) -> i32 {
+pub fn syscall_enter_find_vma(ctx: BtfTracePointContext) -> i32 {
     if let Some((nr, hooks)) = entering(&ctx) {
         enter::<true, ANY>(&ctx, nr, hooks);
     }
@@ -50,7 +55,7 @@ pub fn syscall_enter_find_vma(ctx: SyscallContext) -> i32 {
 }
 
 #[btf_tracepoint(function = "sys_exit")]
-pub fn syscall_exit(ctx: SyscallContext) -> i32 {
+pub fn syscall_exit(ctx: BtfTracePointContext) -> i32 {
     if let Some((_, hooks)) = exiting(&ctx) {
         exit::<false, ANY>(&ctx, hooks);
     }
@@ -58,8 +63,32 @@ pub fn syscall_exit(ctx: SyscallContext) -> i32 {
 }
 
 #[btf_tracepoint(function = "sys_exit")]
-pub fn syscall_exit_find_vma(ctx: SyscallContext) -> i32 {
+pub fn syscall_exit_find_vma(ctx: BtfTracePointContext) -> i32 {
     if let Some((_, hooks)) = exiting(&ctx) {
+        exit::<true, ANY>(&ctx, hooks);
+    }
+    0
+}
+
+/// On each hooked call's own `syscalls:sys_enter_*` event: one program on every call's
+/// event (the record says which call), with every handler, the `bpf_find_vma` build only.
+/// It reads the record's `__syscall_nr` (offset 8), which even `munlockall`'s, without
+/// arguments, has.
+#[tracepoint]
+pub fn syscall_enter_event(ctx: TracePointContext) -> u32 {
+    let ctx = SyscallTracepointContext::new(ctx.as_ptr());
+    if let Some((nr, hooks)) = ctx.call() {
+        enter::<true, ANY>(&ctx, nr, hooks);
+    }
+    0
+}
+
+/// On each hooked call's `syscalls:sys_exit_*` event: as [`syscall_enter_event`]; every
+/// exit record has `ret` (offset 16).
+#[tracepoint]
+pub fn syscall_exit_event(ctx: TracePointContext) -> u32 {
+    let ctx = SyscallTracepointContext::new(ctx.as_ptr());
+    if let Some((_, hooks)) = ctx.call() {
         exit::<true, ANY>(&ctx, hooks);
     }
     0
@@ -72,7 +101,7 @@ macro_rules! call_programs {
     ($($call:ident => $enter:ident, $enter_fv:ident, $exit:ident, $exit_fv:ident;)*) => {$(
         #[fentry]
         pub fn $enter(ctx: FEntryContext) -> i32 {
-            let ctx = SyscallContext::new(ctx.as_ptr());
+            let ctx = BtfTracePointContext::new(ctx.as_ptr());
             if let Some((nr, hooks)) = calling(&ctx) {
                 enter::<false, { calls::$call }>(&ctx, nr, hooks);
             }
@@ -81,7 +110,7 @@ macro_rules! call_programs {
 
         #[fentry]
         pub fn $enter_fv(ctx: FEntryContext) -> i32 {
-            let ctx = SyscallContext::new(ctx.as_ptr());
+            let ctx = BtfTracePointContext::new(ctx.as_ptr());
             if let Some((nr, hooks)) = calling(&ctx) {
                 enter::<true, { calls::$call }>(&ctx, nr, hooks);
             }
@@ -90,7 +119,7 @@ macro_rules! call_programs {
 
         #[fexit]
         pub fn $exit(ctx: FExitContext) -> i32 {
-            let ctx = SyscallContext::new(ctx.as_ptr());
+            let ctx = BtfTracePointContext::new(ctx.as_ptr());
             if let Some((_, hooks)) = calling(&ctx) {
                 exit::<false, { calls::$call }>(&ctx, hooks);
             }
@@ -99,7 +128,7 @@ macro_rules! call_programs {
 
         #[fexit]
         pub fn $exit_fv(ctx: FExitContext) -> i32 {
-            let ctx = SyscallContext::new(ctx.as_ptr());
+            let ctx = BtfTracePointContext::new(ctx.as_ptr());
             if let Some((_, hooks)) = calling(&ctx) {
                 exit::<true, { calls::$call }>(&ctx, hooks);
             }
@@ -138,7 +167,7 @@ call_programs! {
 /// tracepoint programs ran before: the call's own figures first, then what looks at the
 /// mappings.
 #[inline(always)]
-fn enter<const FIND_VMA: bool, const CAN: u32>(ctx: &SyscallContext, nr: u32, hooks: u32) {
+fn enter<const FIND_VMA: bool, const CAN: u32>(ctx: &impl SyscallContext, nr: u32, hooks: u32) {
     let wants = |bit: u32| CAN & bit != 0 && hooks & bit != 0;
     if wants(hook::SYSCALLS_ENTER) {
         // Read here, not inside on_enter: a frame of its own below the call's would take
@@ -177,7 +206,7 @@ fn enter<const FIND_VMA: bool, const CAN: u32>(ctx: &SyscallContext, nr: u32, ho
 }
 
 #[inline(always)]
-fn exit<const FIND_VMA: bool, const CAN: u32>(ctx: &SyscallContext, hooks: u32) {
+fn exit<const FIND_VMA: bool, const CAN: u32>(ctx: &impl SyscallContext, hooks: u32) {
     let wants = |bit: u32| CAN & bit != 0 && hooks & bit != 0;
     if wants(hook::SYSCALLS_EXIT) {
         // As at the entry: the read's frame beside the exit's, not below it.

@@ -1,13 +1,22 @@
 //! What every family's syscall handlers run from (see `crate::syscall_dispatch`): the
 //! per-call fentry/fexit programs on the call's own kernel function (`__x64_sys_mlock(const
-//! struct pt_regs *regs)`: argument 0 is `regs`, and at fexit argument 1 the result), or
+//! struct pt_regs *regs)`: argument 0 is `regs`, and at fexit argument 1 the result), the
+//! per-call `syscalls:sys_{enter,exit}_*` events where the kernel refuses trampolines, or
 //! the raw system-call tracepoints (tp_btf `sys_enter(struct pt_regs *regs, long id)` and
-//! `sys_exit(struct pt_regs *regs, long ret)`): the same layout but for `sys_enter`'s
-//! argument 1, so one context serves all. Which calls are handled, and the calls'
-//! arguments and results. See [`memlock_trace_common::syscall_hooks`] for why not the per-call
-//! `syscalls:*` events.
+//! `sys_exit(struct pt_regs *regs, long ret)`) where it also lacks `bpf_task_pt_regs`
+//! (5.15). The handlers read the call through [`SyscallContext`], whichever ran them.
+//! Which calls are handled, and the calls' arguments and results. See
+//! [`memlock_trace_common::syscall_hooks`] for the costs of each.
 
-use aya_ebpf::{macros::map, maps::Array, programs::BtfTracePointContext};
+use core::ffi::c_void;
+
+use aya_ebpf::{
+    EbpfContext,
+    helpers::generated::{bpf_get_current_task_btf, bpf_task_pt_regs},
+    macros::map,
+    maps::Array,
+    programs::BtfTracePointContext,
+};
 use memlock_trace_common::syscall_hooks::MAX_NR;
 
 use crate::{
@@ -15,23 +24,109 @@ use crate::{
     shared::{current_task, offsets, read_kernel},
 };
 
+/// What a syscall handler reads of the call it runs at, whichever program runs it.
+pub trait SyscallContext: EbpfContext {
+    /// Argument `i` (below 6) of the call, at its entry.
+    fn syscall_arg(&self, i: usize) -> u64;
+    /// The call's result, or `-errno`, at its exit.
+    fn syscall_ret(&self) -> i64;
+}
+
+/// Argument `i` (below 6) of the call, at its entry.
+#[inline(always)]
+pub fn syscall_arg<C: SyscallContext>(ctx: &C, i: usize) -> u64 {
+    ctx.syscall_arg(i)
+}
+
+/// The call's result, or `-errno`, at its exit.
+#[inline(always)]
+pub fn syscall_ret<C: SyscallContext>(ctx: &C) -> i64 {
+    ctx.syscall_ret()
+}
+
 /// The context of a program on `sys_enter` or `sys_exit`, or on fentry/fexit of a call's
-/// function (made with `SyscallContext::new(ctx.as_ptr())`).
-pub type SyscallContext = BtfTracePointContext;
+/// function (made with `BtfTracePointContext::new(ctx.as_ptr())`): argument 0 is the
+/// task's `struct pt_regs *`, argument 1 `sys_enter`'s number or the result.
+impl SyscallContext for BtfTracePointContext {
+    #[inline(always)]
+    fn syscall_arg(&self, i: usize) -> u64 {
+        match arch::SYSCALL_ARGS.get(i) {
+            Some(&offset) => register::<u64>(self.arg(0), offset),
+            None => 0,
+        }
+    }
+
+    #[inline(always)]
+    fn syscall_ret(&self) -> i64 {
+        // Argument 1 of `sys_exit` is the call's result, a `long`; so is fexit's after `regs`.
+        self.arg(1)
+    }
+}
+
+/// The context of a program on a call's own `syscalls:sys_enter_*` or `sys_exit_*` event:
+/// its record, `__syscall_nr` (an `int`) at offset 8 and, at the exit, `ret` (a `long`) at
+/// 16. The arguments are read from the task's saved registers, as the other programs read
+/// them, not from the record: its size is the call's argument count, and a program that
+/// reads past it (`munlockall`'s has none) is refused at the attach.
+pub struct SyscallTracepointContext {
+    ctx: *mut c_void,
+}
+
+impl SyscallTracepointContext {
+    pub fn new(ctx: *mut c_void) -> Self {
+        Self { ctx }
+    }
+
+    /// The call's number and the [`memlock_trace_common::syscall_hooks::hook`] bits of the
+    /// handlers that want it, if any does (the event of a call no handler wants is not
+    /// attached, but another object's may be: each object has its own bits).
+    #[inline(always)]
+    pub fn call(&self) -> Option<(u32, u32)> {
+        handled(i64::from(self.field::<i32>(8)))
+    }
+
+    #[inline(always)]
+    fn field<T: Copy>(&self, offset: usize) -> T {
+        // SAFETY: a field of the record, within its size (checked by the kernel at attach).
+        unsafe { core::ptr::read_volatile(self.ctx.cast::<u8>().add(offset).cast::<T>()) }
+    }
+}
+
+impl EbpfContext for SyscallTracepointContext {
+    fn as_ptr(&self) -> *mut c_void {
+        self.ctx
+    }
+}
+
+impl SyscallContext for SyscallTracepointContext {
+    #[inline(always)]
+    fn syscall_arg(&self, i: usize) -> u64 {
+        let Some(&offset) = arch::SYSCALL_ARGS.get(i) else {
+            return 0;
+        };
+        // SAFETY: helpers without arguments to check; `bpf_task_pt_regs` of the current
+        // task is its saved user registers, never NULL.
+        let regs = unsafe { bpf_task_pt_regs(bpf_get_current_task_btf()) } as *const u8;
+        register::<u64>(regs, offset)
+    }
+
+    #[inline(always)]
+    fn syscall_ret(&self) -> i64 {
+        self.field::<i64>(16)
+    }
+}
 
 /// Per system call number, the [`memlock_trace_common::syscall_hooks::hook`] bits of the
 /// handlers that want it; written by the loader as the families attach.
 #[map]
 static SYSCALL_HOOKS: Array<u32> = Array::with_max_entries(MAX_NR, 0);
 
-/// Reads the field of type `T` at `offset` of the call's saved registers
-/// ([`arch::SYSCALL_ARGS`], [`arch::SYSCALL_NR`]): a direct load, which the verifier checks
+/// Reads the field of type `T` at `offset` of the call's saved registers `regs` (argument 0
+/// of the raw tracepoints and of the calls' functions, or `bpf_task_pt_regs`: never NULL;
+/// [`arch::SYSCALL_ARGS`], [`arch::SYSCALL_NR`]): a direct load, which the verifier checks
 /// against the kernel's BTF of `struct pt_regs`.
 #[inline(always)]
-fn register<T>(ctx: &SyscallContext, offset: usize) -> T {
-    // Argument 0 of both tracepoints and of the calls' functions is the task's
-    // `struct pt_regs *`, never NULL.
-    let regs: *const u8 = ctx.arg(0);
+fn register<T>(regs: *const u8, offset: usize) -> T {
     // SAFETY: an in-bounds field of `struct pt_regs`; the verifier checks the load against
     // the kernel's BTF and turns it into one that cannot fault.
     unsafe { core::ptr::read_volatile(regs.add(offset).cast::<T>()) }
@@ -40,7 +135,7 @@ fn register<T>(ctx: &SyscallContext, offset: usize) -> T {
 /// At `sys_enter`: the call's number and the [`memlock_trace_common::syscall_hooks::hook`]
 /// bits of the handlers that want it, if any does.
 #[inline(always)]
-pub fn entering(ctx: &SyscallContext) -> Option<(u32, u32)> {
+pub fn entering(ctx: &BtfTracePointContext) -> Option<(u32, u32)> {
     // Argument 1 of `sys_enter` is the call's number, a `long`.
     let nr: i64 = ctx.arg(1);
     handled(nr)
@@ -48,7 +143,7 @@ pub fn entering(ctx: &SyscallContext) -> Option<(u32, u32)> {
 
 /// At `sys_exit`: as [`entering`].
 #[inline(always)]
-pub fn exiting(ctx: &SyscallContext) -> Option<(u32, u32)> {
+pub fn exiting(ctx: &BtfTracePointContext) -> Option<(u32, u32)> {
     handled(number(ctx))
 }
 
@@ -56,7 +151,7 @@ pub fn exiting(ctx: &SyscallContext) -> Option<(u32, u32)> {
 /// function (32-bit ones go through the arch's compat functions; x32 numbers are out of
 /// range), so there is no compat test.
 #[inline(always)]
-pub fn calling(ctx: &SyscallContext) -> Option<(u32, u32)> {
+pub fn calling(ctx: &BtfTracePointContext) -> Option<(u32, u32)> {
     hooks_of(number(ctx))
 }
 
@@ -67,8 +162,8 @@ pub fn calling(ctx: &SyscallContext) -> Option<(u32, u32)> {
     clippy::useless_conversion,
     reason = "the same type on x86-64, a widening on arm64"
 )]
-fn number(ctx: &SyscallContext) -> i64 {
-    i64::from(register::<arch::SyscallNr>(ctx, arch::SYSCALL_NR))
+fn number(ctx: &BtfTracePointContext) -> i64 {
+    i64::from(register::<arch::SyscallNr>(ctx.arg(0), arch::SYSCALL_NR))
 }
 
 #[inline(always)]
@@ -96,20 +191,4 @@ fn hooks_of(nr: i64) -> Option<(u32, u32)> {
 fn in_compat_syscall() -> bool {
     let offset = offsets().task_thread_status;
     offset != 0 && read_kernel::<u32>(current_task(), offset) & arch::COMPAT_MASK != 0
-}
-
-/// Argument `i` (below 6) of the call, at `sys_enter` or fentry.
-#[inline(always)]
-pub fn syscall_arg(ctx: &SyscallContext, i: usize) -> u64 {
-    match arch::SYSCALL_ARGS.get(i) {
-        Some(&offset) => register::<u64>(ctx, offset),
-        None => 0,
-    }
-}
-
-/// The call's result, or `-errno`, at `sys_exit` or fexit.
-#[inline(always)]
-pub fn syscall_ret(ctx: &SyscallContext) -> i64 {
-    // Argument 1 of `sys_exit` is the call's result, a `long`; so is fexit's after `regs`.
-    ctx.arg(1)
 }

@@ -210,7 +210,7 @@ fn count_call(key: &SyscallKey, call: &CallFigures) {
 /// The entry of the five calls (`hook::SYSCALLS_ENTER`): the `-v` diagnostics name each
 /// call's handler as when each had its own program (`sys_enter_mlock`, ...).
 #[inline(never)]
-pub fn on_enter(ctx: &SyscallContext, nr: u32, mapped_now: i64) {
+pub fn on_enter(ctx: &impl SyscallContext, nr: u32, mapped_now: i64) {
     let (slot, name) = match nr {
         syscall_nr::MLOCK => (program::SYS_ENTER_MLOCK, "sys_enter_mlock"),
         syscall_nr::MLOCK2 => (program::SYS_ENTER_MLOCK2, "sys_enter_mlock2"),
@@ -229,7 +229,7 @@ const EXIT_PROG: Prog = Prog {
 
 /// The exit of the five calls (`hook::SYSCALLS_EXIT`).
 #[inline(never)]
-pub fn on_exit(ctx: &SyscallContext, mapped_now: i64) {
+pub fn on_exit(ctx: &impl SyscallContext, mapped_now: i64) {
     // Only a traced call read anything worth a record.
     if exit(ctx, mapped_now) {
         crate::diag::report_reads(EXIT_PROG);
@@ -238,7 +238,7 @@ pub fn on_exit(ctx: &SyscallContext, mapped_now: i64) {
 
 /// Records entry state of call `nr`; `prog` names the program in `-v` diagnostics.
 #[inline(always)]
-fn enter(ctx: &SyscallContext, nr: u32, prog: Prog, mapped_now: i64) {
+fn enter(ctx: &impl SyscallContext, nr: u32, prog: Prog, mapped_now: i64) {
     let (tgid, tid) = current_ids();
     if !is_target(tgid) {
         return;
@@ -276,7 +276,7 @@ fn enter(ctx: &SyscallContext, nr: u32, prog: Prog, mapped_now: i64) {
 
 /// Emits the call's event; false if the call was not traced (no entry), so nothing was read.
 #[inline(always)]
-fn exit(ctx: &SyscallContext, mapped_now: i64) -> bool {
+fn exit(ctx: &impl SyscallContext, mapped_now: i64) -> bool {
     let (tgid, tid) = current_ids();
     let Some(entry) = INFLIGHT.get_ptr(tid) else {
         return false;
@@ -292,7 +292,7 @@ fn exit(ctx: &SyscallContext, mapped_now: i64) -> bool {
 
 /// Counts and reports the call whose entry `entry` is, before the entry is removed.
 #[inline(always)]
-fn finish(ctx: &SyscallContext, tid: u32, tgid: u32, entry: &InFlight, mapped_now: i64) {
+fn finish(ctx: &impl SyscallContext, tid: u32, tgid: u32, entry: &InFlight, mapped_now: i64) {
     let now = now_ns();
     let range = range::take(tid);
     let after = task_counters(EXIT_PROG);

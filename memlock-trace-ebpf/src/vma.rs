@@ -105,7 +105,7 @@ pub fn on_exit<const RB: bool>() {
 
 /// At the entry of the five calls (`hook::VMA_ENTER`, `RB`: `hook::VMA_ENTER_RB`).
 #[inline(never)]
-pub fn on_enter<const RB: bool>(ctx: &SyscallContext, nr: u32) {
+pub fn on_enter<const RB: bool>(ctx: &impl SyscallContext, nr: u32) {
     let (tgid, tid) = current_ids();
     if !is_target(tgid) {
         return;

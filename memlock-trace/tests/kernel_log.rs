@@ -233,7 +233,8 @@ fn without_verbose_the_log_code_is_not_loaded() {
     }
     // Programs with diagnostics: the code is there with -v only (the kernel keeps 15 bytes
     // of a program's name; the syscall dispatchers are `syscall_enter_find_vma` where the
-    // kernel has `bpf_find_vma`, else `syscall_enter`).
+    // kernel has `bpf_find_vma`, else `syscall_enter`, and the program on the calls' events,
+    // where fentry is refused, `syscall_enter_event`).
     for prefix in [
         "syscall_enter",
         "syscall_exit",

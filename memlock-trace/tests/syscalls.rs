@@ -177,9 +177,11 @@ fn a_32_bit_call_is_not_taken_for_the_64_bit_call_of_its_number() {
 
 /// Where the kernel allows trampolines (the probe's fentry), every family's syscall handlers
 /// run on fentry/fexit of the calls' own functions, so no other call pays; elsewhere on the
-/// raw tracepoints, saying why fentry was refused. 5.10 allows fentry but its verifier
-/// refuses the programs' first read of the calls' `regs` (EACCES after 2 instructions):
-/// there the fallback, with the kernel's reason, is what is expected.
+/// calls' own `syscalls:*` events where the kernel has `bpf_find_vma` (5.17; this host,
+/// arm64's 6.1), else on the raw tracepoints, saying why fentry was refused. 5.10 allows
+/// fentry but its verifier refuses the programs' first read of the calls' `regs` (EACCES
+/// after 2 instructions): there the raw tracepoints, with the kernel's reason, are what is
+/// expected.
 #[test]
 fn the_syscall_hooks_are_on_the_calls_functions_where_fentry_is_allowed() {
     require_privileges();
@@ -200,11 +202,23 @@ fn the_syscall_hooks_are_on_the_calls_functions_where_fentry_is_allowed() {
             assert!(!hooks.contains("raw_syscalls"), "{family}: {hooks}");
         }
     } else {
+        let events = memlock_trace::probe::kernel_version(&release).is_some_and(|v| v >= (5, 17));
+        let expected = if events {
+            "tracepoint syscalls:sys_{enter,exit}_{mlock,"
+        } else {
+            "tp_btf raw_syscalls:sys_{enter,exit} for mlock"
+        };
         assert!(
-            syscalls.starts_with("tp_btf raw_syscalls:sys_{enter,exit} for mlock")
+            syscalls.starts_with(expected)
                 && syscalls.contains(&format!("fentry on {prefix}* refused")),
             "{syscalls}"
         );
+        if events {
+            for (family, hooks) in &tracer.hooks {
+                let hooks = hooks.full();
+                assert!(!hooks.contains("raw_syscalls"), "{family}: {hooks}");
+            }
+        }
     }
 }
 
@@ -218,8 +232,8 @@ fn program_runs() -> u64 {
 }
 
 /// A call nobody hooks runs none of a system-wide session's programs where the syscall
-/// hooks are on fentry/fexit (the guests from 5.11), and both raw dispatchers where they
-/// fall back (this host, 5.10). Counted, not timed: the kernel's own run counts of the
+/// hooks are the calls' own (fentry/fexit: the x86 guests from 5.11; their events: this
+/// host, arm64), and both raw dispatchers where they fall back (5.10). Counted, not timed: the kernel's own run counts of the
 /// session's programs while this thread makes a million `getppid` calls. (What the calls
 /// cost is the bench's: `cargo xtask bench --node-cost`.)
 #[test]
@@ -229,7 +243,7 @@ fn a_call_nobody_hooks_runs_no_program_beside_a_fentry_session() {
     let stats = "/proc/sys/kernel/bpf_stats_enabled";
     let was = std::fs::read_to_string(stats).expect("kernel.bpf_stats_enabled (5.8+)");
     let tracer = Tracer::load(&Targets::All).expect("load tracer");
-    let on_fentry = tracer.hooks["syscalls"].set() == "fentry/fexit";
+    let per_call = tracer.hooks["syscalls"].set() != "tp_btf";
     let described = tracer.hooks["syscalls"].full();
     std::fs::write(stats, "1").unwrap();
     let before = program_runs();
@@ -240,7 +254,7 @@ fn a_call_nobody_hooks_runs_no_program_beside_a_fentry_session() {
     let runs = program_runs() - before;
     std::fs::write(stats, was.trim()).unwrap();
     drop(tracer);
-    if on_fentry {
+    if per_call {
         // Only other processes' (and parallel tests') hooked calls and faults run the
         // programs meanwhile: far fewer than the fallback's two per call.
         assert!(

@@ -102,7 +102,7 @@ pub fn fault_signal(ctx: BtfTracePointContext) -> i32 {
 /// about to take it (a good moment: no other mapping call of this thread holds it). Here
 /// rather than at the exit, which has no stack to spare for the lookups' frames.
 #[inline(never)]
-pub fn on_enter<const RETRY: bool>(ctx: &SyscallContext, nr: u32) {
+pub fn on_enter<const RETRY: bool>(ctx: &impl SyscallContext, nr: u32) {
     if let Some(tgid) = enter(ctx, nr)
         && RETRY
     {
@@ -112,7 +112,7 @@ pub fn on_enter<const RETRY: bool>(ctx: &SyscallContext, nr: u32) {
 
 /// The traced process's tgid, when it is one.
 #[inline(always)]
-fn enter(ctx: &SyscallContext, nr: u32) -> Option<u32> {
+fn enter(ctx: &impl SyscallContext, nr: u32) -> Option<u32> {
     let (tgid, tid) = current_ids();
     if !is_target(tgid) {
         return None;
@@ -166,7 +166,7 @@ fn enter(ctx: &SyscallContext, nr: u32) -> Option<u32> {
 ///   `MADV_UNMERGEABLE`: breaking KSM sharing faults);
 /// - the mlock family, `execve` (its arguments) and `remap_file_pages` always may.
 #[inline(always)]
-fn may_populate(ctx: &SyscallContext, index: usize) -> bool {
+fn may_populate(ctx: &impl SyscallContext, index: usize) -> bool {
     let off = offsets();
     // Read only for the calls whose answer depends on them (not on every `execve`).
     let mm = || read_kernel::<u64>(current_task(), off.task_mm);
@@ -197,7 +197,7 @@ fn may_populate(ctx: &SyscallContext, index: usize) -> bool {
 /// VMA the call populated, found as `HOW` says: `bpf_find_vma`, or a walk of the VMA rbtree
 /// (`hook::POPULATE_EXIT_COUNTED_RB`, on kernels without the helper, before 5.17).
 #[inline(never)]
-pub fn on_exit_counted<const HOW: u8>(ctx: &SyscallContext) {
+pub fn on_exit_counted<const HOW: u8>(ctx: &impl SyscallContext) {
     let (tgid, tid) = current_ids();
     let Some(call) = POPULATE_INFLIGHT.get_ptr(tid) else {
         // A call that could not populate (`may_populate`) may still have changed mappings.
@@ -265,7 +265,7 @@ pub fn on_exit_counted<const HOW: u8>(ctx: &SyscallContext) {
 /// region. Returns the address charged (0 for the call).
 #[inline(always)]
 fn charge<const HOW: u8>(
-    ctx: &SyscallContext,
+    ctx: &impl SyscallContext,
     (tgid, tid): (u32, u32),
     index: u32,
     range: (u64, u64),

@@ -35,7 +35,7 @@ const MAX_VMAS: usize = 16;
 /// (`hook::RANGE_CHECK`; `HOW` the rbtree walk: `hook::RANGE_CHECK_RB`, on kernels
 /// without `bpf_find_vma`, before 5.17).
 #[inline(never)]
-pub fn on_enter<const HOW: u8>(ctx: &SyscallContext) {
+pub fn on_enter<const HOW: u8>(ctx: &impl SyscallContext) {
     let (tgid, tid) = current_ids();
     if !is_target(tgid) {
         return;

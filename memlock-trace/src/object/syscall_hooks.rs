@@ -1,15 +1,18 @@
 //! Where every family's system-call handlers run (see
 //! [`memlock_trace_common::syscall_hooks`]): fentry/fexit programs of their own on each
 //! hooked call's kernel function where the kernel allows trampolines, so that no other call
-//! pays; else the two raw `sys_enter`/`sys_exit` tracepoint dispatchers, which run at every
-//! system call of the machine. The first attach decides, for the whole object: its call's
-//! fentry program loads, or the dispatchers are used from then on.
+//! pays; else programs of their own on each hooked call's `syscalls:sys_{enter,exit}_*`
+//! events, which other calls pay only the kernel's test of a bit for; else (no
+//! `bpf_task_pt_regs` or no `bpf_find_vma`) the two raw `sys_enter`/`sys_exit` tracepoint
+//! dispatchers, which run at every system call of the machine. The first attach decides,
+//! for the whole object: the first of these its call's program loads for is used from then
+//! on.
 
 use anyhow::{Context as _, Result, anyhow, bail};
 use aya::{
     Btf, Ebpf,
     maps::Array,
-    programs::{BtfTracePoint, FEntry, FExit},
+    programs::{BtfTracePoint, FEntry, FExit, TracePoint},
 };
 use memlock_trace_common::{names, syscall_hooks};
 
@@ -43,13 +46,33 @@ impl SyscallEdge {
         }
     }
 
-    /// The program of this edge of the call `name` alone.
+    /// The program on this edge's event of every hooked call (`bpf_find_vma` build only).
+    fn event_program(self) -> &'static str {
+        match self {
+            SyscallEdge::Enter => "syscall_enter_event",
+            SyscallEdge::Exit => "syscall_exit_event",
+        }
+    }
+
+    /// The fentry or fexit program of the call `name` alone.
     fn call_program(self, name: &str, find_vma: bool) -> String {
-        let edge = match self {
+        let build = if find_vma { "_fv" } else { "" };
+        format!("sys_{name}_{}{build}", self.word())
+    }
+
+    fn word(self) -> &'static str {
+        match self {
             SyscallEdge::Enter => "enter",
             SyscallEdge::Exit => "exit",
-        };
-        format!("sys_{name}_{edge}{}", if find_vma { "_fv" } else { "" })
+        }
+    }
+
+    /// The handlers' bits that run at this edge.
+    fn handlers(self) -> u32 {
+        match self {
+            SyscallEdge::Enter => syscall_hooks::hook::AT_ENTER,
+            SyscallEdge::Exit => !syscall_hooks::hook::AT_ENTER,
+        }
     }
 }
 
@@ -58,6 +81,8 @@ impl SyscallEdge {
 pub enum SyscallVia {
     /// fentry/fexit on each call's function.
     Fentry,
+    /// The per-call `syscalls:sys_{enter,exit}_*` events.
+    Tracepoints,
     /// The raw tracepoints' dispatchers.
     RawTracepoints,
 }
@@ -67,6 +92,9 @@ pub enum SyscallVia {
 /// kernel), for the syscall family's hook line.
 static FENTRY_REFUSED: std::sync::Mutex<Option<Refused>> = std::sync::Mutex::new(None);
 
+/// The same for the program on a call's event, where the dispatchers took over.
+static EVENT_REFUSED: std::sync::Mutex<Option<Refused>> = std::sync::Mutex::new(None);
+
 /// Why the syscall hooks are on the raw tracepoints, if an object tried fentry.
 pub fn fentry_refusal() -> Option<Refused> {
     FENTRY_REFUSED.lock().map_or(None, |r| r.clone())
@@ -74,8 +102,9 @@ pub fn fentry_refusal() -> Option<Refused> {
 
 impl SyscallVia {
     /// The hooks of the calls numbered `nrs` at `edge` (both edges: `None`), for a family's
-    /// hook line: `fentry/fexit __x64_sys_{mlock,munlock}` or `tp_btf
-    /// raw_syscalls:sys_{enter,exit} for mlock, munlock`.
+    /// hook line: `fentry/fexit __x64_sys_{mlock,munlock}`, `tracepoint
+    /// syscalls:sys_{enter,exit}_{mlock,munlock}` or `tp_btf raw_syscalls:sys_{enter,exit}
+    /// for mlock, munlock`.
     pub fn describe(self, edge: Option<SyscallEdge>, nrs: &[u32]) -> String {
         let calls = call_names(nrs);
         match self {
@@ -90,6 +119,17 @@ impl SyscallVia {
                     _ => format!("{kind} {SYSCALL_FUNCTION_PREFIX}{{{}}}", calls.join(",")),
                 }
             }
+            SyscallVia::Tracepoints => {
+                let at = match edge {
+                    None => "sys_{enter,exit}_",
+                    Some(SyscallEdge::Enter) => "sys_enter_",
+                    Some(SyscallEdge::Exit) => "sys_exit_",
+                };
+                match calls.as_slice() {
+                    [one] => format!("tracepoint syscalls:{at}{one}"),
+                    _ => format!("tracepoint syscalls:{at}{{{}}}", calls.join(",")),
+                }
+            }
             SyscallVia::RawTracepoints => {
                 let at = match edge {
                     None => "sys_{enter,exit}",
@@ -101,24 +141,30 @@ impl SyscallVia {
     }
 
     /// Why fentry is not used, if it was refused, with its words for one family's hook
-    /// line: ` (fentry on __x64_sys_* refused: REASON)`.
+    /// line: ` (fentry on __x64_sys_* refused: REASON)`, and where the dispatchers are, why
+    /// the calls' events are not.
     pub fn refused(self) -> Option<(Refused, String)> {
-        match (self, fentry_refusal()) {
-            (SyscallVia::RawTracepoints, Some(refused)) => {
-                let words = format!(
-                    " (fentry on {SYSCALL_FUNCTION_PREFIX}* refused: {})",
-                    refused.reason
-                );
-                Some((refused, words))
-            }
-            _ => None,
+        if self == SyscallVia::Fentry {
+            return None;
         }
+        let refused = fentry_refusal()?;
+        let mut words = format!(
+            " (fentry on {SYSCALL_FUNCTION_PREFIX}* refused: {}",
+            refused.reason
+        );
+        let event = EVENT_REFUSED.lock().map_or(None, |r| r.clone());
+        if let (SyscallVia::RawTracepoints, Some(event)) = (self, event) {
+            words += &format!("; syscalls:* events refused: {}", event.reason);
+        }
+        words.push(')');
+        Some((refused, words))
     }
 
     /// The hook set's kind, for the build info.
     pub fn set(self) -> &'static str {
         match self {
             SyscallVia::Fentry => "fentry/fexit",
+            SyscallVia::Tracepoints => "tracepoint",
             SyscallVia::RawTracepoints => "tp_btf",
         }
     }
@@ -160,8 +206,9 @@ fn call(nr: u32) -> Option<(&'static str, u32)> {
 }
 
 /// Has the handler whose bit is `hook` run at `edge` of the calls numbered `nrs`: the calls
-/// are marked in `SYSCALL_HOOKS`, and their fentry or fexit programs loaded and attached
-/// (or, where the kernel refuses fentry, both edges' dispatching programs, once).
+/// are marked in `SYSCALL_HOOKS`, and their fentry or fexit programs, or their events'
+/// programs, loaded and attached (or, where the kernel refuses both, both edges'
+/// dispatching programs, once).
 pub fn attach_syscall_hook(
     ebpf: &mut Ebpf,
     btf: &Btf,
@@ -173,6 +220,12 @@ pub fn attach_syscall_hook(
     if !find_vma && hook & syscall_hooks::hook::NEED_FIND_VMA != 0 {
         bail!("syscall handler {hook:#x} needs bpf_find_vma, which this kernel lacks");
     }
+    if hook & edge.handlers() != hook {
+        bail!(
+            "syscall handler {hook:#x} does not run at the call's {}",
+            edge.word()
+        );
+    }
     let mut calls = Vec::with_capacity(nrs.len());
     for &nr in nrs {
         let (name, can) =
@@ -180,65 +233,129 @@ pub fn attach_syscall_hook(
         if can & hook != hook {
             bail!("the programs of {name} cannot run syscall handler {hook:#x}");
         }
-        calls.push(name);
+        calls.push((nr, name));
     }
-    let map = ebpf
-        .map_mut(names::SYSCALL_HOOKS)
-        .ok_or_else(|| anyhow!("map {} missing from the eBPF object", names::SYSCALL_HOOKS))?;
-    let mut hooks: Array<_, u32> = Array::try_from(map)?;
-    for &nr in nrs {
-        let bits = hooks.get(&nr, 0).with_context(|| {
-            format!(
-                "system call {nr} is past the {} the programs know",
-                hooks.len()
-            )
-        })?;
-        hooks.set(nr, bits | hook, 0)?;
+    // The calls that had no handler at this edge yet: where the calls' events are used,
+    // theirs is attached now.
+    let mut first_here = Vec::new();
+    {
+        let map = ebpf
+            .map_mut(names::SYSCALL_HOOKS)
+            .ok_or_else(|| anyhow!("map {} missing from the eBPF object", names::SYSCALL_HOOKS))?;
+        let mut hooks: Array<_, u32> = Array::try_from(map)?;
+        for &(nr, name) in &calls {
+            let bits = hooks.get(&nr, 0).with_context(|| {
+                format!(
+                    "system call {nr} is past the {} the programs know",
+                    hooks.len()
+                )
+            })?;
+            if bits & edge.handlers() == 0 {
+                first_here.push((nr, name));
+            }
+            hooks.set(nr, bits | hook, 0)?;
+        }
     }
-    let loaded = |ebpf: &Ebpf, name: &str| ebpf.program(name).is_some_and(|p| p.fd().is_ok());
     let dispatchers = [SyscallEdge::Enter, SyscallEdge::Exit].map(|e| e.dispatcher(find_vma));
     if dispatchers.iter().any(|name| loaded(ebpf, name)) {
         return Ok(SyscallVia::RawTracepoints);
     }
-    let mut tried = false;
-    for name in calls {
-        let program = edge.call_program(name, find_vma);
-        if loaded(ebpf, &program) {
-            tried = true;
-            continue;
-        }
-        match attach_call(ebpf, btf, edge, name, &program) {
-            Ok(()) => tried = true,
-            // The first program decides: a kernel without trampolines refuses them all.
-            Err(refused) if !tried && !any_call_loaded(ebpf, find_vma) => {
-                if let Ok(mut last) = FENTRY_REFUSED.lock() {
-                    *last = Some(Refused {
-                        reason: format!("{program}: {}", refused.reason),
-                        too_complex: refused.too_complex,
-                    });
+    if EDGES.iter().any(|edge| loaded(ebpf, edge.event_program())) {
+        attach_events(ebpf, edge, &first_here)?;
+        return Ok(SyscallVia::Tracepoints);
+    }
+    let mut calls = calls.into_iter();
+    if !any_call_loaded(ebpf, find_vma) {
+        // The first call decides: a kernel without trampolines refuses them all.
+        let Some((_, first)) = calls.next() else {
+            return Ok(SyscallVia::Fentry);
+        };
+        let fentry = edge.call_program(first, find_vma);
+        if let Err(refused) = attach_call(ebpf, btf, edge, first, &fentry) {
+            if let Ok(mut last) = FENTRY_REFUSED.lock() {
+                *last = Some(Refused {
+                    reason: format!("{fentry}: {}", refused.reason),
+                    too_complex: refused.too_complex,
+                });
+            }
+            let events = if find_vma {
+                load_events(ebpf).and_then(|()| attach_events(ebpf, edge, &first_here))
+            } else {
+                Err(anyhow!("needs bpf_find_vma (5.17)"))
+            };
+            if let Err(error) = events {
+                if let Ok(mut last) = EVENT_REFUSED.lock() {
+                    *last = Some(Refused::of(&error));
+                }
+                // Whatever was attached goes: the dispatchers run every handler.
+                for name in EDGES.map(SyscallEdge::event_program) {
+                    let event: Option<&mut TracePoint> =
+                        program(ebpf, name).ok().and_then(|p| p.try_into().ok());
+                    if let Some(event) = event {
+                        let _ = event.unload();
+                    }
                 }
                 attach_dispatchers(ebpf, btf, find_vma)?;
                 return Ok(SyscallVia::RawTracepoints);
             }
-            Err(refused) => {
-                bail!(
-                    "the kernel refused fentry program `{program}` on {SYSCALL_FUNCTION_PREFIX}{name}: {}",
-                    refused.reason
-                )
-            }
+            return Ok(SyscallVia::Tracepoints);
+        }
+    }
+    for (_, name) in calls {
+        let program = edge.call_program(name, find_vma);
+        if loaded(ebpf, &program) {
+            continue;
+        }
+        if let Err(refused) = attach_call(ebpf, btf, edge, name, &program) {
+            bail!(
+                "the kernel refused fentry program `{program}` on {SYSCALL_FUNCTION_PREFIX}{name}: {}",
+                refused.reason
+            )
         }
     }
     Ok(SyscallVia::Fentry)
 }
 
-/// Whether any call's own program is loaded (fentry was chosen for this object).
+const EDGES: [SyscallEdge; 2] = [SyscallEdge::Enter, SyscallEdge::Exit];
+
+fn loaded(ebpf: &Ebpf, name: &str) -> bool {
+    ebpf.program(name).is_some_and(|p| p.fd().is_ok())
+}
+
+/// Whether any call's fentry or fexit program is loaded (fentry was chosen for this
+/// object).
 fn any_call_loaded(ebpf: &Ebpf, find_vma: bool) -> bool {
     syscall_hooks::calls::ALL.iter().any(|(name, _)| {
-        [SyscallEdge::Enter, SyscallEdge::Exit].iter().any(|edge| {
-            ebpf.program(&edge.call_program(name, find_vma))
-                .is_some_and(|p| p.fd().is_ok())
-        })
+        EDGES
+            .iter()
+            .any(|edge| loaded(ebpf, &edge.call_program(name, find_vma)))
     })
+}
+
+/// Loads both edges' event programs side by side (each carries every family's handlers,
+/// as the dispatchers do).
+fn load_events(ebpf: &mut Ebpf) -> Result<()> {
+    let names = EDGES.map(SyscallEdge::event_program);
+    load_side_by_side(ebpf, &names, |name, program| {
+        let program: &mut TracePoint = program.try_into()?;
+        program
+            .load()
+            .map_err(|e| hook_refused(name, "tracepoint", e))
+    })
+}
+
+/// Attaches `edge`'s event program to that edge's event of each of `calls`.
+fn attach_events(ebpf: &mut Ebpf, edge: SyscallEdge, calls: &[(u32, &str)]) -> Result<()> {
+    let name = edge.event_program();
+    let program: &mut TracePoint = program(ebpf, name)?.try_into()?;
+    for (_, call) in calls {
+        let event = format!("sys_{}_{call}", edge.word());
+        program
+            .attach("syscalls", &event)
+            .map_err(|e| hook_refused(name, "tracepoint", e))
+            .with_context(|| format!("attaching it to syscalls:{event}"))?;
+    }
+    Ok(())
 }
 
 /// Loads and attaches `program` on fentry or fexit of the call `name`'s function; the

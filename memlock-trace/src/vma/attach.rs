@@ -246,12 +246,16 @@ mod tests {
             }
         }
         eprintln!("verified instructions: {counts:?}");
-        // The snapshots at the calls' entry run from mlock's fentry program, or from the
-        // syscall dispatcher where fentry is refused.
-        let enters = if btf.has_find_vma() {
-            ["sys_mlock_enter_fv", "syscall_enter_find_vma"]
+        // The snapshots at the calls' entry run from mlock's fentry program, or where fentry
+        // is refused from the calls' events' program, or the syscall dispatcher.
+        let enters: &[&str] = if btf.has_find_vma() {
+            &[
+                "sys_mlock_enter_fv",
+                "syscall_enter_event",
+                "syscall_enter_find_vma",
+            ]
         } else {
-            ["sys_mlock_enter", "syscall_enter"]
+            &["sys_mlock_enter", "syscall_enter"]
         };
         assert!(
             counts.iter().any(|(n, _)| enters.contains(&n.as_str())),

@@ -1,8 +1,9 @@
 //! The fault family's system-call programs: the populating calls, whose pages the fault
 //! hooks charge to the call and (tracepoint set) to the VMA they went into, and the calls
 //! that change mappings, where the per-CPU VMA cache is dropped and waiting pages looked up
-//! again. All run from fentry/fexit on the calls' functions, or from the raw
-//! `sys_enter`/`sys_exit` tracepoints where the kernel refuses fentry (see
+//! again. All run from fentry/fexit on the calls' functions, from the calls'
+//! `syscalls:*` events where the kernel refuses fentry, or from the raw
+//! `sys_enter`/`sys_exit` tracepoints where it also refuses those (see
 //! [`crate::object::attach_syscall_hook`]).
 
 use anyhow::Result;
@@ -47,7 +48,7 @@ pub(super) fn attach_mappings_changed(
     let at_enter = match &via {
         // The enter's tracepoint program is the exit's sibling: said once.
         SyscallVia::RawTracepoints => format!("sys_enter for {}", call_names(&going_at).join(", ")),
-        SyscallVia::Fentry => via.describe(Some(enter), &going_at),
+        SyscallVia::Fentry | SyscallVia::Tracepoints => via.describe(Some(enter), &going_at),
     };
     Ok(format!(
         "{at_exit} and {at_enter} (VMAs looked up afresh{})",

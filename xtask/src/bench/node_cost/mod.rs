@@ -43,12 +43,15 @@ pub(super) enum Setup {
     OtherProcess,
     /// bpftrace counting faults with a latency histogram per pid, system-wide.
     BpftraceFaults,
+    /// bpftrace counting faults per pid on the same events, nothing timed: `--count-only`'s
+    /// peer.
+    BpftraceFaultCount,
     /// bpftrace timing the mlock family on its `syscalls:*` events.
     BpftraceSyscalls,
 }
 
 impl Setup {
-    pub(super) const ALL: [Setup; 8] = [
+    pub(super) const ALL: [Setup; 9] = [
         Setup::Untraced,
         Setup::SystemWide,
         Setup::SystemWideCountOnly,
@@ -56,6 +59,7 @@ impl Setup {
         Setup::SystemWideCountOnlyFloor,
         Setup::OtherProcess,
         Setup::BpftraceFaults,
+        Setup::BpftraceFaultCount,
         Setup::BpftraceSyscalls,
     ];
 
@@ -68,12 +72,16 @@ impl Setup {
             Setup::SystemWideCountOnlyFloor => "floor: --count-only hooks, programs empty",
             Setup::OtherProcess => "memlock-trace -p (an idle sleep)",
             Setup::BpftraceFaults => "bpftrace: faults + latency per pid",
+            Setup::BpftraceFaultCount => "bpftrace: faults counted per pid",
             Setup::BpftraceSyscalls => "bpftrace: mlock family timed",
         }
     }
 
     fn is_bpftrace(self) -> bool {
-        matches!(self, Setup::BpftraceFaults | Setup::BpftraceSyscalls)
+        matches!(
+            self,
+            Setup::BpftraceFaults | Setup::BpftraceFaultCount | Setup::BpftraceSyscalls
+        )
     }
 }
 
@@ -97,6 +105,19 @@ tracepoint:syscalls:sys_exit_munlockall
 {
     @ns[pid, probe] = hist(nsecs - @start[tid]);
     delete(@start[tid]);
+}
+"#;
+
+/// Faults counted per process on the events the faults script counts them on, as
+/// `--count-only` counts them.
+const BPFTRACE_FAULT_COUNT: &str = r#"
+software:minor-faults:1
+{
+    @minor[pid] = count();
+}
+software:major-faults:1
+{
+    @major[pid] = count();
 }
 "#;
 
@@ -180,13 +201,13 @@ fn measure_setup(tracer: &Path, bpftrace: Option<&Path>, setup: Setup) -> Result
     let mut bystander: Option<Child> = None;
     let attached: Option<Attached> = match setup {
         Setup::Untraced => None,
-        Setup::BpftraceFaults | Setup::BpftraceSyscalls => {
+        Setup::BpftraceFaults | Setup::BpftraceFaultCount | Setup::BpftraceSyscalls => {
             // The fault script is the page-fault bench's, for every process: its pid
             // filters dropped.
-            let script = if setup == Setup::BpftraceFaults {
-                BPFTRACE_SCRIPT.replace("/pid == $1/\n", "")
-            } else {
-                BPFTRACE_SYSCALLS.to_string()
+            let script = match setup {
+                Setup::BpftraceFaults => BPFTRACE_SCRIPT.replace("/pid == $1/\n", ""),
+                Setup::BpftraceFaultCount => BPFTRACE_FAULT_COUNT.to_string(),
+                _ => BPFTRACE_SYSCALLS.to_string(),
             };
             let bpftrace = bpftrace.context("a bpftrace setup without bpftrace")?;
             Some(attach_bpftrace(Command::new(bpftrace), &script, &[])?)

@@ -319,6 +319,32 @@ fn goals(r: &mut String, runs: &[Run]) {
         verdict(ours.zip(peer).map(|(o, p)| o <= p)),
         verdict(ours.map(|c| c <= 1.05)),
     );
+    for (row, work) in [(0, "fork+exec"), (1, "`stress-ng --fork`")] {
+        for (ours, peer, mode, script) in [
+            (
+                Setup::SystemWide,
+                Setup::BpftraceFaults,
+                "default mode",
+                "faults + latency script",
+            ),
+            (
+                Setup::SystemWideCountOnly,
+                Setup::BpftraceFaultCount,
+                "`--count-only`",
+                "fault-count script",
+            ),
+        ] {
+            let (ours, peer) = (ratio(ours, row), ratio(peer, row));
+            let _ = writeln!(
+                r,
+                "- {work} beside a system-wide session, {mode} no costlier than bpftrace's \
+                 {script}: {} against {} ({})",
+                ours.map_or("-".into(), |c| format!("{c:.2}")),
+                peer.map_or("-".into(), |c| format!("{c:.2}")),
+                verdict(ours.zip(peer).map(|(o, p)| o <= p)),
+            );
+        }
+    }
     let (ours, peer) = (ratio(Setup::SystemWide, 3), ratio(Setup::BpftraceFaults, 3));
     let _ = writeln!(
         r,
