@@ -8,11 +8,13 @@
 //! for the whole object: the first of these its call's program loads for is used from then
 //! on.
 
+use std::path::Path;
+
 use anyhow::{Context as _, Result, anyhow, bail};
 use aya::{
     Btf, Ebpf,
     maps::Array,
-    programs::{BtfTracePoint, FEntry, FExit, TracePoint},
+    programs::{BtfTracePoint, FEntry, FExit, ProgramError, TracePoint, TracePointError},
 };
 use memlock_trace_common::{names, syscall_hooks};
 
@@ -154,7 +156,7 @@ impl SyscallVia {
         );
         let event = EVENT_REFUSED.lock().map_or(None, |r| r.clone());
         if let (SyscallVia::RawTracepoints, Some(event)) = (self, event) {
-            words += &format!("; syscalls:* events refused: {}", event.reason);
+            words += &format!("; syscalls:* events: {}", event.reason);
         }
         words.push(')');
         Some((refused, words))
@@ -281,7 +283,7 @@ pub fn attach_syscall_hook(
             let events = if find_vma {
                 load_events(ebpf).and_then(|()| attach_events(ebpf, edge, &first_here))
             } else {
-                Err(anyhow!("needs bpf_find_vma (5.17)"))
+                Err(anyhow!("not used without bpf_find_vma (5.17)"))
             };
             if let Err(error) = events {
                 if let Ok(mut last) = EVENT_REFUSED.lock() {
@@ -344,18 +346,35 @@ fn load_events(ebpf: &mut Ebpf) -> Result<()> {
     })
 }
 
-/// Attaches `edge`'s event program to that edge's event of each of `calls`.
+/// Attaches `edge`'s event program to that edge's event of each of `calls`. A call the
+/// kernel does not implement has no event (arm64's `pkey_mprotect` before 6.12: it returns
+/// ENOSYS, populating nothing): it is skipped.
 fn attach_events(ebpf: &mut Ebpf, edge: SyscallEdge, calls: &[(u32, &str)]) -> Result<()> {
     let name = edge.event_program();
     let program: &mut TracePoint = program(ebpf, name)?.try_into()?;
     for (_, call) in calls {
         let event = format!("sys_{}_{call}", edge.word());
-        program
-            .attach("syscalls", &event)
-            .map_err(|e| hook_refused(name, "tracepoint", e))
-            .with_context(|| format!("attaching it to syscalls:{event}"))?;
+        match program.attach("syscalls", &event) {
+            Ok(_) => {}
+            Err(error) if no_such_event(&error) => {}
+            Err(error) => {
+                return Err(hook_refused(name, "tracepoint", error))
+                    .with_context(|| format!("attaching it to syscalls:{event}"));
+            }
+        }
     }
     Ok(())
+}
+
+/// Whether attaching failed because the event is not among the `syscalls` events, which
+/// are there (not because tracefs is missing).
+fn no_such_event(error: &ProgramError) -> bool {
+    let ProgramError::TracePointError(TracePointError::FileError { filename, io_error }) = error
+    else {
+        return false;
+    };
+    let events = filename.parent().and_then(Path::parent);
+    io_error.kind() == std::io::ErrorKind::NotFound && events.is_some_and(Path::is_dir)
 }
 
 /// Loads and attaches `program` on fentry or fexit of the call `name`'s function; the

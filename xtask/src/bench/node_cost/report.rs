@@ -365,7 +365,7 @@ fn goals(r: &mut String, runs: &[Run]) {
     );
 }
 
-const COLORS: [RGBColor; 8] = [
+const COLORS: [RGBColor; Setup::ALL.len()] = [
     RGBColor(128, 128, 128),
     RGBColor(31, 119, 180),
     RGBColor(44, 160, 44),
@@ -373,6 +373,7 @@ const COLORS: [RGBColor; 8] = [
     RGBColor(152, 223, 138),
     RGBColor(23, 190, 207),
     RGBColor(214, 39, 40),
+    RGBColor(255, 152, 150),
     RGBColor(255, 127, 14),
 ];
 
