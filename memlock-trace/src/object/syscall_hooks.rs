@@ -109,6 +109,11 @@ impl SyscallVia {
     /// for mlock, munlock`.
     pub fn describe(self, edge: Option<SyscallEdge>, nrs: &[u32]) -> String {
         let calls = call_names(nrs);
+        // `PREFIX{a,b}`, or `PREFIXa` for one call.
+        let each = |prefix: &str| match calls.as_slice() {
+            [one] => format!("{prefix}{one}"),
+            _ => format!("{prefix}{{{}}}", calls.join(",")),
+        };
         match self {
             SyscallVia::Fentry => {
                 let kind = match edge {
@@ -116,10 +121,7 @@ impl SyscallVia {
                     Some(SyscallEdge::Enter) => "fentry",
                     Some(SyscallEdge::Exit) => "fexit",
                 };
-                match calls.as_slice() {
-                    [one] => format!("{kind} {SYSCALL_FUNCTION_PREFIX}{one}"),
-                    _ => format!("{kind} {SYSCALL_FUNCTION_PREFIX}{{{}}}", calls.join(",")),
-                }
+                each(&format!("{kind} {SYSCALL_FUNCTION_PREFIX}"))
             }
             SyscallVia::Tracepoints => {
                 let at = match edge {
@@ -127,10 +129,7 @@ impl SyscallVia {
                     Some(SyscallEdge::Enter) => "sys_enter_",
                     Some(SyscallEdge::Exit) => "sys_exit_",
                 };
-                match calls.as_slice() {
-                    [one] => format!("tracepoint syscalls:{at}{one}"),
-                    _ => format!("tracepoint syscalls:{at}{{{}}}", calls.join(",")),
-                }
+                each(&format!("tracepoint syscalls:{at}"))
             }
             SyscallVia::RawTracepoints => {
                 let at = match edge {
@@ -454,6 +453,14 @@ mod tests {
         assert_eq!(
             SyscallVia::RawTracepoints.describe(Some(SyscallEdge::Enter), &calls),
             "tp_btf raw_syscalls:sys_enter for mlock, munlock"
+        );
+        assert_eq!(
+            SyscallVia::Tracepoints.describe(None, &calls),
+            "tracepoint syscalls:sys_{enter,exit}_{mlock,munlock}"
+        );
+        assert_eq!(
+            SyscallVia::Tracepoints.describe(Some(SyscallEdge::Exit), &[libc::SYS_munmap as u32]),
+            "tracepoint syscalls:sys_exit_munmap"
         );
     }
 }
