@@ -19,7 +19,7 @@ use std::{os::fd::RawFd, sync::Mutex};
 /// This process's hook descriptors, by how they are closed: the fentry/fexit links (their
 /// trampolines rewritten one by one), and every other (tracepoints and tp_btf as BPF links,
 /// perf events: software events, legacy tracepoints and kprobes, fault counters).
-#[derive(Default)]
+#[derive(Clone, Default)]
 struct HookFds {
     text_patching: Vec<RawFd>,
     others: Vec<RawFd>,
@@ -93,10 +93,7 @@ fn hand_off(fds: &HookFds) -> bool {
         .collect();
     keep.push(parent);
     keep.sort_unstable();
-    let hooks = HookFds {
-        text_patching: fds.text_patching.clone(),
-        others: fds.others.clone(),
-    };
+    let hooks = fds.clone();
     // SAFETY: the child runs only system calls until this process is gone, then
     // `close_now`: its threads and allocations are glibc's, which the fork leaves usable.
     match unsafe { libc::fork() } {
