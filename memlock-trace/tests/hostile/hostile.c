@@ -99,7 +99,9 @@ int main(int argc, char **argv) {
     if (prctl(PR_SET_NAME, COMM) != 0) die("prctl back");
     if (pthread_join(t, NULL) != 0) die("pthread_join");
 
-    /* Leave the mappings in place long enough for the tracer to read them (every 40 ms). */
-    usleep(300 * 1000);
+    /* Leave the mappings in place long enough for the tracer to read them (every 40 ms): a
+     * second, as in CI the host stage shares 2 CPUs with four emulated guests, and 300 ms
+     * once passed without a read (the rows then named by the kernel's file name alone). */
+    usleep(1000 * 1000);
     return 0;
 }
