@@ -19,7 +19,7 @@ use std::{os::fd::RawFd, sync::Mutex};
 /// This process's hook descriptors, by how they are closed: the fentry/fexit links (their
 /// trampolines rewritten one by one), and every other (tracepoints and tp_btf as BPF links,
 /// perf events: software events, legacy tracepoints and kprobes, fault counters).
-#[derive(Clone, Default)]
+#[derive(Default)]
 struct HookFds {
     text_patching: Vec<RawFd>,
     others: Vec<RawFd>,
@@ -70,7 +70,7 @@ fn close(fd: RawFd) {
 pub(crate) fn close_all() {
     let fds = hook_fds();
     if !hand_off(&fds) {
-        close_now(fds);
+        close_now(&fds);
     }
 }
 
@@ -93,11 +93,10 @@ fn hand_off(fds: &HookFds) -> bool {
         .collect();
     keep.push(parent);
     keep.sort_unstable();
-    let hooks = fds.clone();
     // SAFETY: the child runs only system calls until this process is gone, then
     // `close_now`: its threads and allocations are glibc's, which the fork leaves usable.
     match unsafe { libc::fork() } {
-        0 => in_child(&keep, parent, hooks),
+        0 => in_child(&keep, parent, fds),
         -1 => {
             close(parent);
             false
@@ -110,7 +109,7 @@ fn hand_off(fds: &HookFds) -> bool {
 }
 
 /// The child of [`hand_off`]: never returns.
-fn in_child(keep: &[RawFd], parent: RawFd, hooks: HookFds) -> ! {
+fn in_child(keep: &[RawFd], parent: RawFd, hooks: &HookFds) -> ! {
     // SAFETY: system calls on this process's own descriptors; `keep` is sorted and not empty.
     unsafe {
         // Whoever reads this process's output (a pipe, a terminal) sees it end with it.
@@ -149,7 +148,7 @@ fn in_child(keep: &[RawFd], parent: RawFd, hooks: HookFds) -> ! {
 /// Closes `fds`: a thread for each link and perf event, all started and waiting at a gate;
 /// then the fentry/fexit links one after another (their trampolines are rewritten one by
 /// one anyway); then the gate opens and the rest close together.
-fn close_now(fds: HookFds) {
+fn close_now(fds: &HookFds) {
     let HookFds {
         text_patching,
         others,
@@ -158,7 +157,7 @@ fn close_now(fds: HookFds) {
     let closed = gate.lock().unwrap_or_else(|e| e.into_inner());
     std::thread::scope(|scope| {
         let mut inline = Vec::new();
-        for fd in others {
+        for &fd in others {
             let gate = &gate;
             let waiting = move || {
                 drop(gate.lock());
@@ -172,7 +171,7 @@ fn close_now(fds: HookFds) {
                 inline.push(fd);
             }
         }
-        text_patching.into_iter().for_each(close);
+        text_patching.iter().copied().for_each(close);
         drop(closed);
         inline.into_iter().for_each(close);
     });

@@ -124,12 +124,8 @@ impl SyscallVia {
                 each(&format!("{kind} {SYSCALL_FUNCTION_PREFIX}"))
             }
             SyscallVia::Tracepoints => {
-                let at = match edge {
-                    None => "sys_{enter,exit}_",
-                    Some(SyscallEdge::Enter) => "sys_enter_",
-                    Some(SyscallEdge::Exit) => "sys_exit_",
-                };
-                each(&format!("tracepoint syscalls:{at}"))
+                let at = edge.map_or("{enter,exit}", SyscallEdge::word);
+                each(&format!("tracepoint syscalls:sys_{at}_"))
             }
             SyscallVia::RawTracepoints => {
                 let at = match edge {
