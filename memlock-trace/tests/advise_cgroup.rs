@@ -24,7 +24,11 @@ use std::path::{Path, PathBuf};
 
 use common::require_privileges;
 use serde_json::Value;
-use support::{PYTHON, advise_json, memory_cgroup::Controller, require_python, scratch_dir};
+use support::{
+    PYTHON, advise_json,
+    memory_cgroup::{self, Controller},
+    require_python, scratch_dir,
+};
 
 const LAZY_TABLE: &str = include_str!("third_party/lazy_table.py");
 const MIB: u64 = 1 << 20;
@@ -81,8 +85,8 @@ impl Nested {
 
 impl Drop for Nested {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir(&self.inner);
-        let _ = std::fs::remove_dir(&self.outer);
+        memory_cgroup::remove(&self.inner);
+        memory_cgroup::remove(&self.outer);
     }
 }
 

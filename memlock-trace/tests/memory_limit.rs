@@ -16,7 +16,11 @@ mod support;
 use std::process::Command;
 
 use common::require_privileges;
-use support::{BIN, Tracer, memory_cgroup::Controller, summary};
+use support::{
+    BIN, Tracer,
+    memory_cgroup::{self, Controller},
+    summary,
+};
 
 /// Rounds of `workload children` (at most 1,024 alive at once each).
 const ROUNDS: u64 = 2;
@@ -71,7 +75,7 @@ impl Limited {
 
 impl Drop for Limited {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir(&self.dir);
+        memory_cgroup::remove(&self.dir);
     }
 }
 

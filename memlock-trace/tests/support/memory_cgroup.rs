@@ -72,6 +72,24 @@ impl Controller {
     }
 }
 
+/// Removes the cgroup `dir` once it is empty. A tracer that ran inside it leaves behind, for
+/// about a second and a half, the child that closes its hooks (`detach`'s hand-off), and
+/// the kernel refuses to remove a cgroup with a task in it (EBUSY): wait for it, up to 10 s.
+pub fn remove(dir: &Path) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        match std::fs::remove_dir(dir) {
+            Err(e)
+                if e.raw_os_error() == Some(libc::EBUSY)
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(50))
+            }
+            _ => return,
+        }
+    }
+}
+
 /// Writes `value` to a cgroup file, failing the test with the file's name.
 fn write(file: &Path, value: &str) {
     std::fs::write(file, value)
