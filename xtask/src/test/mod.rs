@@ -6,6 +6,7 @@
 
 mod arm64;
 mod binaries;
+mod disk;
 mod placement;
 mod report;
 
@@ -136,6 +137,7 @@ const LARGE_MACHINE: (&str, u32) = ("5.10", 96);
 const LIBTEST_ARGS: [&str; 1] = ["--test-threads=1"];
 
 pub fn run(args: &Args) -> Result<()> {
+    disk::ensure_room(&workspace_root().join("target"))?;
     // Every run lints, whatever the stages: there is no flag to skip it, so CI always does.
     lint::run().context("no test ran")?;
     let (host, guests) = args.kernels()?;
