@@ -1,5 +1,6 @@
 //! Why a fault took its time: the kernel's work inside it that its tracepoints time (reclaim,
-//! compaction, reclaim throttling), as the fault hooks split each timed fault's latency.
+//! compaction, reclaim throttling) and the time it spent off CPU, as the fault hooks split
+//! each timed fault's latency.
 
 /// The causes a fault's time is split into (the rest is "other"), and their names.
 pub mod cause {
@@ -17,17 +18,27 @@ pub mod cause {
         /// Reclaim waiting for others' progress (`vmscan:mm_vmscan_throttled`, 5.16):
         /// inside a reclaim, whose time it is taken from.
         Throttled,
+        /// Switched out (`sched_switch`) outside reclaim and compaction: waiting for the I/O
+        /// of a swap-in or a file read, a page lock, writeback, the mmap lock, or a CPU.
+        OffCpu,
     }
 
-    pub const COUNT: usize = 4;
+    pub const COUNT: usize = 5;
     /// Each cause's key in JSON and Prometheus.
-    pub const KEYS: [&str; COUNT] = ["direct_reclaim", "memcg_reclaim", "compaction", "throttled"];
+    pub const KEYS: [&str; COUNT] = [
+        "direct_reclaim",
+        "memcg_reclaim",
+        "compaction",
+        "throttled",
+        "off_cpu",
+    ];
     /// Each cause in words.
     pub const NAMES: [&str; COUNT] = [
         "direct reclaim",
         "memcg reclaim",
         "compaction",
         "reclaim throttling",
+        "off CPU",
     ];
 }
 
@@ -36,7 +47,7 @@ pub mod cause {
 /// left out.
 pub const PHASES: usize = 16;
 /// Threads with phases at once (`FAULT_PHASES`, LRU): the threads in reclaim or compaction
-/// at a time, not every traced one; 256 entries of 424 bytes (1,024 took a system-wide
+/// at a time, not every traced one; 256 entries of 432 bytes (1,024 took a system-wide
 /// session past its 32 MiB of map memory on a 96-CPU machine).
 pub const MAX_PHASE_THREADS: u32 = 256;
 

@@ -206,7 +206,8 @@ pub struct FaultConfig {
     /// programs do not read it (the completion events' sample period is N); fentry/kprobe
     /// count each thread's faults down to the next timed one.
     pub latency_period: u32,
-    pub _pad: u32,
+    /// `task_struct.pid`: the thread a context switch puts on the CPU.
+    pub task_pid: u32,
 }
 
 const _: () = assert!(size_of::<FaultConfig>().is_multiple_of(8));

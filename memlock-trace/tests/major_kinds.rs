@@ -14,6 +14,10 @@
 //! pages of the private file mapping with the anonymous ones as anonymous swap-ins, the
 //! shared region's as shmem swap-ins.
 //!
+//! And item 2's time off CPU: a file's page read in from the disk is waited for asleep, so
+//! every file-read fault the tracer streams (`--events`) has time off CPU, and its parts add
+//! up to its latency.
+//!
 //! Only the program is in the cgroup (it moves itself in): the tracer's BPF maps would be
 //! charged to the cgroup of the process that made them.
 #![cfg(feature = "lab")]
@@ -41,7 +45,7 @@ fn each_major_fault_is_told_a_swap_in_of_anonymous_memory_or_shmem_or_a_file_rea
     let trace = dir.join("trace.json");
     let pressure = Pressure::set_up(4 * REGION_MIB * MIB, 256 * MIB).expect("swap and a cgroup");
     let out = Command::new(BIN)
-        .args(["--json", "-o"])
+        .args(["--json", "--events", "-o"])
         .arg(&trace)
         .args(["--", PYTHON])
         .arg(&script)
@@ -57,13 +61,16 @@ fn each_major_fault_is_told_a_swap_in_of_anonymous_memory_or_shmem_or_a_file_rea
     assert!(out.status.success(), "{}: {stderr}", out.status);
     let own: Value = serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)));
-    let summary: Value = std::fs::read_to_string(&trace)
+    let lines: Vec<Value> = std::fs::read_to_string(&trace)
         .unwrap()
         .lines()
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .collect();
+    let summary = lines
+        .iter()
         .find(|v| v["type"] == "summary")
         .expect("a summary");
-    let faults = &process_of(&summary, own["pid"].as_u64().unwrap())["faults"];
+    let faults = &process_of(summary, own["pid"].as_u64().unwrap())["faults"];
     let latency = &faults["latency_ns"];
     let count = |class: &str| latency[class]["count"].as_u64().unwrap_or(0);
     let (anon, shmem, file) = (
@@ -96,5 +103,34 @@ fn each_major_fault_is_told_a_swap_in_of_anonymous_memory_or_shmem_or_a_file_rea
     if zram {
         assert!(anon >= n("anon_swapped") + n("copied_swapped"), "{context}");
     }
+    let dropped = summary["fault_health"]["events_dropped"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no events_dropped: {}", summary["fault_health"]));
+    assert_file_reads_waited_off_cpu(&lines, own["pid"].as_u64().unwrap(), file, dropped);
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Every streamed file-read fault of `pid` was off CPU for part of its latency, which its
+/// parts add up to; the stream has each of the `timed` ones the summary counts, but for
+/// those the session says it `dropped` (a full ring buffer).
+fn assert_file_reads_waited_off_cpu(lines: &[Value], pid: u64, timed: u64, dropped: u64) {
+    let reads: Vec<&Value> = lines
+        .iter()
+        .filter(|v| v["type"] == "fault" && v["pid"] == pid && v["major_kind"] == "file_read")
+        .collect();
+    let streamed = reads.len() as u64;
+    assert!(
+        streamed <= timed && streamed + dropped >= timed,
+        "{streamed} file-read fault events, {timed} in the summary, {dropped} events dropped"
+    );
+    for read in reads {
+        let latency = read["latency_ns"].as_u64().unwrap();
+        let causes = read["causes_ns"]
+            .as_object()
+            .unwrap_or_else(|| panic!("{read}"));
+        let off_cpu = causes.get("off_cpu").and_then(Value::as_u64).unwrap_or(0);
+        assert!(off_cpu > 0, "a file read with no time off CPU: {read}");
+        let parts: u64 = causes.values().filter_map(Value::as_u64).sum();
+        assert!(parts <= latency, "{read}");
+    }
 }

@@ -174,7 +174,7 @@ fn locked_pages_never_reach_swap_and_the_tracer_counts_what_did() {
 
 /// Issue 43: the experiment's faults past its cgroup's limit each reclaim in the cgroup, so
 /// the tracer splits part of their time into memcg reclaim; every kernel tested times the
-/// reclaims and compaction (throttling from 5.16); the slowest such fault's parts add up to
+/// reclaims, compaction and time off CPU (throttling from 5.16); the slowest such fault's parts add up to
 /// its latency, and no cause took more time than the timed faults did (their total, from the
 /// histograms' buckets: within 1/8).
 fn assert_time_by_cause(faults: &Value) {
@@ -182,7 +182,7 @@ fn assert_time_by_cause(faults: &Value) {
     let ns = |key: &str| t["causes_ns"][key].as_u64();
     let memcg = ns("memcg_reclaim").unwrap_or_else(|| panic!("not measured: {t}"));
     assert!(memcg > 0, "no memcg reclaim in a fault past the limit: {t}");
-    for key in ["direct_reclaim", "compaction"] {
+    for key in ["direct_reclaim", "compaction", "off_cpu"] {
         assert!(ns(key).is_some(), "{key} not measured: {t}");
     }
     let timed_ns: u64 = ["minor", "major"]

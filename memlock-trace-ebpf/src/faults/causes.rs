@@ -4,15 +4,20 @@
 //! under memory pressure, and a thread not traced leaves at once; a completion looks for
 //! phases only when one ended after its fault began, an array read otherwise.
 //!
+//! Time off CPU is timed at every context switch ([`cause_off_cpu`]), so the switch pays
+//! only array reads unless a fault is involved: the thread switched out is checked against
+//! this CPU's fault in flight ([`fault_on_this_cpu`]), the one switched in only while some
+//! fault is off CPU.
+//!
 //! And what a major fault waited for ([`major_kind`]): told by its VMA's backing, and for a
 //! private file mapping, whose written pages swap like anonymous memory, by whether the
 //! fault read a page into the page cache (`filemap:mm_filemap_add_to_page_cache`).
 
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
-    macros::{map, tracepoint},
+    macros::{btf_tracepoint, map, tracepoint},
     maps::{Array, LruHashMap, PerCpuArray},
-    programs::TracePointContext,
+    programs::{BtfTracePointContext, TracePointContext},
 };
 use memlock_trace_common::{
     causes::{
@@ -23,14 +28,14 @@ use memlock_trace_common::{
     vma::VM_MAYSHARE,
 };
 
-use super::traced;
-use crate::shared::{current_ids, now_ns, tp_field};
+use super::{inflight::fault_on_this_cpu, traced};
+use crate::shared::{add_shared, current_ids, now_ns, read_kernel, tp_field};
 
 #[map]
 static FAULT_PHASES: LruHashMap<u32, ThreadPhases> =
     LruHashMap::with_max_entries(MAX_PHASE_THREADS, 0);
 
-/// A new thread's entry, never written: 424 bytes, too many for the BPF stack.
+/// A new thread's entry, never written: 432 bytes, too many for the BPF stack.
 #[map]
 static PHASES_ZERO: PerCpuArray<ThreadPhases> = PerCpuArray::with_max_entries(1, 0);
 
@@ -44,10 +49,18 @@ fn begin(cause: Cause) {
     if !traced(tgid) {
         return;
     }
+    if let Some(t) = phases_of(tid) {
+        // SAFETY: this thread's own entry (keyed by tid), which only its programs touch,
+        // one at a time.
+        unsafe { (*t).open[cause as usize] = now_ns() };
+    }
+}
+
+/// Thread `tid`'s entry, made if it has none.
+#[inline(always)]
+fn phases_of(tid: u32) -> Option<*mut ThreadPhases> {
     if FAULT_PHASES.get_ptr(tid).is_none() {
-        let Some(zero) = PHASES_ZERO.get_ptr(0) else {
-            return;
-        };
+        let zero = PHASES_ZERO.get_ptr(0)?;
         #[expect(
             clippy::needless_borrows_for_generic_args,
             reason = "by value, the entry would be copied onto the 512-byte BPF stack"
@@ -55,11 +68,7 @@ fn begin(cause: Cause) {
         // SAFETY: this CPU's value of PHASES_ZERO, which nothing writes.
         let _ = FAULT_PHASES.insert(tid, unsafe { &*zero }, u64::from(BPF_NOEXIST));
     }
-    if let Some(t) = FAULT_PHASES.get_ptr_mut(tid) {
-        // SAFETY: this thread's own entry (keyed by tid), which only its programs touch,
-        // one at a time.
-        unsafe { (*t).open[cause as usize] = now_ns() };
-    }
+    FAULT_PHASES.get_ptr_mut(tid)
 }
 
 /// The thread's phase of `cause` ends (a thread that began none has no entry).
@@ -108,8 +117,12 @@ pub(super) fn split(tid: u32, start_ns: u64, end_ns: u64) -> Option<[u64; cause:
     for i in 0..PHASES {
         // SAFETY: as in `begin`; read only.
         let p = unsafe { (*t).ended[i] };
-        if p.begin_ns >= start_ns && p.end_ns <= end_ns && p.end_ns >= p.begin_ns {
-            out[p.cause as usize & (cause::COUNT - 1)] += p.end_ns - p.begin_ns;
+        if p.begin_ns >= start_ns
+            && p.end_ns <= end_ns
+            && p.end_ns >= p.begin_ns
+            && let Some(sum) = out.get_mut(p.cause as usize)
+        {
+            *sum += p.end_ns - p.begin_ns;
             any = true;
         }
     }
@@ -168,6 +181,70 @@ pub fn cause_throttled(ctx: TracePointContext) -> u32 {
         Cause::Throttled,
     );
     0
+}
+
+/// Faults off CPU now: the switch looks up the thread it puts on the CPU only when some are.
+/// An entry the LRU evicts with its phase open leaves it high for good: the switches then pay
+/// that lookup, and count nothing wrong.
+#[map]
+static OFF_CPU_NOW: Array<u64> = Array::with_max_entries(1, 0);
+
+/// `sched_switch(preempt, prev, next)`, run by the thread switched out. A fault of its
+/// switched out begins a phase off CPU, unless a reclaim or compaction it is in has the
+/// time (a throttled reclaim sleeps); the thread switched in ends its phase, and its fault,
+/// in flight again, is on this CPU.
+#[btf_tracepoint(function = "sched_switch")]
+pub fn cause_off_cpu(ctx: BtfTracePointContext) -> i32 {
+    let Some(on_cpu) = fault_on_this_cpu() else {
+        return 0;
+    };
+    let (_, prev) = current_ids();
+    // SAFETY: this CPU's value, which a program running here has to itself.
+    if unsafe { *on_cpu } == prev && prev != 0 {
+        // SAFETY: as above.
+        unsafe { *on_cpu = 0 };
+        switched_out(prev);
+    }
+    if OFF_CPU_NOW.get(0).copied().unwrap_or(0) == 0 {
+        return 0;
+    }
+    // Argument 2 of sched_switch: `struct task_struct *next`.
+    let next_task: u64 = ctx.arg(2);
+    let next = read_kernel::<u32>(next_task, config!(task_pid));
+    let Some(t) = FAULT_PHASES.get_ptr_mut(next) else {
+        return 0;
+    };
+    // SAFETY: thread `next`'s entry: it is not running, so none of its programs is.
+    let t = unsafe { &mut *t };
+    let begin_ns = t.open[Cause::OffCpu as usize];
+    if begin_ns == 0 {
+        return 0;
+    }
+    t.open[Cause::OffCpu as usize] = 0;
+    push(t, begin_ns, now_ns(), Cause::OffCpu);
+    if let Some(now) = OFF_CPU_NOW.get_ptr_mut(0) {
+        add_shared(now, u64::MAX);
+    }
+    // SAFETY: as above.
+    unsafe { *on_cpu = next };
+    0
+}
+
+#[inline(always)]
+fn switched_out(tid: u32) {
+    let Some(t) = phases_of(tid) else {
+        return;
+    };
+    // SAFETY: this thread's own entry, as in `begin`.
+    let t = unsafe { &mut *t };
+    let in_other = t.open[..Cause::OffCpu as usize].iter().any(|&b| b != 0);
+    if in_other || t.open[Cause::OffCpu as usize] != 0 {
+        return;
+    }
+    t.open[Cause::OffCpu as usize] = now_ns();
+    if let Some(now) = OFF_CPU_NOW.get_ptr_mut(0) {
+        add_shared(now, 1);
+    }
 }
 
 /// When each traced thread last read a page into the page cache.

@@ -81,20 +81,25 @@ pub(super) fn emit(
         event_dropped(tid);
         return;
     };
-    slot.write(FaultEvent {
-        kind: EventKind::Fault as u32,
-        flags,
-        tgid,
-        tid,
-        address,
-        ip,
-        latency_ns: if latency == NO_LATENCY { 0 } else { latency },
-        time_ns: now_ns(),
-        count,
-        syscall,
-        cpu: this_cpu(),
-        cause_ns,
-        comm: bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]),
-    });
+    // Field by field into the ring buffer: a whole event built first would take its 136
+    // bytes of the program's 512-byte stack (the perf completions run near the limit).
+    let e = slot.as_mut_ptr();
+    // SAFETY: `e` points to the reserved slot, a whole `FaultEvent` this program owns until
+    // it submits it; every field is written (the struct has no padding), none read.
+    unsafe {
+        (&raw mut (*e).kind).write(EventKind::Fault as u32);
+        (&raw mut (*e).flags).write(flags);
+        (&raw mut (*e).tgid).write(tgid);
+        (&raw mut (*e).tid).write(tid);
+        (&raw mut (*e).address).write(address);
+        (&raw mut (*e).ip).write(ip);
+        (&raw mut (*e).latency_ns).write(if latency == NO_LATENCY { 0 } else { latency });
+        (&raw mut (*e).time_ns).write(now_ns());
+        (&raw mut (*e).count).write(count);
+        (&raw mut (*e).syscall).write(syscall);
+        (&raw mut (*e).cpu).write(this_cpu());
+        (&raw mut (*e).cause_ns).write(cause_ns);
+        (&raw mut (*e).comm).write(bpf_get_current_comm().unwrap_or([0; TASK_COMM_LEN]));
+    }
     slot.submit(0);
 }

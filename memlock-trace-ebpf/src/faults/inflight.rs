@@ -63,6 +63,7 @@ pub(super) fn record_start<const LOOKUP: bool>(address: u64, sp: u64) {
         let r = unsafe { &mut *ring };
         let i = r.next as usize & (START_SLOTS - 1);
         r.next = r.next.wrapping_add(1);
+        r.on_cpu = tid;
         r.slots[i] = StartSlot {
             tid,
             _pad: 0,
@@ -94,12 +95,39 @@ const START_SLOTS: usize = 4;
 #[derive(Clone, Copy)]
 struct StartRing {
     next: u32,
-    _pad: u32,
+    /// The traced thread whose fault runs on this CPU, 0 for none, on every hook set (kept
+    /// here, not in a map of its own, so a start pays no second lookup): set when a fault
+    /// starts, or resumes here after a sleep; cleared when it completes. A fault with no
+    /// completion (one `--latency-sample` does not time) leaves its thread here until the
+    /// next start: that thread's switches then time phases no fault's window takes, a cost
+    /// that counts nothing.
+    on_cpu: u32,
     slots: [StartSlot; START_SLOTS],
 }
 
 #[map]
 static FAULT_SLOTS: PerCpuArray<StartRing> = PerCpuArray::with_max_entries(1, 0);
+
+/// This CPU's [`StartRing::on_cpu`], for the context switch to read and hand on.
+#[inline(always)]
+pub(super) fn fault_on_this_cpu() -> Option<*mut u32> {
+    let ring = FAULT_SLOTS.get_ptr_mut(0)?;
+    // SAFETY: this CPU's value of a per-CPU map, valid while the program runs.
+    Some(unsafe { &raw mut (*ring).on_cpu })
+}
+
+/// Thread `tid`'s fault completes on this CPU.
+#[inline(always)]
+fn fault_done_on_cpu(tid: u32) {
+    if let Some(on_cpu) = fault_on_this_cpu() {
+        // SAFETY: this CPU's value, which a program running here has to itself.
+        unsafe {
+            if *on_cpu == tid {
+                *on_cpu = 0;
+            }
+        }
+    }
+}
 
 /// The latency of `tid`'s fault at `address`: its start is in this CPU's ring, or, for a
 /// fault that slept and woke on another CPU, in that CPU's (the only case that pays for the
@@ -181,6 +209,9 @@ pub(super) fn perf_completion<const ACROSS_CPUS: bool>(ctx: &PerfEventContext, m
     } else {
         None
     };
+    if latency.is_some() {
+        fault_done_on_cpu(tid);
+    }
     if !user_mode {
         // The kernel touched user memory (copy_to_user, exec's clear_user): if that happened
         // inside a populating call, its min_flt delta includes this fault; note it so the
@@ -296,6 +327,7 @@ pub(super) fn hook_end<C: EbpfContext>(ctx: &C, ret: u32) {
         return;
     }
     e.pending = 0;
+    fault_done_on_cpu(tid);
     let latency = if config!(latency) == 0 || e.start_ns == UNTIMED {
         Latency::Untimed
     } else {
@@ -428,6 +460,7 @@ fn start(tgid: u32, tid: u32, vma: u64, address: u64, flags: u32, regs: u64) {
         // and the VMA may be gone.
         e.vm_start = read_kernel(vma, config!(vma_vm_start));
         e.vm_flags = counted_flags(tgid, vma, e.vm_start, regs);
+        mark_on_cpu(tid);
         return;
     }
     if !is_target(tgid) {
@@ -453,5 +486,16 @@ fn start(tgid: u32, tid: u32, vma: u64, address: u64, flags: u32, regs: u64) {
     };
     if FAULT_ENTRY.insert(tid, entry, u64::from(BPF_ANY)).is_err() {
         super::update_failed("FAULT_ENTRY");
+    }
+    mark_on_cpu(tid);
+}
+
+/// Thread `tid`'s fault starts on this CPU (fentry/kprobe: the tracepoint set's start
+/// marks it with the slot it writes).
+#[inline(always)]
+fn mark_on_cpu(tid: u32) {
+    if let Some(on_cpu) = fault_on_this_cpu() {
+        // SAFETY: this CPU's value, which a program running here has to itself.
+        unsafe { *on_cpu = tid };
     }
 }

@@ -93,7 +93,7 @@ static FAULT_CONFIG: FaultConfig = FaultConfig {
     populate_nrs: [u32::MAX; memlock_trace_common::faults::populate::COUNT],
     counted_by_perf: 0,
     latency_period: 1,
-    _pad: 0,
+    task_pid: 0,
 };
 
 /// Per process (or thread) counters; LRU, so a machine with more processes than slots keeps

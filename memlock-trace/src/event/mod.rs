@@ -183,7 +183,7 @@ mod tests {
             count: 1,
             syscall: u32::MAX,
             cpu: 1,
-            cause_ns: [0, 1000, 0, 0],
+            cause_ns: [0, 1000, 0, 0, 200],
             comm: *b"faulty\0\0\0\0\0\0\0\0\0\0",
         };
         let Ok(Event::Fault(rec)) = decode(&bytes_of(&raw)) else {

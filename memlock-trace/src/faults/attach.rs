@@ -105,7 +105,7 @@ pub fn attach(cx: &mut AttachContext<'_>, options: &FaultOptions) -> Result<Faul
                 hooks.push(attach_signal(ebpf, aya_btf)?);
                 // Only timed faults are split into causes.
                 let causes = options.latency.then(|| {
-                    let (line, causes) = causes::attach_causes(ebpf);
+                    let (line, causes) = causes::attach_causes(ebpf, aya_btf);
                     hooks.push(line);
                     causes
                 });

@@ -1,5 +1,5 @@
-//! Fault time by cause (reclaim, compaction, throttling), as the hooks split timed faults'
-//! latencies: per process, its slowest fault's, and per sampled event.
+//! Fault time by cause (reclaim, compaction, throttling, time off CPU), as the hooks split
+//! timed faults' latencies: per process, its slowest fault's, and per sampled event.
 
 use std::{collections::BTreeMap, fmt::Write as _};
 
@@ -24,7 +24,7 @@ pub struct TimeByCause {
 pub struct CausedFault {
     pub latency_ns: u64,
     pub causes_ns: BTreeMap<&'static str, u64>,
-    /// The latency the causes leave: the fault's own work, and time off CPU.
+    /// The latency the causes leave: the fault's own work on CPU.
     pub other_ns: u64,
 }
 
@@ -132,15 +132,16 @@ mod tests {
                 ("memcg_reclaim", Some(2_100_000)),
                 ("compaction", Some(0)),
                 ("throttled", None),
+                ("off_cpu", Some(0)),
             ]),
-            slowest: Some(CausedFault::of(2_410_000, &[0, 2_100_000, 0, 0])),
+            slowest: Some(CausedFault::of(2_410_000, &[0, 2_100_000, 0, 0, 0])),
         };
         let mut out = String::new();
         cause_text(&mut out, &t, "");
         assert_eq!(
             out,
             "  fault time by cause: memcg reclaim 2100.0us; none in direct reclaim, \
-             compaction; not measured: reclaim throttling\n  slowest fault that met one: \
+             compaction, off CPU; not measured: reclaim throttling\n  slowest fault that met one: \
              2410.0us: memcg reclaim 2100.0us, other 310.0us\n"
         );
         let slowest = t.slowest.unwrap();
@@ -155,17 +156,21 @@ mod tests {
         assert_eq!(quiet, "");
     }
 
-    /// A sampled fault of 1,234 ns, 1,000 of them in memcg reclaim; and one that met none.
+    /// A sampled fault of 1,234 ns, 1,000 of them in memcg reclaim and 100 off CPU; and one
+    /// that met none.
     #[test]
     fn an_event_says_its_parts() {
         let mut raw = memlock_trace_common::faults::FaultEvent {
             flags: memlock_trace_common::faults::fault_flags::HAS_LATENCY,
             latency_ns: 1234,
-            cause_ns: [0, 1000, 0, 0],
+            cause_ns: [0, 1000, 0, 0, 100],
             ..Default::default()
         };
         let caused = of_event(&FaultRecord { raw }).unwrap();
-        assert_eq!(caused.parts(), "memcg reclaim 1.0us, other 0.2us");
+        assert_eq!(
+            caused.parts(),
+            "memcg reclaim 1.0us, off CPU 0.1us, other 0.1us"
+        );
         raw.cause_ns = [0; cause::COUNT];
         assert_eq!(of_event(&FaultRecord { raw }), None);
     }

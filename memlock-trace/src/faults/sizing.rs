@@ -115,7 +115,7 @@ pub fn config(btf: &KernelBtf, options: &FaultOptions) -> Result<FaultConfig> {
         // Read by the tracepoint set's programs only: the others count every fault.
         counted_by_perf: u32::from(options.samples_latency()),
         latency_period: options.latency_period(),
-        _pad: 0,
+        task_pid: btf.field_offset("task_struct", "pid")?,
     })
 }
 

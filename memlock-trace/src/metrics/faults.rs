@@ -137,7 +137,8 @@ impl FaultMetrics {
         registry.register_with_unit(
             "page_fault_cause",
             "Time timed page faults spent in a cause: direct_reclaim, memcg_reclaim, \
-             compaction, throttled (reclaim throttling); a cause the kernel's hooks cannot \
+             compaction, throttled (reclaim throttling), off_cpu (switched out outside reclaim and \
+             compaction: I/O, a page lock, a CPU); a cause the kernel's hooks cannot \
              time has no series (memlock-trace -v names it)",
             Unit::Seconds,
             m.causes.clone(),
