@@ -187,6 +187,19 @@ pub fn program<'e>(ebpf: &'e mut Ebpf, name: &str) -> Result<&'e mut Program> {
         .ok_or_else(|| anyhow!("program {name} missing from the eBPF object"))
 }
 
+/// Loads program `name` for the raw BTF tracepoint `tracepoint` and attaches it; a refusal
+/// names the program and the hook.
+pub fn attach_tp_btf(ebpf: &mut Ebpf, name: &str, tracepoint: &str, btf: &Btf) -> Result<()> {
+    let program: &mut aya::programs::BtfTracePoint = program(ebpf, name)?.try_into()?;
+    program
+        .load(tracepoint, btf)
+        .map_err(|e| hook_refused(name, "tp_btf", e))?;
+    program
+        .attach()
+        .map_err(|e| hook_refused(name, "tp_btf", e))?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

@@ -25,7 +25,9 @@ use super::{
         wants_counting_events,
     },
 };
-use crate::object::{AttachContext, Refused, hook_refused, load_side_by_side, program};
+use crate::object::{
+    AttachContext, Refused, attach_tp_btf, hook_refused, load_side_by_side, program,
+};
 use syscall_hooks::{attach_mappings_changed, attach_populate};
 
 /// How the tracepoint set counts without a latency before 5.13.
@@ -325,13 +327,7 @@ pub fn completion_fds(ebpf: &Ebpf, names: [&str; 2]) -> Result<[OwnedFd; 2]> {
 /// `signal:signal_generate`, where failed faults are counted (every hook set): tp_btf, since
 /// a perf-attached tracepoint costs a grace period when the session ends.
 fn attach_signal(ebpf: &mut Ebpf, btf: &aya::Btf) -> Result<String> {
-    let program: &mut BtfTracePoint = program(ebpf, FAULT_SIGNAL)?.try_into()?;
-    program
-        .load("signal_generate", btf)
-        .map_err(|e| hook_refused(FAULT_SIGNAL, "tp_btf", e))?;
-    program
-        .attach()
-        .map_err(|e| hook_refused(FAULT_SIGNAL, "tp_btf", e))?;
+    attach_tp_btf(ebpf, FAULT_SIGNAL, "signal_generate", btf)?;
     Ok("tp_btf signal:signal_generate".into())
 }
 

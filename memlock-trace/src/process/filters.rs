@@ -13,7 +13,6 @@ use anyhow::{Context as _, Result, anyhow};
 use aya::{
     Ebpf,
     maps::{HashMap, IterableMap as _, MapData},
-    programs::BtfTracePoint,
 };
 use memlock_trace_common::{
     TASK_COMM_LEN,
@@ -23,7 +22,7 @@ use memlock_trace_common::{
 use crate::{
     UsageError,
     btf::KernelBtf,
-    object::{AttachContext, HookFamily, HookLine, hook_refused, program},
+    object::{AttachContext, HookFamily, HookLine, attach_tp_btf},
     output::Outside,
 };
 
@@ -344,13 +343,7 @@ impl HookFamily for ProcessHooks {
             hooks.push("tp_btf sched_process_fork");
         }
         for (name, tracepoint) in programs {
-            let program: &mut BtfTracePoint = program(ebpf, name)?.try_into()?;
-            program
-                .load(tracepoint, btf)
-                .map_err(|e| hook_refused(name, "tp_btf", e))?;
-            program
-                .attach()
-                .map_err(|e| hook_refused(name, "tp_btf", e))?;
+            attach_tp_btf(ebpf, name, tracepoint, btf)?;
         }
         Ok(Self { hooks })
     }

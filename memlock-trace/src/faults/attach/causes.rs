@@ -3,14 +3,11 @@
 //! one (5.10 has no `mm_vmscan_throttled`) measures the others and names the one it cannot;
 //! and the one that tells a major fault's kind.
 
-use aya::{
-    Btf, Ebpf,
-    programs::{BtfTracePoint, TracePoint},
-};
+use aya::{Btf, Ebpf, programs::TracePoint};
 use memlock_trace_common::causes::cause;
 use serde::Serialize;
 
-use crate::object::{hook_refused, program};
+use crate::object::{attach_tp_btf, hook_refused, program};
 
 /// Which causes this session measures, and why not the others.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -143,15 +140,7 @@ fn attach_one(ebpf: &mut Ebpf, btf: &Btf, hook: Hook) -> anyhow::Result<()> {
                 .attach(category, tracepoint)
                 .map_err(|e| hook_refused(name, "tracepoint", e))?;
         }
-        Hook::TpBtf(name, _, tracepoint) => {
-            let program: &mut BtfTracePoint = program(ebpf, name)?.try_into()?;
-            program
-                .load(tracepoint, btf)
-                .map_err(|e| hook_refused(name, "tp_btf", e))?;
-            program
-                .attach()
-                .map_err(|e| hook_refused(name, "tp_btf", e))?;
-        }
+        Hook::TpBtf(name, _, tracepoint) => attach_tp_btf(ebpf, name, tracepoint, btf)?,
     }
     Ok(())
 }
