@@ -15,17 +15,23 @@ fn answered_minflt(stdout: &[u8]) -> Vec<u64> {
         .collect()
 }
 
+/// Whether a frame's `symbol` is `function`: its path as the ELF symbol table gives it, or
+/// the bare name DWARF's line tables give an inlined function (the test builds keep no more
+/// debug information).
+fn names(symbol: &str, function: &str) -> bool {
+    symbol == function || symbol.ends_with(&format!("::{function}"))
+}
+
 /// The stacks of the (one) traced process whose frames name `function`, most faults first.
 fn stacks_naming<'a>(stacks: &'a [Value], function: &str) -> Vec<&'a Value> {
     stacks
         .iter()
         .filter(|s| {
-            s["frames"].as_array().unwrap().iter().any(|f| {
-                f["symbol"]
-                    .as_str()
-                    .unwrap()
-                    .ends_with(&format!("::{function}"))
-            })
+            s["frames"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|f| names(f["symbol"].as_str().unwrap(), function))
         })
         .collect()
 }
@@ -158,14 +164,11 @@ fn text_summary_lists_the_stacks() {
         ),
         "{text}"
     );
-    assert!(
-        text.contains("workload::faults::fault_site_alpha"),
-        "{text}"
-    );
     // Under its mapping's row, on one line.
     assert!(
         text.lines()
-            .any(|l| l.contains(" faults at ") && l.contains("::fault_site_alpha")),
+            .filter_map(|l| l.split_once(" faults at "))
+            .any(|(_, stack)| stack.split(" <- ").any(|f| names(f, "fault_site_alpha"))),
         "{text}"
     );
     assert!(
