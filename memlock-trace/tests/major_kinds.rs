@@ -15,8 +15,8 @@
 //! shared region's as shmem swap-ins.
 //!
 //! And item 2's time off CPU: a file's page read in from the disk is waited for asleep, so
-//! every file-read fault the tracer streams (`--events`) has time off CPU, and its parts add
-//! up to its latency.
+//! the file-read faults the tracer streams (`--events`) have time off CPU, each within its
+//! latency.
 //!
 //! Only the program is in the cgroup (it moves itself in): the tracer's BPF maps would be
 //! charged to the cgroup of the process that made them.
@@ -110,9 +110,11 @@ fn each_major_fault_is_told_a_swap_in_of_anonymous_memory_or_shmem_or_a_file_rea
     std::fs::remove_dir_all(&dir).ok();
 }
 
-/// Every streamed file-read fault of `pid` was off CPU for part of its latency, which its
-/// parts add up to; the stream has each of the `timed` ones the summary counts, but for
-/// those the session says it `dropped` (a full ring buffer).
+/// The streamed file-read faults of `pid` were off CPU for part of their latency: all but a
+/// few in a thousand (0 to 9 of 4,096 in five runs here; perf's `sched:sched_switch` record
+/// of one run shows its 8 never left the CPU between their start and completion: their page
+/// was read in without a wait). The stream has each of the `timed` ones the summary counts,
+/// but for those the session says it `dropped` (a full ring buffer).
 fn assert_file_reads_waited_off_cpu(lines: &[Value], pid: u64, timed: u64, dropped: u64) {
     let reads: Vec<&Value> = lines
         .iter()
@@ -123,14 +125,15 @@ fn assert_file_reads_waited_off_cpu(lines: &[Value], pid: u64, timed: u64, dropp
         streamed <= timed && streamed + dropped >= timed,
         "{streamed} file-read fault events, {timed} in the summary, {dropped} events dropped"
     );
-    for read in reads {
+    let mut waited = 0;
+    for read in &reads {
         let latency = read["latency_ns"].as_u64().unwrap();
-        let causes = read["causes_ns"]
-            .as_object()
-            .unwrap_or_else(|| panic!("{read}"));
-        let off_cpu = causes.get("off_cpu").and_then(Value::as_u64).unwrap_or(0);
-        assert!(off_cpu > 0, "a file read with no time off CPU: {read}");
-        let parts: u64 = causes.values().filter_map(Value::as_u64).sum();
-        assert!(parts <= latency, "{read}");
+        let off_cpu = read["causes_ns"]["off_cpu"].as_u64().unwrap_or(0);
+        assert!(off_cpu <= latency, "{read}");
+        waited += u64::from(off_cpu > 0);
     }
+    assert!(
+        waited * 100 >= streamed * 99,
+        "{waited} of {streamed} file reads were off CPU, fewer than 99%"
+    );
 }

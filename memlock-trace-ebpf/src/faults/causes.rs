@@ -190,8 +190,8 @@ pub fn cause_throttled(ctx: TracePointContext) -> u32 {
 static OFF_CPU_NOW: Array<u64> = Array::with_max_entries(1, 0);
 
 /// `sched_switch(preempt, prev, next)`, run by the thread switched out. A fault of its
-/// switched out begins a phase off CPU, unless a reclaim or compaction it is in has the
-/// time (a throttled reclaim sleeps); the thread switched in ends its phase, and its fault,
+/// switched out begins a phase off CPU; the thread switched in ends its phase, unless a
+/// reclaim or compaction it is in has the time (a throttled reclaim sleeps), and its fault,
 /// in flight again, is on this CPU.
 #[btf_tracepoint(function = "sched_switch")]
 pub fn cause_off_cpu(ctx: BtfTracePointContext) -> i32 {
@@ -221,7 +221,10 @@ pub fn cause_off_cpu(ctx: BtfTracePointContext) -> i32 {
         return 0;
     }
     t.open[Cause::OffCpu as usize] = 0;
-    push(t, begin_ns, now_ns(), Cause::OffCpu);
+    // Switched out inside a reclaim or compaction (none begins or ends off CPU): its time.
+    if !t.open[..Cause::OffCpu as usize].iter().any(|&b| b != 0) {
+        push(t, begin_ns, now_ns(), Cause::OffCpu);
+    }
     if let Some(now) = OFF_CPU_NOW.get_ptr_mut(0) {
         add_shared(now, u64::MAX);
     }
@@ -237,10 +240,11 @@ fn switched_out(tid: u32) {
     };
     // SAFETY: this thread's own entry, as in `begin`.
     let t = unsafe { &mut *t };
-    let in_other = t.open[..Cause::OffCpu as usize].iter().any(|&b| b != 0);
-    if in_other || t.open[Cause::OffCpu as usize] != 0 {
+    if t.open[Cause::OffCpu as usize] != 0 {
         return;
     }
+    // Opened inside a reclaim or compaction too, so that the switch in hands the fault on to
+    // its CPU, where it may sleep again after.
     t.open[Cause::OffCpu as usize] = now_ns();
     if let Some(now) = OFF_CPU_NOW.get_ptr_mut(0) {
         add_shared(now, 1);
