@@ -243,11 +243,8 @@ pub struct FaultStats {
     pub counts: [u64; stat::COUNT],
     /// Populated pages by the call that populated them (see [`populate`]).
     pub populated_by: [u64; SLOTS],
-    /// Largest latency per [`class`], exact (the histogram has bucket resolution) up to
-    /// 4.29 s, where it saturates (u32: 64 bytes less in each of `MAX_FAULT_KEYS` entries
-    /// kept a system-wide session on 96 possible CPUs within its 32 MiB of map memory when
-    /// the fifth cause came).
-    pub max_ns: [u32; SLOTS],
+    /// Largest latency per [`class`], exact (the histogram has bucket resolution).
+    pub max_ns: [u64; SLOTS],
     /// The timed faults' time in each [`cause`](crate::causes::cause).
     pub cause_ns: [u64; crate::causes::cause::COUNT],
     /// The slowest timed fault with a cause (of any class): its latency, and its time in each

@@ -117,7 +117,6 @@ fn add_to_hist(key: &HistKey, bucket: usize) {
 #[inline(always)]
 fn note_max(s: &mut FaultStats, cls: u32, ns: u64) {
     let max = &mut s.max_ns[cls as usize & (SLOTS - 1)];
-    let ns = super::saturated(ns);
     if ns > *max {
         *max = ns;
     }

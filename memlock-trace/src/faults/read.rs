@@ -232,7 +232,7 @@ impl KeyStats {
             *sum += x;
         }
         for (max, x) in self.max_ns.iter_mut().zip(v.max_ns) {
-            *max = (*max).max(u64::from(x));
+            *max = (*max).max(x);
         }
         let slowest = v.slowest_cause_ns.map(u64::from);
         self.add_causes(&v.cause_ns, u64::from(v.slowest_ns), &slowest);
