@@ -15,9 +15,12 @@ use crate::btf::KernelBtf;
 pub(crate) const REGION_SHIFT: u32 = 16;
 
 /// Slots of the per-CPU region table: [`REGION_SLOTS`], fewer where that would take more
-/// than 2 MiB over all CPUs (512 slots at 96 possible CPUs).
+/// than 1 MiB over all CPUs (256 slots at 96 possible CPUs, 1,024 at 32). The slots only
+/// batch a CPU's faults before `FAULT_REGIONS`, whose counts are exact either way; 2 MiB
+/// (512 slots at 96) left no room in a system-wide session's 32 MiB for the fifth cause of
+/// fault time (test:fork_storm on the 96-CPU 5.10 guest: 33,640,448 bytes).
 fn region_slots(cpus: usize) -> u32 {
-    let fit = entries_within(2 << 20, cpus, size_of::<RegionSlot>(), REGION_SLOTS);
+    let fit = entries_within(1 << 20, cpus, size_of::<RegionSlot>(), REGION_SLOTS);
     // A power of two: the programs index with a mask.
     1 << (31 - fit.leading_zeros())
 }
