@@ -116,9 +116,13 @@ pub(super) fn fault_on_this_cpu() -> Option<*mut u32> {
     Some(unsafe { &raw mut (*ring).on_cpu })
 }
 
-/// Thread `tid`'s fault completes on this CPU.
+/// Thread `tid`'s fault completes on this CPU. Only timed faults are split into causes, so
+/// a count-only session's faults skip the lookup.
 #[inline(always)]
 fn fault_done_on_cpu(tid: u32) {
+    if config!(latency) == 0 {
+        return;
+    }
     if let Some(on_cpu) = fault_on_this_cpu() {
         // SAFETY: this CPU's value, which a program running here has to itself.
         unsafe {
@@ -491,9 +495,12 @@ fn start(tgid: u32, tid: u32, vma: u64, address: u64, flags: u32, regs: u64) {
 }
 
 /// Thread `tid`'s fault starts on this CPU (fentry/kprobe: the tracepoint set's start
-/// marks it with the slot it writes).
+/// marks it with the slot it writes), where its time is split into causes.
 #[inline(always)]
 fn mark_on_cpu(tid: u32) {
+    if config!(latency) == 0 {
+        return;
+    }
     if let Some(on_cpu) = fault_on_this_cpu() {
         // SAFETY: this CPU's value, which a program running here has to itself.
         unsafe { *on_cpu = tid };
