@@ -1,4 +1,4 @@
-//! Runs on: host, 5.10: user space on top of the hooks, whose own figures every guest checks
+//! Runs on: host, 6.1: user space on top of the hooks, whose own figures every guest checks
 //! (test:syscalls or test:exact_calls, test:faults or test:fault_cli, test:vma_whole, test:verify)
 //!
 //! Who gets traced: threads started after attach, `--comm`, `--cgroup`, `--follow-children`,
