@@ -350,6 +350,10 @@ pub const VM_OURS: u64 = VM_HELD_SP | VM_BACKING;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RegionValue {
     pub faults: u64,
+    /// Of `faults`, the major ones. Counted where a fault is counted at its completion, with
+    /// its class; not where the region is counted at the fault's start
+    /// ([`FaultConfig::counted_by_perf`]), where whether it is major is not known yet.
+    pub majors: u64,
     /// OR of the `vm_flags` seen (0 when the hook has no VMA).
     pub vm_flags: u64,
 }

@@ -437,10 +437,10 @@ fn the_rows_top_mappings_left_out_are_counted() {
         .split_whitespace()
         .collect();
     let total = number(header[0]).unwrap() + number(header[2]).unwrap();
-    // The rows under `faults  locked  mapping`, then `... 5 more mappings, 31 faults (...)`.
+    // The rows under `faults  major  locked  mapping`, then `... 5 more mappings, ...`.
     let table: Vec<&str> = text
         .lines()
-        .skip_while(|l| !l.trim_start().starts_with("faults  locked"))
+        .skip_while(|l| !l.trim_start().starts_with("faults  major  locked"))
         .skip(1)
         .collect();
     let shown: u64 = table

@@ -55,7 +55,7 @@ pub(super) fn record_start<const LOOKUP: bool>(address: u64, sp: u64) {
             None
         };
         let (region, vm_flags) = vma.unwrap_or((address & PAGE_MASK, 0));
-        count_region(tgid, region, vm_flags);
+        count_region(tgid, region, vm_flags, 0);
     }
     if let Some(ring) = FAULT_SLOTS.get_ptr_mut(0) {
         // SAFETY: this CPU's value of a per-CPU map, valid while the program runs; a program

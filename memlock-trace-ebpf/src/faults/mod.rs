@@ -381,7 +381,8 @@ fn account(ctx: *mut core::ffi::c_void, f: Fault) -> bool {
         Latency::Unmatched | Latency::Untimed => {}
     }
     if counted_by != CountedBy::PerfEvents {
-        count_region(tgid, region, vm_flags);
+        let major = cls == class::USER_MAJOR || cls == class::POPULATED_MAJOR;
+        count_region(tgid, region, vm_flags, u64::from(major));
     }
     if config!(events) != 0 {
         let mut flags = match cls {

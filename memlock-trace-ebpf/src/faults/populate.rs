@@ -239,7 +239,7 @@ pub fn on_exit_counted<const HOW: u8>(ctx: &impl SyscallContext) {
         minor + major,
     );
     let ret = syscall_ret(ctx);
-    let address = charge::<HOW>(ctx, (tgid, tid), index, range, ret, minor + major);
+    let address = charge::<HOW>(ctx, (tgid, tid), index, range, ret, (minor + major, major));
     if config!(events) != 0 {
         let flags = fault_flags::POPULATED | if minor == 0 { fault_flags::MAJOR } else { 0 };
         emit(
@@ -270,7 +270,7 @@ fn charge<const HOW: u8>(
     index: u32,
     range: (u64, u64),
     ret: i64,
-    pages: u64,
+    (pages, majors): (u64, u64),
 ) -> u64 {
     let index = index as usize;
     let (address, len) = match index {
@@ -289,7 +289,7 @@ fn charge<const HOW: u8>(
             tgid,
             region_kind::VMA,
             found.start,
-            pages,
+            (pages, majors),
             found.flags & !VM_HELD_SP,
         );
         // The stack, kept where the region is at hand: a region held across the lookup
@@ -302,7 +302,7 @@ fn charge<const HOW: u8>(
         super::mappings::resolve::<HOW>(tgid, address, 0);
         return address;
     }
-    flush_region(tgid, region_kind::CALL, index as u64, pages, 0);
+    flush_region(tgid, region_kind::CALL, index as u64, (pages, majors), 0);
     if config!(stacks) != 0 {
         record_stack(ctx, tgid, tid, pages, (region_kind::CALL, index as u64));
     }

@@ -50,9 +50,10 @@ pub(super) fn region_kind_of(vm_flags: u64) -> u32 {
     }
 }
 
-/// Counts one fault in `region` (a VMA start when `vm_flags` is set, else a page address).
+/// Counts one fault in `region` (a VMA start when `vm_flags` is set, else a page address);
+/// `major`: 1 for a major fault, 0 for a minor one or one not known yet.
 #[inline(always)]
-pub(super) fn count_region(tgid: u32, region: u64, vm_flags: u64) {
+pub(super) fn count_region(tgid: u32, region: u64, vm_flags: u64, major: u64) {
     let exact = region_kind_of(vm_flags);
     let Some(run) = FAULT_REGION_RUN.get_ptr_mut(0) else {
         return;
@@ -70,6 +71,7 @@ pub(super) fn count_region(tgid: u32, region: u64, vm_flags: u64) {
         };
     if same {
         run.value.faults += 1;
+        run.value.majors += major;
         run.value.vm_flags |= vm_flags;
         return;
     }
@@ -83,6 +85,7 @@ pub(super) fn count_region(tgid: u32, region: u64, vm_flags: u64) {
     };
     run.value = RegionValue {
         faults: 1,
+        majors: major,
         vm_flags,
     };
 }
@@ -108,6 +111,7 @@ fn stash_run(key: RegionKey, value: RegionValue) {
         && slot.key.start == key.start
     {
         slot.value.faults += value.faults;
+        slot.value.majors += value.majors;
         slot.value.vm_flags |= value.vm_flags;
         return;
     }
@@ -116,7 +120,7 @@ fn stash_run(key: RegionKey, value: RegionValue) {
             slot.key.tgid,
             slot.key.exact,
             slot.key.start,
-            slot.value.faults,
+            (slot.value.faults, slot.value.majors),
             slot.value.vm_flags,
         );
     }
@@ -124,10 +128,16 @@ fn stash_run(key: RegionKey, value: RegionValue) {
     slot.value = value;
 }
 
-/// Adds `faults` to a region (`kind`: one of
+/// Adds `(faults, majors)` to a region (`kind`: one of
 /// [`memlock_trace_common::faults::region_kind`]) in `FAULT_REGIONS`.
 #[inline(always)]
-pub(super) fn flush_region(tgid: u32, kind: u32, start: u64, faults: u64, vm_flags: u64) {
+pub(super) fn flush_region(
+    tgid: u32,
+    kind: u32,
+    start: u64,
+    (faults, majors): (u64, u64),
+    vm_flags: u64,
+) {
     let key = RegionKey {
         tgid,
         exact: kind,
@@ -141,13 +151,20 @@ pub(super) fn flush_region(tgid: u32, kind: u32, start: u64, faults: u64, vm_fla
             // the region's next fault sets again.
             unsafe {
                 super::add_shared(&raw mut (*value).faults, faults);
+                if majors != 0 {
+                    super::add_shared(&raw mut (*value).majors, majors);
+                }
                 if (*value).vm_flags & vm_flags != vm_flags {
                     (*value).vm_flags |= vm_flags;
                 }
             }
             return;
         }
-        let value = RegionValue { faults, vm_flags };
+        let value = RegionValue {
+            faults,
+            majors,
+            vm_flags,
+        };
         if FAULT_REGIONS
             .insert(key, value, u64::from(BPF_NOEXIST))
             .is_ok()

@@ -40,6 +40,9 @@ pub struct MappingFaults {
     pub start: String,
     pub end: String,
     pub faults: u64,
+    /// Of `faults`, the major ones; `None` (JSON null, text `-`) where the hooks count a
+    /// region at the fault's start (`--latency-sample`), before it is known to be major.
+    pub majors: Option<u64>,
     /// `VM_LOCKED` / `VM_LOCKONFAULT` of the VMA: as the fault hook saw it (`"vma"`), or from
     /// `/proc/PID/smaps` when the summary was made (`"smaps"`), or, for an exited process's
     /// VMA known only from an mlock-family call, as that call left it (`"call"`), or unknown.
@@ -188,15 +191,16 @@ struct Rows {
     per_mapping: StdHashMap<(u64, u64), MappingFaults>,
     /// The widest extent of each row the kernel named.
     extents: StdHashMap<(u64, u64), (u64, u64)>,
-    /// Runs no mapping holds (first page, faults), merged later into spans of neighbours.
-    outside: Vec<(u64, u64)>,
+    /// Runs no mapping holds (first page, faults, majors), merged later into spans of
+    /// neighbours.
+    outside: Vec<(u64, u64, u64)>,
 }
 
 impl Rows {
     /// Adds one region's faults to its row.
     fn count(&mut self, placer: &Placer<'_>, key: &RegionKey, value: &RegionValue) {
         let Some((range, mut entry, identified)) = placer.place(key) else {
-            self.outside.push((key.start, value.faults));
+            self.outside.push((key.start, value.faults, value.majors));
             return;
         };
         let exact = key.exact == region_kind::VMA;
@@ -221,6 +225,7 @@ impl Rows {
         slot.start.clone_from(&entry.start);
         slot.end.clone_from(&entry.end);
         slot.faults += value.faults;
+        slot.majors = slot.majors.map(|m| m + value.majors);
         if exact {
             let locked = value.vm_flags & VM_LOCKED != 0;
             // The stack's and the heap's VMAs over time share a row: locked at some faults only.
@@ -256,7 +261,7 @@ impl Rows {
 
 /// The row of a span of runs outside every mapping, with the stacks sampled in it.
 fn outside_row(
-    (start, end, faults): (u64, u64, u64),
+    (start, end, faults, majors): (u64, u64, u64, u64),
     unattributed: &'static str,
     sampled_outside: &[(u64, &BTreeMap<Stack, u64>)],
 ) -> MappingFaults {
@@ -267,6 +272,7 @@ fn outside_row(
         "none",
     );
     entry.faults = faults;
+    entry.majors = Some(majors);
     for (_, stacks) in sampled_outside
         .iter()
         .filter(|(page, _)| (start..end).contains(page))
@@ -304,18 +310,19 @@ fn add_sampled(into: &mut BTreeMap<Stack, u64>, stacks: &BTreeMap<Stack, u64>) {
 /// spans: a run in the same or the next `1 << REGION_SHIFT` window as the span before it
 /// continues that span (an 8 MiB region touched in order is one span, not 128 rows). The end
 /// is the end of the last run's window.
-fn spans(mut runs: Vec<(u64, u64)>) -> Vec<(u64, u64, u64)> {
+fn spans(mut runs: Vec<(u64, u64, u64)>) -> Vec<(u64, u64, u64, u64)> {
     let window = 1u64 << REGION_SHIFT;
     runs.sort_unstable();
-    let mut spans: Vec<(u64, u64, u64)> = Vec::new();
-    for (start, faults) in runs {
+    let mut spans: Vec<(u64, u64, u64, u64)> = Vec::new();
+    for (start, faults, majors) in runs {
         let window_end = (start & !(window - 1)) + window;
         match spans.last_mut() {
             Some(span) if start < span.1 + window => {
                 span.1 = span.1.max(window_end);
                 span.2 += faults;
+                span.3 += majors;
             }
-            _ => spans.push((start, window_end, faults)),
+            _ => spans.push((start, window_end, faults, majors)),
         }
     }
     spans

@@ -358,6 +358,7 @@ fn read_regions(ebpf: &Ebpf, report: &mut FaultReport) -> Result<u64> {
 fn add_region(sums: &mut BTreeMap<RegionKey, RegionValue>, key: RegionKey, value: &RegionValue) {
     let sum = sums.entry(key).or_default();
     sum.faults += value.faults;
+    sum.majors += value.majors;
     sum.vm_flags |= value.vm_flags;
 }
 

@@ -282,9 +282,9 @@ fn latency_text(out: &mut String, f: &FaultSummary, indent: &str, style: TextSty
     }
 }
 
-/// A mapping row's cells: its faults, its lock flags (and who told), its name and range
-/// (and what pages back it).
-fn mapping_cells(m: &MappingFaults) -> (String, String, String) {
+/// A mapping row's cells: its faults, its major faults, its lock flags (and who told), its
+/// name and range (and what pages back it).
+fn mapping_cells(m: &MappingFaults) -> (String, String, String, String) {
     let locked = match (m.locked, m.lockonfault) {
         (Some(true), Some(true)) => "LOCKONFAULT",
         (Some(true), _) => "VM_LOCKED",
@@ -308,6 +308,7 @@ fn mapping_cells(m: &MappingFaults) -> (String, String, String) {
     let pages = m.pages.as_ref().map_or_else(String::new, page_tag);
     (
         m.faults.to_string(),
+        m.majors.map_or_else(|| "-".to_string(), |n| n.to_string()),
         locked,
         format!("{} {range}{pages}", m.mapping),
     )
@@ -315,30 +316,33 @@ fn mapping_cells(m: &MappingFaults) -> (String, String, String) {
 
 /// The faults per mapping of a faults block, with each row's sampled stacks.
 fn mappings_text(out: &mut String, f: &FaultSummary, indent: &str) {
-    let rows: Vec<(String, String, String)> = f.by_mapping.iter().map(mapping_cells).collect();
+    type Cells = (String, String, String, String);
+    let rows: Vec<Cells> = f.by_mapping.iter().map(mapping_cells).collect();
     // Each column as wide as its widest cell (`VM_LOCKED (smaps)` included).
-    let width = |cell: fn(&(String, String, String)) -> &String, title: &str| {
+    let width = |cell: fn(&Cells) -> &String, title: &str| {
         rows.iter()
             .map(|r| cell(r).len())
             .chain([title.len()])
             .max()
     };
     let faults_w = width(|r| &r.0, "faults").unwrap_or(6).max(9);
-    let locked_w = width(|r| &r.1, "locked").unwrap_or(6);
+    let major_w = width(|r| &r.1, "major").unwrap_or(5);
+    let locked_w = width(|r| &r.2, "locked").unwrap_or(6);
     let _ = writeln!(
         out,
-        "{indent}  {:>faults_w$}  {:<locked_w$}  mapping",
-        "faults", "locked"
+        "{indent}  {:>faults_w$}  {:>major_w$}  {:<locked_w$}  mapping",
+        "faults", "major", "locked"
     );
-    for ((faults, locked, mapping), m) in rows.iter().zip(&f.by_mapping) {
+    for ((faults, major, locked, mapping), m) in rows.iter().zip(&f.by_mapping) {
         let _ = writeln!(
             out,
-            "{indent}  {faults:>faults_w$}  {locked:<locked_w$}  {mapping}"
+            "{indent}  {faults:>faults_w$}  {major:>major_w$}  {locked:<locked_w$}  {mapping}"
         );
         for stack in m.stacks.iter().flatten() {
             let _ = writeln!(
                 out,
-                "{indent}  {:>faults_w$}  {:<locked_w$}    {} faults at {}",
+                "{indent}  {:>faults_w$}  {:>major_w$}  {:<locked_w$}    {} faults at {}",
+                "",
                 "",
                 "",
                 stack.faults,

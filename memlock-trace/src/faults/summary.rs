@@ -314,6 +314,10 @@ pub fn summarize(
             (mappings.exited(tgid) || mappings.get(tgid).is_none()).then(|| mappings.noted(tgid)),
             top_mappings,
         );
+        if hooks.plan.counted_by_perf() {
+            // Counted at each fault's start: whether it was major is not known there.
+            summary.by_mapping.iter_mut().for_each(|m| m.majors = None);
+        }
         add_pages(
             &mut summary.by_mapping,
             mappings.get(tgid).unwrap_or_default(),

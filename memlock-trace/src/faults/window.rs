@@ -208,6 +208,7 @@ mod tests {
             let mut r = reading(1, &[]);
             let value = RegionValue {
                 faults,
+                majors: 0,
                 vm_flags: 0,
             };
             r.regions.insert(7, vec![(key, value)]);

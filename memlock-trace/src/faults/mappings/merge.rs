@@ -174,6 +174,7 @@ fn root(parent: &mut [usize], mut i: usize) -> usize {
 /// Adds `row` to `region`, which starts at or below it.
 fn join(region: &mut MappingFaults, row: MappingFaults) {
     region.faults += row.faults;
+    region.majors = region.majors.zip(row.majors).map(|(a, b)| a + b);
     let disagree = matches!((region.locked, row.locked), (Some(a), Some(b)) if a != b);
     region.partly_locked |= row.partly_locked || disagree;
     region.locked = either(region.locked, row.locked);

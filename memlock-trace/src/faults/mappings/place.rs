@@ -36,6 +36,7 @@ pub(super) fn row(
         start,
         end,
         faults: 0,
+        majors: Some(0),
         locked: None,
         lockonfault: None,
         locked_source: "unknown",

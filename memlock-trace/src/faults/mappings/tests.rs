@@ -26,6 +26,7 @@ pub(super) fn counted(exact: u32, start: u64, faults: u64) -> (RegionKey, Region
     };
     let value = RegionValue {
         faults,
+        majors: 0,
         vm_flags: 0,
     };
     (key, value)
@@ -124,6 +125,32 @@ fn regions_attribute_to_mappings() {
 }
 
 #[test]
+fn major_faults_add_up_per_row_and_per_span_outside_every_mapping() {
+    let maps = [mapping(0x10000, 0x40000, "[heap]", false)];
+    let region = |start, faults, majors| {
+        let (key, value) = counted(0, start, faults);
+        (key, RegionValue { majors, ..value })
+    };
+    let regions = [
+        region(0x10000, 16, 5),
+        region(0x20000, 4, 4),
+        // Two neighbouring runs outside every mapping: one span.
+        region(0x90000, 3, 1),
+        region(0x91000, 2, 2),
+    ];
+    let list = attribute(&regions, &BTreeMap::new(), smaps(&maps), None);
+    let rows: Vec<_> = list
+        .iter()
+        .map(|m| (m.mapping.to_str().unwrap(), m.faults, m.majors))
+        .collect();
+    assert_eq!(
+        rows,
+        [("[heap]", 20, Some(9)), ("unmapped", 5, Some(3))],
+        "{list:?}"
+    );
+}
+
+#[test]
 fn neighbouring_runs_outside_every_mapping_are_one_row_and_exited_is_not_unmapped() {
     let maps = [mapping(0x10000, 0x40000, "[heap]", false)];
     let run = |start, faults| counted(0, start, faults);
@@ -188,6 +215,7 @@ fn exact_regions_use_the_vma_flags() {
         },
         RegionValue {
             faults: 5,
+            majors: 0,
             vm_flags: VM_LOCKED | 0x3,
         },
     )];
@@ -374,6 +402,7 @@ fn a_row_unmapped_before_the_last_read_has_the_pages_an_earlier_read_saw() {
         start: format!("{start:#x}"),
         end: format!("{end:#x}"),
         faults: 4,
+        majors: Some(0),
         locked: None,
         lockonfault: None,
         locked_source: "vma",
