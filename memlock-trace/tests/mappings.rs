@@ -455,9 +455,10 @@ fn the_rows_top_mappings_left_out_are_counted() {
         .split_whitespace()
         .collect();
     assert!(number(more[0]).unwrap() > 0, "{text}");
+    // `N faults, M major` (the majors of the rows left out).
     assert_eq!(
-        (more[1], more[2], more[4], more[5]),
-        ("more", "mappings,", "faults", "(--top-mappings"),
+        (more[1], more[2], more[4], more[6], more[7]),
+        ("more", "mappings,", "faults,", "major", "(--top-mappings"),
         "{text}"
     );
     assert_eq!(shown + number(more[3]).unwrap(), total, "{text}");

@@ -352,9 +352,12 @@ fn mappings_text(out: &mut String, f: &FaultSummary, indent: &str) {
     }
     let left_out = f.by_mapping_left_out;
     if left_out.mappings > 0 {
+        let majors = left_out
+            .majors
+            .map_or_else(String::new, |n| format!(", {n} major"));
         let _ = writeln!(
             out,
-            "{indent}  ... {} more {}, {} (--top-mappings N lists more)",
+            "{indent}  ... {} more {}, {}{majors} (--top-mappings N lists more)",
             left_out.mappings,
             plural(left_out.mappings, "mapping"),
             counted(left_out.faults, "fault")

@@ -317,6 +317,7 @@ pub fn summarize(
         if hooks.plan.counted_by_perf() {
             // Counted at each fault's start: whether it was major is not known there.
             summary.by_mapping.iter_mut().for_each(|m| m.majors = None);
+            summary.by_mapping_left_out.majors = None;
         }
         add_pages(
             &mut summary.by_mapping,

@@ -33,11 +33,24 @@ use serde::Serialize;
 use super::{MappingFaults, add_sampled};
 use crate::procfs::Mapping;
 
-/// Rows a top-N table left out, and their faults: `... 14 more mappings, 3201 faults`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+/// Rows a top-N table left out, and their faults: `... 14 more mappings, 3201 faults, 4
+/// major`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct LeftOut {
     pub mappings: u64,
     pub faults: u64,
+    /// As [`MappingFaults::majors`]: `None` where not measured.
+    pub majors: Option<u64>,
+}
+
+impl Default for LeftOut {
+    fn default() -> Self {
+        Self {
+            mappings: 0,
+            faults: 0,
+            majors: Some(0),
+        }
+    }
 }
 
 /// A row's range, when it has one (not `populated by ...`, not a lone address).
@@ -198,6 +211,7 @@ pub fn top(mut rows: Vec<MappingFaults>, top: usize) -> (Vec<MappingFaults>, Lef
     let left_out = LeftOut {
         mappings: rest.len() as u64,
         faults: rest.iter().map(|r| r.faults).sum(),
+        majors: rest.iter().map(|r| r.majors).sum(),
     };
     (rows, left_out)
 }

@@ -101,7 +101,8 @@ fn regions_attribute_to_mappings() {
         left_out,
         LeftOut {
             mappings: 2,
-            faults: 4
+            faults: 4,
+            majors: Some(0)
         }
     );
     // Read from /proc/PID/maps (system-wide): the same rows, named by maps, flags unknown.
