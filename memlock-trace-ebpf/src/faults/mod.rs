@@ -349,6 +349,7 @@ fn account(ctx: *mut core::ffi::c_void, f: Fault) -> bool {
             add_shared(&raw mut s.counts[stat::IN_LOCKONFAULT], 1);
         }
     }
+    let major = cls == class::USER_MAJOR || cls == class::POPULATED_MAJOR;
     let mut caused = [0u64; cause::COUNT];
     let mut kind = None;
     match latency {
@@ -368,7 +369,7 @@ fn account(ctx: *mut core::ffi::c_void, f: Fault) -> bool {
             if retried {
                 record_latency(s, start_ns, tgid, tid, class::RETRIED, ns);
             }
-            if cls == class::USER_MAJOR || cls == class::POPULATED_MAJOR {
+            if major {
                 kind = causes::major_kind(tid, vm_flags, end_ns.wrapping_sub(ns), end_ns);
                 if let Some(kind) = kind {
                     record_kind_latency(s, start_ns, tgid, tid, kind, ns);
@@ -381,7 +382,6 @@ fn account(ctx: *mut core::ffi::c_void, f: Fault) -> bool {
         Latency::Unmatched | Latency::Untimed => {}
     }
     if counted_by != CountedBy::PerfEvents {
-        let major = cls == class::USER_MAJOR || cls == class::POPULATED_MAJOR;
         count_region(tgid, region, vm_flags, u64::from(major));
     }
     if config!(events) != 0 {
