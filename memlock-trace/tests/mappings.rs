@@ -443,11 +443,14 @@ fn the_rows_top_mappings_left_out_are_counted() {
         .skip_while(|l| !l.trim_start().starts_with("faults  major  locked"))
         .skip(1)
         .collect();
-    let shown: u64 = table
-        .iter()
-        .take(2)
-        .map(|l| number(l.split_whitespace().next().unwrap()).unwrap())
-        .sum();
+    let column = |i: usize| -> u64 {
+        table
+            .iter()
+            .take(2)
+            .map(|l| number(l.split_whitespace().nth(i).unwrap()).unwrap())
+            .sum()
+    };
+    let (shown, shown_majors) = (column(0), column(1));
     let more: Vec<&str> = table[2]
         .trim()
         .strip_prefix("... ")
@@ -462,4 +465,10 @@ fn the_rows_top_mappings_left_out_are_counted() {
         "{text}"
     );
     assert_eq!(shown + number(more[3]).unwrap(), total, "{text}");
+    // The major column and the left-out majors add up to the header's major faults.
+    assert_eq!(
+        shown_majors + number(more[5]).unwrap(),
+        number(header[2]).unwrap(),
+        "{text}"
+    );
 }
