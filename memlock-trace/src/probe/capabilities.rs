@@ -72,7 +72,7 @@ pub fn capabilities() -> Result<Vec<Capability>> {
         offsets: kernel_btf.offsets()?,
         ..Default::default()
     };
-    let mut ebpf = object::load(aya::EbpfLoader::new(), &config, |_| Ok(()))?;
+    let mut ebpf = object::load(object::new_loader(), &config, |_| Ok(()))?;
     caps.push(Capability {
         name: "ring_buffer",
         usable: true,
