@@ -115,7 +115,10 @@ fn the_tracer_in_the_pressured_cgroup_still_counts_as_the_kernel_does() {
             std::thread::sleep(Duration::from_millis(20));
         }
     });
-    let (output, _) = pressure.run(&mut command).expect("the traced experiment");
+    let output = pressure
+        .run(&mut command)
+        .expect("the traced experiment")
+        .output;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     watcher.join().unwrap();
     let stat = pressure.cgroup.stat().unwrap();

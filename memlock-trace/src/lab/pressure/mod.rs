@@ -9,6 +9,7 @@
 //! left ([`swap`], [`cgroup`]).
 
 pub mod cgroup;
+pub mod delays;
 pub mod swap;
 
 use std::{
@@ -22,7 +23,8 @@ use anyhow::{Context as _, Result, bail};
 use nix::sys::signal::{SaFlags, SigAction, SigHandler, SigSet, Signal, sigaction};
 use serde_json::{Value, json};
 
-pub use self::{cgroup::PressureCgroup, swap::Swap};
+use self::delays::DelayAccounting;
+pub use self::{cgroup::PressureCgroup, delays::Delays, swap::Swap};
 use crate::lab::workload::Faults;
 
 /// The experiment's process, for the signal handler to pass signals on to.
@@ -35,6 +37,8 @@ pub struct Pressure {
     pub cgroup: PressureCgroup,
     // Dropped after the cgroup: swap goes off once nothing of the experiment is charged.
     pub swap: Swap,
+    /// On for the experiment (an error: why the kernel's delays cannot be read).
+    delay_accounting: Result<DelayAccounting, String>,
     // Dropped last: a signal until then is kept for later, not fatal.
     _signals: Forwarding,
 }
@@ -50,6 +54,7 @@ impl Pressure {
         let pressure = Self {
             cgroup,
             swap,
+            delay_accounting: DelayAccounting::turn_on().map_err(|e| format!("{e:#}")),
             _signals: signals,
         };
         interrupted()?;
@@ -68,9 +73,8 @@ impl Pressure {
 
     /// Runs `command` inside the cgroup (it moves itself in before exec, and is killed should
     /// this process die first) and waits for it; termination signals meanwhile go to it.
-    /// Returns its output and its faults as `wait4` reports them: the kernel's count of its
-    /// whole life, exit included.
-    pub fn run(&self, command: &mut Command) -> Result<(Output, Faults)> {
+    /// Returns its output, and the kernel's figures of its whole life, exit included.
+    pub fn run(&self, command: &mut Command) -> Result<Ended> {
         let procs = std::ffi::CString::new(
             self.cgroup
                 .procs_file()
@@ -114,6 +118,7 @@ impl Pressure {
         }
         let mut stdout = Vec::new();
         let read = child.stdout.take().expect("piped").read_to_end(&mut stdout);
+        let delays = self.delays_at_exit(pid);
         let mut status = 0;
         // SAFETY: an all-zero rusage is valid; wait4 fills it for our own child.
         let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
@@ -140,8 +145,48 @@ impl Pressure {
             stdout,
             stderr: Vec::new(),
         };
-        Ok((output, faults))
+        Ok(Ended {
+            output,
+            faults,
+            delays,
+        })
     }
+
+    /// The delays of the experiment's process (one thread) once it has exited, read before
+    /// it is reaped.
+    fn delays_at_exit(&self, pid: i32) -> Result<Delays, String> {
+        self.delay_accounting.as_ref().map_err(String::clone)?;
+        loop {
+            // SAFETY: an all-zero siginfo_t is valid.
+            let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+            // SAFETY: waits for our own child to exit, leaving it to be reaped by wait4.
+            let waited = unsafe {
+                libc::waitid(
+                    libc::P_PID,
+                    pid as libc::id_t,
+                    &mut info,
+                    libc::WEXITED | libc::WNOWAIT,
+                )
+            };
+            if waited == 0 {
+                break;
+            }
+            let error = std::io::Error::last_os_error();
+            if error.kind() != ErrorKind::Interrupted {
+                return Err(format!("waiting for the experiment to exit: {error}"));
+            }
+        }
+        delays::of_task(pid).map_err(|e| format!("{e:#}"))
+    }
+}
+
+/// An experiment's end, as the kernel saw it.
+pub struct Ended {
+    pub output: Output,
+    /// Its faults, as `wait4` reports them.
+    pub faults: Faults,
+    /// Its delays, as taskstats reports them (an error: why they are not measured).
+    pub delays: Result<Delays, String>,
 }
 
 /// An error once a termination signal has arrived.

@@ -82,6 +82,7 @@ pub(super) fn assess(run: &ScenarioRun, v: &mut Vec<Verdict>) {
     secret(o, v);
     tracer_majors(run, v);
     faults_by_region(run, v);
+    delay_accounting(run, v);
 }
 
 /// Each region's faults, as the tracer's mapping rows counted them, against what the kernel
@@ -229,3 +230,105 @@ fn tracer_majors(run: &ScenarioRun, v: &mut Vec<Verdict>) {
         ));
     }
 }
+
+/// The tracer's swap-ins and its time by cause against the kernel's own delay accounting of
+/// the experiment's process (taskstats, read when it had exited: its whole life).
+fn delay_accounting(run: &ScenarioRun, v: &mut Vec<Verdict>) {
+    let o = &run.own;
+    let kernel = &o["delays_at_exit"];
+    let faults = run.faults(o["pids"][0].as_u64().map(|p| p as u32));
+    if let Some(why) = kernel["not_measured"].as_str() {
+        v.push(Verdict {
+            claim: "the tracer's swap-ins and reclaim against the kernel's delay accounting".into(),
+            published: String::new(),
+            measured: String::new(),
+            verdict: "not checked",
+            why: format!("taskstats could not be read: {why}"),
+        });
+        return;
+    }
+    let latency = &faults["latency_ns"];
+    let swap_ins = ["major_anon_swap_in", "major_shmem_swap_in"];
+    // A kind with no fault has no row.
+    let traced = |field: &str| -> Option<f64> {
+        let sum = swap_ins.iter().map(|k| f(&latency[k][field])).sum();
+        latency.is_object().then_some(sum)
+    };
+    let (count, ns) = (f(&kernel["swapin"]["count"]), f(&kernel["swapin"]["ns"]));
+    // From 5.19 (taskstats version 11) the kernel times each read of a page from swap;
+    // before, only a swap-in's waits for I/O, which zram's synchronous reads never make.
+    let whole_reads = f(&kernel["version"]) >= 11.0;
+    let zram = o["environment"]["swap"]
+        .as_str()
+        .is_some_and(|s| s.starts_with("/dev/zram"));
+    let (traced_count, traced_ns) = (traced("count"), traced("total"));
+    // Only a timed fault has a kind: a major fault counted without its start may be one more.
+    let untimed = f(&faults["major"]) - f(&latency["major"]["count"]);
+    v.push(check(
+        &format!(
+            "swap-ins of the experiment's process (taskstats swapin: {}; tracer: major faults \
+             that were swap-ins, and {untimed} major faults counted without a latency, so of \
+             no kind; the swap-ins' time containing the reads')",
+            if whole_reads && zram {
+                "each read from zram, one per swap-in fault, so the counts are equal"
+            } else if whole_reads {
+                "each read from swap, readahead's included, so at least the faults"
+            } else {
+                "waits for I/O only, so at most the faults"
+            }
+        ),
+        format!("{count} swap-ins, {:.1} ms", ns / 1e6),
+        match (traced_count, traced_ns) {
+            (Some(c), Some(t)) => format!("{c} swap-in faults, {:.1} ms", t / 1e6),
+            _ => "not traced".into(),
+        },
+        traced_count.zip(traced_ns).is_some_and(|(c, t)| {
+            let counts = if whole_reads && zram {
+                c <= count && count <= c + untimed
+            } else if whole_reads {
+                c <= count
+            } else {
+                count <= c + untimed
+            };
+            counts && (!whole_reads || ns <= t)
+        }),
+    ));
+    let causes = &faults["time_by_cause"]["causes_ns"];
+    let reclaim: Option<f64> = ["direct_reclaim", "memcg_reclaim"]
+        .iter()
+        .map(|k| causes[k].as_f64())
+        .sum();
+    let freepages = f(&kernel["freepages"]["ns"]);
+    let (least, most) = RECLAIM_IN_FAULTS;
+    v.push(check(
+        &format!(
+            "time in reclaim (taskstats freepages: every direct and memory-cgroup reclaim of \
+             the process, {} of them; tracer: direct + memcg reclaim inside its timed faults, \
+             {least}-{most} of the kernel's: the rest is reclaim outside them, for the pages \
+             mlock and MAP_POPULATE populate among it)",
+            kernel["freepages"]["count"]
+        ),
+        format!("{:.1} ms", freepages / 1e6),
+        reclaim.map_or("not measured".into(), |r| {
+            format!("{:.1} ms ({:.2})", r / 1e6, r / freepages.max(1.0))
+        }),
+        reclaim.is_some_and(|r| (freepages * least..=freepages * most).contains(&r)),
+    ));
+    let compact = kernel["compact"]["ns"].as_f64();
+    let traced_compaction = causes["compaction"].as_f64();
+    v.push(check(
+        "time in direct compaction (taskstats compact, from 5.19; tracer: compaction inside \
+         its timed faults, at most the kernel's)",
+        compact.map_or("not accounted by this kernel".into(), |c| {
+            format!("{:.1} ms", c / 1e6)
+        }),
+        traced_compaction.map_or("not measured".into(), |c| format!("{:.1} ms", c / 1e6)),
+        traced_compaction.is_some_and(|t| compact.is_none_or(|c| t <= c * most)),
+    ));
+}
+
+/// The share of the kernel's reclaim time the tracer's faults hold, at least and at most.
+/// Measured (docs/reference.md): 0.87-0.96 on the host, 0.92-1.00 on the 6.x guests, 0.78 on
+/// 5.10, whose remainder is not explained. Its window opens at the tracepoint before the
+/// kernel's and holds its programs' own run: a little above 1 with every reclaim in a fault.
+const RECLAIM_IN_FAULTS: (f64, f64) = (0.65, 1.05);

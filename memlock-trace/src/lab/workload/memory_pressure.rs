@@ -54,7 +54,8 @@ fn in_its_cgroup(args: &ScenarioArgs) -> Result<Value> {
         .args(["--variant", "measure"])
         .env(CGROUP_ENV, &pressure.cgroup.dir)
         .stderr(Stdio::inherit());
-    let (out, at_exit) = pressure.run(&mut command)?;
+    let ended = pressure.run(&mut command)?;
+    let out = ended.output;
     if !out.status.success() {
         bail!("the memory-pressure experiment failed ({})", out.status);
     }
@@ -63,7 +64,11 @@ fn in_its_cgroup(args: &ScenarioArgs) -> Result<Value> {
     result["environment"] = pressure.describe();
     // Its own count stops before it prints and exits, where it can still fault its evicted
     // code back in: the kernel's count of its whole life is what the tracer's must equal.
-    result["faults_at_exit"] = json!(at_exit);
+    result["faults_at_exit"] = json!(ended.faults);
+    result["delays_at_exit"] = match ended.delays {
+        Ok(delays) => json!(delays),
+        Err(why) => json!({ "not_measured": why }),
+    };
     Ok(result)
 }
 
