@@ -138,11 +138,12 @@ fn a_table_swapped_out_under_pressure_is_advised_locked_and_weighed_against_the_
 
     // --apply: the table locked in the second run, under the same pressure.
     assert_eq!(runs[1]["cold_refused"], ROUNDS, "not locked: {}", runs[1]);
-    // Its reads' majors are the interpreter's own pages now, not the table's.
+    // Its reads' majors are the interpreter's own pages now, fewer than the unlocked run's
+    // (the table's and the interpreter's); how many varies with what the locked table leaves
+    // it (CI once saw 1,424). The table's own faults are its mapping row's, below.
     assert!(
-        runs[1]["hot_majflt"].as_u64().unwrap() < pages / 4,
-        "the locked table still swapped in: {}",
-        runs[1]
+        runs[1]["hot_majflt"].as_u64().unwrap() < runs[0]["hot_majflt"].as_u64().unwrap(),
+        "locking the table took no major fault away: {runs:?}"
     );
     let apply = &report["apply"];
     let row = apply["mappings"]
