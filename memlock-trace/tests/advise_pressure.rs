@@ -152,6 +152,10 @@ fn a_table_swapped_out_under_pressure_is_advised_locked_and_weighed_against_the_
         .iter()
         .find(|m| m["size_bytes"] == HOT)
         .unwrap_or_else(|| panic!("no table row: {apply}"));
+    // Unlocked, each round took the table back from swap (`before`: a fault per page per
+    // round). Locked, a page faults once at most: none when mlock populated it, one first
+    // touch where the population, short of room in the cgroup, left it to the program (CI
+    // once saw all 4,096 so).
     let after = row["after"][0].as_u64().unwrap_or(0);
-    assert!(after < pages / 100, "{row}");
+    assert!(after <= pages, "{row}");
 }
