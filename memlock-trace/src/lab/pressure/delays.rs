@@ -18,6 +18,9 @@ use serde::Serialize;
 /// Turned on from 5.14 with this sysctl (off by default); older kernels account from boot
 /// unless booted with `nodelayacct`.
 const SYSCTL: &str = "/proc/sys/kernel/task_delayacct";
+/// The sysctl's value before an experiment turned it on, kept until it is put back: an
+/// experiment killed first leaves it, and the next one puts that value back, not its own.
+const MARK: &str = "/run/memlock-trace-pressure.delayacct";
 
 /// Delay accounting on for as long as this lives; the sysctl put back on drop.
 pub struct DelayAccounting {
@@ -26,10 +29,17 @@ pub struct DelayAccounting {
 
 impl DelayAccounting {
     pub fn turn_on() -> Result<Self> {
-        let previous = match std::fs::read_to_string(SYSCTL) {
+        let now = match std::fs::read_to_string(SYSCTL) {
             Ok(p) => p,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Self { previous: None }),
             Err(e) => return Err(e).context(format!("reading {SYSCTL}")),
+        };
+        let previous = match std::fs::read_to_string(MARK) {
+            Ok(left) => left,
+            Err(_) => {
+                std::fs::write(MARK, &now).with_context(|| format!("writing {MARK}"))?;
+                now
+            }
         };
         if previous.trim() != "1" {
             std::fs::write(SYSCTL, "1").with_context(|| format!("writing 1 to {SYSCTL}"))?;
@@ -42,8 +52,11 @@ impl DelayAccounting {
 
 impl Drop for DelayAccounting {
     fn drop(&mut self) {
-        if let Some(previous) = self.previous.take().filter(|p| p.trim() != "1") {
-            let _ = std::fs::write(SYSCTL, previous.trim());
+        if let Some(previous) = self.previous.take() {
+            if previous.trim() != "1" {
+                let _ = std::fs::write(SYSCTL, previous.trim());
+            }
+            let _ = std::fs::remove_file(MARK);
         }
     }
 }
