@@ -43,6 +43,8 @@ pub mod names {
     pub const DIAG: &str = "DIAG";
     /// `u32` per system call number: which programs handle it (see [`crate::syscall_hooks`]).
     pub const SYSCALL_HOOKS: &str = "SYSCALL_HOOKS";
+    /// `u32` global: the [`crate::syscall_hooks::hook`] bits this kernel's families can set.
+    pub const SYSCALL_HOOKS_POSSIBLE: &str = "SYSCALL_HOOKS_POSSIBLE";
 }
 
 /// Size of the shared ring buffer (must be a power of two multiple of the page size).

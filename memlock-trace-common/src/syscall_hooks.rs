@@ -73,6 +73,10 @@ pub mod hook {
         | MAPPINGS_GOING_RETRY
         | STACKS_MMAP_ENTER;
 
+    /// The handlers that walk the VMA rbtree: picked only on a kernel without
+    /// `bpf_find_vma` (5.17) or without the maple tree (6.1).
+    pub const RB_WALK: u32 = RANGE_CHECK_RB | VMA_ENTER_RB | VMA_EXIT_RB | POPULATE_EXIT_COUNTED_RB;
+
     /// The handlers that need `bpf_find_vma` or `bpf_loop` (5.17): a kernel without them
     /// cannot load a program that calls them, so it gets the dispatchers without them.
     pub const NEED_FIND_VMA: u32 = RANGE_CHECK

@@ -121,6 +121,14 @@ impl SyscallContext for SyscallTracepointContext {
 #[map]
 static SYSCALL_HOOKS: Array<u32> = Array::with_max_entries(MAX_NR, 0);
 
+/// The bits of [`SYSCALL_HOOKS`] this kernel's families can set, written by the loader
+/// before load. Read-only data: to the verifier, a handler whose bit is not here is a branch
+/// never taken, so the programs that run every handler are verified with those this kernel
+/// can use only (the rbtree walks' go where the maple tree is: 6.18's events' programs went
+/// from 70,000 and 42,000 instructions verified to 56,000 and 25,000).
+#[unsafe(no_mangle)]
+static SYSCALL_HOOKS_POSSIBLE: u32 = u32::MAX;
+
 /// Reads the field of type `T` at `offset` of the call's saved registers `regs` (argument 0
 /// of the raw tracepoints and of the calls' functions, or `bpf_task_pt_regs`: never NULL;
 /// [`arch::SYSCALL_ARGS`], [`arch::SYSCALL_NR`]): a direct load, which the verifier checks
@@ -181,7 +189,10 @@ fn hooks_of(nr: i64) -> Option<(u32, u32)> {
         return None;
     }
     let nr = nr as u32;
-    let hooks = *SYSCALL_HOOKS.get(nr)?;
+    // SAFETY: a read of a static, which outlives the program; volatile, else it would be
+    // folded to its compile-time value rather than the one the loader wrote.
+    let possible = unsafe { core::ptr::read_volatile(&raw const SYSCALL_HOOKS_POSSIBLE) };
+    let hooks = *SYSCALL_HOOKS.get(nr)? & possible;
     (hooks != 0).then_some((nr, hooks))
 }
 

@@ -220,6 +220,11 @@ impl KernelBtf {
     pub fn has_find_vma(&self) -> bool {
         self.has_enum_member("bpf_func_id", "BPF_FUNC_find_vma")
     }
+
+    /// Whether a process's VMAs are a maple tree (6.1), not an rbtree.
+    pub fn has_maple_tree(&self) -> bool {
+        self.field_offset("mm_struct", "mm_mt").is_ok()
+    }
 }
 
 /// btf-rs over `bytes` memory-mapped: the kernel's own file where sysfs maps it (recent

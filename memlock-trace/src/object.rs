@@ -17,7 +17,9 @@ pub use hook_line::HookLine;
 pub use refusal::{
     Refused, hook_refused, is_permission_error, perf_paranoid_hint, refusal_reason, too_complex,
 };
-pub use syscall_hooks::{SyscallEdge, SyscallVia, attach_syscall_hook, call_names, fentry_refusal};
+pub use syscall_hooks::{
+    SyscallEdge, SyscallVia, attach_syscall_hook, call_names, fentry_refusal, possible_hooks,
+};
 
 /// The eBPF object built by `build.rs`, embedded so the binary is self-contained.
 static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/memlock-trace"));
@@ -149,6 +151,9 @@ impl<'a> AttachContext<'a> {
         hook: u32,
         nrs: &[u32],
     ) -> Result<SyscallVia> {
+        if hook & !syscall_hooks::possible_hooks(self.btf) != 0 {
+            bail!("syscall handler {hook:#x} was not loaded for this kernel");
+        }
         let find_vma = self.btf.has_find_vma();
         let (ebpf, btf) = self.ebpf_and_btf()?;
         attach_syscall_hook(ebpf, btf, find_vma, edge, hook, nrs)

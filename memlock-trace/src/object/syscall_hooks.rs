@@ -19,7 +19,7 @@ use aya::{
 use memlock_trace_common::{names, syscall_hooks};
 
 use super::{Refused, hook_refused, load_side_by_side, program};
-use crate::arch::SYSCALL_FUNCTION_PREFIX;
+use crate::{arch::SYSCALL_FUNCTION_PREFIX, btf::KernelBtf};
 
 /// A system call's entry or exit: fentry or fexit of its function, or the raw tracepoint.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -200,6 +200,18 @@ fn call(nr: u32) -> Option<(&'static str, u32)> {
     syscall_hooks::calls::ALL
         .into_iter()
         .find(|&(n, _)| n == name)
+}
+
+/// The handlers' bits this kernel's families can set, for the programs' read-only
+/// `SYSCALL_HOOKS_POSSIBLE`: each family picks an rbtree walk only on a kernel without
+/// `bpf_find_vma` (the range check, the populating calls) or without the maple tree (the
+/// VMA family). [`crate::object::AttachContext::syscall_hook`] refuses any other bit.
+pub fn possible_hooks(btf: &KernelBtf) -> u32 {
+    if btf.has_find_vma() && btf.has_maple_tree() {
+        !syscall_hooks::hook::RB_WALK
+    } else {
+        u32::MAX
+    }
 }
 
 /// Has the handler whose bit is `hook` run at `edge` of the calls numbered `nrs`: the calls

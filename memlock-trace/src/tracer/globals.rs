@@ -59,6 +59,7 @@ pub(super) struct Globals {
     stacks: StackConfig,
     pub(super) rss: RssConfig,
     pub(super) reach: Reach,
+    syscall_hooks_possible: u32,
 }
 
 impl Globals {
@@ -101,6 +102,7 @@ impl Globals {
             faults: faults::sizing::config(btf, fault_options)?,
             stacks: unwind::config(btf, fault_options.stacks, fault_options.stack_sample)?,
             rss: syscalls::rss::config(btf),
+            syscall_hooks_possible: crate::object::possible_hooks(btf),
             reach: Reach {
                 specific: targets.specific(),
                 follows_children: filters.follow_children,
@@ -120,7 +122,12 @@ impl Globals {
         loader
             .override_global(VMA_CONFIG, &self.vma_global, true)
             .override_global(MAPPING_CONFIG, &self.mapping, true)
-            .override_global(PROCESS_CONFIG, &self.process, true);
+            .override_global(PROCESS_CONFIG, &self.process, true)
+            .override_global(
+                names::SYSCALL_HOOKS_POSSIBLE,
+                &self.syscall_hooks_possible,
+                true,
+            );
         if let Some(max) = options.filters.max_targets {
             loader.map_max_entries(names::TARGET_TGIDS, max);
         }

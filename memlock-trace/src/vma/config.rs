@@ -9,7 +9,7 @@ use crate::btf::KernelBtf;
 
 /// Whether this kernel keeps VMAs in an rbtree and list (before 6.1) rather than a maple tree.
 pub(super) fn walks_rbtree(btf: &KernelBtf) -> bool {
-    btf.field_offset("mm_struct", "mm_mt").is_err()
+    !btf.has_maple_tree()
 }
 
 /// The `VMA_CONFIG` global for this kernel.
