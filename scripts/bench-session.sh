@@ -4,6 +4,9 @@
 # how promptly --duration and SIGTERM end a system-wide session. Run as root after
 # `cargo build --release -p memlock-trace`:
 #   scripts/bench-session.sh            # RUNS=11 by default; BASELINE_BIN=another build, timed beside
+# GAP (2.5 s by default) separates the runs: a session's hooks are released by a child after it
+# exits (1.5 s of grace periods under the kernel's event_mutex), and a start within that time
+# waits for the mutex (any tool's, bpftrace's too), which would time the release, not the start.
 # Method: the tools alternate run by run (drift on a shared machine hits both alike); the
 # median wall time of each is reported, with the ratio to bpftrace's. Figures are printed as
 # `name value` lines for BENCHMARKS.md.
@@ -12,6 +15,7 @@ cd "$(dirname "$0")/.."
 BIN=${BIN:-target/release/memlock-trace}
 RUNS=${RUNS:-11}
 CMD=${CMD:-/bin/true}
+GAP=${GAP:-2.5}
 WORK=$(mktemp -d /tmp/memlock-trace-session.XXXXXX)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$WORK"' EXIT
 command -v bpftrace >/dev/null || { echo "bpftrace is not installed (apt-get install bpftrace)" >&2; exit 1; }
@@ -36,10 +40,10 @@ run_default | grep -q 'page faults: [0-9]' || { echo "memlock-trace counted no f
 echo "kernel $(uname -r), $(nproc) CPUs, $(date -u +%F), load $(cut -d' ' -f1-3 /proc/loadavg), $RUNS runs of $CMD"
 : >"$WORK/bpftrace"; : >"$WORK/default"; : >"$WORK/off"; : >"$WORK/base"
 for _ in $(seq "$RUNS"); do
-  wall run_bpftrace >>"$WORK/bpftrace"
-  wall run_default >>"$WORK/default"
-  wall run_no_faults >>"$WORK/off"
-  if [ -n "${BASELINE_BIN:-}" ]; then wall run_baseline >>"$WORK/base"; fi
+  wall run_bpftrace >>"$WORK/bpftrace"; sleep "$GAP"
+  wall run_default >>"$WORK/default"; sleep "$GAP"
+  wall run_no_faults >>"$WORK/off"; sleep "$GAP"
+  if [ -n "${BASELINE_BIN:-}" ]; then wall run_baseline >>"$WORK/base"; sleep "$GAP"; fi
 done
 b=$(median <"$WORK/bpftrace"); d=$(median <"$WORK/default"); o=$(median <"$WORK/off")
 ratio() { awk -v a="$1" -v b="$b" 'BEGIN {printf "%.2f", a / b}'; }
