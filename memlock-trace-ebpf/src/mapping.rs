@@ -35,6 +35,21 @@ use crate::{
 #[unsafe(no_mangle)]
 static MAPPING_CONFIG: Global<MappingConfig> = Global::new(MappingConfig::ZERO);
 
+/// Reads one field of [`MAPPING_CONFIG`]: a whole `load()` copies the config onto the
+/// stack, whose 512 bytes kernels before 6.12 share with the `bpf_find_vma` callbacks'
+/// frames this function is called from.
+macro_rules! mapping_config {
+    ($field:ident) => {
+        // SAFETY: a read of a field of a static (`Global` is transparent over its value),
+        // which outlives the program; volatile, else folded to its compile-time value.
+        unsafe {
+            core::ptr::read_volatile(
+                &raw const (*(&raw const MAPPING_CONFIG).cast::<MappingConfig>()).$field,
+            )
+        }
+    };
+}
+
 /// Where a lookup that identifies the VMA writes what it read (a [`MappingInfo`] does not
 /// fit the callback's context, which must be on the stack, next to the caller's).
 #[map]
@@ -135,7 +150,7 @@ pub fn lookup<const HOW: u8>(addr: u64, identify: bool) -> Lookup {
         if vma == 0 {
             return Lookup::Unmapped;
         }
-        let found = read_range(vma, &config);
+        let found = read_range(vma);
         if found.start > addr || found.end <= addr {
             return Lookup::Unmapped;
         }
@@ -192,7 +207,7 @@ pub fn identify_vma(vma: u64) -> Option<&'static MappingInfo> {
     if config.valid == 0 || vma == 0 {
         return None;
     }
-    let found = read_range(vma, &config);
+    let found = read_range(vma);
     read_identity(vma, &found);
     scratch().map(|info| &*info)
 }
@@ -249,8 +264,7 @@ pub fn identify(addr: u64) -> Identified {
 /// `bpf_find_vma` callback of [`identify`].
 #[inline(never)]
 extern "C" fn identify_callback(_task: *mut c_void, vma: *mut c_void, _ctx: *mut c_void) -> i64 {
-    let config = MAPPING_CONFIG.load();
-    let found = read_range(vma as u64, &config);
+    let found = read_range(vma as u64);
     read_identity(vma as u64, &found);
     0
 }
@@ -259,9 +273,8 @@ extern "C" fn identify_callback(_task: *mut c_void, vma: *mut c_void, _ctx: *mut
 /// asked.
 #[inline(never)]
 extern "C" fn lookup_callback(_task: *mut c_void, vma: *mut c_void, ctx: *mut c_void) -> i64 {
-    let config = MAPPING_CONFIG.load();
     let context = ctx.cast::<Context>();
-    let found = read_range(vma as u64, &config);
+    let found = read_range(vma as u64);
     // SAFETY: `ctx` is the `Context` on the caller's stack passed to bpf_find_vma.
     unsafe {
         (*context).found = found;
@@ -273,11 +286,11 @@ extern "C" fn lookup_callback(_task: *mut c_void, vma: *mut c_void, ctx: *mut c_
 }
 
 #[inline(always)]
-fn read_range(vma: u64, c: &MappingConfig) -> Found {
+fn read_range(vma: u64) -> Found {
     Found {
-        start: peek(vma, c.vma_start),
-        end: peek(vma, c.vma_end),
-        flags: peek(vma, c.vma_flags),
+        start: peek(vma, mapping_config!(vma_start)),
+        end: peek(vma, mapping_config!(vma_end)),
+        flags: peek(vma, mapping_config!(vma_flags)),
     }
 }
 
@@ -307,13 +320,13 @@ static IDENTIFY_VMA: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 #[inline(never)]
 pub extern "C" fn memlock_trace_read_identity(start: u64, end: u64, flags: u64) -> u32 {
     if let Some(vma) = IDENTIFY_VMA.get(0) {
-        fill_identity(*vma, &Found { start, end, flags }, &MAPPING_CONFIG.load());
+        fill_identity(*vma, &Found { start, end, flags });
     }
     0
 }
 
 #[inline(always)]
-fn fill_identity(vma: u64, found: &Found, c: &MappingConfig) {
+fn fill_identity(vma: u64, found: &Found) {
     let Some(info) = MAPPING_SCRATCH.get_ptr_mut(0) else {
         return;
     };
@@ -323,29 +336,29 @@ fn fill_identity(vma: u64, found: &Found, c: &MappingConfig) {
     info.start = found.start;
     info.end = found.end;
     info.flags = found.flags & !VM_BACKING | VM_BACKING_KNOWN;
-    info.pgoff = peek(vma, c.vma_pgoff);
+    info.pgoff = peek(vma, mapping_config!(vma_pgoff));
     info.ino = 0;
     info.dev = 0;
     info.name[0] = 0;
-    let file: u64 = peek(vma, c.vma_file);
+    let file: u64 = peek(vma, mapping_config!(vma_file));
     if file != 0 {
         info.kind = kind::FILE;
-        let dentry: u64 = peek(file, c.file_dentry);
-        let name: u64 = peek(dentry, c.dentry_name);
+        let dentry: u64 = peek(file, mapping_config!(file_dentry));
+        let name: u64 = peek(dentry, mapping_config!(dentry_name));
         read_str(name, &mut info.name);
-        let inode: u64 = peek(file, c.file_inode);
-        info.ino = peek(inode, c.inode_ino);
-        let sb: u64 = peek(inode, c.inode_sb);
-        info.dev = peek(sb, c.sb_dev);
-        let shmem = peek::<u64>(sb, c.sb_magic) == TMPFS_MAGIC;
+        let inode: u64 = peek(file, mapping_config!(file_inode));
+        info.ino = peek(inode, mapping_config!(inode_ino));
+        let sb: u64 = peek(inode, mapping_config!(inode_sb));
+        info.dev = peek(sb, mapping_config!(sb_dev));
+        let shmem = peek::<u64>(sb, mapping_config!(sb_magic)) == TMPFS_MAGIC;
         info.flags |= VM_FILE_BACKED | if shmem { VM_SHMEM_BACKED } else { 0 };
         return;
     }
     // include/linux/mm.h `vma_is_initial_heap()` and `vma_is_initial_stack()`.
-    let mm: u64 = peek(vma, c.vma_mm);
-    let start_brk: u64 = peek(mm, c.mm_start_brk);
-    let brk: u64 = peek(mm, c.mm_brk);
-    let start_stack: u64 = peek(mm, c.mm_start_stack);
+    let mm: u64 = peek(vma, mapping_config!(vma_mm));
+    let start_brk: u64 = peek(mm, mapping_config!(mm_start_brk));
+    let brk: u64 = peek(mm, mapping_config!(mm_brk));
+    let start_stack: u64 = peek(mm, mapping_config!(mm_start_stack));
     info.kind = if found.start < brk && found.end > start_brk {
         kind::HEAP
     } else if found.start <= start_stack && found.end >= start_stack {
@@ -358,8 +371,8 @@ fn fill_identity(vma: u64, found: &Found, c: &MappingConfig) {
     }
     // A special mapping (`_install_special_mapping`): `vm_private_data` points to its
     // `struct vm_special_mapping`, whose first field is the name (`"[vdso]"`).
-    let ops: u64 = peek(vma, c.vma_ops);
-    let private: u64 = peek(vma, c.vma_private_data);
+    let ops: u64 = peek(vma, mapping_config!(vma_ops));
+    let private: u64 = peek(vma, mapping_config!(vma_private_data));
     if ops == 0 || private == 0 {
         return;
     }
