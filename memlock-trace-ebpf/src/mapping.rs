@@ -7,7 +7,7 @@
 //! program holding a call to a helper the kernel lacks does not load, so the loader
 //! attaches the right kind.
 
-use core::{ffi::c_void, mem::MaybeUninit, ptr::write_volatile};
+use core::ffi::c_void;
 
 use aya_ebpf::{
     Global,
@@ -34,21 +34,6 @@ use crate::{
 /// Offsets, set by the loader (`EbpfLoader::override_global`).
 #[unsafe(no_mangle)]
 static MAPPING_CONFIG: Global<MappingConfig> = Global::new(MappingConfig::ZERO);
-
-/// Reads one field of [`MAPPING_CONFIG`]: a whole `load()` copies the config onto the
-/// stack, whose 512 bytes kernels before 6.12 share with the `bpf_find_vma` callbacks'
-/// frames this function is called from.
-macro_rules! mapping_config {
-    ($field:ident) => {
-        // SAFETY: a read of a field of a static (`Global` is transparent over its value),
-        // which outlives the program; volatile, else folded to its compile-time value.
-        unsafe {
-            core::ptr::read_volatile(
-                &raw const (*(&raw const MAPPING_CONFIG).cast::<MappingConfig>()).$field,
-            )
-        }
-    };
-}
 
 /// Where a lookup that identifies the VMA writes what it read (a [`MappingInfo`] does not
 /// fit the callback's context, which must be on the stack, next to the caller's).
@@ -140,9 +125,9 @@ pub fn lookup<const HOW: u8>(addr: u64, identify: bool) -> Lookup {
                 },
             )
         } else if HOW == TREE_WALK && config.maple_valid != 0 {
-            match memlock_trace_maple_walk(mm, addr) {
-                MAPLE_UNKNOWN => return Lookup::Unknown,
-                vma => vma,
+            match maple_walk(mm, addr, &config) {
+                Some(vma) => vma,
+                None => return Lookup::Unknown,
             }
         } else {
             return Lookup::Unknown;
@@ -150,27 +135,19 @@ pub fn lookup<const HOW: u8>(addr: u64, identify: bool) -> Lookup {
         if vma == 0 {
             return Lookup::Unmapped;
         }
-        let found = read_range(vma);
+        let found = read_range(vma, &config);
         if found.start > addr || found.end <= addr {
             return Lookup::Unmapped;
         }
         if identify {
-            read_identity(vma, &found);
+            read_identity(vma, &found, &config);
         }
         return Lookup::Found(found);
     }
-    let mut context = MaybeUninit::<Context>::uninit();
-    let c = context.as_mut_ptr();
-    // SAFETY: writes of the fields of a value on this stack. Volatile, one by one: LLVM made
-    // the zeroing a call of `memset`, a loop over bytes the verifier walked again at every
-    // state it was called in (10,000 of the 56,000 instructions verified of 6.18's events'
-    // entry program).
-    unsafe {
-        write_volatile(&raw mut (*c).identify, u64::from(identify));
-        write_volatile(&raw mut (*c).found.start, 0);
-        write_volatile(&raw mut (*c).found.end, 0);
-        write_volatile(&raw mut (*c).found.flags, 0);
-    }
+    let mut context = Context {
+        identify: u64::from(identify),
+        found: Found::default(),
+    };
     // SAFETY: the helper takes the trusted current-task pointer; the callback writes only
     // the `Context` on this stack that we pass it, and this CPU's scratch value.
     let ret = unsafe {
@@ -178,13 +155,12 @@ pub fn lookup<const HOW: u8>(addr: u64, identify: bool) -> Lookup {
             bpf_get_current_task_btf().cast(),
             addr,
             lookup_callback as *mut c_void,
-            c.cast(),
+            (&raw mut context).cast(),
             0,
         )
     };
     match ret {
-        // SAFETY: every field was written above.
-        0 => Lookup::Found(unsafe { (*c).found }),
+        0 => Lookup::Found(context.found),
         ENOENT => Lookup::Unmapped,
         _ => Lookup::Unknown,
     }
@@ -207,8 +183,8 @@ pub fn identify_vma(vma: u64) -> Option<&'static MappingInfo> {
     if config.valid == 0 || vma == 0 {
         return None;
     }
-    let found = read_range(vma);
-    read_identity(vma, &found);
+    let found = read_range(vma, &config);
+    read_identity(vma, &found, &config);
     scratch().map(|info| &*info)
 }
 
@@ -264,8 +240,9 @@ pub fn identify(addr: u64) -> Identified {
 /// `bpf_find_vma` callback of [`identify`].
 #[inline(never)]
 extern "C" fn identify_callback(_task: *mut c_void, vma: *mut c_void, _ctx: *mut c_void) -> i64 {
-    let found = read_range(vma as u64);
-    read_identity(vma as u64, &found);
+    let config = MAPPING_CONFIG.load();
+    let found = read_range(vma as u64, &config);
+    read_identity(vma as u64, &found, &config);
     0
 }
 
@@ -273,60 +250,32 @@ extern "C" fn identify_callback(_task: *mut c_void, vma: *mut c_void, _ctx: *mut
 /// asked.
 #[inline(never)]
 extern "C" fn lookup_callback(_task: *mut c_void, vma: *mut c_void, ctx: *mut c_void) -> i64 {
+    let config = MAPPING_CONFIG.load();
     let context = ctx.cast::<Context>();
-    let found = read_range(vma as u64);
+    let found = read_range(vma as u64, &config);
     // SAFETY: `ctx` is the `Context` on the caller's stack passed to bpf_find_vma.
     unsafe {
         (*context).found = found;
         if (*context).identify != 0 {
-            read_identity(vma as u64, &found);
+            read_identity(vma as u64, &found, &config);
         }
     }
     0
 }
 
 #[inline(always)]
-fn read_range(vma: u64) -> Found {
+fn read_range(vma: u64, c: &MappingConfig) -> Found {
     Found {
-        start: peek(vma, mapping_config!(vma_start)),
-        end: peek(vma, mapping_config!(vma_end)),
-        flags: peek(vma, mapping_config!(vma_flags)),
+        start: peek(vma, c.vma_start),
+        end: peek(vma, c.vma_end),
+        flags: peek(vma, c.vma_flags),
     }
 }
-
-/// The identity of `vma` (whose range and flags are `found`) into this CPU's [`scratch`].
-#[inline(always)]
-fn read_identity(vma: u64, found: &Found) {
-    // The VMA goes through a map: a global function takes scalars only, and a VMA handed
-    // to a callback or an fentry program is a typed pointer to the verifier.
-    if let Some(slot) = IDENTIFY_VMA.get_ptr_mut(0) {
-        // SAFETY: this CPU's value of a per-CPU map, used by nothing else meanwhile.
-        unsafe { *slot = vma };
-        memlock_trace_read_identity(found.start, found.end, found.flags);
-    }
-}
-
-/// The VMA [`memlock_trace_read_identity`] reads, written by its caller.
-#[map]
-static IDENTIFY_VMA: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
 /// The file's device, inode and name; or, without a file, `[heap]`, `[stack]` or a special
-/// mapping's own name (`[vdso]`), as `/proc/PID/maps` names them. A global BPF function,
-/// which the kernel verifies once: inlined in the `bpf_find_vma` callbacks, it was verified
-/// again at each of their call sites (a program that runs every handler has a dozen: the
-/// callbacks were 21,700 of the 56,000 instructions verified of 6.18's events' entry
-/// program). Returns 0 (a global function returns a scalar).
-#[unsafe(no_mangle)]
-#[inline(never)]
-pub extern "C" fn memlock_trace_read_identity(start: u64, end: u64, flags: u64) -> u32 {
-    if let Some(vma) = IDENTIFY_VMA.get(0) {
-        fill_identity(*vma, &Found { start, end, flags });
-    }
-    0
-}
-
+/// mapping's own name (`[vdso]`), as `/proc/PID/maps` names them.
 #[inline(always)]
-fn fill_identity(vma: u64, found: &Found) {
+fn read_identity(vma: u64, found: &Found, c: &MappingConfig) {
     let Some(info) = MAPPING_SCRATCH.get_ptr_mut(0) else {
         return;
     };
@@ -336,29 +285,29 @@ fn fill_identity(vma: u64, found: &Found) {
     info.start = found.start;
     info.end = found.end;
     info.flags = found.flags & !VM_BACKING | VM_BACKING_KNOWN;
-    info.pgoff = peek(vma, mapping_config!(vma_pgoff));
+    info.pgoff = peek(vma, c.vma_pgoff);
     info.ino = 0;
     info.dev = 0;
     info.name[0] = 0;
-    let file: u64 = peek(vma, mapping_config!(vma_file));
+    let file: u64 = peek(vma, c.vma_file);
     if file != 0 {
         info.kind = kind::FILE;
-        let dentry: u64 = peek(file, mapping_config!(file_dentry));
-        let name: u64 = peek(dentry, mapping_config!(dentry_name));
+        let dentry: u64 = peek(file, c.file_dentry);
+        let name: u64 = peek(dentry, c.dentry_name);
         read_str(name, &mut info.name);
-        let inode: u64 = peek(file, mapping_config!(file_inode));
-        info.ino = peek(inode, mapping_config!(inode_ino));
-        let sb: u64 = peek(inode, mapping_config!(inode_sb));
-        info.dev = peek(sb, mapping_config!(sb_dev));
-        let shmem = peek::<u64>(sb, mapping_config!(sb_magic)) == TMPFS_MAGIC;
+        let inode: u64 = peek(file, c.file_inode);
+        info.ino = peek(inode, c.inode_ino);
+        let sb: u64 = peek(inode, c.inode_sb);
+        info.dev = peek(sb, c.sb_dev);
+        let shmem = peek::<u64>(sb, c.sb_magic) == TMPFS_MAGIC;
         info.flags |= VM_FILE_BACKED | if shmem { VM_SHMEM_BACKED } else { 0 };
         return;
     }
     // include/linux/mm.h `vma_is_initial_heap()` and `vma_is_initial_stack()`.
-    let mm: u64 = peek(vma, mapping_config!(vma_mm));
-    let start_brk: u64 = peek(mm, mapping_config!(mm_start_brk));
-    let brk: u64 = peek(mm, mapping_config!(mm_brk));
-    let start_stack: u64 = peek(mm, mapping_config!(mm_start_stack));
+    let mm: u64 = peek(vma, c.vma_mm);
+    let start_brk: u64 = peek(mm, c.mm_start_brk);
+    let brk: u64 = peek(mm, c.mm_brk);
+    let start_stack: u64 = peek(mm, c.mm_start_stack);
     info.kind = if found.start < brk && found.end > start_brk {
         kind::HEAP
     } else if found.start <= start_stack && found.end >= start_stack {
@@ -371,8 +320,8 @@ fn fill_identity(vma: u64, found: &Found) {
     }
     // A special mapping (`_install_special_mapping`): `vm_private_data` points to its
     // `struct vm_special_mapping`, whose first field is the name (`"[vdso]"`).
-    let ops: u64 = peek(vma, mapping_config!(vma_ops));
-    let private: u64 = peek(vma, mapping_config!(vma_private_data));
+    let ops: u64 = peek(vma, c.vma_ops);
+    let private: u64 = peek(vma, c.vma_private_data);
     if ops == 0 || private == 0 {
         return;
     }
@@ -403,18 +352,6 @@ const MAPLE_DEPTH: usize = 8;
 /// A copy of the maple node being descended (one read per level; too big for the stack).
 #[map]
 static MAPLE_NODE: PerCpuArray<[u64; MAPLE_NODE_WORDS]> = PerCpuArray::with_max_entries(1, 0);
-
-/// [`maple_walk`] as a global BPF function, [`MAPLE_UNKNOWN`] for None: the kernel
-/// verifies it once, not again for every state its callers reach it in (2 in the
-/// tracepoint set's completions, 18,000 instructions verified each).
-#[unsafe(no_mangle)]
-#[inline(never)]
-pub extern "C" fn memlock_trace_maple_walk(mm: u64, addr: u64) -> u64 {
-    maple_walk(mm, addr, &MAPPING_CONFIG.load()).unwrap_or(MAPLE_UNKNOWN)
-}
-
-/// No VMA pointer is all ones.
-const MAPLE_UNKNOWN: u64 = u64::MAX;
 
 /// The VMA `mas_walk()` would find for `addr` (0: a gap), by a descent of `mm->mm_mt`
 /// without its lock: nodes are freed by RCU, under which programs run, and every read is

@@ -111,34 +111,9 @@ pub(super) fn split(tid: u32, start_ns: u64, end_ns: u64) -> Option<[u64; cause:
     if last < start_ns {
         return None;
     }
-    if memlock_trace_split_causes(tid, start_ns, end_ns) == 0 {
-        return None;
-    }
-    SPLIT_OUT.get(0).copied()
-}
-
-/// What [`memlock_trace_split_causes`] found, for its caller: a global function returns a
-/// scalar only.
-#[map]
-static SPLIT_OUT: PerCpuArray<[u64; cause::COUNT]> = PerCpuArray::with_max_entries(1, 0);
-
-/// [`split`]'s scan of the thread's phases, as a global BPF function: the kernel verifies
-/// it once, where an inlined (or static) scan was verified again for every state its
-/// callers reach it in (43 in the tracepoint set's minor completion: 44,000 of its 182,000
-/// instructions verified). 1 when a phase ended within the fault (in `SPLIT_OUT`).
-#[unsafe(no_mangle)]
-#[inline(never)]
-pub extern "C" fn memlock_trace_split_causes(tid: u32, start_ns: u64, end_ns: u64) -> u32 {
-    let Some(t) = FAULT_PHASES.get_ptr(tid) else {
-        return 0;
-    };
-    let Some(out) = SPLIT_OUT.get_ptr_mut(0) else {
-        return 0;
-    };
-    // SAFETY: this CPU's value of SPLIT_OUT, which nothing else uses while a program runs.
-    let out = unsafe { &mut *out };
-    *out = [0u64; cause::COUNT];
-    let mut any = 0;
+    let t = FAULT_PHASES.get_ptr(tid)?;
+    let mut out = [0u64; cause::COUNT];
+    let mut any = false;
     for i in 0..PHASES {
         // SAFETY: as in `begin`; read only.
         let p = unsafe { (*t).ended[i] };
@@ -148,8 +123,11 @@ pub extern "C" fn memlock_trace_split_causes(tid: u32, start_ns: u64, end_ns: u6
             && let Some(sum) = out.get_mut(p.cause as usize)
         {
             *sum += p.end_ns - p.begin_ns;
-            any = 1;
+            any = true;
         }
+    }
+    if !any {
+        return None;
     }
     let mut throttled = out[Cause::Throttled as usize];
     for reclaim in [Cause::DirectReclaim as usize, Cause::MemcgReclaim as usize] {
@@ -157,7 +135,7 @@ pub extern "C" fn memlock_trace_split_causes(tid: u32, start_ns: u64, end_ns: u6
         out[reclaim] -= taken;
         throttled -= taken;
     }
-    any
+    Some(out)
 }
 
 /// A program that begins or ends a cause's phase at its tracepoint (named by the loader).

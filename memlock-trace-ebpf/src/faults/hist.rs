@@ -49,7 +49,7 @@ pub(super) fn record_latency(
     ns: u64,
 ) {
     note_max(s, cls, ns);
-    let bucket = bucket(ns);
+    let bucket = bucket_of(ns) & (HIST_BUCKETS - 1);
     if cls == class::USER_MINOR && start_ns.is_none() {
         if let Some(hist) = FAULT_SOLE_HIST.get_ptr_mut(0) {
             // SAFETY: this CPU's value of a per-CPU map, used by nothing else meanwhile.
@@ -122,27 +122,6 @@ fn note_max(s: &mut FaultStats, cls: u32, ns: u64) {
     }
 }
 
-/// The histogram bucket of `ns`.
-#[inline(always)]
-fn bucket(ns: u64) -> usize {
-    let bucket = memlock_trace_bucket_of(ns);
-    // Through memory: LLVM sees that the function's result fits and would drop the mask,
-    // which the verifier needs (to it, a global function returns any scalar).
-    // SAFETY: a read of a local, just written.
-    unsafe { core::ptr::read_volatile(&raw const bucket) as usize & (HIST_BUCKETS - 1) }
-}
-
-/// [`bucket_of`] as a global BPF function, which the kernel verifies once. BPF has no
-/// leading-zeros instruction: its count is a search of a dozen branches, whose every
-/// outcome the verifier walked on, inlined, with the rest of the completion after it, for
-/// each state a caller reached it in (7,000 of the tracepoint set's major completion's
-/// 54,000 instructions verified).
-#[unsafe(no_mangle)]
-#[inline(never)]
-pub extern "C" fn memlock_trace_bucket_of(ns: u64) -> u64 {
-    bucket_of(ns) as u64
-}
-
 /// A timed major fault's latency again under its kind (`class::MAJOR_*`), as
 /// [`record_latency`] (never the sole target's fast path: not a minor fault).
 #[inline(always)]
@@ -155,7 +134,7 @@ pub(super) fn record_kind_latency(
     ns: u64,
 ) {
     note_max(s, kind, ns);
-    record_kind(&hist_key(start_ns, tgid, tid, kind), bucket(ns) as u32);
+    record_kind(&hist_key(start_ns, tgid, tid, kind), bucket_of(ns) as u32);
 }
 
 /// Not inlined: a third inlined histogram update in every completion left the verifier

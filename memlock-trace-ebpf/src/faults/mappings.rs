@@ -438,12 +438,8 @@ fn remember(
         exact: region_kind::VMA,
         start,
     };
-    // By pointer, not copied: a copied `Option` leaves its payload undefined when None,
-    // and LLVM may store that undefined register, which the verifier refuses to read.
-    // SAFETY: a valid pointer to the map's value (kept valid by RCU meanwhile).
-    let old = FAULT_MAPPINGS
-        .get_ptr(&cache.key)
-        .map(|old| unsafe { &*old });
+    // SAFETY: a valid pointer to the map's value, read at once.
+    let old = unsafe { FAULT_MAPPINGS.get(&cache.key) }.copied();
     let held_before = old.is_some_and(|old| old.end == end && old.flags & VM_HELD_SP != 0);
     let held = if held_sp || held_before {
         VM_HELD_SP
