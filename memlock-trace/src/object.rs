@@ -108,17 +108,25 @@ pub struct AttachContext<'a> {
     pub ebpf: &'a mut Ebpf,
     pub btf: &'a KernelBtf,
     pub specific_targets: bool,
+    /// The syscall handlers' bits the programs were loaded able to run ([`possible_hooks`]).
+    syscall_hooks_possible: u32,
     /// aya's parse of the kernel BTF, for tp_btf and fentry programs: parsed once, when a
     /// family first needs it.
     aya_btf: Option<Btf>,
 }
 
 impl<'a> AttachContext<'a> {
-    pub fn new(ebpf: &'a mut Ebpf, btf: &'a KernelBtf, specific_targets: bool) -> Self {
+    pub fn new(
+        ebpf: &'a mut Ebpf,
+        btf: &'a KernelBtf,
+        specific_targets: bool,
+        syscall_hooks_possible: u32,
+    ) -> Self {
         Self {
             ebpf,
             btf,
             specific_targets,
+            syscall_hooks_possible,
             aya_btf: None,
         }
     }
@@ -151,7 +159,7 @@ impl<'a> AttachContext<'a> {
         hook: u32,
         nrs: &[u32],
     ) -> Result<SyscallVia> {
-        if hook & !syscall_hooks::possible_hooks(self.btf) != 0 {
+        if hook & !self.syscall_hooks_possible != 0 {
             bail!("syscall handler {hook:#x} was not loaded for this kernel");
         }
         let find_vma = self.btf.has_find_vma();

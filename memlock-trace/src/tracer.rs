@@ -131,7 +131,13 @@ impl Tracer {
         let mut tracer = Self::new(ebpf, options, globals.reach)?;
         // An error is the families' to report, when they parse it again and need it.
         let aya_btf = aya_btf.join().ok().and_then(Result::ok);
-        let aya_btf = tracer.attach_targets(&btf, aya_btf, targets, &options.filters)?;
+        let aya_btf = tracer.attach_targets(
+            &btf,
+            aya_btf,
+            targets,
+            &options.filters,
+            globals.syscall_hooks_possible,
+        )?;
         tracer.attach_families(&btf, aya_btf, options, globals)?;
         tracer.start_fault_counters(targets)?;
         Ok(tracer)
@@ -176,8 +182,10 @@ impl Tracer {
         aya_btf: Option<aya::Btf>,
         targets: &Targets,
         filters: &Filters,
+        syscall_hooks_possible: u32,
     ) -> Result<Option<aya::Btf>> {
-        let mut cx = AttachContext::new(&mut self.ebpf, btf, true).with_aya_btf(aya_btf);
+        let mut cx = AttachContext::new(&mut self.ebpf, btf, true, syscall_hooks_possible)
+            .with_aya_btf(aya_btf);
         let hooks = ProcessHooks::attach(&mut cx, filters)?;
         let aya_btf = cx.into_aya_btf();
         self.hooks.insert(ProcessHooks::NAME, hooks.hook_line());
@@ -200,8 +208,13 @@ impl Tracer {
         globals: Globals,
     ) -> Result<()> {
         let fault_options = &options.faults;
-        let mut cx = AttachContext::new(&mut self.ebpf, btf, globals.reach.per_process_events())
-            .with_aya_btf(aya_btf);
+        let mut cx = AttachContext::new(
+            &mut self.ebpf,
+            btf,
+            globals.reach.per_process_events(),
+            globals.syscall_hooks_possible,
+        )
+        .with_aya_btf(aya_btf);
         let syscalls = match SyscallHooks::attach(&mut cx, &globals.rss) {
             Ok(hooks) => hooks.hook_line(),
             Err(error) => HookLine::not_traced(&error),

@@ -59,7 +59,8 @@ pub(super) struct Globals {
     stacks: StackConfig,
     pub(super) rss: RssConfig,
     pub(super) reach: Reach,
-    syscall_hooks_possible: u32,
+    /// What the programs are loaded with as `SYSCALL_HOOKS_POSSIBLE`.
+    pub(super) syscall_hooks_possible: u32,
 }
 
 impl Globals {
